@@ -56,7 +56,7 @@ def array_module(a: object) -> Any:
     return np
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _module(source_name: str, device_id: int, options: tuple[str, ...]) -> Any:
     import cupy
 

@@ -101,8 +101,8 @@ def _write_table(
                 stop = min(start + chunk_rows, first + count)
                 data = _pack_pages(info, _to_records(dtype, src.read(start, stop)))
                 # CRC in a worker thread while this one writes: zlib and os.write release the GIL.
-                fut = pool.submit(zlib.crc32, data, crc)
-                _write_all(fd, memoryview(data))
+                fut = pool.submit(zlib.crc32, data.data, crc)
+                _write_all(fd, memoryview(data.data))
                 crc = fut.result()
                 length += data.nbytes
                 if bar is not None:
@@ -111,7 +111,9 @@ def _write_table(
         finally:
             os.close(fd)
         if length != info.shard_bytes(s):  # internal invariant of the layout arithmetic
-            raise AssertionError(f"shard {name}: wrote {length} bytes, layout says {info.shard_bytes(s)}")
+            raise AssertionError(
+                f"shard {name}: wrote {length} bytes, layout says {info.shard_bytes(s)}"
+            )
         shards.append(fmt.ShardRecord(t, s, first, count, name, 0, length, crc))
     return shards
 

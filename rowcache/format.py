@@ -107,9 +107,7 @@ class TableInfo:
         return shard, page_in_shard * self.page_bytes + slot * self.record_bytes
 
     @staticmethod
-    def make(
-        name: str, rows: int, dim: int, dtype: str, shard_bytes: int
-    ) -> TableInfo:
+    def make(name: str, rows: int, dim: int, dtype: str, shard_bytes: int) -> TableInfo:
         rec = record_bytes(dim, dtype)
         rpp, page_bytes = page_packing(rec)
         pps = max(1, shard_bytes // page_bytes)
@@ -127,14 +125,12 @@ class TableInfo:
         )
 
 
-def encode_records(
-    dtype: str, values: np.ndarray | tuple[np.ndarray, np.ndarray]
-) -> np.ndarray:
+def encode_records(dtype: str, values: np.ndarray | tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     """Records ``uint8 [n, record_bytes]`` of bf16 rows or of ``(codes, scales)``."""
     if dtype == "bf16":
         v = np.ascontiguousarray(values)
         return v.view(np.uint8).reshape(v.shape[0], -1)
-    codes, scales = values  # type: ignore[misc]
+    codes, scales = values
     n, dim = codes.shape
     out = np.empty((n, dim + 4), dtype=np.uint8)
     out[:, :dim] = codes
@@ -150,7 +146,9 @@ def decode_records(
     if dtype == "bf16":
         return np.ascontiguousarray(records[:, : 2 * dim]).view(ml_dtypes.bfloat16).reshape(n, dim)
     codes = np.ascontiguousarray(records[:, :dim])
-    scales = np.ascontiguousarray(records[:, dim : dim + 4]).view("<f4").reshape(n).astype(np.float32)
+    scales = (
+        np.ascontiguousarray(records[:, dim : dim + 4]).view("<f4").reshape(n).astype(np.float32)
+    )
     return codes, scales
 
 
@@ -196,14 +194,18 @@ def parse_meta(raw: bytes | None, path: str) -> tuple[str, list[TableInfo], dict
     if not isinstance(meta, dict):
         raise FormatError(f"{path}: meta record is not an object")
     if meta.get("format") != FORMAT_NAME:
-        raise FormatError(f"{path}: meta field 'format' is {meta.get('format')!r}, expected {FORMAT_NAME!r}")
+        raise FormatError(
+            f"{path}: meta field 'format' is {meta.get('format')!r}, expected {FORMAT_NAME!r}"
+        )
     if meta.get("version") != FORMAT_VERSION:
         raise FormatError(
             f"{path}: meta field 'version' is {meta.get('version')!r}; this rowcache reads "
             f"version {FORMAT_VERSION}"
         )
     if meta.get("page_size") != PAGE:
-        raise FormatError(f"{path}: meta field 'page_size' is {meta.get('page_size')!r}, expected {PAGE}")
+        raise FormatError(
+            f"{path}: meta field 'page_size' is {meta.get('page_size')!r}, expected {PAGE}"
+        )
     dtype = meta.get("dtype")
     if dtype not in DTYPES:
         raise FormatError(f"{path}: meta field 'dtype' is {dtype!r}; allowed: {', '.join(DTYPES)}")
@@ -216,7 +218,9 @@ def parse_meta(raw: bytes | None, path: str) -> tuple[str, list[TableInfo], dict
             info = TableInfo(**t)
         except TypeError as e:
             raise FormatError(f"{path}: meta field 'tables[{i}]' is malformed ({e})") from e
-        expect = TableInfo.make(info.name, info.rows, info.dim, dtype, info.pages_per_shard * info.page_bytes)
+        expect = TableInfo.make(
+            info.name, info.rows, info.dim, dtype, info.pages_per_shard * info.page_bytes
+        )
         for field in ("dtype", "record_bytes", "rows_per_page", "page_bytes", "shards"):
             if getattr(info, field) != getattr(expect, field):
                 raise FormatError(

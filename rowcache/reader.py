@@ -121,7 +121,9 @@ class RowReader:
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.queue_depth, thread_name_prefix="rowcache-read")
+                self._pool = ThreadPoolExecutor(
+                    self.queue_depth, thread_name_prefix="rowcache-read"
+                )
             return self._pool
 
     def close(self) -> None:
@@ -212,8 +214,16 @@ class RowReader:
     ) -> None:
         shards = np.unique(ext_shard)
         fds = {int(s): self._fd(t, int(s)) for s in shards}
-        jobs = list(zip(ext_shard.tolist(), ext_start.tolist(), ext_len.tolist(), need.tolist(), buf_pos.tolist()))
-        mv = memoryview(buf)
+        jobs = list(
+            zip(
+                ext_shard.tolist(),
+                ext_start.tolist(),
+                ext_len.tolist(),
+                need.tolist(),
+                buf_pos.tolist(),
+            )
+        )
+        mv = memoryview(buf.data)
         workers = min(self.queue_depth, len(jobs))
 
         def work(part: list[tuple[int, int, int, int, int]]) -> None:

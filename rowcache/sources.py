@@ -64,8 +64,8 @@ def _as_table_array(arr: np.ndarray, name: str, origin: str) -> np.ndarray:
     return arr
 
 
-def safetensors_tensor(path: str, tensor: str) -> np.ndarray:
-    """Memory-map one tensor of a ``.safetensors`` file (BF16, F32 or F16) without loading it.
+def safetensors_header(path: str) -> dict[str, Any]:
+    """The JSON header of a ``.safetensors`` file, plus ``"__data_start__"`` (its data offset).
 
     The format is an 8-byte little-endian header length, a JSON header mapping
     names to ``dtype``, ``shape`` and ``data_offsets``, then the raw data.
@@ -76,8 +76,17 @@ def safetensors_tensor(path: str, tensor: str) -> np.ndarray:
             header = json.loads(f.read(hlen))
     except (OSError, struct.error, ValueError) as e:
         raise FormatError(f"{path}: not a readable .safetensors file ({e})") from e
+    if not isinstance(header, dict):
+        raise FormatError(f"{path}: not a readable .safetensors file (header is not an object)")
+    header["__data_start__"] = 8 + hlen
+    return dict(header)
+
+
+def safetensors_tensor(path: str, tensor: str) -> np.ndarray:
+    """Memory-map one tensor of a ``.safetensors`` file (BF16, F32 or F16) without loading it."""
+    header = safetensors_header(path)
     if tensor not in header:
-        names = [k for k in header if k != "__metadata__"]
+        names = [k for k in header if not k.startswith("__")]
         near = [k for k in names if "ngram" in k or "embed" in k][:6]
         raise ConfigError(
             f"{path}: no tensor named {tensor!r}; it has {len(names)} tensors"
@@ -94,7 +103,9 @@ def safetensors_tensor(path: str, tensor: str) -> np.ndarray:
     count = int(np.prod(shape)) if shape else 1
     if stop - start != count * dtype.itemsize:
         raise FormatError(f"{path}:{tensor}: data_offsets do not match shape {shape}")
-    return np.memmap(path, dtype=dtype, mode="r", offset=8 + hlen + start, shape=shape)
+    return np.memmap(
+        path, dtype=dtype, mode="r", offset=header["__data_start__"] + start, shape=shape
+    )
 
 
 def resolve_source(name: str, src: Any) -> Source:

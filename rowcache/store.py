@@ -116,7 +116,9 @@ class RowStore:
                     for s in range(info.shards):
                         raw = txn.get(fmt.shard_key(t, s))
                         if raw is None:
-                            raise FormatError(f"{path}: shard record (table {t}, shard {s}) is missing")
+                            raise FormatError(
+                                f"{path}: shard record (table {t}, shard {s}) is missing"
+                            )
                         r = fmt.ShardRecord.from_bytes(raw)
                         first, count = info.shard_rows(s)
                         for fname, want in (

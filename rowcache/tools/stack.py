@@ -1,0 +1,230 @@
+"""Exact LRU stack distances, per access and per batch, vectorized with NumPy.
+
+Owns the offline counting of distinct keys between consecutive uses of a key (the
+LRU stack distance) in O(n log^2 n) NumPy work and O(n) memory, with no Python loop
+per access. Does not build curves (``mrc``) nor sample (``shards``).
+
+Method. The distinct keys in the position window ``[a, c)`` number
+``(c - a) - #{j < c : prev[j] >= a}`` (every repeat inside the window has its
+previous use inside it too). The count is a 2-D dominance query over the points
+``(j, prev[j])``, answered offline by divide and conquer on the bits of the position
+(CDQ): at level ``L`` a query at ``c`` counts the points of the aligned block of
+``2**L`` positions just before ``c``'s own block, by ``searchsorted`` in keys sorted
+per block; the per-block order of level ``L + 1`` is a merge of two sorted runs
+(timsort, linear).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError
+
+#: Distance of a first use (a compulsory miss at every size).
+INF = np.iinfo(np.int64).max
+
+
+def _as_keys(keys: np.ndarray, name: str = "accesses") -> np.ndarray:
+    arr = np.asarray(keys)
+    if arr.ndim != 1:
+        raise ConfigError(f"{name} must be 1-D; got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ConfigError(f"{name} must be integers; got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+def previous_use(keys: np.ndarray) -> np.ndarray:
+    """Position of the previous use of each access's key, ``-1`` for a first use.
+
+    Parameters
+    ----------
+    keys : int[n]
+
+    Returns
+    -------
+    int64[n]
+    """
+    keys = _as_keys(keys)
+    n = keys.size
+    prev = np.full(n, -1, dtype=np.int64)
+    if n < 2:
+        return prev
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    same = sk[1:] == sk[:-1]
+    prev[order[1:][same]] = order[:-1][same]
+    return prev
+
+
+def count_prev_at_least(prev: np.ndarray, c: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """For each query ``q``: ``#{j < c[q] : prev[j] >= a[q]}``.
+
+    Parameters
+    ----------
+    prev : int64[n]
+        Previous-use positions (``-1`` for none); ``prev[j] < j``.
+    c : int64[m]
+        Query times in ``[0, n]``.
+    a : int64[m]
+        Thresholds, ``a >= 0``.
+
+    Returns
+    -------
+    int64[m]
+    """
+    n = int(prev.size)
+    m = int(c.size)
+    out = np.zeros(m, dtype=np.int64)
+    if n == 0 or m == 0:
+        return out
+    shift = np.int64(max(1, int(n + 1).bit_length()))
+    mask = (np.int64(1) << shift) - 1
+    # Points: composite key (block << shift) | (prev + 1), sorted; level 0 has
+    # blocks of one position. prev + 1 == 0 (no previous use) is never counted
+    # since every threshold a + 1 >= 1.
+    keys = (np.arange(n, dtype=np.int64) << shift) | (prev + 1)
+    # Queries: the same composite (c >> level, a + 1), kept sorted so that the
+    # needles of searchsorted are sorted (several times faster); qidx maps back.
+    qkeys = (c.astype(np.int64) << shift) | (a.astype(np.int64) + 1)
+    qidx = np.argsort(qkeys, kind="stable")
+    qkeys = qkeys[qidx]
+    one = np.int64(1) << shift
+    level = 0
+    while (1 << level) <= n and qkeys.size:
+        # A query whose window [a, c) starts at or after the end of the block
+        # before c's block gets nothing here nor at any higher level: drop it.
+        alive = ((qkeys >> shift) << level) >= (qkeys & mask)
+        if not alive.all():
+            qkeys = qkeys[alive]
+            qidx = qidx[alive]
+        # Queries whose bit `level` is 1 look into the block just before theirs,
+        # which holds positions [(blk) << level, (blk + 1) << level).
+        sel = np.flatnonzero((qkeys >> shift) & 1)
+        if sel.size:
+            needles = qkeys[sel] - one
+            blk = needles >> shift
+            lo = np.searchsorted(keys, needles, side="left")
+            out[qidx[sel]] += np.minimum((blk + 1) << level, n) - lo
+        # Merge sibling blocks: the new composite keys form sorted runs.
+        keys = ((keys >> (shift + 1)) << shift) | (keys & mask)
+        keys.sort(kind="stable")
+        qkeys = ((qkeys >> (shift + 1)) << shift) | (qkeys & mask)
+        order = np.argsort(qkeys, kind="stable")
+        qkeys = qkeys[order]
+        qidx = qidx[order]
+        level += 1
+    return out
+
+
+def lru_stack_distances(keys: np.ndarray) -> np.ndarray:
+    """LRU stack distance of every access: a hit at every size ``>= d``.
+
+    ``d`` is 1 + the number of distinct other keys used since the previous use of
+    the same key; a first use gets :data:`INF`.
+
+    Parameters
+    ----------
+    keys : int[n]
+
+    Returns
+    -------
+    int64[n]
+    """
+    keys = _as_keys(keys)
+    prev = previous_use(keys)
+    dist = np.full(keys.size, INF, dtype=np.int64)
+    reuse = np.flatnonzero(prev >= 0)
+    if reuse.size:
+        c = reuse
+        a = prev[reuse] + 1
+        distinct = (c - a) - count_prev_at_least(prev, c, a)
+        dist[reuse] = distinct + 1
+    return dist
+
+
+def batch_ids_from(batch: object, n: int) -> np.ndarray:
+    """Normalise the ``batch`` argument to a non-decreasing batch index per access.
+
+    ``batch`` is an int ``B`` (consecutive groups of ``B`` accesses) or an int array
+    of length ``n`` with a non-decreasing batch index per access.
+    """
+    if isinstance(batch, (int, np.integer)) and not isinstance(batch, bool):
+        if int(batch) < 1:
+            raise ConfigError(f"batch must be >= 1 when an int; got {batch}")
+        return np.arange(n, dtype=np.int64) // int(batch)
+    arr = np.asarray(batch)
+    if arr.ndim != 1 or arr.size != n or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ConfigError(
+            f"batch must be an int or an int array of one batch index per access "
+            f"(length {n}); got {type(batch).__name__} with shape {getattr(arr, 'shape', None)}"
+        )
+    arr = arr.astype(np.int64, copy=False)
+    if arr.size > 1 and np.any(arr[1:] < arr[:-1]):
+        raise ConfigError("batch indices must be non-decreasing (batches are served in order)")
+    return arr
+
+
+def dedup_batches(keys: np.ndarray, batch_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The unique keys of each batch, in batch order then key order.
+
+    Returns
+    -------
+    ukeys : int64[u]
+    ubatch : int64[u]
+        Batch index of each unique (batch, key) pair, renumbered ``0..nb-1``.
+    """
+    keys = _as_keys(keys)
+    if keys.size == 0:
+        return keys, keys.copy()
+    _, bdense = np.unique(batch_ids, return_inverse=True)
+    bdense = bdense.astype(np.int64).reshape(-1)
+    order = np.lexsort((keys, bdense))
+    k = keys[order]
+    b = bdense[order]
+    keep = np.ones(k.size, dtype=bool)
+    keep[1:] = (k[1:] != k[:-1]) | (b[1:] != b[:-1])
+    return k[keep], b[keep]
+
+
+def batch_stack_bounds(
+    keys: np.ndarray, batch_ids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per unique (batch, key): the sizes at which batch-mode LRU surely misses or hits.
+
+    With recency counted in batches, the resident set is always the most recent
+    rows, except that rows last used in the same batch tie (the cache breaks the tie
+    by slot index). For a row last used in batch ``p`` and wanted again in batch
+    ``b``: ``lo`` = distinct rows of batches ``p+1 .. b-1`` and ``hi`` = distinct rows
+    of batches ``p .. b-1``. At arena size ``C`` the row misses when ``C <= lo`` and
+    hits when ``C >= hi``; in between the outcome depends on slot order.
+
+    Returns
+    -------
+    lo : int64[u]
+        :data:`INF` for a first use.
+    hi : int64[u]
+        :data:`INF` for a first use.
+    batch_sizes : int64[nb]
+        Unique rows per batch (the smallest feasible arena is their max).
+    """
+    ukeys, ub = dedup_batches(keys, batch_ids)
+    u = ukeys.size
+    lo = np.full(u, INF, dtype=np.int64)
+    hi = np.full(u, INF, dtype=np.int64)
+    if u == 0:
+        return lo, hi, np.zeros(0, dtype=np.int64)
+    batch_sizes = np.bincount(ub)
+    starts = np.concatenate(([0], np.cumsum(batch_sizes)))
+    prev = previous_use(ukeys)
+    reuse = np.flatnonzero(prev >= 0)
+    if reuse.size:
+        b = ub[reuse]
+        p = ub[prev[reuse]]
+        c = starts[b]
+        a_lo = starts[p + 1]
+        a_hi = starts[p]
+        cnt = count_prev_at_least(prev, np.concatenate((c, c)), np.concatenate((a_lo, a_hi)))
+        r = reuse.size
+        lo[reuse] = (c - a_lo) - cnt[:r]
+        hi[reuse] = (c - a_hi) - cnt[r:]
+    return lo, hi, batch_sizes

@@ -1,0 +1,109 @@
+"""The store's CLI commands through ``rowcache.cli.main``."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import ml_dtypes
+import numpy as np
+
+from rowcache.cli import main
+
+
+def _npy(tmp_path, rng, name="t", rows=300, dim=16):
+    x = rng.standard_normal((rows, dim), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    p = tmp_path / f"{name}.npy"
+    np.save(p, x.view(np.uint16))
+    return p, x
+
+
+def test_cli_build_inspect_verify_json(tmp_path, rng, capsys):
+    p, _ = _npy(tmp_path, rng)
+    assert (
+        main(
+            [
+                "build",
+                str(tmp_path / "s"),
+                "--table",
+                f"emb={p}",
+                "--no-progress",
+                "--shard-mib",
+                "0.004",
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "s"), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert (
+        rep["dtype"] == "bf16"
+        and rep["tables"][0]["name"] == "emb"
+        and rep["tables"][0]["rows"] == 300
+    )
+    assert rep["tables"][0]["shards"] == len(rep["tables"][0]["shard_files"]) >= 2
+    assert main(["inspect", str(tmp_path / "s")]) == 0
+    assert "emb" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path / "s"), "--json", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+
+
+def test_cli_verify_fails_with_exit_1_on_corruption(tmp_path, rng, capsys):
+    p, _ = _npy(tmp_path, rng)
+    main(["build", str(tmp_path / "s"), "--table", str(p), "--no-progress", "--dtype", "fp8"])
+    shard = next(f for f in os.listdir(tmp_path / "s") if f.endswith(".bin"))
+    with open(tmp_path / "s" / shard, "r+b") as f:
+        f.write(b"\xff")
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "s"), "--no-progress"]) == 1
+    assert "problem" in capsys.readouterr().out
+
+
+def test_cli_build_from_longcat_safetensors(tmp_path, rng, capsys):
+    ws = [
+        rng.standard_normal((20 + i, 8), dtype=np.float32).astype(ml_dtypes.bfloat16)
+        for i in range(3)
+    ]
+    header, off = {}, 0
+    for i, w in enumerate(ws):
+        header[f"model.ngram_embeddings.embedders.{i}.weight"] = {
+            "dtype": "BF16",
+            "shape": list(w.shape),
+            "data_offsets": [off, off + w.nbytes],
+        }
+        off += w.nbytes
+    hb = json.dumps(header).encode()
+    with open(tmp_path / "m.safetensors", "wb") as fh:
+        fh.write(struct.pack("<Q", len(hb)) + hb + b"".join(w.tobytes() for w in ws))
+    assert (
+        main(
+            [
+                "build",
+                str(tmp_path / "s"),
+                "--safetensors",
+                str(tmp_path / "m.safetensors"),
+                "--no-progress",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    rep = json.loads(capsys.readouterr().out)
+    assert [t["name"] for t in rep["tables"]] == ["ngram.0", "ngram.1", "ngram.2"]
+    assert [t["rows"] for t in rep["tables"]] == [20, 21, 22]
+
+
+def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1
+        and err.startswith("rowcache inspect: error:")
+        and "Traceback" not in err
+    )
+    assert main(["build", str(tmp_path / "s")]) == 2
+    assert "--table" in capsys.readouterr().err
+    assert main(["build", str(tmp_path / "s"), "--table", "x=/no/such.npy"]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -7,5 +7,14 @@ or the CUDA kernel accordingly; the results are bit-identical where the spec say
 from __future__ import annotations
 
 from ._cuda import gpu_available
+from .gather import batched_embed, batched_embed_fp8
+from .quantize import quantize_fp8
+from .scatter import scatter_records
 
-__all__ = ["gpu_available"]
+__all__ = [
+    "batched_embed",
+    "batched_embed_fp8",
+    "gpu_available",
+    "quantize_fp8",
+    "scatter_records",
+]

@@ -1,0 +1,149 @@
+"""``scatter_records``: the cache's fault path, staged store records into arena slots.
+
+Owns the launcher of ``scatter.cu``. NumPy arenas run ``scatter_records_reference``
+(the spec); cupy arenas run the kernel, bit-identical. Does not read the store or
+choose slots: the cache does both and hands over records and distinct slots.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rowcache.errors import ConfigError
+
+from ._cuda import get_kernel, is_device_array, require_cupy
+from .gather import (
+    check_array,
+    check_index,
+    check_rows_contiguous,
+    describe,
+    device_index,
+    host_index,
+    row_launch,
+    vector_bytes,
+)
+from .reference import BF16, scatter_records_reference
+
+_SOURCE = "scatter.cu"
+_U8 = np.dtype(np.uint8)
+_F32 = np.dtype(np.float32)
+
+
+def _check(records: Any, slots: Any, table: Any, scales: Any) -> int:
+    """Validate the arguments; returns the bytes of one record the kernel copies."""
+    check_array("records", records, ndim=2, dtypes=(_U8,))
+    check_index("slots", slots)
+    check_array("table", table, ndim=2, dtypes=(BF16, _U8))
+    if slots.shape[0] != records.shape[0]:
+        raise ConfigError(
+            f"slots must have one entry per record ({records.shape[0]}), got {describe(slots)}"
+        )
+    d = int(table.shape[1])
+    fp8 = table.dtype == _U8
+    if fp8:
+        if scales is None:
+            raise ConfigError(
+                f"scales is required for an FP8 arena (table {describe(table)}): "
+                f"pass the float32[{table.shape[0]}] scale arena"
+            )
+        check_array("scales", scales, ndim=1, dtypes=(_F32,))
+        if scales.shape[0] != table.shape[0]:
+            raise ConfigError(
+                f"scales must have one entry per slot of table ({table.shape[0]}), "
+                f"got {describe(scales)}"
+            )
+        if is_device_array(scales) != is_device_array(table):
+            raise ConfigError(
+                f"scales must live where table does ({describe(table)}), got {describe(scales)}"
+            )
+        need, what = d + 4, f"{d} E4M3 codes + a float32 scale"
+    else:
+        if scales is not None:
+            raise ConfigError(
+                f"scales must be None for a bf16 arena (table {describe(table)}), "
+                f"got {describe(scales)}"
+            )
+        need, what = 2 * d, f"{d} bf16 values"
+    if records.shape[1] < need:
+        raise ConfigError(
+            f"records must hold {need} bytes per row ({what}), got {describe(records)}"
+        )
+    return d if fp8 else 2 * d
+
+
+def scatter_records(records: Any, slots: Any, table: Any, scales: Any = None) -> None:
+    """Write store records into arena slots, in place: ``table[slots[i]] = row of records[i]``.
+
+    Parameters
+    ----------
+    records : uint8[n, record_bytes], numpy or cupy
+        Rows as stored (``rowcache.format``): ``2*d`` bf16 bytes, or ``d`` E4M3 codes
+        followed by a little-endian float32 scale. Longer records (padding) are fine.
+        With a cupy arena, numpy records are copied to the device; a cupy array over
+        pinned host memory mapped into the device is read in place.
+    slots : int32[n] or int64[n], numpy or cupy
+        Destination slot of each record. Must be distinct and in ``[0, slots)``: the
+        GPU path does not check (a check would sync the device), the CPU path raises
+        IndexError for a slot out of range.
+    table : bfloat16[S, d] or uint8[S, d], numpy or cupy
+        The arena; uint8 means FP8 codes, and then ``scales`` is required.
+    scales : float32[S], optional
+        The FP8 scale arena (contiguous on the GPU); None for a bf16 arena.
+    """
+    row_bytes = _check(records, slots, table, scales)
+    n = int(records.shape[0])
+    if not is_device_array(table):
+        host_slots = host_index(slots)
+        s = table.shape[0]
+        if n and (int(host_slots.min()) < 0 or int(host_slots.max()) >= s):
+            bad = int(np.flatnonzero((host_slots < 0) | (host_slots >= s))[0])
+            raise IndexError(f"slots[{bad}] = {int(host_slots[bad])} is outside the {s} slots")
+        scatter_records_reference(host_index(records), host_slots, table, scales)
+        return
+
+    cupy = require_cupy("scatter_records")
+    check_rows_contiguous("table", table)
+    if n == 0:
+        return
+    if table.shape[0] == 0:
+        raise IndexError(f"{n} records were given but table has 0 slots")
+    if is_device_array(records):
+        check_rows_contiguous("records", records)
+    else:
+        records = cupy.asarray(np.ascontiguousarray(records))
+    if scales is not None and scales.strides[0] != 4:
+        raise ConfigError(
+            f"scales must be contiguous on the GPU, got strides {tuple(scales.strides)}"
+        )
+    if row_bytes == 0 and scales is None:
+        return
+    dev_slots = device_index(cupy, "slots", slots)
+    vec = vector_bytes(
+        row_bytes,
+        records.strides[0],
+        table.strides[0],
+        records.data.ptr,
+        table.data.ptr,
+        widths=(16, 8, 4, 2, 1),
+    )
+    words = row_bytes // vec
+    suffix = "i32" if dev_slots.dtype == np.int32 else "i64"
+    kernel = get_kernel(_SOURCE, f"scatter_rows_{vec}_{suffix}")
+    grid, block = row_launch(cupy, n, words)
+    kernel(
+        grid,
+        block,
+        (
+            records,
+            dev_slots,
+            table,
+            scales if scales is not None else np.uint64(0),
+            np.int64(n),
+            np.int64(words),
+            np.int64(records.strides[0] // vec),
+            np.int64(table.strides[0] // vec),
+            np.int64(table.shape[1]),
+        ),
+    )

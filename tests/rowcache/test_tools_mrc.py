@@ -1,0 +1,194 @@
+"""Exact LRU curves and batch mode against brute-force simulations; SHARDS accuracy."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+from rowcache.errors import ArenaExhaustedError, ConfigError
+from rowcache.tools.batchsim import replay_batches
+from rowcache.tools.mrc import batch_lru_misses, combine_keys, miss_ratio_curve
+from rowcache.tools.stack import (
+    INF,
+    batch_stack_bounds,
+    dedup_batches,
+    lru_stack_distances,
+)
+
+
+def brute_lru_misses(keys, size):
+    cache: OrderedDict[int, None] = OrderedDict()
+    misses = 0
+    for k in keys:
+        if k in cache:
+            cache.move_to_end(k)
+        else:
+            misses += 1
+            if len(cache) >= size:
+                cache.popitem(last=False)
+            cache[k] = None
+    return misses
+
+
+def brute_batch_cache(keys, batch_ids, slots):
+    """Per-row model of the row cache: slots, last-used batch, pins, tie by slot."""
+    slot_row = [None] * slots
+    last = [-1] * slots
+    where: dict[int, int] = {}
+    misses = 0
+    batches: dict[int, list[int]] = {}
+    for k, b in zip(keys.tolist(), batch_ids.tolist()):
+        batches.setdefault(b, []).append(k)
+    for b in sorted(batches):
+        rows = sorted(set(batches[b]))
+        if len(rows) > slots:
+            raise ArenaExhaustedError("batch too big")
+        pinned = {where[r] for r in rows if r in where}
+        for s in pinned:
+            last[s] = b
+        missing = [r for r in rows if r not in where]
+        misses += len(missing)
+        free = [s for s in range(slots) if slot_row[s] is None]
+        cands = sorted(
+            (last[s], s) for s in range(slots) if slot_row[s] is not None and s not in pinned
+        )
+        order = free + [s for _, s in cands]
+        for r, s in zip(missing, order):
+            if slot_row[s] is not None:
+                del where[slot_row[s]]
+            slot_row[s] = r
+            where[r] = s
+            last[s] = b
+    return misses
+
+
+def test_stack_distances_equal_brute_force_lru_at_every_size(rng):
+    for _ in range(40):
+        n = int(rng.integers(1, 400))
+        keys = rng.integers(0, int(rng.integers(1, 60)), n)
+        dist = lru_stack_distances(keys)
+        for size in range(1, 70, 3):
+            assert int(np.count_nonzero(dist > size)) == brute_lru_misses(keys.tolist(), size)
+
+
+def test_stack_distances_first_use_is_inf():
+    d = lru_stack_distances(np.array([5, 6, 5, 5, 7, 6]))
+    assert d.tolist() == [INF, INF, 2, 1, INF, 3]
+
+
+def test_exact_curve_matches_brute_force(rng):
+    keys = (rng.zipf(1.3, 3000) % 500).astype(np.int64)
+    sizes = np.arange(1, 300, 7)
+    curve = miss_ratio_curve(keys, sizes)
+    expect = [brute_lru_misses(keys.tolist(), int(s)) for s in sizes]
+    np.testing.assert_array_equal(curve.misses, expect)
+    assert curve.exact and curve.min_feasible == 1
+    assert curve.compulsory == np.unique(keys).size / keys.size
+    assert np.all(np.diff(curve.miss_ratio) <= 0)
+
+
+def test_batch_bounds_bracket_the_cache(rng):
+    for _ in range(30):
+        n = int(rng.integers(5, 300))
+        keys = rng.integers(0, int(rng.integers(2, 40)), n)
+        bids = np.sort(rng.integers(0, max(1, n // int(rng.integers(1, 8))), n))
+        lo, hi, bs = batch_stack_bounds(keys, bids)
+        u = lo.size
+        for size in range(int(bs.max()), 45):
+            m = brute_batch_cache(keys, bids, size)
+            assert np.count_nonzero(lo >= size) <= m <= u - np.count_nonzero(hi <= size)
+
+
+def test_batch_mode_equals_brute_force_cache_at_every_size(rng):
+    for _ in range(40):
+        n = int(rng.integers(5, 300))
+        keys = (rng.zipf(1.2, n) % int(rng.integers(2, 50))).astype(np.int64)
+        bids = np.sort(rng.integers(0, max(1, n // int(rng.integers(1, 10))), n))
+        sizes = np.arange(1, 50)
+        misses, feas, unique, _ = batch_lru_misses(keys, bids, sizes)
+        assert feas == max(np.unique(keys[bids == b]).size for b in np.unique(bids))
+        assert unique == np.unique(keys).size
+        for s, m in zip(sizes.tolist(), misses.tolist()):
+            if s < feas:
+                assert np.isnan(m)
+                with pytest.raises(ArenaExhaustedError):
+                    brute_batch_cache(keys, bids, s)
+            else:
+                assert m == brute_batch_cache(keys, bids, s), (s, keys, bids)
+
+
+def test_replay_batches_counts_evictions(rng):
+    keys = np.array([1, 2, 3, 1, 4, 5, 1, 2])
+    bids = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+    uk, ub = dedup_batches(keys, bids)
+    r = replay_batches(uk, ub, 3)
+    assert r.misses == brute_batch_cache(keys, bids, 3)
+    assert r.hits + r.misses == r.lookups == uk.size
+    assert r.evictions == r.misses - 3
+
+
+def test_batch_of_one_equals_per_access_lru(rng):
+    keys = (rng.zipf(1.2, 2000) % 300).astype(np.int64)
+    sizes = np.arange(1, 200, 9)
+    a = miss_ratio_curve(keys, sizes)
+    b = miss_ratio_curve(keys, sizes, batch=1)
+    np.testing.assert_array_equal(a.misses, b.misses)
+
+
+def test_shards_fixed_rate_within_error_on_zipf(rng):
+    n = 400_000
+    keys = (rng.zipf(1.1, n) % 200_000).astype(np.int64)
+    # SHARDS is stated for sizes of at least ~50 sampled rows (C * rate >= 50).
+    sizes = np.array([1000, 5000, 20000, 60000])
+    exact = miss_ratio_curve(keys, sizes)
+    est = miss_ratio_curve(keys, sizes, method="shards", sample_rate=0.05, salts=3)
+    assert not est.exact and abs(est.sample_rate - 0.05) < 1e-6
+    err = np.abs(est.miss_ratio - exact.miss_ratio)
+    assert err.max() < 0.01, err
+    assert np.all(est.miss_ratio_std >= 0) and est.miss_ratio_std.max() < 0.02
+    assert abs(est.unique - exact.unique) / exact.unique < 0.1
+
+
+def test_shards_fixed_size_bounds_the_sample_and_tracks_exact(rng):
+    n = 200_000
+    keys = (rng.zipf(1.1, n) % 100_000).astype(np.int64)
+    sizes = np.array([5000, 30000])
+    exact = miss_ratio_curve(keys, sizes)
+    chunks = np.array_split(keys, 7)
+    est = miss_ratio_curve(iter(chunks), sizes, method="shards", sample_size=4000)
+    assert est.accesses == n
+    assert est.sample_rate * exact.unique < 6000
+    assert np.abs(est.miss_ratio - exact.miss_ratio).max() < 0.04
+
+
+def test_shards_from_chunks_equals_shards_from_array(rng):
+    keys = rng.integers(0, 5000, 50_000)
+    sizes = [10, 100, 1000]
+    a = miss_ratio_curve(keys, sizes, method="shards", sample_rate=0.1)
+    b = miss_ratio_curve(iter(np.array_split(keys, 5)), sizes, method="shards", sample_rate=0.1)
+    np.testing.assert_array_equal(a.miss_ratio, b.miss_ratio)
+
+
+def test_combine_keys_shared_arena():
+    k = combine_keys(np.array([0, 1, 0]), np.array([7, 7, 7]))
+    assert k[0] == k[2] != k[1]
+    with pytest.raises(ConfigError):
+        combine_keys(0, np.array([-1]))
+
+
+def test_bad_arguments_raise_config_error():
+    keys = np.arange(10)
+    with pytest.raises(ConfigError, match="sizes"):
+        miss_ratio_curve(keys, [0])
+    with pytest.raises(ConfigError, match="method"):
+        miss_ratio_curve(keys, [1], method="magic")
+    with pytest.raises(ConfigError, match="policy"):
+        miss_ratio_curve(keys, [1], policy="fifo")
+    with pytest.raises(ConfigError, match="accesses"):
+        miss_ratio_curve(np.zeros((2, 2), np.int64), [1])
+    with pytest.raises(ConfigError, match="non-decreasing"):
+        miss_ratio_curve(keys, [1], batch=np.arange(10)[::-1])
+    with pytest.raises(ConfigError, match="sample_rate"):
+        miss_ratio_curve(keys, [1], method="shards", sample_rate=2.0)

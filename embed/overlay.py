@@ -1,0 +1,463 @@
+"""Token overlay: per-sequence adapters that override vocab rows of the embedding and LM head.
+
+Owns the adapters' override tables (which vocab rows changed, their values, the token ->
+override maps and, on the GPU, the device pointer tables) and routing them per row.
+Does not own the kernels (``kernels.overlay``) nor the embedding gather or the LM-head
+GEMM: callers apply the overlay to rows and logits they computed with the served model.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kernels._cuda import is_device_array, require_cupy
+from kernels.overlay import (
+    check_bf16_2d,
+    check_int_1d,
+    check_route,
+    compile_overlay_kernels,
+    embed_overlay_routed,
+    embed_overlay_routed_reference,
+    embed_rowdiff,
+    lmhead_overlay_routed,
+    lmhead_overlay_routed_reference,
+)
+from kernels.reference import BF16
+from rowcache.errors import ConfigError, GpuUnavailableError
+
+_DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class OverlayAdapterInfo:
+    """What one adapter slot overrides (host arrays; a snapshot).
+
+    Attributes
+    ----------
+    slot : int
+    embed_ids : int32[k]
+        Sorted token ids whose input-embedding row the adapter overrides.
+    lm_head_ids : int32[m]
+        Sorted token ids whose LM-head row (hence logit) the adapter overrides.
+    embed_vocab, lm_head_vocab : int
+        Rows of the adapter's embedding / LM head (0: that part not given). Ids at or
+        beyond them are never overridden.
+    """
+
+    slot: int
+    embed_ids: np.ndarray
+    lm_head_ids: np.ndarray
+    embed_vocab: int
+    lm_head_vocab: int
+
+    @property
+    def empty(self) -> bool:
+        return self.embed_ids.size == 0 and self.lm_head_ids.size == 0
+
+
+@dataclass
+class _Part:
+    """One side (embedding or LM head) of one adapter, in the overlay's array module."""
+
+    ids: Any  # int32[count], sorted token ids
+    rows: Any  # bfloat16[count, hidden]
+    slot_map: Any  # int32[vocab] token -> override index or -1 (embedding side only)
+    ids_host: np.ndarray
+    vocab: int
+
+
+class TokenOverlay:
+    """Up to ``max_adapters`` adapters overriding vocab rows, routed per row by slot.
+
+    An adapter is a fine-tune of the served model that changed some rows of the input
+    embedding and/or of the LM head (retrained or new tokens). :meth:`set_adapter` finds
+    the changed rows with ``embed_rowdiff`` and stores only those. On each step,
+    :meth:`apply_embed` overwrites the gathered embedding rows of tokens the row's
+    adapter overrides (before any embedding scale), and :meth:`apply_lmhead` recomputes
+    the logits of the adapter's overridden tokens (before softcap). Rows whose slot is
+    negative keep the served model's values.
+
+    Parameters
+    ----------
+    vocab_size : int
+        The served token-id space (logit columns). An adapter may have fewer rows (ids
+        beyond them are untouched) or more than the served table (rows beyond the served
+        table are new tokens, always overridden), but never more than ``vocab_size``.
+    hidden_size : int
+    max_adapters : int
+        Slots ``0 .. max_adapters - 1`` (at most 65,535).
+    device : "cpu" or "cuda"
+        "cpu": NumPy tables, the NumPy references run (always available). "cuda": cupy
+        tables and the CUDA kernels; rows, logits and hidden states must be cupy arrays.
+
+    Raises
+    ------
+    GpuUnavailableError
+        ``device="cuda"`` where cupy, a CUDA device or NVRTC is unusable. The kernels are
+        compiled here, eagerly, so this is the only place the GPU path can fail to load.
+        rowcache raises instead of doing what the seed does (silently skipping the
+        overlay when its kernels are missing): a skipped overlay does not crash, it
+        serves every adapter's sequences with the base model's embeddings and logits,
+        i.e. wrong tokens with no signal. An explicit error at construction, before any
+        request is served, lets the caller choose (fix the install, use
+        ``device="cpu"``, or refuse adapter requests) and guarantees no step fails midway.
+
+    Notes
+    -----
+    On the GPU every per-adapter table is reached through device pointer tables
+    (``uint64[max_adapters]``) plus ``int32`` counts and vocab sizes, allocated here
+    once and updated in place by :meth:`set_adapter` / :meth:`clear_adapter`. A decode
+    step's only per-step input is ``seq_slot`` and both apply methods always launch
+    their kernel, so a CUDA graph captured around them stays valid when adapters change
+    (set adapters between replays, not during one).
+    """
+
+    def __init__(
+        self, vocab_size: int, hidden_size: int, max_adapters: int, *, device: str = "cpu"
+    ) -> None:
+        self.vocab_size = _positive("vocab_size", vocab_size, 2**31 - 1)
+        self.hidden_size = _positive("hidden_size", hidden_size, 2**31 - 1)
+        self.max_adapters = _positive("max_adapters", max_adapters, 65535)
+        if device not in _DEVICES:
+            raise ConfigError(f"device must be one of {_DEVICES}, got {device!r}")
+        self.device = device
+        n = self.max_adapters
+        self._embed: list[_Part | None] = [None] * n
+        self._lm: list[_Part | None] = [None] * n
+        # Host mirrors of the kernel tables (also what the CPU path reads).
+        self._emb_counts = np.zeros(n, np.int32)
+        self._emb_vocabs = np.zeros(n, np.int32)
+        self._lm_counts = np.zeros(n, np.int32)
+        self._emb_map_ptrs = np.zeros(n, np.uint64)
+        self._emb_row_ptrs = np.zeros(n, np.uint64)
+        self._lm_id_ptrs = np.zeros(n, np.uint64)
+        self._lm_row_ptrs = np.zeros(n, np.uint64)
+        self._xp: Any = np
+        self._dev: dict[str, Any] = {}
+        if device == "cuda":
+            cp = require_cupy("TokenOverlay(device='cuda')")
+            try:
+                compile_overlay_kernels()
+            except GpuUnavailableError:
+                raise
+            except Exception as exc:
+                raise GpuUnavailableError(
+                    f"TokenOverlay(device='cuda') could not load its kernels "
+                    f"(kernels/overlay.cu): {exc}; use device='cpu' or fix the CUDA/NVRTC install"
+                ) from exc
+            self._xp = cp
+            for name in ("emb_map_ptrs", "emb_row_ptrs", "lm_id_ptrs", "lm_row_ptrs"):
+                self._dev[name] = cp.zeros(n, dtype=cp.uint64)
+            for name in ("emb_counts", "emb_vocabs", "lm_counts"):
+                self._dev[name] = cp.zeros(n, dtype=cp.int32)
+
+    # ------------------------------------------------------------------ adapters
+    def set_adapter(
+        self,
+        slot: int,
+        *,
+        embed_weight: Any = None,
+        lm_head_weight: Any = None,
+        served_embed: Any = None,
+        served_lm_head: Any = None,
+        thresh: float = 0.0,
+    ) -> OverlayAdapterInfo:
+        """Install an adapter in ``slot`` (replacing what was there).
+
+        Parameters
+        ----------
+        slot : int in [0, max_adapters)
+        embed_weight, lm_head_weight : bfloat16[V_a, hidden_size] or None
+            The adapter's input embedding / LM head (numpy or cupy). At least one is
+            given; a part left None is not overridden. ``V_a <= vocab_size``.
+        served_embed, served_lm_head : bfloat16[V_s, hidden_size]
+            The served model's tables, required for the parts given (ignored otherwise).
+        thresh : float >= 0
+            A row is overridden when ``max_i |adapter - served| > thresh`` (see
+            ``kernels.overlay.embed_rowdiff_reference``). Rows ``V_s <= r < V_a`` do not
+            exist in the served table and are always overridden; rows ``r >= V_a`` never.
+
+        Returns
+        -------
+        OverlayAdapterInfo
+            The overridden ids. On failure the slot is left as it was.
+        """
+        s = self._check_slot(slot)
+        if embed_weight is None and lm_head_weight is None:
+            raise ConfigError(
+                "set_adapter needs embed_weight and/or lm_head_weight (the adapter's tables); "
+                "to empty a slot use clear_adapter"
+            )
+        try:
+            t = np.float32(float(thresh)) if not isinstance(thresh, bool) else np.float32(-1)
+        except (TypeError, ValueError):
+            t = np.float32(-1)
+        if not np.isfinite(t) or t < 0:
+            raise ConfigError(f"thresh must be a finite float >= 0, got {thresh!r}")
+        emb = None
+        if embed_weight is not None:
+            emb = self._build("embed_weight", embed_weight, "served_embed", served_embed, t, True)
+        lm = None
+        if lm_head_weight is not None:
+            lm = self._build(
+                "lm_head_weight", lm_head_weight, "served_lm_head", served_lm_head, t, False
+            )
+        self._embed[s], self._lm[s] = emb, lm
+        self._refresh_tables(s)
+        return self.adapter_info(s)
+
+    def clear_adapter(self, slot: int) -> None:
+        """Empty ``slot``: rows routed to it keep the served values from now on."""
+        s = self._check_slot(slot)
+        self._embed[s], self._lm[s] = None, None
+        self._refresh_tables(s)
+
+    def adapter_info(self, slot: int) -> OverlayAdapterInfo:
+        """What ``slot`` overrides now (empty arrays for an empty slot)."""
+        s = self._check_slot(slot)
+        emb, lm = self._embed[s], self._lm[s]
+        none = np.zeros(0, np.int32)
+        return OverlayAdapterInfo(
+            slot=s,
+            embed_ids=none if emb is None else emb.ids_host.copy(),
+            lm_head_ids=none if lm is None else lm.ids_host.copy(),
+            embed_vocab=0 if emb is None else emb.vocab,
+            lm_head_vocab=0 if lm is None else lm.vocab,
+        )
+
+    @property
+    def num_adapters(self) -> int:
+        """Slots holding an adapter (a set adapter with zero changed rows counts)."""
+        return sum(e is not None or m is not None for e, m in zip(self._embed, self._lm))
+
+    # ------------------------------------------------------------------ per step
+    def apply_embed(self, ids: Any, rows: Any, seq_slot: Any = None, active: int = -1) -> Any:
+        """Overwrite gathered base embedding rows with their adapter's rows, in place.
+
+        Parameters
+        ----------
+        ids : int[n] (numpy or cupy)
+            Token id of each row. Ids < 0 or beyond the row's adapter vocabulary are
+            left untouched (never read out of bounds).
+        rows : bfloat16[n, hidden_size], C-contiguous
+            The gathered served rows, before any embedding scale. numpy for
+            ``device="cpu"``, cupy for ``device="cuda"``.
+        seq_slot : int[n] or None
+            Adapter slot of each row (-1: none). A host (numpy) array is checked to hold
+            no slot >= ``max_adapters``; a device array is not (that would synchronize),
+            and the kernel leaves such rows untouched.
+        active : int
+            The slot of every row when ``seq_slot`` is None (-1: none).
+
+        Returns
+        -------
+        rows
+        """
+        self._check_out("rows", rows, None)
+        n = rows.shape[0]
+        check_int_1d("ids", ids, length=n)
+        act, seq = self._route(seq_slot, active, n)
+        if self.device == "cpu":
+            embed_overlay_routed_reference(
+                _to_host(ids),
+                seq,
+                act,
+                [None if p is None else p.slot_map for p in self._embed],
+                [None if p is None else p.rows for p in self._embed],
+                rows,
+            )
+            return rows
+        cp = self._xp
+        d = self._dev
+        embed_overlay_routed(
+            cp.asarray(ids), seq, act, d["emb_map_ptrs"], d["emb_row_ptrs"], d["emb_counts"],
+            d["emb_vocabs"], rows,
+        )  # fmt: skip
+        return rows
+
+    def apply_lmhead(self, hidden: Any, logits: Any, seq_slot: Any = None, active: int = -1) -> Any:
+        """Recompute the logits of each row's adapter's overridden tokens, in place.
+
+        Parameters
+        ----------
+        hidden : bfloat16[n, hidden_size], C-contiguous
+            Final hidden states (numpy for "cpu", cupy for "cuda").
+        logits : float32 or bfloat16 [n, n_cols], C-contiguous
+            The served LM head's logits, before softcap. Overridden ids at or beyond
+            ``n_cols`` are skipped.
+        seq_slot, active
+            As in :meth:`apply_embed`.
+
+        Returns
+        -------
+        logits
+            ``logits[r, id] = dot(hidden[r], adapter_row[id])`` (float32 accumulation,
+            rounded to the logits' dtype) for the overridden ids of row r's adapter.
+        """
+        self._check_out("hidden", hidden, self.hidden_size)
+        n = hidden.shape[0]
+        if getattr(logits, "ndim", None) != 2 or logits.dtype not in (np.float32, BF16):
+            raise ConfigError(
+                f"logits must be a 2-D float32 or bfloat16 array, got {_describe(logits)}"
+            )
+        if logits.shape[0] != n or not logits.flags.c_contiguous:
+            raise ConfigError(
+                f"logits must be C-contiguous with {n} rows (one per hidden row), "
+                f"got {_describe(logits)}"
+            )
+        if is_device_array(logits) != (self.device == "cuda"):
+            raise ConfigError(
+                f"logits must be a {'cupy' if self.device == 'cuda' else 'numpy'} array for "
+                f"device={self.device!r}, got {_describe(logits)}"
+            )
+        act, seq = self._route(seq_slot, active, n)
+        if self.device == "cpu":
+            lmhead_overlay_routed_reference(
+                hidden,
+                seq,
+                act,
+                [None if p is None else p.ids for p in self._lm],
+                [None if p is None else p.rows for p in self._lm],
+                logits,
+            )
+            return logits
+        d = self._dev
+        # At least 1 so the kernel is always launched (a CUDA graph captured with no
+        # adapter set still applies adapters set later; its loop covers any count).
+        max_count = max(1, int(self._lm_counts.max()))
+        lmhead_overlay_routed(
+            hidden, seq, act, d["lm_id_ptrs"], d["lm_row_ptrs"], d["lm_counts"], logits,
+            max_count=max_count,
+        )  # fmt: skip
+        return logits
+
+    # ------------------------------------------------------------------ internals
+    def _check_slot(self, slot: Any) -> int:
+        try:
+            s = operator.index(slot)
+        except TypeError:
+            raise ConfigError(f"slot must be an int, got {slot!r}") from None
+        if isinstance(slot, bool) or not 0 <= s < self.max_adapters:
+            raise ConfigError(f"slot must be in [0, {self.max_adapters}), got {slot!r}")
+        return s
+
+    def _check_out(self, name: str, a: Any, cols: int | None) -> None:
+        check_bf16_2d(name, a, cols=self.hidden_size if cols is None else cols)
+        if is_device_array(a) != (self.device == "cuda"):
+            want = "cupy" if self.device == "cuda" else "numpy"
+            raise ConfigError(
+                f"{name} must be a {want} array for device={self.device!r}, got {_describe(a)}"
+            )
+
+    def _route(self, seq_slot: Any, active: Any, n: int) -> tuple[int, Any]:
+        act = check_route(seq_slot, active, n)
+        if act >= self.max_adapters:
+            raise ConfigError(
+                f"active must be -1 (none) or a slot in [0, {self.max_adapters}), got {act}"
+            )
+        if seq_slot is None:
+            return act, None
+        if not is_device_array(seq_slot) or self.device == "cpu":
+            seq = _to_host(seq_slot)
+            if seq.size and int(seq.max()) >= self.max_adapters:
+                bad = int(np.flatnonzero(seq >= self.max_adapters)[0])
+                raise ConfigError(
+                    f"seq_slot[{bad}] = {int(seq[bad])} is not an adapter slot: allowed are "
+                    f"negative values (none) and 0..{self.max_adapters - 1}"
+                )
+            if self.device == "cpu":
+                return act, seq
+        return act, self._xp.asarray(seq_slot, dtype=self._xp.int32)
+
+    def _prepare(self, name: str, a: Any) -> Any:
+        if getattr(a, "ndim", None) != 2 or a.dtype != BF16:
+            raise ConfigError(
+                f"{name} must be a 2-D bfloat16 array [vocab, {self.hidden_size}], got "
+                f"{_describe(a)}; convert float tables with .astype(ml_dtypes.bfloat16)"
+            )
+        if a.shape[1] != self.hidden_size:
+            raise ConfigError(
+                f"{name} must have hidden_size = {self.hidden_size} columns, got {_describe(a)}"
+            )
+        if self.device == "cpu":
+            return np.ascontiguousarray(_to_host(a))
+        return self._xp.ascontiguousarray(self._xp.asarray(a))
+
+    def _build(
+        self, name: str, weight: Any, served_name: str, served: Any, thresh: np.float32, with_map: bool
+    ) -> _Part:
+        if served is None:
+            raise ConfigError(f"{name} needs {served_name} (the served table) to find changed rows")
+        w = self._prepare(name, weight)
+        sv = self._prepare(served_name, served)
+        va, vs = w.shape[0], sv.shape[0]
+        if va > self.vocab_size:
+            raise ConfigError(
+                f"{name} has {va} rows but the overlay's vocab_size is {self.vocab_size}; "
+                f"build the TokenOverlay with vocab_size >= the largest adapter vocabulary"
+            )
+        xp = self._xp
+        m = min(va, vs)
+        flags = embed_rowdiff(w[:m], sv[:m], float(thresh))
+        ids = xp.flatnonzero(flags)
+        if va > vs:  # rows the served table lacks: new tokens
+            ids = xp.concatenate([ids, xp.arange(vs, va)])
+        ids = ids.astype(xp.int32)
+        # Gather through a uint16 view: bit copies, independent of bf16 support in xp.
+        rows = xp.ascontiguousarray(w.view(xp.uint16)[ids]).view(w.dtype)
+        slot_map = None
+        if with_map:
+            slot_map = xp.full(va, -1, dtype=xp.int32)
+            slot_map[ids] = xp.arange(ids.shape[0], dtype=xp.int32)
+        return _Part(ids=ids, rows=rows, slot_map=slot_map, ids_host=_to_host(ids), vocab=va)
+
+    def _refresh_tables(self, s: int) -> None:
+        emb, lm = self._embed[s], self._lm[s]
+        self._emb_counts[s] = 0 if emb is None else emb.ids.shape[0]
+        self._emb_vocabs[s] = 0 if emb is None else emb.vocab
+        self._lm_counts[s] = 0 if lm is None else lm.ids.shape[0]
+        if self.device != "cuda":
+            return
+        self._emb_map_ptrs[s] = _ptr(None if emb is None else emb.slot_map)
+        self._emb_row_ptrs[s] = _ptr(None if emb is None else emb.rows)
+        self._lm_id_ptrs[s] = _ptr(None if lm is None else lm.ids)
+        self._lm_row_ptrs[s] = _ptr(None if lm is None else lm.rows)
+        # In-place copies: the device tables keep their addresses (CUDA-graph safe).
+        d = self._dev
+        d["emb_map_ptrs"].set(self._emb_map_ptrs)
+        d["emb_row_ptrs"].set(self._emb_row_ptrs)
+        d["lm_id_ptrs"].set(self._lm_id_ptrs)
+        d["lm_row_ptrs"].set(self._lm_row_ptrs)
+        d["emb_counts"].set(self._emb_counts)
+        d["emb_vocabs"].set(self._emb_vocabs)
+        d["lm_counts"].set(self._lm_counts)
+
+
+def _positive(name: str, value: Any, limit: int) -> int:
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be an int, got {value!r}") from None
+    if isinstance(value, bool) or not 1 <= v <= limit:
+        raise ConfigError(f"{name} must be in [1, {limit}], got {value!r}")
+    return v
+
+
+def _to_host(a: Any) -> np.ndarray:
+    return a.get() if is_device_array(a) else np.asarray(a)
+
+
+def _ptr(a: Any) -> int:
+    return 0 if a is None or a.size == 0 else int(a.data.ptr)
+
+
+def _describe(a: Any) -> str:
+    dtype = getattr(a, "dtype", None)
+    shape = getattr(a, "shape", None)
+    if dtype is None or shape is None:
+        return type(a).__name__
+    return f"{type(a).__module__.split('.')[0]} {dtype}{list(shape)}"

@@ -1,0 +1,254 @@
+"""FP8 quantization: the reference against plain Python, the kernel against the reference.
+
+Also holds the independent FP8/bf16 rules (Python floats and integer bit tricks, no
+ml_dtypes casts) that the gather tests reuse.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import kernels
+from kernels.reference import BF16, E4M3, quantize_fp8_reference
+from rowcache.errors import ConfigError
+
+DIMS = (1, 7, 130, 256, 3072)
+
+
+# --- independent rules -------------------------------------------------------------
+
+
+def e4m3_value(code: int) -> float:
+    """Exact value of an E4M3 (fn) code from its bits: 1 sign, 4 exponent (bias 7), 3 mantissa."""
+    sign = -1.0 if code & 0x80 else 1.0
+    exp, man = (code >> 3) & 0xF, code & 0x7
+    if exp == 0xF and man == 0x7:
+        return math.nan
+    if exp == 0:
+        return sign * man * 2.0**-9
+    return sign * (1.0 + man / 8.0) * 2.0 ** (exp - 7)
+
+
+def e4m3_encode_satfinite(v: float) -> int:
+    """Nearest E4M3 code to ``v`` (ties to even code), magnitudes clamped to 448, sign kept."""
+    sign = 0x80 if math.copysign(1.0, v) < 0 else 0x00
+    a = Fraction(min(abs(v), 448.0))
+    best = min(range(0x7F), key=lambda c: (abs(Fraction(e4m3_value(c)) - a), c & 1))
+    return sign | best
+
+
+def bf16_bits_rne(x: np.float32) -> int:
+    """bfloat16 bits of a (non-NaN) float32, round to nearest even, by integer arithmetic."""
+    b = int(np.float32(x).view(np.uint32))
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def non_nan_codes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Random E4M3 codes, every non-NaN code possible (0x7f and 0xff are NaN)."""
+    codes = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    nan = (codes & 0x7F) == 0x7F
+    codes[nan] = rng.integers(0, 0x7F, size=int(nan.sum()), dtype=np.uint8) | (codes[nan] & 0x80)
+    return codes
+
+
+def random_rows(rng: np.random.Generator, n: int, d: int, dtype: np.dtype = BF16) -> np.ndarray:
+    """Finite rows of very different magnitudes, with an all-zero row, a -0 row and a spike."""
+    mag = (10.0 ** rng.uniform(-30, 30, size=(n, 1))).astype(np.float32)
+    x = (rng.standard_normal((n, d), dtype=np.float32) * mag).astype(dtype)
+    if n >= 4:
+        x[1] = 0
+        x[2] = -0.0
+        x[3, rng.integers(d)] = -448.0 * 3
+    return x
+
+
+def reciprocal_sensitive_rows(rng: np.random.Generator, count: int) -> np.ndarray:
+    """bf16 rows [count, 64] whose codes differ between ``x / scale`` and ``x * (1 / scale)``."""
+    x = rng.standard_normal((4000, 64), dtype=np.float32).astype(BF16)
+    x32 = x.astype(np.float32)
+    scales = np.abs(x32).max(axis=1) / np.float32(448.0)
+    div = np.clip(x32 / scales[:, None], -448, 448).astype(E4M3).view(np.uint8)
+    mul = np.clip(x32 * (np.float32(1.0) / scales)[:, None], -448, 448).astype(E4M3).view(np.uint8)
+    rows = np.flatnonzero((div != mul).any(axis=1))
+    assert rows.size >= count, "the generator should find rows where the two roundings differ"
+    return x[rows[:count]]
+
+
+# --- the reference against per-element Python --------------------------------------
+
+
+def test_e4m3_value_agrees_with_ml_dtypes_for_every_code():
+    codes = np.arange(256, dtype=np.uint8)
+    ml = codes.view(E4M3).astype(np.float64)
+    mine = np.array([e4m3_value(int(c)) for c in codes])
+    assert np.array_equal(ml, mine, equal_nan=True)
+
+
+def test_quantize_reference_matches_python_rule(rng):
+    x = random_rows(rng, 6, 9)
+    x[4, :3] = [448.0, -224.0, 0.0078125]  # exact powers of two next to the range ends
+    codes, scales = quantize_fp8_reference(x)
+    for r in range(x.shape[0]):
+        row = [np.float32(v) for v in x[r].astype(np.float32)]
+        amax = max(abs(v) for v in row)
+        scale = np.float32(1.0) if amax == 0 else np.float32(amax) / np.float32(448.0)
+        assert scales[r].view(np.uint32) == np.float32(scale).view(np.uint32)
+        expect = [e4m3_encode_satfinite(float(np.float32(v) / scale)) for v in row]
+        assert codes[r].tolist() == expect, f"row {r}"
+
+
+def test_quantize_reference_divides_by_the_scale(rng):
+    x = reciprocal_sensitive_rows(rng, 2)
+    codes, scales = quantize_fp8_reference(x)
+    for r in range(x.shape[0]):
+        scale = scales[r]
+        expect = [e4m3_encode_satfinite(float(np.float32(v) / scale)) for v in x[r]]
+        assert codes[r].tolist() == expect
+
+
+def test_quantize_reference_all_zero_and_negative_zero_rows():
+    x = np.zeros((2, 5), dtype=BF16)
+    x[1] = -0.0
+    codes, scales = quantize_fp8_reference(x)
+    assert scales.tolist() == [1.0, 1.0]
+    assert codes[0].tolist() == [0] * 5
+    assert codes[1].tolist() == [0x80] * 5
+
+
+def test_quantize_reference_row_max_maps_to_448(rng):
+    x = random_rows(rng, 8, 33, np.dtype(np.float32))
+    codes, _ = quantize_fp8_reference(x)
+    top = np.abs(x).argmax(axis=1)
+    for r in range(x.shape[0]):
+        if x[r, top[r]] != 0:
+            assert codes[r, top[r]] & 0x7F == 0x7E  # +-448, the largest finite code
+
+
+# --- the public CPU path -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", DIMS)
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)])
+def test_quantize_fp8_cpu_is_the_reference(rng, d, dtype):
+    x = random_rows(rng, 5, d, dtype)
+    codes, scales = kernels.quantize_fp8(x)
+    ref_codes, ref_scales = quantize_fp8_reference(x)
+    assert codes.dtype == np.uint8 and codes.shape == (5, d)
+    assert scales.dtype == np.float32 and scales.shape == (5,)
+    assert np.array_equal(codes, ref_codes)
+    assert np.array_equal(scales.view(np.uint32), ref_scales.view(np.uint32))
+
+
+def test_quantize_fp8_cpu_fills_given_outputs(rng):
+    x = random_rows(rng, 4, 7)
+    codes = np.full((4, 7), 0x7F, dtype=np.uint8)
+    scales = np.full(4, np.nan, dtype=np.float32)
+    got_codes, got_scales = kernels.quantize_fp8(x, codes=codes, scales=scales)
+    assert got_codes is codes and got_scales is scales
+    ref_codes, ref_scales = quantize_fp8_reference(x)
+    assert np.array_equal(codes, ref_codes)
+    assert np.array_equal(scales, ref_scales)
+
+
+def test_quantize_fp8_cpu_empty():
+    codes, scales = kernels.quantize_fp8(np.zeros((0, 8), dtype=BF16))
+    assert codes.shape == (0, 8) and scales.shape == (0,)
+    codes, scales = kernels.quantize_fp8(np.zeros((3, 0), dtype=BF16))
+    assert codes.shape == (3, 0) and scales.tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"x": np.zeros((2, 3), dtype=np.float16)}, "x"),
+        ({"x": np.zeros(6, dtype=BF16)}, "x"),
+        ({"x": [[1.0, 2.0]]}, "x"),
+        ({"x": np.zeros((2, 3), dtype=BF16), "codes": np.zeros((2, 4), np.uint8)}, "codes"),
+        ({"x": np.zeros((2, 3), dtype=BF16), "codes": np.zeros((2, 3), np.int8)}, "codes"),
+        ({"x": np.zeros((2, 3), dtype=BF16), "scales": np.zeros(3, np.float32)}, "scales"),
+        ({"x": np.zeros((2, 3), dtype=BF16), "scales": np.zeros(2, np.float64)}, "scales"),
+    ],
+)
+def test_quantize_fp8_rejects_bad_arguments(kwargs, name):
+    with pytest.raises(ConfigError, match=name):
+        kernels.quantize_fp8(**kwargs)
+
+
+# --- the kernel against the reference --------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", (*DIMS, 33, 1000))
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)])
+def test_quantize_fp8_gpu_bitexact(rng, d, dtype):
+    import cupy as cp
+
+    n = 37
+    x = random_rows(rng, n, d, dtype)
+    codes = cp.full((n, d), 0x7F, dtype=cp.uint8)  # poison: NaN codes everywhere
+    scales = cp.full(n, np.nan, dtype=cp.float32)
+    got_codes, got_scales = kernels.quantize_fp8(cp.asarray(x), codes=codes, scales=scales)
+    assert got_codes is codes and got_scales is scales
+    ref_codes, ref_scales = quantize_fp8_reference(x)
+    assert np.array_equal(codes.get(), ref_codes)
+    assert np.array_equal(scales.get().view(np.uint32), ref_scales.view(np.uint32))
+
+
+@pytest.mark.gpu
+def test_quantize_fp8_gpu_divides_not_multiplies_by_reciprocal(rng):
+    import cupy as cp
+
+    x = reciprocal_sensitive_rows(rng, 64)
+    codes, scales = kernels.quantize_fp8(cp.asarray(x))
+    ref_codes, ref_scales = quantize_fp8_reference(x)
+    assert np.array_equal(codes.get(), ref_codes)
+    assert np.array_equal(scales.get(), ref_scales)
+
+
+@pytest.mark.gpu
+def test_quantize_fp8_gpu_allocates_and_handles_many_rows(rng):
+    import cupy as cp
+
+    x = random_rows(rng, 70_000, 16)  # more rows than blocks: the grid strides
+    codes, scales = kernels.quantize_fp8(cp.asarray(x))
+    ref_codes, ref_scales = quantize_fp8_reference(x)
+    assert codes.dtype == cp.uint8 and scales.dtype == cp.float32
+    assert np.array_equal(codes.get(), ref_codes)
+    assert np.array_equal(scales.get(), ref_scales)
+
+
+@pytest.mark.gpu
+def test_quantize_fp8_gpu_strided_rows(rng):
+    import cupy as cp
+
+    full = random_rows(rng, 9, 40)
+    x = cp.asarray(full)[:, 3:30]  # row stride 40, rows of 27
+    codes, scales = kernels.quantize_fp8(x)
+    ref_codes, ref_scales = quantize_fp8_reference(full[:, 3:30])
+    assert np.array_equal(codes.get(), ref_codes)
+    assert np.array_equal(scales.get(), ref_scales)
+
+
+@pytest.mark.gpu
+def test_quantize_fp8_gpu_empty():
+    import cupy as cp
+
+    codes, scales = kernels.quantize_fp8(cp.zeros((0, 8), dtype=BF16))
+    assert codes.shape == (0, 8) and scales.shape == (0,)
+    codes, scales = kernels.quantize_fp8(cp.zeros((2, 0), dtype=BF16))
+    assert codes.shape == (2, 0) and scales.get().tolist() == [1.0, 1.0]
+
+
+@pytest.mark.gpu
+def test_quantize_fp8_gpu_rejects_host_outputs_and_column_strides():
+    import cupy as cp
+
+    x = cp.zeros((2, 3), dtype=BF16)
+    with pytest.raises(ConfigError, match="codes"):
+        kernels.quantize_fp8(x, codes=np.zeros((2, 3), np.uint8))
+    with pytest.raises(ConfigError, match="x"):
+        kernels.quantize_fp8(cp.zeros((3, 4), dtype=BF16).T)

@@ -1,0 +1,243 @@
+"""scatter_records (the cache's fault path): reference against plain Python, kernel against reference.
+
+Records are built with ``rowcache.format.encode_records``, the store's own encoder, so
+the tests also pin the record layout the kernel decodes (FP8: codes then a
+little-endian float32 scale at byte ``dim``, usually not 4-byte aligned).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+import kernels
+from kernels.reference import BF16, scatter_records_reference
+from rowcache.errors import ConfigError
+from rowcache.format import encode_records
+
+from .test_gather import mapped_host_array, random_scales, random_table
+from .test_quantize import non_nan_codes
+
+DIMS = (1, 7, 130, 256, 3072)
+SLOT_DTYPES = (np.int32, np.int64)
+POISON16 = 0xFFFF
+POISON8 = 0x7F
+
+
+def bf16_case(rng, n: int, slots: int, d: int, slot_dtype=np.int64):
+    """(records, slots, arena) for a bf16 arena poisoned with NaN bits."""
+    rows = random_table(rng, n, d)
+    records = encode_records("bf16", rows)
+    dest = rng.permutation(slots)[:n].astype(slot_dtype)
+    arena = np.full((slots, d), POISON16, dtype=np.uint16).view(BF16)
+    return records, dest, arena
+
+
+def fp8_case(rng, n: int, slots: int, d: int, slot_dtype=np.int64):
+    """(records, slots, codes arena, scales arena), the arenas poisoned with NaNs."""
+    records = encode_records("fp8", (non_nan_codes(rng, (n, d)), random_scales(rng, n)))
+    dest = rng.permutation(slots)[:n].astype(slot_dtype)
+    arena = np.full((slots, d), POISON8, dtype=np.uint8)
+    scales = np.full(slots, np.nan, dtype=np.float32)
+    return records, dest, arena, scales
+
+
+# --- the reference against per-element Python ---------------------------------------------
+
+
+def test_scatter_reference_bf16_matches_python_loop(rng):
+    records, dest, arena = bf16_case(rng, 5, 9, 3)
+    expect = arena.view(np.uint16).copy()
+    for rec, slot in zip(records.tolist(), dest.tolist()):
+        expect[slot] = [rec[2 * j] | (rec[2 * j + 1] << 8) for j in range(3)]
+    scatter_records_reference(records, dest, arena)
+    assert np.array_equal(arena.view(np.uint16), expect)
+
+
+def test_scatter_reference_fp8_matches_python_loop(rng):
+    records, dest, arena, scales = fp8_case(rng, 6, 10, 5)
+    expect_codes = arena.copy()
+    expect_scales = scales.copy()
+    for rec, slot in zip(records.tolist(), dest.tolist()):
+        expect_codes[slot] = rec[:5]
+        expect_scales[slot] = struct.unpack("<f", bytes(rec[5:9]))[0]
+    scatter_records_reference(records, dest, arena, scales)
+    assert np.array_equal(arena, expect_codes)
+    assert np.array_equal(scales.view(np.uint32), expect_scales.view(np.uint32))
+
+
+# --- the CPU path -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", DIMS)
+@pytest.mark.parametrize("slot_dtype", SLOT_DTYPES)
+def test_scatter_records_cpu_bf16(rng, d, slot_dtype):
+    records, dest, arena = bf16_case(rng, 20, 50, d, slot_dtype)
+    before = arena.view(np.uint16).copy()
+    kernels.scatter_records(records, dest, arena)
+    got = arena.view(np.uint16)
+    assert np.array_equal(got[dest], records.view(np.uint16))
+    untouched = np.setdiff1d(np.arange(50), dest)
+    assert np.array_equal(got[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("d", DIMS)
+@pytest.mark.parametrize("slot_dtype", SLOT_DTYPES)
+def test_scatter_records_cpu_fp8(rng, d, slot_dtype):
+    records, dest, arena, scales = fp8_case(rng, 20, 50, d, slot_dtype)
+    kernels.scatter_records(records, dest, arena, scales)
+    assert np.array_equal(arena[dest], records[:, :d])
+    assert np.array_equal(scales[dest], records[:, d:].copy().view("<f4").ravel())
+    untouched = np.setdiff1d(np.arange(50), dest)
+    assert np.all(arena[untouched] == POISON8) and np.all(np.isnan(scales[untouched]))
+
+
+def test_scatter_records_cpu_padded_records_and_empty_batch(rng):
+    records, dest, arena, scales = fp8_case(rng, 4, 8, 6)
+    padded = np.concatenate([records, np.full((4, 3), 0xAB, np.uint8)], axis=1)
+    kernels.scatter_records(padded, dest, arena, scales)
+    assert np.array_equal(arena[dest], records[:, :6])
+    kernels.scatter_records(np.zeros((0, 10), np.uint8), np.zeros(0, np.int64), arena, scales)
+    assert np.array_equal(arena[dest], records[:, :6])
+
+
+@pytest.mark.parametrize("bad", [-1, 8])
+def test_scatter_records_cpu_rejects_slots_out_of_range(rng, bad):
+    records, dest, arena = bf16_case(rng, 3, 8, 4)
+    dest[1] = bad
+    before = arena.view(np.uint16).copy()
+    with pytest.raises(IndexError, match="slots"):
+        kernels.scatter_records(records, dest, arena)
+    assert np.array_equal(arena.view(np.uint16), before)
+
+
+def _fp8_arena():
+    return np.zeros((4, 3), np.uint8), np.ones(4, np.float32)
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        ((np.zeros((2, 6), np.int8), np.arange(2), np.zeros((4, 3), BF16)), "records"),
+        ((np.zeros(12, np.uint8), np.arange(2), np.zeros((4, 3), BF16)), "records"),
+        ((np.zeros((2, 5), np.uint8), np.arange(2), np.zeros((4, 3), BF16)), "records"),
+        ((np.zeros((2, 6), np.uint8), np.arange(3), np.zeros((4, 3), BF16)), "slots"),
+        ((np.zeros((2, 6), np.uint8), np.array([0.0, 1.0]), np.zeros((4, 3), BF16)), "slots"),
+        ((np.zeros((2, 6), np.uint8), np.arange(2), np.zeros((4, 3), np.float32)), "table"),
+        ((np.zeros((2, 6), np.uint8), np.arange(2), np.zeros(12, BF16)), "table"),
+        (
+            (
+                np.zeros((2, 6), np.uint8),
+                np.arange(2),
+                np.zeros((4, 3), BF16),
+                np.ones(4, np.float32),
+            ),
+            "scales",
+        ),
+        ((np.zeros((2, 7), np.uint8), np.arange(2), np.zeros((4, 3), np.uint8)), "scales"),
+        (
+            (
+                np.zeros((2, 7), np.uint8),
+                np.arange(2),
+                np.zeros((4, 3), np.uint8),
+                np.ones(3, np.float32),
+            ),
+            "scales",
+        ),
+        (
+            (
+                np.zeros((2, 7), np.uint8),
+                np.arange(2),
+                np.zeros((4, 3), np.uint8),
+                np.ones(4, np.float64),
+            ),
+            "scales",
+        ),
+        ((np.zeros((2, 6), np.uint8), np.arange(2), *_fp8_arena()), "records"),
+    ],
+)
+def test_scatter_records_rejects_bad_arguments(args, name):
+    with pytest.raises(ConfigError, match=name):
+        kernels.scatter_records(*args)
+
+
+# --- the kernel against the reference ---------------------------------------------------
+
+
+def _records_on(cp, records: np.ndarray, where: str):
+    if where == "device":
+        return cp.asarray(records)
+    if where == "mapped":
+        return mapped_host_array(cp, records)
+    return records  # numpy: the launcher copies it to the device
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", (*DIMS, 8, 16))
+@pytest.mark.parametrize("slot_dtype", SLOT_DTYPES)
+@pytest.mark.parametrize("where", ["device", "host", "mapped"])
+def test_scatter_records_gpu_bf16_bitexact(rng, d, slot_dtype, where):
+    import cupy as cp
+
+    records, dest, arena = bf16_case(rng, 150, 400, d, slot_dtype)
+    dev_arena = cp.asarray(arena)
+    kernels.scatter_records(_records_on(cp, records, where), cp.asarray(dest), dev_arena)
+    scatter_records_reference(records, dest, arena)
+    assert np.array_equal(dev_arena.get().view(np.uint16), arena.view(np.uint16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", (*DIMS, 12, 28, 252, 0))
+@pytest.mark.parametrize("slot_dtype", SLOT_DTYPES)
+@pytest.mark.parametrize("where", ["device", "host", "mapped"])
+def test_scatter_records_gpu_fp8_bitexact(rng, d, slot_dtype, where):
+    import cupy as cp
+
+    records, dest, arena, scales = fp8_case(rng, 150, 400, d, slot_dtype)
+    dev_arena, dev_scales = cp.asarray(arena), cp.asarray(scales)
+    kernels.scatter_records(_records_on(cp, records, where), dest, dev_arena, dev_scales)
+    scatter_records_reference(records, dest, arena, scales)
+    assert np.array_equal(dev_arena.get(), arena)
+    assert np.array_equal(dev_scales.get().view(np.uint32), scales.view(np.uint32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", (8, 61, 256))
+def test_scatter_records_gpu_misaligned_padded_records(rng, d):
+    import cupy as cp
+
+    records, dest, arena, scales = fp8_case(rng, 33, 90, d)
+    buf = np.full((33, d + 4 + 5), 0xCD, dtype=np.uint8)
+    buf[:, 1 : d + 5] = records  # records start 1 byte in, stride d + 9
+    dev_arena, dev_scales = cp.asarray(arena), cp.asarray(scales)
+    kernels.scatter_records(cp.asarray(buf)[:, 1:], cp.asarray(dest), dev_arena, dev_scales)
+    scatter_records_reference(records, dest, arena, scales)
+    assert np.array_equal(dev_arena.get(), arena)
+    assert np.array_equal(dev_scales.get().view(np.uint32), scales.view(np.uint32))
+
+
+@pytest.mark.gpu
+def test_scatter_records_gpu_many_records_grid_strides(rng):
+    import cupy as cp
+
+    records, dest, arena = bf16_case(rng, 300_000, 400_000, 2, np.int32)
+    dev_arena = cp.asarray(arena)
+    kernels.scatter_records(cp.asarray(records), cp.asarray(dest), dev_arena)
+    scatter_records_reference(records, dest, arena)
+    assert np.array_equal(dev_arena.get().view(np.uint16), arena.view(np.uint16))
+
+
+@pytest.mark.gpu
+def test_scatter_records_gpu_empty_and_mixed_devices(rng):
+    import cupy as cp
+
+    records, dest, arena, scales = fp8_case(rng, 3, 8, 4)
+    dev_arena = cp.asarray(arena)
+    kernels.scatter_records(
+        cp.zeros((0, 8), cp.uint8), cp.zeros(0, cp.int32), dev_arena, cp.asarray(scales)
+    )
+    assert np.array_equal(dev_arena.get(), arena)
+    with pytest.raises(ConfigError, match="scales"):
+        kernels.scatter_records(records, dest, dev_arena, scales)

@@ -7,20 +7,25 @@
 // with xt(t) = tokens[t], and for j >= 1 xt(t - j) = tokens[t - j] while t - j >= 0
 // and no EOS lies in positions t - j .. t - 1 (else 0 and the look-back stops).
 // mult[i, j] = V^j mod rows[i] for j < order(i), 0 beyond: every term fits int64.
+// With has_starts, the look-back of t also stops before starts[t] (the first position
+// of t's sequence when several sequences are hashed in one launch).
 extern "C" __global__ void ngram_hash(const long long* __restrict__ tokens,
+                                      const long long* __restrict__ starts,
                                       const long long* __restrict__ mult,
                                       const long long* __restrict__ rows,
                                       long long* __restrict__ out,
-                                      long long L, int T, int N, long long eos) {
+                                      long long L, int T, int N, long long eos,
+                                      int has_starts) {
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)T * L) return;
     int i = (int)(idx / L);
     long long t = idx - (long long)i * L;
     const long long* m = mult + (long long)i * N;
+    long long first = has_starts ? starts[t] : 0;
     long long acc = tokens[t] * m[0];
     for (int j = 1; j < N; ++j) {
         long long p = t - j;
-        if (p < 0) break;
+        if (p < first) break;
         long long x = tokens[p];
         if (x == eos) break;
         acc += x * m[j];

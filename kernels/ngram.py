@@ -21,7 +21,11 @@ _SOURCE = "ngram.cu"
 
 # --- the hash -----------------------------------------------------------------
 def ngram_hash_reference(
-    tokens: np.ndarray, multipliers: np.ndarray, rows: np.ndarray, eos: int
+    tokens: np.ndarray,
+    multipliers: np.ndarray,
+    rows: np.ndarray,
+    eos: int,
+    starts: np.ndarray | None = None,
 ) -> np.ndarray:
     """LongCat n-gram ids of every table at every position, vectorized.
 
@@ -35,6 +39,9 @@ def ngram_hash_reference(
         Row count ``M_i`` of every table.
     eos : int
         The EOS token: the look-back of position ``t`` stops at an EOS strictly before ``t``.
+    starts : int64[L], optional
+        First position of the sequence of each position, when several sequences are
+        concatenated: the look-back never reaches before ``starts[t]``. Default 0.
 
     Returns
     -------
@@ -51,6 +58,8 @@ def ngram_hash_reference(
     last_eos = np.maximum.accumulate(np.where(x == eos, pos, -1))
     start = np.zeros(length, dtype=np.int64)
     start[1:] = last_eos[:-1] + 1
+    if starts is not None:
+        np.maximum(start, np.asarray(starts, dtype=np.int64), out=start)
     acc = mult[:, :1] * x[None, :]
     shifted = np.empty(length, dtype=np.int64)
     for j in range(1, max_n):  # loop over orders (<= N), vectorized over positions
@@ -62,20 +71,23 @@ def ngram_hash_reference(
     return acc
 
 
-def ngram_hash(tokens: Any, multipliers: Any, rows: Any, eos: int) -> Any:
+def ngram_hash(tokens: Any, multipliers: Any, rows: Any, eos: int, starts: Any = None) -> Any:
     """:func:`ngram_hash_reference` on NumPy input, the CUDA kernel on cupy input.
 
     ``tokens`` decides the device; the result (int64[T, L]) lives on the same device
     and is bit-identical.
     """
     if not is_device_array(tokens):
-        return ngram_hash_reference(tokens, multipliers, rows, eos)
+        return ngram_hash_reference(tokens, multipliers, rows, eos, starts)
     cp = require_cupy("ngram_hash")
     tok = cp.ascontiguousarray(tokens, dtype=cp.int64)
     mult = cp.ascontiguousarray(cp.asarray(multipliers), dtype=cp.int64)
     mod = cp.ascontiguousarray(cp.asarray(rows), dtype=cp.int64)
     n_tables, max_n = mult.shape
     length = tok.shape[0]
+    first = tok if starts is None else cp.ascontiguousarray(cp.asarray(starts), dtype=cp.int64)
+    if first.shape != tok.shape:
+        raise ValueError(f"starts must have the shape of tokens {tok.shape}, got {first.shape}")
     out = cp.empty((n_tables, length), dtype=cp.int64)
     total = n_tables * length
     if total == 0:
@@ -85,7 +97,18 @@ def ngram_hash(tokens: Any, multipliers: Any, rows: Any, eos: int) -> Any:
     kern(
         grid,
         block,
-        (tok, mult, mod, out, np.int64(length), np.int32(n_tables), np.int32(max_n), np.int64(eos)),
+        (
+            tok,
+            first,
+            mult,
+            mod,
+            out,
+            np.int64(length),
+            np.int32(n_tables),
+            np.int32(max_n),
+            np.int64(eos),
+            np.int32(starts is not None),
+        ),
     )
     return out
 

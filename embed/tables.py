@@ -1,0 +1,259 @@
+"""Table variants of the n-gram embedding: resident BF16, resident FP8, cached.
+
+Owns :class:`Bf16Table`, :class:`Fp8Table` and :class:`CachedTable`. Each answers
+``gather(ids, out=None) -> bfloat16[n, d]`` with the kernels of ``kernels`` (NumPy
+references on the CPU, CUDA kernels for cupy arrays), so ``NgramEmbedding`` mixes
+them freely. Does not hash ids or project rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import kernels
+from kernels._cuda import is_device_array, require_cupy
+from kernels.reference import BF16
+from rowcache.errors import ConfigError
+
+_U8 = np.dtype(np.uint8)
+_F32 = np.dtype(np.float32)
+
+
+def _describe(a: Any) -> str:
+    lib = "cupy" if is_device_array(a) else type(a).__module__.split(".")[0]
+    shape = list(getattr(a, "shape", ()))
+    return f"{getattr(a, 'dtype', type(a).__name__)}{shape} ({lib})"
+
+
+def _device_of(a: Any) -> str:
+    return "cuda" if is_device_array(a) else "cpu"
+
+
+def _to_device(a: Any, device: str) -> Any:
+    if device == "cpu":
+        return a.get() if is_device_array(a) else a
+    if device == "cuda":
+        cp = require_cupy("a table on device='cuda'")
+        return a if is_device_array(a) else cp.asarray(a)
+    raise ConfigError(f"device={device!r} is not supported; allowed: 'cpu', 'cuda'")
+
+
+class Bf16Table:
+    """A resident bfloat16 table.
+
+    Parameters
+    ----------
+    array : bfloat16[rows, d] or float32[rows, d], numpy or cupy
+        float32 is rounded to bfloat16 (nearest even). A cupy array makes a GPU table.
+    """
+
+    kind = "bf16"
+
+    def __init__(self, array: Any) -> None:
+        if not hasattr(array, "ndim") or array.ndim != 2:
+            raise ConfigError(f"Bf16Table array must be 2-D [rows, dim], got {_describe(array)}")
+        if array.dtype == _F32:
+            array = array.astype(BF16)
+        if array.dtype != BF16:
+            raise ConfigError(
+                f"Bf16Table array must be bfloat16 or float32, got {_describe(array)}"
+            )
+        self.array = array
+
+    @property
+    def rows(self) -> int:
+        return int(self.array.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.array.shape[1])
+
+    @property
+    def device(self) -> str:
+        """``"cuda"`` for a cupy array, else ``"cpu"``."""
+        return _device_of(self.array)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held resident."""
+        return int(self.array.nbytes)
+
+    def to(self, device: str) -> Bf16Table:
+        """This table on ``device`` (``"cpu"`` or ``"cuda"``); self when already there."""
+        moved = _to_device(self.array, device)
+        return self if moved is self.array else Bf16Table(moved)
+
+    def gather(self, ids: Any, out: Any = None) -> Any:
+        """``out[k] = array[ids[k]]``: ids int[n] -> bfloat16[n, d] (``kernels.batched_embed``)."""
+        return kernels.batched_embed(ids, self.array, out)
+
+    def end_batch(self) -> None:
+        """Nothing to release for a resident table."""
+
+    def __repr__(self) -> str:
+        return f"Bf16Table(rows={self.rows}, dim={self.dim}, device={self.device!r})"
+
+
+class Fp8Table:
+    """A resident FP8 (E4M3) table with one float32 scale per row.
+
+    Parameters
+    ----------
+    codes : uint8[rows, d], numpy or cupy
+        E4M3 bit patterns.
+    scales : float32[rows], same library as ``codes``
+        Row ``r`` decodes as ``bf16(e4m3(codes[r]) * scales[r])``.
+    """
+
+    kind = "fp8"
+
+    def __init__(self, codes: Any, scales: Any) -> None:
+        if not hasattr(codes, "ndim") or codes.ndim != 2 or codes.dtype != _U8:
+            raise ConfigError(f"Fp8Table codes must be uint8[rows, dim], got {_describe(codes)}")
+        if (
+            not hasattr(scales, "ndim")
+            or scales.ndim != 1
+            or scales.dtype != _F32
+            or scales.shape[0] != codes.shape[0]
+        ):
+            raise ConfigError(
+                f"Fp8Table scales must be float32[{codes.shape[0]}] (one per row of codes), "
+                f"got {_describe(scales)}"
+            )
+        if is_device_array(codes) != is_device_array(scales):
+            raise ConfigError(
+                f"Fp8Table codes and scales must live on one device, got {_describe(codes)} "
+                f"and {_describe(scales)}"
+            )
+        self.codes = codes
+        self.scales = scales
+
+    @classmethod
+    def quantize(cls, array: Any) -> Fp8Table:
+        """Quantize a bfloat16 (or float32) table on load, per row absmax.
+
+        ``kernels.quantize_fp8``: the store's FP8 rule (scale = amax / 448, 1 for an
+        all-zero row; codes = satfinite E4M3 of ``x / scale``), on the GPU for a cupy
+        array and bit-identical to the NumPy reference.
+        """
+        if not hasattr(array, "ndim") or array.ndim != 2 or array.dtype not in (BF16, _F32):
+            raise ConfigError(
+                f"Fp8Table.quantize takes a bfloat16 or float32 [rows, dim] array, "
+                f"got {_describe(array)}"
+            )
+        codes, scales = kernels.quantize_fp8(array)
+        return cls(codes, scales)
+
+    @property
+    def rows(self) -> int:
+        return int(self.codes.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.codes.shape[1])
+
+    @property
+    def device(self) -> str:
+        return _device_of(self.codes)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.codes.nbytes + self.scales.nbytes)
+
+    def to(self, device: str) -> Fp8Table:
+        """This table on ``device``; self when already there."""
+        codes = _to_device(self.codes, device)
+        if codes is self.codes:
+            return self
+        return Fp8Table(codes, _to_device(self.scales, device))
+
+    def gather(self, ids: Any, out: Any = None) -> Any:
+        """Dequantized rows: ids int[n] -> bfloat16[n, d] (``kernels.batched_embed_fp8``)."""
+        return kernels.batched_embed_fp8(ids, self.codes, self.scales, out)
+
+    def end_batch(self) -> None:
+        """Nothing to release for a resident table."""
+
+    def __repr__(self) -> str:
+        return f"Fp8Table(rows={self.rows}, dim={self.dim}, device={self.device!r})"
+
+
+class CachedTable:
+    """A table served through a row cache (``rowcache.NgramRowCache``).
+
+    Parameters
+    ----------
+    cache : NgramRowCache
+        Over one table of a store; its arena (``cache.table``, and ``cache.scales``
+        for FP8 stores) lives on the CPU (NumPy) or the GPU (cupy).
+
+    Notes
+    -----
+    Batch lifetime: :meth:`gather` resolves the ids (faulting misses in and pinning
+    their slots) and gathers from the arena by slot. The slots stay pinned until
+    :meth:`end_batch`, which ``NgramEmbedding`` calls once per ``embed`` call, after
+    every gather of the step (on the GPU, after the current stream has finished the
+    gathers), so a fault of the next step can never overwrite a row still being read.
+    """
+
+    kind = "cached"
+
+    def __init__(self, cache: Any) -> None:
+        for attr in ("resolve", "end_batch", "table", "info"):
+            if not hasattr(cache, attr):
+                raise ConfigError(
+                    f"CachedTable needs a rowcache.NgramRowCache, got {type(cache).__name__} "
+                    f"(no {attr!r})"
+                )
+        self.cache = cache
+
+    @property
+    def rows(self) -> int:
+        return int(self.cache.info.rows)
+
+    @property
+    def dim(self) -> int:
+        return int(self.cache.info.dim)
+
+    @property
+    def device(self) -> str:
+        return _device_of(self.cache.table)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arena (codes and scales), not of the whole table."""
+        scales = self.cache.scales
+        return int(self.cache.table.nbytes + (0 if scales is None else scales.nbytes))
+
+    def gather(self, ids: Any, out: Any = None) -> Any:
+        """Resolve ``ids`` to arena slots, then gather those slots: bfloat16[n, d].
+
+        Part of the current batch until :meth:`end_batch`. Raises
+        ``ArenaExhaustedError`` when the batch's distinct rows exceed the free slots.
+        """
+        slots = self.cache.resolve(ids)
+        scales = self.cache.scales
+        if scales is None:
+            return kernels.batched_embed(slots, self.cache.table, out)
+        return kernels.batched_embed_fp8(slots, self.cache.table, scales, out)
+
+    def end_batch(self) -> None:
+        """Unpin the slots of this batch (``cache.end_batch()``)."""
+        self.cache.end_batch()
+
+    def stats(self, reset: bool = False) -> Any:
+        """The cache's ``CacheStats`` snapshot."""
+        return self.cache.stats(reset=reset)
+
+    def __repr__(self) -> str:
+        return (
+            f"CachedTable(rows={self.rows}, dim={self.dim}, slots={self.cache.table.shape[0]}, "
+            f"device={self.device!r})"
+        )
+
+
+Table = Bf16Table | Fp8Table | CachedTable
+
+__all__ = ["Bf16Table", "CachedTable", "Fp8Table", "Table"]

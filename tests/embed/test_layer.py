@@ -1,0 +1,222 @@
+"""NgramEmbedding: against a float64 reference, FP8 tolerance, chunking, batches, overlay."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from embed.context import NgramContext
+from embed.dims import NgramDims
+from embed.ids import ngram_ids
+from embed.layer import NgramEmbedding
+from embed.overlay import TokenOverlay
+from embed.tables import Bf16Table, Fp8Table
+from kernels.reference import BF16
+from rowcache.errors import ConfigError
+
+# small but LongCat-shaped: orders 2..3, 2 splits, 4 tables of 12
+DIMS = NgramDims(vocab_size=1000, hidden_size=48, max_ngram=3, splits=2, ratio=2.5, eos_token_id=2)
+
+
+def _weights(rng, dims=DIMS):
+    T, d, D = dims.num_tables, dims.table_dim, dims.hidden_size
+    word = (rng.standard_normal((dims.vocab_size, D)) * 0.02).astype(np.float32).astype(BF16)
+    tables = [
+        (rng.standard_normal((dims.table_rows(i), d)) * 0.05).astype(np.float32).astype(BF16)
+        for i in range(T)
+    ]
+    projs = [
+        (rng.standard_normal((D, d)) / np.sqrt(d)).astype(np.float32).astype(BF16) for _ in range(T)
+    ]
+    return word, tables, projs
+
+
+def _reference64(dims, word, tables, projs, ctx, seq_len):
+    ids = ngram_ids(dims, ctx)[:, len(ctx) - seq_len :]
+    x = np.asarray(ctx)[len(ctx) - seq_len :]
+    acc = word[x].astype(np.float64)
+    for i in range(dims.num_tables):
+        acc += tables[i][ids[i]].astype(np.float64) @ projs[i].astype(np.float64).T
+    return acc / (1 + dims.num_tables)
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _bits(a):
+    return np.asarray(a).view(np.uint16)
+
+
+def _stream(rng, n):
+    x = rng.integers(0, DIMS.vocab_size, size=n)
+    x[rng.random(n) < 0.05] = DIMS.eos_token_id
+    return x
+
+
+def test_layer_matches_float64_reference(rng):
+    word, tables, projs = _weights(rng)
+    emb = NgramEmbedding(DIMS, word, tables, projs)
+    x = _stream(rng, 200)
+    out = emb.embed(x, 150)
+    assert out.dtype == BF16 and out.shape == (150, 48)
+    ref = _reference64(DIMS, word, tables, projs, x, 150)
+    assert _rel(out.astype(np.float32), ref) <= 1e-2
+    err = np.abs(out.astype(np.float64) - ref)
+    assert err.max() <= 1e-2 * np.abs(ref).max()
+    # the projections matter: dropping them is far from the reference
+    assert _rel(word[x[50:]].astype(np.float64) / 5, ref) > 0.1
+
+
+def test_layer_fp8_tables_close_to_bf16(rng):
+    word, tables, projs = _weights(rng)
+    x = _stream(rng, 300)
+    bf16 = NgramEmbedding(DIMS, word, tables, projs).embed(x, 300)
+    fp8 = NgramEmbedding(DIMS, word, [Fp8Table.quantize(t) for t in tables], projs).embed(x, 300)
+    rel = _rel(fp8.astype(np.float32), bf16.astype(np.float32))
+    assert 0 < rel <= 5e-2
+    mixed_tables = [Bf16Table(t) if i < 2 else Fp8Table.quantize(t) for i, t in enumerate(tables)]
+    mixed = NgramEmbedding(DIMS, Bf16Table(word), mixed_tables, np.stack(projs)).embed(x, 300)
+    assert _rel(mixed.astype(np.float32), bf16.astype(np.float32)) <= 5e-2
+
+
+def test_layer_chunked_prefill_equals_whole(rng):
+    word, tables, projs = _weights(rng)
+    emb = NgramEmbedding(DIMS, word, tables, projs)
+    x = _stream(rng, 120)
+    whole = emb.embed(x, 120)
+    for bounds in ([0, 50, 51, 90, 120], list(range(121))):
+        ctx = NgramContext(DIMS)
+        parts = []
+        for a, b in itertools.pairwise(bounds):
+            c = ctx.step(x[a:b])
+            np.testing.assert_array_equal(
+                emb.ids(c)[:, len(c) - (b - a) :], ngram_ids(DIMS, x)[:, a:b]
+            )
+            parts.append(emb.embed(c, b - a))
+        got = np.concatenate(parts)
+        # ids are identical; the float32 GEMM may sum in another order for another
+        # row count, so allow one bf16 rounding step
+        np.testing.assert_allclose(
+            got.astype(np.float32), whole.astype(np.float32), rtol=1e-2, atol=1e-6
+        )
+        assert (_bits(got) == _bits(whole)).mean() > 0.99
+
+
+def test_layer_embed_batch_equals_separate_sequences(rng):
+    word, tables, projs = _weights(rng)
+    emb = NgramEmbedding(DIMS, word, tables, projs)
+    ctxs = [_stream(rng, n) for n in (3, 40, 1, 17)]
+    lens = [1, 25, 1, 0]
+    _, ids = emb.embed_ids(ctxs, lens)
+    expect = np.concatenate(
+        [ngram_ids(DIMS, c)[:, len(c) - k :] for c, k in zip(ctxs, lens)], axis=1
+    )
+    np.testing.assert_array_equal(ids, expect)
+    out = emb.embed_batch(ctxs, lens)
+    sep = np.concatenate([emb.embed(c, k) for c, k in zip(ctxs, lens)])
+    assert out.shape == (27, 48)
+    np.testing.assert_allclose(out.astype(np.float32), sep.astype(np.float32), rtol=1e-2, atol=1e-6)
+
+
+def test_layer_overlay_replaces_word_rows(rng):
+    word, tables, projs = _weights(rng)
+    adapter = word.copy()
+    changed = np.array([5, 17, 999])
+    adapter[changed] = (rng.standard_normal((3, 48)) * 0.3).astype(np.float32).astype(BF16)
+    ov = TokenOverlay(DIMS.vocab_size, DIMS.hidden_size, 2)
+    ov.set_adapter(1, embed_weight=adapter, served_embed=word)
+    x = np.concatenate([_stream(rng, 30), changed])
+    base = NgramEmbedding(DIMS, word, tables, projs)
+    with_ov = base.embed(x, 33, overlay=ov, active=1)
+    direct = NgramEmbedding(DIMS, adapter, tables, projs).embed(x, 33)
+    np.testing.assert_array_equal(_bits(with_ov), _bits(direct))
+    assert (_bits(with_ov[-3:]) != _bits(base.embed(x, 33)[-3:])).any()
+    # routed per sequence: sequence 0 without adapter, sequence 1 with it
+    out = base.embed_batch([x, x], [33, 33], overlay=ov, seq_slots=np.array([-1, 1], np.int32))
+    np.testing.assert_array_equal(_bits(out[:33]), _bits(base.embed(x, 33)))
+    np.testing.assert_array_equal(_bits(out[33:]), _bits(direct))
+
+
+def test_layer_staging_allocated_once(rng):
+    word, tables, projs = _weights(rng)
+    emb = NgramEmbedding(DIMS, word, tables, projs)
+    x = _stream(rng, 64)
+    emb.embed(x, 64)
+    stack = emb._stack
+    for k in (1, 10, 64):
+        emb.embed(x, k)
+        assert emb._stack is stack
+    assert emb.resident_bytes() > sum(t.nbytes for t in tables) + word.nbytes
+    assert emb.embed(x, 0).shape == (0, 48)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"tables": "short"}, "num_tables=4"),
+        ({"tables": "bad_rows"}, r"tables\[1\] is \[10, 12\]"),
+        ({"word": "bad"}, "word table"),
+        ({"projs": "bad"}, r"projs\[0\]"),
+    ],
+)
+def test_layer_bad_construction(rng, change, match):
+    word, tables, projs = _weights(rng)
+    if change.get("tables") == "short":
+        tables = tables[:3]
+    if change.get("tables") == "bad_rows":
+        tables[1] = tables[1][:10]
+    if change.get("word"):
+        word = word[:, :40]
+    if change.get("projs"):
+        projs[0] = projs[0].T
+    with pytest.raises(ConfigError, match=match):
+        NgramEmbedding(DIMS, word, tables, projs)
+
+
+def test_layer_bad_calls(rng):
+    emb = NgramEmbedding(DIMS, *_weights(rng))
+    with pytest.raises(ConfigError, match=r"seq_len=5 .* \[0, 4\]"):
+        emb.embed([1, 2, 3, 4], 5)
+    with pytest.raises(ValueError, match=r"ctx_tokens\[1\] = 1000"):
+        emb.embed([1, 1000], 1)
+    with pytest.raises(ConfigError, match="out must be"):
+        emb.embed([1, 2], 2, out=np.zeros((2, 48), np.float32))
+
+
+@pytest.mark.gpu
+def test_layer_gpu_matches_cpu(rng):
+    import cupy as cp
+
+    word, tables, projs = _weights(rng)
+    x = _stream(rng, 500)
+    cpu = NgramEmbedding(DIMS, word, tables, projs)
+    gpu = NgramEmbedding(DIMS, cp.asarray(word), [cp.asarray(t) for t in tables], projs)
+    assert gpu.device == "cuda"
+    got = gpu.embed(cp.asarray(x), 400)
+    assert isinstance(got, cp.ndarray) and got.dtype == BF16
+    ref = _reference64(DIMS, word, tables, projs, x, 400)
+    assert _rel(cp.asnumpy(got).astype(np.float32), ref) <= 1e-2
+    want = cpu.embed(x, 400).astype(np.float32)
+    np.testing.assert_allclose(cp.asnumpy(got).astype(np.float32), want, rtol=2e-2, atol=1e-5)
+    ctxs = [x[:4], x[10:14], x[100:300]]
+    gb = gpu.embed_batch([cp.asarray(c) for c in ctxs], [1, 1, 150])
+    cb = cpu.embed_batch(ctxs, [1, 1, 150])
+    np.testing.assert_allclose(
+        cp.asnumpy(gb).astype(np.float32), cb.astype(np.float32), rtol=2e-2, atol=1e-5
+    )
+    fp8 = NgramEmbedding(
+        DIMS, cp.asarray(word), [Fp8Table.quantize(cp.asarray(t)) for t in tables], projs
+    )
+    cpu8 = NgramEmbedding(DIMS, word, [Fp8Table.quantize(t) for t in tables], projs)
+    np.testing.assert_allclose(
+        cp.asnumpy(fp8.embed(x, 400)).astype(np.float32),
+        cpu8.embed(x, 400).astype(np.float32),
+        rtol=2e-2,
+        atol=1e-5,
+    )
+    with pytest.raises(ConfigError, match="one device"):
+        NgramEmbedding(DIMS, word, [cp.asarray(t) for t in tables], projs)

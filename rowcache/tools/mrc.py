@@ -2,8 +2,8 @@
 SHARDS-sampled LRU with error bars, and SIEVE / OPT by simulation.
 
 Owns :func:`miss_ratio_curve` and its frozen report :class:`MissRatioCurve`. What is
-exact: ``method="exact"`` with ``policy="lru"`` (stack distances; in batch mode the
-one-pass bounds plus an exact replay at the sizes they leave open); SIEVE and OPT
+exact: ``method="exact"`` with ``policy="lru"`` (stack distances, per access or per
+batch with the cache's tie order, all sizes in one pass); SIEVE and OPT
 are exact simulations of the trace they are given. ``method="shards"`` is an
 estimate (fixed rate with the adjusted correction, or fixed size), with a standard
 deviation over hash salts.
@@ -17,15 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ArenaExhaustedError, ConfigError
+from ..errors import ConfigError
 from . import shards as _shards
-from .batchsim import replay_batches
 from .policies import POLICIES, simulate
 from .stack import (
     INF,
     batch_ids_from,
-    batch_stack_bounds,
-    dedup_batches,
+    batch_stack_distances,
     lru_stack_distances,
 )
 
@@ -110,34 +108,17 @@ def _lru_misses_from_distances(dist: np.ndarray, sizes: np.ndarray) -> np.ndarra
 
 def batch_lru_misses(
     keys: np.ndarray, batch_ids: np.ndarray, sizes: np.ndarray
-) -> tuple[np.ndarray, int, int, int]:
-    """Exact faults of the batch cache at each size.
+) -> tuple[np.ndarray, int, int]:
+    """Exact faults of the batch cache at each size (``stack.batch_stack_distances``).
 
-    Returns ``(misses float64[k] (NaN when infeasible), min_feasible, unique_keys,
-    replays)`` where ``replays`` counts the sizes that needed a full replay.
+    Returns ``(misses float64[k] (NaN below min_feasible), min_feasible, unique_keys)``.
     """
-    lo, hi, bsizes = batch_stack_bounds(keys, batch_ids)
+    dist, bsizes = batch_stack_distances(keys, batch_ids)
     min_feasible = int(bsizes.max()) if bsizes.size else 0
-    lo_s = np.sort(lo)
-    hi_s = np.sort(hi)
-    u = lo.size
-    sure_miss = u - np.searchsorted(lo_s, sizes, side="left")  # lo >= C
-    sure_hit = np.searchsorted(hi_s, sizes, side="right")  # hi <= C
-    misses = np.full(sizes.size, np.nan)
-    replays = 0
-    ukeys = ubatch = None
-    for i, c in enumerate(sizes.tolist()):
-        if c < min_feasible:
-            continue
-        if sure_miss[i] + sure_hit[i] == u:
-            misses[i] = float(sure_miss[i])
-            continue
-        if ukeys is None:
-            ukeys, ubatch = dedup_batches(keys, batch_ids)
-        misses[i] = float(replay_batches(ukeys, ubatch, int(c)).misses)
-        replays += 1
-    unique = int(np.count_nonzero(lo == INF))
-    return misses, min_feasible, unique, replays
+    misses = _lru_misses_from_distances(dist, sizes)
+    misses[sizes < min_feasible] = np.nan
+    unique = int(np.count_nonzero(dist == INF))
+    return misses, min_feasible, unique
 
 
 def _materialize(accesses: np.ndarray | Iterable[np.ndarray]) -> np.ndarray:
@@ -162,7 +143,7 @@ def _curve_on(
 ) -> tuple[np.ndarray, int, int, bool]:
     """Misses at ``sizes`` on one (possibly sampled) trace: (misses, min_feasible, unique, exact)."""
     if batch_ids is not None:
-        misses, feas, unique, _ = batch_lru_misses(keys, batch_ids, sizes)
+        misses, feas, unique = batch_lru_misses(keys, batch_ids, sizes)
         return misses, feas, unique, True
     if policy == "lru":
         dist = lru_stack_distances(keys)
@@ -268,10 +249,7 @@ def miss_ratio_curve(
         if batch is not None:
             full = batch_ids_from(batch, n) if not isinstance(batch, (int, np.integer)) else None
             bids = full[smp.positions] if full is not None else smp.positions // int(batch)
-        try:
-            m, feas, unique, _ = _curve_on(smp.keys, bids, scaled, policy)
-        except ArenaExhaustedError:  # pragma: no cover - _curve_on marks infeasible as NaN
-            raise
+        m, feas, unique, _ = _curve_on(smp.keys, bids, scaled, policy)
         expected = n * rate  # the adjusted correction: normalise by the expected count
         runs.append(m / expected if expected > 0 else np.zeros(sizes_arr.size))
         uniq.append(unique / rate if rate > 0 else 0.0)

@@ -186,45 +186,43 @@ def dedup_batches(keys: np.ndarray, batch_ids: np.ndarray) -> tuple[np.ndarray, 
     return k[keep], b[keep]
 
 
-def batch_stack_bounds(
-    keys: np.ndarray, batch_ids: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per unique (batch, key): the sizes at which batch-mode LRU surely misses or hits.
+def batch_stack_distances(keys: np.ndarray, batch_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stack distance of every unique (batch, key) under the row cache's batch LRU.
 
-    With recency counted in batches, the resident set is always the most recent
-    rows, except that rows last used in the same batch tie (the cache breaks the tie
-    by slot index). For a row last used in batch ``p`` and wanted again in batch
-    ``b``: ``lo`` = distinct rows of batches ``p+1 .. b-1`` and ``hi`` = distinct rows
-    of batches ``p .. b-1``. At arena size ``C`` the row misses when ``C <= lo`` and
-    hits when ``C >= hi``; in between the outcome depends on slot order.
+    The cache (``rowcache.NgramRowCache``) looks a batch's unique rows up before it
+    evicts anything, gives all of them the batch as recency, and evicts the least
+    recent first; rows last used in the same batch leave in the order they were
+    logged, which is ascending row id (``np.unique`` order). Recency is therefore the
+    total order (batch, key), fixed by the trace alone, so batch LRU is a stack
+    algorithm: at arena size ``C`` a row last used in batch ``p`` and wanted in batch
+    ``b`` hits iff ``C >= d``, ``d`` = 1 + the rows ranked above it just before batch
+    ``b`` = 1 + the distinct keys of the (batch, key)-ordered unique stream strictly
+    after its previous entry and before the start of batch ``b``.
+
+    Parameters
+    ----------
+    keys : int[n]
+    batch_ids : int64[n]
+        Non-decreasing batch index per access.
 
     Returns
     -------
-    lo : int64[u]
-        :data:`INF` for a first use.
-    hi : int64[u]
-        :data:`INF` for a first use.
+    dist : int64[u]
+        One per unique (batch, key); :data:`INF` for a first use.
     batch_sizes : int64[nb]
         Unique rows per batch (the smallest feasible arena is their max).
     """
     ukeys, ub = dedup_batches(keys, batch_ids)
     u = ukeys.size
-    lo = np.full(u, INF, dtype=np.int64)
-    hi = np.full(u, INF, dtype=np.int64)
+    dist = np.full(u, INF, dtype=np.int64)
     if u == 0:
-        return lo, hi, np.zeros(0, dtype=np.int64)
+        return dist, np.zeros(0, dtype=np.int64)
     batch_sizes = np.bincount(ub)
     starts = np.concatenate(([0], np.cumsum(batch_sizes)))
     prev = previous_use(ukeys)
     reuse = np.flatnonzero(prev >= 0)
     if reuse.size:
-        b = ub[reuse]
-        p = ub[prev[reuse]]
-        c = starts[b]
-        a_lo = starts[p + 1]
-        a_hi = starts[p]
-        cnt = count_prev_at_least(prev, np.concatenate((c, c)), np.concatenate((a_lo, a_hi)))
-        r = reuse.size
-        lo[reuse] = (c - a_lo) - cnt[:r]
-        hi[reuse] = (c - a_hi) - cnt[r:]
-    return lo, hi, batch_sizes
+        c = starts[ub[reuse]]
+        a = prev[reuse] + 1
+        dist[reuse] = (c - a) - count_prev_at_least(prev, c, a) + 1
+    return dist, batch_sizes

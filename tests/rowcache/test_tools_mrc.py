@@ -8,14 +8,8 @@ import numpy as np
 import pytest
 
 from rowcache.errors import ArenaExhaustedError, ConfigError
-from rowcache.tools.batchsim import replay_batches
 from rowcache.tools.mrc import batch_lru_misses, combine_keys, miss_ratio_curve
-from rowcache.tools.stack import (
-    INF,
-    batch_stack_bounds,
-    dedup_batches,
-    lru_stack_distances,
-)
+from rowcache.tools.stack import INF, lru_stack_distances
 
 
 def brute_lru_misses(keys, size):
@@ -33,10 +27,10 @@ def brute_lru_misses(keys, size):
 
 
 def brute_batch_cache(keys, batch_ids, slots):
-    """Per-row model of the row cache: slots, last-used batch, pins, tie by slot."""
-    slot_row = [None] * slots
-    last = [-1] * slots
-    where: dict[int, int] = {}
+    """Per-row model of the row cache: a batch's unique rows are looked up, then misses
+    take free slots, then evict unpinned rows of smallest (last batch, row id); every
+    row of the batch gets the batch as recency."""
+    last: dict[int, int] = {}  # resident row -> last batch
     misses = 0
     batches: dict[int, list[int]] = {}
     for k, b in zip(keys.tolist(), batch_ids.tolist()):
@@ -45,22 +39,17 @@ def brute_batch_cache(keys, batch_ids, slots):
         rows = sorted(set(batches[b]))
         if len(rows) > slots:
             raise ArenaExhaustedError("batch too big")
-        pinned = {where[r] for r in rows if r in where}
-        for s in pinned:
-            last[s] = b
-        missing = [r for r in rows if r not in where]
+        missing = [r for r in rows if r not in last]
         misses += len(missing)
-        free = [s for s in range(slots) if slot_row[s] is None]
-        cands = sorted(
-            (last[s], s) for s in range(slots) if slot_row[s] is not None and s not in pinned
-        )
-        order = free + [s for _, s in cands]
-        for r, s in zip(missing, order):
-            if slot_row[s] is not None:
-                del where[slot_row[s]]
-            slot_row[s] = r
-            where[r] = s
-            last[s] = b
+        for r in rows:
+            if r in last:
+                last[r] = b  # pinned: never a victim in this batch
+        free = slots - len(last)
+        victims = sorted((lb, r) for r, lb in last.items() if lb != b)
+        for _, r in victims[: max(0, len(missing) - free)]:
+            del last[r]
+        for r in missing:
+            last[r] = b
     return misses
 
 
@@ -89,25 +78,13 @@ def test_exact_curve_matches_brute_force(rng):
     assert np.all(np.diff(curve.miss_ratio) <= 0)
 
 
-def test_batch_bounds_bracket_the_cache(rng):
-    for _ in range(30):
-        n = int(rng.integers(5, 300))
-        keys = rng.integers(0, int(rng.integers(2, 40)), n)
-        bids = np.sort(rng.integers(0, max(1, n // int(rng.integers(1, 8))), n))
-        lo, hi, bs = batch_stack_bounds(keys, bids)
-        u = lo.size
-        for size in range(int(bs.max()), 45):
-            m = brute_batch_cache(keys, bids, size)
-            assert np.count_nonzero(lo >= size) <= m <= u - np.count_nonzero(hi <= size)
-
-
 def test_batch_mode_equals_brute_force_cache_at_every_size(rng):
     for _ in range(40):
         n = int(rng.integers(5, 300))
         keys = (rng.zipf(1.2, n) % int(rng.integers(2, 50))).astype(np.int64)
         bids = np.sort(rng.integers(0, max(1, n // int(rng.integers(1, 10))), n))
         sizes = np.arange(1, 50)
-        misses, feas, unique, _ = batch_lru_misses(keys, bids, sizes)
+        misses, feas, unique = batch_lru_misses(keys, bids, sizes)
         assert feas == max(np.unique(keys[bids == b]).size for b in np.unique(bids))
         assert unique == np.unique(keys).size
         for s, m in zip(sizes.tolist(), misses.tolist()):
@@ -117,16 +94,6 @@ def test_batch_mode_equals_brute_force_cache_at_every_size(rng):
                     brute_batch_cache(keys, bids, s)
             else:
                 assert m == brute_batch_cache(keys, bids, s), (s, keys, bids)
-
-
-def test_replay_batches_counts_evictions(rng):
-    keys = np.array([1, 2, 3, 1, 4, 5, 1, 2])
-    bids = np.array([0, 0, 1, 1, 2, 2, 3, 3])
-    uk, ub = dedup_batches(keys, bids)
-    r = replay_batches(uk, ub, 3)
-    assert r.misses == brute_batch_cache(keys, bids, 3)
-    assert r.hits + r.misses == r.lookups == uk.size
-    assert r.evictions == r.misses - 3
 
 
 def test_batch_of_one_equals_per_access_lru(rng):

@@ -220,3 +220,131 @@ def test_layer_gpu_matches_cpu(rng):
     )
     with pytest.raises(ConfigError, match="one device"):
         NgramEmbedding(DIMS, word, [cp.asarray(t) for t in tables], projs)
+
+
+def _cached_model(rng, tmp_path, *, slots_frac=0.25, dtype="bf16", device="cpu", word_cached=False):
+    from embed.tables import CachedTable
+    from rowcache.builder import build_store
+    from rowcache.cache import NgramRowCache
+
+    word, tables, projs = _weights(rng)
+    named = {f"t{i}": t for i, t in enumerate(tables)}
+    if word_cached:
+        named["word"] = word
+    store = build_store(tmp_path / "store", named, dtype=dtype, progress=False)
+    caches = {
+        name: NgramRowCache(
+            store, name, slots=max(1, int(arr.shape[0] * slots_frac)), device=device
+        )
+        for name, arr in named.items()
+    }
+    cached = [CachedTable(caches[f"t{i}"]) for i in range(len(tables))]
+    return store, caches, word, tables, projs, cached
+
+
+def test_layer_cached_equals_resident_bit_for_bit(rng, tmp_path):
+    store, caches, word, tables, projs, cached = _cached_model(rng, tmp_path, word_cached=True)
+    try:
+        from embed.tables import CachedTable
+
+        resident = NgramEmbedding(DIMS, word, tables, projs)
+        # order-2 tables resident, higher orders cached, word table cached
+        mixed = [
+            Bf16Table(t) if DIMS.table_order(i) == 2 else c
+            for i, (t, c) in enumerate(zip(tables, cached))
+        ]
+        models = [
+            NgramEmbedding(DIMS, word, cached, projs),
+            NgramEmbedding(DIMS, CachedTable(caches["word"]), mixed, projs),
+        ]
+        x = _stream(rng, 400)
+        for emb in models:
+            ctx_r, ctx_c = NgramContext(DIMS), NgramContext(DIMS)
+            for a, b in [
+                (0, 150),
+                (150, 151),
+                (151, 152),
+                (152, 300),
+                *[(k, k + 1) for k in range(300, 400)],
+            ]:
+                want = resident.embed(ctx_r.step(x[a:b]), b - a)
+                got = emb.embed(ctx_c.step(x[a:b]), b - a)
+                np.testing.assert_array_equal(_bits(got), _bits(want))
+        hits = sum(c.stats().hits for c in caches.values())
+        misses = sum(c.stats().misses for c in caches.values())
+        assert hits > 0 and misses > 0
+        assert all(c.pinned == 0 for c in caches.values())  # every batch was ended
+    finally:
+        store.close()
+
+
+def test_layer_cached_fp8_equals_resident_fp8(rng, tmp_path):
+    store, _, word, tables, projs, cached = _cached_model(rng, tmp_path, dtype="fp8")
+    try:
+        resident = NgramEmbedding(DIMS, word, [Fp8Table.quantize(t) for t in tables], projs)
+        emb = NgramEmbedding(DIMS, word, cached, projs)
+        x = _stream(rng, 300)
+        for a in range(0, 300, 60):
+            np.testing.assert_array_equal(
+                _bits(emb.embed(x[max(0, a - 2) : a + 60], 60)),
+                _bits(resident.embed(x[max(0, a - 2) : a + 60], 60)),
+            )
+    finally:
+        store.close()
+
+
+def test_layer_cached_arena_exhausted_releases_batch(rng, tmp_path):
+    from rowcache.errors import ArenaExhaustedError
+
+    store, caches, word, tables, projs, cached = _cached_model(rng, tmp_path, slots_frac=0.01)
+    try:
+        emb = NgramEmbedding(DIMS, word, cached, projs)
+        x = rng.integers(3, DIMS.vocab_size, size=200)  # ~200 distinct rows per table > 25 slots
+        with pytest.raises(ArenaExhaustedError):
+            emb.embed(x, 200)
+        assert all(c.pinned == 0 for c in caches.values())
+        small = emb.embed(x[:10], 10)  # the cache is still usable
+        np.testing.assert_array_equal(
+            _bits(small), _bits(NgramEmbedding(DIMS, word, tables, projs).embed(x[:10], 10))
+        )
+    finally:
+        store.close()
+
+
+@pytest.mark.gpu
+def test_layer_gpu_cached_equals_resident(rng, tmp_path):
+    import cupy as cp
+
+    for arena in ("device", "host"):
+        from embed.tables import CachedTable
+        from rowcache.builder import build_store
+        from rowcache.cache import NgramRowCache
+
+        word, tables, projs = _weights(rng)
+        store = build_store(
+            tmp_path / arena, {f"t{i}": t for i, t in enumerate(tables)}, progress=False
+        )
+        try:
+            cached = [
+                CachedTable(
+                    NgramRowCache(store, f"t{i}", slots=t.shape[0] // 4, device="cuda", arena=arena)
+                )
+                for i, t in enumerate(tables)
+            ]
+            gpu_res = NgramEmbedding(DIMS, cp.asarray(word), [cp.asarray(t) for t in tables], projs)
+            gpu_c = NgramEmbedding(DIMS, cp.asarray(word), cached, projs)
+            x = _stream(rng, 600)
+            ctx_r, ctx_c = NgramContext(DIMS), NgramContext(DIMS)
+            for a, b in [(0, 200), (200, 400), *[(k, k + 1) for k in range(400, 600)]]:
+                want = gpu_res.embed(ctx_r.step(x[a:b]), b - a)
+                got = gpu_c.embed(ctx_c.step(x[a:b]), b - a)
+                np.testing.assert_array_equal(
+                    cp.asnumpy(got).view(np.uint16), cp.asnumpy(want).view(np.uint16)
+                )
+            out = gpu_c.embed_batch([x[:4], x[100:104], x[200:300]], [1, 1, 50])
+            want = gpu_res.embed_batch([x[:4], x[100:104], x[200:300]], [1, 1, 50])
+            np.testing.assert_array_equal(
+                cp.asnumpy(out).view(np.uint16), cp.asnumpy(want).view(np.uint16)
+            )
+        finally:
+            store.close()

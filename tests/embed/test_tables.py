@@ -102,3 +102,66 @@ def test_tables_gpu_match_cpu(rng):
         q_cpu.gather(ids).view(np.uint16),
     )
     assert q_cpu.to("cuda").device == "cuda" and q_gpu.to("cpu").device == "cpu"
+
+
+def _store(tmp_path, tables, dtype="bf16"):
+    return build_store(tmp_path / f"store-{dtype}", tables, dtype=dtype, progress=False)
+
+
+def test_cached_table_equals_resident_bit_for_bit(rng, tmp_path):
+    from embed.tables import CachedTable
+    from rowcache.cache import NgramRowCache
+
+    t = _table(rng, rows=2000, dim=32)
+    store = _store(tmp_path, {"t": t})
+    try:
+        cached = CachedTable(NgramRowCache(store, "t", slots=400))
+        assert (cached.rows, cached.dim, cached.device) == (2000, 32, "cpu")
+        assert cached.nbytes == 400 * 32 * 2
+        resident = Bf16Table(t)
+        for _ in range(20):  # batches of 150 random ids with repeats over a 400-slot arena
+            ids = rng.integers(0, 2000, size=150)
+            ids[::7] = ids[0]
+            got = cached.gather(ids)
+            cached.end_batch()
+            np.testing.assert_array_equal(_bits(got), _bits(resident.gather(ids)))
+        s = cached.stats()
+        assert s.misses > 0 and s.evictions > 0 and s.lookups == 20 * 150
+        hot = rng.integers(0, 2000, size=100)
+        cached.gather(hot)
+        cached.end_batch()
+        cached.stats(reset=True)
+        cached.gather(hot)
+        cached.end_batch()
+        assert cached.stats().misses == 0  # resident after the first batch
+    finally:
+        store.close()
+
+
+def test_cached_fp8_table_equals_quantized_resident(rng, tmp_path):
+    from embed.tables import CachedTable
+    from rowcache.cache import NgramRowCache
+
+    t = _table(rng, rows=1500, dim=24)
+    store = _store(tmp_path, {"t": t}, dtype="fp8")
+    try:
+        cached = CachedTable(NgramRowCache(store, 0, slots=300))
+        resident = Fp8Table.quantize(t)
+        for _ in range(10):
+            ids = rng.integers(0, 1500, size=200)
+            got = cached.gather(ids)
+            cached.end_batch()
+            np.testing.assert_array_equal(_bits(got), _bits(resident.gather(ids)))
+    finally:
+        store.close()
+
+
+def test_cached_table_rejects_non_cache():
+    from embed.tables import CachedTable
+
+    with pytest.raises(ConfigError, match="NgramRowCache"):
+        CachedTable(np.zeros((3, 3)))
+
+
+def _bits(a):
+    return np.asarray(a).view(np.uint16)

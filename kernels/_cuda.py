@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.errors import GpuUnavailableError
+from .errors import GpuUnavailableError
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 

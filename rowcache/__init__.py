@@ -7,6 +7,7 @@ Public API (see DESIGN.md): ``build_store``, ``RowStore``, ``TableInfo``,
 from __future__ import annotations
 
 from .builder import build_store
+from .cache import CacheStats, NgramRowCache
 from .errors import (
     ArenaExhaustedError,
     ConfigError,
@@ -21,10 +22,12 @@ from .store import RowStore, VerifyReport
 
 __all__ = [
     "ArenaExhaustedError",
+    "CacheStats",
     "ConfigError",
     "CorruptDataError",
     "FormatError",
     "GpuUnavailableError",
+    "NgramRowCache",
     "RowCacheError",
     "RowRangeError",
     "RowStore",

@@ -1,0 +1,450 @@
+"""``NgramRowCache``: a bounded arena of row slots over one store table.
+
+Owns the host-side bookkeeping (row -> slot map, slot -> row map, per-slot recency
+and pin counts, an LRU log), the fault path (victims, coalesced reads into a
+staging buffer, scatter into the arena), and the stats. Rows are gathered from
+``cache.table`` by the same kernels that gather from a resident table
+(``kernels.batched_embed`` / ``batched_embed_fp8``). Every step loops per batch,
+per extent or per call, never per row.
+
+LRU log. Recency is the batch in which a slot was last resolved. Each resolve
+appends its slots to a log (an int32 array); ``log_pos[slot]`` is the position of
+the slot's newest entry, so older entries of that slot are stale. Victims are the
+first valid log entries from the head, i.e. least recently used first (a tie
+within one batch falls in the order the slots were logged). Pinned slots are
+always in the current batch and so never at the head. The log is compacted in
+place when full: O(1) amortized per access, no O(slots) scan per fault.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from kernels._cuda import require_cupy
+from kernels.reference import scatter_records_reference
+
+from .errors import ArenaExhaustedError, ConfigError
+from .reader import RowReader
+from .store import RowStore, check_row_ids
+
+POLICIES = ("lru",)
+DEVICES = ("cpu", "cuda")
+ARENAS = ("device", "host")
+READERS = ("auto", "posix", "kvikio")
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Counters of a cache since creation or the last ``stats(reset=True)``.
+
+    ``lookups``: ids passed to ``resolve``. ``hits`` / ``misses``: unique rows of a
+    batch found resident / faulted in (a row resolved twice in one batch counts
+    once). ``evictions``: mapped rows dropped for others. ``rows_read``,
+    ``bytes_read``, ``read_ops``: what the fault path read from the store (bytes
+    include page padding and coalesced neighbours). ``fault_seconds``: wall time
+    spent in the fault path. ``batches``: ``end_batch`` calls.
+    """
+
+    lookups: int = 0
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    rows_read: int = 0
+    bytes_read: int = 0
+    read_ops: int = 0
+    fault_seconds: float = 0.0
+    batches: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """hits / (hits + misses), 0.0 before any lookup."""
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+class NgramRowCache:
+    """A row-slot arena with LRU eviction and per-batch pinning over one table.
+
+    Parameters
+    ----------
+    store : RowStore
+    table : name or index of the table in ``store``.
+    slots : number of row slots in the arena (1 .. table rows).
+    device : ``"cpu"`` (NumPy arena) or ``"cuda"`` (cupy arena).
+    policy : ``"lru"`` (the only policy; others are compared offline in ``rowcache.tools``).
+    reader : ``"posix"`` (threads + ``os.preadv``), ``"kvikio"`` (``CuFile.pread``
+        into the pinned staging buffer; GPU machines), or ``"auto"``: kvikio only where
+        GPUDirect Storage is available, POSIX otherwise (without GDS kvikio runs the
+        same POSIX reads through its own thread pool; see bench/RESULTS.md).
+    arena : with ``device="cuda"``, ``"device"`` (HBM) or ``"host"`` (pinned host
+        memory mapped into the device: the unified-memory layout).
+    queue_depth : reads in flight on a fault.
+    direct : read with ``O_DIRECT`` (POSIX reader).
+
+    Attributes
+    ----------
+    table : bfloat16[slots, dim] or uint8[slots, dim] (FP8 codes); numpy or cupy.
+    scales : float32[slots] for FP8 stores, else None.
+
+    Thread safety
+    -------------
+    Every method takes an internal lock, so calls from several threads never
+    corrupt the maps, pins or stats, and every slot returned to any caller holds
+    its row until ``end_batch``. A batch is shared: resolves from several threads
+    before ``end_batch`` join the same batch, and ``end_batch`` unpins all of them.
+    So several threads may resolve concurrently, but one owner must decide when the
+    batch ends (after every gather that uses its slots has been issued).
+    """
+
+    def __init__(
+        self,
+        store: RowStore,
+        table: str | int,
+        *,
+        slots: int,
+        device: str = "cpu",
+        policy: str = "lru",
+        reader: str = "auto",
+        arena: str = "device",
+        queue_depth: int | None = None,
+        direct: bool | None = None,
+    ) -> None:
+        if not isinstance(store, RowStore):
+            raise ConfigError(f"store must be a RowStore, got {type(store).__name__}")
+        self.store = store
+        self.table_index = store.table_index(table)
+        self.info = store.tables[self.table_index]
+        if device not in DEVICES:
+            raise ConfigError(f"device={device!r} is not supported; allowed: {', '.join(DEVICES)}")
+        if policy not in POLICIES:
+            raise ConfigError(
+                f"policy={policy!r} is not supported; allowed: {', '.join(POLICIES)} "
+                "(compare others offline with rowcache.tools.miss_ratio_curve)"
+            )
+        if reader not in READERS:
+            raise ConfigError(f"reader={reader!r} is not supported; allowed: {', '.join(READERS)}")
+        if arena not in ARENAS:
+            raise ConfigError(f"arena={arena!r} is not supported; allowed: {', '.join(ARENAS)}")
+        if (
+            isinstance(slots, bool)
+            or not isinstance(slots, (int, np.integer))
+            or not 1 <= slots <= self.info.rows
+        ):
+            raise ConfigError(
+                f"slots={slots!r}: give an integer in 1..{self.info.rows} (the table's rows)"
+            )
+        self.num_slots = S = int(slots)
+        self.device = device
+        self.arena_kind = arena if device == "cuda" else "host"
+        self.dtype = store.dtype
+        self.policy = policy
+        self._xp: Any = require_cupy("NgramRowCache(device='cuda')") if device == "cuda" else np
+        self._reader, self.reader_kind = self._make_reader(reader, queue_depth, direct)
+
+        # Host bookkeeping: dense arrays, never a Python object per row.
+        self._row_slot = np.full(self.info.rows, -1, dtype=np.int32)
+        self._slot_row = np.full(S, -1, dtype=np.int32)
+        self._last_used = np.full(S, -1, dtype=np.int32)
+        self._pins = np.zeros(S, dtype=np.int32)
+        self._log = np.empty(S + S // 2 + 64, dtype=np.int32)
+        self._log[:S] = np.arange(S, dtype=np.int32)
+        self._log_pos = np.arange(S, dtype=np.int32)
+        self._head, self._tail = 0, S
+        self._mark = np.zeros(S, dtype=bool)  # scratch: slots hit in the current call
+        self._batch = 0
+        self._batch_slots: list[np.ndarray] = []
+        self._pinned = 0
+        self._lock = threading.RLock()
+        self._stats: dict[str, Any] = dict.fromkeys((f.name for f in fields(CacheStats)), 0)
+        self._stats["fault_seconds"] = 0.0
+
+        dim = self.info.dim
+        rec = self.info.record_bytes
+        if device == "cpu":
+            self.table = np.zeros((S, dim), dtype=self._value_dtype())
+            self.scales = np.ones(S, dtype=np.float32) if self.dtype == "fp8" else None
+            self._staging = np.empty((0, rec), dtype=np.uint8)
+        else:
+            self._init_gpu(S, dim, rec)
+
+    # -- construction helpers ----------------------------------------------
+    def _value_dtype(self) -> Any:
+        from .sources import BF16
+
+        return BF16 if self.dtype == "bf16" else np.uint8
+
+    def _make_reader(
+        self, reader: str, queue_depth: int | None, direct: bool | None
+    ) -> tuple[RowReader, str]:
+        base = self.store.reader
+        qd = base.queue_depth if queue_depth is None else queue_depth
+        use_direct = base.direct if direct is None else direct
+        if reader == "auto":
+            from .kvikio_reader import gds_available
+
+            reader = "kvikio" if self.device == "cuda" and gds_available() else "posix"
+        args = (self.store.path, self.store.tables, base.shard_files)
+        if reader == "kvikio":
+            from .kvikio_reader import KvikioRowReader
+
+            return KvikioRowReader(*args, queue_depth=qd, merge_gap=base.merge_gap), "kvikio"
+        if qd == base.queue_depth and use_direct == base.direct:
+            return base, "posix"
+        return RowReader(
+            *args, queue_depth=qd, direct=use_direct, merge_gap=base.merge_gap
+        ), "posix"
+
+    def _init_gpu(self, S: int, dim: int, rec: int) -> None:
+        cp = self._xp
+        vdt = self._value_dtype()
+        nbytes = S * dim * np.dtype(vdt).itemsize
+        if self.arena_kind == "device":
+            self.table = cp.zeros((S, dim), dtype=vdt)
+            self.scales = cp.ones(S, dtype=cp.float32) if self.dtype == "fp8" else None
+        else:
+            self._host_mem: list[Any] = []
+            self.table = self._mapped_array((S, dim), vdt, nbytes)
+            self.table[...] = 0
+            if self.dtype == "fp8":
+                self.scales = self._mapped_array((S,), np.float32, S * 4)
+                self.scales[...] = 1
+            else:
+                self.scales = None
+        self._stream = cp.cuda.get_current_stream()
+        self._staging = np.empty((0, rec), dtype=np.uint8)
+        self._dev_staging = cp.empty((0, rec), dtype=cp.uint8)
+        self._copy_done = None
+
+    def _mapped_array(self, shape: tuple[int, ...], dtype: Any, nbytes: int) -> Any:
+        """A cupy array over pinned host memory mapped into the device (zero-copy)."""
+        cp = self._xp
+        mem = cp.cuda.PinnedMemory(max(nbytes, 1), cp.cuda.runtime.hostAllocMapped)
+        self._host_mem.append(mem)
+        um = cp.cuda.UnownedMemory(mem.ptr, max(nbytes, 1), mem)
+        return cp.ndarray(shape, dtype=dtype, memptr=cp.cuda.MemoryPointer(um, 0))
+
+    def _staging_rows(self, n: int) -> np.ndarray:
+        """Host staging buffer of at least ``n`` records (pinned on the GPU path)."""
+        if self._staging.shape[0] < n:
+            cap = max(n, 2 * self._staging.shape[0], 256)
+            rec = self.info.record_bytes
+            if self.device == "cuda":
+                import cupyx
+
+                self._staging = cupyx.empty_pinned((cap, rec), dtype=np.uint8)
+                self._dev_staging = self._xp.empty((cap, rec), dtype=self._xp.uint8)
+            else:
+                self._staging = np.empty((cap, rec), dtype=np.uint8)
+        return self._staging
+
+    # -- the public API ----------------------------------------------------
+    def resolve(self, row_ids: Any) -> Any:
+        """Slots holding ``row_ids``, faulting missing rows in; pins them until ``end_batch``.
+
+        Parameters
+        ----------
+        row_ids : int[n] (numpy, or cupy: copied to the host), any order, duplicates ok.
+
+        Returns
+        -------
+        int32[n] slots in input order: numpy for ``device="cpu"``, cupy for ``"cuda"``.
+
+        Raises
+        ------
+        RowRangeError : an id outside the table (nothing changes).
+        ArenaExhaustedError : the batch needs more slots than are free or unpinned
+            (nothing changes: maps, pins and stats are as before the call).
+        CorruptDataError : a read failed (nothing is mapped; the cache stays usable).
+        """
+        ids = check_row_ids(row_ids, self.info.rows)
+        with self._lock:
+            slots_u, inverse = self._resolve_unique(ids)
+            out = slots_u[inverse]
+        if self.device == "cuda":
+            return self._xp.asarray(out)
+        return out
+
+    def end_batch(self) -> None:
+        """Unpin every slot pinned since the last ``end_batch``; the next batch begins."""
+        with self._lock:
+            for s in self._batch_slots:
+                self._pins[s] -= 1
+            if self._batch_slots:
+                self._pinned = int(np.count_nonzero(self._pins))
+            self._batch_slots = []
+            self._batch += 1
+            self._stats["batches"] += 1
+
+    def stats(self, reset: bool = False) -> CacheStats:
+        """A snapshot of the counters; ``reset=True`` starts fresh counts."""
+        with self._lock:
+            snap = CacheStats(**self._stats)
+            if reset:
+                for k in self._stats:
+                    self._stats[k] = 0
+                self._stats["fault_seconds"] = 0.0
+            return snap
+
+    @property
+    def resident(self) -> int:
+        """Number of slots holding a row."""
+        return int(np.count_nonzero(self._slot_row >= 0))
+
+    @property
+    def pinned(self) -> int:
+        """Number of slots pinned by the current batch."""
+        return self._pinned
+
+    def overhead_bytes(self) -> dict[str, int]:
+        """Host bookkeeping bytes: per-slot arrays and the per-table row map."""
+        per_slot = sum(
+            a.nbytes
+            for a in (
+                self._slot_row,
+                self._last_used,
+                self._pins,
+                self._log,
+                self._log_pos,
+                self._mark,
+            )
+        )
+        return {"per_slot_arrays": per_slot, "row_map": self._row_slot.nbytes}
+
+    def slot_map(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of ``(row_slot [rows], slot_row [slots])`` (-1 = unmapped), for checks."""
+        with self._lock:
+            return self._row_slot.copy(), self._slot_row.copy()
+
+    def pin_counts(self) -> np.ndarray:
+        with self._lock:
+            return self._pins.copy()
+
+    # -- internals -----------------------------------------------------------
+    def _resolve_unique(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        st = self._stats
+        if ids.size == 0:
+            return np.empty(0, dtype=np.int32), np.empty(0, dtype=np.intp)
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        slots_u = self._row_slot[uniq]
+        miss = slots_u < 0
+        n_miss = int(np.count_nonzero(miss))
+        if n_miss:
+            hit_slots = slots_u[~miss]
+            free_or_unpinned = (
+                self.num_slots - self._pinned - int(np.count_nonzero(self._pins[hit_slots] == 0))
+            )
+            if n_miss > free_or_unpinned:
+                raise ArenaExhaustedError(
+                    f"table {self.info.name!r}: this batch needs {n_miss} more slots but only "
+                    f"{free_or_unpinned} of {self.num_slots} are free or unpinned "
+                    f"({self._pinned} pinned by the batch); call end_batch() more often, split the "
+                    "batch, or give the cache more slots"
+                )
+            t0 = time.perf_counter()
+            victims, new_head = self._choose_victims(n_miss, hit_slots)
+            missing_rows = uniq[miss]
+            self._fault(missing_rows, victims)  # raises before any state change on a failed read
+            # Commit: unmap victims, map the new rows. Every log entry before new_head is
+            # now stale (a victim's, or a hit's that _touch re-logs), so the head skips them.
+            self._head = new_head
+            old = self._slot_row[victims]
+            evicted = old[old >= 0]
+            self._row_slot[evicted] = -1
+            self._row_slot[missing_rows] = victims
+            self._slot_row[victims] = missing_rows
+            slots_u[miss] = victims
+            st["evictions"] += int(evicted.size)
+            st["fault_seconds"] += time.perf_counter() - t0
+        fresh = self._last_used[slots_u] != self._batch  # not yet seen in this batch
+        st["lookups"] += int(ids.size)
+        st["misses"] += n_miss
+        st["hits"] += int(np.count_nonzero(fresh)) - n_miss
+        self._touch(slots_u)
+        return slots_u, inverse
+
+    def _choose_victims(self, need: int, hit_slots: np.ndarray) -> tuple[np.ndarray, int]:
+        """The ``need`` least recently used slots that are unpinned and not hit now.
+
+        Returns the victims and the log position just past the last one taken.
+        Changes no state (only the scratch mark, restored before returning).
+        """
+        self._mark[hit_slots] = True
+        try:
+            found: list[np.ndarray] = []
+            got = 0
+            pos = self._head
+            window = 2 * need + 64
+            last_taken = self._head - 1
+            while got < need:
+                if pos >= self._tail:  # cannot happen: availability was checked
+                    raise AssertionError("LRU log exhausted before finding enough victims")
+                stop = min(self._tail, pos + window)
+                idx = np.arange(pos, stop, dtype=np.int32)
+                s = self._log[pos:stop]
+                ok = (self._log_pos[s] == idx) & (self._pins[s] == 0) & ~self._mark[s]
+                cand = np.flatnonzero(ok)[: need - got]
+                if cand.size:
+                    found.append(s[cand])
+                    got += cand.size
+                    last_taken = pos + int(cand[-1])
+                pos = stop
+                window *= 2
+            victims = np.concatenate(found) if len(found) > 1 else found[0]
+            return victims, last_taken + 1
+        finally:
+            self._mark[hit_slots] = False
+
+    def _fault(self, rows: np.ndarray, victims: np.ndarray) -> None:
+        """Read ``rows`` (sorted, unique) and write them into ``victims``' arena rows."""
+        n = rows.size
+        st = self._stats
+        if self.device == "cuda" and self._copy_done is not None:
+            self._copy_done.synchronize()  # the staging buffer's last copy has left it
+        staging = self._staging_rows(n)
+        records, rs = self._reader.read_records(self.table_index, rows, out=staging)
+        st["rows_read"] += rs.rows
+        st["bytes_read"] += rs.bytes_read
+        st["read_ops"] += rs.read_ops
+        if self.device == "cpu":
+            scatter_records_reference(records, victims, self.table, self.scales)
+            return
+        import kernels.scatter
+
+        cp = self._xp
+        dev = self._dev_staging[:n]
+        dev.set(records, stream=self._stream)
+        self._copy_done = self._stream.record()
+        kernels.scatter.scatter_records(dev, cp.asarray(victims), self.table, self.scales)
+
+    def _touch(self, slots_u: np.ndarray) -> None:
+        """Pin the call's unique slots and move them to the tail of the LRU log."""
+        newly = self._pins[slots_u] == 0
+        self._pins[slots_u] += 1
+        self._pinned += int(np.count_nonzero(newly))
+        self._last_used[slots_u] = self._batch
+        self._batch_slots.append(slots_u.copy())
+        k = slots_u.size
+        self._log_pos[slots_u] = -1  # their old entries are stale from now on
+        if self._tail + k > self._log.size:
+            self._compact()
+        self._log[self._tail : self._tail + k] = slots_u
+        self._log_pos[slots_u] = np.arange(self._tail, self._tail + k, dtype=np.int32)
+        self._tail += k
+
+    def _compact(self) -> None:
+        live = self._log[self._head : self._tail]
+        keep = live[self._log_pos[live] == np.arange(self._head, self._tail, dtype=np.int32)]
+        self._log[: keep.size] = keep
+        self._log_pos[keep] = np.arange(keep.size, dtype=np.int32)
+        self._head, self._tail = 0, keep.size
+
+    def __repr__(self) -> str:
+        return (
+            f"NgramRowCache(table={self.info.name!r}, slots={self.num_slots}, device={self.device!r}, "
+            f"arena={self.arena_kind!r}, reader={self.reader_kind!r}, resident={self.resident})"
+        )

@@ -1,0 +1,312 @@
+"""NgramRowCache against a pure-Python LRU with pin counts, and its failure modes."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kernels.reference as ref
+import rowcache
+from rowcache import NgramRowCache
+from rowcache.errors import ArenaExhaustedError, ConfigError, CorruptDataError, RowRangeError
+
+BF16 = ml_dtypes.bfloat16
+
+
+class RefLRU:
+    """The cache's contract, one row at a time: free slots first, then the least recently
+    touched unpinned row; a call touches its unique rows in ascending order."""
+
+    def __init__(self, slots):
+        self.slots = slots
+        self.order = OrderedDict()  # row -> None, least recently touched first
+        self.pins: dict[int, int] = {}
+        self.seen_in_batch: set[int] = set()
+        self.faults = self.hits = self.evictions = 0
+
+    def resolve(self, ids):
+        uniq = sorted(set(int(i) for i in ids))
+        missing = [r for r in uniq if r not in self.order]
+        hits = set(uniq) - set(missing)
+        free = self.slots - len(self.order)
+        evictable = [r for r in self.order if self.pins.get(r, 0) == 0 and r not in hits]
+        if len(missing) > free + len(evictable):
+            raise ArenaExhaustedError("reference: exhausted")
+        for r in evictable[: max(0, len(missing) - free)]:
+            del self.order[r]
+            self.evictions += 1
+        for r in uniq:
+            self.order[r] = None
+            self.order.move_to_end(r)
+            self.pins[r] = self.pins.get(r, 0) + 1
+        self.faults += len(missing)
+        self.hits += len([r for r in hits if r not in self.seen_in_batch])
+        self.seen_in_batch.update(uniq)
+
+    def end_batch(self):
+        self.pins.clear()
+        self.seen_in_batch.clear()
+
+
+def make_store(tmp_path, rng, rows=3000, dim=32, dtype="bf16"):
+    x = rng.standard_normal((rows, dim), dtype=np.float32).astype(BF16)
+    store = rowcache.build_store(
+        tmp_path / f"s-{dtype}", {"t": x}, dtype=dtype, progress=False, shard_bytes=16 * 4096
+    )
+    return store, x
+
+
+def gather(cache, slots):
+    if cache.dtype == "bf16":
+        return ref.batched_embed_reference(np.asarray(slots), cache.table)
+    return ref.batched_embed_fp8_reference(np.asarray(slots), cache.table, cache.scales)
+
+
+def expected(store, ids):
+    got = store.read_rows("t", ids)
+    if store.dtype == "bf16":
+        return got
+    return ref.dequantize_fp8_reference(*got)
+
+
+def check_invariants(cache, ref_lru):
+    row_slot, slot_row = cache.slot_map()
+    mapped = np.flatnonzero(slot_row >= 0)
+    assert np.array_equal(row_slot[slot_row[mapped]], mapped), (
+        "slot -> row -> slot is not the identity"
+    )
+    rows = np.flatnonzero(row_slot >= 0)
+    assert np.array_equal(slot_row[row_slot[rows]], rows), "row -> slot -> row is not the identity"
+    assert mapped.size <= cache.num_slots
+    assert set(rows.tolist()) == set(ref_lru.order), "resident rows differ from the reference LRU"
+
+
+def batches(rng, rows, slots, n):
+    """Zipf ids, duplicates, near-arena-size batches, and multi-call batches."""
+    for b in range(n):
+        kind = b % 5
+        if kind == 3:
+            size = int(slots * rng.uniform(0.8, 1.0))
+            ids = rng.choice(rows, size=size, replace=False)
+            yield [np.concatenate([ids, ids[: size // 3]])]
+        elif kind == 4:
+            yield [rng.integers(0, rows, int(rng.integers(1, 70))) for _ in range(3)]
+        else:
+            yield [rng.zipf(1.2, int(rng.integers(0, 200))) % rows]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_cache_model_based_against_reference_lru(tmp_path, rng, dtype):
+    store, _ = make_store(tmp_path, rng, dtype=dtype)
+    slots = 150
+    cache = NgramRowCache(store, "t", slots=slots)
+    lru = RefLRU(slots)
+    exhausted = 0
+    for calls in batches(rng, 3000, slots, 60):
+        held = {}
+        for ids in calls:
+            try:
+                lru.resolve(ids)
+            except ArenaExhaustedError:
+                with pytest.raises(ArenaExhaustedError):
+                    cache.resolve(ids)
+                exhausted += 1
+                continue
+            got = cache.resolve(ids)
+            assert got.dtype == np.int32 and got.shape == ids.shape
+            np.testing.assert_array_equal(
+                gather(cache, got).view(np.uint16), expected(store, ids).view(np.uint16)
+            )
+            held.update(zip(ids.tolist(), got.tolist()))
+            # Pinned slots were never evicted: every slot handed out in this batch still holds its row.
+            row_slot, _ = cache.slot_map()
+            assert all(row_slot[r] == s for r, s in held.items())
+            assert cache.pinned == len(set(held.values()))
+        s = cache.stats()
+        assert (s.misses, s.hits, s.evictions) == (lru.faults, lru.hits, lru.evictions)
+        check_invariants(cache, lru)
+        cache.end_batch()
+        lru.end_batch()
+        assert cache.pinned == 0 and not cache.pin_counts().any()
+    s = cache.stats()
+    assert s.rows_read == s.misses and s.read_ops <= s.rows_read and s.batches == 60
+    assert exhausted > 0, "the sequence never exercised arena exhaustion"
+    assert s.bytes_read >= s.rows_read * store.tables[0].record_bytes
+
+
+def test_cache_log_compaction_long_run(tmp_path, rng):
+    store, x = make_store(tmp_path, rng, rows=500, dim=8)
+    cache = NgramRowCache(store, "t", slots=20)
+    lru = RefLRU(20)
+    for _ in range(400):
+        ids = rng.integers(0, 40, int(rng.integers(1, 15)))
+        got = cache.resolve(ids)
+        lru.resolve(ids)
+        np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[ids].view(np.uint16))
+        cache.end_batch()
+        lru.end_batch()
+    check_invariants(cache, lru)
+    assert cache.stats().misses == lru.faults
+
+
+def test_cache_arena_exhausted_leaves_state_unchanged(tmp_path, rng):
+    store, _ = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=50)
+    cache.resolve(np.arange(30))
+    before = (cache.slot_map(), cache.pin_counts(), cache.stats(), cache.table.copy())
+    with pytest.raises(ArenaExhaustedError, match="needs 25 more slots but only 20"):
+        cache.resolve(np.arange(100, 125))
+    after = (cache.slot_map(), cache.pin_counts(), cache.stats(), cache.table.copy())
+    for a, b in zip(before[0], after[0]):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(before[1], after[1])
+    assert before[2] == after[2]
+    np.testing.assert_array_equal(before[3].view(np.uint16), after[3].view(np.uint16))
+    # Still usable: the 20 free slots can be used, and after end_batch everything can.
+    cache.resolve(np.arange(100, 120))
+    cache.end_batch()
+    cache.resolve(np.arange(200, 250))
+
+
+def test_cache_row_range_error_before_any_change(tmp_path, rng):
+    store, _ = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=50)
+    cache.resolve(np.array([1, 2]))
+    with pytest.raises(RowRangeError, match=r"row_ids\[1\] = 3000"):
+        cache.resolve(np.array([5, 3000]))
+    with pytest.raises(RowRangeError):
+        cache.resolve(np.array([-1]))
+    assert cache.stats().lookups == 2 and cache.resident == 2 and cache.pinned == 2
+
+
+@pytest.mark.parametrize("failure", ["eio", "short"])
+def test_cache_read_failure_maps_nothing_and_stays_usable(tmp_path, rng, monkeypatch, failure):
+    store, x = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=40, queue_depth=1)
+    first = cache.resolve(np.arange(40))
+    cache.end_batch()
+    table_before = cache.table.copy()
+    real = os.preadv
+    calls = {"n": 0}
+
+    def flaky(fd, bufs, off):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            if failure == "eio":
+                raise OSError(5, "Input/output error")
+            return 0  # end of file: a short read
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(os, "preadv", flaky)
+    ids = np.arange(1000, 1000 + 400, 20)  # 20 rows, each its own read
+    with pytest.raises(CorruptDataError):
+        cache.resolve(ids)
+    monkeypatch.setattr(os, "preadv", real)
+    row_slot, slot_row = cache.slot_map()
+    assert (row_slot[ids] == -1).all(), "a row whose read failed was mapped"
+    np.testing.assert_array_equal(slot_row[first], np.arange(40))  # old rows still mapped ...
+    np.testing.assert_array_equal(
+        cache.table.view(np.uint16), table_before.view(np.uint16)
+    )  # ... and intact
+    assert cache.stats().misses == 40 and cache.pinned == 0
+    got = cache.resolve(ids)  # usable again
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[ids].view(np.uint16))
+
+
+def test_cache_stats_reset_and_counts(tmp_path, rng):
+    store, _ = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=100)
+    cache.resolve(np.array([1, 1, 2, 3]))
+    cache.resolve(np.array([3, 4]))  # same batch: 3 is not a second hit
+    s = cache.stats(reset=True)
+    assert (s.lookups, s.hits, s.misses, s.evictions) == (6, 0, 4, 0)
+    assert s.fault_seconds > 0 and s.hit_rate == 0.0
+    cache.end_batch()
+    cache.resolve(np.array([1, 2, 9]))
+    s = cache.stats()
+    assert (s.lookups, s.hits, s.misses, s.batches) == (3, 2, 1, 1)
+
+
+def test_cache_empty_batch(tmp_path, rng):
+    store, _ = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=10)
+    out = cache.resolve(np.array([], dtype=np.int64))
+    assert out.shape == (0,) and out.dtype == np.int32
+    cache.end_batch()
+
+
+def test_cache_bad_arguments(tmp_path, rng):
+    store, _ = make_store(tmp_path, rng)
+    with pytest.raises(ConfigError, match="slots=0"):
+        NgramRowCache(store, "t", slots=0)
+    with pytest.raises(ConfigError, match="slots=3001"):
+        NgramRowCache(store, "t", slots=3001)
+    with pytest.raises(ConfigError, match="policy='fifo'"):
+        NgramRowCache(store, "t", slots=10, policy="fifo")
+    with pytest.raises(ConfigError, match="device='tpu'"):
+        NgramRowCache(store, "t", slots=10, device="tpu")
+    with pytest.raises(ConfigError, match="reader='mmap'"):
+        NgramRowCache(store, "t", slots=10, reader="mmap")
+    with pytest.raises(ConfigError, match="table='nope'"):
+        NgramRowCache(store, "nope", slots=10)
+    with pytest.raises(ConfigError, match="integer array"):
+        NgramRowCache(store, "t", slots=10).resolve(np.array([0.5]))
+
+
+def test_cache_overhead_per_slot_within_5_percent_of_bf16_rows(tmp_path, rng):
+    store, _ = make_store(tmp_path, rng, rows=3000, dim=256)
+    cache = NgramRowCache(store, "t", slots=2000)
+    per_slot = cache.overhead_bytes()["per_slot_arrays"] / cache.num_slots
+    assert per_slot <= 0.05 * 512, per_slot
+
+
+def test_cache_concurrent_resolves_keep_invariants(tmp_path, rng):
+    """The thread-safety promise: concurrent resolves never corrupt the maps, and every
+    slot handed to any thread holds its row until end_batch."""
+    store, x = make_store(tmp_path, rng, rows=2000, dim=16)
+    cache = NgramRowCache(store, "t", slots=1200)
+    errors: list[BaseException] = []
+
+    def worker(seed):
+        r = np.random.default_rng(seed)
+        try:
+            for _ in range(5):
+                ids = r.integers(0, 2000, 40)
+                got = cache.resolve(ids)
+                np.testing.assert_array_equal(
+                    cache.table[got].view(np.uint16), x[ids].view(np.uint16)
+                )
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    for _round in range(4):
+        threads = [threading.Thread(target=worker, args=(100 * _round + i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        cache.end_batch()
+    assert not errors, errors[0]
+    row_slot, slot_row = cache.slot_map()
+    mapped = np.flatnonzero(slot_row >= 0)
+    assert np.array_equal(row_slot[slot_row[mapped]], mapped)
+    np.testing.assert_array_equal(
+        cache.table[mapped].view(np.uint16), x[slot_row[mapped]].view(np.uint16)
+    )
+
+
+def test_cache_cupy_input_rejected_gracefully_on_cpu_device_without_gpu(tmp_path, rng):
+    store, _ = make_store(tmp_path, rng)
+    if rowcache.cache.np is None:  # pragma: no cover
+        pytest.skip()
+    from kernels import gpu_available
+
+    if gpu_available():
+        pytest.skip("GPU present: covered by the GPU tests")
+    with pytest.raises(rowcache.GpuUnavailableError, match="device='cpu'"):
+        NgramRowCache(store, "t", slots=10, device="cuda")

@@ -246,10 +246,11 @@ class TokenOverlay:
         rows : bfloat16[n, hidden_size], C-contiguous
             The gathered served rows, before any embedding scale. numpy for
             ``device="cpu"``, cupy for ``device="cuda"``.
-        seq_slot : int[n] or None
-            Adapter slot of each row (-1: none). A host (numpy) array is checked to hold
-            no slot >= ``max_adapters``; a device array is not (that would synchronize),
-            and the kernel leaves such rows untouched.
+        seq_slot : int[n], int, or None
+            Adapter slot of each row (negative: none); a scalar routes every row to it
+            (like ``active``). A host (numpy) array is checked to hold no slot >=
+            ``max_adapters``; a device array is not (that would synchronize), and the
+            kernel leaves such rows untouched.
         active : int
             The slot of every row when ``seq_slot`` is None (-1: none).
 
@@ -354,6 +355,9 @@ class TokenOverlay:
             )
 
     def _route(self, seq_slot: Any, active: Any, n: int) -> tuple[int, Any]:
+        if seq_slot is not None and np.ndim(seq_slot) == 0:
+            # One slot for every row (what a caller embedding one sequence passes).
+            seq_slot, active = None, _scalar_slot(seq_slot)
         act = check_route(seq_slot, active, n)
         if act >= self.max_adapters:
             raise ConfigError(
@@ -388,7 +392,13 @@ class TokenOverlay:
         return self._xp.ascontiguousarray(self._xp.asarray(a))
 
     def _build(
-        self, name: str, weight: Any, served_name: str, served: Any, thresh: np.float32, with_map: bool
+        self,
+        name: str,
+        weight: Any,
+        served_name: str,
+        served: Any,
+        thresh: np.float32,
+        with_map: bool,
     ) -> _Part:
         if served is None:
             raise ConfigError(f"{name} needs {served_name} (the served table) to find changed rows")
@@ -444,6 +454,12 @@ def _positive(name: str, value: Any, limit: int) -> int:
         raise ConfigError(f"{name} must be an int, got {value!r}") from None
     if isinstance(value, bool) or not 1 <= v <= limit:
         raise ConfigError(f"{name} must be in [1, {limit}], got {value!r}")
+    return v
+
+
+def _scalar_slot(v: Any) -> Any:
+    if is_device_array(v) or isinstance(v, np.ndarray):
+        v = v.item()
     return v
 
 

@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.errors import ConfigError
-
 from ._cuda import get_kernel, is_device_array, require_cupy
+from .errors import ConfigError
 from .reference import BF16
 
 SOURCE = "overlay.cu"
@@ -106,7 +105,9 @@ def _adapters(name: str, tables: Sequence[Any]) -> list[Any]:
 
 
 # --------------------------------------------------------------------------- references
-def embed_rowdiff_reference(base: np.ndarray, served: np.ndarray, thresh: float = 0.0) -> np.ndarray:
+def embed_rowdiff_reference(
+    base: np.ndarray, served: np.ndarray, thresh: float = 0.0
+) -> np.ndarray:
     """Flag the rows of ``base`` that differ from ``served`` (build time).
 
     Parameters (kernel argument order)
@@ -235,9 +236,13 @@ def lmhead_overlay_routed_reference(
     check_bf16_2d("hidden", hidden)
     n = hidden.shape[0]
     if getattr(logits, "ndim", None) != 2 or logits.dtype not in (np.dtype(np.float32), BF16):
-        raise ConfigError(f"logits must be a 2-D float32 or bfloat16 array, got {_describe(logits)}")
+        raise ConfigError(
+            f"logits must be a 2-D float32 or bfloat16 array, got {_describe(logits)}"
+        )
     if logits.shape[0] != n:
-        raise ConfigError(f"logits must have {n} rows (one per hidden row), got {_describe(logits)}")
+        raise ConfigError(
+            f"logits must have {n} rows (one per hidden row), got {_describe(logits)}"
+        )
     act = check_route(seq_slot, active, n)
     ids_l = _adapters("override_ids", override_ids)
     rows_l = _adapters("override_rows", override_rows)
@@ -448,7 +453,9 @@ def lmhead_overlay_routed(
             f"and {_describe(logits)}"
         )
     if logits.ndim != 2 or logits.dtype not in (np.dtype(np.float32), BF16):
-        raise ConfigError(f"logits must be a 2-D float32 or bfloat16 array, got {_describe(logits)}")
+        raise ConfigError(
+            f"logits must be a 2-D float32 or bfloat16 array, got {_describe(logits)}"
+        )
     if logits.shape[0] != n or not logits.flags.c_contiguous:
         raise ConfigError(f"logits must be C-contiguous with {n} rows, got {_describe(logits)}")
     act = check_route(seq_slot, active, n)

@@ -1,0 +1,284 @@
+"""Token-overlay cost on a decode step, against the LM-head GEMM of the same batch.
+
+Claim (issue 5): on the GPU, with a decode batch of 64 rows routed over 4 adapters of
+1,000 overridden rows each (embedding and LM head), vocab 131,072 and hidden 3,072,
+``TokenOverlay.apply_embed`` + ``apply_lmhead`` take at most 5% of the bf16 LM-head
+GEMM ``[64, 3072] x [3072, 131072]`` measured in the same run. Timing: CUDA events,
+L2 flushed before each rep, warmup, median. The overlay is timed twice: called from
+Python (eager: includes launch and validation overhead) and replayed from a CUDA graph
+captured around both calls (how a decode step runs). Without a GPU the script runs the
+CPU path (NumPy references; float32 GEMM baseline, NumPy has no bf16 GEMM) at a small
+size and says so.
+
+    python bench/overlay.py            # the claim's sizes on a GPU
+    python bench/overlay.py --quick    # small and fast (the test suite runs this)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from embed.overlay import TokenOverlay
+from kernels import gpu_available
+from kernels.reference import BF16
+
+TARGET = 0.05
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=None, help="decode rows (default 64)")
+    p.add_argument("--adapters", type=int, default=None, help="adapters (default 4)")
+    p.add_argument("--overrides", type=int, default=None, help="rows per adapter (default 1000)")
+    p.add_argument("--vocab", type=int, default=None, help="GPU 131072, CPU 16384")
+    p.add_argument("--hidden", type=int, default=None, help="GPU 3072, CPU 1024")
+    p.add_argument("--logits", choices=("bf16", "f32"), default="bf16")
+    p.add_argument("--reps", type=int, default=None, help="timed reps (GPU 50, CPU 5)")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--quick", action="store_true", help="small sizes, few reps")
+    p.add_argument("--json", action="store_true", help="print the result as JSON too")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.device == "auto":
+        args.device = "cuda" if gpu_available() else "cpu"
+    gpu = args.device == "cuda"
+    quick = args.quick
+    defaults = {
+        "batch": 8 if quick and not gpu else 64,
+        "adapters": 2 if quick and not gpu else 4,
+        "overrides": 20 if quick and not gpu else 1000,
+        "vocab": (32_768 if quick else 131_072) if gpu else (2048 if quick else 16_384),
+        "hidden": 3072 if gpu else (64 if quick else 1024),
+        "reps": (10 if quick else 50) if gpu else (3 if quick else 5),
+    }
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.overrides > args.vocab:
+        p.error(f"--overrides ({args.overrides}) cannot exceed --vocab ({args.vocab})")
+    if quick:
+        args.warmup = min(args.warmup, 2)
+    return args
+
+
+def _report(args: argparse.Namespace, res: dict[str, Any]) -> None:
+    print(f"{'what':<44}{'ms':>10}")
+    print("-" * 54)
+    for key, label in [
+        ("embed_ms", "apply_embed (eager)"),
+        ("lmhead_ms", "apply_lmhead (eager)"),
+        ("overlay_eager_ms", "apply_embed + apply_lmhead (eager)"),
+        ("overlay_graph_ms", "apply_embed + apply_lmhead (CUDA graph)"),
+        ("gemm_ms", f"baseline: LM-head GEMM ({res['gemm_dtype']})"),
+    ]:
+        if res.get(key) is not None:
+            print(f"{label:<44}{res[key]:>10.4f}")
+    print(
+        f"ratio = overlay / GEMM = {res['ratio']:.4f} ({res['ratio_basis']}); "
+        f"target <= {TARGET:.2f}: {'met' if res['ratio'] <= TARGET else 'NOT met'}"
+    )
+    if res.get("ratio_eager") is not None:
+        print(f"eager ratio = {res['ratio_eager']:.4f}")
+    if args.json:
+        print(json.dumps(res, sort_keys=True))
+
+
+def _adapter_rows(rng: np.random.Generator, args: argparse.Namespace) -> list[np.ndarray]:
+    return [
+        np.sort(rng.choice(args.vocab, size=args.overrides, replace=False))
+        for _ in range(args.adapters)
+    ]
+
+
+def _decode_inputs(
+    rng: np.random.Generator, args: argparse.Namespace, changed: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: its adapter (round robin) and a token id, half of them overridden ones."""
+    slots = (np.arange(args.batch) % args.adapters).astype(np.int32)
+    ids = rng.integers(0, args.vocab, size=args.batch)
+    pick = rng.random(args.batch) < 0.5
+    ids[pick] = [rng.choice(changed[s]) for s in slots[pick]]
+    return ids, slots
+
+
+# --- GPU ------------------------------------------------------------------------------
+def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
+    import cupy as cp
+
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
+    rng = np.random.default_rng(args.seed)
+    V, H, B = args.vocab, args.hidden, args.batch
+    fill = cp.ElementwiseKernel(
+        "uint64 seed",
+        "T y",
+        "y = (T)(((unsigned long long)i * 0x9E3779B97F4A7C15ull + seed) >> 40)",
+    )
+
+    def random_bf16(shape: tuple[int, ...], seed: int) -> Any:
+        a = cp.empty(shape, dtype=BF16)
+        u = a.view(cp.uint16)
+        fill(np.uint64(seed), u)
+        u &= 0xBFFF  # |x| < 2, no NaN or inf bit patterns
+        return a
+
+    served_embed = random_bf16((V, H), args.seed * 10 + 1)
+    served_head = random_bf16((V, H), args.seed * 10 + 2)
+    ov = TokenOverlay(V, H, args.adapters, device="cuda")
+    changed = _adapter_rows(rng, args)
+    for s, rows in enumerate(changed):
+        d_rows = cp.asarray(rows)
+        ae = served_embed.copy()
+        ae.view(cp.uint16)[d_rows] ^= 1  # flip a mantissa bit of each overridden row
+        ah = served_head.copy()
+        ah.view(cp.uint16)[d_rows] ^= 1
+        info = ov.set_adapter(
+            s, embed_weight=ae, lm_head_weight=ah, served_embed=served_embed,
+            served_lm_head=served_head,
+        )  # fmt: skip
+        assert info.embed_ids.size == info.lm_head_ids.size == args.overrides
+        del ae, ah
+    head_t = cp.ascontiguousarray(served_head.view(cp.uint16).T).view(BF16)  # [H, V]
+    ids_h, slots_h = _decode_inputs(rng, args, changed)
+    ids, slots = cp.asarray(ids_h), cp.asarray(slots_h)
+    hidden = random_bf16((B, H), args.seed * 10 + 3)
+    word_rows = served_embed.view(cp.uint16)[ids].view(BF16)
+    rows = word_rows.copy()
+    logit_dtype = BF16 if args.logits == "bf16" else np.float32
+    logits = cp.zeros((B, V), dtype=logit_dtype)
+    # The overlay must change exactly the rows whose id its adapter overrides.
+    ov.apply_embed(ids, rows, seq_slot=slots)
+    n_changed = int((rows.view(cp.uint16) != word_rows.view(cp.uint16)).any(axis=1).sum())
+    n_expected = int(
+        sum(np.isin(ids_h[slots_h == s], changed[s]).sum() for s in range(args.adapters))
+    )
+    if n_changed != n_expected:
+        raise SystemExit(f"apply_embed changed {n_changed} rows, expected {n_expected}")
+
+    flush = cp.empty(256 << 20, dtype=cp.uint8)  # larger than the H200's 50 MB L2
+    stream = cp.cuda.Stream(non_blocking=True)
+
+    def median_ms(fn: Callable[[], Any]) -> float:
+        with stream:
+            for _ in range(args.warmup):
+                fn()
+            times = []
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            for i in range(args.reps):
+                flush.fill(i & 0xFF)
+                start.record(stream)
+                fn()
+                end.record(stream)
+                end.synchronize()
+                times.append(cp.cuda.get_elapsed_time(start, end))
+        return float(np.median(times))
+
+    def step() -> None:
+        ov.apply_embed(ids, rows, seq_slot=slots)
+        ov.apply_lmhead(hidden, logits, seq_slot=slots)
+
+    res: dict[str, Any] = {"gemm_dtype": "bf16 cuBLAS"}
+    res["embed_ms"] = median_ms(lambda: ov.apply_embed(ids, rows, seq_slot=slots))
+    res["lmhead_ms"] = median_ms(lambda: ov.apply_lmhead(hidden, logits, seq_slot=slots))
+    res["overlay_eager_ms"] = median_ms(step)
+    res["overlay_graph_ms"] = None
+    try:
+        with stream:
+            stream.begin_capture()
+            step()
+            graph = stream.end_capture()
+        res["overlay_graph_ms"] = median_ms(lambda: graph.launch(stream))
+    except Exception as exc:  # a failed capture leaves the eager figure as the claim's
+        print(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); using eager timing")
+    res["gemm_ms"] = median_ms(lambda: hidden @ head_t)
+    return res
+
+
+# --- CPU ------------------------------------------------------------------------------
+def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
+    print("no GPU (or --device cpu): timing the CPU path (NumPy references) at a small size")
+    rng = np.random.default_rng(args.seed)
+    V, H, B = args.vocab, args.hidden, args.batch
+
+    def random_bf16(shape: tuple[int, ...]) -> np.ndarray:
+        return (rng.integers(0, 1 << 16, size=shape, dtype=np.uint16) & 0xBFFF).view(BF16)
+
+    served_embed, served_head = random_bf16((V, H)), random_bf16((V, H))
+    ov = TokenOverlay(V, H, args.adapters)
+    changed = _adapter_rows(rng, args)
+    for s, rows in enumerate(changed):
+        ae, ah = served_embed.copy(), served_head.copy()
+        ae.view(np.uint16)[rows] ^= 1
+        ah.view(np.uint16)[rows] ^= 1
+        ov.set_adapter(
+            s, embed_weight=ae, lm_head_weight=ah, served_embed=served_embed,
+            served_lm_head=served_head,
+        )  # fmt: skip
+    ids, slots = _decode_inputs(rng, args, changed)
+    hidden = random_bf16((B, H))
+    rows = served_embed[ids]
+    logits = np.zeros((B, V), dtype=BF16 if args.logits == "bf16" else np.float32)
+    hidden32, head32_t = hidden.astype(np.float32), served_head.astype(np.float32).T.copy()
+
+    def median_ms(fn: Callable[[], Any]) -> float:
+        for _ in range(args.warmup):
+            fn()
+        times = []
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return float(np.median(times))
+
+    res: dict[str, Any] = {"gemm_dtype": "float32 NumPy"}
+    res["embed_ms"] = median_ms(lambda: ov.apply_embed(ids, rows, seq_slot=slots))
+    res["lmhead_ms"] = median_ms(lambda: ov.apply_lmhead(hidden, logits, seq_slot=slots))
+    res["overlay_eager_ms"] = median_ms(
+        lambda: (
+            ov.apply_embed(ids, rows, seq_slot=slots),
+            ov.apply_lmhead(hidden, logits, seq_slot=slots),
+        )
+    )
+    res["gemm_ms"] = median_ms(lambda: hidden32 @ head32_t)
+    return res
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; returns the figures (ms), the ratio and the settings."""
+    args = parse_args(argv)
+    print(
+        f"bench/overlay.py: device={args.device} batch={args.batch} adapters={args.adapters} "
+        f"overrides={args.overrides}/adapter vocab={args.vocab:,} hidden={args.hidden} "
+        f"logits={args.logits} reps={args.reps} warmup={args.warmup}"
+    )
+    if args.device == "cuda":
+        if not gpu_available():
+            raise SystemExit("--device cuda was asked for but no CUDA GPU is usable here")
+        res = run_gpu(args)
+    else:
+        res = run_cpu(args)
+    overlay = res.get("overlay_graph_ms") or res["overlay_eager_ms"]
+    res["ratio_basis"] = "CUDA graph" if res.get("overlay_graph_ms") else "eager"
+    res["ratio"] = overlay / res["gemm_ms"]
+    res["ratio_eager"] = res["overlay_eager_ms"] / res["gemm_ms"]
+    res["overlay_s"] = overlay / 1e3
+    res["settings"] = {k: v for k, v in vars(args).items() if k != "json"}
+    _report(args, res)
+    return res
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

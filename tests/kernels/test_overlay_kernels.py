@@ -1,0 +1,351 @@
+"""The token-overlay kernels: NumPy references against plain loops, GPU against references."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kernels.overlay import (
+    embed_overlay_routed_reference,
+    embed_rowdiff,
+    embed_rowdiff_reference,
+    lmhead_overlay_routed_reference,
+)
+from rowcache.errors import ConfigError
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+# ----------------------------------------------------------------------- plain loops
+def rowdiff_loop(base, served, thresh):
+    flags = []
+    for r in range(base.shape[0]):
+        hit = False
+        for i in range(base.shape[1]):
+            a, b = float(base[r, i]), float(served[r, i])
+            d = abs(np.float32(a) - np.float32(b))
+            if d > np.float32(thresh) or (np.isnan(a) != np.isnan(b)):
+                hit = True
+        flags.append(hit)
+    return np.array(flags, dtype=bool)
+
+
+def embed_loop(ids, seq_slot, active, maps, rows, out):
+    out = out.copy()
+    for r in range(len(ids)):
+        s = int(seq_slot[r]) if seq_slot is not None else active
+        if s < 0 or s >= len(maps) or maps[s] is None:
+            continue
+        tok = int(ids[r])
+        if tok < 0 or tok >= len(maps[s]):
+            continue
+        j = int(maps[s][tok])
+        if j < 0 or j >= rows[s].shape[0]:
+            continue
+        out[r] = rows[s][j]
+    return out
+
+
+def lmhead_loop(hidden, seq_slot, active, ids, rows, logits):
+    """float64 logits for overridden entries (NaN elsewhere) and the touched mask."""
+    want = np.full(logits.shape, np.nan)
+    for r in range(hidden.shape[0]):
+        s = int(seq_slot[r]) if seq_slot is not None else active
+        if s < 0 or s >= len(ids) or ids[s] is None:
+            continue
+        for j, tok in enumerate(ids[s]):
+            if 0 <= tok < logits.shape[1]:
+                want[r, tok] = sum(
+                    float(hidden[r, i]) * float(rows[s][j, i]) for i in range(hidden.shape[1])
+                )
+    return want
+
+
+def bf16(rng, *shape):
+    return rng.standard_normal(shape, dtype=np.float32).astype(BF16)
+
+
+def random_adapters(rng, vocabs, counts, hidden):
+    """Per adapter: slot map int32[vocab] with `count` entries set (some junk), rows, ids."""
+    maps, rows, ids = [], [], []
+    for v, c in zip(vocabs, counts):
+        if v is None:
+            maps.append(None), rows.append(None), ids.append(None)
+            continue
+        tok = np.sort(rng.choice(v, size=c, replace=False)).astype(np.int32)
+        m = np.full(v, -1, np.int32)
+        m[tok] = np.arange(c, dtype=np.int32)
+        maps.append(m)
+        rows.append(bf16(rng, c, hidden))
+        ids.append(tok)
+    return maps, rows, ids
+
+
+# ----------------------------------------------------------------------- rowdiff
+def test_embed_rowdiff_reference_matches_loop(rng):
+    base = bf16(rng, 40, 24)
+    served = base.copy()
+    served[3, 5] = base[3, 5] + BF16.type(0.5)
+    served[7] = bf16(rng, 24)
+    served[11, 0] = base[11, 0] + BF16.type(0.01)  # small change: caught at thresh 0 only
+    served[13, 2] = np.nan
+    base[14, 2] = np.nan
+    served[14, 2] = np.nan  # NaN on both sides: equal
+    served[15, 1] = np.inf
+    base[16, 3] = -0.0
+    served[16, 3] = 0.0  # -0 == +0
+    for t in (0.0, 0.05, 1.0, 100.0):
+        got = embed_rowdiff_reference(base, served, t)
+        assert got.dtype == bool and got.shape == (40,)
+        np.testing.assert_array_equal(got, rowdiff_loop(base, served, t))
+    assert set(np.flatnonzero(embed_rowdiff_reference(base, served, 0.0))) == {3, 7, 11, 13, 15}
+    assert not embed_rowdiff_reference(base, base.copy()).any()
+
+
+def test_embed_rowdiff_reference_chunks_large_tables(rng):
+    base = bf16(rng, 10_000, 8)
+    served = base.copy()
+    changed = rng.choice(10_000, size=3_000, replace=False)
+    served[changed, rng.integers(0, 8, size=3_000)] += BF16.type(1.0)
+    got = embed_rowdiff_reference(base, served, 0.0)
+    np.testing.assert_array_equal(np.flatnonzero(got), np.sort(changed))
+    assert embed_rowdiff(base, served).dtype == bool  # numpy input runs the reference
+
+
+@pytest.mark.parametrize(
+    ("base", "served", "thresh", "match"),
+    [
+        (np.zeros((4, 8), np.float32), np.zeros((4, 8), BF16), 0.0, "base"),
+        (np.zeros((4, 8), BF16), np.zeros((5, 8), BF16), 0.0, "same shape"),
+        (np.zeros(8, BF16), np.zeros(8, BF16), 0.0, "2-D"),
+        (np.zeros((4, 8), BF16), np.zeros((4, 8), BF16), -1.0, "thresh"),
+        (np.zeros((4, 8), BF16), np.zeros((4, 8), BF16), float("nan"), "thresh"),
+    ],
+)
+def test_embed_rowdiff_rejects_bad_inputs(base, served, thresh, match):
+    with pytest.raises(ConfigError, match=match):
+        embed_rowdiff_reference(base, served, thresh)
+
+
+# ----------------------------------------------------------------------- embed overlay
+def test_embed_overlay_reference_matches_loop_mixed_slots(rng):
+    hidden, n = 32, 200
+    maps, rows, _ = random_adapters(rng, [50, None, 80, 30], [10, 0, 40, 30], hidden)
+    maps[3][5] = 99  # a junk entry >= count: guarded
+    ids = rng.integers(-3, 90, size=n)
+    ids[:4] = [49, 50, 79, 80]  # at and beyond the adapters' vocabularies
+    seq_slot = rng.integers(-2, 6, size=n).astype(np.int32)  # -2, -1, empty 1, 4 and 5 >= L
+    out = bf16(rng, n, hidden)
+    want = embed_loop(ids, seq_slot, -1, maps, rows, out)
+    got = embed_overlay_routed_reference(ids, seq_slot, -1, maps, rows, out.copy())
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    assert (want != out).any(axis=1).sum() > 10  # the test exercised overrides
+
+
+@pytest.mark.parametrize("active", [-1, 0, 2, 7])
+def test_embed_overlay_reference_active_fallback(rng, active):
+    maps, rows, _ = random_adapters(rng, [60, 60, 60], [20, 5, 60], 16)
+    ids = rng.integers(0, 70, size=64).astype(np.int32)
+    out = bf16(rng, 64, 16)
+    want = embed_loop(ids, None, active, maps, rows, out)
+    got = embed_overlay_routed_reference(ids, None, active, maps, rows, out.copy())
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    if active in (-1, 7):
+        np.testing.assert_array_equal(got.view(np.uint16), out.view(np.uint16))
+
+
+def test_embed_overlay_reference_thousands_of_overrides(rng):
+    maps, rows, _ids_s = random_adapters(rng, [8192, 8192], [3000, 5000], 64)
+    ids = rng.integers(0, 8192, size=512)
+    seq_slot = (np.arange(512) % 3 - 1).astype(np.int32)
+    out = bf16(rng, 512, 64)
+    want = embed_loop(ids, seq_slot, -1, maps, rows, out)
+    got = embed_overlay_routed_reference(ids, seq_slot, -1, maps, rows, out.copy())
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_embed_overlay_reference_rejects_bad_inputs(rng):
+    maps, rows, _ = random_adapters(rng, [10], [3], 8)
+    out = bf16(rng, 4, 8)
+    ids = np.arange(4)
+    with pytest.raises(ConfigError, match="ids"):
+        embed_overlay_routed_reference(ids.astype(np.float32), None, 0, maps, rows, out)
+    with pytest.raises(ConfigError, match="out"):
+        embed_overlay_routed_reference(ids, None, 0, maps, rows, out.astype(np.float32))
+    with pytest.raises(ConfigError, match="out"):
+        embed_overlay_routed_reference(ids[:3], None, 0, maps, rows, out)
+    with pytest.raises(ConfigError, match="seq_slot"):
+        embed_overlay_routed_reference(ids, np.zeros(3, np.int32), 0, maps, rows, out)
+    with pytest.raises(ConfigError, match="active"):
+        embed_overlay_routed_reference(ids, None, 0.5, maps, rows, out)
+    with pytest.raises(ConfigError, match="one entry per adapter"):
+        embed_overlay_routed_reference(ids, None, 0, maps, rows + rows, out)
+    with pytest.raises(ConfigError, match=r"override_rows\[0\]"):
+        embed_overlay_routed_reference(ids, None, 0, maps, [bf16(rng, 3, 9)], out)
+
+
+# ----------------------------------------------------------------------- LM-head overlay
+@pytest.mark.parametrize("logit_dtype", [np.float32, BF16])
+def test_lmhead_overlay_reference_matches_loop(rng, logit_dtype):
+    hidden_size, n, n_cols = 24, 20, 70
+    _, rows, ids = random_adapters(rng, [60, None, 80, 40], [12, 0, 30, 40], hidden_size)
+    seq_slot = rng.integers(-1, 5, size=n).astype(np.int32)
+    hidden = bf16(rng, n, hidden_size)
+    logits = bf16(rng, n, n_cols).astype(logit_dtype)
+    want = lmhead_loop(hidden, seq_slot, -1, ids, rows, logits)
+    got = lmhead_overlay_routed_reference(hidden, seq_slot, -1, ids, rows, logits.copy())
+    touched = ~np.isnan(want)
+    assert touched.sum() > 20 and (np.asarray(ids[2]) >= n_cols).any()  # ids beyond n_cols
+    np.testing.assert_array_equal(
+        got[~touched].view(np.uint8), logits[~touched].view(np.uint8)
+    )  # others untouched
+    rtol = 1e-5 if logit_dtype == np.float32 else 2.0**-8
+    np.testing.assert_allclose(got[touched].astype(np.float64), want[touched], rtol=rtol, atol=1e-5)
+
+
+@pytest.mark.parametrize("active", [-1, 0, 1])
+def test_lmhead_overlay_reference_active_and_empty(rng, active):
+    _, rows, ids = random_adapters(rng, [50, 50], [7, 0], 16)
+    hidden = bf16(rng, 5, 16)
+    logits = np.zeros((5, 50), np.float32)
+    got = lmhead_overlay_routed_reference(hidden, None, active, ids, rows, logits.copy())
+    touched = (got != 0).any(axis=0)
+    if active == 0:
+        assert set(np.flatnonzero(touched)) == set(ids[0].tolist())
+        want = hidden.astype(np.float32) @ rows[0].astype(np.float32).T
+        np.testing.assert_allclose(got[:, ids[0]], want, rtol=1e-6)
+    else:  # no adapter, or an adapter with zero overrides
+        assert not touched.any()
+
+
+def test_lmhead_overlay_reference_rejects_bad_inputs(rng):
+    _, rows, ids = random_adapters(rng, [10], [3], 8)
+    hidden = bf16(rng, 4, 8)
+    logits = np.zeros((4, 10), np.float32)
+    with pytest.raises(ConfigError, match="logits"):
+        lmhead_overlay_routed_reference(hidden, None, 0, ids, rows, logits.astype(np.float16))
+    with pytest.raises(ConfigError, match="logits"):
+        lmhead_overlay_routed_reference(hidden, None, 0, ids, rows, logits[:3])
+    with pytest.raises(ConfigError, match="hidden"):
+        lmhead_overlay_routed_reference(hidden.astype(np.float32), None, 0, ids, rows, logits)
+    with pytest.raises(ConfigError, match=r"override_rows\[0\]"):
+        lmhead_overlay_routed_reference(hidden, None, 0, ids, [bf16(rng, 4, 8)], logits)
+
+
+# ----------------------------------------------------------------------- GPU
+def _device_tables(maps_or_ids, rows):
+    import cupy as cp
+
+    from kernels.overlay import device_pointer_table
+
+    d_first = [None if a is None else cp.asarray(a) for a in maps_or_ids]
+    d_rows = [None if a is None else cp.asarray(a) for a in rows]
+    counts = cp.asarray(np.array([0 if a is None else a.shape[0] for a in rows], np.int32))
+    vocabs = cp.asarray(np.array([0 if a is None else a.shape[0] for a in maps_or_ids], np.int32))
+    keep = (d_first, d_rows)  # the pointer tables do not own the arrays
+    return device_pointer_table(d_first), device_pointer_table(d_rows), counts, vocabs, keep
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hidden", [256, 3072, 100, 7])
+def test_embed_rowdiff_gpu_bit_exact(rng, hidden):
+    import cupy as cp
+
+    base = bf16(rng, 3000, hidden)
+    served = base.copy()
+    served[rng.choice(3000, 500, replace=False), rng.integers(0, hidden, 500)] += BF16.type(0.01)
+    served[10, 0], served[11, 0], base[11, 0] = np.nan, np.nan, np.nan
+    served[12, hidden - 1] = -np.inf
+    served[13, 0] = np.float32(1e-40)  # subnormal (bf16 keeps it)
+    for t in (0.0, 0.001, 0.5):
+        want = embed_rowdiff_reference(base, served, t)
+        got = embed_rowdiff(cp.asarray(base), cp.asarray(served), t)
+        assert got.dtype == cp.bool_
+        np.testing.assert_array_equal(got.get(), want)
+    # misaligned views take the scalar path
+    got = embed_rowdiff(cp.asarray(base)[1:], cp.asarray(served)[1:], 0.0)
+    np.testing.assert_array_equal(got.get(), embed_rowdiff_reference(base[1:], served[1:], 0.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("hidden", "id_dtype"), [(64, np.int64), (3072, np.int32), (36, np.int64)])
+def test_embed_overlay_routed_gpu_bit_exact(rng, hidden, id_dtype):
+    import cupy as cp
+
+    from kernels.overlay import embed_overlay_routed
+
+    maps, rows, _ = random_adapters(rng, [5000, None, 8192, 300], [1000, 0, 4000, 300], hidden)
+    maps[3][7] = 1_000_000  # junk entry: guarded
+    map_ptrs, row_ptrs, counts, vocabs, keep = _device_tables(maps, rows)
+    n = 700
+    ids = rng.integers(-5, 9000, size=n).astype(id_dtype)
+    out = bf16(rng, n, hidden)
+    for seq_slot, active in [
+        (rng.integers(-1, 6, size=n).astype(np.int32), -1),
+        (None, 2),
+        (None, -1),
+        (None, 9),
+    ]:
+        want = embed_overlay_routed_reference(ids, seq_slot, active, maps, rows, out.copy())
+        d_out = cp.asarray(out)
+        d_seq = None if seq_slot is None else cp.asarray(seq_slot)
+        embed_overlay_routed(
+            cp.asarray(ids), d_seq, active, map_ptrs, row_ptrs, counts, vocabs, d_out
+        )
+        np.testing.assert_array_equal(d_out.get().view(np.uint16), want.view(np.uint16))
+    del keep
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("hidden", "logit_dtype"), [(3072, BF16), (256, np.float32), (40, BF16)])
+def test_lmhead_overlay_routed_gpu_within_bf16_rounding(rng, hidden, logit_dtype):
+    import cupy as cp
+
+    from kernels.overlay import lmhead_overlay_routed
+
+    _, rows, ids = random_adapters(rng, [4096, None, 2000, 1000], [1000, 0, 2000, 7], hidden)
+    id_ptrs, row_ptrs, counts, _, keep = _device_tables(ids, rows)
+    n, n_cols = 150, 3000  # adapter 0 overrides ids >= n_cols: skipped
+    h = bf16(rng, n, hidden)
+    logits = bf16(rng, n, n_cols).astype(logit_dtype)
+    seq_slot = rng.integers(-1, 5, size=n).astype(np.int32)
+    abs_rows = [None if r is None else np.abs(r) for r in rows]
+    for seq, active in [(seq_slot, -1), (None, 0), (None, -1)]:
+        want = lmhead_overlay_routed_reference(h, seq, active, ids, rows, logits.copy())
+        d_logits = cp.asarray(logits)
+        d_seq = None if seq is None else cp.asarray(seq)
+        lmhead_overlay_routed(cp.asarray(h), d_seq, active, id_ptrs, row_ptrs, counts, d_logits)
+        got = d_logits.get()
+        # Which entries the overlay writes: the reference run on NaN logits.
+        probe = np.full(logits.shape, np.nan, np.float32)
+        touched = ~np.isnan(lmhead_overlay_routed_reference(h, seq, active, ids, rows, probe))
+        assert touched.any() == (active != -1 or seq is not None)
+        np.testing.assert_array_equal(got[~touched].view(np.uint8), logits[~touched].view(np.uint8))
+        # f32 sums in another order differ by a few f32 ulps of sum|h*w|; bf16 logits may
+        # then round to the neighbouring bf16 value (one step = 2^-7 relative at most).
+        absdot = lmhead_overlay_routed_reference(
+            np.abs(h), seq, active, ids, abs_rows, np.zeros(logits.shape, np.float32)
+        ).astype(np.float64)
+        g, w = got[touched].astype(np.float64), want[touched].astype(np.float64)
+        rel = 2.0**-7 if logit_dtype == BF16 else 0.0
+        tol = np.abs(w) * rel + absdot[touched] * 2.0**-16 + 1e-30
+        assert (np.abs(g - w) <= tol).all(), float(np.max(np.abs(g - w) - tol))
+    del keep
+
+
+@pytest.mark.gpu
+def test_overlay_kernels_reject_host_arrays(rng):
+    from kernels.overlay import embed_overlay_routed, lmhead_overlay_routed
+
+    maps, rows, _ids = random_adapters(rng, [10], [3], 8)
+    map_ptrs, row_ptrs, counts, vocabs, keep = _device_tables(maps, rows)
+    with pytest.raises(ConfigError, match="ids"):
+        embed_overlay_routed(
+            np.arange(4), None, 0, map_ptrs, row_ptrs, counts, vocabs, bf16(rng, 4, 8)
+        )
+    with pytest.raises(ConfigError, match="hidden and logits"):
+        lmhead_overlay_routed(
+            bf16(rng, 4, 8), None, 0, map_ptrs, row_ptrs, counts, np.zeros((4, 10), np.float32)
+        )
+    del keep

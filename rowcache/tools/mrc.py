@@ -11,7 +11,7 @@ deviation over hash salts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -87,7 +87,9 @@ class MissRatioCurve:
         d = asdict(self)
         for key, val in d.items():
             if isinstance(val, np.ndarray):
-                d[key] = [None if (isinstance(x, float) and np.isnan(x)) else x for x in val.tolist()]
+                d[key] = [
+                    None if (isinstance(x, float) and np.isnan(x)) else x for x in val.tolist()
+                ]
         return d
 
 
@@ -121,18 +123,18 @@ def batch_lru_misses(
     return misses, min_feasible, unique
 
 
-def _materialize(accesses: np.ndarray | Iterable[np.ndarray]) -> np.ndarray:
-    if isinstance(accesses, np.ndarray):
-        arr = accesses
-    else:
-        parts = [np.asarray(c) for c in accesses]
-        arr = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise ConfigError(
-            f"accesses must be a 1-D int array or an iterable of them; got shape "
-            f"{arr.shape} and dtype {arr.dtype}"
-        )
-    return arr.astype(np.int64, copy=False)
+def _materialize(accesses: _shards.Chunks) -> tuple[np.ndarray, np.ndarray | None]:
+    """All keys and, for ``(keys, batch_ids)`` chunk pairs, all batch ids."""
+    ks: list[np.ndarray] = []
+    bs: list[np.ndarray] = []
+    for k, b in _shards.iter_chunks(accesses):
+        ks.append(k)
+        if b is not None:
+            bs.append(b)
+    if bs and len(bs) != len(ks):
+        raise ConfigError("chunks must all be arrays or all (keys, batch_ids) pairs")
+    keys = np.concatenate(ks) if ks else np.zeros(0, np.int64)
+    return keys, (np.concatenate(bs) if bs else None)
 
 
 def _curve_on(
@@ -155,7 +157,7 @@ def _curve_on(
 
 
 def miss_ratio_curve(
-    accesses: np.ndarray | Iterable[np.ndarray],
+    accesses: _shards.Chunks,
     sizes: Sequence[int] | np.ndarray,
     *,
     method: str = "exact",
@@ -169,9 +171,10 @@ def miss_ratio_curve(
 
     Parameters
     ----------
-    accesses : int[n] or iterable of int[n_i]
+    accesses : int[n], iterable of int[n_i], or iterable of (keys, batch_ids) pairs
         Keys (row ids; for one arena shared by tables, combined keys from
-        ``combine_keys``). Chunks are sampled one at a time with ``method="shards"``.
+        ``combine_keys``); pairs carry the batch index of each access (batch mode).
+        Chunks are sampled one at a time with ``method="shards"``.
     sizes : int[k]
         Arena sizes in rows.
     method : "exact" or "shards"
@@ -204,9 +207,9 @@ def miss_ratio_curve(
     if method == "exact":
         if sample_rate is not None or sample_size is not None:
             raise ConfigError("sample_rate/sample_size apply to method='shards' only")
-        keys = _materialize(accesses)
+        keys, pair_ids = _materialize(accesses)
         n = keys.size
-        bids = None if batch is None else batch_ids_from(batch, n)
+        bids = _batch_ids(batch, pair_ids, n)
         misses, feas, unique, _ = _curve_on(keys, bids, sizes_arr, policy)
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = misses / n if n else np.zeros(sizes_arr.size)
@@ -221,7 +224,7 @@ def miss_ratio_curve(
             min_feasible=feas,
             method=method,
             policy=policy,
-            batched=batch is not None,
+            batched=bids is not None,
         )
     if sample_rate is not None and sample_size is not None:
         raise ConfigError("give sample_rate or sample_size, not both")
@@ -229,14 +232,22 @@ def miss_ratio_curve(
         sample_rate = 0.01
     if batch is not None and not isinstance(batch, (int, np.integer)):
         if not isinstance(accesses, np.ndarray):
-            raise ConfigError("batch as an array needs accesses as one array, not chunks")
-    if salts > 1 and not isinstance(accesses, np.ndarray):
-        accesses = _materialize(accesses)  # several passes over the chunks
+            raise ConfigError(
+                "batch as an array needs accesses as one array; for chunks pass "
+                "(keys, batch_ids) pairs"
+            )
+        batch = batch_ids_from(batch, accesses.size)
+        accesses = [(accesses, batch)]
+        batch = None
+    if salts > 1 and not isinstance(accesses, (np.ndarray, list, tuple)):
+        keys, pair_ids = _materialize(accesses)  # several passes over one-shot chunks
+        accesses = [keys] if pair_ids is None else [(keys, pair_ids)]
     runs: list[np.ndarray] = []
     uniq: list[float] = []
     feas_list: list[int] = []
     rates: list[float] = []
     n = 0
+    batched = batch is not None
     for salt in range(int(salts)):
         if sample_size is not None:
             smp = _shards.sample_fixed_size(accesses, int(sample_size), salt=salt)
@@ -245,10 +256,13 @@ def miss_ratio_curve(
         n = smp.total
         rate = smp.rate
         scaled = np.maximum(1, np.round(sizes_arr * rate)).astype(np.int64)
-        bids = None
-        if batch is not None:
-            full = batch_ids_from(batch, n) if not isinstance(batch, (int, np.integer)) else None
-            bids = full[smp.positions] if full is not None else smp.positions // int(batch)
+        if smp.batch_ids is not None:
+            bids = smp.batch_ids
+            batched = True
+        elif batch is not None:
+            bids = smp.positions // int(batch)  # type: ignore[arg-type]
+        else:
+            bids = None
         m, feas, unique, _ = _curve_on(smp.keys, bids, scaled, policy)
         expected = n * rate  # the adjusted correction: normalise by the expected count
         runs.append(m / expected if expected > 0 else np.zeros(sizes_arr.size))
@@ -256,8 +270,9 @@ def miss_ratio_curve(
         feas_list.append(int(np.ceil(feas / rate)) if rate > 0 else 0)
         rates.append(rate)
     stack_ = np.vstack(runs)
-    ratio = np.clip(np.nanmean(stack_, axis=0) if stack_.shape[0] > 1 else stack_[0], 0.0, 1.0)
-    std = np.nanstd(stack_, axis=0) if stack_.shape[0] > 1 else np.zeros(sizes_arr.size)
+    with np.errstate(invalid="ignore"):
+        ratio = np.clip(np.mean(stack_, axis=0), 0.0, 1.0)
+        std = np.std(stack_, axis=0) if stack_.shape[0] > 1 else np.zeros(sizes_arr.size)
     unique_est = float(np.mean(uniq))
     return MissRatioCurve(
         sizes=sizes_arr,
@@ -271,10 +286,22 @@ def miss_ratio_curve(
         method=method,
         policy=policy,
         sample_rate=float(np.mean(rates)),
-        batched=batch is not None,
+        batched=batched,
         exact=False,
         extra={"salts": int(salts), "sample_size": sample_size},
     )
+
+
+def _batch_ids(
+    batch: int | np.ndarray | None, pair_ids: np.ndarray | None, n: int
+) -> np.ndarray | None:
+    if pair_ids is not None:
+        if batch is not None:
+            raise ConfigError(
+                "give batch ids either as (keys, batch_ids) chunks or as batch=, not both"
+            )
+        return batch_ids_from(pair_ids, n)
+    return None if batch is None else batch_ids_from(batch, n)
 
 
 def combine_keys(table: int | np.ndarray, rows: np.ndarray) -> np.ndarray:

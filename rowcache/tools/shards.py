@@ -11,7 +11,7 @@ Reference: Waldspurger et al., "Efficient MRC Construction with SHARDS", FAST 20
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,7 +56,8 @@ class Sample:
 
     ``keys`` and ``positions`` (int64[s]) are the kept accesses and their positions
     in the full trace; ``total`` the full trace's length; ``rate`` the effective
-    sampling rate (``threshold / 2**53``).
+    sampling rate (``threshold / 2**53``); ``batch_ids`` the kept accesses' batch
+    indices when the chunks were ``(keys, batch_ids)`` pairs.
     """
 
     keys: np.ndarray
@@ -64,17 +65,14 @@ class Sample:
     total: int
     rate: float
     threshold: int
+    batch_ids: np.ndarray | None = None
 
 
-def _chunks(accesses: np.ndarray | Iterable[np.ndarray]) -> Iterable[np.ndarray]:
-    if isinstance(accesses, np.ndarray):
-        yield accesses
-        return
-    for chunk in accesses:
-        yield np.asarray(chunk)
+Chunks = np.ndarray | Iterable[np.ndarray] | Iterable[tuple[np.ndarray, np.ndarray]]
 
 
 def _check_chunk(chunk: np.ndarray) -> np.ndarray:
+    chunk = np.asarray(chunk)
     if chunk.ndim != 1 or (chunk.size and not np.issubdtype(chunk.dtype, np.integer)):
         raise ConfigError(
             f"accesses must be a 1-D int array or an iterable of them; got a chunk of "
@@ -83,9 +81,34 @@ def _check_chunk(chunk: np.ndarray) -> np.ndarray:
     return chunk.astype(np.int64, copy=False)
 
 
-def sample_fixed_rate(
-    accesses: np.ndarray | Iterable[np.ndarray], rate: float, *, salt: int = 0
-) -> Sample:
+def iter_chunks(accesses: Chunks) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+    """``(keys int64[n], batch_ids int64[n] or None)`` per chunk of ``accesses``.
+
+    ``accesses`` is one array, an iterable of arrays, or an iterable of
+    ``(keys, batch_ids)`` pairs.
+    """
+    if isinstance(accesses, np.ndarray):
+        yield _check_chunk(accesses), None
+        return
+    for item in accesses:
+        if isinstance(item, tuple):
+            if len(item) != 2:
+                raise ConfigError("a chunk pair must be (keys, batch_ids)")
+            k, b = _check_chunk(item[0]), _check_chunk(item[1])
+            if k.size != b.size:
+                raise ConfigError(
+                    f"chunk keys ({k.size}) and batch_ids ({b.size}) differ in length"
+                )
+            yield k, b
+        else:
+            yield _check_chunk(item), None
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def sample_fixed_rate(accesses: Chunks, rate: float, *, salt: int = 0) -> Sample:
     """Keep the accesses whose key hash is below ``rate * 2**53``.
 
     Parameters
@@ -96,24 +119,31 @@ def sample_fixed_rate(
     """
     if not (0.0 < float(rate) <= 1.0):
         raise ConfigError(f"sample_rate must be in (0, 1]; got {rate}")
-    threshold = min(HASH_SPACE, int(round(float(rate) * HASH_SPACE)))
+    threshold = min(HASH_SPACE, round(float(rate) * HASH_SPACE))
     kept_k: list[np.ndarray] = []
     kept_p: list[np.ndarray] = []
+    kept_b: list[np.ndarray] = []
+    has_b = False
     offset = 0
-    for raw in _chunks(accesses):
-        chunk = _check_chunk(raw)
+    for chunk, bids in iter_chunks(accesses):
         keep = np.flatnonzero(key_hash(chunk, salt) < threshold)
         kept_k.append(chunk[keep])
         kept_p.append(keep + offset)
+        if bids is not None:
+            has_b = True
+            kept_b.append(bids[keep])
         offset += chunk.size
-    keys = np.concatenate(kept_k) if kept_k else np.zeros(0, np.int64)
-    pos = np.concatenate(kept_p) if kept_p else np.zeros(0, np.int64)
-    return Sample(keys, pos, offset, threshold / HASH_SPACE, threshold)
+    return Sample(
+        _cat(kept_k),
+        _cat(kept_p),
+        offset,
+        threshold / HASH_SPACE,
+        threshold,
+        _cat(kept_b) if has_b else None,
+    )
 
 
-def sample_fixed_size(
-    accesses: np.ndarray | Iterable[np.ndarray], max_keys: int, *, salt: int = 0
-) -> Sample:
+def sample_fixed_size(accesses: Chunks, max_keys: int, *, salt: int = 0) -> Sample:
     """Keep the accesses of the ``max_keys`` distinct keys of smallest hash.
 
     One pass; the threshold only decreases as keys arrive, so the kept accesses are
@@ -132,31 +162,31 @@ def sample_fixed_size(
     max_keys = int(max_keys)
     threshold = HASH_SPACE
     best = np.zeros(0, dtype=np.int64)  # smallest distinct hashes seen, sorted
-    kept_k: list[np.ndarray] = []
-    kept_h: list[np.ndarray] = []
-    kept_p: list[np.ndarray] = []
+    kept: list[tuple[np.ndarray, ...]] = []
+    has_b = False
     buffered = 0
     offset = 0
-    for raw in _chunks(accesses):
-        chunk = _check_chunk(raw)
+
+    def squeeze(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+        cols = [_cat([p[i] for p in parts]) for i in range(4)]
+        m = cols[1] < threshold
+        return tuple(c[m] if c.size == m.size else c for c in cols)
+
+    for chunk, bids in iter_chunks(accesses):
         h = key_hash(chunk, salt)
         keep = np.flatnonzero(h < threshold)
         if keep.size:
             best = np.unique(np.concatenate((best, h[keep])))[: max_keys + 1]
             if best.size > max_keys:
                 threshold = int(best[max_keys])
-            kept_k.append(chunk[keep])
-            kept_h.append(h[keep])
-            kept_p.append(keep + offset)
+            b = bids[keep] if bids is not None else np.zeros(0, np.int64)
+            has_b = has_b or bids is not None
+            kept.append((chunk[keep], h[keep], keep + offset, b))
             buffered += keep.size
             if buffered > 4 * max_keys + (1 << 16):
-                kk, hh, pp = (np.concatenate(x) for x in (kept_k, kept_h, kept_p))
-                m = hh < threshold
-                kept_k, kept_h, kept_p = [kk[m]], [hh[m]], [pp[m]]
-                buffered = int(m.sum())
+                kept = [squeeze(kept)]
+                buffered = kept[0][0].size
         offset += chunk.size
-    if not kept_k:
-        return Sample(np.zeros(0, np.int64), np.zeros(0, np.int64), offset, 1.0, threshold)
-    kk, hh, pp = (np.concatenate(x) for x in (kept_k, kept_h, kept_p))
-    m = hh < threshold
-    return Sample(kk[m], pp[m], offset, threshold / HASH_SPACE, threshold)
+    kk, _, pp, bb = squeeze(kept)
+    rate = threshold / HASH_SPACE
+    return Sample(kk, pp, offset, rate, threshold, bb if has_b else None)

@@ -47,7 +47,11 @@ class ServerModel:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ConfigError(f"ServerModel.{name} must be an int >= 1; got {v!r}")
-        if isinstance(self.decode, bool) or not isinstance(self.decode, (int, np.integer)) or self.decode < 0:
+        if (
+            isinstance(self.decode, bool)
+            or not isinstance(self.decode, (int, np.integer))
+            or self.decode < 0
+        ):
             raise ConfigError(f"ServerModel.decode must be an int >= 0; got {self.decode!r}")
 
     def units(self, length: int) -> tuple[int, int, int]:
@@ -59,7 +63,7 @@ class ServerModel:
 
 def schedule_request(model: ServerModel, length: int, start: int) -> np.ndarray:
     """Server step of every token of a request admitted at step ``start`` (int64[length])."""
-    p, d, _ = model.units(length)
+    p, _d, _ = model.units(length)
     t = np.arange(length, dtype=np.int64)
     unit = np.where(t < p, t // model.chunk, -(-p // model.chunk) + (t - p))
     return start + unit
@@ -95,7 +99,9 @@ class Trace:
         path = Path(path)
         mf = path / MANIFEST
         if not mf.is_file():
-            raise FormatError(f"{path} is not a trace: {MANIFEST} is missing (run `rowcache trace`)")
+            raise FormatError(
+                f"{path} is not a trace: {MANIFEST} is missing (run `rowcache trace`)"
+            )
         meta = json.loads(mf.read_text())
         if meta.get("format") != TRACE_FORMAT or meta.get("version") != TRACE_VERSION:
             raise FormatError(
@@ -118,7 +124,9 @@ class Trace:
         if isinstance(table, bool) or not isinstance(table, (int, np.integer)):
             raise ConfigError(f"table must be an int; got {table!r}")
         if not 0 <= table < self.num_tables:
-            raise ConfigError(f"table={table} is outside [0, {self.num_tables}) of trace {self.path}")
+            raise ConfigError(
+                f"table={table} is outside [0, {self.num_tables}) of trace {self.path}"
+            )
         return int(table)
 
     def iter_chunks(self, table: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:

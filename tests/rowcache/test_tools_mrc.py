@@ -159,3 +159,18 @@ def test_bad_arguments_raise_config_error():
         miss_ratio_curve(keys, [1], batch=np.arange(10)[::-1])
     with pytest.raises(ConfigError, match="sample_rate"):
         miss_ratio_curve(keys, [1], method="shards", sample_rate=2.0)
+
+
+def test_chunk_pairs_carry_batches(rng):
+    keys = (rng.zipf(1.2, 5000) % 800).astype(np.int64)
+    bids = np.arange(5000) // 16
+    sizes = np.array([16, 50, 200, 700])
+    whole = miss_ratio_curve(keys, sizes, batch=bids)
+    pairs = list(zip(np.array_split(keys, 3), np.array_split(bids, 3)))
+    exact = miss_ratio_curve(iter(pairs), sizes)
+    np.testing.assert_array_equal(exact.misses, whole.misses)
+    full = miss_ratio_curve(iter(pairs), sizes, method="shards", sample_rate=1.0)
+    assert full.batched and full.sample_rate == 1.0
+    np.testing.assert_array_equal(full.misses, whole.misses)
+    with pytest.raises(ConfigError, match="both"):
+        miss_ratio_curve(pairs, sizes, batch=4)

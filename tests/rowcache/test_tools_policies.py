@@ -42,13 +42,9 @@ def opt_brute(keys, size):
             continue
         misses += 1
         if len(cache) >= size:
-            def nxt(x):
-                for j in range(i + 1, len(keys)):
-                    if keys[j] == x:
-                        return j
-                return len(keys) + 1
-
-            cache.remove(max(sorted(cache), key=nxt))
+            later = keys[i + 1 :]
+            far = {x: later.index(x) if x in later else len(keys) for x in cache}
+            cache.remove(max(sorted(cache), key=far.__getitem__))
         cache.add(k)
     return misses
 

@@ -45,7 +45,9 @@ def server_brute(requests, model):
 def test_trace_equals_step_by_step_server(tmp_path, dims, rng):
     reqs = [rng.integers(0, 300, int(rng.integers(1, 60))) for _ in range(40)]
     model = ServerModel(batch=5, chunk=7, decode=9)
-    trace = build_trace(iter(reqs), dims, tmp_path / "t", model=model, chunk_positions=50, progress=False)
+    trace = build_trace(
+        iter(reqs), dims, tmp_path / "t", model=model, chunk_positions=50, progress=False
+    )
     exp_rows, exp_steps = server_brute([(r, ngram_ids(dims, r)) for r in reqs], model)
     assert trace.positions == sum(r.size for r in reqs) == exp_steps.size
     assert trace.requests == 40 and trace.steps == exp_steps[-1] + 1
@@ -53,7 +55,7 @@ def test_trace_equals_step_by_step_server(tmp_path, dims, rng):
     got = np.concatenate([c[0] for c in trace.iter_chunks()], axis=1)
     np.testing.assert_array_equal(got, exp_rows)
     np.testing.assert_array_equal(trace.steps_array(), exp_steps)
-    rows1, steps1 = trace.table_accesses(1)
+    rows1, _steps1 = trace.table_accesses(1)
     np.testing.assert_array_equal(rows1, exp_rows[1])
 
 
@@ -61,7 +63,7 @@ def test_trace_flushes_in_bounded_pieces(tmp_path, dims, rng):
     reqs = [rng.integers(0, 300, 30) for _ in range(200)]
     model = ServerModel(batch=3, chunk=8, decode=4)
     t = build_trace(reqs, dims, tmp_path / "t", model=model, chunk_positions=16, progress=False)
-    exp_rows, exp_steps = server_brute([(r, ngram_ids(dims, r)) for r in reqs], model)
+    exp_rows, _exp_steps = server_brute([(r, ngram_ids(dims, r)) for r in reqs], model)
     np.testing.assert_array_equal(np.concatenate([c[0] for c in t.iter_chunks()], axis=1), exp_rows)
     with pytest.raises(ConfigError, match="exists"):
         build_trace(reqs, dims, tmp_path / "t", model=model, progress=False)

@@ -11,9 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.errors import ConfigError
-
 from ._cuda import get_kernel, is_device_array, require_cupy
+from .errors import ConfigError
 from .gather import (
     check_array,
     check_index,

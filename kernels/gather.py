@@ -63,7 +63,7 @@ def check_rows_contiguous(name: str, a: Any) -> None:
         )
 
 
-def device_index(cupy: Any, name: str, idx: Any) -> Any:
+def device_index(cupy: Any, idx: Any) -> Any:
     """``idx`` as a contiguous int32/int64 cupy array (numpy input is copied to the device)."""
     if idx.dtype not in _ID_SUFFIX:
         idx = idx.astype(np.int64)
@@ -166,7 +166,7 @@ def batched_embed(ids: Any, table: Any, out: Any = None) -> Any:
     if n == 0 or d == 0:
         return out
     _check_nonempty("table", table, n)
-    dev_ids = device_index(cupy, "ids", ids)
+    dev_ids = device_index(cupy, ids)
     row_bytes = 2 * d
     vec = vector_bytes(row_bytes, table.strides[0], out.strides[0], table.data.ptr, out.data.ptr)
     words = row_bytes // vec
@@ -238,7 +238,7 @@ def batched_embed_fp8(ids: Any, codes: Any, scales: Any, out: Any = None) -> Any
     if n == 0 or d == 0:
         return out
     _check_nonempty("codes", codes, n)
-    dev_ids = device_index(cupy, "ids", ids)
+    dev_ids = device_index(cupy, ids)
     # VEC codes per word: VEC must divide the code row and its alignment, and 2*VEC
     # the output's (VEC bf16 are stored as one word).
     vec = vector_bytes(

@@ -118,7 +118,7 @@ def scatter_records(records: Any, slots: Any, table: Any, scales: Any = None) ->
         )
     if row_bytes == 0 and scales is None:
         return
-    dev_slots = device_index(cupy, "slots", slots)
+    dev_slots = device_index(cupy, slots)
     vec = vector_bytes(
         row_bytes,
         records.strides[0],

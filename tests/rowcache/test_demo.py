@@ -1,0 +1,96 @@
+"""``rowcache demo`` at a tiny size: real tokenizer, real stdlib text, cached == resident."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from rowcache.demo import DemoConfig, register, render, run_demo, text_files
+from rowcache.errors import ConfigError
+
+TINY = {"hidden_size": 48, "ratio": 0.05, "max_tokens": 4000, "decode_tokens": 150, "chunk": 256}
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(prog="rowcache")
+    register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def test_demo_tiny_cached_equals_resident(tmp_path):
+    rep = run_demo(DemoConfig(**TINY, arena_fraction=0.2, workdir=str(tmp_path)), progress=False)
+    assert rep.equal and rep.mismatched_steps == 0
+    assert rep.tokens == 4000 and rep.prefill_tokens == 3850 and rep.decode_tokens == 150
+    assert rep.table_rows == [int(0.05 * 131072) + 2 * i + 1 for i in range(12)]
+    assert rep.arena_slots[0] == int(0.2 * rep.table_rows[0])
+    assert 0 < rep.hit_rate < 1 and rep.faults_per_token > 0 and rep.rows_read > 0
+    # order-2 n-grams repeat most in real text
+    assert rep.hit_rate_by_order["2"] > rep.hit_rate_by_order["4"]
+    assert rep.arena_bytes < rep.resident_table_bytes
+    assert rep.cached_tokens_per_s > 0 and rep.resident_tokens_per_s > 0
+    assert "bit for bit" in render(rep)
+    assert (tmp_path / "store").is_dir()  # a given workdir is kept
+
+
+def test_demo_cli_json_fp8(capsys):
+    args = _parse(
+        [
+            "demo",
+            "--hidden",
+            "48",
+            "--ratio",
+            "0.05",
+            "--tokens",
+            "2500",
+            "--decode-tokens",
+            "50",
+            "--chunk",
+            "300",
+            "--dtype",
+            "fp8",
+            "--arena-fraction",
+            "0.5",
+            "--json",
+            "--no-progress",
+        ]
+    )
+    assert args.func(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["equal"] is True and out["config"]["dtype"] == "fp8"
+    assert out["tokens"] == 2500 and out["device_bytes"] is None
+    assert set(out["hit_rate_by_order"]) == {"2", "3", "4"}
+
+
+def test_demo_text_is_the_stdlib():
+    files = text_files(None)
+    assert len(files) > 100 and all(f.endswith(".py") for f in files)
+    assert not any("site-packages" in f for f in files)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"hidden_size": 50}, "divisible by the 12"),
+        ({"arena_fraction": 0.0}, "arena_fraction"),
+        ({"decode_tokens": 4000}, "decode_tokens"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"device": "tpu"}, "device"),
+        ({"chunk": 0}, "chunk"),
+    ],
+)
+def test_demo_bad_config(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        DemoConfig(**(TINY | kw))
+
+
+def test_demo_bad_text(tmp_path):
+    with pytest.raises(ConfigError, match=r"no \.py files"):
+        run_demo(DemoConfig(**TINY, text=str(tmp_path)), progress=False)
+
+
+@pytest.mark.gpu
+def test_demo_gpu_tiny(tmp_path):
+    rep = run_demo(DemoConfig(**TINY, device="cuda", workdir=str(tmp_path)), progress=False)
+    assert rep.equal and rep.device_bytes and rep.device_bytes > 0

@@ -96,19 +96,28 @@ def _write_table(
         name = fmt.shard_file_name(t, s)
         fd = os.open(os.path.join(root, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         crc, length = 0, 0
+        pending: list[Any] = []  # futures of the chunk being written and checksummed
         try:
             for start in range(first, first + count, chunk_rows):
                 stop = min(start + chunk_rows, first + count)
+                # Prepare this chunk while the previous one is written and checksummed
+                # (os.write and zlib.crc32 release the GIL).
                 data = _pack_pages(info, _to_records(dtype, src.read(start, stop)))
-                # CRC in a worker thread while this one writes: zlib and os.write release the GIL.
-                fut = pool.submit(zlib.crc32, data.data, crc)
-                _write_all(fd, memoryview(data.data))
-                crc = fut.result()
+                for f in pending:
+                    f.result()
+                crc = pending[1].result() if pending else crc
+                mv = memoryview(data.data)
+                pending = [pool.submit(_write_all, fd, mv), pool.submit(zlib.crc32, mv, crc)]
                 length += data.nbytes
                 if bar is not None:
                     bar.update((stop - start) * row_bytes)
+            if pending:
+                pending[0].result()
+                crc = pending[1].result()
             os.fsync(fd)
         finally:
+            for f in pending:  # never close the file under a write still running
+                f.exception()
             os.close(fd)
         if length != info.shard_bytes(s):  # internal invariant of the layout arithmetic
             raise AssertionError(
@@ -174,7 +183,7 @@ def build_store(
 
             bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"build {dtype}", leave=False)
         try:
-            with ThreadPoolExecutor(1) as pool:
+            with ThreadPoolExecutor(2) as pool:
                 shard_recs = [
                     _write_table(tmp, t, s, info, dtype, pool, bar)
                     for t, (s, info) in enumerate(zip(sources, infos))

@@ -417,9 +417,10 @@ class NgramRowCache:
 
         cp = self._xp
         dev = self._dev_staging[:n]
-        dev.set(records, stream=self._stream)
-        self._copy_done = self._stream.record()
-        kernels.scatter.scatter_records(dev, cp.asarray(victims), self.table, self.scales)
+        with self._stream:  # copy and scatter on one stream, whatever the caller's current one
+            dev.set(records, stream=self._stream)
+            self._copy_done = self._stream.record()
+            kernels.scatter.scatter_records(dev, cp.asarray(victims), self.table, self.scales)
 
     def _touch(self, slots_u: np.ndarray) -> None:
         """Pin the call's unique slots and move them to the tail of the LRU log."""

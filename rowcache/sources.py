@@ -42,10 +42,12 @@ class Source:
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` as bf16 or float32 (float16 is widened to float32)."""
-        block = np.asarray(self.array[start:stop])
+        block = self.array[start:stop]
         if block.dtype == np.float16:
             return block.astype(np.float32)
-        return block
+        # A private copy: writing straight from a memory map faults its pages in inside
+        # write(2) and runs at a third of the speed of writing from anonymous memory.
+        return np.array(block, copy=True)
 
 
 def _as_table_array(arr: np.ndarray, name: str, origin: str) -> np.ndarray:

@@ -1,0 +1,132 @@
+"""Helpers shared by the bench scripts: page-cache dropping, test stores, the raw-read ceiling,
+and result printing. Not collected by pytest; every script measures its baseline in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+PAGE = 4096
+
+
+def drop_cache(paths: list[str]) -> None:
+    """Evict files from the page cache (fsync, then POSIX_FADV_DONTNEED)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def store_files(store: Any) -> list[str]:
+    return [os.path.join(store.path, r.file) for recs in store.shards for r in recs]
+
+
+def make_source(path: str, rows: int, dim: int, seed: int = 0, chunk: int = 1 << 18) -> str:
+    """A bf16 .npy table of random values (written in chunks: bounded memory)."""
+    if os.path.exists(path) and np.load(path, mmap_mode="r").shape == (rows, dim):
+        return path
+    rng = np.random.default_rng(seed)
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint16, shape=(rows, dim))
+    for start in range(0, rows, chunk):
+        stop = min(rows, start + chunk)
+        out[start:stop] = (
+            rng.standard_normal((stop - start, dim), dtype=np.float32)
+            .astype(ml_dtypes.bfloat16)
+            .view(np.uint16)
+        )
+    out.flush()
+    del out
+    return path
+
+
+def raw_direct_reads(
+    files: list[str], offsets: list[np.ndarray], threads: int, size: int = PAGE
+) -> float:
+    """Seconds for aligned ``size``-byte O_DIRECT reads at ``offsets[i]`` of ``files[i]``,
+    split over ``threads`` threads: the random-read ceiling of the disk from Python."""
+    fds = [os.open(f, os.O_RDONLY | os.O_DIRECT) for f in files]
+    jobs = [(fds[i], int(o) - int(o) % PAGE) for i, offs in enumerate(offsets) for o in offs]
+    parts = [jobs[i::threads] for i in range(threads)]
+
+    def work(part: list[tuple[int, int]]) -> None:
+        raw = np.empty(size + PAGE, np.uint8)
+        shift = (-raw.ctypes.data) % PAGE
+        mv = memoryview(raw[shift : shift + size].data)
+        for fd, off in part:
+            os.preadv(fd, [mv], off)
+
+    ts = [threading.Thread(target=work, args=(p,)) for p in parts]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    dt = time.perf_counter() - t0
+    for fd in fds:
+        os.close(fd)
+    return dt
+
+
+def median_time(
+    fn: Callable[[], Any], repeat: int, setup: Callable[[], Any] | None = None
+) -> float:
+    times = []
+    for _ in range(repeat):
+        if setup is not None:
+            setup()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def machine() -> str:
+    try:
+        import cupy
+
+        if cupy.cuda.is_available():
+            name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+            return f"{platform.node()} ({os.cpu_count()} cores, {name})"
+    except Exception:
+        pass
+    return f"{platform.node()} ({os.cpu_count()} cores, no GPU)"
+
+
+def report(title: str, rows: list[dict[str, Any]], as_json: bool, settings: dict[str, Any]) -> None:
+    if as_json:
+        print(
+            json.dumps(
+                {"bench": title, "machine": machine(), "settings": settings, "results": rows},
+                indent=2,
+            )
+        )
+        return
+    print(f"# {title} on {machine()}")
+    print("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    if not rows:
+        return
+    keys = list(rows[0])
+    widths = [max(len(k), *(len(_fmt(r.get(k))) for r in rows)) for k in keys]
+    print("  ".join(k.rjust(w) for k, w in zip(keys, widths)))
+    for r in rows:
+        print("  ".join(_fmt(r.get(k)).rjust(w) for k, w in zip(keys, widths)))
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3g}" if abs(v) < 100 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)

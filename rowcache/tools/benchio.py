@@ -1,0 +1,225 @@
+"""Disk measurements for sizing: random-read rate vs queue depth, sequential rate.
+
+Owns :func:`measure_io` and the :class:`DeviceProfile` it saves as JSON, which
+``tune`` turns into fault time per token. Random reads are ``os.pread`` calls from
+``queue_depth`` threads (the GIL is released during the read), with ``O_DIRECT``
+where the file system allows it so the page cache does not flatter the disk; the
+profile records whether it did. Does not read through a store's index.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+
+PAGE = 4096
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Measured rates of one file system.
+
+    ``random[str(read_bytes)][str(queue_depth)]`` = reads per second;
+    ``sequential_bytes_per_s``; ``direct``: whether ``O_DIRECT`` was used.
+    """
+
+    path: str
+    file_bytes: int
+    direct: bool
+    random: dict[str, dict[str, float]]
+    sequential_bytes_per_s: float
+    seconds_per_point: float
+    record_bytes: int = PAGE
+    notes: list[str] = field(default_factory=list)
+
+    def reads_per_s(self, read_bytes: int, queue_depth: int | None = None) -> tuple[float, int]:
+        """``(reads/s, queue depth)``: the best measured rate for the read size closest
+        to ``read_bytes``, or the rate at ``queue_depth``."""
+        if not self.random:
+            raise ConfigError("the device profile has no random-read measurements")
+        sizes = sorted(int(k) for k in self.random)
+        size = min(sizes, key=lambda s: (abs(s - read_bytes), s))
+        row = {int(q): r for q, r in self.random[str(size)].items()}
+        if queue_depth is not None:
+            if queue_depth not in row:
+                raise ConfigError(f"queue_depth={queue_depth} was not measured; have {sorted(row)}")
+            return row[queue_depth], queue_depth
+        q = max(row, key=lambda k: row[k])
+        return row[q], q
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> DeviceProfile:
+        try:
+            d = json.loads(Path(path).read_text())
+            return cls(**d)
+        except (OSError, json.JSONDecodeError, TypeError) as e:
+            raise ConfigError(
+                f"{path} is not a device profile from `rowcache bench-io`: {e}"
+            ) from e
+
+
+def _files_of(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(
+            (f for f in path.rglob("*.bin") if f.is_file()), key=lambda f: -f.stat().st_size
+        )
+        if files:
+            return files
+    raise ConfigError(f"{path} is neither a file nor a store directory with shard files (*.bin)")
+
+
+def _open(path: Path, direct: bool) -> tuple[int, bool]:
+    flags = os.O_RDONLY
+    if direct and hasattr(os, "O_DIRECT"):
+        try:
+            fd = os.open(path, flags | os.O_DIRECT)
+            buf = mmap.mmap(-1, PAGE)
+            try:
+                os.preadv(fd, [buf], 0)
+                return fd, True
+            except OSError:
+                os.close(fd)
+            finally:
+                buf.close()
+        except OSError:
+            pass
+    return os.open(path, flags), False
+
+
+def _random_rate(
+    fd: int, size: int, read_bytes: int, align: int, qd: int, seconds: float, seed: int
+) -> float:
+    slots = max(1, (size - read_bytes) // align)
+    counts = [0] * qd
+    stop = time.perf_counter() + seconds
+
+    def worker(i: int) -> None:
+        rng = np.random.default_rng(seed + i)
+        buf = mmap.mmap(-1, max(PAGE, -(-read_bytes // PAGE) * PAGE))
+        view = memoryview(buf)[:read_bytes]
+        n = 0
+        while time.perf_counter() < stop:
+            for off in (rng.integers(0, slots, 256) * align).tolist():
+                os.preadv(fd, [view], off)
+            n += 256
+        counts[i] = n
+        view.release()
+        buf.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(qd)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def measure_io(
+    path: str | os.PathLike[str],
+    *,
+    record_bytes: int = 512,
+    queue_depths: Sequence[int] = (1, 4, 16, 32, 64),
+    seconds: float = 1.0,
+    direct: bool = True,
+    progress: bool = True,
+) -> DeviceProfile:
+    """Measure random reads of ``record_bytes`` and of 4 KiB, and sequential reads.
+
+    Parameters
+    ----------
+    path : a store directory (its largest shard file is read) or any file
+    record_bytes : the store's row size (with ``O_DIRECT`` a row costs one aligned
+        page read, which is what is measured)
+    queue_depths : threads issuing reads at once
+    seconds : time per measured point
+    """
+    if record_bytes < 1:
+        raise ConfigError(f"record_bytes must be >= 1; got {record_bytes}")
+    if not queue_depths or min(queue_depths) < 1:
+        raise ConfigError(f"queue_depths must be ints >= 1; got {list(queue_depths)}")
+    if seconds <= 0:
+        raise ConfigError(f"seconds must be > 0; got {seconds}")
+    f = _files_of(Path(path))[0]
+    size = f.stat().st_size
+    if size < 2 * PAGE:
+        raise ConfigError(f"{f} has {size} bytes; need at least {2 * PAGE} to measure")
+    fd, used_direct = _open(f, direct)
+    notes: list[str] = []
+    if direct and not used_direct:
+        notes.append("O_DIRECT unavailable here: buffered reads, page cache may inflate rates")
+    try:
+        random: dict[str, dict[str, float]] = {}
+        read_sizes = sorted({PAGE, record_bytes})
+        jobs = [(rb, q) for rb in read_sizes for q in queue_depths]
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(jobs) + 1, desc="bench-io", unit="point")
+        for rb, q in jobs:
+            # O_DIRECT needs page-aligned offsets and lengths: a row costs one page.
+            eff = -(-rb // PAGE) * PAGE if used_direct else rb
+            align = PAGE if used_direct else rb
+            rate = _random_rate(fd, size, eff, align, int(q), seconds, seed=q)
+            random.setdefault(str(rb), {})[str(q)] = rate
+            if bar is not None:
+                bar.update(1)
+        block = 4 << 20
+        buf = mmap.mmap(-1, block)
+        done = 0
+        t0 = time.perf_counter()
+        off = 0
+        while time.perf_counter() - t0 < seconds:
+            n = os.preadv(fd, [buf], off)
+            done += n
+            off = off + n if n == block else 0
+        seq = done / (time.perf_counter() - t0)
+        buf.close()
+        if bar is not None:
+            bar.update(1)
+            bar.close()
+    finally:
+        os.close(fd)
+    return DeviceProfile(
+        path=str(f),
+        file_bytes=int(size),
+        direct=used_direct,
+        random=random,
+        sequential_bytes_per_s=float(seq),
+        seconds_per_point=float(seconds),
+        record_bytes=int(record_bytes),
+        notes=notes,
+    )
+
+
+def profile_summary(p: DeviceProfile) -> list[dict[str, Any]]:
+    """Rows for printing: read size, queue depth, reads/s, MB/s."""
+    out = []
+    for rb, row in p.random.items():
+        for q, r in row.items():
+            out.append(
+                {
+                    "read_bytes": int(rb),
+                    "queue_depth": int(q),
+                    "reads_per_s": r,
+                    "MB_per_s": r * int(rb) / 1e6,
+                }
+            )
+    return out

@@ -1,0 +1,183 @@
+"""Fault-rate profile of a trace: one curve per table, one for a shared arena, policies.
+
+Owns :func:`profile_trace` and its frozen :class:`ProfileReport` (what ``rowcache
+profile`` prints, plots and dumps as JSON). Per-table curves are the per-table
+``NgramRowCache`` (batch = server step by default, so exact curves equal the
+cache's fault counts); the shared curve models one arena for all tables (keys
+``table << 40 | row``, sizes in rows of the same record size, i.e. bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from .mrc import MissRatioCurve, miss_ratio_curve
+from .trace import Trace
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    """Curves of one trace.
+
+    ``sizes`` (int64[k]) are rows per table; the shared curve is sampled at
+    ``sizes * num_tables`` rows, the same total memory. ``record_bytes`` is the
+    stored row size used to turn rows into bytes.
+    """
+
+    trace: str
+    tokens: int
+    num_tables: int
+    record_bytes: int
+    dtype: str
+    sizes: np.ndarray
+    curves: dict[str, MissRatioCurve]
+    shared: MissRatioCurve | None = None
+    policies: dict[str, MissRatioCurve] = field(default_factory=dict)
+    policy_table: int = 0
+    table_rows: tuple[int, ...] = ()
+
+    def faults_per_token(self) -> np.ndarray:
+        """Total faults per token with every table at ``sizes`` rows (float64[k])."""
+        total = np.zeros(self.sizes.size)
+        for c in self.curves.values():
+            total = total + c.misses
+        return total / max(1, self.tokens)
+
+    def arena_bytes(self) -> np.ndarray:
+        """Bytes of all arenas at each size (int64[k])."""
+        return self.sizes * self.num_tables * self.record_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        def clean(a: np.ndarray) -> list[Any]:
+            return [None if (isinstance(x, float) and np.isnan(x)) else x for x in a.tolist()]
+
+        return {
+            "trace": self.trace,
+            "tokens": self.tokens,
+            "num_tables": self.num_tables,
+            "table_rows": list(self.table_rows),
+            "record_bytes": self.record_bytes,
+            "dtype": self.dtype,
+            "sizes": self.sizes.tolist(),
+            "arena_bytes": self.arena_bytes().tolist(),
+            "faults_per_token": clean(self.faults_per_token()),
+            "tables": {k: c.to_dict() for k, c in self.curves.items()},
+            "shared": None if self.shared is None else self.shared.to_dict(),
+            "policy_table": self.policy_table,
+            "policies": {k: c.to_dict() for k, c in self.policies.items()},
+        }
+
+
+def default_sizes(trace: Trace, points: int = 16) -> np.ndarray:
+    """A geometric grid of rows per table, from 256 to the largest useful size."""
+    hi = max(257, min(max(trace.table_rows), trace.positions))
+    return np.unique(np.geomspace(256, hi, points).astype(np.int64))
+
+
+def _shared_chunks(trace: Trace, batch: bool) -> Iterator[Any]:
+    t = trace.num_tables
+    tcol = (np.arange(t, dtype=np.int64) << 40)[:, None]
+    for rows, steps in trace.iter_chunks():
+        keys = (tcol | rows.astype(np.int64)).T.ravel()  # position-major, table-minor
+        yield (keys, np.repeat(steps, t)) if batch else keys
+
+
+def _table_chunks(trace: Trace, table: int, batch: bool) -> Iterator[Any]:
+    for rows, steps in trace.iter_chunks(table):
+        yield (rows, steps) if batch else rows
+
+
+def profile_trace(
+    trace: Trace,
+    sizes: Sequence[int] | np.ndarray | None = None,
+    *,
+    method: str = "exact",
+    sample_rate: float | None = None,
+    sample_size: int | None = None,
+    salts: int = 1,
+    batch: bool = True,
+    shared: bool = True,
+    policies: Sequence[str] = (),
+    policy_table: int = 0,
+    policy_rate: float = 0.01,
+    dtype: str = "bf16",
+    progress: bool = True,
+) -> ProfileReport:
+    """Curves of every table of ``trace`` (and of one shared arena) at ``sizes`` rows.
+
+    Parameters
+    ----------
+    trace : Trace
+    sizes : int[k], optional
+        Rows per table (default :func:`default_sizes`).
+    method, sample_rate, sample_size, salts
+        As :func:`rowcache.tools.miss_ratio_curve`.
+    batch : bool
+        Use the cache's batch semantics (one batch = one server step).
+    shared : bool
+        Also the curve of one arena shared by all tables.
+    policies : sequence of "sieve", "opt", "lru"
+        Per-access simulations on a SHARDS sample (``policy_rate``) of table
+        ``policy_table``; shown beside that table's per-access LRU on the same sample.
+    dtype : "bf16" or "fp8"
+        Row size: ``2 * dim`` or ``dim + 4`` bytes.
+    """
+    dims = trace.dims
+    dim = int(dims["hidden_size"]) // trace.num_tables
+    if dtype not in ("bf16", "fp8"):
+        raise ConfigError(f"dtype={dtype!r} is not supported; allowed: bf16, fp8")
+    record = 2 * dim if dtype == "bf16" else dim + 4
+    sizes_arr = default_sizes(trace) if sizes is None else np.asarray(sizes, dtype=np.int64)
+    kw: dict[str, Any] = {"method": method, "salts": salts}
+    if method == "shards":
+        kw.update(sample_rate=sample_rate, sample_size=sample_size)
+    bar = None
+    n_jobs = trace.num_tables + int(shared) + len(policies)
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n_jobs, desc="profile", unit="curve")
+    curves: dict[str, MissRatioCurve] = {}
+    for t in range(trace.num_tables):
+        curves[str(t)] = miss_ratio_curve(_table_chunks(trace, t, batch), sizes_arr, **kw)
+        if bar is not None:
+            bar.update(1)
+    shared_curve = None
+    if shared:
+        shared_curve = miss_ratio_curve(
+            _shared_chunks(trace, batch), sizes_arr * trace.num_tables, **kw
+        )
+        if bar is not None:
+            bar.update(1)
+    pol: dict[str, MissRatioCurve] = {}
+    if policies:
+        if not 0 <= policy_table < trace.num_tables:
+            raise ConfigError(f"policy_table={policy_table} is outside [0, {trace.num_tables})")
+        rows, _ = trace.table_accesses(policy_table)
+        names = list(dict.fromkeys(["lru", *policies]))
+        for p in names:
+            pol[p] = miss_ratio_curve(
+                rows, sizes_arr, method="shards", sample_rate=policy_rate, policy=p
+            )
+            if bar is not None and p in policies:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    return ProfileReport(
+        trace=str(trace.path),
+        tokens=trace.positions,
+        num_tables=trace.num_tables,
+        record_bytes=record,
+        dtype=dtype,
+        sizes=sizes_arr,
+        curves=curves,
+        shared=shared_curve,
+        policies=pol,
+        policy_table=policy_table,
+        table_rows=tuple(trace.table_rows),
+    )

@@ -1,0 +1,141 @@
+"""`rowcache trace/profile/tune/bench-io` through an argparse parser with their register()."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from rowcache import commands_tools
+from rowcache.errors import ConfigError
+from rowcache.tools.mrc import miss_ratio_curve
+from rowcache.tools.trace import Trace
+
+
+def run(argv, capsys):
+    parser = argparse.ArgumentParser(prog="rowcache")
+    sub = parser.add_subparsers(dest="command", required=True)
+    commands_tools.register(sub)
+    args = parser.parse_args(argv)
+    code = args.func(args)
+    return code, capsys.readouterr().out
+
+
+@pytest.fixture
+def workdir(tmp_path, rng):
+    cfg = {
+        "vocab_size": 300,
+        "hidden_size": 8,
+        "emb_neighbor_num": 3,
+        "emb_split_num": 2,
+        "ngram_vocab_size_ratio": 3,
+        "eos_token_id": 2,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    lines = [
+        json.dumps((rng.zipf(1.3, int(rng.integers(5, 80))) % 300).tolist()) for _ in range(120)
+    ]
+    (tmp_path / "reqs.jsonl").write_text("\n".join(lines))
+    return tmp_path
+
+
+def test_trace_profile_tune_pipeline(workdir, capsys):
+    w = workdir
+    code, out = run(
+        [
+            "trace",
+            str(w / "reqs.jsonl"),
+            "-o",
+            str(w / "tr"),
+            "--config",
+            str(w / "config.json"),
+            "--batch",
+            "4",
+            "--chunk",
+            "16",
+            "--decode",
+            "8",
+            "--no-progress",
+            "--json",
+        ],
+        capsys,
+    )
+    info = json.loads(out)
+    assert code == 0 and info["requests"] == 120 and info["tables"] == 4
+    code, out = run(
+        [
+            "profile",
+            str(w / "tr"),
+            "--sizes",
+            "64,128,256,512",
+            "--no-progress",
+            "--json",
+            "--policies",
+            "sieve,opt",
+            "--policy-rate",
+            "1.0",
+            "--png",
+            str(w / "p.png"),
+            "--save",
+            str(w / "prof.json"),
+        ],
+        capsys,
+    )
+    rep = json.loads(out)
+    assert code == 0 and rep["tokens"] == info["tokens"] and rep["record_bytes"] == 4
+    assert (w / "p.png").stat().st_size > 1000
+    # The CLI's per-table curve is the exact batch curve of that table's accesses.
+    trace = Trace.open(w / "tr")
+    rows, steps = trace.table_accesses(1)
+    exact = miss_ratio_curve(rows, [64, 128, 256, 512], batch=steps)
+    got = [np.nan if x is None else x for x in rep["tables"]["1"]["misses"]]
+    np.testing.assert_array_equal(got, exact.misses)
+    opt = rep["policies"]["opt"]["misses"]
+    assert all(o <= s for o, s in zip(opt, rep["policies"]["sieve"]["misses"]))
+    # Text rendering.
+    code, out = run(["profile", str(w / "tr"), "--sizes", "64,512", "--no-progress"], capsys)
+    assert "faults/tok" in out and "compulsory" in out
+    # Tune on the saved profile.
+    code, out = run(["tune", str(w / "prof.json"), "--arena", "4KiB", "--json"], capsys)
+    t = json.loads(out)
+    assert code == 0 and t["used_bytes"] <= 4096 and set(t["rows"]) == {"0", "1", "2", "3"}
+    code, out = run(
+        ["tune", str(w / "prof.json"), "--memory", "10KiB", "--reserve", "2KiB"], capsys
+    )
+    assert "faults/token" in out and "FP8" in out
+
+
+def test_bench_io_saves_a_device_profile(tmp_path, capsys):
+    f = tmp_path / "disk.bin"
+    f.write_bytes(np.random.default_rng(0).integers(0, 255, 1 << 20, dtype=np.uint8).tobytes())
+    code, out = run(
+        [
+            "bench-io",
+            str(f),
+            "--record-bytes",
+            "512",
+            "--queue-depths",
+            "1,2",
+            "--seconds",
+            "0.05",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "dev.json"),
+            "--json",
+        ],
+        capsys,
+    )
+    prof = json.loads(out)
+    assert code == 0 and set(prof["random"]) == {"512", "4096"}
+    assert all(r > 0 for row in prof["random"].values() for r in row.values())
+    assert prof["sequential_bytes_per_s"] > 0
+    assert json.loads((tmp_path / "dev.json").read_text())["file_bytes"] == 1 << 20
+
+
+def test_cli_errors_name_the_argument(workdir, capsys):
+    with pytest.raises(ConfigError, match="sizes|count"):
+        run(["profile", str(workdir), "--sizes", "abc"], capsys)
+    with pytest.raises(ConfigError, match="not a profile"):
+        run(["tune", str(workdir / "config.json")], capsys)

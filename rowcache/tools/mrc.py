@@ -260,7 +260,7 @@ def miss_ratio_curve(
             bids = smp.batch_ids
             batched = True
         elif batch is not None:
-            bids = smp.positions // int(batch)  # type: ignore[arg-type]
+            bids = smp.positions // int(batch)
         else:
             bids = None
         m, feas, unique, _ = _curve_on(smp.keys, bids, scaled, policy)

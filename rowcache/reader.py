@@ -24,6 +24,7 @@ from . import format as fmt
 from .errors import ConfigError, CorruptDataError
 
 ALIGN = fmt.PAGE
+DEFAULT_MERGE_GAP = 16 << 10
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,10 @@ class RowReader:
     shard_files : ``shard_files[t][s]`` is the file name of shard ``s`` of table ``t``.
     queue_depth : reads in flight (threads), 1..1024.
     direct : open shard files with ``O_DIRECT`` (page-aligned reads, no page cache).
-    merge_gap : rows whose byte gap is at most this many bytes share one read
-        (``None``: merge only rows that share a page).
+    merge_gap : rows whose byte gap is at most this many bytes share one read (rows
+        sharing a page always do). The default, 16 KiB, is where reading the gap costs
+        about what a second read costs on the measured disks (one random read ~13 us at
+        78k/s against 16 KiB at 1.3 GB/s): below it a merged read is the cheaper plan.
     max_extent : no merged read grows past this many bytes.
 
     Thread safety: one reader may be used from several threads; each call owns its
@@ -68,15 +71,15 @@ class RowReader:
         *,
         queue_depth: int = 32,
         direct: bool = False,
-        merge_gap: int | None = None,
+        merge_gap: int = DEFAULT_MERGE_GAP,
         max_extent: int = 1 << 20,
     ) -> None:
         if not isinstance(queue_depth, int) or not 1 <= queue_depth <= 1024:
             raise ConfigError(f"queue_depth={queue_depth!r}: give an integer in 1..1024")
         if direct and not hasattr(os, "O_DIRECT"):
             raise ConfigError("direct=True: this platform has no O_DIRECT; use direct=False")
-        if merge_gap is not None and merge_gap < 0:
-            raise ConfigError(f"merge_gap={merge_gap!r}: give None or a byte count >= 0")
+        if not isinstance(merge_gap, int) or merge_gap < 0:
+            raise ConfigError(f"merge_gap={merge_gap!r}: give a byte count >= 0")
         if max_extent < ALIGN:
             raise ConfigError(f"max_extent={max_extent!r}: give at least {ALIGN} bytes")
         self.root = root
@@ -115,6 +118,9 @@ class RowReader:
                             "use direct=False"
                         ) from e
                     raise
+                if not self.direct:
+                    # Row reads are random: kernel readahead would only read pages nobody asked for.
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 self._fds[key] = fd
             return fd
 
@@ -154,9 +160,8 @@ class RowReader:
         new = np.ones(n, dtype=bool)
         if n > 1:
             gap = start[1:] - end[:-1]
-            limit = 0 if self.merge_gap is None else self.merge_gap
             same_page = (start[1:] // ALIGN) == ((end[:-1] - 1) // ALIGN)
-            joined = (shard[1:] == shard[:-1]) & ((gap <= limit) | same_page)
+            joined = (shard[1:] == shard[:-1]) & ((gap <= self.merge_gap) | same_page)
             # Cap extents: a new read starts whenever the max_extent window changes.
             joined &= (end[1:] - 1) // self.max_extent == start[:-1] // self.max_extent
             new[1:] = ~joined
@@ -199,7 +204,7 @@ class RowReader:
         self._run(t, ext_shard, ext_start, ext_len, need, buf_pos, buf)
         pos = buf_pos[row_ext] + (row_off - ext_start[row_ext])
         windows = np.lib.stride_tricks.as_strided(buf, shape=(total - rec + 1, rec), strides=(1, 1))
-        np.take(windows, pos, axis=0, out=out[:n])
+        out[:n] = windows[pos]  # fancy indexing copies row by row; np.take would copy `windows` whole
         return out[:n], ReadStats(n, len(ext_len), total)
 
     def _run(

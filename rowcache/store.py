@@ -19,7 +19,7 @@ import numpy as np
 
 from . import format as fmt
 from .errors import ConfigError, FormatError, RowRangeError
-from .reader import ReadStats, RowReader
+from .reader import DEFAULT_MERGE_GAP, ReadStats, RowReader
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class RowStore:
         *,
         queue_depth: int = 32,
         direct: bool = False,
-        merge_gap: int | None = None,
+        merge_gap: int = DEFAULT_MERGE_GAP,
     ) -> RowStore:
         """Open the store at ``path``; FormatError naming the field if anything is off.
 

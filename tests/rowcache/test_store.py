@@ -160,7 +160,7 @@ def test_sources_npy_uint16_view_f32_and_safetensors(tmp_path, rng):
 
 
 @pytest.mark.parametrize(
-    "direct,merge_gap,qd", [(False, None, 1), (False, 4096, 8), (True, None, 4)]
+    "direct,merge_gap,qd", [(False, 0, 1), (False, 4096, 8), (True, 0, 4), (True, 1 << 16, 4)]
 )
 def test_reader_modes_agree(tmp_path, rng, direct, merge_gap, qd):
     x = bf16_table(rng, 5000, 64)

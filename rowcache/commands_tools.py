@@ -177,6 +177,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         policy_rate=args.policy_rate,
         dtype=args.dtype,
         progress=not args.no_progress,
+        workers=args.workers,
     )
     if args.png:
         from .tools.plot import plot_profile
@@ -339,6 +340,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--policies", default="", help="also simulate: sieve,opt (on a sample)")
     p.add_argument("--policy-table", type=int, default=0)
     p.add_argument("--policy-rate", type=float, default=0.01)
+    p.add_argument("--workers", type=int, default=1, help="processes for SHARDS sampling")
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16")
     p.add_argument("--png", help="write a plot here")
     p.add_argument("--save", help="also write the JSON report to this file (for `rowcache tune`)")

@@ -242,17 +242,42 @@ def miss_ratio_curve(
     if salts > 1 and not isinstance(accesses, (np.ndarray, list, tuple)):
         keys, pair_ids = _materialize(accesses)  # several passes over one-shot chunks
         accesses = [keys] if pair_ids is None else [(keys, pair_ids)]
+    samples = []
+    for salt in range(int(salts)):
+        if sample_size is not None:
+            samples.append(_shards.sample_fixed_size(accesses, int(sample_size), salt=salt))
+        else:
+            samples.append(_shards.sample_fixed_rate(accesses, float(sample_rate), salt=salt))  # type: ignore[arg-type]
+    return curve_from_samples(
+        samples, sizes_arr, policy=policy, batch=batch, sample_size=sample_size
+    )
+
+
+def curve_from_samples(
+    samples: Sequence[_shards.Sample],
+    sizes: Sequence[int] | np.ndarray,
+    *,
+    policy: str = "lru",
+    batch: int | None = None,
+    sample_size: int | None = None,
+) -> MissRatioCurve:
+    """The SHARDS curve of one or more samples of the same trace (one per salt).
+
+    Each sample gives misses at the scaled sizes ``round(C * rate)``, normalised by
+    the expected sample length ``total * rate`` (the adjusted correction); the
+    curve is their mean and ``miss_ratio_std`` their standard deviation. Batch mode
+    comes from the samples' ``batch_ids`` or from ``batch`` (an int group size).
+    """
+    sizes_arr = _check_sizes(sizes)
+    if not samples:
+        raise ConfigError("curve_from_samples needs at least one sample")
     runs: list[np.ndarray] = []
     uniq: list[float] = []
     feas_list: list[int] = []
     rates: list[float] = []
     n = 0
     batched = batch is not None
-    for salt in range(int(salts)):
-        if sample_size is not None:
-            smp = _shards.sample_fixed_size(accesses, int(sample_size), salt=salt)
-        else:
-            smp = _shards.sample_fixed_rate(accesses, float(sample_rate), salt=salt)  # type: ignore[arg-type]
+    for smp in samples:
         n = smp.total
         rate = smp.rate
         scaled = np.maximum(1, np.round(sizes_arr * rate)).astype(np.int64)
@@ -283,12 +308,12 @@ def miss_ratio_curve(
         unique=unique_est,
         compulsory=unique_est / n if n else 0.0,
         min_feasible=max(feas_list),
-        method=method,
+        method="shards",
         policy=policy,
         sample_rate=float(np.mean(rates)),
         batched=batched,
         exact=False,
-        extra={"salts": int(salts), "sample_size": sample_size},
+        extra={"salts": len(samples), "sample_size": sample_size},
     )
 
 

@@ -107,6 +107,8 @@ def profile_trace(
     policy_rate: float = 0.01,
     dtype: str = "bf16",
     progress: bool = True,
+    workers: int = 1,
+    dask_client: Any = None,
 ) -> ProfileReport:
     """Curves of every table of ``trace`` (and of one shared arena) at ``sizes`` rows.
 
@@ -126,6 +128,10 @@ def profile_trace(
         ``policy_table``; shown beside that table's per-access LRU on the same sample.
     dtype : "bf16" or "fp8"
         Row size: ``2 * dim`` or ``dim + 4`` bytes.
+    workers, dask_client
+        Fixed-rate SHARDS samples every table in one pass over the chunk files,
+        in ``workers`` processes or on a Dask cluster (``parallel.sample_trace``);
+        the curves equal the serial ones.
     """
     dims = trace.dims
     dim = int(dims["hidden_size"]) // trace.num_tables
@@ -143,17 +149,45 @@ def profile_trace(
 
         bar = tqdm(total=n_jobs, desc="profile", unit="curve")
     curves: dict[str, MissRatioCurve] = {}
-    for t in range(trace.num_tables):
-        curves[str(t)] = miss_ratio_curve(_table_chunks(trace, t, batch), sizes_arr, **kw)
-        if bar is not None:
-            bar.update(1)
     shared_curve = None
-    if shared:
-        shared_curve = miss_ratio_curve(
-            _shared_chunks(trace, batch), sizes_arr * trace.num_tables, **kw
+    if method == "shards" and sample_size is None:
+        from dataclasses import replace
+
+        from .mrc import curve_from_samples
+        from .parallel import SHARED, sample_trace
+
+        samples = sample_trace(
+            trace,
+            0.01 if sample_rate is None else sample_rate,
+            salts=salts,
+            shared=shared,
+            workers=workers,
+            dask_client=dask_client,
         )
-        if bar is not None:
-            bar.update(1)
+        if not batch:
+            samples = {k: replace(v, batch_ids=None) for k, v in samples.items()}
+        names = [str(t) for t in range(trace.num_tables)] + ([SHARED] if shared else [])
+        for name in names:
+            got = [samples[(name, salt)] for salt in range(salts)]
+            sz = sizes_arr * trace.num_tables if name == SHARED else sizes_arr
+            curve = curve_from_samples(got, sz)
+            if name == SHARED:
+                shared_curve = curve
+            else:
+                curves[name] = curve
+            if bar is not None:
+                bar.update(1)
+    else:
+        for t in range(trace.num_tables):
+            curves[str(t)] = miss_ratio_curve(_table_chunks(trace, t, batch), sizes_arr, **kw)
+            if bar is not None:
+                bar.update(1)
+        if shared:
+            shared_curve = miss_ratio_curve(
+                _shared_chunks(trace, batch), sizes_arr * trace.num_tables, **kw
+            )
+            if bar is not None:
+                bar.update(1)
     pol: dict[str, MissRatioCurve] = {}
     if policies:
         if not 0 <= policy_table < trace.num_tables:

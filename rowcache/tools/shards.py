@@ -108,6 +108,13 @@ def _cat(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
+def rate_threshold(rate: float) -> int:
+    """The hash threshold of a fixed sampling rate in (0, 1]."""
+    if not (0.0 < float(rate) <= 1.0):
+        raise ConfigError(f"sample_rate must be in (0, 1]; got {rate}")
+    return min(HASH_SPACE, round(float(rate) * HASH_SPACE))
+
+
 def sample_fixed_rate(accesses: Chunks, rate: float, *, salt: int = 0) -> Sample:
     """Keep the accesses whose key hash is below ``rate * 2**53``.
 
@@ -117,9 +124,7 @@ def sample_fixed_rate(accesses: Chunks, rate: float, *, salt: int = 0) -> Sample
     rate : float in (0, 1]
     salt : int
     """
-    if not (0.0 < float(rate) <= 1.0):
-        raise ConfigError(f"sample_rate must be in (0, 1]; got {rate}")
-    threshold = min(HASH_SPACE, round(float(rate) * HASH_SPACE))
+    threshold = rate_threshold(rate)
     kept_k: list[np.ndarray] = []
     kept_p: list[np.ndarray] = []
     kept_b: list[np.ndarray] = []

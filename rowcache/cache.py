@@ -151,11 +151,11 @@ class NgramRowCache:
         self._slot_row = np.full(S, -1, dtype=np.int32)
         self._last_used = np.full(S, -1, dtype=np.int32)
         self._pins = np.zeros(S, dtype=np.int32)
-        self._log = np.empty(S + S // 2 + 64, dtype=np.int32)
+        self._log = np.empty(S + S // 4 + 64, dtype=np.int32)
         self._log[:S] = np.arange(S, dtype=np.int32)
         self._log_pos = np.arange(S, dtype=np.int32)
         self._head, self._tail = 0, S
-        self._mark = np.zeros(S, dtype=bool)  # scratch: slots hit in the current call
+        self._stamp = np.zeros(S, dtype=np.int32)  # scratch: the sparse set of a call's hits
         self._batch = 0
         self._batch_slots: list[np.ndarray] = []
         self._pinned = 0
@@ -263,8 +263,7 @@ class NgramRowCache:
         """
         ids = check_row_ids(row_ids, self.info.rows)
         with self._lock:
-            slots_u, inverse = self._resolve_unique(ids)
-            out = slots_u[inverse]
+            out = self._resolve_unique(ids)
         if self.device == "cuda":
             return self._xp.asarray(out)
         return out
@@ -310,7 +309,7 @@ class NgramRowCache:
                 self._pins,
                 self._log,
                 self._log_pos,
-                self._mark,
+                self._stamp,
             )
         )
         return {"per_slot_arrays": per_slot, "row_map": self._row_slot.nbytes}
@@ -325,18 +324,25 @@ class NgramRowCache:
             return self._pins.copy()
 
     # -- internals -----------------------------------------------------------
-    def _resolve_unique(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _resolve_unique(self, ids: np.ndarray) -> np.ndarray:
+        """Resolve a checked batch; returns its slots (int32, input order)."""
         st = self._stats
         if ids.size == 0:
-            return np.empty(0, dtype=np.int32), np.empty(0, dtype=np.intp)
-        uniq, inverse = np.unique(ids, return_inverse=True)
-        slots_u = self._row_slot[uniq]
-        miss = slots_u < 0
-        n_miss = int(np.count_nonzero(miss))
+            return np.empty(0, dtype=np.int32)
+        s = self._row_slot[ids]
+        hit = s >= 0
+        hit_slots = s if hit.all() else s[hit]  # with duplicates
+        k = hit_slots.size
+        # Dedup the hits without sorting: stamp[slot] = a position of slot in hit_slots
+        # (a sparse set: membership is "the stamp points back at the slot").
+        pos = np.arange(k, dtype=np.int32)
+        self._stamp[hit_slots] = pos
+        uhit = hit_slots[self._stamp[hit_slots] == pos]
+        missing_rows = np.unique(ids[~hit]) if k < ids.size else ids[:0]
+        n_miss = int(missing_rows.size)
         if n_miss:
-            hit_slots = slots_u[~miss]
             free_or_unpinned = (
-                self.num_slots - self._pinned - int(np.count_nonzero(self._pins[hit_slots] == 0))
+                self.num_slots - self._pinned - int(np.count_nonzero(self._pins[uhit] == 0))
             )
             if n_miss > free_or_unpinned:
                 raise ArenaExhaustedError(
@@ -347,7 +353,6 @@ class NgramRowCache:
                 )
             t0 = time.perf_counter()
             victims, new_head = self._choose_victims(n_miss, hit_slots)
-            missing_rows = uniq[miss]
             self._fault(missing_rows, victims)  # raises before any state change on a failed read
             # Commit: unmap victims, map the new rows. Every log entry before new_head is
             # now stale (a victim's, or a hit's that _touch re-logs), so the head skips them.
@@ -357,47 +362,50 @@ class NgramRowCache:
             self._row_slot[evicted] = -1
             self._row_slot[missing_rows] = victims
             self._slot_row[victims] = missing_rows
-            slots_u[miss] = victims
             st["evictions"] += int(evicted.size)
             st["fault_seconds"] += time.perf_counter() - t0
+            rows_u = np.sort(np.concatenate([self._slot_row[uhit], missing_rows.astype(np.int32)]))
+        else:
+            rows_u = np.sort(self._slot_row[uhit])
+        slots_u = self._row_slot[rows_u]  # the call's unique slots in ascending row order
         fresh = self._last_used[slots_u] != self._batch  # not yet seen in this batch
         st["lookups"] += int(ids.size)
         st["misses"] += n_miss
         st["hits"] += int(np.count_nonzero(fresh)) - n_miss
         self._touch(slots_u)
-        return slots_u, inverse
+        return self._row_slot[ids] if n_miss else s
 
     def _choose_victims(self, need: int, hit_slots: np.ndarray) -> tuple[np.ndarray, int]:
         """The ``need`` least recently used slots that are unpinned and not hit now.
 
-        Returns the victims and the log position just past the last one taken.
-        Changes no state (only the scratch mark, restored before returning).
+        ``hit_slots`` are the call's hits, as stamped by ``_resolve_unique``. Returns the
+        victims and the log position just past the last one taken. Changes no state.
         """
-        self._mark[hit_slots] = True
-        try:
-            found: list[np.ndarray] = []
-            got = 0
-            pos = self._head
-            window = 2 * need + 64
-            last_taken = self._head - 1
-            while got < need:
-                if pos >= self._tail:  # cannot happen: availability was checked
-                    raise AssertionError("LRU log exhausted before finding enough victims")
-                stop = min(self._tail, pos + window)
-                idx = np.arange(pos, stop, dtype=np.int32)
-                s = self._log[pos:stop]
-                ok = (self._log_pos[s] == idx) & (self._pins[s] == 0) & ~self._mark[s]
-                cand = np.flatnonzero(ok)[: need - got]
-                if cand.size:
-                    found.append(s[cand])
-                    got += cand.size
-                    last_taken = pos + int(cand[-1])
-                pos = stop
-                window *= 2
-            victims = np.concatenate(found) if len(found) > 1 else found[0]
-            return victims, last_taken + 1
-        finally:
-            self._mark[hit_slots] = False
+        k = hit_slots.size
+        found: list[np.ndarray] = []
+        got = 0
+        pos = self._head
+        window = 2 * need + 64
+        last_taken = self._head - 1
+        while got < need:
+            if pos >= self._tail:  # cannot happen: availability was checked
+                raise AssertionError("LRU log exhausted before finding enough victims")
+            stop = min(self._tail, pos + window)
+            idx = np.arange(pos, stop, dtype=np.int32)
+            s = self._log[pos:stop]
+            ok = (self._log_pos[s] == idx) & (self._pins[s] == 0)
+            if k:
+                p = self._stamp[s]
+                ok &= ~((p < k) & (hit_slots[np.minimum(p, k - 1)] == s))
+            cand = np.flatnonzero(ok)[: need - got]
+            if cand.size:
+                found.append(s[cand])
+                got += cand.size
+                last_taken = pos + int(cand[-1])
+            pos = stop
+            window *= 2
+        victims = np.concatenate(found) if len(found) > 1 else found[0]
+        return victims, last_taken + 1
 
     def _fault(self, rows: np.ndarray, victims: np.ndarray) -> None:
         """Read ``rows`` (sorted, unique) and write them into ``victims``' arena rows."""

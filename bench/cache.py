@@ -59,11 +59,11 @@ def hit_path(store, device: str, arena: str, sizes: list[int], repeat: int) -> l
             ids_dev = cp.asarray(ids % resident.shape[0])
             outbuf = cp.empty((n, info.dim), dtype=resident.dtype)
 
-            def resident_gather():
+            def resident_gather(ids_dev=ids_dev, resident=resident, outbuf=outbuf):
                 kernels.batched_embed(ids_dev, resident, outbuf)
                 cp.cuda.get_current_stream().synchronize()
 
-            def cached_gather(cache=cache, ids=ids):
+            def cached_gather(cache=cache, ids=ids, outbuf=outbuf):
                 slots = cache.resolve(ids)
                 kernels.batched_embed(slots, cache.table, outbuf)
                 cp.cuda.get_current_stream().synchronize()

@@ -19,8 +19,13 @@ from rowcache.errors import ConfigError
 from .dims import NgramDims
 
 
-def check_tokens(dims: NgramDims, tokens: Any, name: str = "ctx_tokens") -> Any:
+def check_tokens(
+    dims: NgramDims, tokens: Any, name: str = "ctx_tokens", *, check_range: bool = True
+) -> Any:
     """Validate a 1-D integer token array against ``[0, vocab_size)``; return it.
+
+    ``check_range=False`` checks only the dtype and shape (for a caller that checks
+    the range inside its hash kernel, e.g. ``NgramEmbedding`` on the GPU).
 
     Raises
     ------
@@ -39,7 +44,7 @@ def check_tokens(dims: NgramDims, tokens: Any, name: str = "ctx_tokens") -> Any:
         raise ConfigError(
             f"{name} must be a 1-D integer array of token ids, got {tokens.dtype}{list(tokens.shape)}"
         )
-    if tokens.size:
+    if check_range and tokens.size:
         bad = (tokens < 0) | (tokens >= dims.vocab_size)
         if bool(bad.any()):
             first = int(xp.flatnonzero(bad)[0])

@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 
 from kernels._cuda import is_device_array, require_cupy
-from kernels.ngram import gemm_bf16_f32, ngram_hash, scale_sum
+from kernels.ngram import (
+    StackedTables,
+    TokenRangeError,
+    gather_stacked,
+    gemm_bf16_f32,
+    ngram_hash,
+    scale_sum,
+)
 from kernels.reference import BF16
 from rowcache.errors import ConfigError
 
@@ -50,11 +57,24 @@ class NgramEmbedding:
     projs : sequence of ``num_tables`` arrays bfloat16[hidden_size, table_dim]
         ``W_i`` in nn.Linear layout (``y = W_i @ e``), or one array ``[T, D, d]``.
 
+    fused : bool
+        On the GPU, gather all T tables with one ``kernels.ngram.gather_stacked``
+        launch (default) instead of one ``kernels.batched_embed[_fp8]`` launch per
+        table; the two are bit-identical. Ignored on the CPU.
+
     Every table and the word table must be on one device (``"cpu"`` or ``"cuda"``);
     the projections are copied there.
     """
 
-    def __init__(self, dims: NgramDims, word: Any, tables: Sequence[Any], projs: Any) -> None:
+    def __init__(
+        self,
+        dims: NgramDims,
+        word: Any,
+        tables: Sequence[Any],
+        projs: Any,
+        *,
+        fused: bool = True,
+    ) -> None:
         if not isinstance(dims, NgramDims):
             raise ConfigError(f"dims must be an NgramDims, got {type(dims).__name__}")
         self.dims = dims
@@ -87,6 +107,9 @@ class NgramEmbedding:
             self._wcat: Any = self._xp.asarray(wcat)
         else:
             self._wcat = wcat.astype(np.float32)  # the CPU GEMM runs in float32
+        self._stacked: StackedTables | None = None
+        if fused and self.device == "cuda":
+            self._stacked = StackedTables([t.arrays for t in self.tables])
         self._mult = self._xp.asarray(dims.multipliers)
         self._rows = self._xp.asarray(dims.all_table_rows)
         self._cap = 0
@@ -184,7 +207,7 @@ class NgramEmbedding:
         output row) is passed to the overlay per row. Returns bfloat16[sum(seq_lens), D].
         """
         prepared = self._prepare(contexts, seq_lens)
-        tokens, sel, n, _ = prepared
+        tokens, sel, n, _, _ = prepared
         ids_all = self.embed_ids(contexts, seq_lens, _prepared=prepared)[1]
         xp = self._xp
         x_sel = tokens[sel]
@@ -204,13 +227,23 @@ class NgramEmbedding:
         # A cache resolves on the host: hand it host ids once instead of one copy per table.
         host_ids = ids_all.get() if (cached and xp is not np) else None
         try:
-            for i, table in enumerate(self.tables):
-                ids_i = (
-                    host_ids[i]
-                    if host_ids is not None and isinstance(table, CachedTable)
-                    else ids_all[i]
-                )
-                table.gather(ids_i, out=stack[:, i * d : (i + 1) * d])
+            if self._stacked is not None:
+                ids_g = ids_all
+                if host_ids is not None:
+                    # arena slots replace the hashed ids of cached tables
+                    ids_g = xp.ascontiguousarray(ids_all)
+                    for i, table in enumerate(self.tables):
+                        if isinstance(table, CachedTable):
+                            ids_g[i] = table.resolve(host_ids[i])
+                gather_stacked(ids_g, self._stacked, stack)
+            else:
+                for i, table in enumerate(self.tables):
+                    ids_i = (
+                        host_ids[i]
+                        if host_ids is not None and isinstance(table, CachedTable)
+                        else ids_all[i]
+                    )
+                    table.gather(ids_i, out=stack[:, i * d : (i + 1) * d])
             x_word = x_sel.get() if (isinstance(self.word, CachedTable) and xp is not np) else x_sel
             self.word.gather(x_word, out=words)
             rows = words
@@ -240,17 +273,31 @@ class NgramEmbedding:
         that :meth:`embed_batch` embeds. On this embedding's device.
         """
         prepared = _prepared if _prepared is not None else self._prepare(contexts, seq_lens)
-        tokens, sel, _, starts = prepared
-        ids = ngram_hash(tokens, self._mult, self._rows, self.dims.eos_token_id, starts)
+        tokens, sel, _, starts, unchecked = prepared
+        try:
+            ids = ngram_hash(
+                tokens,
+                self._mult,
+                self._rows,
+                self.dims.eos_token_id,
+                starts,
+                vocab=self.dims.vocab_size if unchecked else None,
+            )
+        except TokenRangeError as e:
+            raise ConfigError(
+                f"{unchecked}[{e.position}] = {e.value} is outside the vocabulary [0, {e.vocab})"
+            ) from None
         return ids, ids[:, sel]
 
     # --- internals -------------------------------------------------------------
     def _prepare(
         self, contexts: Sequence[Any], seq_lens: Sequence[int]
-    ) -> tuple[Any, Any, int, Any]:
-        """``(tokens, sel, n, starts)``: concatenated int64 tokens on the device, the
-        embedded positions (a slice, or an index array for several sequences), their
-        count, and each position's sequence start (None for one sequence)."""
+    ) -> tuple[Any, Any, int, Any, str | None]:
+        """``(tokens, sel, n, starts, unchecked)``: concatenated int64 tokens on the
+        device, the embedded positions (a slice, or an index array for several
+        sequences), their count, each position's sequence start (None for one
+        sequence), and the name of a device context whose range the hash kernel must
+        still check (None when every token was checked on the host)."""
         xp = self._xp
         if len(contexts) != len(seq_lens) or len(contexts) == 0:
             raise ConfigError(
@@ -258,9 +305,15 @@ class NgramEmbedding:
                 "non-empty and of one length"
             )
         parts, lens = [], []
+        unchecked = None
         for s, (ctx, k) in enumerate(zip(contexts, seq_lens)):
             name = "ctx_tokens" if len(contexts) == 1 else f"contexts[{s}]"
-            tok = check_tokens(self.dims, ctx, name=name)
+            if is_device_array(ctx) and len(contexts) == 1 and xp is not np:
+                # one device context: its range is checked inside the hash kernel
+                tok = check_tokens(self.dims, ctx, name=name, check_range=False)
+                unchecked = name
+            else:
+                tok = check_tokens(self.dims, ctx.get() if is_device_array(ctx) else ctx, name=name)
             L = int(tok.shape[0])
             if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= L:
                 raise ConfigError(
@@ -274,9 +327,8 @@ class NgramEmbedding:
                 tokens = tokens.get()
             tokens = xp.asarray(tokens).astype(xp.int64, copy=False)
             L, k = lens[0]
-            return tokens, slice(L - k, L), k, None
-        host = [p.get() if is_device_array(p) else np.asarray(p) for p in parts]
-        tokens = xp.asarray(np.concatenate(host).astype(np.int64))
+            return tokens, slice(L - k, L), k, None, unchecked
+        tokens = xp.asarray(np.concatenate(parts).astype(np.int64))
         ctx_len = np.array([L for L, _ in lens], dtype=np.int64)
         emb_len = np.array([k for _, k in lens], dtype=np.int64)
         begin = np.cumsum(ctx_len) - ctx_len
@@ -285,7 +337,7 @@ class NgramEmbedding:
         first = begin + ctx_len - emb_len  # first embedded position per sequence
         n = int(emb_len.sum())
         sel = np.repeat(first - (np.cumsum(emb_len) - emb_len), emb_len) + np.arange(n)
-        return tokens, (xp.asarray(sel) if xp is not np else sel), n, starts
+        return tokens, (xp.asarray(sel) if xp is not np else sel), n, starts, None
 
     def _row_slots(self, seq_slots: Any, seq_lens: Sequence[int], n: int) -> Any:
         if seq_slots is None or np.ndim(seq_slots) == 0 or len(seq_slots) == n:

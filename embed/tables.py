@@ -85,6 +85,11 @@ class Bf16Table:
         moved = _to_device(self.array, device)
         return self if moved is self.array else Bf16Table(moved)
 
+    @property
+    def arrays(self) -> tuple[Any, None]:
+        """``(rows, None)``: what ``kernels.ngram.StackedTables`` reads."""
+        return self.array, None
+
     def gather(self, ids: Any, out: Any = None) -> Any:
         """``out[k] = array[ids[k]]``: ids int[n] -> bfloat16[n, d] (``kernels.batched_embed``)."""
         return kernels.batched_embed(ids, self.array, out)
@@ -169,6 +174,11 @@ class Fp8Table:
             return self
         return Fp8Table(codes, _to_device(self.scales, device))
 
+    @property
+    def arrays(self) -> tuple[Any, Any]:
+        """``(codes, scales)``: what ``kernels.ngram.StackedTables`` reads."""
+        return self.codes, self.scales
+
     def gather(self, ids: Any, out: Any = None) -> Any:
         """Dequantized rows: ids int[n] -> bfloat16[n, d] (``kernels.batched_embed_fp8``)."""
         return kernels.batched_embed_fp8(ids, self.codes, self.scales, out)
@@ -227,13 +237,24 @@ class CachedTable:
         scales = self.cache.scales
         return int(self.cache.table.nbytes + (0 if scales is None else scales.nbytes))
 
+    @property
+    def arrays(self) -> tuple[Any, Any]:
+        """``(arena, scales or None)``, read by slot; fixed for the cache's lifetime."""
+        return self.cache.table, self.cache.scales
+
+    def resolve(self, ids: Any) -> Any:
+        """Arena slots (int32[n]) holding rows ``ids``, faulting misses in; pinned
+        until :meth:`end_batch`. Raises ``ArenaExhaustedError`` when the batch's
+        distinct rows exceed the free slots."""
+        return self.cache.resolve(ids)
+
     def gather(self, ids: Any, out: Any = None) -> Any:
         """Resolve ``ids`` to arena slots, then gather those slots: bfloat16[n, d].
 
         Part of the current batch until :meth:`end_batch`. Raises
         ``ArenaExhaustedError`` when the batch's distinct rows exceed the free slots.
         """
-        slots = self.cache.resolve(ids)
+        slots = self.resolve(ids)
         scales = self.cache.scales
         if scales is None:
             return kernels.batched_embed(slots, self.cache.table, out)

@@ -1,7 +1,15 @@
-// N-gram embedding kernels: the LongCat hash of every (table, position), and the
-// final scaled sum of the word row and the projected n-gram rows.
+// N-gram embedding kernels: the LongCat hash of every (table, position), the gather
+// of every table's row into one stacked [n, T*d] buffer, and the final scaled sum of
+// the word row and the projected n-gram rows.
 // Their NumPy references (the specification) are in kernels/ngram.py.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+// E4M3 code -> float, exactly (every E4M3 value is a half), as kernels/gather.cu does.
+__device__ __forceinline__ float ngram_e4m3_to_float(unsigned char code) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, __NV_E4M3);
+    return __half2float(__half(h));
+}
 
 // out[i * L + t] = (sum_j xt(t - j) * mult[i * N + j]) mod rows[i]
 // with xt(t) = tokens[t], and for j >= 1 xt(t - j) = tokens[t - j] while t - j >= 0
@@ -15,11 +23,22 @@ extern "C" __global__ void ngram_hash(const long long* __restrict__ tokens,
                                       const long long* __restrict__ rows,
                                       long long* __restrict__ out,
                                       long long L, int T, int N, long long eos,
-                                      int has_starts) {
+                                      int has_starts, long long vocab,
+                                      long long* __restrict__ bad) {
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)T * L) return;
     int i = (int)(idx / L);
     long long t = idx - (long long)i * L;
+    if (vocab > 0) {
+        // Range check fused in (bad[0] starts at L): the launcher reads bad[0] and
+        // raises, naming the first bad position, before anything uses these ids.
+        long long x0 = tokens[t];
+        if (x0 < 0 || x0 >= vocab) {
+            if (i == 0) atomicMin((unsigned long long*)bad, (unsigned long long)t);
+            out[idx] = 0;
+            return;
+        }
+    }
     const long long* m = mult + (long long)i * N;
     long long first = has_starts ? starts[t] : 0;
     long long acc = tokens[t] * m[0];
@@ -42,4 +61,62 @@ extern "C" __global__ void ngram_scale_sum(const __nv_bfloat16* __restrict__ wor
     if (k >= n) return;
     float acc = __bfloat162float(word[k]) + proj[k];
     out[k] = __float2bfloat16_rn(__fdiv_rn(acc, denom));
+}
+
+// Stacked gather: out[r, i*d : (i+1)*d] = row ids[i*ld + off + r] of table i, for every
+// output row r < n and table i < T. Table i is bf16 rows (scales[i] == 0) or FP8 E4M3
+// codes dequantized as bf16_rn(float(e4m3(code)) * scale[row]) (scales[i] != 0): the
+// rules of gather_rows / gather_rows_fp8 (kernels/gather.cu), bit for bit. data[i] and
+// scales[i] are raw pointers (device memory or mapped pinned host memory); stride[i]
+// is table i's row stride in elements (bf16) or bytes (codes). Block (32, 8): each
+// threadIdx.y row handles one (r, i) pair; with vec, 8 values move per thread step
+// (the launcher checks 16-byte alignment of bf16 rows and 8-byte of code rows).
+extern "C" __global__ void ngram_gather_stacked(const long long* __restrict__ ids,
+                                                long long ld, long long off,
+                                                const unsigned long long* __restrict__ data,
+                                                const unsigned long long* __restrict__ scales,
+                                                const long long* __restrict__ stride,
+                                                __nv_bfloat16* __restrict__ out,
+                                                long long n, int T, int d, int vec) {
+    const long long pairs = n * T;
+    const long long step = (long long)gridDim.x * blockDim.y;
+    for (long long pair = (long long)blockIdx.x * blockDim.y + threadIdx.y; pair < pairs;
+         pair += step) {
+        const int i = (int)(pair % T);
+        const long long r = pair / T;
+        const long long row = ids[(long long)i * ld + off + r];
+        __nv_bfloat16* dst = out + r * ((long long)T * d) + (long long)i * d;
+        const float* sc = reinterpret_cast<const float*>(scales[i]);
+        if (sc == nullptr) {
+            const __nv_bfloat16* src =
+                reinterpret_cast<const __nv_bfloat16*>(data[i]) + row * stride[i];
+            if (vec) {
+                const uint4* s4 = reinterpret_cast<const uint4*>(src);
+                uint4* d4 = reinterpret_cast<uint4*>(dst);
+                for (int c = threadIdx.x; c < d / 8; c += blockDim.x) d4[c] = s4[c];
+            } else {
+                for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
+            }
+        } else {
+            const unsigned char* src =
+                reinterpret_cast<const unsigned char*>(data[i]) + row * stride[i];
+            const float s = sc[row];
+            if (vec) {
+                for (int c = threadIdx.x; c < d / 8; c += blockDim.x) {
+                    const uint2 q8 = reinterpret_cast<const uint2*>(src)[c];
+                    const unsigned char* q = reinterpret_cast<const unsigned char*>(&q8);
+                    __align__(16) __nv_bfloat16 v[8];
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) {
+                        v[k] = __float2bfloat16_rn(ngram_e4m3_to_float(q[k]) * s);
+                    }
+                    reinterpret_cast<uint4*>(dst)[c] = *reinterpret_cast<const uint4*>(v);
+                }
+            } else {
+                for (int c = threadIdx.x; c < d; c += blockDim.x) {
+                    dst[c] = __float2bfloat16_rn(ngram_e4m3_to_float(src[c]) * s);
+                }
+            }
+        }
+    }
 }

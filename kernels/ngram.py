@@ -13,8 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from rowcache.errors import ConfigError
+
 from ._cuda import get_kernel, is_device_array, launch_1d, require_cupy
-from .reference import BF16
+from .reference import BF16, batched_embed_fp8_reference, batched_embed_reference
 
 _SOURCE = "ngram.cu"
 
@@ -71,13 +73,41 @@ def ngram_hash_reference(
     return acc
 
 
-def ngram_hash(tokens: Any, multipliers: Any, rows: Any, eos: int, starts: Any = None) -> Any:
+def _bad_token(tokens: np.ndarray, vocab: int) -> None:
+    bad = (tokens < 0) | (tokens >= vocab)
+    if tokens.size and bool(bad.any()):
+        first = int(np.flatnonzero(bad)[0])
+        raise TokenRangeError(first, int(tokens[first]), vocab)
+
+
+class TokenRangeError(ConfigError):
+    """A token id outside ``[0, vocab)``; ``position`` is the first bad one."""
+
+    def __init__(self, position: int, value: int, vocab: int) -> None:
+        super().__init__(f"tokens[{position}] = {value} is outside the vocabulary [0, {vocab})")
+        self.position, self.value, self.vocab = position, value, vocab
+
+
+def ngram_hash(
+    tokens: Any,
+    multipliers: Any,
+    rows: Any,
+    eos: int,
+    starts: Any = None,
+    *,
+    vocab: int | None = None,
+) -> Any:
     """:func:`ngram_hash_reference` on NumPy input, the CUDA kernel on cupy input.
 
     ``tokens`` decides the device; the result (int64[T, L]) lives on the same device
-    and is bit-identical.
+    and is bit-identical. With ``vocab``, tokens outside ``[0, vocab)`` raise
+    :class:`TokenRangeError` (a ConfigError, so a ValueError) naming the first bad
+    position; on the GPU the check is fused into the hash kernel (one 8-byte read
+    back instead of a separate reduction).
     """
     if not is_device_array(tokens):
+        if vocab is not None:
+            _bad_token(np.asarray(tokens), vocab)
         return ngram_hash_reference(tokens, multipliers, rows, eos, starts)
     cp = require_cupy("ngram_hash")
     tok = cp.ascontiguousarray(tokens, dtype=cp.int64)
@@ -92,6 +122,7 @@ def ngram_hash(tokens: Any, multipliers: Any, rows: Any, eos: int, starts: Any =
     total = n_tables * length
     if total == 0:
         return out
+    bad = cp.full(1, length, dtype=cp.int64) if vocab is not None else mod
     kern = get_kernel(_SOURCE, "ngram_hash")
     grid, block = launch_1d(total)
     kern(
@@ -108,6 +139,129 @@ def ngram_hash(tokens: Any, multipliers: Any, rows: Any, eos: int, starts: Any =
             np.int32(max_n),
             np.int64(eos),
             np.int32(starts is not None),
+            np.int64(vocab or 0),
+            bad,
+        ),
+    )
+    if vocab is not None:
+        first = int(bad.get()[0])
+        if first < length:
+            raise TokenRangeError(first, int(tok[first].get()), vocab)
+    return out
+
+
+# --- the stacked gather -------------------------------------------------------
+class StackedTables:
+    """The T tables of one embedding, described once for :func:`gather_stacked`.
+
+    Parameters
+    ----------
+    tables : list of ``(data, scales)``
+        ``data`` bfloat16[rows, d] with ``scales`` None, or uint8[rows, d] FP8 codes
+        with ``scales`` float32[rows]; all numpy or all cupy (a cupy array may wrap
+        mapped pinned host memory). Rows contiguous; the row stride may be anything.
+        The arrays are referenced, never copied: a row-cache arena can be described
+        once and its contents change under it.
+    """
+
+    def __init__(self, tables: list[tuple[Any, Any]]) -> None:
+        if not tables:
+            raise ConfigError("StackedTables needs at least one table")
+        dims = {int(a.shape[1]) for a, _ in tables}
+        if len(dims) != 1:
+            raise ConfigError(f"StackedTables: every table needs one width, got {sorted(dims)}")
+        self.tables = list(tables)
+        self.dim = dims.pop()
+        self.device = is_device_array(tables[0][0])
+        for i, (a, s) in enumerate(tables):
+            kind_ok = (a.dtype == BF16 and s is None) or (
+                a.dtype == np.uint8 and s is not None and s.dtype == np.float32
+            )
+            if a.ndim != 2 or not kind_ok or a.strides[1] != a.itemsize:
+                raise ConfigError(
+                    f"StackedTables: table {i} must be bfloat16 rows (scales None) or uint8 "
+                    f"codes with float32 scales, rows contiguous; got {a.dtype}{list(a.shape)}"
+                )
+            if is_device_array(a) != self.device or (
+                s is not None and is_device_array(s) != self.device
+            ):
+                raise ConfigError("StackedTables: tables must all be numpy or all cupy")
+        if not self.device:
+            return
+        cp = require_cupy("StackedTables on the GPU")
+        ptrs = np.array([a.data.ptr for a, _ in tables], dtype=np.uint64)
+        scl = np.array([0 if s is None else s.data.ptr for _, s in tables], dtype=np.uint64)
+        strides = np.array([a.strides[0] // a.itemsize for a, _ in tables], dtype=np.int64)
+        d = self.dim
+        # 16-byte words for bf16 rows, 8-code words for FP8 rows, when everything aligns
+        self.vec = d % 8 == 0 and all(
+            (a.data.ptr % 16 == 0 and a.strides[0] % 16 == 0)
+            if s is None
+            else (a.data.ptr % 8 == 0 and a.strides[0] % 8 == 0)
+            for a, s in tables
+        )
+        self._ptrs = cp.asarray(ptrs)
+        self._scales = cp.asarray(scl)
+        self._strides = cp.asarray(strides)
+
+
+def gather_stacked_reference(ids: np.ndarray, tables: StackedTables, out: np.ndarray) -> np.ndarray:
+    """``out[:, i*d:(i+1)*d] = gather of table i at ids[i]``: ids int[T, n], out bfloat16[n, T*d]."""
+    d = tables.dim
+    for i, (a, s) in enumerate(tables.tables):  # loop over tables (T), vectorized over rows
+        block = out[:, i * d : (i + 1) * d]
+        if s is None:
+            batched_embed_reference(np.asarray(ids[i]), a, block)
+        else:
+            block[...] = batched_embed_fp8_reference(np.asarray(ids[i]), a, s)
+    return out
+
+
+def gather_stacked(ids: Any, tables: StackedTables, out: Any) -> Any:
+    """Every table's rows into one stacked buffer, one kernel launch on the GPU.
+
+    Parameters
+    ----------
+    ids : int64[T, n]
+        Row of table ``i`` for output row ``r`` (a hashed id, or an arena slot).
+        On the GPU the ids are trusted to be in range (no sync); the columns must be
+        contiguous (a column slice ``ids[:, a:b]`` of a contiguous array is fine).
+    tables : StackedTables
+    out : bfloat16[n, T*d], C-contiguous, same device.
+
+    Bit-identical to ``kernels.batched_embed`` / ``batched_embed_fp8`` per table.
+    """
+    if not tables.device:
+        return gather_stacked_reference(ids, tables, out)
+    cp = require_cupy("gather_stacked")
+    T, d = len(tables.tables), tables.dim
+    n = int(ids.shape[1])
+    if ids.dtype != cp.int64 or ids.shape[0] != T or (n > 1 and ids.strides[1] != 8):
+        raise ConfigError(f"gather_stacked: ids must be int64[{T}, n] with contiguous columns")
+    if out.dtype != BF16 or out.shape != (n, T * d) or not out.flags.c_contiguous:
+        raise ConfigError(f"gather_stacked: out must be C-contiguous bfloat16[{n}, {T * d}]")
+    if n == 0:
+        return out
+    ld = ids.strides[0] // 8 if T > 1 else n
+    vec = bool(tables.vec and out.data.ptr % 16 == 0)
+    pairs = n * T
+    block = (32, 8)
+    grid = (min(max(1, -(-pairs // block[1])), 65535 * 8),)
+    get_kernel(_SOURCE, "ngram_gather_stacked")(
+        grid,
+        block,
+        (
+            ids,
+            np.int64(ld),
+            np.int64(0),
+            tables._ptrs,
+            tables._scales,
+            tables._strides,
+            out,
+            np.int64(n),
+            np.int32(T),
+            np.int32(d),
+            np.int32(vec),
         ),
     )
     return out
@@ -234,6 +388,10 @@ def scale_sum(word: Any, proj: Any, denom: float, out: Any = None) -> Any:
 
 
 __all__ = [
+    "StackedTables",
+    "TokenRangeError",
+    "gather_stacked",
+    "gather_stacked_reference",
     "gemm_bf16_f32",
     "gemm_bf16_f32_reference",
     "ngram_hash",

@@ -140,3 +140,38 @@ def test_ids_gpu_kernel_matches_loop_reference(rng):
     assert ngram_ids(LITE, cp.zeros(0, dtype=cp.int64)).shape == (12, 0)
     with pytest.raises(ValueError, match=r"ctx_tokens\[1\] = 131072"):
         ngram_ids(LITE, cp.asarray([3, V, 4]))
+
+
+def test_ngram_hash_starts_and_fused_range_check(rng):
+    from kernels.ngram import TokenRangeError, ngram_hash
+
+    a, b = _stream(rng, 50), _stream(rng, 30)
+    both = np.concatenate([a, b])
+    starts = np.repeat([0, 50], [50, 30])
+    ids = ngram_hash(both, LITE.multipliers, LITE.all_table_rows, EOS, starts)
+    np.testing.assert_array_equal(ids[:, :50], ngram_ids_loop_reference(LITE, a))
+    np.testing.assert_array_equal(ids[:, 50:], ngram_ids_loop_reference(LITE, b))
+    bad = both.copy()
+    bad[[7, 9]] = [V, -1]
+    with pytest.raises(TokenRangeError, match=r"tokens\[7\] = 131072") as info:
+        ngram_hash(bad, LITE.multipliers, LITE.all_table_rows, EOS, vocab=V)
+    assert info.value.position == 7 and isinstance(info.value, ValueError)
+
+
+@pytest.mark.gpu
+def test_ngram_hash_gpu_starts_and_fused_range_check(rng):
+    import cupy as cp
+
+    from kernels.ngram import TokenRangeError, ngram_hash
+
+    x = _stream(rng, 3000)
+    starts = np.repeat([0, 1000, 1001, 2500], [1000, 1, 1499, 500])
+    want = ngram_hash(x, LITE.multipliers, LITE.all_table_rows, EOS, starts)
+    got = ngram_hash(
+        cp.asarray(x), LITE.multipliers, LITE.all_table_rows, EOS, cp.asarray(starts), vocab=V
+    )
+    np.testing.assert_array_equal(cp.asnumpy(got), want)
+    x[[1234, 2000]] = [V + 5, -2]
+    with pytest.raises(TokenRangeError, match=r"tokens\[1234\] = 131077") as info:
+        ngram_hash(cp.asarray(x), LITE.multipliers, LITE.all_table_rows, EOS, vocab=V)
+    assert info.value.position == 1234

@@ -372,3 +372,87 @@ def test_bench_embed_quick_cpu(capsys):
     hot = [r for r in res["cached"] if r["mode"] == "hot replay"]
     assert len(hot) == 4 and all(r["hit_rate"] == 1.0 for r in hot)
     assert all(0 < r["hit_rate"] < 1 for r in res["cached"] if r["mode"] == "demo text")
+
+
+def test_gather_stacked_reference_matches_per_table(rng):
+    from kernels.ngram import StackedTables, gather_stacked
+
+    word, tables, _ = _weights(rng)
+    fp8 = Fp8Table.quantize(tables[1])
+    st = StackedTables([(tables[0], None), fp8.arrays, (tables[2], None), (tables[3], None)])
+    ids = np.stack([rng.integers(0, DIMS.table_rows(0), size=40) for _ in range(4)])
+    out = np.zeros((40, 48), BF16)
+    gather_stacked(ids, st, out)
+    np.testing.assert_array_equal(_bits(out[:, :12]), _bits(tables[0][ids[0]]))
+    np.testing.assert_array_equal(_bits(out[:, 12:24]), _bits(fp8.gather(ids[1])))
+    np.testing.assert_array_equal(_bits(out[:, 36:]), _bits(tables[3][ids[3]]))
+    with pytest.raises(ConfigError, match="one width"):
+        StackedTables([(tables[0], None), (word, None)])
+
+
+@pytest.mark.gpu
+def test_layer_gpu_fused_equals_per_table_kernels(rng, tmp_path):
+    import cupy as cp
+
+    from embed.tables import CachedTable
+    from kernels.ngram import (
+        StackedTables,
+        gather_stacked,
+        gemm_bf16_f32,
+        scale_sum,
+        scale_sum_reference,
+    )
+    from rowcache.builder import build_store
+    from rowcache.cache import NgramRowCache
+
+    word, tables, projs = _weights(rng)
+    store = build_store(tmp_path / "s", {f"t{i}": t for i, t in enumerate(tables)}, progress=False)
+    try:
+        cache = NgramRowCache(store, "t3", slots=DIMS.table_rows(3) // 3, device="cuda")
+        mixed = [
+            Bf16Table(cp.asarray(tables[0])),
+            Fp8Table.quantize(cp.asarray(tables[1])),
+            Bf16Table(cp.asarray(tables[2])),
+            CachedTable(cache),
+        ]
+        fused = NgramEmbedding(DIMS, cp.asarray(word), mixed, projs)
+        plain = NgramEmbedding(DIMS, cp.asarray(word), mixed, projs, fused=False)
+        assert fused._stacked is not None and plain._stacked is None
+        x = _stream(rng, 700)
+        for a, b in [(0, 300), (300, 301), (301, 700)]:
+            c = cp.asarray(x[max(0, a - 2) : b])
+            k = b - a
+            np.testing.assert_array_equal(
+                cp.asnumpy(fused.embed(c, k)).view(np.uint16),
+                cp.asnumpy(plain.embed(c, k)).view(np.uint16),
+            )
+        with pytest.raises(ConfigError, match=r"ctx_tokens\[5\] = 131072"):
+            bad = x[:10].copy()
+            bad[5] = 131072
+            fused.embed(cp.asarray(bad), 3)
+        assert cache.pinned == 0
+        # the stacked gather on its own, unaligned width (d = 12 bf16 = 24 bytes: no vec path)
+        st = StackedTables([t.arrays for t in mixed[:3]])
+        ids = cp.asarray(np.stack([rng.integers(0, DIMS.table_rows(0), size=99) for _ in range(3)]))
+        out = cp.empty((99, 36), dtype=BF16)
+        gather_stacked(ids[:, 1:], st, out[:98])
+        ref = np.zeros((98, 36), BF16)
+        host = StackedTables(
+            [(tables[0], None), Fp8Table.quantize(tables[1]).arrays, (tables[2], None)]
+        )
+        gather_stacked(cp.asnumpy(ids)[:, 1:], host, ref)
+        np.testing.assert_array_equal(cp.asnumpy(out[:98]).view(np.uint16), ref.view(np.uint16))
+        # the scaled sum is bit-exact; the GEMM agrees with float32 to rounding
+        w = cp.asarray(word[:64])
+        p32 = cp.asarray(rng.standard_normal((64, 48)).astype(np.float32))
+        np.testing.assert_array_equal(
+            cp.asnumpy(scale_sum(w, p32, 5.0)).view(np.uint16),
+            scale_sum_reference(word[:64], cp.asnumpy(p32), 5.0).view(np.uint16),
+        )
+        a16 = tables[0][:64]
+        b16 = np.concatenate([pj.T for pj in projs])
+        got = cp.asnumpy(gemm_bf16_f32(cp.asarray(a16), cp.asarray(np.ascontiguousarray(b16))))
+        want = a16.astype(np.float32) @ b16.astype(np.float32)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    finally:
+        store.close()

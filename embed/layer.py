@@ -1,10 +1,11 @@
 """The fused n-gram embedding: word row + projected n-gram rows, scaled.
 
-Owns :class:`NgramEmbedding`: hashed ids (``embed.ids``), one gather per table into
-a stacked ``[n, T*d]`` staging buffer, the T projections as one ``[n, T*d] x
-[T*d, D]`` GEMM with fp32 accumulation, and ``bf16((word + proj) / (1 + T))``. The
-same composition runs on the CPU (NumPy references) and the GPU (CUDA kernels,
-cuBLAS); staging buffers are allocated once and grown only for a larger batch.
+Owns :class:`NgramEmbedding`: hashed ids (``kernels.ngram.ngram_hash``), every
+table's rows gathered into a stacked ``[n, T*d]`` staging buffer (one launch for all
+tables on the GPU), the T projections as one ``[n, T*d] x [T*d, D]`` GEMM with fp32
+accumulation, and ``bf16((word + proj) / (1 + T))``. The same composition runs on
+the CPU (NumPy references) and the GPU (CUDA kernels, cuBLAS); staging buffers are
+allocated once and grown only for a larger batch.
 Does not own the tables (``embed.tables``) or the checkpoint format.
 """
 
@@ -199,12 +200,17 @@ class NgramEmbedding:
         active: int = -1,
         out: Any = None,
     ) -> Any:
-        """:meth:`embed` for several sequences in one pass (one gather per table, one GEMM).
+        """:meth:`embed` for several sequences in one pass (one hash, gather and GEMM).
 
         ``contexts[s]`` is sequence ``s``'s context; its last ``seq_lens[s]`` positions
         are embedded, in order, rows ``sum(seq_lens[:s]) ...``. Look-back never crosses
         from one sequence into another. ``seq_slots`` (one per sequence, or one per
         output row) is passed to the overlay per row. Returns bfloat16[sum(seq_lens), D].
+
+        Cached tables: their ids are resolved (faulted in and pinned) before the
+        gather, and every cache's batch ends when this call returns, after the current
+        CUDA stream has finished the gathers (the caches write their arenas on the
+        stream current when they were built, normally the same one).
         """
         prepared = self._prepare(contexts, seq_lens)
         tokens, sel, n, _, _ = prepared

@@ -290,8 +290,14 @@ class NgramEmbedding:
                 vocab=self.dims.vocab_size if unchecked else None,
             )
         except TokenRangeError as e:
+            where = f"{unchecked}[{e.position}]"
+            if len(contexts) > 1:  # name the sequence and the position within it
+                lengths = np.array([int(c.shape[0]) for c in contexts], dtype=np.int64)
+                begin = np.cumsum(lengths) - lengths
+                s = int(np.searchsorted(begin, e.position, side="right")) - 1
+                where = f"contexts[{s}][{e.position - int(begin[s])}]"
             raise ConfigError(
-                f"{unchecked}[{e.position}] = {e.value} is outside the vocabulary [0, {e.vocab})"
+                f"{where} = {e.value} is outside the vocabulary [0, {e.vocab})"
             ) from None
         return ids, ids[:, sel]
 
@@ -312,12 +318,14 @@ class NgramEmbedding:
             )
         parts, lens = [], []
         unchecked = None
+        # device contexts on a GPU embedding stay there: their range is checked
+        # inside the hash kernel (no extra sync); anything else is checked on the host
+        on_device = xp is not np and all(is_device_array(c) for c in contexts)
         for s, (ctx, k) in enumerate(zip(contexts, seq_lens)):
             name = "ctx_tokens" if len(contexts) == 1 else f"contexts[{s}]"
-            if is_device_array(ctx) and len(contexts) == 1 and xp is not np:
-                # one device context: its range is checked inside the hash kernel
+            if on_device:
                 tok = check_tokens(self.dims, ctx, name=name, check_range=False)
-                unchecked = name
+                unchecked = "ctx_tokens" if len(contexts) == 1 else "contexts"
             else:
                 tok = check_tokens(self.dims, ctx.get() if is_device_array(ctx) else ctx, name=name)
             L = int(tok.shape[0])
@@ -334,7 +342,10 @@ class NgramEmbedding:
             tokens = xp.asarray(tokens).astype(xp.int64, copy=False)
             L, k = lens[0]
             return tokens, slice(L - k, L), k, None, unchecked
-        tokens = xp.asarray(np.concatenate(parts).astype(np.int64))
+        if on_device:
+            tokens = xp.concatenate([p.astype(xp.int64, copy=False) for p in parts])
+        else:
+            tokens = xp.asarray(np.concatenate(parts).astype(np.int64))
         ctx_len = np.array([L for L, _ in lens], dtype=np.int64)
         emb_len = np.array([k for _, k in lens], dtype=np.int64)
         begin = np.cumsum(ctx_len) - ctx_len
@@ -343,7 +354,7 @@ class NgramEmbedding:
         first = begin + ctx_len - emb_len  # first embedded position per sequence
         n = int(emb_len.sum())
         sel = np.repeat(first - (np.cumsum(emb_len) - emb_len), emb_len) + np.arange(n)
-        return tokens, (xp.asarray(sel) if xp is not np else sel), n, starts, None
+        return tokens, (xp.asarray(sel) if xp is not np else sel), n, starts, unchecked
 
     def _row_slots(self, seq_slots: Any, seq_lens: Sequence[int], n: int) -> Any:
         if seq_slots is None or np.ndim(seq_slots) == 0 or len(seq_slots) == n:

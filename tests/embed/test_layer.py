@@ -430,6 +430,15 @@ def test_layer_gpu_fused_equals_per_table_kernels(rng, tmp_path):
             bad = x[:10].copy()
             bad[5] = 131072
             fused.embed(cp.asarray(bad), 3)
+        with pytest.raises(ConfigError, match=r"contexts\[1\]\[2\] = 131072"):
+            fused.embed_batch([cp.asarray(x[:4]), cp.asarray(bad[3:9])], [1, 1])
+        dev_ctx = [cp.asarray(x[10:14]), cp.asarray(x[50:54]), cp.asarray(x[90:190])]
+        np.testing.assert_array_equal(
+            cp.asnumpy(fused.embed_batch(dev_ctx, [1, 1, 60])).view(np.uint16),
+            cp.asnumpy(plain.embed_batch([cp.asnumpy(c) for c in dev_ctx], [1, 1, 60])).view(
+                np.uint16
+            ),
+        )
         assert cache.pinned == 0
         # the stacked gather on its own, unaligned width (d = 12 bf16 = 24 bytes: no vec path)
         st = StackedTables([t.arrays for t in mixed[:3]])

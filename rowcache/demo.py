@@ -370,7 +370,7 @@ def render(report: DemoReport) -> str:
         ),
         (
             "text",
-            f"{r.tokens:,} tokens from {r.text_files} stdlib files "
+            f"{r.tokens:,} tokens from {r.text_files} files of {c['text'] or 'the stdlib'} "
             f"({r.prefill_tokens:,} prefill in chunks of {c['chunk']}, "
             f"{r.decode_tokens:,} decode)",
         ),

@@ -56,7 +56,7 @@ def check_index(name: str, a: object) -> None:
 
 def check_rows_contiguous(name: str, a: Any) -> None:
     """ConfigError unless the last axis of 2-D device array ``a`` is contiguous (rows may be strided)."""
-    if a.shape[1] > 1 and a.strides[1] != a.itemsize:
+    if a.size and a.shape[1] > 1 and a.strides[1] != a.itemsize:  # empty arrays have strides 0
         raise ConfigError(
             f"{name} must have contiguous rows (strides[1] == itemsize {a.itemsize}), "
             f"got strides {tuple(a.strides)}; pass cupy.ascontiguousarray({name})"

@@ -28,6 +28,7 @@ def kvikio_module() -> Any:
     require_cupy("the kvikio reader")
     try:
         import kvikio
+        import kvikio.defaults  # a submodule: `import kvikio` alone does not load it
     except ImportError as e:
         raise GpuUnavailableError(
             "reader='kvikio' needs the kvikio package (pip install 'rowcache[gpu]'); "

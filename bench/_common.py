@@ -117,7 +117,7 @@ def report(title: str, rows: list[dict[str, Any]], as_json: bool, settings: dict
     print("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
     if not rows:
         return
-    keys = list(rows[0])
+    keys = list(dict.fromkeys(k for r in rows for k in r))
     widths = [max(len(k), *(len(_fmt(r.get(k))) for r in rows)) for k in keys]
     print("  ".join(k.rjust(w) for k, w in zip(keys, widths)))
     for r in rows:
@@ -125,6 +125,8 @@ def report(title: str, rows: list[dict[str, Any]], as_json: bool, settings: dict
 
 
 def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
     if isinstance(v, float):
         return f"{v:,.3g}" if abs(v) < 100 else f"{v:,.0f}"
     if isinstance(v, int):

@@ -23,7 +23,7 @@ from bench._common import drop_cache, make_source, raw_direct_reads, report, sto
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--rows", type=int, default=4_000_000, help="table rows (dim 256 bf16 = 512 B rows)")
+    ap.add_argument("--rows", type=int, default=10_223_617, help="table rows (LongCat table 0: 10,223,617 x 256 bf16 = 5.2 GB)")
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--threads", type=int, default=16, help="queue depth of read_rows and of the raw reads")
     ap.add_argument("--batches", type=int, default=4, help="batches per batch size")

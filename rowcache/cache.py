@@ -151,7 +151,7 @@ class NgramRowCache:
         self._slot_row = np.full(S, -1, dtype=np.int32)
         self._last_used = np.full(S, -1, dtype=np.int32)
         self._pins = np.zeros(S, dtype=np.int32)
-        self._log = np.empty(S + S // 4 + 64, dtype=np.int32)
+        self._log = np.empty(S + max(S // 4, 1 << 14), dtype=np.int32)  # slack: compaction every slack/batch calls
         self._log[:S] = np.arange(S, dtype=np.int32)
         self._log_pos = np.arange(S, dtype=np.int32)
         self._head, self._tail = 0, S

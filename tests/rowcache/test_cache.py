@@ -260,10 +260,11 @@ def test_cache_bad_arguments(tmp_path, rng):
 
 
 def test_cache_overhead_per_slot_within_5_percent_of_bf16_rows(tmp_path, rng):
-    store, _ = make_store(tmp_path, rng, rows=3000, dim=256)
-    cache = NgramRowCache(store, "t", slots=2000)
+    # Bookkeeping does not depend on the row width: a narrow table with many rows will do.
+    store, _ = make_store(tmp_path, rng, rows=200_000, dim=4)
+    cache = NgramRowCache(store, "t", slots=100_000)
     per_slot = cache.overhead_bytes()["per_slot_arrays"] / cache.num_slots
-    assert per_slot <= 0.05 * 512, per_slot
+    assert per_slot <= 0.05 * 512, per_slot  # a LongCat BF16 row is 512 bytes
 
 
 def test_cache_concurrent_resolves_keep_invariants(tmp_path, rng):

@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.errors import ConfigError
-
 from ._cuda import get_kernel, is_device_array, launch_1d, require_cupy
+from .errors import ConfigError
 from .reference import BF16, batched_embed_fp8_reference, batched_embed_reference
 
 _SOURCE = "ngram.cu"

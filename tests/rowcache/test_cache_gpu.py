@@ -1,0 +1,65 @@
+"""NgramRowCache on the GPU: the model test on device and mapped-host arenas, both readers,
+and the gather kernels reading the arena by slot. Skipped without a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernels
+import rowcache
+from rowcache import NgramRowCache
+from tests.rowcache.test_cache import RefLRU, batches, check_invariants, expected, make_store
+
+pytestmark = pytest.mark.gpu
+
+
+def _reader_ok(reader):
+    if reader != "kvikio":
+        return
+    pytest.importorskip("kvikio")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("arena", ["device", "host"])
+@pytest.mark.parametrize("reader", ["posix", "kvikio"])
+def test_gpu_cache_model_based(tmp_path, rng, dtype, arena, reader):
+    import cupy as cp
+
+    _reader_ok(reader)
+    store, _ = make_store(tmp_path, rng, dtype=dtype)
+    slots = 150
+    cache = NgramRowCache(store, "t", slots=slots, device="cuda", arena=arena, reader=reader)
+    assert cache.reader_kind == reader and cache.arena_kind == arena
+    lru = RefLRU(slots)
+    for calls in batches(rng, 3000, slots, 30):
+        for ids in calls:
+            try:
+                lru.resolve(ids)
+            except rowcache.ArenaExhaustedError:
+                with pytest.raises(rowcache.ArenaExhaustedError):
+                    cache.resolve(ids)
+                continue
+            got = cache.resolve(ids)
+            assert isinstance(got, cp.ndarray) and got.dtype == cp.int32
+            if dtype == "bf16":
+                rows = kernels.batched_embed(got, cache.table)
+            else:
+                rows = kernels.batched_embed_fp8(got, cache.table, cache.scales)
+            np.testing.assert_array_equal(cp.asnumpy(rows).view(np.uint16), expected(store, ids).view(np.uint16))
+        assert cache.stats().misses == lru.faults
+        check_invariants(cache, lru)
+        cache.end_batch()
+        lru.end_batch()
+
+
+def test_gpu_cache_cupy_ids_and_auto_reader(tmp_path, rng):
+    import cupy as cp
+
+    store, x = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=500, device="cuda")
+    assert cache.reader_kind in ("posix", "kvikio")
+    ids = cp.asarray(rng.integers(0, 3000, 400))
+    got = cache.resolve(ids)
+    rows = kernels.batched_embed(got, cache.table)
+    np.testing.assert_array_equal(cp.asnumpy(rows).view(np.uint16), x[cp.asnumpy(ids)].view(np.uint16))

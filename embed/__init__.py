@@ -1,5 +1,31 @@
-"""The n-gram embedding layer: LongCat ids, tables, the fused embedding, the overlay."""
+"""The n-gram embedding layer: LongCat ids, tables, the fused embedding, the overlay.
+
+``NgramDims`` and ``ngram_ids`` implement the hashing contract of
+``docs/ngram-spec.md``; ``NgramContext`` the per-sequence incremental contract;
+``Bf16Table``, ``Fp8Table`` and ``CachedTable`` the table variants (mixed freely);
+``NgramEmbedding`` the fused layer; ``embed.overlay.TokenOverlay`` per-sequence adapters;
+``load_ngram_embedding`` a LongCat-style ``.safetensors`` checkpoint.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from .checkpoint import Checkpoint, load_ngram_embedding, table_sources
+from .context import NgramContext
+from .dims import NgramDims
+from .ids import ngram_ids, ngram_ids_loop_reference
+from .layer import NgramEmbedding
+from .tables import Bf16Table, CachedTable, Fp8Table
+
+__all__ = [
+    "Bf16Table",
+    "CachedTable",
+    "Checkpoint",
+    "Fp8Table",
+    "NgramContext",
+    "NgramDims",
+    "NgramEmbedding",
+    "load_ngram_embedding",
+    "ngram_ids",
+    "ngram_ids_loop_reference",
+    "table_sources",
+]

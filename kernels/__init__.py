@@ -8,13 +8,19 @@ from __future__ import annotations
 
 from ._cuda import gpu_available
 from .gather import batched_embed, batched_embed_fp8
+from .ngram import StackedTables, gather_stacked, gemm_bf16_f32, ngram_hash, scale_sum
 from .quantize import quantize_fp8
 from .scatter import scatter_records
 
 __all__ = [
+    "StackedTables",
     "batched_embed",
     "batched_embed_fp8",
+    "gather_stacked",
+    "gemm_bf16_f32",
     "gpu_available",
+    "ngram_hash",
     "quantize_fp8",
+    "scale_sum",
     "scatter_records",
 ]

@@ -3,7 +3,9 @@
 Every GPU kernel in this package is tested bit for bit against the function here of
 the same name minus ``_reference``. These functions are also the CPU path of the
 project (arena = NumPy array), so they are written to be fast in NumPy: no Python
-loop per row. Rounding rules follow ``docs/platform.md``: float32 -> bfloat16 and
+loop per row. (The n-gram hash, stacked gather, GEMM and scaled-sum references live
+beside their launchers in ``kernels.ngram``, the overlay's in ``kernels.overlay``,
+each named ``<kernel>_reference``.) Rounding rules follow ``docs/platform.md``: float32 -> bfloat16 and
 float32 -> E4M3 (satfinite) through ``ml_dtypes`` match CUDA's conversions exactly.
 """
 

@@ -18,6 +18,8 @@ from .errors import RowCacheError
 # Modules that define register(subparsers); one line each.
 COMMAND_MODULES = [
     "rowcache.commands_store",
+    "rowcache.demo",
+    "rowcache.commands_tools",
 ]
 
 

@@ -458,7 +458,7 @@ def test_layer_gpu_fused_equals_per_table_kernels(rng, tmp_path):
             cp.asnumpy(scale_sum(w, p32, 5.0)).view(np.uint16),
             scale_sum_reference(word[:64], cp.asnumpy(p32), 5.0).view(np.uint16),
         )
-        a16 = tables[0][:64]
+        a16 = np.concatenate([t[:64] for t in tables], axis=1)  # [64, T*d], as the layer stacks them
         b16 = np.concatenate([pj.T for pj in projs])
         got = cp.asnumpy(gemm_bf16_f32(cp.asarray(a16), cp.asarray(np.ascontiguousarray(b16))))
         want = a16.astype(np.float32) @ b16.astype(np.float32)

@@ -20,7 +20,7 @@ from kernels._cuda import require_cupy
 
 from . import format as fmt
 from .errors import CorruptDataError, GpuUnavailableError
-from .reader import RowReader
+from .reader import Job, RowReader
 
 
 def kvikio_module() -> Any:
@@ -69,10 +69,7 @@ class KvikioRowReader(RowReader):
         if f is None:
             path = os.path.join(self.root, self.shard_files[t][s])
             if not os.path.exists(path):
-                raise CorruptDataError(
-                    f"shard file {self.shard_files[t][s]} (table {self.tables[t].name!r}, shard {s}) "
-                    f"is missing from {self.root}; run `rowcache verify`"
-                )
+                raise self.missing_shard(t, s)
             f = self._kvikio.CuFile(path, "r")
             self._files[(t, s)] = f
         return f
@@ -83,25 +80,7 @@ class KvikioRowReader(RowReader):
         self._files.clear()
         super().close()
 
-    def _run(
-        self,
-        t: int,
-        ext_shard: np.ndarray,
-        ext_start: np.ndarray,
-        ext_len: np.ndarray,
-        need: np.ndarray,
-        buf_pos: np.ndarray,
-        buf: np.ndarray,
-    ) -> None:
-        jobs = list(
-            zip(
-                ext_shard.tolist(),
-                ext_start.tolist(),
-                ext_len.tolist(),
-                need.tolist(),
-                buf_pos.tolist(),
-            )
-        )
+    def _run(self, t: int, jobs: list[Job], buf: np.ndarray) -> None:
         futures = []
         for s, start, length, _, pos in jobs:
             f = self._cufile(t, s)

@@ -25,6 +25,7 @@ from .errors import ConfigError, CorruptDataError
 
 ALIGN = fmt.PAGE
 DEFAULT_MERGE_GAP = 16 << 10
+Job = tuple[int, int, int, int, int]  # shard, file offset, length, bytes needed, buffer offset
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,12 @@ class RowReader:
         self._pool: ThreadPoolExecutor | None = None
 
     # -- resources ---------------------------------------------------------
+    def missing_shard(self, t: int, s: int) -> CorruptDataError:
+        return CorruptDataError(
+            f"shard file {self.shard_files[t][s]} (table {self.tables[t].name!r}, "
+            f"shard {s}) is missing from {self.root}; run `rowcache verify`"
+        )
+
     def _fd(self, t: int, s: int) -> int:
         key = (t, s)
         fd = self._fds.get(key)
@@ -107,10 +114,7 @@ class RowReader:
                 try:
                     fd = os.open(path, flags)
                 except FileNotFoundError as e:
-                    raise CorruptDataError(
-                        f"shard file {self.shard_files[t][s]} (table {self.tables[t].name!r}, "
-                        f"shard {s}) is missing from {self.root}; run `rowcache verify`"
-                    ) from e
+                    raise self.missing_shard(t, s) from e
                 except OSError as e:
                     if self.direct and e.errno == errno.EINVAL:
                         raise ConfigError(
@@ -201,24 +205,6 @@ class RowReader:
         last_row_end = np.zeros(len(ext_len), dtype=np.int64)
         last_row_end[row_ext] = row_off + rec
         need = last_row_end - ext_start
-        self._run(t, ext_shard, ext_start, ext_len, need, buf_pos, buf)
-        pos = buf_pos[row_ext] + (row_off - ext_start[row_ext])
-        windows = np.lib.stride_tricks.as_strided(buf, shape=(total - rec + 1, rec), strides=(1, 1))
-        out[:n] = windows[pos]  # fancy indexing copies row by row; np.take would copy `windows` whole
-        return out[:n], ReadStats(n, len(ext_len), total)
-
-    def _run(
-        self,
-        t: int,
-        ext_shard: np.ndarray,
-        ext_start: np.ndarray,
-        ext_len: np.ndarray,
-        need: np.ndarray,
-        buf_pos: np.ndarray,
-        buf: np.ndarray,
-    ) -> None:
-        shards = np.unique(ext_shard)
-        fds = {int(s): self._fd(t, int(s)) for s in shards}
         jobs = list(
             zip(
                 ext_shard.tolist(),
@@ -228,10 +214,21 @@ class RowReader:
                 buf_pos.tolist(),
             )
         )
+        self._run(t, jobs, buf)
+        pos = buf_pos[row_ext] + (row_off - ext_start[row_ext])
+        windows = np.lib.stride_tricks.as_strided(buf, shape=(total - rec + 1, rec), strides=(1, 1))
+        out[:n] = windows[
+            pos
+        ]  # fancy indexing copies row by row; np.take would copy `windows` whole
+        return out[:n], ReadStats(n, len(ext_len), total)
+
+    def _run(self, t: int, jobs: list[Job], buf: np.ndarray) -> None:
+        """Read every extent ``(shard, file offset, length, bytes needed, buffer offset)`` into ``buf``."""
+        fds = {s: self._fd(t, s) for s in {j[0] for j in jobs}}
         mv = memoryview(buf.data)
         workers = min(self.queue_depth, len(jobs))
 
-        def work(part: list[tuple[int, int, int, int, int]]) -> None:
+        def work(part: list[Job]) -> None:
             for s, start, length, needed, pos in part:
                 fd = fds[s]
                 got = 0

@@ -92,6 +92,13 @@ def _table_chunks(trace: Trace, table: int, batch: bool) -> Iterator[Any]:
         yield (rows, steps) if batch else rows
 
 
+def _table_curve(
+    path: str, table: int, batch: bool, sizes: np.ndarray, kw: dict[str, Any]
+) -> MissRatioCurve:
+    """One table's curve in a worker process (opens the trace by path)."""
+    return miss_ratio_curve(_table_chunks(Trace.open(path), table, batch), sizes, **kw)
+
+
 def profile_trace(
     trace: Trace,
     sizes: Sequence[int] | np.ndarray | None = None,
@@ -131,7 +138,7 @@ def profile_trace(
     workers, dask_client
         Fixed-rate SHARDS samples every table in one pass over the chunk files,
         in ``workers`` processes or on a Dask cluster (``parallel.sample_trace``);
-        the curves equal the serial ones.
+        exact curves run one table per process. Results equal the serial ones.
     """
     dims = trace.dims
     dim = int(dims["hidden_size"]) // trace.num_tables
@@ -175,6 +182,21 @@ def profile_trace(
                 shared_curve = curve
             else:
                 curves[name] = curve
+            if bar is not None:
+                bar.update(1)
+    elif workers > 1 and trace.num_tables > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        jobs = [(str(trace.path), t, batch, sizes_arr, kw) for t in range(trace.num_tables)]
+        with ProcessPoolExecutor(max_workers=int(workers)) as ex:
+            for t, curve in enumerate(ex.map(_table_curve, *zip(*jobs))):
+                curves[str(t)] = curve
+                if bar is not None:
+                    bar.update(1)
+        if shared:
+            shared_curve = miss_ratio_curve(
+                _shared_chunks(trace, batch), sizes_arr * trace.num_tables, **kw
+            )
             if bar is not None:
                 bar.update(1)
     else:

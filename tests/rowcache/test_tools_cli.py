@@ -135,7 +135,7 @@ def test_bench_io_saves_a_device_profile(tmp_path, capsys):
 
 
 def test_cli_errors_name_the_argument(workdir, capsys):
-    with pytest.raises(ConfigError, match="sizes|count"):
+    with pytest.raises(ConfigError, match="not a count"):
         run(["profile", str(workdir), "--sizes", "abc"], capsys)
     with pytest.raises(ConfigError, match="not a profile"):
         run(["tune", str(workdir / "config.json")], capsys)

@@ -76,3 +76,11 @@ def test_dask_local_cluster_equals_serial(trace):
     serial = serial_curves(trace, sizes, 0.5, 1)
     for name, c in rep.curves.items():
         np.testing.assert_array_equal(c.misses, serial[name].misses)
+
+
+def test_exact_profile_in_processes_equals_serial(trace):
+    sizes = np.array([100, 300, 900])
+    a = profile_trace(trace, sizes, workers=2, shared=False, progress=False)
+    b = profile_trace(trace, sizes, workers=1, shared=False, progress=False)
+    for name in b.curves:
+        np.testing.assert_array_equal(a.curves[name].misses, b.curves[name].misses)

@@ -17,7 +17,8 @@ def store(tmp_path, rng):
     s.close()
 
 
-def test_batch_curve_equals_cache_replay(store, rng):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_batch_curve_equals_cache_replay(store, rng, device):
     n = 3000
     keys = (rng.zipf(1.15, n) % 400).astype(np.int64)
     lengths = rng.integers(1, 40, 400)
@@ -30,7 +31,7 @@ def test_batch_curve_equals_cache_replay(store, rng):
         if size < curve.min_feasible:
             assert np.isnan(expect)
             continue
-        cache = rowcache.NgramRowCache(store, "t", slots=size)
+        cache = rowcache.NgramRowCache(store, "t", slots=size, device=device)
         for part in np.split(keys, bounds):
             cache.resolve(part)
             cache.end_batch()

@@ -16,6 +16,8 @@ import numpy as np
 
 from kernels._cuda import is_device_array, require_cupy
 from kernels.overlay import (
+    DEFAULT_LMHEAD_TILE,
+    LMHEAD_TILES,
     check_bf16_2d,
     check_int_1d,
     check_route,
@@ -138,6 +140,7 @@ class TokenOverlay:
         self._lm_row_ptrs = np.zeros(n, np.uint64)
         self._xp: Any = np
         self._dev: dict[str, Any] = {}
+        self._lmhead_tile = DEFAULT_LMHEAD_TILE
         if device == "cuda":
             cp = require_cupy("TokenOverlay(device='cuda')")
             try:
@@ -228,6 +231,25 @@ class TokenOverlay:
             embed_vocab=0 if emb is None else emb.vocab,
             lm_head_vocab=0 if lm is None else lm.vocab,
         )
+
+    @property
+    def lmhead_tile(self) -> tuple[int, int]:
+        """GPU tuning knob: (overrides, rows) per warp of the LM-head kernel (same results).
+
+        One of ``kernels.overlay.LMHEAD_TILES``; change it between steps, not inside a
+        captured CUDA graph (the graph keeps the kernel it captured).
+        """
+        return self._lmhead_tile
+
+    @lmhead_tile.setter
+    def lmhead_tile(self, tile: tuple[int, int]) -> None:
+        try:
+            t = tuple(int(v) for v in tile)
+        except (TypeError, ValueError):
+            t = ()
+        if t not in LMHEAD_TILES:
+            raise ConfigError(f"lmhead_tile must be one of {LMHEAD_TILES}, got {tile!r}")
+        self._lmhead_tile = (t[0], t[1])
 
     @property
     def num_adapters(self) -> int:
@@ -332,7 +354,7 @@ class TokenOverlay:
         max_count = max(1, int(self._lm_counts.max()))
         lmhead_overlay_routed(
             hidden, seq, act, d["lm_id_ptrs"], d["lm_row_ptrs"], d["lm_counts"], logits,
-            max_count=max_count,
+            max_count=max_count, tile=self._lmhead_tile,
         )  # fmt: skip
         return logits
 

@@ -123,19 +123,24 @@ extern "C" __global__ void embed_overlay_routed_i64(
 }
 
 // ---------------------------------------------------------------------------------
-// lmhead_overlay_routed_{f32,bf16}(hidden, seq_slot, active, n_rows, hidden_size, id_ptrs,
-//                                  row_ptrs, counts, num_adapters, row_tile, n_cols, vec,
-//                                  logits)
+// lmhead_overlay_routed_{f32,bf16}_j{JB}r{RB}(hidden, seq_slot, active, n_rows, hidden_size,
+//                                  id_ptrs, row_ptrs, counts, num_adapters, n_cols, vec, logits)
 //   hidden   : bf16[n_rows, hidden_size]
 //   seq_slot : int32[n_rows] or nullptr (then every row uses `active`)
 //   id_ptrs  : u64[num_adapters], adapter s's overridden token ids int32[counts[s]] (distinct)
 //   row_ptrs : u64[num_adapters], adapter s's LM-head rows bf16[counts[s], hidden_size]
 //   logits   : f32 or bf16 [n_rows, n_cols], in place:
 //              logits[r, ids_s[j]] = round(dot_f32(hidden[r], rows_s[j])) for rows routed to s
-// Grid (x: override blocks, y: adapter s, z: tiles of row_tile rows). Each (row, j) dot is
-// one warp's work: lanes accumulate strided products in f32 and a shuffle tree sums them.
-// A warp keeps its override j for every row of its tile routed to s, so the override row
-// comes from DRAM once per tile and from L1 afterwards. Ids < 0 or >= n_cols are skipped.
+//   vec      : 1 when hidden_size % 8 == 0 and `hidden` is 16-byte aligned
+// Grid (x: override groups, y: adapter s, z: tiles of LM_ROW_TILE rows); blocks of whole
+// warps. Each (row, j) dot product is one warp's: every lane accumulates its strided
+// share in f32 (fmaf), then a shuffle tree sums the 32 partial sums. A warp works on
+// LM_JB overrides x LM_RB rows at once (the rows of its tile routed to s, found with a
+// ballot), so each loaded 16-byte chunk of an override row serves LM_RB dot products and
+// each chunk of a hidden row LM_JB: with (4, 4), 4x fewer loads and bf16->f32 conversions
+// per FMA than one (row, j) at a time. Ids < 0 or >= n_cols are skipped.
+#define LM_ROW_TILE 64
+
 template <typename LogitT>
 __device__ __forceinline__ void store_logit(LogitT* p, float v);
 
@@ -147,12 +152,17 @@ __device__ __forceinline__ void store_logit<bf16_bits>(bf16_bits* p, float v) {
     *p = __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 
-template <typename LogitT>
+__device__ __forceinline__ void unpack8(const uint4 v, float* f) {
+    f[0] = bf16_lo(v.x); f[1] = bf16_hi(v.x); f[2] = bf16_lo(v.y); f[3] = bf16_hi(v.y);
+    f[4] = bf16_lo(v.z); f[5] = bf16_hi(v.z); f[6] = bf16_lo(v.w); f[7] = bf16_hi(v.w);
+}
+
+template <typename LogitT, int LM_JB, int LM_RB>
 __device__ __forceinline__ void lmhead_overlay_impl(
     const bf16_bits* __restrict__ hidden, const int* __restrict__ seq_slot, int active,
     long long n_rows, int hidden_size, const u64* __restrict__ id_ptrs,
     const u64* __restrict__ row_ptrs, const int* __restrict__ counts, int num_adapters,
-    int row_tile, long long n_cols, int vec, LogitT* __restrict__ logits) {
+    long long n_cols, int vec, LogitT* __restrict__ logits) {
     const int s = blockIdx.y;
     if (s >= num_adapters) return;
     if (seq_slot == nullptr && active != s) return;
@@ -162,58 +172,126 @@ __device__ __forceinline__ void lmhead_overlay_impl(
     const bf16_bits* rows = reinterpret_cast<const bf16_bits*>(row_ptrs[s]);
     const int lane = threadIdx.x & 31;
     const int warps_per_block = blockDim.x >> 5;
-    const long long row0 = (long long)blockIdx.z * row_tile;
-    const long long row_end = (row0 + row_tile < n_rows) ? row0 + row_tile : n_rows;
-    for (int j = blockIdx.x * warps_per_block + (threadIdx.x >> 5); j < count;
-         j += gridDim.x * warps_per_block) {
-        const long long col = (long long)ids[j];
-        if (col < 0 || col >= n_cols) continue;
-        const bf16_bits* w = rows + (long long)j * hidden_size;
-        for (long long r = row0; r < row_end; ++r) {
-            const int sr = seq_slot ? seq_slot[r] : active;
-            if (sr != s) continue;
-            const bf16_bits* h = hidden + r * hidden_size;
-            float acc = 0.0f;
+    const long long row0 = (long long)blockIdx.z * LM_ROW_TILE;
+
+    // Rows of this tile routed to s: bit i of tile_mask[h] is row row0 + 32 h + i. Every
+    // lane computes the same masks, so all control flow below is uniform in the warp.
+    unsigned int tile_mask[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const long long r = row0 + 32 * h + lane;
+        bool mine = false;
+        if (r < n_rows) mine = (seq_slot ? seq_slot[r] : active) == s;
+        tile_mask[h] = __ballot_sync(FULL_MASK, mine);
+    }
+    if ((tile_mask[0] | tile_mask[1]) == 0u) return;
+
+    for (int jb = (blockIdx.x * warps_per_block + (threadIdx.x >> 5)) * LM_JB; jb < count;
+         jb += gridDim.x * warps_per_block * LM_JB) {
+        // This warp's overrides; slots past `count` repeat the last row and are not stored.
+        const bf16_bits* w[LM_JB];
+        long long col[LM_JB];
+#pragma unroll
+        for (int jj = 0; jj < LM_JB; ++jj) {
+            const int j = (jb + jj < count) ? jb + jj : count - 1;
+            w[jj] = rows + (long long)j * hidden_size;
+            col[jj] = (jb + jj < count) ? (long long)ids[j] : -1;
+        }
+        unsigned int m0 = tile_mask[0], m1 = tile_mask[1];
+        while ((m0 | m1) != 0u) {
+            // Next LM_RB routed rows; missing ones repeat the first and are not stored.
+            const bf16_bits* h[LM_RB];
+            long long r[LM_RB];
+            bool has[LM_RB];
+#pragma unroll
+            for (int rr = 0; rr < LM_RB; ++rr) {
+                if (m0 != 0u) {
+                    r[rr] = row0 + (__ffs(m0) - 1);
+                    m0 &= m0 - 1;
+                    has[rr] = true;
+                } else if (m1 != 0u) {
+                    r[rr] = row0 + 32 + (__ffs(m1) - 1);
+                    m1 &= m1 - 1;
+                    has[rr] = true;
+                } else {
+                    r[rr] = r[0];
+                    has[rr] = false;
+                }
+                h[rr] = hidden + r[rr] * hidden_size;
+            }
+            float acc[LM_RB][LM_JB];
+#pragma unroll
+            for (int rr = 0; rr < LM_RB; ++rr)
+#pragma unroll
+                for (int jj = 0; jj < LM_JB; ++jj) acc[rr][jj] = 0.0f;
             if (vec) {
-#pragma unroll 4
                 for (int k = lane * 8; k < hidden_size; k += 256) {
-                    const uint4 a = __ldg(reinterpret_cast<const uint4*>(h + k));
-                    const uint4 b = __ldg(reinterpret_cast<const uint4*>(w + k));
-                    acc = fmaf(bf16_lo(a.x), bf16_lo(b.x), acc);
-                    acc = fmaf(bf16_hi(a.x), bf16_hi(b.x), acc);
-                    acc = fmaf(bf16_lo(a.y), bf16_lo(b.y), acc);
-                    acc = fmaf(bf16_hi(a.y), bf16_hi(b.y), acc);
-                    acc = fmaf(bf16_lo(a.z), bf16_lo(b.z), acc);
-                    acc = fmaf(bf16_hi(a.z), bf16_hi(b.z), acc);
-                    acc = fmaf(bf16_lo(a.w), bf16_lo(b.w), acc);
-                    acc = fmaf(bf16_hi(a.w), bf16_hi(b.w), acc);
+                    float wf[LM_JB][8];
+#pragma unroll
+                    for (int jj = 0; jj < LM_JB; ++jj)
+                        unpack8(__ldg(reinterpret_cast<const uint4*>(w[jj] + k)), wf[jj]);
+#pragma unroll
+                    for (int rr = 0; rr < LM_RB; ++rr) {
+                        float hf[8];
+                        unpack8(__ldg(reinterpret_cast<const uint4*>(h[rr] + k)), hf);
+#pragma unroll
+                        for (int jj = 0; jj < LM_JB; ++jj)
+#pragma unroll
+                            for (int e = 0; e < 8; ++e)
+                                acc[rr][jj] = fmaf(hf[e], wf[jj][e], acc[rr][jj]);
+                    }
                 }
             } else {
                 for (int k = lane; k < hidden_size; k += 32) {
-                    const float x = __uint_as_float(((unsigned int)h[k]) << 16);
-                    const float y = __uint_as_float(((unsigned int)w[k]) << 16);
-                    acc = fmaf(x, y, acc);
+                    float wf[LM_JB];
+#pragma unroll
+                    for (int jj = 0; jj < LM_JB; ++jj)
+                        wf[jj] = __uint_as_float(((unsigned int)w[jj][k]) << 16);
+#pragma unroll
+                    for (int rr = 0; rr < LM_RB; ++rr) {
+                        const float hf = __uint_as_float(((unsigned int)h[rr][k]) << 16);
+#pragma unroll
+                        for (int jj = 0; jj < LM_JB; ++jj)
+                            acc[rr][jj] = fmaf(hf, wf[jj], acc[rr][jj]);
+                    }
                 }
             }
 #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(FULL_MASK, acc, off);
-            if (lane == 0) store_logit<LogitT>(logits + r * n_cols + col, acc);
+            for (int rr = 0; rr < LM_RB; ++rr)
+#pragma unroll
+                for (int jj = 0; jj < LM_JB; ++jj)
+#pragma unroll
+                    for (int off = 16; off > 0; off >>= 1)
+                        acc[rr][jj] += __shfl_xor_sync(FULL_MASK, acc[rr][jj], off);
+            if (lane == 0) {
+#pragma unroll
+                for (int rr = 0; rr < LM_RB; ++rr)
+#pragma unroll
+                    for (int jj = 0; jj < LM_JB; ++jj)
+                        if (has[rr] && col[jj] >= 0 && col[jj] < n_cols)
+                            store_logit<LogitT>(logits + r[rr] * n_cols + col[jj], acc[rr][jj]);
+            }
         }
     }
 }
 
-extern "C" __global__ void lmhead_overlay_routed_f32(
-    const bf16_bits* hidden, const int* seq_slot, int active, long long n_rows, int hidden_size,
-    const u64* id_ptrs, const u64* row_ptrs, const int* counts, int num_adapters, int row_tile,
-    long long n_cols, int vec, float* logits) {
-    lmhead_overlay_impl<float>(hidden, seq_slot, active, n_rows, hidden_size, id_ptrs, row_ptrs,
-                               counts, num_adapters, row_tile, n_cols, vec, logits);
-}
+// One entry point per (logits dtype, LM_JB, LM_RB); the launcher picks by name. (1, 1) is
+// the plain one-warp-per-(row, j) kernel; larger tiles trade registers for fewer loads.
+#define LMHEAD_ENTRY(NAME, LT, JB, RB)                                                        \
+    extern "C" __global__ void NAME(const bf16_bits* hidden, const int* seq_slot, int active, \
+                                    long long n_rows, int hidden_size, const u64* id_ptrs,    \
+                                    const u64* row_ptrs, const int* counts, int num_adapters, \
+                                    long long n_cols, int vec, LT* logits) {                  \
+        lmhead_overlay_impl<LT, JB, RB>(hidden, seq_slot, active, n_rows, hidden_size,        \
+                                        id_ptrs, row_ptrs, counts, num_adapters, n_cols, vec, \
+                                        logits);                                              \
+    }
 
-extern "C" __global__ void lmhead_overlay_routed_bf16(
-    const bf16_bits* hidden, const int* seq_slot, int active, long long n_rows, int hidden_size,
-    const u64* id_ptrs, const u64* row_ptrs, const int* counts, int num_adapters, int row_tile,
-    long long n_cols, int vec, bf16_bits* logits) {
-    lmhead_overlay_impl<bf16_bits>(hidden, seq_slot, active, n_rows, hidden_size, id_ptrs,
-                                   row_ptrs, counts, num_adapters, row_tile, n_cols, vec, logits);
-}
+LMHEAD_ENTRY(lmhead_overlay_routed_f32_j1r1, float, 1, 1)
+LMHEAD_ENTRY(lmhead_overlay_routed_f32_j2r2, float, 2, 2)
+LMHEAD_ENTRY(lmhead_overlay_routed_f32_j2r4, float, 2, 4)
+LMHEAD_ENTRY(lmhead_overlay_routed_f32_j4r4, float, 4, 4)
+LMHEAD_ENTRY(lmhead_overlay_routed_bf16_j1r1, bf16_bits, 1, 1)
+LMHEAD_ENTRY(lmhead_overlay_routed_bf16_j2r2, bf16_bits, 2, 2)
+LMHEAD_ENTRY(lmhead_overlay_routed_bf16_j2r4, bf16_bits, 2, 4)
+LMHEAD_ENTRY(lmhead_overlay_routed_bf16_j4r4, bf16_bits, 4, 4)

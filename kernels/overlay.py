@@ -19,16 +19,18 @@ from .errors import ConfigError
 from .reference import BF16
 
 SOURCE = "overlay.cu"
+# (overrides, rows) each LM-head warp works on at once; (1, 1) is one warp per (row, j).
+LMHEAD_TILES = ((1, 1), (2, 2), (2, 4), (4, 4))
+DEFAULT_LMHEAD_TILE = (4, 4)
 KERNEL_NAMES = (
     "embed_rowdiff",
     "embed_overlay_routed_i32",
     "embed_overlay_routed_i64",
-    "lmhead_overlay_routed_f32",
-    "lmhead_overlay_routed_bf16",
+    *(f"lmhead_overlay_routed_{t}_j{j}r{r}" for t in ("f32", "bf16") for j, r in LMHEAD_TILES),
 )
-_BLOCK = 256  # threads per block of every overlay kernel (8 warps)
+_BLOCK = 256  # threads per block of the rowdiff and embed kernels (8 warps)
 _WARPS = _BLOCK // 32
-ROW_TILE = 64  # LM-head rows per warp pass: an override row is read from DRAM once per tile
+ROW_TILE = 64  # LM-head rows per block along grid z (the kernel's LM_ROW_TILE: two ballots)
 _MAX_GRID = 1 << 20  # grid-stride loops cover anything larger
 _ROWDIFF_CHUNK = 4096  # rows per NumPy chunk in the reference (bounds its f32 temporaries)
 
@@ -423,6 +425,8 @@ def lmhead_overlay_routed(
     logits: Any,
     *,
     max_count: int | None = None,
+    tile: tuple[int, int] = DEFAULT_LMHEAD_TILE,
+    block: int = 128,
 ) -> Any:
     """GPU launcher of the routed LM-head overlay; semantics of the reference.
 
@@ -441,6 +445,11 @@ def lmhead_overlay_routed(
         Largest ``counts[s]``, known on the host when the tables were built; sizes the
         grid. None reads it from ``counts`` (a device-to-host copy: not for graphs). A
         smaller value stays correct (the kernel loops), only slower.
+    tile : (overrides, rows), keyword-only, one of ``LMHEAD_TILES``
+        Tuning knob: how many overrides x routed rows one warp computes at once (each
+        loaded chunk of an override row then serves ``rows`` dot products). Same results.
+    block : int, keyword-only
+        Threads per block, a multiple of 32 in [32, 1024] (tuning knob).
 
     One warp computes each (row, j) dot product in float32 with a shuffle reduction.
     """
@@ -463,6 +472,15 @@ def lmhead_overlay_routed(
     _check_table("id_ptrs", id_ptrs, np.uint64, num)
     _check_table("row_ptrs", row_ptrs, np.uint64, num)
     _check_table("counts", counts, np.int32, num)
+    if not isinstance(tile, tuple) or tile not in LMHEAD_TILES:
+        raise ConfigError(f"tile must be one of {LMHEAD_TILES}, got {tile!r}")
+    if (
+        isinstance(block, bool)
+        or not isinstance(block, int)
+        or not (32 <= block <= 1024)
+        or block % 32
+    ):
+        raise ConfigError(f"block must be a multiple of 32 in [32, 1024], got {block!r}")
     if max_count is None:
         max_count = int(counts.max()) if num else 0
     n_cols = logits.shape[1]
@@ -474,17 +492,19 @@ def lmhead_overlay_routed(
     if row_tiles > 65535:
         raise ConfigError(f"at most {65535 * ROW_TILE} rows per call, got {n}")
     vec = int(hidden_size % 8 == 0 and _aligned(hidden))
+    jb, rb = tile
     if logits.dtype == np.float32:
-        name, logits_arg = "lmhead_overlay_routed_f32", logits
+        name, logits_arg = f"lmhead_overlay_routed_f32_j{jb}r{rb}", logits
     else:
-        name, logits_arg = "lmhead_overlay_routed_bf16", _u16(cp, logits)
+        name, logits_arg = f"lmhead_overlay_routed_bf16_j{jb}r{rb}", _u16(cp, logits)
     kern = get_kernel(SOURCE, name)
-    j_blocks = min((max_count + _WARPS - 1) // _WARPS, 65535)
+    per_block = (block // 32) * jb  # overrides one block covers per pass
+    j_blocks = min((max_count + per_block - 1) // per_block, 65535)
     kern(
         (j_blocks, num, row_tiles),
-        (_BLOCK,),
+        (block,),
         (_u16(cp, hidden), _slot_arg(cp, seq_slot), np.int32(act), np.int64(n),
-         np.int32(hidden_size), id_ptrs, row_ptrs, counts, np.int32(num), np.int32(ROW_TILE),
+         np.int32(hidden_size), id_ptrs, row_ptrs, counts, np.int32(num),
          np.int64(n_cols), np.int32(vec), logits_arg),
     )  # fmt: skip
     return logits

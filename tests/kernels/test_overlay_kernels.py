@@ -263,7 +263,7 @@ def test_embed_rowdiff_gpu_bit_exact(rng, hidden):
         got = embed_rowdiff(cp.asarray(base), cp.asarray(served), t)
         assert got.dtype == cp.bool_
         np.testing.assert_array_equal(got.get(), want)
-    # misaligned views take the scalar path
+    # views at a row offset (not 16-byte aligned for hidden=100: the scalar path)
     got = embed_rowdiff(cp.asarray(base)[1:], cp.asarray(served)[1:], 0.0)
     np.testing.assert_array_equal(got.get(), embed_rowdiff_reference(base[1:], served[1:], 0.0))
 
@@ -317,6 +317,14 @@ def test_lmhead_overlay_routed_gpu_within_bf16_rounding(rng, hidden, logit_dtype
         d_seq = None if seq is None else cp.asarray(seq)
         lmhead_overlay_routed(cp.asarray(h), d_seq, active, id_ptrs, row_ptrs, counts, d_logits)
         got = d_logits.get()
+        # Every tile sums in the same order: the same bits, whatever the block size.
+        for tile, block in [((1, 1), 32), ((2, 2), 256), ((2, 4), 128), ((4, 4), 64)]:
+            d_other = cp.asarray(logits)
+            lmhead_overlay_routed(
+                cp.asarray(h), d_seq, active, id_ptrs, row_ptrs, counts, d_other,
+                max_count=7, tile=tile, block=block,
+            )  # fmt: skip
+            np.testing.assert_array_equal(d_other.get().view(np.uint8), got.view(np.uint8))
         # Which entries the overlay writes: the reference run on NaN logits.
         probe = np.full(logits.shape, np.nan, np.float32)
         touched = ~np.isnan(lmhead_overlay_routed_reference(h, seq, active, ids, rows, probe))
@@ -336,6 +344,8 @@ def test_lmhead_overlay_routed_gpu_within_bf16_rounding(rng, hidden, logit_dtype
 
 @pytest.mark.gpu
 def test_overlay_kernels_reject_host_arrays(rng):
+    import cupy as cp
+
     from kernels.overlay import embed_overlay_routed, lmhead_overlay_routed
 
     maps, rows, _ids = random_adapters(rng, [10], [3], 8)
@@ -344,6 +354,11 @@ def test_overlay_kernels_reject_host_arrays(rng):
         embed_overlay_routed(
             np.arange(4), None, 0, map_ptrs, row_ptrs, counts, vocabs, bf16(rng, 4, 8)
         )
+    h, lg = cp.asarray(bf16(rng, 4, 8)), cp.zeros((4, 10), np.float32)
+    with pytest.raises(ConfigError, match="tile"):
+        lmhead_overlay_routed(h, None, 0, map_ptrs, row_ptrs, counts, lg, tile=(3, 3))
+    with pytest.raises(ConfigError, match="block"):
+        lmhead_overlay_routed(h, None, 0, map_ptrs, row_ptrs, counts, lg, block=100)
     with pytest.raises(ConfigError, match="hidden and logits"):
         lmhead_overlay_routed(
             bf16(rng, 4, 8), None, 0, map_ptrs, row_ptrs, counts, np.zeros((4, 10), np.float32)

@@ -151,7 +151,9 @@ class NgramRowCache:
         self._slot_row = np.full(S, -1, dtype=np.int32)
         self._last_used = np.full(S, -1, dtype=np.int32)
         self._pins = np.zeros(S, dtype=np.int32)
-        self._log = np.empty(S + max(S // 4, 1 << 14), dtype=np.int32)  # slack: compaction every slack/batch calls
+        self._log = np.empty(
+            S + max(S // 4, 1 << 14), dtype=np.int32
+        )  # slack: compaction every slack/batch calls
         self._log[:S] = np.arange(S, dtype=np.int32)
         self._log_pos = np.arange(S, dtype=np.int32)
         self._head, self._tail = 0, S
@@ -219,6 +221,8 @@ class NgramRowCache:
         self._staging = np.empty((0, rec), dtype=np.uint8)
         self._dev_staging = cp.empty((0, rec), dtype=cp.uint8)
         self._copy_done = None
+        self._out_pinned = np.empty(0, dtype=np.int32)
+        self._out_copied = None
 
     def _mapped_array(self, shape: tuple[int, ...], dtype: Any, nbytes: int) -> Any:
         """A cupy array over pinned host memory mapped into the device (zero-copy)."""
@@ -264,8 +268,8 @@ class NgramRowCache:
         ids = check_row_ids(row_ids, self.info.rows)
         with self._lock:
             out = self._resolve_unique(ids)
-        if self.device == "cuda":
-            return self._xp.asarray(out)
+            if self.device == "cuda":
+                return self._to_device(out)
         return out
 
     def end_batch(self) -> None:
@@ -273,8 +277,7 @@ class NgramRowCache:
         with self._lock:
             for s in self._batch_slots:
                 self._pins[s] -= 1
-            if self._batch_slots:
-                self._pinned = int(np.count_nonzero(self._pins))
+            self._pinned = 0  # every pin belongs to the batch that just ended
             self._batch_slots = []
             self._batch += 1
             self._stats["batches"] += 1
@@ -429,6 +432,25 @@ class NgramRowCache:
             dev.set(records, stream=self._stream)
             self._copy_done = self._stream.record()
             kernels.scatter.scatter_records(dev, cp.asarray(victims), self.table, self.scales)
+
+    def _to_device(self, out: np.ndarray) -> Any:
+        """``out`` as a new cupy array, copied asynchronously through a pinned buffer."""
+        cp = self._xp
+        n = out.size
+        if self._out_copied is not None:
+            self._out_copied.synchronize()  # the pinned buffer's previous copy has left it
+        if self._out_pinned.size < n:
+            import cupyx
+
+            self._out_pinned = cupyx.empty_pinned(
+                max(n, 2 * self._out_pinned.size, 1024), dtype=np.int32
+            )
+        self._out_pinned[:n] = out
+        dev = cp.empty(n, dtype=cp.int32)
+        with self._stream:
+            dev.set(self._out_pinned[:n], stream=self._stream)
+            self._out_copied = self._stream.record()
+        return dev
 
     def _touch(self, slots_u: np.ndarray) -> None:
         """Pin the call's unique slots and move them to the tail of the LRU log."""

@@ -34,7 +34,7 @@ from rowcache.errors import ConfigError, GpuUnavailableError
 _DEVICES = ("cpu", "cuda")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class OverlayAdapterInfo:
     """What one adapter slot overrides (host arrays; a snapshot).
 
@@ -130,7 +130,7 @@ class TokenOverlay:
         n = self.max_adapters
         self._embed: list[_Part | None] = [None] * n
         self._lm: list[_Part | None] = [None] * n
-        # Host mirrors of the kernel tables (also what the CPU path reads).
+        # Host mirrors of the kernel tables (counts also size the LM-head grid).
         self._emb_counts = np.zeros(n, np.int32)
         self._emb_vocabs = np.zeros(n, np.int32)
         self._lm_counts = np.zeros(n, np.int32)

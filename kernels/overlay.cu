@@ -75,6 +75,7 @@ extern "C" __global__ void embed_rowdiff(const bf16_bits* __restrict__ base,
 //   row_ptrs : u64[num_adapters], adapter s's override rows bf16[counts[s], hidden]
 //   counts, vocabs : int32[num_adapters]
 //   out      : bf16[n_rows, hidden], overwritten in place where a row is overridden
+//   vec      : 1 when hidden % 8 == 0 and `out` is 16-byte aligned (tables always are)
 // One block per row (grid-stride). Row r is left untouched when its slot is < 0 or
 // >= num_adapters, its id is < 0 or >= vocabs[s], or the map entry is < 0 or >= counts[s];
 // nothing outside those bounds is ever read.
@@ -131,7 +132,7 @@ extern "C" __global__ void embed_overlay_routed_i64(
 //   row_ptrs : u64[num_adapters], adapter s's LM-head rows bf16[counts[s], hidden_size]
 //   logits   : f32 or bf16 [n_rows, n_cols], in place:
 //              logits[r, ids_s[j]] = round(dot_f32(hidden[r], rows_s[j])) for rows routed to s
-//   vec      : 1 when hidden_size % 8 == 0 and `hidden` is 16-byte aligned
+//   vec      : 1 when hidden_size % 8 == 0 and `hidden` is 16-byte aligned (tables always are)
 // Grid (x: override groups, y: adapter s, z: tiles of LM_ROW_TILE rows); blocks of whole
 // warps. Each (row, j) dot product is one warp's: every lane accumulates its strided
 // share in f32 (fmaf), then a shuffle tree sums the 32 partial sums. A warp works on

@@ -281,15 +281,20 @@ def compile_overlay_kernels() -> None:
 def device_pointer_table(arrays: Sequence[Any]) -> Any:
     """uint64[L] cupy array of the device addresses of ``arrays`` (0 for None or empty).
 
-    The caller keeps ``arrays`` alive as long as the table is used.
+    Each array must be C-contiguous and start 16-byte aligned (the kernels read rows in
+    16-byte vectors; whole cupy allocations are). The caller keeps ``arrays`` alive as
+    long as the table is used.
     """
     cp = require_cupy("device_pointer_table")
     ptrs = np.zeros(len(arrays), dtype=np.uint64)
     for i, a in enumerate(arrays):
         if a is None or a.size == 0:
             continue
-        if not is_device_array(a):
-            raise ConfigError(f"arrays[{i}] must be a cupy array, got {_describe(a)}")
+        if not is_device_array(a) or not a.flags.c_contiguous or a.data.ptr % 16:
+            raise ConfigError(
+                f"arrays[{i}] must be a C-contiguous, 16-byte aligned cupy array, "
+                f"got {_describe(a)}"
+            )
         ptrs[i] = a.data.ptr
     return cp.asarray(ptrs)
 
@@ -402,8 +407,8 @@ def embed_overlay_routed(
         name, ids_arg = "embed_overlay_routed_i32", cp.ascontiguousarray(ids)
     else:
         name, ids_arg = "embed_overlay_routed_i64", cp.ascontiguousarray(ids, dtype=cp.int64)
-    # Override rows are whole cupy allocations (256-byte aligned), so only `out` can break
-    # the 16-byte vector path.
+    # Override rows start 16-byte aligned (see device_pointer_table), so only `out` can
+    # break the 16-byte vector path.
     vec = int(hidden % 8 == 0 and _aligned(out))
     kern = get_kernel(SOURCE, name)
     kern(

@@ -382,6 +382,46 @@ def test_token_overlay_gpu_matches_cpu(model, rng):
 
 
 @pytest.mark.gpu
+def test_token_overlay_cuda_graph_sees_later_adapters_and_slots(model, rng):
+    """Capture both overlays in a CUDA graph with no adapter set, then install adapters and
+    rewrite seq_slot in place: the replay applies them (tables are read through pointers)."""
+    import cupy as cp
+
+    emb, head, adapters = model
+    cpu = TokenOverlay(V + 8, H, 4)
+    gpu = TokenOverlay(V + 8, H, 4, device="cuda")
+    n = 100
+    ids = rng.integers(-1, V + 10, size=n)
+    hidden = bf16(rng, n, H)
+    rows0 = gather_served(emb, ids)
+    d_ids, d_hidden, d_rows = cp.asarray(ids), cp.asarray(hidden), cp.asarray(rows0)
+    d_slots = cp.full(n, -1, dtype=cp.int32)
+    d_logits = cp.zeros((n, V + 8), dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        gpu.apply_embed(d_ids, d_rows, seq_slot=d_slots)
+        gpu.apply_lmhead(d_hidden, d_logits, seq_slot=d_slots)
+        graph = stream.end_capture()
+    for slot, (ae, ah) in adapters.items():
+        for ov in (cpu, gpu):
+            ov.set_adapter(
+                slot, embed_weight=ae, lm_head_weight=ah, served_embed=emb, served_lm_head=head
+            )
+    slots = rng.integers(-1, 4, size=n).astype(np.int32)
+    d_slots.set(slots)
+    cp.cuda.Device().synchronize()
+    graph.launch(stream)
+    stream.synchronize()
+    want_rows = cpu.apply_embed(ids, rows0.copy(), seq_slot=slots)
+    np.testing.assert_array_equal(d_rows.get().view(np.uint16), want_rows.view(np.uint16))
+    assert (want_rows.view(np.uint16) != rows0.view(np.uint16)).any()
+    want = cpu.apply_lmhead(hidden, np.zeros((n, V + 8), np.float32), seq_slot=slots)
+    np.testing.assert_allclose(d_logits.get(), want, rtol=1e-5, atol=1e-4)
+    assert (want != 0).any()
+
+
+@pytest.mark.gpu
 def test_token_overlay_gpu_rejects_host_rows(model):
     gpu = make_overlay(model, device="cuda")
     with pytest.raises(ConfigError, match="cupy"):

@@ -80,7 +80,12 @@ def _report(args: argparse.Namespace, res: dict[str, Any]) -> None:
     print("-" * 54)
     for key, label in [
         ("embed_ms", "apply_embed (eager)"),
-        ("lmhead_ms", f"apply_lmhead (eager, tile {res.get('lmhead_tile', '-')})"),
+        (
+            "lmhead_ms",
+            f"apply_lmhead (eager, tile {res['lmhead_tile']})"
+            if "lmhead_tile" in res
+            else "apply_lmhead (eager)",
+        ),
         ("overlay_eager_ms", "apply_embed + apply_lmhead (eager)"),
         ("overlay_graph_ms", "apply_embed + apply_lmhead (CUDA graph)"),
         ("gemm_ms", f"baseline: LM-head GEMM ({res['gemm_dtype']})"),

@@ -265,7 +265,7 @@ def lmhead_overlay_routed_reference(
             continue
         cols = sids.astype(np.int64, copy=False)
         ok = (cols >= 0) & (cols < n_cols)
-        w = srows[ok].astype(np.float32)
+        w = (srows if ok.all() else srows[ok]).astype(np.float32)
         vals = hidden[sel].astype(np.float32) @ w.T
         logits[np.ix_(sel, cols[ok])] = vals.astype(logits.dtype)
     return logits

@@ -225,6 +225,13 @@ def test_bad_construction():
         TokenOverlay(V, H, 0)
     with pytest.raises(ConfigError, match="hidden_size"):
         TokenOverlay(V, 2.5, 1)
+    ov = TokenOverlay(V, H, 1)
+    assert ov.lmhead_tile == (4, 4)
+    ov.lmhead_tile = [2, 4]
+    assert ov.lmhead_tile == (2, 4)
+    for bad in [(3, 3), 4, "x"]:
+        with pytest.raises(ConfigError, match="lmhead_tile"):
+            ov.lmhead_tile = bad
 
 
 @pytest.mark.skipif(gpu_available(), reason="checks the error raised where no GPU is usable")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -29,6 +30,7 @@ from kernels._cuda import require_cupy
 from kernels.reference import scatter_records_reference
 
 from .errors import ArenaExhaustedError, ConfigError
+from .format import TableInfo
 from .reader import RowReader
 from .store import RowStore, check_row_ids
 
@@ -73,8 +75,11 @@ class NgramRowCache:
     Parameters
     ----------
     store : RowStore
-    table : name or index of the table in ``store``.
-    slots : number of row slots in the arena (1 .. table rows).
+    table : name or index of a table in ``store``; or a list of them (same width)
+        that share one arena and one LRU. Rows of a shared cache are addressed by
+        global ids ``row_offsets[k] + row_id`` for the ``k``-th listed table
+        (``global_ids(k, row_ids)``), so one ``resolve`` serves all of them.
+    slots : number of row slots in the arena (1 .. rows of the listed tables).
     device : ``"cpu"`` (NumPy arena) or ``"cuda"`` (cupy arena).
     policy : ``"lru"`` (the only policy; others are compared offline in ``rowcache.tools``).
     reader : ``"posix"`` (threads + ``os.preadv``), ``"kvikio"`` (``CuFile.pread``
@@ -104,7 +109,7 @@ class NgramRowCache:
     def __init__(
         self,
         store: RowStore,
-        table: str | int,
+        table: str | int | Sequence[str | int],
         *,
         slots: int,
         device: str = "cpu",
@@ -117,8 +122,28 @@ class NgramRowCache:
         if not isinstance(store, RowStore):
             raise ConfigError(f"store must be a RowStore, got {type(store).__name__}")
         self.store = store
-        self.table_index = store.table_index(table)
-        self.info = store.tables[self.table_index]
+        names: list[Any] = list(table) if isinstance(table, (list, tuple)) else [table]
+        if not names:
+            raise ConfigError(
+                "table=[]: give a table, or a non-empty list of tables to share the arena"
+            )
+        self.part_tables = [store.table_index(t) for t in names]
+        if len(set(self.part_tables)) != len(self.part_tables):
+            raise ConfigError(f"table={table!r} names a table twice")
+        self.parts = [store.tables[i] for i in self.part_tables]
+        first = self.parts[0]
+        for p in self.parts[1:]:
+            if p.dim != first.dim:
+                raise ConfigError(
+                    f"table={table!r}: tables sharing an arena need one width; "
+                    f"{first.name!r} has dim {first.dim}, {p.name!r} has {p.dim}"
+                )
+        rows = np.array([p.rows for p in self.parts], dtype=np.int64)
+        self.row_offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        self.rows = int(self.row_offsets[-1])
+        self.dim = first.dim
+        self.record_bytes = first.record_bytes
+        self.name = "+".join(p.name for p in self.parts)
         if device not in DEVICES:
             raise ConfigError(f"device={device!r} is not supported; allowed: {', '.join(DEVICES)}")
         if policy not in POLICIES:
@@ -133,10 +158,10 @@ class NgramRowCache:
         if (
             isinstance(slots, bool)
             or not isinstance(slots, (int, np.integer))
-            or not 1 <= slots <= self.info.rows
+            or not 1 <= slots <= self.rows
         ):
             raise ConfigError(
-                f"slots={slots!r}: give an integer in 1..{self.info.rows} (the table's rows)"
+                f"slots={slots!r}: give an integer in 1..{self.rows} (the rows of {self.name!r})"
             )
         self.num_slots = S = int(slots)
         self.device = device
@@ -147,7 +172,7 @@ class NgramRowCache:
         self._reader, self.reader_kind = self._make_reader(reader, queue_depth, direct)
 
         # Host bookkeeping: dense arrays, never a Python object per row.
-        self._row_slot = np.full(self.info.rows, -1, dtype=np.int32)
+        self._row_slot = np.full(self.rows, -1, dtype=np.int32)
         self._slot_row = np.full(S, -1, dtype=np.int32)
         self._last_used = np.full(S, -1, dtype=np.int32)
         self._pins = np.zeros(S, dtype=np.int32)
@@ -165,8 +190,8 @@ class NgramRowCache:
         self._stats: dict[str, Any] = dict.fromkeys((f.name for f in fields(CacheStats)), 0)
         self._stats["fault_seconds"] = 0.0
 
-        dim = self.info.dim
-        rec = self.info.record_bytes
+        dim = self.dim
+        rec = self.record_bytes
         if device == "cpu":
             self.table = np.zeros((S, dim), dtype=self._value_dtype())
             self.scales = np.ones(S, dtype=np.float32) if self.dtype == "fp8" else None
@@ -236,7 +261,7 @@ class NgramRowCache:
         """Host staging buffer of at least ``n`` records (pinned on the GPU path)."""
         if self._staging.shape[0] < n:
             cap = max(n, 2 * self._staging.shape[0], 256)
-            rec = self.info.record_bytes
+            rec = self.record_bytes
             if self.device == "cuda":
                 import cupyx
 
@@ -265,7 +290,7 @@ class NgramRowCache:
             (nothing changes: maps, pins and stats are as before the call).
         CorruptDataError : a read failed (nothing is mapped; the cache stays usable).
         """
-        ids = check_row_ids(row_ids, self.info.rows)
+        ids = check_row_ids(row_ids, self.rows)
         with self._lock:
             out = self._resolve_unique(ids)
             if self.device == "cuda":
@@ -291,6 +316,23 @@ class NgramRowCache:
                     self._stats[k] = 0
                 self._stats["fault_seconds"] = 0.0
             return snap
+
+    @property
+    def info(self) -> TableInfo:
+        """The table of a single-table cache (a shared cache has ``parts``)."""
+        if len(self.parts) != 1:
+            raise ConfigError(
+                f"this cache shares its arena among {len(self.parts)} tables ({self.name!r}); "
+                "use cache.parts[k] and cache.row_offsets"
+            )
+        return self.parts[0]
+
+    def global_ids(self, part: int, row_ids: Any) -> np.ndarray:
+        """Global row ids (``row_offsets[part] + row_ids``) of the ``part``-th listed table."""
+        if not 0 <= part < len(self.parts):
+            raise ConfigError(f"part={part!r}: this cache has parts 0..{len(self.parts) - 1}")
+        ids = check_row_ids(row_ids, self.parts[part].rows)
+        return ids + self.row_offsets[part]
 
     @property
     def resident(self) -> int:
@@ -349,7 +391,7 @@ class NgramRowCache:
             )
             if n_miss > free_or_unpinned:
                 raise ArenaExhaustedError(
-                    f"table {self.info.name!r}: this batch needs {n_miss} more slots but only "
+                    f"table {self.name!r}: this batch needs {n_miss} more slots but only "
                     f"{free_or_unpinned} of {self.num_slots} are free or unpinned "
                     f"({self._pinned} pinned by the batch); call end_batch() more often, split the "
                     "batch, or give the cache more slots"
@@ -417,10 +459,17 @@ class NgramRowCache:
         if self.device == "cuda" and self._copy_done is not None:
             self._copy_done.synchronize()  # the staging buffer's last copy has left it
         staging = self._staging_rows(n)
-        records, rs = self._reader.read_records(self.table_index, rows, out=staging)
-        st["rows_read"] += rs.rows
-        st["bytes_read"] += rs.bytes_read
-        st["read_ops"] += rs.read_ops
+        # Global rows are sorted, so each part's rows are one contiguous run of them.
+        bounds = np.searchsorted(rows, self.row_offsets)
+        for k, t in enumerate(self.part_tables):
+            a, b = int(bounds[k]), int(bounds[k + 1])
+            if a == b:
+                continue
+            _, rs = self._reader.read_records(t, rows[a:b] - self.row_offsets[k], out=staging[a:b])
+            st["rows_read"] += rs.rows
+            st["bytes_read"] += rs.bytes_read
+            st["read_ops"] += rs.read_ops
+        records = staging[:n]
         if self.device == "cpu":
             scatter_records_reference(records, victims, self.table, self.scales)
             return
@@ -476,6 +525,6 @@ class NgramRowCache:
 
     def __repr__(self) -> str:
         return (
-            f"NgramRowCache(table={self.info.name!r}, slots={self.num_slots}, device={self.device!r}, "
+            f"NgramRowCache(table={self.name!r}, slots={self.num_slots}, device={self.device!r}, "
             f"arena={self.arena_kind!r}, reader={self.reader_kind!r}, resident={self.resident})"
         )

@@ -312,3 +312,60 @@ def test_cache_cupy_input_rejected_gracefully_on_cpu_device_without_gpu(tmp_path
         pytest.skip("GPU present: covered by the GPU tests")
     with pytest.raises(rowcache.GpuUnavailableError, match="device='cpu'"):
         NgramRowCache(store, "t", slots=10, device="cuda")
+
+
+def make_multi_store(tmp_path, rng, dtype="bf16"):
+    tabs = {
+        f"t{i}": rng.standard_normal((300 + 7 * i, 16), dtype=np.float32).astype(BF16)
+        for i in range(4)
+    }
+    store = rowcache.build_store(
+        tmp_path / f"m-{dtype}", tabs, dtype=dtype, progress=False, shard_bytes=4 * 4096
+    )
+    return store, tabs
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_shared_cache_over_several_tables_matches_reference(tmp_path, rng, dtype):
+    store, tabs = make_multi_store(tmp_path, rng, dtype)
+    names = ["t2", "t0", "t3"]  # any order: global ids follow the list
+    cache = NgramRowCache(store, names, slots=120)
+    assert cache.row_offsets.tolist() == [0, 314, 614, 935]
+    assert cache.rows == 935 and cache.name == "t2+t0+t3"
+    lru = RefLRU(120)
+    for _ in range(40):
+        local = [rng.zipf(1.3, 30) % tabs[n].shape[0] for n in names]
+        ids = np.concatenate([cache.global_ids(k, ids_k) for k, ids_k in enumerate(local)])
+        got = cache.resolve(ids)
+        lru.resolve(ids)
+        rows = gather(cache, got)
+        want = [expected_part(store, n, ids_k) for n, ids_k in zip(names, local)]
+        np.testing.assert_array_equal(rows.view(np.uint16), np.concatenate(want).view(np.uint16))
+        check_invariants(cache, lru)
+        assert cache.stats().misses == lru.faults
+        cache.end_batch()
+        lru.end_batch()
+    with pytest.raises(ConfigError, match="shares its arena among 3 tables"):
+        cache.info  # noqa: B018
+    with pytest.raises(RowRangeError):
+        cache.global_ids(0, np.array([314]))  # t2 has 314 rows
+    with pytest.raises(ConfigError, match="part=3"):
+        cache.global_ids(3, np.array([0]))
+
+
+def expected_part(store, name, ids):
+    got = store.read_rows(name, ids)
+    return got if store.dtype == "bf16" else ref.dequantize_fp8_reference(*got)
+
+
+def test_shared_cache_bad_table_lists(tmp_path, rng):
+    store, _ = make_multi_store(tmp_path, rng)
+    with pytest.raises(ConfigError, match="twice"):
+        NgramRowCache(store, ["t0", 0], slots=10)
+    with pytest.raises(ConfigError, match=r"table=\[\]"):
+        NgramRowCache(store, [], slots=10)
+    x = rng.standard_normal((10, 8), dtype=np.float32)
+    y = rng.standard_normal((10, 4), dtype=np.float32)
+    s2 = rowcache.build_store(tmp_path / "w", {"a": x, "b": y}, progress=False)
+    with pytest.raises(ConfigError, match="one width"):
+        NgramRowCache(s2, ["a", "b"], slots=5)

@@ -46,7 +46,9 @@ def test_gpu_cache_model_based(tmp_path, rng, dtype, arena, reader):
                 rows = kernels.batched_embed(got, cache.table)
             else:
                 rows = kernels.batched_embed_fp8(got, cache.table, cache.scales)
-            np.testing.assert_array_equal(cp.asnumpy(rows).view(np.uint16), expected(store, ids).view(np.uint16))
+            np.testing.assert_array_equal(
+                cp.asnumpy(rows).view(np.uint16), expected(store, ids).view(np.uint16)
+            )
         assert cache.stats().misses == lru.faults
         check_invariants(cache, lru)
         cache.end_batch()
@@ -62,4 +64,24 @@ def test_gpu_cache_cupy_ids_and_auto_reader(tmp_path, rng):
     ids = cp.asarray(rng.integers(0, 3000, 400))
     got = cache.resolve(ids)
     rows = kernels.batched_embed(got, cache.table)
-    np.testing.assert_array_equal(cp.asnumpy(rows).view(np.uint16), x[cp.asnumpy(ids)].view(np.uint16))
+    np.testing.assert_array_equal(
+        cp.asnumpy(rows).view(np.uint16), x[cp.asnumpy(ids)].view(np.uint16)
+    )
+
+
+@pytest.mark.parametrize("arena", ["device", "host"])
+def test_gpu_shared_cache_over_several_tables(tmp_path, rng, arena):
+    import cupy as cp
+
+    from tests.rowcache.test_cache import expected_part, make_multi_store
+
+    store, tabs = make_multi_store(tmp_path, rng, "fp8")
+    names = ["t1", "t3", "t0"]
+    cache = NgramRowCache(store, names, slots=200, device="cuda", arena=arena)
+    for _ in range(10):
+        local = [rng.zipf(1.3, 40) % tabs[n].shape[0] for n in names]
+        ids = np.concatenate([cache.global_ids(k, x) for k, x in enumerate(local)])
+        rows = kernels.batched_embed_fp8(cache.resolve(ids), cache.table, cache.scales)
+        want = np.concatenate([expected_part(store, n, x) for n, x in zip(names, local)])
+        np.testing.assert_array_equal(cp.asnumpy(rows).view(np.uint16), want.view(np.uint16))
+        cache.end_batch()

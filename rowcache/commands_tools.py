@@ -178,6 +178,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         progress=not args.no_progress,
         workers=args.workers,
+        heavy=args.heavy,
     )
     if args.png:
         from .tools.plot import plot_profile
@@ -340,7 +341,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--policies", default="", help="also simulate: sieve,opt (on a sample)")
     p.add_argument("--policy-table", type=int, default=0)
     p.add_argument("--policy-rate", type=float, default=0.01)
-    p.add_argument("--workers", type=int, default=1, help="processes for SHARDS sampling")
+    p.add_argument(
+        "--workers", type=int, default=1, help="processes (SHARDS sampling; exact: per table)"
+    )
+    p.add_argument(
+        "--heavy", type=int, default=0, help="SHARDS: keep each table's N hottest rows exactly"
+    )
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16")
     p.add_argument("--png", help="write a plot here")
     p.add_argument("--save", help="also write the JSON report to this file (for `rowcache tune`)")

@@ -25,6 +25,7 @@ from .stack import (
     batch_ids_from,
     batch_stack_distances,
     lru_stack_distances,
+    weighted_distances,
 )
 
 METHODS = ("exact", "shards")
@@ -166,6 +167,7 @@ def miss_ratio_curve(
     sample_size: int | None = None,
     batch: int | np.ndarray | None = None,
     salts: int = 1,
+    heavy: int = 0,
 ) -> MissRatioCurve:
     """Fault rate per access at each arena size.
 
@@ -190,6 +192,11 @@ def miss_ratio_curve(
     salts : int
         SHARDS repetitions with different hash salts; the curve is their mean and
         ``miss_ratio_std`` their standard deviation.
+    heavy : int
+        Fixed-rate SHARDS only: also keep every access of the ``heavy`` most
+        frequent keys (exact, weight 1; sampled keys weigh ``1 / rate`` in the
+        distances and the counts). Removes most of the error that a sampled or
+        missed hot key causes at small sizes; costs one counting pass (keys >= 0).
 
     Returns
     -------
@@ -242,10 +249,22 @@ def miss_ratio_curve(
     if salts > 1 and not isinstance(accesses, (np.ndarray, list, tuple)):
         keys, pair_ids = _materialize(accesses)  # several passes over one-shot chunks
         accesses = [keys] if pair_ids is None else [(keys, pair_ids)]
+    hv = None
+    if heavy:
+        if sample_size is not None:
+            raise ConfigError("heavy applies to fixed-rate SHARDS (sample_rate), not sample_size")
+        if not isinstance(accesses, (np.ndarray, list, tuple)):
+            keys, pair_ids = _materialize(accesses)
+            accesses = [keys] if pair_ids is None else [(keys, pair_ids)]
+        hv = _shards.top_keys(accesses, int(heavy))
     samples = []
     for salt in range(int(salts)):
         if sample_size is not None:
             samples.append(_shards.sample_fixed_size(accesses, int(sample_size), salt=salt))
+        elif hv is not None:
+            samples.append(
+                _shards.sample_fixed_rate(accesses, float(sample_rate), salt=salt, heavy=hv)  # type: ignore[arg-type]
+            )
         else:
             samples.append(_shards.sample_fixed_rate(accesses, float(sample_rate), salt=salt))  # type: ignore[arg-type]
     return curve_from_samples(
@@ -280,6 +299,14 @@ def curve_from_samples(
     for smp in samples:
         n = smp.total
         rate = smp.rate
+        if smp.forced is not None:
+            m_w, feas_w, unique_w, b_w = _weighted_curve(smp, sizes_arr, batch, policy)
+            batched = batched or b_w
+            runs.append(m_w / n if n else np.zeros(sizes_arr.size))
+            uniq.append(unique_w)
+            feas_list.append(feas_w)
+            rates.append(rate)
+            continue
         scaled = np.maximum(1, np.round(sizes_arr * rate)).astype(np.int64)
         if smp.batch_ids is not None:
             bids = smp.batch_ids
@@ -315,6 +342,32 @@ def curve_from_samples(
         exact=False,
         extra={"salts": len(samples), "sample_size": sample_size},
     )
+
+
+def _weighted_curve(
+    smp: _shards.Sample, sizes: np.ndarray, batch: int | None, policy: str
+) -> tuple[np.ndarray, int, float, bool]:
+    """Full-scale misses of a sample with exact heavy keys (weights 1 and 1/rate)."""
+    if policy != "lru":
+        raise ConfigError("heavy keys are supported for policy='lru' only")
+    assert smp.forced is not None
+    w = np.where(smp.forced, 1.0, 1.0 / smp.rate)
+    if smp.batch_ids is not None:
+        bids: np.ndarray | None = smp.batch_ids
+    elif batch is not None:
+        bids = smp.positions // int(batch)
+    else:
+        bids = None
+    dist, uw, bw = weighted_distances(smp.keys, w, bids)
+    order = np.argsort(dist, kind="stable")
+    d_sorted = dist[order]
+    tail = np.concatenate((np.cumsum(uw[order][::-1])[::-1], [0.0]))
+    misses = tail[np.searchsorted(d_sorted, sizes.astype(np.float64), side="right")]
+    feas = int(np.ceil(bw.max())) if bw.size else 1
+    misses = misses.astype(np.float64)
+    misses[sizes < feas] = np.nan
+    unique = float(uw[np.isinf(dist)].sum())
+    return misses, feas, unique, bids is not None
 
 
 def _batch_ids(

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from .shards import HASH_SPACE, Sample, key_hash, rate_threshold
+from .shards import HASH_SPACE, Sample, is_member, key_hash, rate_threshold, top_keys
 from .trace import Trace
 
 SHARED = "shared"
@@ -32,40 +32,57 @@ def sample_chunk(
     threshold: int,
     salts: int,
     shared: bool,
-) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Sample one chunk: ``{(table or "shared", salt): (keys, positions, steps)}``.
+    heavy: dict[str, np.ndarray] | None = None,
+) -> dict[tuple[str, int], tuple[np.ndarray, ...]]:
+    """Sample one chunk: ``{(table or "shared", salt): (keys, positions, steps, forced)}``.
 
     Positions count from the trace start (``offset`` = the chunk's first position);
     shared-arena positions are ``position * tables + table`` (position-major order).
+    ``heavy`` maps a table name to sorted rows kept at every access (in the
+    shared arena too).
     A plain function of file names so that process pools and Dask can ship it.
     """
     rows = np.load(f"{path}/{rows_file}", mmap_mode="r")
     steps = np.load(f"{path}/{steps_file}")
     t_count = rows.shape[0]
-    out: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    out: dict[tuple[str, int], tuple[np.ndarray, ...]] = {}
+
+    def pick(
+        name: str, keys: np.ndarray, rows_t: np.ndarray, t: int, salt: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        mask = key_hash(keys, salt) < threshold
+        forced = np.zeros(keys.size, dtype=bool)
+        if heavy is not None and str(t) in heavy:
+            # The shared arena's heavy keys are the tables' heavy rows: test the rows.
+            forced = is_member(rows_t, heavy[str(t)])
+            mask |= forced
+        keep = np.flatnonzero(mask)
+        return keep, forced[keep]
+
     for t in range(t_count):
         keys = np.asarray(rows[t], dtype=np.int64)
+        combined = (np.int64(t) << 40) | keys
         for salt in range(salts):
-            keep = np.flatnonzero(key_hash(keys, salt) < threshold)
-            out[(str(t), salt)] = (keys[keep], keep + offset, steps[keep])
+            keep, forced = pick(str(t), keys, keys, t, salt)
+            out[(str(t), salt)] = (keys[keep], keep + offset, steps[keep], forced)
             if shared:
                 # The shared arena samples combined keys, hashed as such.
-                combined = (np.int64(t) << 40) | keys
-                k2 = np.flatnonzero(key_hash(combined, salt) < threshold)
-                piece = (combined[k2], (k2 + offset) * t_count + t, steps[k2])
+                k2, f2 = pick(SHARED, combined, keys, t, salt)
+                piece: tuple[np.ndarray, ...] = (
+                    combined[k2],
+                    (k2 + offset) * t_count + t,
+                    steps[k2],
+                    f2,
+                )
                 prev = out.get((SHARED, salt))
                 if prev is not None:
-                    piece = (
-                        np.concatenate((prev[0], piece[0])),
-                        np.concatenate((prev[1], piece[1])),
-                        np.concatenate((prev[2], piece[2])),
-                    )
+                    piece = tuple(np.concatenate((x, y)) for x, y in zip(prev, piece))
                 out[(SHARED, salt)] = piece
     if shared:
         for salt in range(salts):
-            k, p, s = out[(SHARED, salt)]
+            k, p, s, f = out[(SHARED, salt)]
             order = np.argsort(p, kind="stable")
-            out[(SHARED, salt)] = (k[order], p[order], s[order])
+            out[(SHARED, salt)] = (k[order], p[order], s[order], f[order])
     return out
 
 
@@ -77,6 +94,7 @@ def sample_trace(
     shared: bool = True,
     workers: int = 1,
     dask_client: Any = None,
+    heavy: int = 0,
 ) -> dict[tuple[str, int], Sample]:
     """Fixed-rate SHARDS samples of every table (and the shared arena) of ``trace``.
 
@@ -91,6 +109,9 @@ def sample_trace(
     dask_client : dask.distributed.Client, optional
         Runs :func:`sample_chunk` on the cluster (the trace path must be visible to
         the workers).
+    heavy : int
+        Also keep every access of each table's ``heavy`` most frequent rows (one
+        counting pass first); the shared arena keeps all of them.
 
     Returns
     -------
@@ -101,11 +122,14 @@ def sample_trace(
         raise ConfigError(f"workers must be >= 1; got {workers}")
     threshold = rate_threshold(rate)
     offsets = np.concatenate(([0], np.cumsum([c.positions for c in trace.chunks])))
+    hv: dict[str, np.ndarray] | None = None
+    if heavy:
+        hv = {str(t): top_keys(trace.iter_chunks(t), int(heavy)) for t in range(trace.num_tables)}
     args = [
-        (str(trace.path), c.rows, c.steps, int(offsets[i]), threshold, int(salts), bool(shared))
+        (str(trace.path), c.rows, c.steps, int(offsets[i]), threshold, int(salts), bool(shared), hv)
         for i, c in enumerate(trace.chunks)
     ]
-    cols = [list(a) for a in zip(*args)] if args else [[] for _ in range(7)]
+    cols = [list(a) for a in zip(*args)] if args else [[] for _ in range(8)]
     if dask_client is not None:
         parts = dask_client.gather(dask_client.map(sample_chunk, *cols, pure=False))
     elif workers > 1 and len(args) > 1:
@@ -119,10 +143,12 @@ def sample_trace(
         total = trace.positions * (trace.num_tables if name == SHARED else 1)
         for salt in range(int(salts)):
             pieces = [p[(name, salt)] for p in parts]
-            k, pos, st = (
-                (np.concatenate([x[i] for x in pieces]) for i in range(3))
-                if pieces
-                else (np.zeros(0, np.int64) for _ in range(3))
+            if pieces:
+                k, pos, st, fo = (np.concatenate([x[i] for x in pieces]) for i in range(4))
+            else:
+                k, pos, st = (np.zeros(0, np.int64) for _ in range(3))
+                fo = np.zeros(0, dtype=bool)
+            out[(name, salt)] = Sample(
+                k, pos, total, threshold / HASH_SPACE, threshold, st, fo if heavy else None
             )
-            out[(name, salt)] = Sample(k, pos, total, threshold / HASH_SPACE, threshold, st)
     return out

@@ -116,6 +116,7 @@ def profile_trace(
     progress: bool = True,
     workers: int = 1,
     dask_client: Any = None,
+    heavy: int = 0,
 ) -> ProfileReport:
     """Curves of every table of ``trace`` (and of one shared arena) at ``sizes`` rows.
 
@@ -139,6 +140,9 @@ def profile_trace(
         Fixed-rate SHARDS samples every table in one pass over the chunk files,
         in ``workers`` processes or on a Dask cluster (``parallel.sample_trace``);
         exact curves run one table per process. Results equal the serial ones.
+    heavy : int
+        Fixed-rate SHARDS: keep every access of each table's ``heavy`` most frequent
+        rows exactly (lower error at small sizes; see ``miss_ratio_curve``).
     """
     dims = trace.dims
     dim = int(dims["hidden_size"]) // trace.num_tables
@@ -170,6 +174,7 @@ def profile_trace(
             shared=shared,
             workers=workers,
             dask_client=dask_client,
+            heavy=heavy,
         )
         if not batch:
             samples = {k: replace(v, batch_ids=None) for k, v in samples.items()}

@@ -57,7 +57,9 @@ class Sample:
     ``keys`` and ``positions`` (int64[s]) are the kept accesses and their positions
     in the full trace; ``total`` the full trace's length; ``rate`` the effective
     sampling rate (``threshold / 2**53``); ``batch_ids`` the kept accesses' batch
-    indices when the chunks were ``(keys, batch_ids)`` pairs.
+    indices when the chunks were ``(keys, batch_ids)`` pairs; ``forced`` (bool[s])
+    marks accesses of heavy keys kept whatever their hash (they weigh 1, the
+    others ``1 / rate``).
     """
 
     keys: np.ndarray
@@ -66,6 +68,7 @@ class Sample:
     rate: float
     threshold: int
     batch_ids: np.ndarray | None = None
+    forced: np.ndarray | None = None
 
 
 Chunks = np.ndarray | Iterable[np.ndarray] | Iterable[tuple[np.ndarray, np.ndarray]]
@@ -115,7 +118,9 @@ def rate_threshold(rate: float) -> int:
     return min(HASH_SPACE, round(float(rate) * HASH_SPACE))
 
 
-def sample_fixed_rate(accesses: Chunks, rate: float, *, salt: int = 0) -> Sample:
+def sample_fixed_rate(
+    accesses: Chunks, rate: float, *, salt: int = 0, heavy: np.ndarray | None = None
+) -> Sample:
     """Keep the accesses whose key hash is below ``rate * 2**53``.
 
     Parameters
@@ -123,21 +128,35 @@ def sample_fixed_rate(accesses: Chunks, rate: float, *, salt: int = 0) -> Sample
     accesses : int[n] or iterable of int[n_i]
     rate : float in (0, 1]
     salt : int
+    heavy : int64[k], optional
+        Keys kept at every access whatever their hash (see :func:`top_keys`); the
+        sample then marks them in ``forced``.
     """
     threshold = rate_threshold(rate)
+    hv = None if heavy is None else np.unique(np.asarray(heavy, dtype=np.int64))
     kept_k: list[np.ndarray] = []
     kept_p: list[np.ndarray] = []
     kept_b: list[np.ndarray] = []
+    kept_f: list[np.ndarray] = []
     has_b = False
     offset = 0
     for chunk, bids in iter_chunks(accesses):
-        keep = np.flatnonzero(key_hash(chunk, salt) < threshold)
+        mask = key_hash(chunk, salt) < threshold
+        if hv is not None:
+            forced = is_member(chunk, hv)
+            mask |= forced
+        keep = np.flatnonzero(mask)
         kept_k.append(chunk[keep])
         kept_p.append(keep + offset)
+        if hv is not None:
+            kept_f.append(forced[keep])
         if bids is not None:
             has_b = True
             kept_b.append(bids[keep])
         offset += chunk.size
+    forced_all = None
+    if hv is not None:
+        forced_all = np.concatenate(kept_f) if kept_f else np.zeros(0, dtype=bool)
     return Sample(
         _cat(kept_k),
         _cat(kept_p),
@@ -145,7 +164,65 @@ def sample_fixed_rate(accesses: Chunks, rate: float, *, salt: int = 0) -> Sample
         threshold / HASH_SPACE,
         threshold,
         _cat(kept_b) if has_b else None,
+        forced_all,
     )
+
+
+def is_member(keys: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """``keys[i] in sorted_set`` for a sorted unique int64 set (bool[n]).
+
+    A dense lookup table when the set's values are small non-negative ints (row
+    ids), else a binary search.
+    """
+    if sorted_set.size == 0 or keys.size == 0:
+        return np.zeros(keys.size, dtype=bool)
+    top = int(sorted_set[-1])
+    if int(sorted_set[0]) >= 0 and top < (1 << 28):
+        lut = np.zeros(top + 2, dtype=bool)
+        lut[sorted_set] = True
+        return lut[np.clip(keys, -1, top + 1)]  # -1 and top+1 map to False entries
+    pos = np.minimum(np.searchsorted(sorted_set, keys), sorted_set.size - 1)
+    return sorted_set[pos] == keys
+
+
+def top_keys(accesses: Chunks, k: int) -> np.ndarray:
+    """The ``k`` most frequent keys (int64[<= k], sorted), one pass over the chunks.
+
+    Counts with ``np.bincount`` over batches of chunks (keys must be ``>= 0``;
+    memory: 8 bytes per value up to the largest key), so use it on row ids, not
+    on combined keys.
+    """
+    if int(k) < 1:
+        raise ConfigError(f"heavy must be >= 1 keys; got {k}")
+    counts = np.zeros(0, dtype=np.int64)
+    pending: list[np.ndarray] = []
+    held = 0
+
+    def add(parts: list[np.ndarray]) -> np.ndarray:
+        block = np.concatenate(parts)
+        if int(block.min()) < 0:
+            raise ConfigError("top_keys needs keys >= 0")
+        c = np.bincount(block)
+        if c.size > counts.size:
+            c[: counts.size] += counts
+            return c
+        counts[: c.size] += c
+        return counts
+
+    for chunk, _ in iter_chunks(accesses):
+        if chunk.size:
+            pending.append(chunk)
+            held += chunk.size
+        if held >= 1 << 25:
+            counts = add(pending)
+            pending, held = [], 0
+    if pending:
+        counts = add(pending)
+    if counts.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    k = min(int(k), int(np.count_nonzero(counts)))
+    top = np.argpartition(counts, counts.size - k)[counts.size - k :]
+    return np.sort(top[counts[top] > 0]).astype(np.int64)
 
 
 def sample_fixed_size(accesses: Chunks, max_keys: int, *, salt: int = 0) -> Sample:

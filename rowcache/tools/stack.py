@@ -16,6 +16,8 @@ per block; the per-block order of level ``L + 1`` is a merge of two sorted runs
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..errors import ConfigError
@@ -56,8 +58,10 @@ def previous_use(keys: np.ndarray) -> np.ndarray:
     return prev
 
 
-def count_prev_at_least(prev: np.ndarray, c: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """For each query ``q``: ``#{j < c[q] : prev[j] >= a[q]}``.
+def count_prev_at_least(
+    prev: np.ndarray, c: np.ndarray, a: np.ndarray, weights: np.ndarray | None = None
+) -> np.ndarray:
+    """For each query ``q``: ``#{j < c[q] : prev[j] >= a[q]}`` (or the sum of ``weights[j]``).
 
     Parameters
     ----------
@@ -67,14 +71,16 @@ def count_prev_at_least(prev: np.ndarray, c: np.ndarray, a: np.ndarray) -> np.nd
         Query times in ``[0, n]``.
     a : int64[m]
         Thresholds, ``a >= 0``.
+    weights : float64[n], optional
+        Point weights; the counts become weight sums.
 
     Returns
     -------
-    int64[m]
+    int64[m], or float64[m] with ``weights``
     """
     n = int(prev.size)
     m = int(c.size)
-    out = np.zeros(m, dtype=np.int64)
+    out = np.zeros(m, dtype=np.int64 if weights is None else np.float64)
     if n == 0 or m == 0:
         return out
     shift = np.int64(max(1, int(n + 1).bit_length()))
@@ -83,6 +89,7 @@ def count_prev_at_least(prev: np.ndarray, c: np.ndarray, a: np.ndarray) -> np.nd
     # blocks of one position. prev + 1 == 0 (no previous use) is never counted
     # since every threshold a + 1 >= 1.
     keys = (np.arange(n, dtype=np.int64) << shift) | (prev + 1)
+    w = None if weights is None else np.asarray(weights, dtype=np.float64)
     # Queries: the same composite (c >> level, a + 1), kept sorted so that the
     # needles of searchsorted are sorted (several times faster); qidx maps back.
     qkeys = (c.astype(np.int64) << shift) | (a.astype(np.int64) + 1)
@@ -104,10 +111,20 @@ def count_prev_at_least(prev: np.ndarray, c: np.ndarray, a: np.ndarray) -> np.nd
             needles = qkeys[sel] - one
             blk = needles >> shift
             lo = np.searchsorted(keys, needles, side="left")
-            out[qidx[sel]] += np.minimum((blk + 1) << level, n) - lo
+            end = np.minimum((blk + 1) << level, n)
+            if w is None:
+                out[qidx[sel]] += end - lo
+            else:
+                cw = np.concatenate(([0.0], np.cumsum(w)))
+                out[qidx[sel]] += cw[end] - cw[lo]
         # Merge sibling blocks: the new composite keys form sorted runs.
         keys = ((keys >> (shift + 1)) << shift) | (keys & mask)
-        keys.sort(kind="stable")
+        if w is None:
+            keys.sort(kind="stable")
+        else:
+            order_k = np.argsort(keys, kind="stable")
+            keys = keys[order_k]
+            w = w[order_k]
         qkeys = ((qkeys >> (shift + 1)) << shift) | (qkeys & mask)
         order = np.argsort(qkeys, kind="stable")
         qkeys = qkeys[order]
@@ -164,7 +181,7 @@ def batch_ids_from(batch: object, n: int) -> np.ndarray:
     return arr
 
 
-def dedup_batches(keys: np.ndarray, batch_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def dedup_batches(keys: np.ndarray, batch_ids: np.ndarray, *, return_index: bool = False) -> Any:
     """The unique keys of each batch, in batch order then key order.
 
     Returns
@@ -172,10 +189,12 @@ def dedup_batches(keys: np.ndarray, batch_ids: np.ndarray) -> tuple[np.ndarray, 
     ukeys : int64[u]
     ubatch : int64[u]
         Batch index of each unique (batch, key) pair, renumbered ``0..nb-1``.
+    index : int64[u]
+        With ``return_index``: the position of one access of each pair.
     """
     keys = _as_keys(keys)
     if keys.size == 0:
-        return keys, keys.copy()
+        return (keys, keys.copy(), keys.copy()) if return_index else (keys, keys.copy())
     _, bdense = np.unique(batch_ids, return_inverse=True)
     bdense = bdense.astype(np.int64).reshape(-1)
     order = np.lexsort((keys, bdense))
@@ -183,6 +202,8 @@ def dedup_batches(keys: np.ndarray, batch_ids: np.ndarray) -> tuple[np.ndarray, 
     b = bdense[order]
     keep = np.ones(k.size, dtype=bool)
     keep[1:] = (k[1:] != k[:-1]) | (b[1:] != b[:-1])
+    if return_index:
+        return k[keep], b[keep], order[keep]
     return k[keep], b[keep]
 
 
@@ -226,3 +247,50 @@ def batch_stack_distances(keys: np.ndarray, batch_ids: np.ndarray) -> tuple[np.n
         a = prev[reuse] + 1
         dist[reuse] = (c - a) - count_prev_at_least(prev, c, a) + 1
     return dist, batch_sizes
+
+
+def weighted_distances(
+    keys: np.ndarray, weights: np.ndarray, batch_ids: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Stack distances in which each key counts ``weights`` (a per-access copy of a
+    per-key weight), per access or per (batch, key) as :func:`batch_stack_distances`.
+
+    Used by SHARDS with exact heavy keys: a sampled key stands for ``1 / rate``
+    keys, a key kept exactly for one. ``d = w_self + sum of the weights of the
+    distinct other keys ranked above it``; a hit at size ``C`` iff ``d <= C``.
+
+    Returns
+    -------
+    dist : float64[u]
+        ``inf`` for a first use; ``u`` = accesses, or unique (batch, key) pairs.
+    entry_weights : float64[u]
+    batch_weights : float64[nb]
+        Weighted unique rows per batch (empty without batches).
+    """
+    keys = _as_keys(keys)
+    w = np.asarray(weights, dtype=np.float64)
+    if batch_ids is None:
+        ukeys, uw = keys, w
+        starts_of = None
+        bw: np.ndarray = np.zeros(0)
+    else:
+        ukeys, ub, idx = dedup_batches(keys, batch_ids, return_index=True)
+        uw = w[idx]
+        counts = np.bincount(ub) if ub.size else np.zeros(0, np.int64)
+        starts = np.concatenate(([0], np.cumsum(counts)))
+        starts_of = starts[ub] if ub.size else ub
+        bw = np.bincount(ub, weights=uw) if ub.size else np.zeros(0)
+    u = ukeys.size
+    dist = np.full(u, np.inf)
+    if u == 0:
+        return dist, uw, bw
+    prev = previous_use(ukeys)
+    reuse = np.flatnonzero(prev >= 0)
+    if reuse.size:
+        c = reuse if starts_of is None else starts_of[reuse]
+        a = prev[reuse] + 1
+        cw = np.concatenate(([0.0], np.cumsum(uw)))
+        window = cw[c] - cw[a]
+        repeats = count_prev_at_least(prev, c, a, uw)
+        dist[reuse] = uw[reuse] + window - repeats
+    return dist, uw, bw

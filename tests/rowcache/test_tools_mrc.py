@@ -174,3 +174,28 @@ def test_chunk_pairs_carry_batches(rng):
     np.testing.assert_array_equal(full.misses, whole.misses)
     with pytest.raises(ConfigError, match="both"):
         miss_ratio_curve(pairs, sizes, batch=4)
+
+
+def test_shards_heavy_keys_at_full_rate_are_exact(rng):
+    keys = (rng.zipf(1.2, 4000) % 900).astype(np.int64)
+    bids = np.arange(4000) // 16
+    sizes = np.array([16, 40, 200, 800])
+    for batch in (None, bids):
+        exact = miss_ratio_curve(keys, sizes, batch=batch)
+        est = miss_ratio_curve(keys, sizes, method="shards", sample_rate=1.0, heavy=50, batch=batch)
+        np.testing.assert_allclose(est.misses, exact.misses, rtol=1e-12)
+        assert est.min_feasible == exact.min_feasible
+
+
+def test_shards_heavy_keys_cut_the_error_on_zipf(rng):
+    keys = (rng.zipf(1.1, 300_000) % 150_000).astype(np.int64)
+    sizes = np.array([1000, 5000, 20000])
+    exact = miss_ratio_curve(keys, sizes)
+    plain = miss_ratio_curve(keys, sizes, method="shards", sample_rate=0.01, salts=4)
+    hv = miss_ratio_curve(keys, sizes, method="shards", sample_rate=0.01, salts=4, heavy=8192)
+    err_plain = np.abs(plain.miss_ratio - exact.miss_ratio).max()
+    err_hv = np.abs(hv.miss_ratio - exact.miss_ratio).max()
+    assert err_hv < 0.006 and err_hv < err_plain
+    assert hv.miss_ratio_std.max() < plain.miss_ratio_std.max()
+    with pytest.raises(ConfigError, match="heavy"):
+        miss_ratio_curve(keys, sizes, method="shards", sample_size=100, heavy=10)

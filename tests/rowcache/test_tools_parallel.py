@@ -84,3 +84,14 @@ def test_exact_profile_in_processes_equals_serial(trace):
     b = profile_trace(trace, sizes, workers=1, shared=False, progress=False)
     for name in b.curves:
         np.testing.assert_array_equal(a.curves[name].misses, b.curves[name].misses)
+
+
+def test_sample_trace_with_heavy_rows_equals_serial(trace):
+    sizes = np.array([100, 400])
+    rep = profile_trace(
+        trace, sizes, method="shards", sample_rate=0.2, heavy=30, shared=False, progress=False
+    )
+    for t in range(trace.num_tables):
+        pairs = list(trace.iter_chunks(t))
+        c = miss_ratio_curve(pairs, sizes, method="shards", sample_rate=0.2, heavy=30)
+        np.testing.assert_allclose(rep.curves[str(t)].misses, c.misses, rtol=1e-12)

@@ -272,7 +272,8 @@ class TokenOverlay:
             Adapter slot of each row (negative: none); a scalar routes every row to it
             (like ``active``). A host (numpy) array is checked to hold no slot >=
             ``max_adapters``; a device array is not (that would synchronize), and the
-            kernel leaves such rows untouched.
+            kernel leaves such rows untouched. Pass a cupy int32 array on the GPU: other
+            dtypes are converted each call (an allocation, not allowed in a CUDA graph).
         active : int
             The slot of every row when ``seq_slot`` is None (-1: none).
 

@@ -139,3 +139,24 @@ def test_cli_errors_name_the_argument(workdir, capsys):
         run(["profile", str(workdir), "--sizes", "abc"], capsys)
     with pytest.raises(ConfigError, match="not a profile"):
         run(["tune", str(workdir / "config.json")], capsys)
+
+
+def test_through_rowcache_main(workdir, capsys, monkeypatch):
+    from rowcache import cli
+
+    if "rowcache.commands_tools" not in cli.COMMAND_MODULES:
+        monkeypatch.setattr(
+            cli, "COMMAND_MODULES", [*cli.COMMAND_MODULES, "rowcache.commands_tools"]
+        )
+    prof = {
+        "tokens": 10,
+        "record_bytes": 4,
+        "dtype": "bf16",
+        "tables": {"0": {"sizes": [2, 4], "misses": [6, 3], "accesses": 10}},
+    }
+    (workdir / "p.json").write_text(json.dumps(prof))
+    assert cli.main(["tune", str(workdir / "p.json"), "--arena", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rows"] == {"0": 4} and out["faults_per_token"] == 0.3
+    assert cli.main(["tune", str(workdir / "p.json"), "--arena", "lots"]) == 2
+    assert "arena" in capsys.readouterr().err

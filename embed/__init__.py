@@ -14,6 +14,7 @@ from .context import NgramContext
 from .dims import NgramDims
 from .ids import ngram_ids, ngram_ids_loop_reference
 from .layer import NgramEmbedding
+from .overlay import OverlayAdapterInfo, TokenOverlay
 from .tables import Bf16Table, CachedTable, Fp8Table
 
 __all__ = [
@@ -24,6 +25,8 @@ __all__ = [
     "NgramContext",
     "NgramDims",
     "NgramEmbedding",
+    "OverlayAdapterInfo",
+    "TokenOverlay",
     "load_ngram_embedding",
     "ngram_ids",
     "ngram_ids_loop_reference",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ._cuda import gpu_available
 from .gather import batched_embed, batched_embed_fp8
 from .ngram import StackedTables, gather_stacked, gemm_bf16_f32, ngram_hash, scale_sum
+from .overlay import embed_overlay_routed, embed_rowdiff, lmhead_overlay_routed
 from .quantize import quantize_fp8
 from .scatter import scatter_records
 
@@ -16,9 +17,12 @@ __all__ = [
     "StackedTables",
     "batched_embed",
     "batched_embed_fp8",
+    "embed_overlay_routed",
+    "embed_rowdiff",
     "gather_stacked",
     "gemm_bf16_f32",
     "gpu_available",
+    "lmhead_overlay_routed",
     "ngram_hash",
     "quantize_fp8",
     "scale_sum",

@@ -111,3 +111,17 @@ def test_tokenizers_offline_and_errors():
         make_tokenizer("no-such-tokenizer.json", 300)
     with pytest.raises(ConfigError, match="exist"):
         list(iter_requests(["/no/such/path"], vocab_size=300, eos_token_id=2))
+
+
+def test_hf_tokenizer_json(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({"[UNK]": 0, "hello": 5, "world": 6}, unk_token="[UNK]")
+    )
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    enc = make_tokenizer(str(tmp_path / "tokenizer.json"), 300)
+    assert enc("hello world hello").tolist() == [5, 6, 5]
+    small = make_tokenizer(str(tmp_path / "tokenizer.json"), 6)
+    with pytest.raises(ConfigError, match="vocab_size"):
+        small("world")

@@ -180,6 +180,8 @@ def miss_ratio_curve(
     sizes : int[k]
         Arena sizes in rows.
     method : "exact" or "shards"
+        ``exact`` holds the whole trace: about 125 bytes of peak memory per access
+        (``shards`` holds only the sample).
     policy : "lru", "sieve" or "opt"
         ``sieve`` and ``opt`` are simulated per size (use ``shards`` on big traces).
     sample_rate : float, optional

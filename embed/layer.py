@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels._cuda import is_device_array, require_cupy
+from kernels._cuda import get_kernel, is_device_array, launch_1d, require_cupy
 from kernels.ngram import (
     StackedTables,
     TokenRangeError,
@@ -28,8 +28,8 @@ from kernels.ngram import (
 from kernels.reference import BF16
 from rowcache.errors import ConfigError
 
+from .batch import NgramBatch
 from .dims import NgramDims
-from .ids import check_tokens
 from .tables import Bf16Table, CachedTable, Fp8Table
 
 _TABLE_TYPES = (Bf16Table, Fp8Table, CachedTable)
@@ -62,6 +62,11 @@ class NgramEmbedding:
         On the GPU, gather all T tables with one ``kernels.ngram.gather_stacked``
         launch (default) instead of one ``kernels.batched_embed[_fp8]`` launch per
         table; the two are bit-identical. Ignored on the CPU.
+    cuda_graphs : bool
+        On the GPU, replay resident steps (no cached table, no overlay, host tokens,
+        fused) from a CUDA graph captured per (tokens, rows) shape: one launch per
+        step. The returned array is then the graph's output buffer, overwritten by
+        the next step of the same shape (pass ``out=`` to get a copy). Default off.
 
     Every table and the word table must be on one device (``"cpu"`` or ``"cuda"``);
     the projections are copied there.
@@ -75,6 +80,7 @@ class NgramEmbedding:
         projs: Any,
         *,
         fused: bool = True,
+        cuda_graphs: bool = False,
     ) -> None:
         if not isinstance(dims, NgramDims):
             raise ConfigError(f"dims must be an NgramDims, got {type(dims).__name__}")
@@ -111,12 +117,50 @@ class NgramEmbedding:
         self._stacked: StackedTables | None = None
         if fused and self.device == "cuda":
             self._stacked = StackedTables([t.arrays for t in self.tables])
-        self._mult = self._xp.asarray(dims.multipliers)
-        self._rows = self._xp.asarray(dims.all_table_rows)
+        self._mult = self._xp.ascontiguousarray(self._xp.asarray(dims.multipliers, dtype=np.int64))
+        self._rows = self._xp.ascontiguousarray(
+            self._xp.asarray(dims.all_table_rows, dtype=np.int64)
+        )
+        self.cuda_graphs = bool(cuda_graphs) and self.device == "cuda"
+        self._graphs: dict[tuple[int, int, bool], _DeviceStep] = {}
+        self._tok: _DeviceStep | None = None
+        self._group_caches()
         self._cap = 0
         self._stack: Any = None
         self._proj: Any = None
         self._words: Any = None
+
+    def _group_caches(self) -> None:
+        """Group the cached tables by cache: one ``resolve`` per cache and step.
+
+        ``self._groups``: ``(cache, members, offsets, rows_at, rows_index)`` where
+        ``members`` are table indices (-1 for the word table, always last),
+        ``offsets`` int64 each member's ``row_offsets[part]``, ``rows_at`` which
+        members are n-gram tables (None if none) and ``rows_index`` their rows of the
+        ``[T, n]`` id array (a slice when contiguous).
+        """
+        entries = [(i, t) for i, t in enumerate(self.tables) if isinstance(t, CachedTable)]
+        self._cached_rows = np.array([i for i, _ in entries], dtype=np.int64)
+        self._cached_pos = {i: k for k, (i, _) in enumerate(entries)}
+        if isinstance(self.word, CachedTable):
+            entries.append((-1, self.word))
+        by_cache: dict[int, list[tuple[int, CachedTable]]] = {}
+        for i, t in entries:
+            by_cache.setdefault(id(t.cache), []).append((i, t))
+        self._groups: list[tuple[Any, list[int], np.ndarray, Any, Any]] = []
+        for group in by_cache.values():
+            members = [i for i, _ in group]
+            offsets = np.array([t.offset for _, t in group], dtype=np.int64)
+            rows = [i for i in members if i >= 0]
+            rows_at: Any = None
+            rows_index: Any = None
+            if rows:
+                rows_at = slice(0, len(rows))  # the word member, if any, is last
+                if rows == list(range(rows[0], rows[0] + len(rows))):
+                    rows_index = slice(rows[0], rows[0] + len(rows))
+                else:
+                    rows_index = self._xp.asarray(np.array(rows, dtype=np.int64))
+            self._groups.append((group[0][1].cache, members, offsets, rows_at, rows_index))
 
     def _stack_projs(self, projs: Any) -> np.ndarray:
         T, d, D = self.dims.num_tables, self.dims.table_dim, self.dims.hidden_size
@@ -147,15 +191,23 @@ class NgramEmbedding:
         """The tables (word table included) served through a row cache."""
         return [t for t in (self.word, *self.tables) if isinstance(t, CachedTable)]
 
+    @property
+    def caches(self) -> list[Any]:
+        """The distinct row caches behind the cached tables (a shared cache once)."""
+        return [g[0] for g in self._groups]
+
     def resident_bytes(self) -> int:
-        """Bytes held by the tables (arenas for cached ones), projections and staging."""
+        """Bytes held by the tables (a shared arena once), projections and staging."""
         staged = sum(int(a.nbytes) for a in (self._stack, self._proj, self._words) if a is not None)
-        tables = sum(t.nbytes for t in (self.word, *self.tables))
-        return int(tables + self._wcat.nbytes + staged)
+        steps = [self._tok, *self._graphs.values()]
+        staged += sum(s.nbytes for s in steps if s is not None)
+        tables = sum(t.nbytes for t in (self.word, *self.tables) if not isinstance(t, CachedTable))
+        arenas = {id(t.cache): t.nbytes for t in self.cached_tables}
+        return int(tables + sum(arenas.values()) + self._wcat.nbytes + staged)
 
     def ids(self, ctx_tokens: Any) -> Any:
         """``ngram_ids(dims, ctx_tokens)`` on this embedding's device: int64[T, L]."""
-        return self.embed_ids([ctx_tokens], [0])[0]
+        return self._hash_all(NgramBatch.single(self.dims, ctx_tokens, 0))
 
     def embed(
         self,
@@ -186,9 +238,8 @@ class NgramEmbedding:
         bfloat16[seq_len, hidden_size]
             ``(E0[x_t] + sum_i W_i E_i[id_i(t)]) / (1 + T)`` on this embedding's device.
         """
-        return self.embed_batch(
-            [ctx_tokens], [seq_len], overlay=overlay, seq_slots=seq_slot, active=active, out=out
-        )
+        batch = NgramBatch.single(self.dims, ctx_tokens, seq_len)
+        return self._run(batch, overlay=overlay, seq_slots=seq_slot, active=active, out=out)
 
     def embed_batch(
         self,
@@ -206,165 +257,346 @@ class NgramEmbedding:
         are embedded, in order, rows ``sum(seq_lens[:s]) ...``. Look-back never crosses
         from one sequence into another. ``seq_slots`` (one per sequence, or one per
         output row) is passed to the overlay per row. Returns bfloat16[sum(seq_lens), D].
-
-        Cached tables: their ids are resolved (faulted in and pinned) before the
-        gather, and every cache's batch ends when this call returns, after the current
-        CUDA stream has finished the gathers (the caches write their arenas on the
-        stream current when they were built, normally the same one).
+        The contexts are packed once (:meth:`NgramBatch.from_contexts`), then this is
+        :meth:`embed_packed`.
         """
-        prepared = self._prepare(contexts, seq_lens)
-        tokens, sel, n, _, _ = prepared
-        ids_all = self.embed_ids(contexts, seq_lens, _prepared=prepared)[1]
-        xp = self._xp
-        x_sel = tokens[sel]
-        D, d = self.dims.hidden_size, self.dims.table_dim
-        if out is None:
-            out = xp.empty((n, D), dtype=BF16)
-        elif out.shape != (n, D) or out.dtype != BF16 or is_device_array(out) != (xp is not np):
-            raise ConfigError(
-                f"out must be bfloat16[{n}, {D}] on {self.device}, got "
-                f"{getattr(out, 'dtype', None)}{list(getattr(out, 'shape', ()))}"
-            )
-        if n == 0:
-            return out
-        self._reserve(n)
-        stack, proj, words = self._stack[:n], self._proj[:n], self._words[:n]
-        cached = self.cached_tables
-        # A cache resolves on the host: hand it host ids once instead of one copy per table.
-        host_ids = ids_all.get() if (cached and xp is not np) else None
-        try:
-            if self._stacked is not None:
-                ids_g = ids_all
-                if host_ids is not None:
-                    # arena slots replace the hashed ids of cached tables
-                    ids_g = xp.ascontiguousarray(ids_all)
-                    for i, table in enumerate(self.tables):
-                        if isinstance(table, CachedTable):
-                            ids_g[i] = table.resolve(host_ids[i])
-                gather_stacked(ids_g, self._stacked, stack)
-            else:
-                for i, table in enumerate(self.tables):
-                    ids_i = (
-                        host_ids[i]
-                        if host_ids is not None and isinstance(table, CachedTable)
-                        else ids_all[i]
-                    )
-                    table.gather(ids_i, out=stack[:, i * d : (i + 1) * d])
-            x_word = x_sel.get() if (isinstance(self.word, CachedTable) and xp is not np) else x_sel
-            self.word.gather(x_word, out=words)
-            rows = words
-            if overlay is not None:
-                slots = self._row_slots(seq_slots, seq_lens, n)
-                applied = overlay.apply_embed(x_sel, rows, seq_slot=slots, active=active)
-                if applied is not None:
-                    rows = applied
-            gemm_bf16_f32(stack, self._wcat, out=proj)
-            scale_sum(rows, proj, float(1 + self.dims.num_tables), out=out)
-        finally:
-            if cached:
-                if xp is not np:
-                    # The next step's faults may rewrite these slots: let the gathers finish.
-                    xp.cuda.get_current_stream().synchronize()
-                for t in cached:
-                    t.end_batch()
-        return out
+        batch = NgramBatch.from_contexts(self.dims, contexts, seq_lens)
+        return self._run(batch, overlay=overlay, seq_slots=seq_slots, active=active, out=out)
 
-    def embed_ids(
-        self, contexts: Sequence[Any], seq_lens: Sequence[int], *, _prepared: Any = None
-    ) -> tuple[Any, Any]:
+    def embed_packed(
+        self,
+        tokens: Any,
+        ctx_lens: Any = None,
+        seq_lens: Any = None,
+        *,
+        overlay: Any = None,
+        seq_slots: Any = None,
+        active: int = -1,
+        out: Any = None,
+    ) -> Any:
+        """:meth:`embed_batch` on packed input: no Python work per sequence.
+
+        Parameters
+        ----------
+        tokens : NgramBatch, or int[L_total] (numpy, cupy, list)
+            An ``NgramBatch`` (e.g. from ``NgramBatchContext.step``), or every
+            sequence's context concatenated; then ``ctx_lens`` and ``seq_lens``
+            (int[S] each) give each context's length and how many of its trailing
+            positions to embed.
+        overlay, seq_slots, active, out : as in :meth:`embed_batch`.
+
+        Returns
+        -------
+        bfloat16[sum(seq_lens), hidden_size]
+
+        Notes
+        -----
+        Cached tables: every cached table's ids are resolved (faulted in and pinned)
+        before the gather, with ONE ``resolve`` per cache (the parts of a shared
+        cache are concatenated as ``row_offsets[k] + ids_k``). Their ids are hashed
+        on the host from host tokens (no device sync); from device tokens they are
+        copied to the host (one sync). Every cache's batch ends when this call
+        returns, after the current CUDA stream has finished the gathers (the one
+        host sync of a cached step: the next step's faults may rewrite these slots).
+        Resident tables alone never synchronize with host tokens.
+        """
+        if isinstance(tokens, NgramBatch):
+            if tokens.dims != self.dims:
+                raise ConfigError("the NgramBatch was built for other NgramDims")
+            batch = tokens
+        else:
+            if ctx_lens is None or seq_lens is None:
+                raise ConfigError(
+                    "embed_packed needs ctx_lens and seq_lens (int[S] each) with packed tokens"
+                )
+            batch = NgramBatch(self.dims, tokens, ctx_lens, seq_lens)
+        return self._run(batch, overlay=overlay, seq_slots=seq_slots, active=active, out=out)
+
+    def embed_ids(self, contexts: Sequence[Any], seq_lens: Sequence[int]) -> tuple[Any, Any]:
         """Ids of the embedded positions: ``(all_ids int64[T, L_total], ids int64[T, n])``.
 
         ``all_ids`` covers every position of the concatenated contexts (look-back
         stopping at sequence boundaries); ``ids`` the ``n = sum(seq_lens)`` positions
         that :meth:`embed_batch` embeds. On this embedding's device.
         """
-        prepared = _prepared if _prepared is not None else self._prepare(contexts, seq_lens)
-        tokens, sel, _, starts, unchecked = prepared
+        batch = NgramBatch.from_contexts(self.dims, contexts, seq_lens)
+        all_ids = self._hash_all(batch)
+        sel = batch.selection
+        if isinstance(sel, np.ndarray) and self._xp is not np:
+            sel = self._xp.asarray(sel)
+        return all_ids, all_ids[:, sel]
+
+    def clear_graphs(self) -> None:
+        """Drop the captured CUDA graphs and their buffers."""
+        self._graphs.clear()
+
+    # --- the step ---------------------------------------------------------------
+    def _run(
+        self, batch: NgramBatch, *, overlay: Any, seq_slots: Any, active: int, out: Any
+    ) -> Any:
+        xp = self._xp
+        n, D = batch.n, self.dims.hidden_size
+        if out is not None and (
+            out.shape != (n, D) or out.dtype != BF16 or is_device_array(out) != (xp is not np)
+        ):
+            raise ConfigError(
+                f"out must be bfloat16[{n}, {D}] on {self.device}, got "
+                f"{getattr(out, 'dtype', None)}{list(getattr(out, 'shape', ()))}"
+            )
+        if batch.on_device and xp is np:
+            batch = NgramBatch(self.dims, batch.tokens.get(), batch.ctx_lens, batch.seq_lens)
+        if n == 0:
+            if batch.on_device:  # the range check of device tokens still runs
+                self._hash_all(batch)
+            return xp.empty((0, D), dtype=BF16) if out is None else out
+        if (
+            self.cuda_graphs
+            and xp is not np
+            and self._stacked is not None
+            and not self._groups
+            and overlay is None
+            and not batch.on_device
+        ):
+            return self._run_graph(batch, out)
+        self._reserve(n)
+        if out is None:
+            out = xp.empty((n, D), dtype=BF16)
+        stack, proj, words = self._stack[:n], self._proj[:n], self._words[:n]
         try:
-            ids = ngram_hash(
+            if xp is np:
+                ids = batch.host_ids()  # int64[T, n]: only the embedded positions
+                word_ids: Any = batch.word_ids
+                host_ids = ids[self._cached_rows] if self._groups else None
+            elif batch.on_device:
+                ids = self._hash_all(batch)
+                sel = batch.selection
+                ids = ids[:, xp.asarray(sel) if isinstance(sel, np.ndarray) else sel]
+                word_ids = batch.word_ids
+                host_ids = ids[self._cached_rows].get() if self._groups else None
+            else:
+                ids, word_ids = self._device_ids(self._tok_buffers(batch), batch)
+                host_ids = batch.host_ids(self._cached_rows) if self._groups else None
+            word_slots = self._resolve(batch, ids, host_ids, word_ids) if self._groups else None
+            if self._stacked is not None:
+                gather_stacked(ids, self._stacked, stack)
+            else:
+                d = self.dims.table_dim
+                for i, table in enumerate(self.tables):
+                    block = stack[:, i * d : (i + 1) * d]
+                    if isinstance(table, CachedTable):
+                        table.gather_slots(ids[i], out=block)
+                    else:
+                        table.gather(ids[i], out=block)
+            if word_slots is not None:
+                self.word.gather_slots(word_slots, out=words)
+            else:
+                self.word.gather(word_ids, out=words)
+            rows = words
+            if overlay is not None:
+                slots = self._row_slots(seq_slots, batch, n)
+                applied = overlay.apply_embed(word_ids, rows, seq_slot=slots, active=active)
+                if applied is not None:
+                    rows = applied
+            gemm_bf16_f32(stack, self._wcat, out=proj)
+            scale_sum(rows, proj, float(1 + self.dims.num_tables), out=out)
+        finally:
+            if self._groups:
+                if xp is not np:
+                    # The next step's faults may rewrite these slots: let the gathers finish.
+                    xp.cuda.get_current_stream().synchronize()
+                for cache, *_ in self._groups:
+                    cache.end_batch()
+        return out
+
+    def _resolve(self, batch: NgramBatch, ids: Any, host_ids: Any, word_ids: Any) -> Any:
+        """One ``resolve`` per cache; arena slots replace the cached tables' rows of
+        ``ids`` (in place). Returns the word table's slots when it is cached, else None."""
+        n = batch.n
+        word_slots = None
+        host_word = None
+        for cache, members, offsets, rows_at, rows_index in self._groups:
+            parts = []
+            for m in members:  # members of one cache (<= T + 1), vectorized over rows
+                if m < 0:
+                    if host_word is None:
+                        host_word = word_ids.get() if is_device_array(word_ids) else word_ids
+                    parts.append(host_word)
+                else:
+                    parts.append(host_ids[self._cached_pos[m]])
+            gid = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            if offsets.any():
+                gid = gid + np.repeat(offsets, n)
+            slots = cache.resolve(gid).reshape(len(members), n)
+            if rows_at is not None:
+                ids[rows_index] = slots[rows_at]
+            if members[-1] < 0:
+                word_slots = slots[-1]
+        return word_slots
+
+    def _hash_all(self, batch: NgramBatch) -> Any:
+        """Ids of every position of the batch: int64[T, L_total] on this device."""
+        xp = self._xp
+        tokens = batch.tokens
+        if xp is not np and not batch.on_device:
+            tokens = xp.asarray(tokens)
+        starts = batch.starts
+        if starts is not None and xp is not np:
+            starts = xp.asarray(starts)
+        try:
+            return ngram_hash(
                 tokens,
                 self._mult,
                 self._rows,
                 self.dims.eos_token_id,
                 starts,
-                vocab=self.dims.vocab_size if unchecked else None,
+                vocab=self.dims.vocab_size if batch.on_device else None,
             )
         except TokenRangeError as e:
-            where = f"{unchecked}[{e.position}]"
-            if len(contexts) > 1:  # name the sequence and the position within it
-                lengths = np.array([int(c.shape[0]) for c in contexts], dtype=np.int64)
-                begin = np.cumsum(lengths) - lengths
-                s = int(np.searchsorted(begin, e.position, side="right")) - 1
-                where = f"contexts[{s}][{e.position - int(begin[s])}]"
             raise ConfigError(
-                f"{where} = {e.value} is outside the vocabulary [0, {e.vocab})"
+                f"{batch.name_position(e.position)} = {e.value} is outside the vocabulary "
+                f"[0, {e.vocab})"
             ) from None
-        return ids, ids[:, sel]
 
-    # --- internals -------------------------------------------------------------
-    def _prepare(
-        self, contexts: Sequence[Any], seq_lens: Sequence[int]
-    ) -> tuple[Any, Any, int, Any, str | None]:
-        """``(tokens, sel, n, starts, unchecked)``: concatenated int64 tokens on the
-        device, the embedded positions (a slice, or an index array for several
-        sequences), their count, each position's sequence start (None for one
-        sequence), and the name of a device context whose range the hash kernel must
-        still check (None when every token was checked on the host)."""
-        xp = self._xp
-        if len(contexts) != len(seq_lens) or len(contexts) == 0:
-            raise ConfigError(
-                f"contexts ({len(contexts)}) and seq_lens ({len(seq_lens)}) must be "
-                "non-empty and of one length"
+    # --- the GPU step from host tokens ------------------------------------------------
+    def _tok_buffers(self, batch: NgramBatch) -> _DeviceStep:
+        L, n = batch.length, batch.n
+        buf = self._tok
+        if buf is None or buf.cap_len < L or buf.cap_rows < n:
+            cap_len = max(L, 2 * buf.cap_len) if buf is not None else L
+            cap_rows = max(n, 2 * buf.cap_rows) if buf is not None else n
+            if buf is not None:
+                buf.wait()
+            buf = self._tok = _DeviceStep(self._xp, self.dims.num_tables, cap_len, cap_rows)
+        return buf
+
+    def _device_ids(self, buf: _DeviceStep, batch: NgramBatch) -> tuple[Any, Any]:
+        """Upload the packed tokens (one H2D copy from a pinned buffer), hash them,
+        select the embedded positions: ``(ids int64[T, n], word ids int64[n])`` on the
+        device, all in ``buf``'s fixed buffers (no allocation, no sync)."""
+        cp = self._xp
+        L, n = batch.length, batch.n
+        multi = batch.num_seqs > 1
+        host = buf.host()
+        host[:L] = batch.tokens
+        k = L
+        if multi:  # [tokens | word ids | starts | positions]
+            host[L : L + n] = batch.word_ids
+            host[L + n : 2 * L + n] = batch.starts
+            host[2 * L + n : 2 * L + 2 * n] = batch.positions
+            k = 2 * L + 2 * n
+        stream = cp.cuda.get_current_stream()
+        dev = buf.dev
+        dev[:k].set(host[:k], stream=stream)
+        buf.uploaded(stream)
+        T = self.dims.num_tables
+        ids_all = buf.ids_all[: T * L].reshape(T, L)
+        tok = dev[:L]
+        _launch_hash(
+            tok,
+            dev[L + n : 2 * L + n] if multi else tok,
+            self._mult,
+            self._rows,
+            ids_all,
+            self.dims.eos_token_id,
+            multi,
+        )
+        if not multi:
+            return ids_all[:, L - n :], tok[L - n :]
+        ids = buf.ids_sel[: T * n].reshape(T, n)
+        cp.take(ids_all, dev[2 * L + n : 2 * L + 2 * n], axis=1, out=ids)
+        return ids, dev[L : L + n]
+
+    def _run_graph(self, batch: NgramBatch, out: Any) -> Any:
+        """A resident step replayed from a CUDA graph captured per (tokens, rows) shape.
+
+        The first call of a shape runs eagerly into the shape's own buffers (compiling
+        the kernels), the second captures, later ones replay: host work is packing
+        the tokens into the graph's pinned buffer and one graph launch. Returns the
+        graph's output buffer (overwritten by the next step of that shape) unless
+        ``out`` is given, which receives a copy.
+        """
+        cp = self._xp
+        key = (batch.length, batch.n, batch.num_seqs > 1)
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = _DeviceStep(
+                cp, self.dims.num_tables, batch.length, batch.n, self._staging_shapes(batch.n)
             )
-        parts, lens = [], []
-        unchecked = None
-        # device contexts on a GPU embedding stay there: their range is checked
-        # inside the hash kernel (no extra sync); anything else is checked on the host
-        on_device = xp is not np and all(is_device_array(c) for c in contexts)
-        for s, (ctx, k) in enumerate(zip(contexts, seq_lens)):
-            name = "ctx_tokens" if len(contexts) == 1 else f"contexts[{s}]"
-            if on_device:
-                tok = check_tokens(self.dims, ctx, name=name, check_range=False)
-                unchecked = "ctx_tokens" if len(contexts) == 1 else "contexts"
-            else:
-                tok = check_tokens(self.dims, ctx.get() if is_device_array(ctx) else ctx, name=name)
-            L = int(tok.shape[0])
-            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= L:
-                raise ConfigError(
-                    f"seq_len={k!r} for {name} must be an int in [0, {L}] (the context length)"
-                )
-            parts.append(tok)
-            lens.append((L, int(k)))
-        if len(parts) == 1:
-            tokens = parts[0]
-            if is_device_array(tokens) and xp is np:
-                tokens = tokens.get()
-            tokens = xp.asarray(tokens).astype(xp.int64, copy=False)
-            L, k = lens[0]
-            return tokens, slice(L - k, L), k, None, unchecked
-        if on_device:
-            tokens = xp.concatenate([p.astype(xp.int64, copy=False) for p in parts])
+        host = g.host()  # waits for the previous replay of this graph to have read it
+        self._pack_graph(host, batch)
+        stream = cp.cuda.get_current_stream()
+        if g.graph is None and g.runs >= 1:
+            cap = cp.cuda.Stream(non_blocking=True)
+            cap.wait_event(stream.record())
+            with cap:
+                cap.begin_capture()
+                try:
+                    self._issue_graph_step(g, batch)
+                finally:
+                    graph = cap.end_capture()
+            g.graph = graph
+        if g.graph is not None:
+            g.graph.launch(stream)
         else:
-            tokens = xp.asarray(np.concatenate(parts).astype(np.int64))
-        ctx_len = np.array([L for L, _ in lens], dtype=np.int64)
-        emb_len = np.array([k for _, k in lens], dtype=np.int64)
-        begin = np.cumsum(ctx_len) - ctx_len
-        # first position of each position's sequence, for the look-back
-        starts = xp.asarray(np.repeat(begin, ctx_len))
-        first = begin + ctx_len - emb_len  # first embedded position per sequence
-        n = int(emb_len.sum())
-        sel = np.repeat(first - (np.cumsum(emb_len) - emb_len), emb_len) + np.arange(n)
-        return tokens, (xp.asarray(sel) if xp is not np else sel), n, starts, unchecked
+            self._issue_graph_step(g, batch)
+        g.runs += 1
+        g.uploaded(stream)
+        if out is not None:
+            out[...] = g.out
+            return out
+        return g.out
 
-    def _row_slots(self, seq_slots: Any, seq_lens: Sequence[int], n: int) -> Any:
+    def _pack_graph(self, host: np.ndarray, batch: NgramBatch) -> None:
+        L, n = batch.length, batch.n
+        host[:L] = batch.tokens
+        if batch.num_seqs > 1:
+            host[L : L + n] = batch.word_ids
+            host[L + n : 2 * L + n] = batch.starts
+            host[2 * L + n : 2 * L + 2 * n] = batch.positions
+
+    def _issue_graph_step(self, g: _DeviceStep, batch: NgramBatch) -> None:
+        """Every launch of a resident step, on ``g``'s fixed buffers (capturable)."""
+        cp = self._xp
+        L, n = batch.length, batch.n
+        multi = batch.num_seqs > 1
+        k = 2 * L + 2 * n if multi else L
+        g.dev[:k].set(g.hosts[0][:k], stream=cp.cuda.get_current_stream())
+        T = self.dims.num_tables
+        ids_all = g.ids_all[: T * L].reshape(T, L)
+        tok = g.dev[:L]
+        _launch_hash(
+            tok,
+            g.dev[L + n : 2 * L + n] if multi else tok,
+            self._mult,
+            self._rows,
+            ids_all,
+            self.dims.eos_token_id,
+            multi,
+        )
+        if multi:
+            ids = g.ids_sel[: T * n].reshape(T, n)
+            cp.take(ids_all, g.dev[2 * L + n : 2 * L + 2 * n], axis=1, out=ids)
+            word_ids = g.dev[L : L + n]
+        else:
+            ids, word_ids = ids_all[:, L - n :], tok[L - n :]
+        assert self._stacked is not None and g.stack is not None
+        gather_stacked(ids, self._stacked, g.stack)
+        self.word.gather(word_ids, out=g.words)
+        gemm_bf16_f32(g.stack, self._wcat, out=g.proj)
+        scale_sum(g.words, g.proj, float(1 + self.dims.num_tables), out=g.out)
+
+    def _staging_shapes(self, n: int) -> tuple[tuple[int, int], int]:
+        return (n, self.dims.num_tables * self.dims.table_dim), self.dims.hidden_size
+
+    def _row_slots(self, seq_slots: Any, batch: NgramBatch, n: int) -> Any:
         if seq_slots is None or np.ndim(seq_slots) == 0 or len(seq_slots) == n:
             return seq_slots
-        if len(seq_slots) != len(seq_lens):
+        if len(seq_slots) != batch.num_seqs:
             raise ConfigError(
                 f"seq_slots has {len(seq_slots)} entries: expected one per sequence "
-                f"({len(seq_lens)}) or one per row ({n})"
+                f"({batch.num_seqs}) or one per row ({n})"
             )
-        return np.repeat(np.asarray(seq_slots), np.asarray(seq_lens, dtype=np.int64))
+        return batch.rows_per_sequence(seq_slots)
 
     def _reserve(self, n: int) -> None:
         """Grow the staging buffers to at least ``n`` rows (they never shrink)."""
@@ -383,6 +615,103 @@ class NgramEmbedding:
             f"NgramEmbedding(tables={kinds}, word={self.word.kind}, hidden={self.dims.hidden_size}, "
             f"device={self.device!r})"
         )
+
+
+def _launch_hash(
+    tokens: Any, starts: Any, mult: Any, rows: Any, out: Any, eos: int, has_starts: bool
+) -> None:
+    """``kernels/ngram.cu``'s ``ngram_hash`` into a preallocated ``out`` int64[T, L].
+
+    ``kernels.ngram.ngram_hash`` allocates its result; a CUDA graph needs fixed
+    buffers, so the step launches the same kernel (same arguments, no range check:
+    host tokens were checked once in ``NgramBatch``) into its own.
+    """
+    T, L = int(out.shape[0]), int(out.shape[1])
+    if T * L == 0:
+        return
+    grid, block = launch_1d(T * L)
+    get_kernel("ngram.cu", "ngram_hash")(
+        grid,
+        block,
+        (
+            tokens,
+            starts,
+            mult,
+            rows,
+            out,
+            np.int64(L),
+            np.int32(T),
+            np.int32(mult.shape[1]),
+            np.int64(eos),
+            np.int32(has_starts),
+            np.int64(0),
+            rows,  # the unused range-check flag
+        ),
+    )
+
+
+class _DeviceStep:
+    """Fixed device buffers of a GPU step from host tokens (capacity ``cap_len``
+    tokens, ``cap_rows`` rows), and a pinned upload buffer ring.
+
+    Layout of an upload: ``[tokens L | word ids n | starts L | positions n]`` (one
+    sequence: the tokens only). Before a pinned buffer is rewritten, the copy that
+    last read it must have run (its event is waited on: normally long done). With
+    ``staging`` (graph steps) it also owns the step's stack, projection, word-row
+    and output buffers, so a captured graph's pointers stay valid.
+    """
+
+    def __init__(
+        self,
+        cp: Any,
+        T: int,
+        cap_len: int,
+        cap_rows: int,
+        staging: tuple[tuple[int, int], int] | None = None,
+    ) -> None:
+        import cupyx
+
+        self.cap_len, self.cap_rows = cap_len, cap_rows
+        words = 2 * cap_len + 2 * cap_rows
+        ring = 1 if staging is not None else 2  # a graph's copy node reads one fixed buffer
+        self.hosts = [cupyx.empty_pinned(max(words, 1), dtype=np.int64) for _ in range(ring)]
+        self._events: list[Any] = [None] * ring
+        self._next = 0
+        self.dev = cp.empty(max(words, 1), dtype=cp.int64)
+        self.ids_all = cp.empty(max(T * cap_len, 1), dtype=cp.int64)
+        self.ids_sel = cp.empty(max(T * cap_rows, 1), dtype=cp.int64)
+        self.graph: Any = None
+        self.runs = 0
+        self.stack = self.proj = self.words = self.out = None
+        if staging is not None:
+            (n, td), D = staging
+            self.stack = cp.empty((n, td), dtype=BF16)
+            self.proj = cp.empty((n, D), dtype=cp.float32)
+            self.words = cp.empty((n, D), dtype=BF16)
+            self.out = cp.empty((n, D), dtype=BF16)
+
+    @property
+    def nbytes(self) -> int:
+        arrays = [self.dev, self.ids_all, self.ids_sel, self.stack, self.proj, self.words, self.out]
+        return sum(int(a.nbytes) for a in arrays if a is not None)
+
+    def host(self) -> np.ndarray:
+        """The next pinned buffer to fill, once its previous copy has read it."""
+        k = self._next
+        if self._events[k] is not None:
+            self._events[k].synchronize()
+            self._events[k] = None
+        return self.hosts[k]
+
+    def uploaded(self, stream: Any) -> None:
+        """Mark the buffer just handed out as being read by work queued on ``stream``."""
+        self._events[self._next] = stream.record()
+        self._next = (self._next + 1) % len(self.hosts)
+
+    def wait(self) -> None:
+        for e in self._events:
+            if e is not None:
+                e.synchronize()
 
 
 __all__ = ["NgramEmbedding"]

@@ -196,36 +196,56 @@ class CachedTable:
     Parameters
     ----------
     cache : NgramRowCache
-        Over one table of a store; its arena (``cache.table``, and ``cache.scales``
-        for FP8 stores) lives on the CPU (NumPy) or the GPU (cupy).
+        Over one table of a store, or over several tables of one dim and dtype
+        sharing one arena and LRU (``NgramRowCache(store, [t0, t1, ...], slots=...)``).
+        Its arena (``cache.table``, and ``cache.scales`` for FP8 stores) lives on
+        the CPU (NumPy) or the GPU (cupy).
+    part : int
+        Which of the cache's tables this is (``cache.parts[part]``); its rows are
+        addressed in the cache as ``cache.row_offsets[part] + local_id``. Default 0,
+        the only part of a single-table cache.
 
     Notes
     -----
     Batch lifetime: :meth:`gather` resolves the ids (faulting misses in and pinning
     their slots) and gathers from the arena by slot. The slots stay pinned until
-    :meth:`end_batch`, which ``NgramEmbedding`` calls once per ``embed`` call, after
-    every gather of the step (on the GPU, after the current stream has finished the
-    gathers), so a fault of the next step can never overwrite a row still being read.
+    :meth:`end_batch`, which ``NgramEmbedding`` calls once per ``embed`` call and
+    cache, after every gather of the step (on the GPU, after the current stream has
+    finished the gathers), so a fault of the next step can never overwrite a row
+    still being read. ``NgramEmbedding`` resolves every part of one shared cache
+    with a single ``resolve`` per step.
     """
 
     kind = "cached"
 
-    def __init__(self, cache: Any) -> None:
+    def __init__(self, cache: Any, part: int = 0) -> None:
         for attr in ("resolve", "end_batch", "table", "info"):
             if not hasattr(cache, attr):
                 raise ConfigError(
                     f"CachedTable needs a rowcache.NgramRowCache, got {type(cache).__name__} "
                     f"(no {attr!r})"
                 )
+        parts = list(getattr(cache, "parts", None) or [cache.info])
+        if isinstance(part, bool) or not isinstance(part, (int, np.integer)):
+            raise ConfigError(f"part={part!r} must be an int in [0, {len(parts)})")
+        if not 0 <= part < len(parts):
+            raise ConfigError(
+                f"part={part} is out of range: the cache holds {len(parts)} table(s), "
+                f"allowed 0..{len(parts) - 1}"
+            )
         self.cache = cache
+        self.part = int(part)
+        self.info = parts[self.part]
+        offsets = getattr(cache, "row_offsets", None)
+        self.offset = int(offsets[self.part]) if offsets is not None else 0
 
     @property
     def rows(self) -> int:
-        return int(self.cache.info.rows)
+        return int(self.info.rows)
 
     @property
     def dim(self) -> int:
-        return int(self.cache.info.dim)
+        return int(self.info.dim)
 
     @property
     def device(self) -> str:
@@ -233,7 +253,7 @@ class CachedTable:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the arena (codes and scales), not of the whole table."""
+        """Bytes of the (possibly shared) arena, codes and scales; not of the table."""
         scales = self.cache.scales
         return int(self.cache.table.nbytes + (0 if scales is None else scales.nbytes))
 
@@ -243,10 +263,19 @@ class CachedTable:
         return self.cache.table, self.cache.scales
 
     def resolve(self, ids: Any) -> Any:
-        """Arena slots (int32[n]) holding rows ``ids``, faulting misses in; pinned
-        until :meth:`end_batch`. Raises ``ArenaExhaustedError`` when the batch's
-        distinct rows exceed the free slots."""
+        """Arena slots (int32[n]) holding rows ``ids`` of this part, faulting misses
+        in; pinned until :meth:`end_batch`. Raises ``ArenaExhaustedError`` when the
+        batch's distinct rows exceed the free slots."""
+        if self.offset:
+            ids = ids + self.offset
         return self.cache.resolve(ids)
+
+    def gather_slots(self, slots: Any, out: Any = None) -> Any:
+        """Rows of the arena at ``slots`` (from :meth:`resolve`): bfloat16[n, d]."""
+        scales = self.cache.scales
+        if scales is None:
+            return kernels.batched_embed(slots, self.cache.table, out)
+        return kernels.batched_embed_fp8(slots, self.cache.table, scales, out)
 
     def gather(self, ids: Any, out: Any = None) -> Any:
         """Resolve ``ids`` to arena slots, then gather those slots: bfloat16[n, d].
@@ -254,24 +283,21 @@ class CachedTable:
         Part of the current batch until :meth:`end_batch`. Raises
         ``ArenaExhaustedError`` when the batch's distinct rows exceed the free slots.
         """
-        slots = self.resolve(ids)
-        scales = self.cache.scales
-        if scales is None:
-            return kernels.batched_embed(slots, self.cache.table, out)
-        return kernels.batched_embed_fp8(slots, self.cache.table, scales, out)
+        return self.gather_slots(self.resolve(ids), out)
 
     def end_batch(self) -> None:
-        """Unpin the slots of this batch (``cache.end_batch()``)."""
+        """Unpin the slots of this batch (``cache.end_batch()``; every part of a
+        shared cache ends together)."""
         self.cache.end_batch()
 
     def stats(self, reset: bool = False) -> Any:
-        """The cache's ``CacheStats`` snapshot."""
+        """The cache's ``CacheStats`` snapshot (of every part, for a shared cache)."""
         return self.cache.stats(reset=reset)
 
     def __repr__(self) -> str:
         return (
-            f"CachedTable(rows={self.rows}, dim={self.dim}, slots={self.cache.table.shape[0]}, "
-            f"device={self.device!r})"
+            f"CachedTable(rows={self.rows}, dim={self.dim}, part={self.part}, "
+            f"slots={self.cache.table.shape[0]}, device={self.device!r})"
         )
 
 

@@ -219,13 +219,15 @@ class CachedTable:
     kind = "cached"
 
     def __init__(self, cache: Any, part: int = 0) -> None:
-        for attr in ("resolve", "end_batch", "table", "info"):
+        for attr in ("resolve", "end_batch", "table"):
             if not hasattr(cache, attr):
                 raise ConfigError(
                     f"CachedTable needs a rowcache.NgramRowCache, got {type(cache).__name__} "
                     f"(no {attr!r})"
                 )
-        parts = list(getattr(cache, "parts", None) or [cache.info])
+        # a shared cache has parts (and its .info raises); a single-table one may not
+        parts = getattr(cache, "parts", None)
+        parts = list(parts) if parts else [cache.info]
         if isinstance(part, bool) or not isinstance(part, (int, np.integer)):
             raise ConfigError(f"part={part!r} must be an int in [0, {len(parts)})")
         if not 0 <= part < len(parts):
@@ -238,6 +240,7 @@ class CachedTable:
         self.info = parts[self.part]
         offsets = getattr(cache, "row_offsets", None)
         self.offset = int(offsets[self.part]) if offsets is not None else 0
+        self._shared = len(parts) > 1
 
     @property
     def rows(self) -> int:
@@ -266,8 +269,8 @@ class CachedTable:
         """Arena slots (int32[n]) holding rows ``ids`` of this part, faulting misses
         in; pinned until :meth:`end_batch`. Raises ``ArenaExhaustedError`` when the
         batch's distinct rows exceed the free slots."""
-        if self.offset:
-            ids = ids + self.offset
+        if self._shared:  # range-checked against this part, not the whole arena
+            ids = self.cache.global_ids(self.part, ids)
         return self.cache.resolve(ids)
 
     def gather_slots(self, slots: Any, out: Any = None) -> Any:

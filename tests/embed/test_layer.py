@@ -9,7 +9,7 @@ import pytest
 
 from embed.context import NgramContext
 from embed.dims import NgramDims
-from embed.ids import ngram_ids
+from embed.ids import ngram_ids, ngram_ids_loop_reference
 from embed.layer import NgramEmbedding
 from embed.overlay import TokenOverlay
 from embed.tables import Bf16Table, Fp8Table
@@ -458,7 +458,9 @@ def test_layer_gpu_fused_equals_per_table_kernels(rng, tmp_path):
             cp.asnumpy(scale_sum(w, p32, 5.0)).view(np.uint16),
             scale_sum_reference(word[:64], cp.asnumpy(p32), 5.0).view(np.uint16),
         )
-        a16 = np.concatenate([t[:64] for t in tables], axis=1)  # [64, T*d], as the layer stacks them
+        a16 = np.concatenate(
+            [t[:64] for t in tables], axis=1
+        )  # [64, T*d], as the layer stacks them
         b16 = np.concatenate([pj.T for pj in projs])
         got = cp.asnumpy(gemm_bf16_f32(cp.asarray(a16), cp.asarray(np.ascontiguousarray(b16))))
         want = a16.astype(np.float32) @ b16.astype(np.float32)
@@ -486,3 +488,233 @@ def test_bench_embed_quick_gpu(tmp_path, capsys, rng):
     res = json.loads(capsys.readouterr().out)
     assert res["gemm_flops_per_s"] > 0 and res["copy_bytes_per_s"] > 0
     assert all(r["hit_rate"] == 1.0 for r in res["cached"] if r["mode"] == "hot replay")
+
+
+# --- packed batches (NgramBatch), host hashing of embedded positions, shared caches ---------
+def _packed(rng, lens):
+    ctxs = [_stream(rng, L) for L in lens]
+    return ctxs, np.concatenate(ctxs), np.array(lens, dtype=np.int64)
+
+
+def test_hash_positions_matches_full_reference(rng):
+    from embed.batch import NgramBatch, hash_positions
+    from kernels.ngram import ngram_hash_reference
+
+    V, eos = DIMS.vocab_size, DIMS.eos_token_id
+    lens = [0, 1, 5, 3, 40, 0, 2, 17]
+    _ctxs, tokens, ctx_lens = _packed(rng, lens)
+    # edge tokens: EOS first and last, adjacent EOS, token 0 and V - 1
+    tokens[:2] = eos
+    tokens[-1] = eos
+    tokens[10:12] = [0, V - 1]
+    seq_lens = np.minimum(ctx_lens, [0, 1, 2, 3, 39, 0, 2, 17])
+    batch = NgramBatch(DIMS, tokens, ctx_lens, seq_lens)
+    full = ngram_hash_reference(
+        tokens, DIMS.multipliers, DIMS.all_table_rows, eos, np.repeat(batch.begin, ctx_lens)
+    )
+    np.testing.assert_array_equal(batch.host_ids(), full[:, batch.positions])
+    assert batch.positions.shape == (int(seq_lens.sum()),)
+    for s in range(len(lens)):  # and per sequence against the plain-loop spec reference
+        a, L, k = int(batch.begin[s]), lens[s], int(seq_lens[s])
+        if L:
+            np.testing.assert_array_equal(
+                full[:, a + L - k : a + L],
+                ngram_ids_loop_reference(DIMS, tokens[a : a + L])[:, L - k :],
+            )
+    one = hash_positions(tokens, np.array([12]), 11, DIMS.multipliers, DIMS.all_table_rows, eos)
+    np.testing.assert_array_equal(one[:, 0], ngram_ids_loop_reference(DIMS, tokens[11:13])[:, 1])
+
+
+def test_layer_embed_packed_equals_list_and_separate(rng):
+    from embed.batch import NgramBatch
+
+    word, tables, projs = _weights(rng)
+    emb = NgramEmbedding(DIMS, word, tables, projs)
+    ctxs, tokens, ctx_lens = _packed(rng, [3, 40, 1, 17, 0, 4])
+    seq_lens = np.array([1, 25, 1, 0, 0, 4])
+    packed = emb.embed_packed(tokens, ctx_lens, seq_lens)
+    listed = emb.embed_batch(ctxs, seq_lens.tolist())
+    via_batch = emb.embed_packed(NgramBatch(DIMS, tokens.tolist(), ctx_lens, seq_lens))
+    assert packed.shape == (31, 48)
+    np.testing.assert_array_equal(_bits(packed), _bits(listed))
+    np.testing.assert_array_equal(_bits(packed), _bits(via_batch))
+    _, ids = emb.embed_ids(ctxs, seq_lens.tolist())
+    expect = np.concatenate(
+        [ngram_ids(DIMS, c)[:, len(c) - k :] for c, k in zip(ctxs, seq_lens) if len(c)], axis=1
+    )
+    np.testing.assert_array_equal(ids, expect)
+    # a decode step: every sequence embeds its last token, rows in sequence order
+    dec = emb.embed_packed(tokens, ctx_lens, (ctx_lens > 0).astype(np.int64))
+    sep = np.concatenate([emb.embed(c, 1) for c in ctxs if len(c)])
+    np.testing.assert_allclose(dec.astype(np.float32), sep.astype(np.float32), rtol=1e-2, atol=1e-6)
+
+
+def test_layer_embed_packed_bad_input(rng):
+    from embed.batch import NgramBatch
+
+    emb = NgramEmbedding(DIMS, *_weights(rng))
+    tokens = np.array([1, 2, 3, 4, 5, 1000, 7])
+    with pytest.raises(ConfigError, match=r"tokens\[5\] \(sequence 1, position 2\) = 1000"):
+        emb.embed_packed(tokens, [3, 4], [1, 1])
+    with pytest.raises(ConfigError, match=r"contexts\[1\]\[2\] = 1000"):
+        emb.embed_batch([tokens[:3], tokens[3:]], [1, 1])
+    with pytest.raises(ConfigError, match=r"ctx_lens must be >= 0 and sum to len\(tokens\)=7"):
+        emb.embed_packed(tokens, [3, 3], [1, 1])
+    with pytest.raises(ConfigError, match=r"seq_len=5 for tokens\[1\] must be an int in \[0, 4\]"):
+        emb.embed_packed(tokens % 10, [3, 4], [1, 5])
+    with pytest.raises(ConfigError, match=r"seq_lens has 1 entries, expected 2"):
+        emb.embed_packed(tokens % 10, [3, 4], [1])
+    with pytest.raises(ConfigError, match=r"seq_lens\[1\]=True must be an int"):
+        emb.embed_batch([tokens[:3], tokens[3:5]], [1, True])
+    with pytest.raises(ConfigError, match="needs ctx_lens and seq_lens"):
+        emb.embed_packed(tokens % 10)
+    with pytest.raises(ConfigError, match="1-D integer"):
+        emb.embed_packed(np.zeros((2, 2), np.int64), [2, 2], [1, 1])
+    other = NgramDims(
+        vocab_size=1000, hidden_size=48, max_ngram=3, splits=2, ratio=3, eos_token_id=2
+    )
+    with pytest.raises(ConfigError, match="other NgramDims"):
+        emb.embed_packed(NgramBatch(other, [1, 2], [2], [1]))
+
+
+def _shared_cache_model(rng, tmp_path, *, slots_frac=0.3, dtype="bf16", device="cpu"):
+    from rowcache.builder import build_store
+    from rowcache.cache import NgramRowCache
+
+    word, tables, projs = _weights(rng)
+    named = {f"t{i}": t for i, t in enumerate(tables)}
+    named["word"] = word
+    store = build_store(tmp_path / f"shared-{dtype}-{device}", named, dtype=dtype, progress=False)
+    total = sum(t.shape[0] for t in tables)
+    shared = NgramRowCache(
+        store, [f"t{i}" for i in range(len(tables))], slots=int(total * slots_frac), device=device
+    )
+    word_cache = NgramRowCache(store, "word", slots=DIMS.vocab_size // 2, device=device)
+    return store, shared, word_cache, word, tables, projs
+
+
+def _count_resolves(monkeypatch, cache):
+    calls = []
+    real = cache.resolve
+
+    def counting(ids):
+        calls.append(int(np.asarray(ids).shape[0]))
+        return real(ids)
+
+    monkeypatch.setattr(cache, "resolve", counting)
+    return calls
+
+
+def test_layer_shared_cache_equals_resident_bit_for_bit(rng, tmp_path, monkeypatch):
+    from embed.context import NgramBatchContext
+    from embed.tables import CachedTable
+
+    store, shared, word_cache, word, tables, projs = _shared_cache_model(rng, tmp_path)
+    try:
+        T = DIMS.num_tables
+        resident = NgramEmbedding(DIMS, word, tables, projs)
+        all_cached = NgramEmbedding(DIMS, word, [CachedTable(shared, k) for k in range(T)], projs)
+        # mixed: tables 0 and 2 resident, 1 and 3 in the shared cache, word in its own cache
+        mixed_tables = [
+            Bf16Table(tables[0]),
+            CachedTable(shared, 1),
+            tables[2],
+            CachedTable(shared, 3),
+        ]
+        mixed = NgramEmbedding(DIMS, CachedTable(word_cache), mixed_tables, projs)
+        assert len(all_cached.caches) == 1 and len(mixed.caches) == 2
+        calls = _count_resolves(monkeypatch, shared)
+        S = 6
+        x = [_stream(rng, 120) for _ in range(S)]
+        for emb in (all_cached, mixed):
+            ctx_r, ctx_c = NgramBatchContext(DIMS, S), NgramBatchContext(DIMS, S)
+            steps = [(0, 30), (30, 31), *[(k, k + 1) for k in range(31, 120)]]
+            for a, b in steps:
+                new = np.concatenate([s[a:b] for s in x])
+                lens = np.full(S, b - a)
+                want = resident.embed_packed(ctx_r.step(new, lens))
+                got = emb.embed_packed(ctx_c.step(new, lens))
+                np.testing.assert_array_equal(_bits(got), _bits(want))
+        # one resolve per step for the shared cache, whatever the number of its tables
+        assert len(calls) == 2 * 91
+        assert calls[0] == T * S * 30 and calls[-1] == 2 * S
+        s = shared.stats()
+        assert s.hits > 0 and s.misses > 0 and shared.pinned == 0 and word_cache.pinned == 0
+        # a shared-cache part gathers exactly its own table
+        ids = rng.integers(0, DIMS.table_rows(2), size=50)
+        np.testing.assert_array_equal(
+            _bits(CachedTable(shared, 2).gather(ids)), _bits(tables[2][ids])
+        )
+        shared.end_batch()
+        # the shared arena is counted once
+        assert all_cached.resident_bytes() < resident.resident_bytes()
+    finally:
+        store.close()
+
+
+def test_layer_shared_cache_fp8_equals_resident_fp8(rng, tmp_path):
+    from embed.tables import CachedTable
+
+    store, shared, _, word, tables, projs = _shared_cache_model(rng, tmp_path, dtype="fp8")
+    try:
+        resident = NgramEmbedding(DIMS, word, [Fp8Table.quantize(t) for t in tables], projs)
+        emb = NgramEmbedding(DIMS, word, [CachedTable(shared, k) for k in range(4)], projs)
+        _ctxs, tokens, ctx_lens = _packed(rng, [30, 4, 60, 4])
+        seq_lens = np.array([28, 1, 60, 1])
+        np.testing.assert_array_equal(
+            _bits(emb.embed_packed(tokens, ctx_lens, seq_lens)),
+            _bits(resident.embed_packed(tokens, ctx_lens, seq_lens)),
+        )
+    finally:
+        store.close()
+
+
+@pytest.mark.gpu
+def test_layer_gpu_packed_graphs_and_shared_cache(rng, tmp_path):
+    import cupy as cp
+
+    from embed.context import NgramBatchContext
+    from embed.tables import CachedTable
+
+    store, shared, _word_cache, word, tables, projs = _shared_cache_model(
+        rng, tmp_path, device="cuda"
+    )
+    try:
+        dev_tables = [cp.asarray(t) for t in tables]
+        eager = NgramEmbedding(DIMS, cp.asarray(word), dev_tables, projs)
+        graphs = NgramEmbedding(DIMS, cp.asarray(word), dev_tables, projs, cuda_graphs=True)
+        cached = NgramEmbedding(
+            DIMS, cp.asarray(word), [CachedTable(shared, k) for k in range(4)], projs
+        )
+        cpu = NgramEmbedding(DIMS, word, tables, projs)
+        S = 5
+        x = [_stream(rng, 80) for _ in range(S)]
+        ctx = NgramBatchContext(DIMS, S)
+        steps = [(0, 20), *[(k, k + 1) for k in range(20, 80)]]
+        for a, b in steps:
+            batch = ctx.step(np.concatenate([s[a:b] for s in x]), np.full(S, b - a))
+            want = cp.asnumpy(eager.embed_packed(batch)).view(np.uint16)
+            got_g = cp.asnumpy(graphs.embed_packed(batch)).view(np.uint16)
+            got_c = cp.asnumpy(cached.embed_packed(batch)).view(np.uint16)
+            np.testing.assert_array_equal(got_g, want)
+            np.testing.assert_array_equal(got_c, want)
+            ref = cpu.embed_packed(batch).astype(np.float32)
+            np.testing.assert_allclose(
+                want.view(BF16).astype(np.float32), ref, rtol=2e-2, atol=1e-5
+            )
+        assert len(graphs._graphs) == 2 and all(
+            g.graph is not None for g in graphs._graphs.values()
+        )
+        # one sequence (a prefill) through a graph, with out= receiving a copy
+        out = cp.empty((30, 48), dtype=BF16)
+        for _ in range(3):
+            graphs.embed(x[0][:40], 30, out=out)
+        np.testing.assert_array_equal(
+            cp.asnumpy(out).view(np.uint16), cp.asnumpy(eager.embed(x[0][:40], 30)).view(np.uint16)
+        )
+        # device tokens still range-checked in the hash kernel
+        with pytest.raises(ConfigError, match=r"contexts\[1\]\[1\] = 1000"):
+            eager.embed_batch([cp.asarray(x[0][:3]), cp.asarray(np.array([1, 1000]))], [1, 1])
+        assert shared.pinned == 0
+    finally:
+        store.close()

@@ -165,3 +165,33 @@ def test_cached_table_rejects_non_cache():
 
 def _bits(a):
     return np.asarray(a).view(np.uint16)
+
+
+def test_cached_table_parts_of_a_shared_cache(rng, tmp_path):
+    from embed.tables import CachedTable
+    from rowcache.cache import NgramRowCache
+    from rowcache.errors import RowRangeError
+
+    a, b = _table(rng, rows=500, dim=16), _table(rng, rows=300, dim=16)
+    store = _store(tmp_path, {"a": a, "b": b})
+    try:
+        shared = NgramRowCache(store, ["a", "b"], slots=200)
+        ta, tb = CachedTable(shared, 0), CachedTable(shared, part=1)
+        assert (ta.rows, tb.rows, tb.offset, tb.dim) == (500, 300, 500, 16)
+        for _ in range(10):
+            ia, ib = rng.integers(0, 500, size=60), rng.integers(0, 300, size=60)
+            got_a, got_b = ta.gather(ia), tb.gather(ib)
+            shared.end_batch()
+            np.testing.assert_array_equal(_bits(got_a), _bits(a[ia]))
+            np.testing.assert_array_equal(_bits(got_b), _bits(b[ib]))
+        assert ta.nbytes == tb.nbytes == 200 * 16 * 2  # one arena
+        with pytest.raises(RowRangeError):  # a local id past its own table, not the arena
+            tb.resolve(np.array([300]))
+        with pytest.raises(ConfigError, match=r"part=2 is out of range.*0\.\.1"):
+            CachedTable(shared, 2)
+        with pytest.raises(ConfigError, match="part=True"):
+            CachedTable(shared, True)
+        single = CachedTable(NgramRowCache(store, "b", slots=10))
+        assert (single.part, single.offset, single.rows) == (0, 0, 300)
+    finally:
+        store.close()

@@ -32,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from embed.batch import NgramBatch
 from embed.context import NgramContext
 from embed.dims import NgramDims
 from embed.layer import NgramEmbedding
@@ -142,6 +143,16 @@ def decode_contexts(tokens: np.ndarray, batch: int, step: int, keep: int) -> lis
     return [tokens[s : s + keep + 1] for s in starts]
 
 
+def decode_packed(
+    tokens: np.ndarray, batch: int, step: int, keep: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`decode_contexts` packed as a server's ``NgramBatchContext.step`` hands them
+    over: ``(tokens int64[batch*(keep+1)], ctx_lens, seq_lens)`` on the host."""
+    ctxs = decode_contexts(tokens, batch, step, keep)
+    packed = np.concatenate(ctxs).astype(np.int64)
+    return packed, np.full(batch, keep + 1, dtype=np.int64), np.ones(batch, dtype=np.int64)
+
+
 # --- one variant -------------------------------------------------------------------------
 def bench_variant(
     emb: NgramEmbedding,
@@ -155,14 +166,22 @@ def bench_variant(
     rows = []
     shapes = [(f"decode x{b}", b) for b in DECODE_BATCHES] + [(f"prefill {PREFILL}", PREFILL)]
     for name, n in shapes:
+        list_sec = None
         if name.startswith("decode"):
-            ctxs = decode_contexts(tokens, n, 0, keep)  # host token ids, as a scheduler holds
-            fn = lambda c=ctxs, k=n: emb.embed_batch(c, [1] * k)  # noqa: E731
+            # host token ids, as a scheduler holds them: packed (NgramBatchContext.step's
+            # form; validated on every call), and as a list of per-sequence contexts
+            packed = decode_packed(tokens, n, 0, keep)
+            fn = lambda p=packed: emb.embed_packed(NgramBatch(emb.dims, *p))  # noqa: E731
+            ctxs = decode_contexts(tokens, n, 0, keep)
+            list_sec = _time(xp, lambda c=ctxs, k=n: emb.embed_batch(c, [1] * k), reps)
         else:
-            ctx = xp.asarray(tokens[:PREFILL])
+            # host token ids (the hash runs on the device after one pinned upload)
+            ctx = tokens[:PREFILL].astype(np.int64)
             fn = lambda c=ctx: emb.embed(c, PREFILL)  # noqa: E731
         sec = _time(xp, fn, reps)
         row: dict[str, Any] = {"shape": name, "tokens": n, "seconds": sec, "tokens_per_s": n / sec}
+        if list_sec is not None:
+            row["list_seconds"] = list_sec
         if bound is not None:
             row["bound_seconds"] = bound(n)
             row["fraction_of_bound"] = bound(n) / sec
@@ -180,11 +199,12 @@ def bench_cached(
 ) -> list[dict[str, Any]]:
     """Cached vs resident per shape: streaming demo text, then a hot replay (>= 99% hits)."""
     keep = emb_cached.dims.max_ngram - 1
+    dm = emb_cached.dims
     # warm the arenas with the text, as a server would have after a while
     ctx = NgramContext(emb_cached.dims)
     warm = tokens[: tokens.size // 2]
     for a in range(0, warm.size, PREFILL):
-        emb_cached.embed(ctx.step(xp.asarray(warm[a : a + PREFILL])), min(PREFILL, warm.size - a))
+        emb_cached.embed(ctx.step(warm[a : a + PREFILL]), min(PREFILL, warm.size - a))
     rest = tokens[tokens.size // 2 :]
     rows = []
     shapes = [(f"decode x{b}", b) for b in DECODE_BATCHES] + [(f"prefill {PREFILL}", PREFILL)]
@@ -193,12 +213,12 @@ def bench_cached(
     for name, n in shapes:
         for mode in ("demo text", "hot replay"):
             if name.startswith("decode"):
-                batches = [decode_contexts(rest, n, s, keep) for s in range(reps)]
-                run_c = [lambda c=c, k=n: emb_cached.embed_batch(c, [1] * k) for c in batches]
-                run_r = [lambda c=c, k=n: emb_resident.embed_batch(c, [1] * k) for c in batches]
+                batches = [decode_packed(rest, n, s, keep) for s in range(reps)]
+                run_c = [lambda p=p: emb_cached.embed_packed(NgramBatch(dm, *p)) for p in batches]
+                run_r = [lambda p=p: emb_resident.embed_packed(NgramBatch(dm, *p)) for p in batches]
             else:
                 chunks = [
-                    xp.asarray(rest[(s * PREFILL) % max(1, rest.size - PREFILL) :][:PREFILL])
+                    rest[(s * PREFILL) % max(1, rest.size - PREFILL) :][:PREFILL].astype(np.int64)
                     for s in range(reps)
                 ]
                 run_c = [lambda c=c: emb_cached.embed(c, int(c.shape[0])) for c in chunks]
@@ -258,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--workdir", default=None, help="where the cached store is built")
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--skip", default="", help="comma list of: bf16,fp8,cached")
+    p.add_argument("--skip", default="", help="comma list of: bf16,graph,fp8,cached")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
@@ -327,6 +347,10 @@ def main(argv: list[str] | None = None) -> int:
             bound = lambda n: step_bound(dims, n, 2 * d, copy_bw, gemm_rate)  # noqa: E731
             result["resident_bf16"] = bench_variant(emb, xp, tokens, args.reps, bound)
             del emb
+            if "graph" not in skip and args.device == "cuda":
+                emb = NgramEmbedding(dims, rs_word, tabs, projs_host, cuda_graphs=True)
+                result["resident_bf16_graph"] = bench_variant(emb, xp, tokens, args.reps, bound)
+                del emb
         if "fp8" not in skip:
             fp8 = []
             while tabs:  # quantize table by table, freeing each bf16 table
@@ -363,16 +387,18 @@ def main(argv: list[str] | None = None) -> int:
                 os.path.join(workdir, "store"), host, overwrite=True, progress=False
             )
             del host
-            caches = [
-                NgramRowCache(
-                    store,
-                    str(i),
-                    slots=max(1, int(args.arena_fraction * cdims.table_rows(i))),
-                    device=args.device,
-                )
-                for i in range(T)
-            ]
-            emb_c = NgramEmbedding(cdims, rs_word, [CachedTable(c) for c in caches], projs_host)
+            # one arena and LRU shared by the 12 tables: one resolve per step
+            total_rows = sum(cdims.table_rows(i) for i in range(T))
+            shared = NgramRowCache(
+                store,
+                [str(i) for i in range(T)],
+                slots=max(1, int(args.arena_fraction * total_rows)),
+                device=args.device,
+            )
+            caches = [shared]
+            emb_c = NgramEmbedding(
+                cdims, rs_word, [CachedTable(shared, i) for i in range(T)], projs_host
+            )
             emb_r = NgramEmbedding(cdims, rs_word, ctabs, projs_host)
             result["cached"] = bench_cached(emb_c, emb_r, caches, xp, tokens, args.reps)
         finally:
@@ -392,26 +418,29 @@ def main(argv: list[str] | None = None) -> int:
         f"baseline: device copy {copy_bw / 1e9:.1f} GB/s (read+write), bf16 GEMM "
         f"{gemm_rate / 1e12:.1f} TFLOP/s at [{PREFILL}, {T * d}] x [{T * d}, {D}]"
     )
-    for key in ("resident_bf16", "resident_fp8"):
+    for key in ("resident_bf16", "resident_bf16_graph", "resident_fp8"):
         if key in result:
             print(
                 f"\n{key}: shape | tokens/s | step ms | bound ms | fraction of bound (target >= 0.5)"
+                " | list-input step ms"
             )
             for r in result[key]:
+                listed = f"{r['list_seconds'] * 1e3:8.3f}" if "list_seconds" in r else "       -"
                 print(
                     f"  {r['shape']:<13} | {r['tokens_per_s']:>12,.0f} | {r['seconds'] * 1e3:8.3f} | "
-                    f"{r['bound_seconds'] * 1e3:8.3f} | {r['fraction_of_bound']:.2f}"
+                    f"{r['bound_seconds'] * 1e3:8.3f} | {r['fraction_of_bound']:.2f} | {listed}"
                 )
     if "cached" in result:
         print(
-            "\ncached (arena "
+            "\ncached (one shared arena for the 12 tables, "
             f"{args.arena_fraction:.0%}): shape | mode | hit rate | cached tokens/s | cached/resident "
             "(target <= 1.5 at >= 99% hits)"
         )
         for r in result["cached"]:
             print(
                 f"  {r['shape']:<13} | {r['mode']:<10} | {r['hit_rate']:7.2%} | "
-                f"{r['cached_tokens_per_s']:>12,.0f} | {r['ratio_cached_over_resident']:.2f}"
+                f"{r['cached_tokens_per_s']:>12,.0f} | {r['ratio_cached_over_resident']:.2f} "
+                f"({r['cached_seconds'] * 1e3:.3f} vs {r['resident_seconds'] * 1e3:.3f} ms)"
             )
     return 0
 

@@ -374,7 +374,9 @@ class NgramEmbedding:
                 word_ids = batch.word_ids
                 host_ids = ids[self._cached_rows].get() if self._groups else None
             else:
-                ids, word_ids = self._device_ids(self._tok_buffers(batch), batch)
+                # every n-gram table cached: their slots replace all ids, skip the hash
+                hashed = self._cached_rows.size < self.dims.num_tables
+                ids, word_ids = self._device_ids(self._tok_buffers(batch), batch, hashed)
                 host_ids = batch.host_ids(self._cached_rows) if self._groups else None
             word_slots = self._resolve(batch, ids, host_ids, word_ids) if self._groups else None
             if self._stacked is not None:
@@ -418,8 +420,8 @@ class NgramEmbedding:
             parts = []
             for m in members:  # members of one cache (<= T + 1), vectorized over rows
                 if m < 0:
-                    if host_word is None:
-                        host_word = word_ids.get() if is_device_array(word_ids) else word_ids
+                    if host_word is None:  # host tokens: no copy back from the device
+                        host_word = word_ids.get() if batch.on_device else batch.word_ids
                     parts.append(host_word)
                 else:
                     parts.append(host_ids[self._cached_pos[m]])
@@ -469,14 +471,25 @@ class NgramEmbedding:
             buf = self._tok = _DeviceStep(self._xp, self.dims.num_tables, cap_len, cap_rows)
         return buf
 
-    def _device_ids(self, buf: _DeviceStep, batch: NgramBatch) -> tuple[Any, Any]:
+    def _device_ids(
+        self, buf: _DeviceStep, batch: NgramBatch, hashed: bool = True
+    ) -> tuple[Any, Any]:
         """Upload the packed tokens (one H2D copy from a pinned buffer), hash them,
         select the embedded positions: ``(ids int64[T, n], word ids int64[n])`` on the
-        device, all in ``buf``'s fixed buffers (no allocation, no sync)."""
+        device, all in ``buf``'s fixed buffers (no allocation, no sync). With
+        ``hashed=False`` only the word ids go up and ``ids`` is left for the caller
+        to fill (every n-gram table is cached)."""
         cp = self._xp
         L, n = batch.length, batch.n
+        T = self.dims.num_tables
         multi = batch.num_seqs > 1
         host = buf.host()
+        if not hashed:
+            host[:n] = batch.word_ids
+            stream = cp.cuda.get_current_stream()
+            buf.dev[:n].set(host[:n], stream=stream)
+            buf.uploaded(stream)
+            return buf.ids_sel[: T * n].reshape(T, n), buf.dev[:n]
         host[:L] = batch.tokens
         k = L
         if multi:  # [tokens | word ids | starts | positions]
@@ -488,7 +501,6 @@ class NgramEmbedding:
         dev = buf.dev
         dev[:k].set(host[:k], stream=stream)
         buf.uploaded(stream)
-        T = self.dims.num_tables
         ids_all = buf.ids_all[: T * L].reshape(T, L)
         tok = dev[:L]
         _launch_hash(

@@ -18,6 +18,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 FP8_MAX = np.float32(448.0)
 _E4M3_TO_F32 = np.arange(256, dtype=np.uint8).view(E4M3).astype(np.float32)
+_F32_TINY = np.finfo(np.float32).tiny
 
 
 def quantize_fp8_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -43,10 +44,22 @@ def quantize_fp8_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q.astype(E4M3).view(np.uint8), scales
 
 
+def _flush_subnormal(x: np.ndarray) -> np.ndarray:
+    """Subnormal float32 values become a zero of the same sign."""
+    return np.where(np.abs(x) < _F32_TINY, np.copysign(np.float32(0), x), x).astype(np.float32)
+
+
 def dequantize_fp8_reference(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """``bf16(float32(e4m3(codes)) * scales[:, None])``, round to nearest even."""
+    """``bf16(ftz(float32(e4m3(codes)) * ftz(scales)[:, None]))``, round to nearest even.
+
+    ``ftz`` flushes subnormal float32 values to a signed zero: the H200's float32
+    multiply in these kernels does so for subnormal operands and results, even when
+    compiled with ``--ftz=false`` (measured; see bench/RESULTS.md). It matters only
+    for scales or products below 1.2e-38.
+    """
     vals = _E4M3_TO_F32[np.asarray(codes, dtype=np.uint8)]  # exact: a table of the 256 values
-    return (vals * np.asarray(scales, dtype=np.float32)[:, None]).astype(BF16)
+    prod = vals * _flush_subnormal(np.asarray(scales, dtype=np.float32))[:, None]
+    return _flush_subnormal(prod).astype(BF16)
 
 
 def _check_ids(ids: np.ndarray, rows: int) -> np.ndarray:

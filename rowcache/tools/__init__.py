@@ -1,5 +1,48 @@
-"""Offline tools: traces, miss-ratio curves, cache sizing."""
+"""Offline tools: traces, miss-ratio curves, policy comparison, cache sizing, disk profiling.
+
+``build_trace`` turns token streams into per-table row-id traces of a modelled server;
+``miss_ratio_curve`` draws exact LRU curves (per access, or with the cache's batch
+semantics) and SHARDS estimates; ``simulate`` runs SIEVE and Belady's OPT;
+``profile_trace`` and ``tune`` turn curves and a ``measure_io`` device profile into an
+arena size and split.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from .benchio import DeviceProfile, measure_io
+from .mrc import MissRatioCurve, combine_keys, curve_from_samples, miss_ratio_curve
+from .parallel import sample_trace
+from .policies import simulate
+from .profile import ProfileReport, profile_trace
+from .shards import Sample, sample_fixed_rate, sample_fixed_size, top_keys
+from .stack import batch_stack_distances, lru_stack_distances
+from .tokens import iter_requests, make_tokenizer
+from .trace import ServerModel, Trace, build_trace
+from .tune import TuneReport, parse_bytes, tune
+
+__all__ = [
+    "DeviceProfile",
+    "MissRatioCurve",
+    "ProfileReport",
+    "Sample",
+    "ServerModel",
+    "Trace",
+    "TuneReport",
+    "batch_stack_distances",
+    "build_trace",
+    "combine_keys",
+    "curve_from_samples",
+    "iter_requests",
+    "lru_stack_distances",
+    "make_tokenizer",
+    "measure_io",
+    "miss_ratio_curve",
+    "parse_bytes",
+    "profile_trace",
+    "sample_fixed_rate",
+    "sample_fixed_size",
+    "sample_trace",
+    "simulate",
+    "top_keys",
+    "tune",
+]

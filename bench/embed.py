@@ -262,6 +262,11 @@ def bench_cached(
     return rows
 
 
+def _progress(key: str, rows: list[dict[str, Any]]) -> None:
+    """Each variant's rows on stderr as soon as measured (a timed-out run keeps them)."""
+    print(key, json.dumps(rows), file=sys.stderr, flush=True)
+
+
 # --- main --------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -346,10 +351,12 @@ def main(argv: list[str] | None = None) -> int:
             emb = NgramEmbedding(dims, rs_word, tabs, projs_host)
             bound = lambda n: step_bound(dims, n, 2 * d, copy_bw, gemm_rate)  # noqa: E731
             result["resident_bf16"] = bench_variant(emb, xp, tokens, args.reps, bound)
+            _progress("resident_bf16", result["resident_bf16"])
             del emb
             if "graph" not in skip and args.device == "cuda":
                 emb = NgramEmbedding(dims, rs_word, tabs, projs_host, cuda_graphs=True)
                 result["resident_bf16_graph"] = bench_variant(emb, xp, tokens, args.reps, bound)
+                _progress("resident_bf16_graph", result["resident_bf16_graph"])
                 del emb
         if "fp8" not in skip:
             fp8 = []
@@ -358,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             emb = NgramEmbedding(dims, rs_word, fp8, projs_host)
             bound = lambda n: step_bound(dims, n, d + 4, copy_bw, gemm_rate)  # noqa: E731
             result["resident_fp8"] = bench_variant(emb, xp, tokens, args.reps, bound)
+            _progress("resident_fp8", result["resident_fp8"])
             del emb, fp8
         del tabs
         if xp is not np:
@@ -401,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             emb_r = NgramEmbedding(cdims, rs_word, ctabs, projs_host)
             result["cached"] = bench_cached(emb_c, emb_r, caches, xp, tokens, args.reps)
+            _progress("cached", result["cached"])
         finally:
             if store is not None:
                 store.close()

@@ -538,8 +538,7 @@ class NgramEmbedding:
         self._pack_graph(host, batch)
         stream = cp.cuda.get_current_stream()
         if g.graph is None and g.runs >= 1:
-            cap = cp.cuda.Stream(non_blocking=True)
-            cap.wait_event(stream.record())
+            cap = cp.cuda.Stream(non_blocking=True)  # capture needs a non-default stream
             with cap:
                 cap.begin_capture()
                 try:

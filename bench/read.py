@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=10_223_617, help="table rows (LongCat table 0: 10,223,617 x 256 bf16 = 5.2 GB)")
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--threads", type=int, default=16, help="queue depth of read_rows and of the raw reads")
-    ap.add_argument("--batches", type=int, default=4, help="batches per batch size")
+    ap.add_argument("--batches", type=int, default=4, help="batches of the largest size (smaller sizes: as many rows)")
     ap.add_argument("--sizes", default="768,24576", help="batch sizes")
     ap.add_argument("--dir", default=None, help="working directory (default: a temp dir)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, for the test suite")
@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(1)
     results = []
     for size in [int(s) for s in args.sizes.split(",")]:
-        batches = [np.unique(rng.integers(0, args.rows, size)) for _ in range(args.batches)]
+        # at least ~24k rows per size, so small batches are not timed on a handful of reads
+        nb = max(args.batches, -(-args.batches * 24576 // (4 * size))) if not args.quick else args.batches
+        batches = [np.unique(rng.integers(0, args.rows, size)) for _ in range(nb)]
         nrows = sum(b.size for b in batches)
         timings: dict[str, float] = {}
         for name, st in stores.items():

@@ -355,8 +355,12 @@ def main(argv: list[str] | None = None) -> int:
             del emb
             if "graph" not in skip and args.device == "cuda":
                 emb = NgramEmbedding(dims, rs_word, tabs, projs_host, cuda_graphs=True)
-                result["resident_bf16_graph"] = bench_variant(emb, xp, tokens, args.reps, bound)
-                _progress("resident_bf16_graph", result["resident_bf16_graph"])
+                try:
+                    result["resident_bf16_graph"] = bench_variant(emb, xp, tokens, args.reps, bound)
+                    _progress("resident_bf16_graph", result["resident_bf16_graph"])
+                except Exception as e:  # report it and go on to the other variants
+                    result["resident_bf16_graph_error"] = f"{type(e).__name__}: {e}"
+                    print("resident_bf16_graph failed:", e, file=sys.stderr, flush=True)
                 del emb
         if "fp8" not in skip:
             fp8 = []

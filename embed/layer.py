@@ -33,6 +33,7 @@ from .dims import NgramDims
 from .tables import Bf16Table, CachedTable, Fp8Table
 
 _TABLE_TYPES = (Bf16Table, Fp8Table, CachedTable)
+_H2D = 1  # cudaMemcpyHostToDevice
 
 
 def _as_table(name: str, t: Any) -> Any:
@@ -571,7 +572,11 @@ class NgramEmbedding:
         L, n = batch.length, batch.n
         multi = batch.num_seqs > 1
         k = 2 * L + 2 * n if multi else L
-        g.dev[:k].set(g.hosts[0][:k], stream=cp.cuda.get_current_stream())
+        # the runtime call itself: cupy refuses ndarray.set while a stream captures,
+        # but a copy from pinned memory is a legal graph node
+        rt = cp.cuda.runtime
+        stream = cp.cuda.get_current_stream()
+        rt.memcpyAsync(g.dev.data.ptr, g.hosts[0].ctypes.data, 8 * k, _H2D, stream.ptr)
         T = self.dims.num_tables
         ids_all = g.ids_all[: T * L].reshape(T, L)
         tok = g.dev[:L]

@@ -670,53 +670,81 @@ def test_layer_shared_cache_fp8_equals_resident_fp8(rng, tmp_path):
 
 
 @pytest.mark.gpu
-def test_layer_gpu_packed_graphs_and_shared_cache(rng, tmp_path):
+def test_layer_gpu_packed_and_shared_cache(rng, tmp_path):
     import cupy as cp
 
     from embed.context import NgramBatchContext
     from embed.tables import CachedTable
 
-    store, shared, _word_cache, word, tables, projs = _shared_cache_model(
+    store, shared, word_cache, word, tables, projs = _shared_cache_model(
         rng, tmp_path, device="cuda"
     )
     try:
         dev_tables = [cp.asarray(t) for t in tables]
         eager = NgramEmbedding(DIMS, cp.asarray(word), dev_tables, projs)
-        graphs = NgramEmbedding(DIMS, cp.asarray(word), dev_tables, projs, cuda_graphs=True)
         cached = NgramEmbedding(
             DIMS, cp.asarray(word), [CachedTable(shared, k) for k in range(4)], projs
+        )
+        mixed = NgramEmbedding(
+            DIMS,
+            CachedTable(word_cache),
+            [dev_tables[0], CachedTable(shared, 1), dev_tables[2], CachedTable(shared, 3)],
+            projs,
+            fused=False,
         )
         cpu = NgramEmbedding(DIMS, word, tables, projs)
         S = 5
         x = [_stream(rng, 80) for _ in range(S)]
         ctx = NgramBatchContext(DIMS, S)
-        steps = [(0, 20), *[(k, k + 1) for k in range(20, 80)]]
-        for a, b in steps:
+        for a, b in [(0, 20), *[(k, k + 1) for k in range(20, 80)]]:
             batch = ctx.step(np.concatenate([s[a:b] for s in x]), np.full(S, b - a))
             want = cp.asnumpy(eager.embed_packed(batch)).view(np.uint16)
-            got_g = cp.asnumpy(graphs.embed_packed(batch)).view(np.uint16)
-            got_c = cp.asnumpy(cached.embed_packed(batch)).view(np.uint16)
-            np.testing.assert_array_equal(got_g, want)
-            np.testing.assert_array_equal(got_c, want)
+            np.testing.assert_array_equal(
+                cp.asnumpy(cached.embed_packed(batch)).view(np.uint16), want
+            )
+            np.testing.assert_array_equal(
+                cp.asnumpy(mixed.embed_packed(batch)).view(np.uint16), want
+            )
             ref = cpu.embed_packed(batch).astype(np.float32)
             np.testing.assert_allclose(
                 want.view(BF16).astype(np.float32), ref, rtol=2e-2, atol=1e-5
             )
-        # two shapes (the 20-token prefill once, then decode steps): the decode one replays
-        assert sorted((k, g.graph is not None) for k, g in graphs._graphs.items()) == [
-            ((20, 5, True), True),
-            ((100, 100, True), False),
-        ]
-        # one sequence (a prefill) through a graph, with out= receiving a copy
-        out = cp.empty((30, 48), dtype=BF16)
-        for _ in range(3):
-            graphs.embed(x[0][:40], 30, out=out)
-        np.testing.assert_array_equal(
-            cp.asnumpy(out).view(np.uint16), cp.asnumpy(eager.embed(x[0][:40], 30)).view(np.uint16)
-        )
-        # device tokens still range-checked in the hash kernel
+        # device tokens are still range-checked in the hash kernel
         with pytest.raises(ConfigError, match=r"contexts\[1\]\[1\] = 1000"):
             eager.embed_batch([cp.asarray(x[0][:3]), cp.asarray(np.array([1, 1000]))], [1, 1])
-        assert shared.pinned == 0
+        assert shared.pinned == 0 and word_cache.pinned == 0
     finally:
         store.close()
+
+
+@pytest.mark.gpu
+def test_layer_gpu_cuda_graphs_equal_eager(rng):
+    import cupy as cp
+
+    from embed.context import NgramBatchContext
+
+    word, tables, projs = _weights(rng)
+    dev_tables = [cp.asarray(t) for t in tables]
+    eager = NgramEmbedding(DIMS, cp.asarray(word), dev_tables, projs)
+    graphs = NgramEmbedding(DIMS, cp.asarray(word), dev_tables, projs, cuda_graphs=True)
+    S = 5
+    x = [_stream(rng, 80) for _ in range(S)]
+    ctx = NgramBatchContext(DIMS, S)
+    for a, b in [(0, 20), *[(k, k + 1) for k in range(20, 80)]]:
+        batch = ctx.step(np.concatenate([s[a:b] for s in x]), np.full(S, b - a))
+        want = cp.asnumpy(eager.embed_packed(batch)).view(np.uint16)
+        np.testing.assert_array_equal(cp.asnumpy(graphs.embed_packed(batch)).view(np.uint16), want)
+    # two shapes (the 20-token prefill once, then decode steps): the decode one replays
+    assert sorted((k, g.graph is not None) for k, g in graphs._graphs.items()) == [
+        ((20, 5, True), True),
+        ((100, 100, True), False),
+    ]
+    # one sequence (a prefill) through a graph, with out= receiving a copy
+    out = cp.empty((30, 48), dtype=BF16)
+    for k in range(4):
+        c = x[k][:40]
+        graphs.embed(c, 30, out=out)
+        np.testing.assert_array_equal(
+            cp.asnumpy(out).view(np.uint16), cp.asnumpy(eager.embed(c, 30)).view(np.uint16)
+        )
+    assert graphs._graphs[(40, 30, False)].graph is not None

@@ -185,13 +185,23 @@ class NgramBatch:
                 "non-empty and of one length"
             )
         names = "ctx_tokens" if len(contexts) == 1 else "contexts"
-        lens = np.fromiter(map(_length, contexts), dtype=_I64, count=len(contexts))
+        S = len(contexts)
+        tokens: Any
+        if set(map(type, contexts)) == {np.ndarray}:  # the common case: C-level passes only
+            try:
+                lens = np.fromiter(map(len, contexts), dtype=_I64, count=S)
+                tokens = np.concatenate(contexts) if S > 1 else contexts[0]
+                if tokens.ndim == 1 and tokens.dtype.kind in "iu" and tokens.shape[0] == lens.sum():
+                    return cls(dims, tokens, lens, _seq_lens(seq_lens), _names=names)
+            except (ValueError, TypeError):
+                pass  # a 0-d or ragged context: named below
+        lens = np.fromiter(map(_length, contexts), dtype=_I64, count=S)
         on_device = all(map(is_device_array, contexts))
         try:
             if on_device:
                 import cupy as cp
 
-                tokens: Any = cp.concatenate(contexts) if len(contexts) > 1 else contexts[0]
+                tokens = cp.concatenate(contexts) if len(contexts) > 1 else contexts[0]
             else:
                 host = [c.get() if is_device_array(c) else c for c in contexts]
                 tokens = np.concatenate(host) if len(host) > 1 else np.asarray(host[0])

@@ -691,7 +691,9 @@ class _DeviceStep:
         words = 2 * cap_len + 2 * cap_rows
         ring = 1 if staging is not None else 2  # a graph's copy node reads one fixed buffer
         self.hosts = [cupyx.empty_pinned(max(words, 1), dtype=np.int64) for _ in range(ring)]
-        self._events: list[Any] = [None] * ring
+        # one reusable event per pinned buffer (no event creation per step)
+        self._events = [cp.cuda.Event(disable_timing=True) for _ in range(ring)]
+        self._pending = [False] * ring
         self._next = 0
         self.dev = cp.empty(max(words, 1), dtype=cp.int64)
         self.ids_all = cp.empty(max(T * cap_len, 1), dtype=cp.int64)
@@ -714,19 +716,20 @@ class _DeviceStep:
     def host(self) -> np.ndarray:
         """The next pinned buffer to fill, once its previous copy has read it."""
         k = self._next
-        if self._events[k] is not None:
+        if self._pending[k]:
             self._events[k].synchronize()
-            self._events[k] = None
+            self._pending[k] = False
         return self.hosts[k]
 
     def uploaded(self, stream: Any) -> None:
         """Mark the buffer just handed out as being read by work queued on ``stream``."""
-        self._events[self._next] = stream.record()
+        self._events[self._next].record(stream)
+        self._pending[self._next] = True
         self._next = (self._next + 1) % len(self.hosts)
 
     def wait(self) -> None:
-        for e in self._events:
-            if e is not None:
+        for e, pending in zip(self._events, self._pending):
+            if pending:
                 e.synchronize()
 
 

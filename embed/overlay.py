@@ -1,7 +1,8 @@
 """Token overlay: per-sequence adapters that override vocab rows of the embedding and LM head.
 
 Owns the adapters' override tables (which vocab rows changed, their values, the token ->
-override maps and, on the GPU, the device pointer tables) and routing them per row.
+override maps and, on the GPU, the device pointer tables and the packed LM-head table of
+the GEMM path) and routing them per row.
 Does not own the kernels (``kernels.overlay``) nor the embedding gather or the LM-head
 GEMM: callers apply the overlay to rows and logits they computed with the served model.
 """
@@ -17,6 +18,8 @@ import numpy as np
 from kernels._cuda import is_device_array, require_cupy
 from kernels.overlay import (
     DEFAULT_LMHEAD_TILE,
+    GEMM_MIN_ROWS,
+    LMHEAD_PATHS,
     LMHEAD_TILES,
     check_bf16_2d,
     check_int_1d,
@@ -25,13 +28,17 @@ from kernels.overlay import (
     embed_overlay_routed,
     embed_overlay_routed_reference,
     embed_rowdiff,
+    lmhead_overlay_gemm,
     lmhead_overlay_routed,
     lmhead_overlay_routed_reference,
+    pack_overrides,
 )
 from kernels.reference import BF16
 from rowcache.errors import ConfigError, GpuUnavailableError
 
 _DEVICES = ("cpu", "cuda")
+_CAP_ROUND = 256  # rows: the packed LM-head table grows in these steps
+_BATCH_ROUND = 16  # rows of the GEMM path's P workspace
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,6 +123,18 @@ class TokenOverlay:
     step's only per-step input is ``seq_slot`` and both apply methods always launch
     their kernel, so a CUDA graph captured around them stays valid when adapters change
     (set adapters between replays, not during one).
+
+    The LM head has two GPU paths (:attr:`lmhead_path`). "warp": the warp-per-(row, j)
+    kernels over the per-adapter tables. "gemm": every adapter's LM-head rows are also
+    packed into one bf16 table R ``[capacity, hidden_size]`` (a second copy of those
+    rows, rebuilt by every set/clear) and a step runs one cuBLAS GEMM ``P = hidden @
+    R^T`` (f32 accumulate and out) then a routed scatter of each row's adapter's
+    columns of P into the logits: R is read once per step instead of once per few
+    routed rows. A graph captured on the GEMM path holds R's and P's addresses and R's
+    row count: it stays valid while they do not move, i.e. while the adapters' total
+    LM-head overrides fit the capacity and the batch fits P. They grow on demand (to
+    a multiple of 256 rows, resp. 16 rows), and :attr:`lmhead_generation` counts the
+    moves: re-capture when it changed, or call :meth:`reserve_lmhead` before capturing.
     """
 
     def __init__(
@@ -141,6 +160,11 @@ class TokenOverlay:
         self._xp: Any = np
         self._dev: dict[str, Any] = {}
         self._lmhead_tile = DEFAULT_LMHEAD_TILE
+        self._lmhead_path = "auto"
+        self._lm_bases = np.zeros(n, np.int32)
+        self._gemm_cap = 0  # rows of the packed table R (0: none yet)
+        self._gemm_batch = 0  # rows of the P workspace
+        self._generation = 0
         if device == "cuda":
             cp = require_cupy("TokenOverlay(device='cuda')")
             try:
@@ -155,7 +179,7 @@ class TokenOverlay:
             self._xp = cp
             for name in ("emb_map_ptrs", "emb_row_ptrs", "lm_id_ptrs", "lm_row_ptrs"):
                 self._dev[name] = cp.zeros(n, dtype=cp.uint64)
-            for name in ("emb_counts", "emb_vocabs", "lm_counts"):
+            for name in ("emb_counts", "emb_vocabs", "lm_counts", "lm_bases"):
                 self._dev[name] = cp.zeros(n, dtype=cp.int32)
 
     # ------------------------------------------------------------------ adapters
@@ -250,6 +274,59 @@ class TokenOverlay:
         if t not in LMHEAD_TILES:
             raise ConfigError(f"lmhead_tile must be one of {LMHEAD_TILES}, got {tile!r}")
         self._lmhead_tile = (t[0], t[1])
+
+    @property
+    def lmhead_path(self) -> str:
+        """GPU knob: which LM-head path :meth:`apply_lmhead` runs; one of ``LMHEAD_PATHS``.
+
+        "warp": the warp kernels over the per-adapter tables (tuned by
+        :attr:`lmhead_tile`). "gemm": one cuBLAS GEMM against the packed table of every
+        adapter's rows, then a routed scatter (nothing to do while no adapter has an
+        LM-head override and nothing is reserved). "auto" (default): "gemm" for batches
+        of at least ``kernels.overlay.GEMM_MIN_ROWS`` rows once the packed table exists,
+        else "warp" (so a graph captured before any adapter is set still applies
+        adapters set later). Both agree to float32 rounding of the dot products. Set it
+        between steps, not inside a capture. The CPU path ignores it.
+        """
+        return self._lmhead_path
+
+    @lmhead_path.setter
+    def lmhead_path(self, path: str) -> None:
+        if path not in LMHEAD_PATHS:
+            raise ConfigError(f"lmhead_path must be one of {LMHEAD_PATHS}, got {path!r}")
+        self._lmhead_path = path
+
+    @property
+    def lmhead_generation(self) -> int:
+        """Times the GEMM path's buffers (packed table R, workspace P) have moved.
+
+        A CUDA graph that captured the GEMM path is valid only while this is unchanged.
+        """
+        return self._generation
+
+    @property
+    def lmhead_capacity(self) -> tuple[int, int]:
+        """(rows of the packed LM-head table, batch rows of the P workspace); GPU only."""
+        return self._gemm_cap, self._gemm_batch
+
+    def reserve_lmhead(self, rows: int = 0, batch: int = 0) -> None:
+        """Size the GEMM path's buffers now, so later adapters and steps do not move them.
+
+        Parameters
+        ----------
+        rows : int >= 0
+            Total LM-head override rows, over all adapters, that must fit without
+            growing the packed table (it is never shrunk). Each step's GEMM covers the
+            whole capacity, so reserve what will be used, not more.
+        batch : int >= 0
+            Largest batch (rows of hidden/logits) a step will pass.
+
+        Call it before capturing a CUDA graph with the GEMM path. A no-op on the CPU.
+        """
+        r = _nonnegative("rows", rows)
+        b = _nonnegative("batch", batch)
+        if self.device == "cuda":
+            self._grow_gemm(r, b)
 
     @property
     def num_adapters(self) -> int:
@@ -353,6 +430,17 @@ class TokenOverlay:
         # At least 1 so the kernel is always launched (a CUDA graph captured with no
         # adapter set still applies adapters set later; its loop covers any count).
         max_count = max(1, int(self._lm_counts.max()))
+        if self._use_gemm(n):
+            if self._gemm_cap == 0:
+                return logits  # forced "gemm" with no override anywhere: nothing to do
+            if n > self._gemm_batch:
+                self._check_not_capturing(n)
+                self._grow_gemm(0, n)
+            lmhead_overlay_gemm(
+                hidden, seq, act, d["lm_rows_all"], d["lm_ids_all"], d["lm_bases"],
+                d["lm_counts"], logits, p=d["lm_p"], max_count=max_count,
+            )  # fmt: skip
+            return logits
         lmhead_overlay_routed(
             hidden, seq, act, d["lm_id_ptrs"], d["lm_row_ptrs"], d["lm_counts"], logits,
             max_count=max_count, tile=self._lmhead_tile,
@@ -360,6 +448,56 @@ class TokenOverlay:
         return logits
 
     # ------------------------------------------------------------------ internals
+    def _use_gemm(self, n: int) -> bool:
+        if self._lmhead_path == "gemm":
+            return True
+        return self._lmhead_path == "auto" and self._gemm_cap > 0 and n >= GEMM_MIN_ROWS
+
+    def _check_not_capturing(self, n: int) -> None:
+        stream = self._xp.cuda.get_current_stream()
+        try:
+            capturing = bool(stream.is_capturing())
+        except Exception:
+            capturing = False
+        if capturing:
+            raise ConfigError(
+                f"apply_lmhead's GEMM path needs a larger P workspace for {n} rows (it holds "
+                f"{self._gemm_batch}), and allocating inside a CUDA graph capture is not "
+                f"allowed: call reserve_lmhead(batch={n}) or run one step before capturing"
+            )
+
+    def _grow_gemm(self, rows: int, batch: int) -> None:
+        """Grow R (and P with it) to hold ``rows`` override rows and P to ``batch`` rows."""
+        cp = self._xp
+        d = self._dev
+        cap, nb = self._gemm_cap, self._gemm_batch
+        if rows > cap:
+            cap = -(-rows // _CAP_ROUND) * _CAP_ROUND
+        if batch > nb:
+            nb = -(-batch // _BATCH_ROUND) * _BATCH_ROUND
+        if cap == self._gemm_cap and nb == self._gemm_batch:
+            return
+        if cap != self._gemm_cap:
+            d["lm_rows_all"] = cp.zeros((cap, self.hidden_size), dtype=cp.uint16).view(BF16)
+            d["lm_ids_all"] = cp.full(cap, -1, dtype=cp.int32)
+        d["lm_p"] = cp.zeros((max(nb, 1), cap), dtype=cp.float32)
+        repack = cap != self._gemm_cap
+        self._gemm_cap, self._gemm_batch = cap, max(nb, 1)
+        self._generation += 1  # graphs that captured the GEMM path hold the old buffers
+        if repack:
+            self._pack_lm()
+
+    def _pack_lm(self) -> None:
+        d = self._dev
+        bases, _ = pack_overrides(
+            [None if p is None else p.ids for p in self._lm],
+            [None if p is None else p.rows for p in self._lm],
+            d["lm_rows_all"],
+            d["lm_ids_all"],
+        )
+        self._lm_bases[:] = bases
+        d["lm_bases"].set(self._lm_bases)
+
     def _check_slot(self, slot: Any) -> int:
         try:
             s = operator.index(slot)
@@ -468,6 +606,13 @@ class TokenOverlay:
         d["emb_counts"].set(self._emb_counts)
         d["emb_vocabs"].set(self._emb_vocabs)
         d["lm_counts"].set(self._lm_counts)
+        # The GEMM path's packed table: grown when the overrides outgrow it (the first
+        # LM-head override creates it), else repacked in place (addresses kept).
+        total = int(self._lm_counts.sum(dtype=np.int64))
+        if total > self._gemm_cap:
+            self._grow_gemm(total, 0)  # repacks
+        elif self._gemm_cap:
+            self._pack_lm()
 
 
 def _positive(name: str, value: Any, limit: int) -> int:
@@ -477,6 +622,16 @@ def _positive(name: str, value: Any, limit: int) -> int:
         raise ConfigError(f"{name} must be an int, got {value!r}") from None
     if isinstance(value, bool) or not 1 <= v <= limit:
         raise ConfigError(f"{name} must be in [1, {limit}], got {value!r}")
+    return v
+
+
+def _nonnegative(name: str, value: Any) -> int:
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be an int >= 0, got {value!r}") from None
+    if isinstance(value, bool) or v < 0:
+        raise ConfigError(f"{name} must be an int >= 0, got {value!r}")
     return v
 
 

@@ -1,6 +1,7 @@
 // Token-overlay kernels: find changed vocab rows (embed_rowdiff), overwrite gathered
 // embedding rows with an adapter's rows (embed_overlay_routed), and recompute the
-// logits of an adapter's overridden tokens (lmhead_overlay_routed).
+// logits of an adapter's overridden tokens (lmhead_overlay_routed, or the GEMM path's
+// lmhead_overlay_scatter after a cuBLAS GEMM against all adapters' rows at once).
 // Launchers and NumPy references (the specification): kernels/overlay.py.
 //
 // bf16 values travel as raw 16-bit patterns (unsigned short); a bf16 widens to f32
@@ -296,3 +297,58 @@ LMHEAD_ENTRY(lmhead_overlay_routed_bf16_j1r1, bf16_bits, 1, 1)
 LMHEAD_ENTRY(lmhead_overlay_routed_bf16_j2r2, bf16_bits, 2, 2)
 LMHEAD_ENTRY(lmhead_overlay_routed_bf16_j2r4, bf16_bits, 2, 4)
 LMHEAD_ENTRY(lmhead_overlay_routed_bf16_j4r4, bf16_bits, 4, 4)
+
+// ---------------------------------------------------------------------------------
+// lmhead_overlay_scatter_{f32,bf16}(p, ldp, seq_slot, active, n_rows, ids_all, bases,
+//                                   counts, num_adapters, cap, n_cols, logits)
+// The second half of the GEMM path: P = hidden @ R^T was computed by cuBLAS (bf16 in,
+// f32 accumulate, f32 out), R being every adapter's LM-head rows concatenated once.
+//   p        : f32[n_rows, ldp], P[r, c] = dot(hidden[r], R[c]) for c < cap
+//   seq_slot : int32[n_rows] or nullptr (then every row uses `active`)
+//   ids_all  : int32[cap], the token id of R's row c (-1 for padding rows)
+//   bases    : int32[num_adapters], adapter s's first row in R; counts[s] rows follow
+//   logits   : f32 or bf16 [n_rows, n_cols], in place:
+//              logits[r, ids_all[bases[s] + j]] = round(P[r, bases[s] + j]), j < counts[s]
+// Grid (x: chunks of overrides, y: rows, grid-stride on both); a row reads back only its
+// own adapter's columns of P, contiguous, so loads coalesce and the stores scatter. Rows
+// whose slot is < 0 or >= num_adapters are untouched; ids < 0 or >= n_cols are skipped;
+// nothing at or beyond `cap` is ever read, whatever bases and counts say.
+template <typename LogitT>
+__device__ __forceinline__ void lmhead_scatter_impl(
+    const float* __restrict__ p, long long ldp, const int* __restrict__ seq_slot, int active,
+    long long n_rows, const int* __restrict__ ids_all, const int* __restrict__ bases,
+    const int* __restrict__ counts, int num_adapters, long long cap, long long n_cols,
+    LogitT* __restrict__ logits) {
+    for (long long r = blockIdx.y; r < n_rows; r += gridDim.y) {
+        const int s = seq_slot ? seq_slot[r] : active;
+        if (s < 0 || s >= num_adapters) continue;
+        const long long base = bases[s];
+        if (base < 0 || base >= cap) continue;
+        const long long room = cap - base;
+        const long long count = (long long)counts[s] < room ? (long long)counts[s] : room;
+        const float* prow = p + r * ldp + base;
+        const int* ids = ids_all + base;
+        LogitT* lrow = logits + r * n_cols;
+        for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < count;
+             j += (long long)gridDim.x * blockDim.x) {
+            const long long col = ids[j];
+            if (col >= 0 && col < n_cols) store_logit<LogitT>(lrow + col, prow[j]);
+        }
+    }
+}
+
+extern "C" __global__ void lmhead_overlay_scatter_f32(
+    const float* p, long long ldp, const int* seq_slot, int active, long long n_rows,
+    const int* ids_all, const int* bases, const int* counts, int num_adapters, long long cap,
+    long long n_cols, float* logits) {
+    lmhead_scatter_impl<float>(p, ldp, seq_slot, active, n_rows, ids_all, bases, counts,
+                               num_adapters, cap, n_cols, logits);
+}
+
+extern "C" __global__ void lmhead_overlay_scatter_bf16(
+    const float* p, long long ldp, const int* seq_slot, int active, long long n_rows,
+    const int* ids_all, const int* bases, const int* counts, int num_adapters, long long cap,
+    long long n_cols, bf16_bits* logits) {
+    lmhead_scatter_impl<bf16_bits>(p, ldp, seq_slot, active, n_rows, ids_all, bases, counts,
+                                   num_adapters, cap, n_cols, logits);
+}

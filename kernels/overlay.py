@@ -1,21 +1,24 @@
 """Token-overlay kernels: ``embed_rowdiff``, ``embed_overlay_routed``, ``lmhead_overlay_routed``.
 
-Owns the three kernels' cupy launchers (CUDA source ``kernels/overlay.cu``) and their
-NumPy references, which are the specification and the CPU path. Does not own adapters
-or their lifetime: :class:`embed.overlay.TokenOverlay` builds the per-adapter tables
-(override rows, slot maps, device pointer tables) that these functions read.
+Owns the kernels' cupy launchers (CUDA source ``kernels/overlay.cu``), their NumPy
+references (the specification and the CPU path) and the LM head's GEMM path (one cuBLAS
+GEMM against every adapter's rows packed together, then a routed scatter). Does not own
+adapters or their lifetime: :class:`embed.overlay.TokenOverlay` builds the tables.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import operator
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ._cuda import get_kernel, is_device_array, require_cupy
-from .errors import ConfigError
+from .errors import ConfigError, GpuUnavailableError
 from .reference import BF16
 
 SOURCE = "overlay.cu"
@@ -27,7 +30,16 @@ KERNEL_NAMES = (
     "embed_overlay_routed_i32",
     "embed_overlay_routed_i64",
     *(f"lmhead_overlay_routed_{t}_j{j}r{r}" for t in ("f32", "bf16") for j, r in LMHEAD_TILES),
+    "lmhead_overlay_scatter_f32",
+    "lmhead_overlay_scatter_bf16",
 )
+LMHEAD_PATHS = ("auto", "gemm", "warp")
+# "auto" takes the GEMM path from this many rows up: the GEMM reads every adapter's rows
+# once whatever the routing, the warp kernels read only the routed adapters' rows but
+# once per few routed rows, so tiny batches routed to one adapter favour the warps.
+GEMM_MIN_ROWS = 8
+_SCATTER_BLOCK = 256
+_CUBLAS_WORKSPACE = 32 << 20  # bytes; cuBLAS's recommendation for Hopper
 _BLOCK = 256  # threads per block of the rowdiff and embed kernels (8 warps)
 _WARPS = _BLOCK // 32
 ROW_TILE = 64  # LM-head rows per block along grid z (the kernel's LM_ROW_TILE: two ballots)
@@ -97,6 +109,17 @@ def _check_pair(base: Any, served: Any) -> None:
         raise ConfigError(
             f"base and served must have the same shape, got {_describe(base)} "
             f"and {_describe(served)}; compare the rows both have (slice them first)"
+        )
+
+
+def _check_logits(logits: Any, n: int) -> None:
+    if getattr(logits, "ndim", None) != 2 or logits.dtype not in (np.dtype(np.float32), BF16):
+        raise ConfigError(
+            f"logits must be a 2-D float32 or bfloat16 array, got {_describe(logits)}"
+        )
+    if logits.shape[0] != n:
+        raise ConfigError(
+            f"logits must have {n} rows (one per hidden row), got {_describe(logits)}"
         )
 
 
@@ -237,14 +260,7 @@ def lmhead_overlay_routed_reference(
     """
     check_bf16_2d("hidden", hidden)
     n = hidden.shape[0]
-    if getattr(logits, "ndim", None) != 2 or logits.dtype not in (np.dtype(np.float32), BF16):
-        raise ConfigError(
-            f"logits must be a 2-D float32 or bfloat16 array, got {_describe(logits)}"
-        )
-    if logits.shape[0] != n:
-        raise ConfigError(
-            f"logits must have {n} rows (one per hidden row), got {_describe(logits)}"
-        )
+    _check_logits(logits, n)
     act = check_route(seq_slot, active, n)
     ids_l = _adapters("override_ids", override_ids)
     rows_l = _adapters("override_rows", override_rows)
@@ -268,6 +284,133 @@ def lmhead_overlay_routed_reference(
         w = (srows if ok.all() else srows[ok]).astype(np.float32)
         vals = hidden[sel].astype(np.float32) @ w.T
         logits[np.ix_(sel, cols[ok])] = vals.astype(logits.dtype)
+    return logits
+
+
+def pack_overrides(
+    override_ids: Sequence[Any],
+    override_rows: Sequence[Any],
+    rows_all: Any,
+    ids_all: Any,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pack every adapter's LM-head overrides into one table, in place (the GEMM path's R).
+
+    Parameters
+    ----------
+    override_ids : L entries of int[count_s] or None
+        Adapter s's overridden token ids (None: an empty adapter).
+    override_rows : L entries of bfloat16[count_s, hidden_size] or None
+        Adapter s's LM-head rows for those ids.
+    rows_all : bfloat16[cap, hidden_size], C-contiguous (numpy or cupy)
+        Receives the rows, adapter after adapter in slot order; rows past the last
+        adapter's are zeroed.
+    ids_all : int32[cap] (same array module)
+        Receives the token id of each row of ``rows_all``; -1 past the last adapter's.
+
+    Returns
+    -------
+    bases, counts : int32[L] (numpy)
+        Adapter s owns rows ``bases[s] : bases[s] + counts[s]`` of ``rows_all``.
+    """
+    ids_l = _adapters("override_ids", override_ids)
+    rows_l = _adapters("override_rows", override_rows)
+    if len(ids_l) != len(rows_l):
+        raise ConfigError(
+            f"override_ids and override_rows must have one entry per adapter each, "
+            f"got {len(ids_l)} and {len(rows_l)}"
+        )
+    check_bf16_2d("rows_all", rows_all)
+    cap, hidden_size = rows_all.shape
+    check_int_1d("ids_all", ids_all, length=cap)
+    if ids_all.dtype != np.int32:
+        raise ConfigError(f"ids_all must be int32, got {_describe(ids_all)}")
+    counts = np.array(
+        [0 if i is None or r is None else i.shape[0] for i, r in zip(ids_l, rows_l)], np.int32
+    )
+    if int(counts.sum(dtype=np.int64)) > cap:
+        raise ConfigError(
+            f"rows_all has {cap} rows but the adapters override {int(counts.sum())} in all"
+        )
+    bases = np.zeros(len(ids_l), np.int32)
+    if len(ids_l):
+        bases[1:] = np.cumsum(counts, dtype=np.int64)[:-1]
+    dev = is_device_array(rows_all)
+    if is_device_array(ids_all) != dev or any(
+        a is not None and is_device_array(a) != dev for a in (*ids_l, *rows_l)
+    ):
+        raise ConfigError(
+            "rows_all, ids_all and every adapter's ids and rows must all be numpy or all cupy"
+        )
+    dst = rows_all.view(np.uint16)  # bit copies, whatever xp thinks of bfloat16
+    for s, (sids, srows) in enumerate(zip(ids_l, rows_l)):
+        if counts[s] == 0:
+            continue
+        check_int_1d(f"override_ids[{s}]", sids)
+        check_bf16_2d(f"override_rows[{s}]", srows, rows=sids.shape[0], cols=hidden_size)
+        b, c = int(bases[s]), int(counts[s])
+        dst[b : b + c] = srows.view(dst.dtype)
+        ids_all[b : b + c] = sids
+    total = int(counts.sum(dtype=np.int64))
+    dst[total:] = 0
+    ids_all[total:] = -1
+    return bases, counts
+
+
+def lmhead_overlay_gemm_reference(
+    hidden: np.ndarray,
+    seq_slot: np.ndarray | None,
+    active: int,
+    rows_all: np.ndarray,
+    ids_all: np.ndarray,
+    bases: np.ndarray,
+    counts: np.ndarray,
+    logits: np.ndarray,
+) -> np.ndarray:
+    """The GEMM path's semantics: ``P = hidden @ rows_all^T``, then a routed scatter of P.
+
+    Parameters (launcher argument order)
+    ----------
+    hidden : bfloat16[n, hidden_size]
+    seq_slot : int[n] or None
+        Adapter slot of each row; None routes every row to ``active``.
+    active : int
+    rows_all : bfloat16[cap, hidden_size]
+        Every adapter's LM-head rows, packed (see :func:`pack_overrides`).
+    ids_all : int[cap]
+        Token id of each row of ``rows_all``.
+    bases, counts : int[L]
+        Adapter s owns rows ``bases[s] : bases[s] + counts[s]`` (clipped to ``cap``).
+    logits : float32 or bfloat16 [n, n_cols]; modified in place and returned.
+
+    For each row r routed to s in ``[0, L)`` and each such row c of ``rows_all`` with
+    ``0 <= ids_all[c] < n_cols``: ``logits[r, ids_all[c]] = round(P[r, c])``, P summed in
+    float32 and rounded to nearest even into the logits' dtype. Same results as
+    :func:`lmhead_overlay_routed_reference` on the unpacked tables, to float32 rounding
+    of the sums (both sum in float32, in different orders).
+    """
+    check_bf16_2d("hidden", hidden)
+    n = hidden.shape[0]
+    _check_logits(logits, n)
+    act = check_route(seq_slot, active, n)
+    check_bf16_2d("rows_all", rows_all, cols=hidden.shape[1])
+    cap = rows_all.shape[0]
+    check_int_1d("ids_all", ids_all, length=cap)
+    check_int_1d("bases", bases)
+    check_int_1d("counts", counts, length=bases.shape[0])
+    slots = np.full(n, act, np.int64) if seq_slot is None else np.asarray(seq_slot, np.int64)
+    n_cols = logits.shape[1]
+    p = hidden.astype(np.float32) @ rows_all.astype(np.float32).T
+    ids64 = np.asarray(ids_all).astype(np.int64, copy=False)
+    for s in range(bases.shape[0]):
+        base = int(bases[s])
+        count = min(int(counts[s]), cap - base)
+        sel = np.flatnonzero(slots == s)
+        if base < 0 or count <= 0 or sel.size == 0:
+            continue
+        c = np.arange(base, base + count)
+        ok = (ids64[c] >= 0) & (ids64[c] < n_cols)
+        c = c[ok]
+        logits[np.ix_(sel, ids64[c])] = p[np.ix_(sel, c)].astype(logits.dtype)
     return logits
 
 
@@ -511,5 +654,194 @@ def lmhead_overlay_routed(
         (_u16(cp, hidden), _slot_arg(cp, seq_slot), np.int32(act), np.int64(n),
          np.int32(hidden_size), id_ptrs, row_ptrs, counts, np.int32(num),
          np.int64(n_cols), np.int32(vec), logits_arg),
+    )  # fmt: skip
+    return logits
+
+
+# --------------------------------------------------------------------------- GEMM path
+@functools.cache
+def _cublas_capture_api() -> tuple[Any, Any, Any]:
+    """cublasSetStream_v2, cublasSetWorkspace_v2, cublasGemmEx of the libcublas cupy loaded.
+
+    cupy's own cuBLAS wrappers refuse to run while a stream is capturing (cupy issue
+    6290), although cuBLAS GEMMs can be captured. So under capture the GEMM is issued
+    through ctypes, on cupy's handle, into the very library file cupy mapped (found in
+    /proc/self/maps: a second copy of libcublas would not know cupy's handle).
+    """
+    from cupy.cuda import device
+
+    device.get_cublas_handle()  # cupy has loaded libcublas once it made its handle
+    path = None
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith(
+                    "libcublas.so"
+                ):
+                    path = parts[5].strip()
+                    break
+    except OSError:
+        path = None
+    if path is None:
+        raise GpuUnavailableError(
+            "the GEMM path cannot be captured in a CUDA graph here: the libcublas that "
+            "cupy loaded was not found in /proc/self/maps; run it eagerly, or set "
+            "lmhead_path='warp' before capturing"
+        )
+    lib = ctypes.CDLL(path)
+    vp, ci = ctypes.c_void_p, ctypes.c_int
+    set_stream = lib.cublasSetStream_v2
+    set_stream.argtypes, set_stream.restype = [vp, vp], ci
+    set_workspace = lib.cublasSetWorkspace_v2
+    set_workspace.argtypes, set_workspace.restype = [vp, vp, ctypes.c_size_t], ci
+    gemm = lib.cublasGemmEx
+    gemm.argtypes = [vp, ci, ci, ci, ci, ci, vp, vp, ci, ci, vp, ci, ci, vp, vp, ci, ci, ci, ci]
+    gemm.restype = ci
+    return set_stream, set_workspace, gemm
+
+
+@functools.cache
+def _capture_workspace(device_id: int) -> Any:
+    # A workspace of our own for captured GEMMs: cuBLAS then allocates nothing during
+    # capture, and the graph keeps pointing at memory that lives as long as the process.
+    import cupy as cp
+
+    return cp.empty(_CUBLAS_WORKSPACE, dtype=cp.uint8)
+
+
+def _is_capturing(cp: Any) -> bool:
+    stream = cp.cuda.get_current_stream()
+    try:
+        return bool(stream.is_capturing())
+    except Exception:  # the legacy default stream cannot capture
+        return False
+
+
+def gemm_rows_t(cp: Any, hidden: Any, rows_all: Any, p: Any) -> None:
+    """``p[:n, :cap] = float32(hidden @ rows_all^T)`` on cupy's current stream.
+
+    hidden bfloat16[n, k], rows_all bfloat16[cap, k] (both C-contiguous), p float32
+    [>= n, cap] C-contiguous. One ``cublasGemmEx`` (bf16 in, ``CUBLAS_COMPUTE_32F``,
+    f32 out, tensor cores): column-major ``P^T[cap, n] = R[cap, k] . H^T[k, n]``, i.e.
+    transa = T on R's column-major view, transb = N on hidden's. Capturable in a graph.
+    """
+    from cupy.cuda import cublas, device, runtime
+
+    n, k = hidden.shape
+    cap = rows_all.shape[0]
+    op_t, op_n = getattr(cublas, "CUBLAS_OP_T", 1), getattr(cublas, "CUBLAS_OP_N", 0)
+    bf16_t = getattr(runtime, "CUDA_R_16BF", 14)
+    f32_t = getattr(runtime, "CUDA_R_32F", 0)
+    compute = getattr(cublas, "CUBLAS_COMPUTE_32F", 68)
+    algo = getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1)
+    one = np.array(1.0, dtype=np.float32)
+    zero = np.array(0.0, dtype=np.float32)
+    handle = device.get_cublas_handle()
+    args = (
+        op_t, op_n, cap, n, k, one.ctypes.data, rows_all.data.ptr, bf16_t, k,
+        hidden.data.ptr, bf16_t, k, zero.ctypes.data, p.data.ptr, f32_t, cap, compute, algo,
+    )  # fmt: skip
+    if not _is_capturing(cp):
+        cublas.gemmEx(handle, *args)
+        return
+    set_stream, set_workspace, gemm = _cublas_capture_api()
+    ws = _capture_workspace(cp.cuda.runtime.getDevice())
+    for what, status in (
+        ("cublasSetStream", set_stream(handle, cp.cuda.get_current_stream().ptr)),
+        ("cublasSetWorkspace", set_workspace(handle, ws.data.ptr, ws.nbytes)),
+        ("cublasGemmEx", gemm(handle, *args)),
+    ):
+        if status != 0:
+            raise RuntimeError(f"{what} failed under stream capture (cublasStatus {status})")
+
+
+def lmhead_overlay_gemm(
+    hidden: Any,
+    seq_slot: Any,
+    active: int,
+    rows_all: Any,
+    ids_all: Any,
+    bases: Any,
+    counts: Any,
+    logits: Any,
+    *,
+    p: Any,
+    max_count: int | None = None,
+) -> Any:
+    """GPU launcher of the LM-head overlay's GEMM path; semantics of the references.
+
+    Parameters (launcher argument order)
+    ----------
+    hidden : cupy bfloat16[n, hidden_size], C-contiguous
+    seq_slot : cupy int[n] or None (None: every row takes ``active``)
+    active : int
+    rows_all : cupy bfloat16[cap, hidden_size], C-contiguous
+        Every adapter's LM-head rows packed by :func:`pack_overrides` (cap >= 1).
+    ids_all : cupy int32[cap]
+        Token id of each row of ``rows_all`` (-1 for padding).
+    bases, counts : cupy int32[L]
+        Adapter s owns rows ``bases[s] : bases[s] + counts[s]`` of ``rows_all``.
+    logits : cupy float32 or bfloat16 [n, n_cols], C-contiguous; modified in place.
+    p : cupy float32[>= n, cap], C-contiguous, keyword-only
+        Workspace for ``P = hidden @ rows_all^T`` (preallocate it for the largest batch:
+        allocating is not allowed inside a CUDA graph capture).
+    max_count : int, keyword-only
+        Largest ``counts[s]`` (sizes the scatter's grid; a smaller value only loops).
+        None reads it from ``counts`` (a device-to-host copy: not for graphs).
+
+    One cuBLAS GEMM (bf16 in, f32 accumulate and out; every row against every
+    adapter's rows, all read once), then ``lmhead_overlay_scatter``: row r routed to s
+    writes ``logits[r, ids_all[bases[s] + j]] = round(P[r, bases[s] + j])`` for
+    ``j < counts[s]``, skipping ids < 0 or >= n_cols. Rows routed to no adapter are
+    computed and never read back. Every argument stays fixed between steps except
+    ``seq_slot``'s contents, and both launches can be captured in a CUDA graph.
+    """
+    cp = require_cupy("lmhead_overlay_gemm")
+    check_bf16_2d("hidden", hidden)
+    n, hidden_size = hidden.shape
+    for name, a in (("hidden", hidden), ("rows_all", rows_all), ("logits", logits), ("p", p)):
+        if not is_device_array(a):
+            raise ConfigError(f"{name} must be a cupy array here, got {_describe(a)}")
+    _check_logits(logits, n)
+    if not logits.flags.c_contiguous:
+        raise ConfigError(f"logits must be C-contiguous, got {_describe(logits)}")
+    act = check_route(seq_slot, active, n)
+    check_bf16_2d("rows_all", rows_all, cols=hidden_size)
+    cap = rows_all.shape[0]
+    _check_table("ids_all", ids_all, np.int32, cap)
+    num = bases.shape[0] if getattr(bases, "ndim", None) == 1 else -1
+    _check_table("bases", bases, np.int32, num)
+    _check_table("counts", counts, np.int32, num)
+    if (
+        getattr(p, "ndim", None) != 2
+        or p.dtype != np.float32
+        or p.shape[0] < n
+        or p.shape[1] != cap
+        or not p.flags.c_contiguous
+    ):
+        raise ConfigError(
+            f"p must be a C-contiguous cupy float32[>= {n}, {cap}] workspace, got {_describe(p)}"
+        )
+    if max_count is None:
+        max_count = int(counts.max()) if num > 0 else 0
+    n_cols = logits.shape[1]
+    if n == 0 or n_cols == 0 or num == 0 or cap == 0 or max_count <= 0:
+        return logits
+    if hidden_size == 0:
+        p[:n].fill(0)
+    else:
+        gemm_rows_t(cp, cp.ascontiguousarray(hidden), rows_all, p)
+    if logits.dtype == np.float32:
+        name, logits_arg = "lmhead_overlay_scatter_f32", logits
+    else:
+        name, logits_arg = "lmhead_overlay_scatter_bf16", _u16(cp, logits)
+    kern = get_kernel(SOURCE, name)
+    j_blocks = min((max_count + _SCATTER_BLOCK - 1) // _SCATTER_BLOCK, _MAX_GRID)
+    kern(
+        (j_blocks, min(n, 65535)),
+        (_SCATTER_BLOCK,),
+        (p, np.int64(cap), _slot_arg(cp, seq_slot), np.int32(act), np.int64(n), ids_all,
+         bases, counts, np.int32(num), np.int64(cap), np.int64(n_cols), logits_arg),
     )  # fmt: skip
     return logits

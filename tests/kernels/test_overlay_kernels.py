@@ -10,7 +10,9 @@ from kernels.overlay import (
     embed_overlay_routed_reference,
     embed_rowdiff,
     embed_rowdiff_reference,
+    lmhead_overlay_gemm_reference,
     lmhead_overlay_routed_reference,
+    pack_overrides,
 )
 from rowcache.errors import ConfigError
 
@@ -233,6 +235,77 @@ def test_lmhead_overlay_reference_rejects_bad_inputs(rng):
         lmhead_overlay_routed_reference(hidden, None, 0, ids, [bf16(rng, 4, 8)], logits)
 
 
+# ----------------------------------------------------------------------- GEMM path
+def packed(ids, rows, hidden, cap=None, xp=np):
+    total = sum(0 if i is None else len(i) for i in ids)
+    cap = total if cap is None else cap
+    rows_all = xp.asarray(np.full((cap, hidden), 7, np.uint16)).view(BF16)  # junk to overwrite
+    ids_all = xp.full(cap, 5, dtype=xp.int32)
+    d_ids = [None if a is None else xp.asarray(a) for a in ids]
+    d_rows = [None if a is None else xp.asarray(a) for a in rows]
+    bases, counts = pack_overrides(d_ids, d_rows, rows_all, ids_all)
+    return rows_all, ids_all, bases, counts
+
+
+def test_pack_overrides_layout(rng):
+    _, rows, ids = random_adapters(rng, [60, None, 80, 40, 50], [12, 0, 30, 40, 0], 8)
+    rows_all, ids_all, bases, counts = packed(ids, rows, 8, cap=100)
+    assert counts.tolist() == [12, 0, 30, 40, 0] and bases.tolist() == [0, 12, 12, 42, 82]
+    assert bases.dtype == counts.dtype == np.int32
+    for s in (0, 2, 3):
+        b, c = bases[s], counts[s]
+        np.testing.assert_array_equal(ids_all[b : b + c], ids[s])
+        np.testing.assert_array_equal(rows_all[b : b + c].view(np.uint16), rows[s].view(np.uint16))
+    assert (ids_all[82:] == -1).all() and not rows_all[82:].view(np.uint16).any()
+    with pytest.raises(ConfigError, match="rows_all has 50 rows"):
+        packed(ids, rows, 8, cap=50)
+    with pytest.raises(ConfigError, match="ids_all"):
+        pack_overrides(ids, rows, rows_all, ids_all.astype(np.int64))
+    with pytest.raises(ConfigError, match="one entry per adapter"):
+        pack_overrides(ids, rows[:2], rows_all, ids_all)
+    with pytest.raises(ConfigError, match=r"override_rows\[0\]"):
+        pack_overrides(ids, [bf16(rng, 12, 9), *rows[1:]], rows_all, ids_all)
+
+
+@pytest.mark.parametrize("logit_dtype", [np.float32, BF16])
+def test_lmhead_gemm_reference_matches_loop_mixed_slots(rng, logit_dtype):
+    hidden_size, n, n_cols = 24, 40, 70
+    _, rows, ids = random_adapters(rng, [60, None, 80, 40], [12, 0, 30, 40], hidden_size)
+    rows_all, ids_all, bases, counts = packed(ids, rows, hidden_size, cap=90)
+    seq_slot = rng.integers(-2, 6, size=n).astype(np.int32)  # -2, -1, empty 1, 4, 5 >= L
+    hidden = bf16(rng, n, hidden_size)
+    logits = bf16(rng, n, n_cols).astype(logit_dtype)
+    want = lmhead_loop(hidden, seq_slot, -1, ids, rows, logits)
+    got = lmhead_overlay_gemm_reference(
+        hidden, seq_slot, -1, rows_all, ids_all, bases, counts, logits.copy()
+    )
+    touched = ~np.isnan(want)
+    assert touched.sum() > 20 and (ids[2] >= n_cols).any()  # ids beyond n_cols are skipped
+    np.testing.assert_array_equal(got[~touched].view(np.uint8), logits[~touched].view(np.uint8))
+    rtol = 1e-5 if logit_dtype == np.float32 else 2.0**-8
+    np.testing.assert_allclose(got[touched].astype(np.float64), want[touched], rtol=rtol, atol=1e-5)
+
+
+@pytest.mark.parametrize("active", [-1, 0, 1, 3])
+def test_lmhead_gemm_reference_active_empty_and_thousands(rng, active):
+    _, rows, ids = random_adapters(rng, [8192, 100, 8192], [3000, 0, 5000], 16)
+    rows_all, ids_all, bases, counts = packed(ids, rows, 16)
+    hidden = bf16(rng, 6, 16)
+    logits = np.zeros((6, 8192), np.float32)
+    want = lmhead_overlay_routed_reference(hidden, None, active, ids, rows, logits.copy())
+    got = lmhead_overlay_gemm_reference(
+        hidden, None, active, rows_all, ids_all, bases, counts, logits.copy()
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert (got != 0).any() == (active == 0)
+    # bases/counts reaching past the table are clipped, never read out of bounds
+    got = lmhead_overlay_gemm_reference(
+        hidden, None, 2, rows_all, ids_all, bases, counts + 100, logits.copy()
+    )
+    want = lmhead_overlay_routed_reference(hidden, None, 2, ids, rows, logits.copy())
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------- GPU
 def _device_tables(maps_or_ids, rows):
     import cupy as cp
@@ -364,3 +437,121 @@ def test_overlay_kernels_reject_host_arrays(rng):
             bf16(rng, 4, 8), None, 0, map_ptrs, row_ptrs, counts, np.zeros((4, 10), np.float32)
         )
     del keep
+
+
+def _within_rounding(got, want, h, seq, active, ids, rows, logits, logit_dtype):
+    """The existing GPU tolerance: f32 sums in another order (a few f32 ulps of
+    sum|h*w|), then possibly one bf16 step for bf16 logits; untouched entries bit-equal."""
+    probe = np.full(logits.shape, np.nan, np.float32)
+    touched = ~np.isnan(lmhead_overlay_routed_reference(h, seq, active, ids, rows, probe))
+    np.testing.assert_array_equal(got[~touched].view(np.uint8), logits[~touched].view(np.uint8))
+    abs_rows = [None if r is None else np.abs(r) for r in rows]
+    absdot = lmhead_overlay_routed_reference(
+        np.abs(h), seq, active, ids, abs_rows, np.zeros(logits.shape, np.float32)
+    ).astype(np.float64)
+    g, w = got[touched].astype(np.float64), want[touched].astype(np.float64)
+    rel = 2.0**-7 if logit_dtype == BF16 else 0.0
+    tol = np.abs(w) * rel + absdot[touched] * 2.0**-16 + 1e-30
+    assert (np.abs(g - w) <= tol).all(), float(np.max(np.abs(g - w) - tol))
+    return touched
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("hidden", "logit_dtype", "pad"), [(3072, BF16, 0), (256, np.float32, 37), (40, BF16, 256)]
+)
+def test_lmhead_overlay_gemm_gpu_within_bf16_rounding(rng, hidden, logit_dtype, pad):
+    import cupy as cp
+
+    from kernels.overlay import lmhead_overlay_gemm
+
+    _, rows, ids = random_adapters(rng, [4096, None, 2000, 1000], [1000, 0, 2000, 7], hidden)
+    total = 3007
+    rows_all, ids_all, bases, counts = packed(ids, rows, hidden, cap=total + pad, xp=cp)
+    d_bases, d_counts = cp.asarray(bases), cp.asarray(counts)
+    n, n_cols = 150, 3000  # adapter 0 overrides ids >= n_cols: skipped
+    h = bf16(rng, n, hidden)
+    logits = bf16(rng, n, n_cols).astype(logit_dtype)
+    p = cp.full((n + 5, total + pad), np.nan, dtype=cp.float32)  # more rows than needed
+    seq_slot = rng.integers(-1, 6, size=n).astype(np.int32)  # 4 and 5 >= L: untouched
+    for seq, active in [(seq_slot, -1), (None, 0), (None, 2), (None, -1), (None, 7)]:
+        want = lmhead_overlay_routed_reference(h, seq, active, ids, rows, logits.copy())
+        d_logits = cp.asarray(logits)
+        d_seq = None if seq is None else cp.asarray(seq)
+        lmhead_overlay_gemm(
+            cp.asarray(h), d_seq, active, rows_all, ids_all, d_bases, d_counts, d_logits,
+            p=p, max_count=int(counts.max()),
+        )  # fmt: skip
+        got = d_logits.get()
+        touched = _within_rounding(got, want, h, seq, active, ids, rows, logits, logit_dtype)
+        assert touched.any() == (seq is not None or active in (0, 2))
+        # a grid smaller than the largest adapter loops over the rest: same bits
+        d_other = cp.asarray(logits)
+        lmhead_overlay_gemm(
+            cp.asarray(h), d_seq, active, rows_all, ids_all, d_bases, d_counts, d_other,
+            p=p, max_count=7,
+        )  # fmt: skip
+        np.testing.assert_array_equal(d_other.get().view(np.uint8), got.view(np.uint8))
+
+
+@pytest.mark.gpu
+def test_lmhead_overlay_gemm_gpu_captured_in_graph(rng):
+    """The GEMM and the scatter replay from a CUDA graph; only seq_slot's contents change."""
+    import cupy as cp
+
+    from kernels.overlay import lmhead_overlay_gemm
+
+    hidden = 512
+    _, rows, ids = random_adapters(rng, [5000, 5000, 5000], [1500, 0, 2500], hidden)
+    rows_all, ids_all, bases, counts = packed(ids, rows, hidden, cap=4096, xp=cp)
+    d_bases, d_counts = cp.asarray(bases), cp.asarray(counts)
+    n = 64
+    h = bf16(rng, n, hidden)
+    logits = np.zeros((n, 5000), np.float32)
+    d_h, d_logits = cp.asarray(h), cp.asarray(logits)
+    d_seq = cp.full(n, -1, dtype=cp.int32)
+    p = cp.zeros((n, 4096), dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+
+    def step():
+        lmhead_overlay_gemm(
+            d_h, d_seq, -1, rows_all, ids_all, d_bases, d_counts, d_logits, p=p, max_count=2500
+        )
+
+    with stream:
+        step()  # eager first: cuBLAS picks and loads its kernel outside the capture
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            step()
+        finally:
+            graph = stream.end_capture()
+    for _ in range(2):
+        seq = rng.integers(-1, 3, size=n).astype(np.int32)
+        d_seq.set(seq)
+        d_logits.fill(0)
+        cp.cuda.Device().synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        want = lmhead_overlay_routed_reference(h, seq, -1, ids, rows, logits.copy())
+        _within_rounding(d_logits.get(), want, h, seq, -1, ids, rows, logits, np.float32)
+        assert (want != 0).any()
+
+
+@pytest.mark.gpu
+def test_lmhead_overlay_gemm_rejects_bad_workspace(rng):
+    import cupy as cp
+
+    from kernels.overlay import lmhead_overlay_gemm
+
+    _, rows, ids = random_adapters(rng, [10], [3], 8)
+    rows_all, ids_all, bases, counts = packed(ids, rows, 8, xp=cp)
+    h, lg = cp.asarray(bf16(rng, 4, 8)), cp.zeros((4, 10), np.float32)
+    tables = (rows_all, ids_all, cp.asarray(bases), cp.asarray(counts))
+    for bad in (cp.zeros((3, 3), np.float32), cp.zeros((4, 4), np.float32), None):
+        with pytest.raises(ConfigError, match="p must be"):
+            lmhead_overlay_gemm(h, None, 0, *tables, lg, p=bad)
+    with pytest.raises(ConfigError, match="bases"):
+        lmhead_overlay_gemm(
+            h, None, 0, rows_all, ids_all, bases, tables[3], lg, p=cp.zeros((4, 3), np.float32)
+        )  # host bases

@@ -730,16 +730,20 @@ def test_layer_gpu_cuda_graphs_equal_eager(rng):
     S = 5
     x = [_stream(rng, 80) for _ in range(S)]
     ctx = NgramBatchContext(DIMS, S)
+    kept, wants = [], []
     for a, b in [(0, 20), *[(k, k + 1) for k in range(20, 80)]]:
         batch = ctx.step(np.concatenate([s[a:b] for s in x]), np.full(S, b - a))
-        want = cp.asnumpy(eager.embed_packed(batch)).view(np.uint16)
-        np.testing.assert_array_equal(cp.asnumpy(graphs.embed_packed(batch)).view(np.uint16), want)
+        wants.append(cp.asnumpy(eager.embed_packed(batch)).view(np.uint16))
+        kept.append(graphs.embed_packed(batch))
+    # every step bit-identical, and each output its own array (not overwritten by replays)
+    for got, want in zip(kept, wants):
+        np.testing.assert_array_equal(cp.asnumpy(got).view(np.uint16), want)
     # two shapes (the 20-token prefill once, then decode steps): the decode one replays
     assert sorted((k, g.graph is not None) for k, g in graphs._graphs.items()) == [
         ((20, 5, True), True),
         ((100, 100, True), False),
     ]
-    # one sequence (a prefill) through a graph, with out= receiving a copy
+    # one sequence (a prefill) through a graph, into out=
     out = cp.empty((30, 48), dtype=BF16)
     for k in range(4):
         c = x[k][:40]

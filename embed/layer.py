@@ -143,6 +143,7 @@ class NgramEmbedding:
         """
         entries = [(i, t) for i, t in enumerate(self.tables) if isinstance(t, CachedTable)]
         self._cached_rows = np.array([i for i, _ in entries], dtype=np.int64)
+        self._cached_list = [i for i, _ in entries]
         self._cached_pos = {i: k for k, (i, _) in enumerate(entries)}
         if isinstance(self.word, CachedTable):
             entries.append((-1, self.word))
@@ -419,6 +420,11 @@ class NgramEmbedding:
         word_slots = None
         host_word = None
         for cache, members, offsets, rows_at, rows_index in self._groups:
+            if members == self._cached_list:  # one cache holds every cached n-gram table
+                gid = (host_ids + offsets[:, None]).ravel()
+                slots = cache.resolve(gid).reshape(len(members), n)
+                ids[rows_index] = slots
+                continue
             parts = []
             for m in members:  # members of one cache (<= T + 1), vectorized over rows
                 if m < 0:

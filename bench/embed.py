@@ -14,6 +14,13 @@ x V rows per table (default 8: 6.4 GB) because the GPU machine's 60 GB disk cann
 hold the 62.8 GB BF16 store; their resident comparison uses the same reduced tables.
 Synthetic weights. Run ``python bench/embed.py`` on the GPU; ``--quick`` (tiny,
 also on ``--device cpu``) is what the test runs.
+
+Inputs are host token ids, as a server holds them: decode steps are packed
+(``NgramBatch``: what ``NgramBatchContext.step`` returns; the ``list`` column is
+``embed_batch`` on per-sequence arrays). ``resident_bf16_graph`` replays the id work
+of a resident step from a CUDA graph (``cuda_graphs=True``). The cached variant
+puts the 12 tables in ONE shared ``NgramRowCache`` (one arena, one LRU, one resolve
+per step).
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ tables on the GPU), the T projections as one ``[n, T*d] x [T*d, D]`` GEMM with f
 accumulation, and ``bf16((word + proj) / (1 + T))``. The same composition runs on
 the CPU (NumPy references) and the GPU (CUDA kernels, cuBLAS); staging buffers are
 allocated once and grown only for a larger batch.
+Input is packed once (``embed.batch.NgramBatch``: no Python work per sequence). On
+the GPU a step from host tokens is one pinned upload, the hash, a column selection,
+the stacked gather, the word gather, the GEMM and the sum, with no host sync; the
+only sync is at the end of a step with cached tables (their slots stay pinned until
+the gathers ran), and cached ids are hashed on the host, so none is copied back.
 Does not own the tables (``embed.tables``) or the checkpoint format.
 """
 

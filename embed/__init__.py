@@ -9,8 +9,9 @@
 
 from __future__ import annotations
 
+from .batch import NgramBatch, hash_positions
 from .checkpoint import Checkpoint, load_ngram_embedding, table_sources
-from .context import NgramContext
+from .context import NgramBatchContext, NgramContext
 from .dims import NgramDims
 from .ids import ngram_ids, ngram_ids_loop_reference
 from .layer import NgramEmbedding
@@ -22,11 +23,14 @@ __all__ = [
     "CachedTable",
     "Checkpoint",
     "Fp8Table",
+    "NgramBatch",
+    "NgramBatchContext",
     "NgramContext",
     "NgramDims",
     "NgramEmbedding",
     "OverlayAdapterInfo",
     "TokenOverlay",
+    "hash_positions",
     "load_ngram_embedding",
     "ngram_ids",
     "ngram_ids_loop_reference",

@@ -32,6 +32,7 @@ from kernels.overlay import (
     lmhead_overlay_routed,
     lmhead_overlay_routed_reference,
     pack_overrides,
+    prepare_gemm_capture,
 )
 from kernels.reference import BF16
 from rowcache.errors import ConfigError, GpuUnavailableError
@@ -327,6 +328,7 @@ class TokenOverlay:
         b = _nonnegative("batch", batch)
         if self.device == "cuda":
             self._grow_gemm(r, b)
+            prepare_gemm_capture()
 
     @property
     def num_adapters(self) -> int:
@@ -398,6 +400,10 @@ class TokenOverlay:
         logits
             ``logits[r, id] = dot(hidden[r], adapter_row[id])`` (float32 accumulation,
             rounded to the logits' dtype) for the overridden ids of row r's adapter.
+
+        On the GPU, :attr:`lmhead_path` picks the warp kernels or the GEMM path (one
+        cuBLAS GEMM against every adapter's packed rows, then a routed scatter); both
+        are CUDA-graph capturable with ``seq_slot``'s contents as the only per-step input.
         """
         self._check_out("hidden", hidden, self.hidden_size)
         n = hidden.shape[0]

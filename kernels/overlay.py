@@ -710,6 +710,12 @@ def _capture_workspace(device_id: int) -> Any:
     return cp.empty(_CUBLAS_WORKSPACE, dtype=cp.uint8)
 
 
+def prepare_gemm_capture() -> None:
+    """Allocate the current device's cuBLAS capture workspace now (outside any capture)."""
+    cp = require_cupy("prepare_gemm_capture")
+    _capture_workspace(cp.cuda.runtime.getDevice())
+
+
 def _is_capturing(cp: Any) -> bool:
     stream = cp.cuda.get_current_stream()
     try:
@@ -724,7 +730,9 @@ def gemm_rows_t(cp: Any, hidden: Any, rows_all: Any, p: Any) -> None:
     hidden bfloat16[n, k], rows_all bfloat16[cap, k] (both C-contiguous), p float32
     [>= n, cap] C-contiguous. One ``cublasGemmEx`` (bf16 in, ``CUBLAS_COMPUTE_32F``,
     f32 out, tensor cores): column-major ``P^T[cap, n] = R[cap, k] . H^T[k, n]``, i.e.
-    transa = T on R's column-major view, transb = N on hidden's. Capturable in a graph.
+    transa = T on R's column-major view, transb = N on hidden's. Capturable in a graph
+    once one call ran eagerly (that call allocates the capture workspace and lets cuBLAS
+    load its kernels outside the capture).
     """
     from cupy.cuda import cublas, device, runtime
 
@@ -738,6 +746,9 @@ def gemm_rows_t(cp: Any, hidden: Any, rows_all: Any, p: Any) -> None:
     one = np.array(1.0, dtype=np.float32)
     zero = np.array(0.0, dtype=np.float32)
     handle = device.get_cublas_handle()
+    # The capture workspace is allocated by the first (eager) call: allocating it inside
+    # a capture would be a cudaMalloc there.
+    ws = _capture_workspace(cp.cuda.runtime.getDevice())
     args = (
         op_t, op_n, cap, n, k, one.ctypes.data, rows_all.data.ptr, bf16_t, k,
         hidden.data.ptr, bf16_t, k, zero.ctypes.data, p.data.ptr, f32_t, cap, compute, algo,
@@ -746,7 +757,6 @@ def gemm_rows_t(cp: Any, hidden: Any, rows_all: Any, p: Any) -> None:
         cublas.gemmEx(handle, *args)
         return
     set_stream, set_workspace, gemm = _cublas_capture_api()
-    ws = _capture_workspace(cp.cuda.runtime.getDevice())
     for what, status in (
         ("cublasSetStream", set_stream(handle, cp.cuda.get_current_stream().ptr)),
         ("cublasSetWorkspace", set_workspace(handle, ws.data.ptr, ws.nbytes)),

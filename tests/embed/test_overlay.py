@@ -234,6 +234,23 @@ def test_bad_construction():
             ov.lmhead_tile = bad
 
 
+def test_lmhead_path_knob_and_reserve():
+    ov = TokenOverlay(V, H, 2)
+    assert ov.lmhead_path == "auto" and ov.lmhead_generation == 0
+    for path in ("gemm", "warp", "auto"):
+        ov.lmhead_path = path
+        assert ov.lmhead_path == path
+    for bad in ("cublas", None, 1):
+        with pytest.raises(ConfigError, match="lmhead_path"):
+            ov.lmhead_path = bad
+    ov.reserve_lmhead(rows=4000, batch=64)  # the CPU path has no GEMM buffers
+    assert ov.lmhead_capacity == (0, 0) and ov.lmhead_generation == 0
+    with pytest.raises(ConfigError, match="rows"):
+        ov.reserve_lmhead(rows=-1)
+    with pytest.raises(ConfigError, match="batch"):
+        ov.reserve_lmhead(batch=2.5)
+
+
 @pytest.mark.skipif(gpu_available(), reason="checks the error raised where no GPU is usable")
 def test_cuda_without_gpu_raises_at_construction():
     with pytest.raises(GpuUnavailableError, match="TokenOverlay"):
@@ -426,6 +443,129 @@ def test_token_overlay_cuda_graph_sees_later_adapters_and_slots(model, rng):
     want = cpu.apply_lmhead(hidden, np.zeros((n, V + 8), np.float32), seq_slot=slots)
     np.testing.assert_allclose(d_logits.get(), want, rtol=1e-5, atol=1e-4)
     assert (want != 0).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["gemm", "auto", "warp"])
+def test_token_overlay_lmhead_paths_match_cpu(model, rng, path):
+    """Both GPU LM-head paths against the CPU reference: mixed slots (-1, empty slot 1,
+    adapters of other vocab sizes), logits narrower than an adapter, bf16 and f32."""
+    import cupy as cp
+
+    cpu = make_overlay(model)
+    gpu = make_overlay(model, device="cuda")
+    gpu.lmhead_path = path
+    cap, _ = gpu.lmhead_capacity
+    total = sum(gpu.adapter_info(s).lm_head_ids.size for s in range(4))
+    assert cap % 256 == 0 and cap >= total > 0
+    for n, cols in [(200, V + 8), (3, V + 4)]:  # 3 rows: "auto" takes the warp kernels
+        hidden = bf16(rng, n, H)
+        slots = rng.integers(-1, 4, size=n).astype(np.int32)
+        for dtype in (np.float32, BF16):
+            logits = bf16(rng, n, cols).astype(dtype)
+            want = cpu.apply_lmhead(hidden, logits.copy(), seq_slot=slots)
+            d_logits = cp.asarray(logits)
+            gpu.apply_lmhead(cp.asarray(hidden), d_logits, seq_slot=cp.asarray(slots))
+            got = d_logits.get().astype(np.float64)
+            rtol = 2.0**-7 if dtype == BF16 else 1e-5
+            np.testing.assert_allclose(got, want.astype(np.float64), rtol=rtol, atol=1e-4)
+    # clearing and replacing adapters repacks the table in place (addresses kept)
+    gen = gpu.lmhead_generation
+    gpu.clear_adapter(0)
+    cpu.clear_adapter(0)
+    _, head, adapters = model
+    gpu.set_adapter(1, lm_head_weight=adapters[0][1], served_lm_head=head)
+    cpu.set_adapter(1, lm_head_weight=adapters[0][1], served_lm_head=head)
+    assert gpu.lmhead_generation == gen
+    hidden = bf16(rng, 64, H)
+    slots = np.repeat(np.arange(-1, 4, dtype=np.int32), 13)[:64]
+    want = cpu.apply_lmhead(hidden, np.zeros((64, V + 8), np.float32), seq_slot=slots)
+    d_logits = cp.zeros((64, V + 8), dtype=cp.float32)
+    gpu.apply_lmhead(cp.asarray(hidden), d_logits, seq_slot=cp.asarray(slots))
+    np.testing.assert_allclose(d_logits.get(), want, rtol=1e-5, atol=1e-4)
+    assert (want[slots == 1] != 0).any() and not want[slots == 0].any()
+
+
+@pytest.mark.gpu
+def test_token_overlay_gemm_path_thousands_of_overrides(rng):
+    import cupy as cp
+
+    vocab, hidden = 8192, 256
+    head = bf16(rng, vocab, hidden)
+    cpu = TokenOverlay(vocab, hidden, 3)
+    gpu = TokenOverlay(vocab, hidden, 3, device="cuda")
+    gpu.lmhead_path = "gemm"
+    for slot, count in ((0, 3000), (2, 5000)):
+        ah = adapter_from(rng, head, np.sort(rng.choice(vocab, size=count, replace=False)))
+        for ov in (cpu, gpu):
+            ov.set_adapter(slot, lm_head_weight=ah, served_lm_head=head)
+    assert gpu.lmhead_capacity[0] == 8192
+    n = 96
+    hs = bf16(rng, n, hidden)
+    slots = (np.arange(n) % 4 - 1).astype(np.int32)  # -1, 0, empty 1, 2
+    for dtype in (np.float32, BF16):
+        logits = (hs.astype(np.float32) @ head.astype(np.float32).T).astype(dtype)
+        want = cpu.apply_lmhead(hs, logits.copy(), seq_slot=slots)
+        d_logits = cp.asarray(logits)
+        gpu.apply_lmhead(cp.asarray(hs), d_logits, seq_slot=cp.asarray(slots))
+        rtol = 2.0**-7 if dtype == BF16 else 1e-5
+        np.testing.assert_allclose(
+            d_logits.get().astype(np.float64), want.astype(np.float64), rtol=rtol, atol=1e-3
+        )
+        assert (want.view(np.uint8) != logits.view(np.uint8)).any()
+
+
+@pytest.mark.gpu
+def test_token_overlay_gemm_path_in_cuda_graph(model, rng):
+    """reserve_lmhead, capture the GEMM path, then change adapters within the capacity and
+    seq_slot's contents: the replay applies them and the generation does not move."""
+    import cupy as cp
+
+    emb, head, adapters = model
+    cpu = TokenOverlay(V + 8, H, 4)
+    gpu = TokenOverlay(V + 8, H, 4, device="cuda")
+    gpu.lmhead_path = "gemm"
+    n = 48
+    gpu.reserve_lmhead(rows=20, batch=n)
+    assert gpu.lmhead_capacity == (256, n)
+    gen = gpu.lmhead_generation
+    ids = rng.integers(-1, V + 10, size=n)
+    hidden = bf16(rng, n, H)
+    rows0 = gather_served(emb, ids)
+    d_ids, d_hidden, d_rows = cp.asarray(ids), cp.asarray(hidden), cp.asarray(rows0)
+    d_slots = cp.full(n, -1, dtype=cp.int32)
+    d_logits = cp.zeros((n, V + 8), dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        gpu.apply_lmhead(d_hidden, d_logits, seq_slot=d_slots)  # eager first
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            gpu.apply_embed(d_ids, d_rows, seq_slot=d_slots)
+            gpu.apply_lmhead(d_hidden, d_logits, seq_slot=d_slots)
+        finally:
+            graph = stream.end_capture()
+    for slot, (ae, ah) in adapters.items():
+        for ov in (cpu, gpu):
+            ov.set_adapter(
+                slot, embed_weight=ae, lm_head_weight=ah, served_embed=emb, served_lm_head=head
+            )
+    assert gpu.lmhead_generation == gen
+    slots = rng.integers(-1, 4, size=n).astype(np.int32)
+    d_slots.set(slots)
+    cp.cuda.Device().synchronize()
+    graph.launch(stream)
+    stream.synchronize()
+    want_rows = cpu.apply_embed(ids, rows0.copy(), seq_slot=slots)
+    np.testing.assert_array_equal(d_rows.get().view(np.uint16), want_rows.view(np.uint16))
+    want = cpu.apply_lmhead(hidden, np.zeros((n, V + 8), np.float32), seq_slot=slots)
+    np.testing.assert_allclose(d_logits.get(), want, rtol=1e-5, atol=1e-4)
+    assert (want != 0).any()
+    # outgrowing the reservation moves the buffers: the generation says so
+    big = bf16(rng, V + 8, H)  # every row changed or new: 4 x 104 rows > 256
+    for slot in range(4):
+        gpu.set_adapter(slot, lm_head_weight=big, served_lm_head=head)
+    assert gpu.lmhead_generation > gen and gpu.lmhead_capacity[0] == 512
 
 
 @pytest.mark.gpu

@@ -841,7 +841,7 @@ def lmhead_overlay_gemm(
     if hidden_size == 0:
         p[:n].fill(0)
     else:
-        gemm_rows_t(cp, cp.ascontiguousarray(hidden), rows_all, p)
+        gemm_rows_t(cp, hidden, rows_all, p)  # both C-contiguous (checked above)
     if logits.dtype == np.float32:
         name, logits_arg = "lmhead_overlay_scatter_f32", logits
     else:

@@ -738,9 +738,10 @@ def test_layer_gpu_cuda_graphs_equal_eager(rng):
     # every step bit-identical, and each output its own array (not overwritten by replays)
     for got, want in zip(kept, wants):
         np.testing.assert_array_equal(cp.asnumpy(got).view(np.uint16), want)
-    # two shapes (the 20-token prefill once, then decode steps): the decode one replays
+    # two shapes (the 20-token prefill once, then decode steps): the decode one replays;
+    # a decode context is the kept max_ngram - 1 tokens plus the new one, per sequence
     assert sorted((k, g.graph is not None) for k, g in graphs._graphs.items()) == [
-        ((20, 5, True), True),
+        ((S * DIMS.max_ngram, S, True), True),
         ((100, 100, True), False),
     ]
     # one sequence (a prefill) through a graph, into out=

@@ -507,7 +507,7 @@ class NgramRowCache:
         self._pins[slots_u] += 1
         self._pinned += int(np.count_nonzero(newly))
         self._last_used[slots_u] = self._batch
-        self._batch_slots.append(slots_u.copy())
+        self._batch_slots.append(slots_u)  # a fresh array (fancy-indexed), never mutated
         k = slots_u.size
         self._log_pos[slots_u] = -1  # their old entries are stale from now on
         if self._tail + k > self._log.size:

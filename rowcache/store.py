@@ -49,13 +49,12 @@ def check_row_ids(row_ids: Any, rows: int, name: str = "row_ids") -> np.ndarray:
     if ids.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(ids.shape)}")
     ids = ids.astype(np.int64, copy=False)
-    if ids.size:
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= rows:
-            bad = int(np.flatnonzero((ids < 0) | (ids >= rows))[0])
-            raise RowRangeError(
-                f"{name}[{bad}] = {int(ids[bad])} is outside the table's rows [0, {rows})"
-            )
+    # One pass: as unsigned, a negative id is huge, so a single compare catches both ends.
+    if ids.size and int(ids.view(np.uint64).max()) >= rows:
+        bad = int(np.flatnonzero((ids < 0) | (ids >= rows))[0])
+        raise RowRangeError(
+            f"{name}[{bad}] = {int(ids[bad])} is outside the table's rows [0, {rows})"
+        )
     return ids
 
 

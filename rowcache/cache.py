@@ -8,10 +8,13 @@ staging buffer, scatter into the arena), and the stats. Rows are gathered from
 per extent or per call, never per row.
 
 LRU log. Recency is the batch in which a slot was last resolved. Each resolve
-appends its slots to a log (an int32 array); ``log_pos[slot]`` is the position of
-the slot's newest entry, so older entries of that slot are stale. Victims are the
-first valid log entries from the head, i.e. least recently used first (a tie
-within one batch falls in the order the slots were logged). Pinned slots are
+appends its slots to a log (an int32 array) in ascending row-id order;
+``log_pos[slot]`` is the position of the slot's newest entry, so older entries of
+that slot are stale. Victims are the first valid log entries from the head, i.e.
+least recently used first; within one batch a smaller row id counts as older.
+With that tie rule batch-LRU is a stack algorithm, which is what lets
+``rowcache.tools.miss_ratio_curve(..., batch=...)`` predict this cache's fault
+count exactly at every size in one pass (tested by replaying traces through it). Pinned slots are
 always in the current batch and so never at the head. The log is compacted in
 place when full: O(1) amortized per access, no O(slots) scan per fault.
 """

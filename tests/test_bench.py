@@ -1,0 +1,50 @@
+"""The store and cache benchmark scripts run end to end at --quick size (CPU)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parent.parent / "bench"
+
+
+def run(script: str, *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_bench_build_quick_prints_ratio():
+    rep = json.loads(run("build.py", "--json"))
+    bf16 = next(r for r in rep["results"] if r["dtype"] == "bf16")
+    assert bf16["build_GB_s"] > 0 and bf16["plain_write_GB_s"] > 0
+    assert bf16["ratio"] == pytest.approx(bf16["build_GB_s"] / bf16["plain_write_GB_s"], rel=1e-6)
+
+
+def test_bench_read_quick_measures_all_baselines():
+    rep = json.loads(run("read.py", "--json"))
+    row = rep["results"][0]
+    for key in (
+        "read_rows_rows_s",
+        "memmap_rows_s",
+        "raw_4k_direct_rows_s",
+        "raw_4k_direct_batched_rows_s",
+    ):
+        assert row[key] > 0, key
+    best = max(row["read_rows_rows_s"], row["read_rows_direct_rows_s"])  # the faster reader mode
+    assert row["vs_raw"] == pytest.approx(best / row["raw_4k_direct_rows_s"], rel=1e-6)
+
+
+def test_bench_cache_quick_reports_hit_fault_and_memory():
+    out = run("cache.py")
+    assert "hit path" in out and "fault path" in out and "bookkeeping memory" in out
+    assert "Traceback" not in out

@@ -34,14 +34,15 @@ def describe(a: object) -> str:
 
 def check_array(name: str, a: object, *, ndim: int, dtypes: tuple[np.dtype, ...]) -> None:
     """ConfigError naming ``name`` unless ``a`` is a numpy/cupy array of ``ndim`` and a dtype in ``dtypes``."""
-    allowed = " or ".join(str(d) for d in dtypes)
     if not (isinstance(a, np.ndarray) or is_device_array(a)):
+        allowed = " or ".join(str(d) for d in dtypes)
         raise ConfigError(
             f"{name} must be a numpy or cupy array of {ndim} dimension(s) and dtype {allowed}, "
             f"got {describe(a)}"
         )
     arr: Any = a
     if arr.ndim != ndim or arr.dtype not in dtypes:
+        allowed = " or ".join(str(d) for d in dtypes)  # built only on failure: hot path
         raise ConfigError(f"{name} must be {ndim}-D with dtype {allowed}, got {describe(a)}")
 
 

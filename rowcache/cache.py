@@ -41,6 +41,7 @@ POLICIES = ("lru",)
 DEVICES = ("cpu", "cuda")
 ARENAS = ("device", "host")
 READERS = ("auto", "posix", "kvikio")
+OUT_RING = 4  # pinned buffers for slots on their way to the device
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,14 @@ class NgramRowCache:
     before ``end_batch`` join the same batch, and ``end_batch`` unpins all of them.
     So several threads may resolve concurrently, but one owner must decide when the
     batch ends (after every gather that uses its slots has been issued).
+
+    Streams (``device="cuda"``)
+    ---------------------------
+    The cache copies slots to the device and writes faulted rows into the arena on
+    the CUDA stream that was current when it was built. Gathers issued on that same
+    stream (the usual case) are ordered after both, and a later fault cannot
+    overwrite a slot before earlier gathers on it have run. Work on other streams
+    must wait on that stream first.
     """
 
     def __init__(
@@ -249,8 +258,10 @@ class NgramRowCache:
         self._staging = np.empty((0, rec), dtype=np.uint8)
         self._dev_staging = cp.empty((0, rec), dtype=cp.uint8)
         self._copy_done = None
-        self._out_pinned = np.empty(0, dtype=np.int32)
-        self._out_copied = None
+        self._out_ring: list[tuple[np.ndarray, Any]] = [
+            (np.empty(0, dtype=np.int32), None)
+        ] * OUT_RING
+        self._out_next = 0
 
     def _mapped_array(self, shape: tuple[int, ...], dtype: Any, nbytes: int) -> Any:
         """A cupy array over pinned host memory mapped into the device (zero-copy)."""
@@ -486,22 +497,27 @@ class NgramRowCache:
             kernels.scatter.scatter_records(dev, cp.asarray(victims), self.table, self.scales)
 
     def _to_device(self, out: np.ndarray) -> Any:
-        """``out`` as a new cupy array, copied asynchronously through a pinned buffer."""
+        """``out`` as a new cupy array, copied asynchronously through a ring of pinned buffers.
+
+        A ring, so that a call waits only for the copy of the call ``OUT_RING`` calls
+        ago (long done), never for the stream's recent work.
+        """
         cp = self._xp
         n = out.size
-        if self._out_copied is not None:
-            self._out_copied.synchronize()  # the pinned buffer's previous copy has left it
-        if self._out_pinned.size < n:
+        k = self._out_next
+        self._out_next = (k + 1) % OUT_RING
+        buf, done = self._out_ring[k]
+        if done is not None:
+            done.synchronize()  # this buffer's previous copy has left it
+        if buf.size < n:
             import cupyx
 
-            self._out_pinned = cupyx.empty_pinned(
-                max(n, 2 * self._out_pinned.size, 1024), dtype=np.int32
-            )
-        self._out_pinned[:n] = out
+            buf = cupyx.empty_pinned(max(n, 2 * buf.size, 1024), dtype=np.int32)
+        buf[:n] = out
         dev = cp.empty(n, dtype=cp.int32)
         with self._stream:
-            dev.set(self._out_pinned[:n], stream=self._stream)
-            self._out_copied = self._stream.record()
+            dev.set(buf[:n], stream=self._stream)
+            self._out_ring[k] = (buf, self._stream.record())
         return dev
 
     def _touch(self, slots_u: np.ndarray) -> None:

@@ -1,17 +1,21 @@
 """Exact LRU stack distances, per access and per batch, vectorized with NumPy.
 
 Owns the offline counting of distinct keys between consecutive uses of a key (the
-LRU stack distance) in O(n log^2 n) NumPy work and O(n) memory, with no Python loop
+LRU stack distance) in O(n log n) NumPy work and O(n) memory, with no Python loop
 per access. Does not build curves (``mrc``) nor sample (``shards``).
 
-Method. The distinct keys in the position window ``[a, c)`` number
-``(c - a) - #{j < c : prev[j] >= a}`` (every repeat inside the window has its
-previous use inside it too). The count is a 2-D dominance query over the points
-``(j, prev[j])``, answered offline by divide and conquer on the bits of the position
-(CDQ): at level ``L`` a query at ``c`` counts the points of the aligned block of
-``2**L`` positions just before ``c``'s own block, by ``searchsorted`` in keys sorted
-per block; the per-block order of level ``L + 1`` is a merge of two sorted runs
-(timsort, linear).
+Method. The distinct keys in the position window ``(p, c)`` number
+``(c - p - 1) - #{j < c : prev[j] > p}`` (every repeat inside the window has its
+previous use inside it too). For a reuse at ``t`` with previous use ``p`` the count
+is an inversion count: order the reuses by the time of the query (``t``, or the
+start of ``t``'s batch, ties by ``p``) and count, for each, the earlier ones whose
+``p`` is larger. :func:`count_greater_before` answers that for all elements at once
+with a bit-sliced (wavelet-tree) pass per bit of the ranks: a stable split of
+aligned rank blocks by one bit, in which each 0 counts the 1s before it in its
+block. Sorts are LSD radix sorts on 16-bit digits (NumPy's stable sort of
+``uint16`` is a counting sort), so the whole pass is a few dozen O(n) array
+operations per bit. The weighted variant (SHARDS) keeps the older divide and
+conquer of :func:`count_prev_at_least`.
 """
 
 from __future__ import annotations
@@ -35,6 +39,47 @@ def _as_keys(keys: np.ndarray, name: str = "accesses") -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
+def _offset_bits(vals: np.ndarray) -> tuple[np.ndarray, int]:
+    """``vals - vals.min()`` and its bit width (Python ints, so no overflow)."""
+    if vals.size == 0:
+        return vals, 0
+    lo, hi = int(vals.min()), int(vals.max())
+    bits = (hi - lo).bit_length()
+    if bits > 62:
+        return vals, 64
+    return (vals - np.int64(lo) if lo else vals), bits
+
+
+def stable_argsort(vals: np.ndarray) -> np.ndarray:
+    """Stable argsort of an integer array by LSD radix on 16-bit digits.
+
+    NumPy's stable sort of ``uint8``/``uint16`` is a counting sort, several times
+    faster than its merge sort of ``int64``; keys spanning more than 48 bits fall back
+    to ``np.argsort(kind="stable")``.
+
+    Parameters
+    ----------
+    vals : int[n]
+
+    Returns
+    -------
+    int64[n]
+        The permutation that sorts ``vals``, equal keys in position order.
+    """
+    v, bits = _offset_bits(np.asarray(vals).astype(np.int64, copy=False))
+    if bits > 48:
+        return np.argsort(v, kind="stable").astype(np.int64, copy=False)
+    order: np.ndarray | None = None
+    for shift in range(0, max(bits, 1), 16):
+        digit_dtype = np.uint8 if bits - shift <= 8 else np.uint16
+        cur = v if order is None else v[order]
+        digit = (cur >> shift if shift else cur).astype(digit_dtype)
+        step = np.argsort(digit, kind="stable")
+        order = step if order is None else order[step]
+    assert order is not None
+    return order.astype(np.int64, copy=False)
+
+
 def previous_use(keys: np.ndarray) -> np.ndarray:
     """Position of the previous use of each access's key, ``-1`` for a first use.
 
@@ -51,11 +96,103 @@ def previous_use(keys: np.ndarray) -> np.ndarray:
     prev = np.full(n, -1, dtype=np.int64)
     if n < 2:
         return prev
-    order = np.argsort(keys, kind="stable")
+    order = stable_argsort(keys)
     sk = keys[order]
     same = sk[1:] == sk[:-1]
     prev[order[1:][same]] = order[:-1][same]
     return prev
+
+
+def _small_blocks(cur: np.ndarray, block: int) -> np.ndarray:
+    """The last ``log2(block)`` levels of :func:`count_greater_before` at once.
+
+    ``cur`` (packed ``count << 32 | rank``) is grouped in aligned rank blocks of
+    ``block`` in sequence order; each element gains the earlier elements of its block
+    with a larger rank (``block - 1`` vectorized comparisons of ``int8`` columns).
+    Returns the counts indexed by rank.
+    """
+    m = cur.size
+    ranks = cur & np.int64(0xFFFFFFFF)
+    acc = cur >> 32
+    low = (ranks & (block - 1)).astype(np.int8)
+    nf = m // block
+    full = nf * block
+    if nf and block > 1:
+        v = low[:full].reshape(nf, block)
+        add = np.zeros((nf, block), np.int8)
+        for j in range(block - 1):
+            add[:, j + 1 :] += v[:, j : j + 1] > v[:, j + 1 :]
+        acc[:full] += add.reshape(-1)
+    if full < m:
+        v = low[full:]
+        earlier = np.tri(v.size, v.size, -1, dtype=bool)
+        acc[full:] += (earlier & (v[None, :] > v[:, None])).sum(axis=1)
+    out = np.empty(m, np.int64)
+    out[ranks] = acc
+    return out
+
+
+def count_greater_before(ranks: np.ndarray, *, by_rank: bool = False) -> np.ndarray:
+    """For each element ``i``: ``#{j < i : ranks[j] > ranks[i]}`` (its inversions).
+
+    A wavelet tree built top-down, one level per bit of the rank: at level ``L``
+    the sequence is stably grouped by ``rank >> (L + 1)``, which (``ranks`` being a
+    permutation) makes aligned blocks of ``2**(L + 1)`` positions; splitting each
+    block stably by bit ``L`` puts its 0s first, and a 0 that moves back by ``k``
+    places had ``k`` larger ranks before it. Counts ride in the high 32 bits of the
+    moved words. The last levels run as one small-block comparison.
+
+    Parameters
+    ----------
+    ranks : int[m]
+        A permutation of ``0 .. m-1`` (``m < 2**31``).
+    by_rank : bool
+        Return the counts indexed by rank instead of by position.
+
+    Returns
+    -------
+    int64[m]
+    """
+    m = int(ranks.size)
+    if m < 2:
+        return np.zeros(m, np.int64)
+    if m >= 1 << 31:
+        raise ConfigError(f"count_greater_before handles < 2**31 elements; got {m}")
+    top = (m - 1).bit_length()
+    small = min(top, 4)
+    cur = ranks.astype(np.int64)  # a copy: packed (count << 32) | rank
+    new = np.empty_like(cur)
+    tmp = np.empty_like(cur)
+    zero = np.empty(m, dtype=bool)
+    one = np.empty(m, dtype=bool)
+    q = np.arange(m, dtype=np.int64)
+    for level in range(top - 1, small - 1, -1):
+        half = 1 << level
+        np.bitwise_and(cur, half, out=tmp)
+        np.equal(tmp, 0, out=zero)
+        np.logical_not(zero, out=one)
+        zeros = np.extract(zero, cur)
+        ones = np.extract(one, cur)
+        # The q-th 0 lands at q + (its block) * half; it was at flatnonzero(zero)[q].
+        moved = np.flatnonzero(zero)
+        qz = q[: zeros.size]
+        moved -= qz
+        moved -= (qz >> level) << level
+        moved <<= 32
+        zeros += moved
+        nf = m >> (level + 1)
+        full = nf << (level + 1)
+        if nf:
+            blocks = new[:full].reshape(nf, 2, half)
+            blocks[:, 0, :] = zeros[: nf * half].reshape(nf, half)
+            blocks[:, 1, :] = ones[: nf * half].reshape(nf, half)
+        if full < m:
+            z_tail = min(half, m - full)
+            new[full : full + z_tail] = zeros[nf * half :]
+            new[full + z_tail :] = ones[nf * half :]
+        cur, new = new, cur
+    out = _small_blocks(cur, 1 << small)
+    return out if by_rank else out[ranks]
 
 
 def count_prev_at_least(
@@ -152,10 +289,14 @@ def lru_stack_distances(keys: np.ndarray) -> np.ndarray:
     dist = np.full(keys.size, INF, dtype=np.int64)
     reuse = np.flatnonzero(prev >= 0)
     if reuse.size:
-        c = reuse
-        a = prev[reuse] + 1
-        distinct = (c - a) - count_prev_at_least(prev, c, a)
-        dist[reuse] = distinct + 1
+        p = prev[reuse]
+        # Rank of each previous use among all previous uses (they are distinct).
+        is_prev = np.zeros(keys.size, dtype=np.int64)
+        is_prev[p] = 1
+        rank = np.cumsum(is_prev)
+        rank -= 1
+        larger_before = count_greater_before(rank[p])
+        dist[reuse] = reuse - p - larger_before
     return dist
 
 

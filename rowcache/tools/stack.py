@@ -322,6 +322,37 @@ def batch_ids_from(batch: object, n: int) -> np.ndarray:
     return arr
 
 
+def _key_major_entries(
+    keys: np.ndarray, batch_ids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The unique (batch, key) pairs in key order, then batch order.
+
+    Returns ``(ekeys, ebatch, index)``: ``ebatch`` renumbered ``0..nb-1`` in batch
+    order, ``index`` the position of the first access of each pair. Non-decreasing
+    batch ids (the usual case) cost one radix sort by key: a stable sort keeps each
+    key's accesses in time order, hence batch order.
+    """
+    b = np.asarray(batch_ids).astype(np.int64, copy=False).reshape(-1)
+    n = keys.size
+    undo: np.ndarray | None = None
+    if n > 1 and bool(np.any(b[1:] < b[:-1])):
+        undo = stable_argsort(b)
+        keys = keys[undo]
+        b = b[undo]
+    step = np.zeros(n, dtype=np.int64)
+    np.not_equal(b[1:], b[:-1], out=step[1:], casting="unsafe")
+    dense = np.cumsum(step)
+    order = stable_argsort(keys)
+    sk = keys[order]
+    sb = dense[order]
+    keep = np.ones(n, dtype=bool)
+    keep[1:] = (sk[1:] != sk[:-1]) | (sb[1:] != sb[:-1])
+    index = order[keep]
+    if undo is not None:
+        index = undo[index]
+    return sk[keep], sb[keep], index
+
+
 def dedup_batches(keys: np.ndarray, batch_ids: np.ndarray, *, return_index: bool = False) -> Any:
     """The unique keys of each batch, in batch order then key order.
 
@@ -336,16 +367,11 @@ def dedup_batches(keys: np.ndarray, batch_ids: np.ndarray, *, return_index: bool
     keys = _as_keys(keys)
     if keys.size == 0:
         return (keys, keys.copy(), keys.copy()) if return_index else (keys, keys.copy())
-    _, bdense = np.unique(batch_ids, return_inverse=True)
-    bdense = bdense.astype(np.int64).reshape(-1)
-    order = np.lexsort((keys, bdense))
-    k = keys[order]
-    b = bdense[order]
-    keep = np.ones(k.size, dtype=bool)
-    keep[1:] = (k[1:] != k[:-1]) | (b[1:] != b[:-1])
+    ek, eb, index = _key_major_entries(keys, batch_ids)
+    to_stream = stable_argsort(eb)
     if return_index:
-        return k[keep], b[keep], order[keep]
-    return k[keep], b[keep]
+        return ek[to_stream], eb[to_stream], index[to_stream]
+    return ek[to_stream], eb[to_stream]
 
 
 def batch_stack_distances(keys: np.ndarray, batch_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -361,32 +387,47 @@ def batch_stack_distances(keys: np.ndarray, batch_ids: np.ndarray) -> tuple[np.n
     ``b`` = 1 + the distinct keys of the (batch, key)-ordered unique stream strictly
     after its previous entry and before the start of batch ``b``.
 
+    With ``s`` the stream position of the previous entry and ``c`` the start of batch
+    ``b``: ``d = c - s - #{reuses of an earlier batch whose previous entry is after
+    s}``; ordering the reuses by (batch, previous entry) makes that count an
+    inversion count (:func:`count_greater_before`), since reuses of the same batch
+    then come in increasing previous entry.
+
     Parameters
     ----------
     keys : int[n]
-    batch_ids : int64[n]
-        Non-decreasing batch index per access.
+    batch_ids : int[n]
+        Batch index per access (served in increasing batch index).
 
     Returns
     -------
     dist : int64[u]
-        One per unique (batch, key); :data:`INF` for a first use.
+        One per unique (batch, key), in (batch, key) order; :data:`INF` for a first use.
     batch_sizes : int64[nb]
         Unique rows per batch (the smallest feasible arena is their max).
     """
-    ukeys, ub = dedup_batches(keys, batch_ids)
-    u = ukeys.size
+    keys = _as_keys(keys)
+    if keys.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    ek, eb, _ = _key_major_entries(keys, batch_ids)
+    u = ek.size
     dist = np.full(u, INF, dtype=np.int64)
-    if u == 0:
-        return dist, np.zeros(0, dtype=np.int64)
-    batch_sizes = np.bincount(ub)
-    starts = np.concatenate(([0], np.cumsum(batch_sizes)))
-    prev = previous_use(ukeys)
-    reuse = np.flatnonzero(prev >= 0)
-    if reuse.size:
-        c = starts[ub[reuse]]
-        a = prev[reuse] + 1
-        dist[reuse] = (c - a) - count_prev_at_least(prev, c, a) + 1
+    batch_sizes = np.bincount(eb)
+    starts = np.zeros(batch_sizes.size, dtype=np.int64)
+    np.cumsum(batch_sizes[:-1], out=starts[1:])
+    to_stream = stable_argsort(eb)  # stream position -> key-major entry
+    stream_pos = np.empty(u, dtype=np.int64)
+    stream_pos[to_stream] = np.arange(u, dtype=np.int64)
+    # Key-major entry e has its next use at e + 1 when the key is the same.
+    is_prev = np.zeros(u, dtype=bool)
+    is_prev[stream_pos[:-1][ek[1:] == ek[:-1]]] = True
+    prev_pos = np.flatnonzero(is_prev)  # ascending: index = rank of the previous entry
+    if prev_pos.size:
+        nxt = to_stream[prev_pos] + 1
+        nbatch = eb[nxt]
+        query_order = stable_argsort(nbatch)  # (batch, previous entry), as ranks
+        larger = count_greater_before(query_order, by_rank=True)
+        dist[stream_pos[nxt]] = starts[nbatch] - prev_pos - larger
     return dist, batch_sizes
 
 

@@ -9,7 +9,16 @@ import pytest
 
 from rowcache.errors import ArenaExhaustedError, ConfigError
 from rowcache.tools.mrc import batch_lru_misses, combine_keys, miss_ratio_curve
-from rowcache.tools.stack import INF, lru_stack_distances
+from rowcache.tools.stack import (
+    INF,
+    batch_stack_distances,
+    count_greater_before,
+    dedup_batches,
+    lru_stack_distances,
+    previous_use,
+    stable_argsort,
+    weighted_distances,
+)
 
 
 def brute_lru_misses(keys, size):
@@ -199,3 +208,76 @@ def test_shards_heavy_keys_cut_the_error_on_zipf(rng):
     assert hv.miss_ratio_std.max() < plain.miss_ratio_std.max()
     with pytest.raises(ConfigError, match="heavy"):
         miss_ratio_curve(keys, sizes, method="shards", sample_size=100, heavy=10)
+
+
+def brute_greater_before(ranks):
+    return [int(np.count_nonzero(ranks[:i] > ranks[i])) for i in range(ranks.size)]
+
+
+def test_count_greater_before_equals_brute_force(rng):
+    # Sizes around powers of two and the small-block width cover the partial blocks.
+    for m in [*range(40), 63, 64, 65, 127, 200, 513, 1000]:
+        ranks = rng.permutation(m)
+        got = count_greater_before(ranks)
+        assert got.tolist() == brute_greater_before(ranks), m
+        by_rank = count_greater_before(ranks, by_rank=True)
+        assert np.array_equal(by_rank[ranks], got)
+
+
+def test_count_greater_before_sorted_and_reversed():
+    m = 3000
+    assert not count_greater_before(np.arange(m)).any()
+    assert count_greater_before(np.arange(m)[::-1]).tolist() == list(range(m))
+
+
+def test_stable_argsort_equals_numpy_stable(rng):
+    cases = [
+        rng.integers(0, 3, 1000),
+        rng.integers(-(2**20), 2**20, 5000),
+        rng.integers(0, 2**40, 5000),
+        rng.integers(-(2**62), 2**62, 1000),  # beyond 48 bits: NumPy's merge sort
+        np.array([7]),
+        np.zeros(0, np.int64),
+    ]
+    for vals in cases:
+        np.testing.assert_array_equal(stable_argsort(vals), np.argsort(vals, kind="stable"))
+
+
+def test_previous_use_equals_dict_scan(rng):
+    keys = rng.integers(-50, 2**33, 3000) % 977 - 300
+    last: dict[int, int] = {}
+    expect = []
+    for i, k in enumerate(keys.tolist()):
+        expect.append(last.get(k, -1))
+        last[k] = i
+    assert previous_use(keys).tolist() == expect
+
+
+def test_distances_equal_divide_and_conquer_on_a_long_trace(rng):
+    # The counting by inversions against the independent CDQ count (unit weights).
+    n = 60_000
+    keys = (rng.zipf(1.1, n) % 20_000).astype(np.int64)
+    dist = lru_stack_distances(keys)
+    ref, _, _ = weighted_distances(keys, np.ones(n))
+    np.testing.assert_array_equal(np.where(dist == INF, np.inf, dist.astype(float)), ref)
+    bids = np.repeat(np.arange(n), rng.integers(1, 30, n))[:n]
+    bdist, bsizes = batch_stack_distances(keys, bids)
+    bref, _, bw = weighted_distances(keys, np.ones(n), bids)
+    np.testing.assert_array_equal(np.where(bdist == INF, np.inf, bdist.astype(float)), bref)
+    np.testing.assert_array_equal(bsizes, bw)
+
+
+def test_batch_distances_do_not_depend_on_access_order_within_the_trace(rng):
+    keys = (rng.zipf(1.2, 2000) % 300).astype(np.int64)
+    bids = np.sort(rng.integers(0, 200, 2000))
+    shuffle = rng.permutation(2000)
+    a = batch_stack_distances(keys, bids)
+    b = batch_stack_distances(keys[shuffle], bids[shuffle])
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    uk, ub, idx = dedup_batches(keys[shuffle], bids[shuffle], return_index=True)
+    assert np.array_equal(keys[shuffle][idx], uk)
+    pairs = sorted(set(zip(bids.tolist(), keys.tolist())))
+    assert list(zip(ub.tolist(), uk.tolist())) == [
+        (int(np.searchsorted(np.unique(bids), b)), k) for b, k in pairs
+    ]

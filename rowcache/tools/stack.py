@@ -29,6 +29,10 @@ from ..errors import ConfigError
 #: Distance of a first use (a compulsory miss at every size).
 INF = np.iinfo(np.int64).max
 
+#: :func:`count_greater_before` packs a count and a rank in one int64, so an exact pass
+#: takes fewer reuses than this (at 2**31 its arrays alone would need ~100 GB; sample).
+PACKED_LIMIT = 1 << 31
+
 
 def _as_keys(keys: np.ndarray, name: str = "accesses") -> np.ndarray:
     arr = np.asarray(keys)
@@ -145,7 +149,7 @@ def count_greater_before(ranks: np.ndarray, *, by_rank: bool = False) -> np.ndar
     Parameters
     ----------
     ranks : int[m]
-        A permutation of ``0 .. m-1`` (``m < 2**31``).
+        A permutation of ``0 .. m-1``, ``m <`` :data:`PACKED_LIMIT`.
     by_rank : bool
         Return the counts indexed by rank instead of by position.
 
@@ -156,8 +160,11 @@ def count_greater_before(ranks: np.ndarray, *, by_rank: bool = False) -> np.ndar
     m = int(ranks.size)
     if m < 2:
         return np.zeros(m, np.int64)
-    if m >= 1 << 31:
-        raise ConfigError(f"count_greater_before handles < 2**31 elements; got {m}")
+    if m >= PACKED_LIMIT:
+        raise ConfigError(
+            f"exact stack distances take fewer than {PACKED_LIMIT} reuses; got {m} "
+            "(use method='shards' for traces this large)"
+        )
     top = (m - 1).bit_length()
     small = min(top, 4)
     cur = ranks.astype(np.int64)  # a copy: packed (count << 32) | rank

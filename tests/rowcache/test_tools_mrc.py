@@ -281,3 +281,14 @@ def test_batch_distances_do_not_depend_on_access_order_within_the_trace(rng):
     assert list(zip(ub.tolist(), uk.tolist())) == [
         (int(np.searchsorted(np.unique(bids), b)), k) for b, k in pairs
     ]
+
+
+def test_exact_pass_past_the_packed_limit_raises_config_error(rng, monkeypatch):
+    import rowcache.tools.stack as stack
+
+    monkeypatch.setattr(stack, "PACKED_LIMIT", 100)
+    assert stack.count_greater_before(rng.permutation(99)).size == 99
+    with pytest.raises(ConfigError, match="shards"):
+        stack.count_greater_before(rng.permutation(100))
+    with pytest.raises(ConfigError, match="reuses"):
+        miss_ratio_curve(np.arange(300) % 7, [1, 2])

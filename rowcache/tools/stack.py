@@ -13,7 +13,7 @@ start of ``t``'s batch, ties by ``p``) and count, for each, the earlier ones who
 with a bit-sliced (wavelet-tree) pass per bit of the ranks: a stable split of
 aligned rank blocks by one bit, in which each 0 counts the 1s before it in its
 block. Sorts are LSD radix sorts on 16-bit digits (NumPy's stable sort of
-``uint16`` is a counting sort), so the whole pass is a few dozen O(n) array
+``uint16`` is a counting sort), so the whole pass is about a dozen O(n) array
 operations per bit. The weighted variant (SHARDS) keeps the older divide and
 conquer of :func:`count_prev_at_least`.
 """

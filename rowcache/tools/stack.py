@@ -20,6 +20,7 @@ conquer of :func:`count_prev_at_least`.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -170,22 +171,29 @@ def count_greater_before(ranks: np.ndarray, *, by_rank: bool = False) -> np.ndar
     small = min(top, 4)
     cur = ranks.astype(np.int64)  # a copy: packed (count << 32) | rank
     new = np.empty_like(cur)
-    tmp = np.empty_like(cur)
+    bits = np.empty(m, dtype=np.uint8)
     zero = np.empty(m, dtype=bool)
     one = np.empty(m, dtype=bool)
     q = np.arange(m, dtype=np.int64)
+    dest = np.empty(m, dtype=np.int64)
     for level in range(top - 1, small - 1, -1):
         half = 1 << level
-        np.bitwise_and(cur, half, out=tmp)
-        np.equal(tmp, 0, out=zero)
+        # Test the bit on the one byte of each word that holds it (less to write).
+        byte = level >> 3 if sys.byteorder == "little" else 7 - (level >> 3)
+        np.bitwise_and(cur.view(np.uint8)[byte::8], np.uint8(1 << (level & 7)), out=bits)
+        np.equal(bits, 0, out=zero)
         np.logical_not(zero, out=one)
         zeros = np.extract(zero, cur)
         ones = np.extract(one, cur)
-        # The q-th 0 lands at q + (its block) * half; it was at flatnonzero(zero)[q].
+        # The q-th 0 was at flatnonzero(zero)[q] and lands at q + (q & -half), its
+        # block's start plus the 0s before it there: the difference is the 1s before it.
         moved = np.flatnonzero(zero)
-        qz = q[: zeros.size]
-        moved -= qz
-        moved -= (qz >> level) << level
+        k = zeros.size
+        qz = q[:k]
+        dz = dest[:k]
+        np.bitwise_and(qz, -half, out=dz)
+        dz += qz
+        moved -= dz
         moved <<= 32
         zeros += moved
         nf = m >> (level + 1)

@@ -104,9 +104,17 @@ def _check_sizes(sizes: Sequence[int] | np.ndarray) -> np.ndarray:
 
 
 def _lru_misses_from_distances(dist: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Misses at each size: accesses with distance > size (a sorted-count)."""
-    d = np.sort(dist)
-    return (d.size - np.searchsorted(d, sizes, side="right")).astype(np.float64)
+    """Misses at each size: accesses with distance > size.
+
+    A histogram over the (few) sorted sizes instead of sorting the (many) distances.
+    """
+    sizes = np.asarray(sizes)
+    uniq, back = np.unique(sizes, return_inverse=True)
+    # idx = how many sizes lie below each distance; distance d misses at size s iff d > s
+    idx = np.searchsorted(uniq, dist, side="left")
+    counts = np.bincount(idx, minlength=uniq.size + 1)
+    misses_at_uniq = np.cumsum(counts[::-1])[::-1][1:]
+    return misses_at_uniq[back].astype(np.float64)
 
 
 def batch_lru_misses(

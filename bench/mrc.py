@@ -16,9 +16,11 @@ decode 256) with the LongCat-Flash-Lite n-gram dims (12 tables).
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -26,6 +28,9 @@ import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,30 +40,230 @@ from embed.dims import NgramDims
 from rowcache.tools.mrc import miss_ratio_curve
 from rowcache.tools.stack import batch_stack_distances, lru_stack_distances
 from rowcache.tools.tokens import iter_requests
-from rowcache.tools.trace import ServerModel, Trace, build_trace
+from rowcache.tools.trace import (
+    MANIFEST,
+    TRACE_FORMAT,
+    TRACE_VERSION,
+    ServerModel,
+    Trace,
+    _Writer,
+    build_trace,
+    schedule_request,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Run in a fresh interpreter: sample every table of a trace, compute the curves,
-# print them with the time and the process's peak RSS.
+# print them with the time and the process's peak RSS. Linux carries the parent's
+# RSS high-water mark into ru_maxrss across fork + exec, so the child also reads
+# VmHWM (its own address space's peak) from /proc; callers keep the parent small.
 _SHARDS_CHILD = """
 import json, resource, sys, time
 import numpy as np
 from rowcache.tools.mrc import curve_from_samples
 from rowcache.tools.parallel import sample_trace
 from rowcache.tools.trace import Trace
+def hwm_gib():
+    try:
+        with open("/proc/self/status") as f:
+            line = next(x for x in f if x.startswith("VmHWM:"))
+        return int(line.split()[1]) / 2**20
+    except (OSError, StopIteration):
+        return None
 path, rate, sizes = sys.argv[1], float(sys.argv[2]), np.array(sys.argv[3:], dtype=np.int64)
 t0 = time.perf_counter()
 trace = Trace.open(path)
 samples = sample_trace(trace, rate, salts=1, shared=False)
+t_sample = time.perf_counter() - t0
 curves = {str(t): curve_from_samples([samples[(str(t), 0)]], sizes).miss_ratio
           for t in range(trace.num_tables)}
 dt = time.perf_counter() - t0
-print(json.dumps({"seconds": dt,
+print(json.dumps({"seconds": dt, "sample_seconds": t_sample,
+                  "sampled": int(sum(s.keys.size for s in samples.values())),
                   "maxrss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                  "hwm_gib": hwm_gib(),
                   "curves": {k: [None if np.isnan(x) else x for x in v.tolist()]
                              for k, v in curves.items()}}))
 """
+
+
+def zipf_rows(rng: np.random.Generator, n: int, rows: int, s: float) -> np.ndarray:
+    """``n`` row ids of a table of ``rows`` rows, Zipf(``s``)-distributed over ranks.
+
+    Ranks come from the inverse CDF of the continuous bounded power law (one
+    ``pow`` per id, no rejection loop), then a fixed bijection ``rank * P mod rows``
+    scatters the hot ranks over the table as hashed n-gram ids would be.
+
+    Returns
+    -------
+    int32[n] in ``[0, rows)``
+    """
+    u = rng.random(n)
+    if abs(s - 1.0) < 1e-9:
+        r = np.power(float(rows), u)
+    else:
+        e = 1.0 - s
+        r = np.power((float(rows) ** e - 1.0) * u + 1.0, 1.0 / e)
+    rank = np.minimum(r.astype(np.int64) - 1, rows - 1)
+    np.maximum(rank, 0, out=rank)
+    p = 2_654_435_761  # prime, larger than any table: coprime with every size
+    return ((rank * p + 12345) % rows).astype(np.int32)
+
+
+def write_synthetic_trace(
+    out: str,
+    accesses: int,
+    *,
+    dims: NgramDims,
+    model: ServerModel | None = None,
+    zipf: float = 1.1,
+    seed: int = 0,
+    chunk_positions: int = 1 << 22,
+) -> Trace:
+    """A trace of about ``accesses`` accesses in the ``rowcache trace`` format, streamed.
+
+    Requests of 64..2048 tokens are scheduled on the modelled server exactly as
+    ``build_trace`` schedules them (slot heap, ``schedule_request``, step-major
+    slot-minor order, flush of the steps no later request can join) and written
+    through the trace writer; each table's row of each position is drawn
+    independently from :func:`zipf_rows` when its steps are flushed. Memory: the
+    pending positions' sort keys and one chunk (``chunk_positions`` x tables).
+
+    Returns
+    -------
+    Trace
+        ``positions = ceil(accesses / tables)`` (the last request is cut).
+    """
+    model = model or ServerModel()
+    tables = dims.num_tables
+    table_rows = [int(dims.table_rows(i)) for i in range(tables)]
+    positions = -(-int(accesses) // tables)
+    path = Path(out)
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    writer = _Writer(path, int(chunk_positions))
+    free: list[tuple[int, int]] = [(0, s) for s in range(model.batch)]
+    stride = np.int64(model.batch)
+    pend: list[np.ndarray] = []
+    pend_n = made = n_req = 0
+    last_step = -1
+
+    def flush(before: int | None) -> None:
+        nonlocal pend, pend_n
+        if not pend:
+            return
+        key = np.sort(np.concatenate(pend), kind="stable")
+        cut = key.size if before is None else int(np.searchsorted(key, before * stride, "left"))
+        if cut:
+            rows = np.empty((tables, cut), dtype=np.int32)
+            for t in range(tables):
+                rows[t] = zipf_rows(rng, cut, table_rows[t], zipf)
+            writer.add(rows, key[:cut] // stride)
+        pend = [key[cut:]]
+        pend_n = key.size - cut
+
+    while made < positions:
+        length = min(int(rng.integers(64, 2049)), positions - made)
+        start, slot = heapq.heappop(free)
+        heapq.heappush(free, (start + model.units(length)[2], slot))
+        steps = schedule_request(model, length, start)
+        pend.append(steps * stride + slot)
+        pend_n += length
+        made += length
+        n_req += 1
+        last_step = max(last_step, int(steps[-1]))
+        if pend_n >= 2 * chunk_positions:
+            flush(start)
+    flush(None)
+    writer.close()
+    manifest = {
+        "format": TRACE_FORMAT,
+        "version": TRACE_VERSION,
+        "num_tables": tables,
+        "table_rows": table_rows,
+        "positions": writer.positions,
+        "requests": n_req,
+        "steps": last_step + 1,
+        "model": asdict(model),
+        "dims": {
+            "vocab_size": dims.vocab_size,
+            "hidden_size": dims.hidden_size,
+            "max_ngram": dims.max_ngram,
+            "splits": dims.splits,
+            "ratio": dims.ratio,
+            "eos_token_id": dims.eos_token_id,
+        },
+        "chunks": [asdict(c) for c in writer.chunks],
+    }
+    (path / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return Trace.open(path)
+
+
+def run_shards_child(trace: Trace, rate: float, sizes: np.ndarray) -> dict[str, Any]:
+    """The SHARDS pass over ``trace``'s files in a fresh interpreter (its own peak RSS)."""
+    child = subprocess.run(
+        [sys.executable, "-c", _SHARDS_CHILD, trace.path.as_posix(), str(rate)]
+        + [str(x) for x in sizes],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    res: dict[str, Any] = json.loads(child.stdout)
+    return res
+
+
+def big_trace_rows(args: argparse.Namespace) -> list[dict[str, object]]:
+    """Write a synthetic trace of ``args.big`` accesses, SHARDS it from the files."""
+    out = os.path.join(args.big_dir, "synthetic-trace")
+    # The writer runs in its own process too, so that this one stays small (see
+    # _SHARDS_CHILD on ru_maxrss across exec).
+    cmd = [sys.executable, os.path.abspath(__file__), "--big", str(args.big)]
+    cmd += ["--big-dir", args.big_dir, "--zipf", str(args.zipf), "--write-only"]
+    wrote = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    w = json.loads(wrote.stdout)
+    t_write, rss_write = float(w["seconds"]), float(w["maxrss_gib"])
+    trace = Trace.open(out)
+    accesses = trace.positions * trace.num_tables
+    disk = sum(f.stat().st_size for f in trace.path.iterdir()) / 2**30
+    sizes = np.unique(np.geomspace(4096, min(trace.table_rows), 8).astype(np.int64))
+    try:
+        res = run_shards_child(trace, args.rate, sizes)
+    finally:
+        if not args.keep:
+            shutil.rmtree(trace.path, ignore_errors=True)
+    secs = float(res["seconds"])
+    return [
+        {
+            "claim": f"synthetic trace write, {accesses:,} accesses (M acc/s)",
+            "project": accesses / t_write / 1e6,
+            "baseline": None,
+            "ratio": None,
+            "target": f"{disk:.2f} GiB on disk, writer peak RSS {rss_write:.2f} GiB",
+        },
+        {
+            "claim": f"SHARDS {args.rate:g} from {accesses:,}-access trace files (M acc/s)",
+            "project": accesses / secs / 1e6,
+            "baseline": None,
+            "ratio": None,
+            "target": f">= 30 ({res['sampled']:,} sampled, sampling {res['sample_seconds']:.1f} s "
+            f"of {secs:.1f} s)",
+        },
+        {
+            "claim": f"peak RSS of the SHARDS pass, {accesses:,} accesses (GiB)",
+            "project": res["maxrss_gib"],
+            "baseline": None,
+            "ratio": None,
+            "target": f"< 4 at 10^9 accesses (VmHWM {res['hwm_gib']:.2f} GiB)",
+        },
+    ]
 
 
 def ordered_dict_lru(keys: np.ndarray, size: int) -> int:
@@ -113,7 +318,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--repeat", type=int, default=2, help="time the exact passes this often, keep the best"
     )
+    ap.add_argument(
+        "--big",
+        type=int,
+        default=0,
+        help="only write a synthetic trace of this many accesses and SHARDS it from the files",
+    )
+    ap.add_argument("--big-dir", default="/work/tmp-bench", help="where --big writes (deleted)")
+    ap.add_argument("--keep", action="store_true", help="keep the --big trace")
+    ap.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of --big rows")
+    ap.add_argument("--write-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.big and args.write_only:
+        t0 = time.perf_counter()
+        dims = NgramDims.longcat_flash_lite()
+        out = os.path.join(args.big_dir, "synthetic-trace")
+        write_synthetic_trace(out, args.big, dims=dims, zipf=args.zipf)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(json.dumps({"seconds": time.perf_counter() - t0, "maxrss_gib": rss}))
+        return 0
+    if args.big:
+        report("mrc", big_trace_rows(args), args.json, {"big": args.big, "rate": args.rate})
+        return 0
     if args.quick:
         args.synthetic = min(args.synthetic, 100_000)
         args.text_mb = min(args.text_mb, 0.3)
@@ -196,15 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         tsizes = np.unique(np.geomspace(4096, max(8192, trace.positions // 2), 10).astype(np.int64))
         # The SHARDS pass runs in a fresh process so that its peak memory is its own.
-        child = subprocess.run(
-            [sys.executable, "-c", _SHARDS_CHILD, trace.path.as_posix(), str(args.rate)]
-            + [str(x) for x in tsizes],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, "PYTHONPATH": ROOT},
-        )
-        res = json.loads(child.stdout)
+        res = run_shards_child(trace, args.rate, tsizes)
         t_shards = res["seconds"]
         rss_shards = res["maxrss_gib"]
         est = {

@@ -292,3 +292,40 @@ def test_exact_pass_past_the_packed_limit_raises_config_error(rng, monkeypatch):
         stack.count_greater_before(rng.permutation(100))
     with pytest.raises(ConfigError, match="reuses"):
         miss_ratio_curve(np.arange(300) % 7, [1, 2])
+
+
+def _bench_mrc():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "mrc.py"
+    spec = importlib.util.spec_from_file_location("bench_mrc_big", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_synthetic_trace_is_a_valid_server_trace(tmp_path):
+    from embed.dims import NgramDims
+    from rowcache.tools.parallel import sample_trace
+    from rowcache.tools.trace import ServerModel
+
+    mod = _bench_mrc()
+    dims = NgramDims.longcat_flash_lite()
+    model = ServerModel(batch=4, chunk=64, decode=16)
+    tr = mod.write_synthetic_trace(
+        str(tmp_path / "t"), 120_001, dims=dims, model=model, chunk_positions=1500
+    )
+    assert tr.positions == -(-120_001 // 12) and tr.num_tables == 12
+    assert len(tr.chunks) == -(-tr.positions // 1500)
+    steps = tr.steps_array()
+    assert np.all(np.diff(steps) >= 0) and steps[-1] == tr.steps - 1
+    # A step holds at most one unit (a prefill chunk or a token) of each slot.
+    assert np.bincount(steps).max() <= model.batch * model.chunk
+    for t in (0, 11):
+        rows, _ = tr.table_accesses(t)
+        assert rows.min() >= 0 and rows.max() < tr.table_rows[t]
+        counts = np.bincount(rows)
+        assert counts.max() > 20 * rows.size / np.count_nonzero(counts)  # skewed (Zipf)
+    smp = sample_trace(tr, 0.5, shared=False)
+    assert smp[("0", 0)].total == tr.positions

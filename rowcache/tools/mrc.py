@@ -317,7 +317,7 @@ def curve_from_samples(
             feas_list.append(feas_w)
             rates.append(rate)
             continue
-        scaled = np.maximum(1, np.round(sizes_arr * rate)).astype(np.int64)
+        scaled = scaled_sizes(sizes_arr, rate)
         if smp.batch_ids is not None:
             bids = smp.batch_ids
             batched = True
@@ -354,6 +354,19 @@ def curve_from_samples(
     )
 
 
+def scaled_sizes(sizes: np.ndarray, rate: float) -> np.ndarray:
+    """Sample cache sizes equivalent to full sizes ``C`` at a SHARDS ``rate`` (int64[k]).
+
+    A distance counts the reused key itself plus the distinct other keys since its
+    previous use, and only the others are sampled at ``rate``. A full-trace miss is
+    ``1 + others > C``; in the sample ``others ~ rate * others_full``, so a sampled
+    distance ``d`` misses when ``d - 1 > (C - 1) * rate``, i.e. ``d > floor((C - 1) *
+    rate) + 1``. (Scaling the key's own 1 as well, ``round(C * rate)``, makes the
+    sample's cache ``1 / rate - 1`` rows too small: a bias towards misses.)
+    """
+    return (np.floor((sizes - 1) * rate + 1e-9) + 1).astype(np.int64)
+
+
 def _weighted_curve(
     smp: _shards.Sample, sizes: np.ndarray, batch: int | None, policy: str
 ) -> tuple[np.ndarray, int, float, bool]:
@@ -369,6 +382,7 @@ def _weighted_curve(
     else:
         bids = None
     dist, uw, bw = weighted_distances(smp.keys, w, bids)
+    dist = dist - (uw - 1.0)  # the reused key counts 1 itself, not its weight (scaled_sizes)
     order = np.argsort(dist, kind="stable")
     d_sorted = dist[order]
     tail = np.concatenate((np.cumsum(uw[order][::-1])[::-1], [0.0]))

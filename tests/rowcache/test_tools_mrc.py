@@ -329,3 +329,23 @@ def test_bench_synthetic_trace_is_a_valid_server_trace(tmp_path):
         assert counts.max() > 20 * rows.size / np.count_nonzero(counts)  # skewed (Zipf)
     smp = sample_trace(tr, 0.5, shared=False)
     assert smp[("0", 0)].total == tr.positions
+
+
+def test_shards_scaled_size_counts_the_reused_key_once():
+    from rowcache.tools.mrc import curve_from_samples, scaled_sizes
+    from rowcache.tools.shards import HASH_SPACE, Sample
+
+    # Sampled [a, b, a] at rate 1/4: b stands for 4 keys, a's reuse sees 1 + 4 = 5
+    # distinct keys, so it hits from C = 5 (scaling a's own 1 too would say C = 8).
+    rate = 0.25
+    keys = np.array([1, 2, 1])
+    pos = np.arange(3)
+    thr = HASH_SPACE // 4
+    sizes = np.array([4, 5, 8])
+    plain = Sample(keys, pos, 12, rate, thr)
+    weighted = Sample(keys, pos, 12, rate, thr, forced=np.zeros(3, dtype=bool))
+    for smp in (plain, weighted):
+        curve = curve_from_samples([smp], sizes)
+        np.testing.assert_allclose(curve.miss_ratio, [1.0, 2 / 3, 2 / 3])
+    np.testing.assert_array_equal(scaled_sizes(np.arange(1, 50), 1.0), np.arange(1, 50))
+    assert scaled_sizes(np.array([1, 4, 5, 8, 9]), rate).tolist() == [1, 1, 2, 2, 3]

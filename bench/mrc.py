@@ -28,7 +28,6 @@ import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +40,12 @@ from rowcache.tools.mrc import miss_ratio_curve
 from rowcache.tools.stack import batch_stack_distances, dedup_batches, lru_stack_distances
 from rowcache.tools.tokens import iter_requests
 from rowcache.tools.trace import (
-    MANIFEST,
-    TRACE_FORMAT,
-    TRACE_VERSION,
     ServerModel,
     Trace,
     _Writer,
     build_trace,
     schedule_request,
+    write_manifest,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,26 +176,7 @@ def write_synthetic_trace(
             flush(start)
     flush(None)
     writer.close()
-    manifest = {
-        "format": TRACE_FORMAT,
-        "version": TRACE_VERSION,
-        "num_tables": tables,
-        "table_rows": table_rows,
-        "positions": writer.positions,
-        "requests": n_req,
-        "steps": last_step + 1,
-        "model": asdict(model),
-        "dims": {
-            "vocab_size": dims.vocab_size,
-            "hidden_size": dims.hidden_size,
-            "max_ngram": dims.max_ngram,
-            "splits": dims.splits,
-            "ratio": dims.ratio,
-            "eos_token_id": dims.eos_token_id,
-        },
-        "chunks": [asdict(c) for c in writer.chunks],
-    }
-    (path / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    write_manifest(path, writer, dims, model, n_req, last_step + 1)
     return Trace.open(path)
 
 

@@ -186,6 +186,38 @@ class _Writer:
             self._write(self._buffered)
 
 
+def write_manifest(
+    out: Path, writer: Any, dims: Any, model: Any, requests: int, steps: int
+) -> None:
+    """Write a trace's manifest last and atomically: the trace is valid once it exists.
+
+    ``writer`` is the trace's chunk writer (closed); ``dims`` the NgramDims whose tables
+    the rows address; ``model`` the ServerModel that scheduled the requests.
+    """
+    manifest = {
+        "format": TRACE_FORMAT,
+        "version": TRACE_VERSION,
+        "num_tables": dims.num_tables,
+        "table_rows": [int(dims.table_rows(i)) for i in range(dims.num_tables)],
+        "positions": writer.positions,
+        "requests": requests,
+        "steps": steps,
+        "model": asdict(model),
+        "dims": {
+            "vocab_size": dims.vocab_size,
+            "hidden_size": dims.hidden_size,
+            "max_ngram": dims.max_ngram,
+            "splits": dims.splits,
+            "ratio": dims.ratio,
+            "eos_token_id": dims.eos_token_id,
+        },
+        "chunks": [asdict(c) for c in writer.chunks],
+    }
+    tmp = out / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    tmp.replace(out / MANIFEST)
+
+
 def build_trace(
     requests: Iterable[np.ndarray],
     dims: Any,
@@ -280,27 +312,5 @@ def build_trace(
     writer.close()
     if bar is not None:
         bar.close()
-    table_rows = [int(dims.table_rows(i)) for i in range(dims.num_tables)]
-    manifest = {
-        "format": TRACE_FORMAT,
-        "version": TRACE_VERSION,
-        "num_tables": dims.num_tables,
-        "table_rows": table_rows,
-        "positions": writer.positions,
-        "requests": n_req,
-        "steps": last_step + 1,
-        "model": asdict(model),
-        "dims": {
-            "vocab_size": dims.vocab_size,
-            "hidden_size": dims.hidden_size,
-            "max_ngram": dims.max_ngram,
-            "splits": dims.splits,
-            "ratio": dims.ratio,
-            "eos_token_id": dims.eos_token_id,
-        },
-        "chunks": [asdict(c) for c in writer.chunks],
-    }
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    tmp.replace(out / MANIFEST)  # the trace is valid once the manifest exists
+    write_manifest(out, writer, dims, model, n_req, last_step + 1)
     return Trace.open(out)

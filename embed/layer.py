@@ -7,8 +7,9 @@ accumulation, and ``bf16((word + proj) / (1 + T))``. The same composition runs o
 the CPU (NumPy references) and the GPU (CUDA kernels, cuBLAS); staging buffers are
 allocated once and grown only for a larger batch.
 Input is packed once (``embed.batch.NgramBatch``: no Python work per sequence). On
-the GPU a step from host tokens is one pinned upload, the hash, a column selection,
-the stacked gather, the word gather, the GEMM and the sum, with no host sync; the
+the GPU a resident step from host tokens is one pinned upload, one fused hash + gather
+launch (every table's row and the word row), the GEMM and the sum, with no host sync
+(``StaticStep``: the same on fixed buffers, replayed from a CUDA graph); the
 only sync is at the end of a step with cached tables (their slots stay pinned until
 the gathers ran), and cached ids are hashed on the host, so none is copied back.
 Does not own the tables (``embed.tables``) or the checkpoint format.
@@ -27,6 +28,7 @@ from kernels.ngram import (
     TokenRangeError,
     gather_stacked,
     gemm_bf16_f32,
+    hash_gather,
     ngram_hash,
     scale_sum,
 )
@@ -69,11 +71,12 @@ class NgramEmbedding:
         launch (default) instead of one ``kernels.batched_embed[_fp8]`` launch per
         table; the two are bit-identical. Ignored on the CPU.
     cuda_graphs : bool
-        On the GPU, replay the id work of resident steps (no cached table, no
-        overlay, host tokens, fused) from a CUDA graph captured per (tokens, rows)
-        shape: upload, hash, selection and both gathers in one launch, then the GEMM
-        and the scaled sum (three launches per step instead of seven). Results are
-        bit-identical to the eager path. Default off.
+        On the GPU, replay resident steps (no cached table, no overlay, host tokens,
+        fused) from a CUDA graph captured per (tokens, rows, several sequences)
+        shape: the upload, the fused hash + gathers and the GEMM in one launch, then
+        the scaled sum into a fresh output (two launches per step). Results are
+        bit-identical to the eager path. Default off. A server that replays its whole
+        decode step from one graph uses :meth:`static_step` instead.
 
     Every table and the word table must be on one device (``"cpu"`` or ``"cuda"``);
     the projections are copied there.
@@ -122,14 +125,17 @@ class NgramEmbedding:
         else:
             self._wcat = wcat.astype(np.float32)  # the CPU GEMM runs in float32
         self._stacked: StackedTables | None = None
+        self._word_stacked: StackedTables | None = None
         if fused and self.device == "cuda":
             self._stacked = StackedTables([t.arrays for t in self.tables])
+            if not isinstance(self.word, CachedTable):
+                self._word_stacked = StackedTables([self.word.arrays])
         self._mult = self._xp.ascontiguousarray(self._xp.asarray(dims.multipliers, dtype=np.int64))
         self._rows = self._xp.ascontiguousarray(
             self._xp.asarray(dims.all_table_rows, dtype=np.int64)
         )
         self.cuda_graphs = bool(cuda_graphs) and self.device == "cuda"
-        self._graphs: dict[tuple[int, int, bool], _DeviceStep] = {}
+        self._graphs: dict[tuple[int, int, bool], StaticStep] = {}
         self._tok: _DeviceStep | None = None
         self._group_caches()
         self._cap = 0
@@ -357,14 +363,7 @@ class NgramEmbedding:
             if batch.on_device:  # the range check of device tokens still runs
                 self._hash_all(batch)
             return xp.empty((0, D), dtype=BF16) if out is None else out
-        if (
-            self.cuda_graphs
-            and xp is not np
-            and self._stacked is not None
-            and not self._groups
-            and overlay is None
-            and not batch.on_device
-        ):
+        if self.cuda_graphs and self._fused_ids and overlay is None and not batch.on_device:
             return self._run_graph(batch, out)
         self._reserve(n)
         if out is None:
@@ -372,7 +371,7 @@ class NgramEmbedding:
         stack, proj, words = self._stack[:n], self._proj[:n], self._words[:n]
         try:
             if xp is np:
-                ids = batch.host_ids()  # int64[T, n]: only the embedded positions
+                ids: Any = batch.host_ids()  # int64[T, n]: only the embedded positions
                 word_ids: Any = batch.word_ids
                 host_ids = ids[self._cached_rows] if self._groups else None
             elif batch.on_device:
@@ -381,13 +380,21 @@ class NgramEmbedding:
                 ids = ids[:, xp.asarray(sel) if isinstance(sel, np.ndarray) else sel]
                 word_ids = batch.word_ids
                 host_ids = ids[self._cached_rows].get() if self._groups else None
+            elif self._fused_ids:
+                # resident, fused: upload, then the hash and both gathers in one launch
+                buf = self._tok_buffers(batch)
+                word_ids = self._upload_gather(buf, buf.host(), batch, stack, words)
+                buf.uploaded(xp.cuda.get_current_stream())
+                ids = host_ids = None
             else:
                 # every n-gram table cached: their slots replace all ids, skip the hash
                 hashed = self._cached_rows.size < self.dims.num_tables
                 ids, word_ids = self._device_ids(self._tok_buffers(batch), batch, hashed)
                 host_ids = batch.host_ids(self._cached_rows) if self._groups else None
             word_slots = self._resolve(batch, ids, host_ids, word_ids) if self._groups else None
-            if self._stacked is not None:
+            if ids is None:
+                pass  # gathered above
+            elif self._stacked is not None:
                 gather_stacked(ids, self._stacked, stack)
             else:
                 d = self.dims.table_dim
@@ -399,7 +406,7 @@ class NgramEmbedding:
                         table.gather(ids[i], out=block)
             if word_slots is not None:
                 self.word.gather_slots(word_slots, out=words)
-            else:
+            elif ids is not None:
                 self.word.gather(word_ids, out=words)
             rows = words
             if overlay is not None:
@@ -503,13 +510,7 @@ class NgramEmbedding:
             buf.dev[:n].set(host[:n], stream=stream)
             buf.uploaded(stream)
             return buf.ids_sel[: T * n].reshape(T, n), buf.dev[:n]
-        host[:L] = batch.tokens
-        k = L
-        if multi:  # [tokens | word ids | starts | positions]
-            host[L : L + n] = batch.word_ids
-            host[L + n : 2 * L + n] = batch.starts
-            host[2 * L + n : 2 * L + 2 * n] = batch.positions
-            k = 2 * L + 2 * n
+        k = _pack(host, batch)
         stream = cp.cuda.get_current_stream()
         dev = buf.dev
         dev[:k].set(host[:k], stream=stream)
@@ -531,88 +532,92 @@ class NgramEmbedding:
         cp.take(ids_all, dev[2 * L + n : 2 * L + 2 * n], axis=1, out=ids)
         return ids, dev[L : L + n]
 
-    def _run_graph(self, batch: NgramBatch, out: Any) -> Any:
-        """A resident step whose id work replays from a CUDA graph per (tokens, rows) shape.
+    @property
+    def _fused_ids(self) -> bool:
+        """Resident GPU tables, fused: a step's id work is one ``hash_gather`` launch."""
+        return self._word_stacked is not None and self._stacked is not None and not self._groups
 
-        The graph holds the token upload, the hash, the selection, the stacked gather
-        and the word gather (one launch instead of five); the GEMM and the scaled sum
-        follow eagerly (cupy refuses cuBLAS calls during stream capture), the sum
-        writing a fresh output (or ``out``), so results behave as on the eager path.
-        The first call of a shape runs eagerly into the shape's own buffers
-        (compiling the kernels), the second captures, later ones replay.
-        """
+    def _upload_gather(
+        self, buf: _DeviceStep, host: np.ndarray, batch: Any, stack: Any, words: Any
+    ) -> Any:
+        """Pack ``batch``'s host tokens into the pinned ``host``, copy them up into
+        ``buf.dev`` and hash + gather them into ``stack`` and ``words`` (one copy,
+        one launch; no allocation, no sync: capturable). Returns the word ids
+        (int64[n], device). ``batch`` may be a :class:`_Shape` when ``host`` is
+        already packed."""
         cp = self._xp
-        key = (batch.length, batch.n, batch.num_seqs > 1)
-        g = self._graphs.get(key)
-        if g is None:
-            g = self._graphs[key] = _DeviceStep(
-                cp, self.dims.num_tables, batch.length, batch.n, self._staging_shapes(batch.n)
-            )
-        host = g.host()  # waits for the previous replay of this graph to have read it
-        self._pack_graph(host, batch)
+        L, n, multi = batch.length, batch.n, batch.num_seqs > 1
+        k = _pack(host, batch) if isinstance(batch, NgramBatch) else _words(L, n, multi)
         stream = cp.cuda.get_current_stream()
-        if g.graph is None and g.runs >= 1:
-            cap = cp.cuda.Stream(non_blocking=True)  # capture needs a non-default stream
-            with cap:
-                cap.begin_capture()
-                try:
-                    self._issue_graph_ids(g, batch)
-                finally:
-                    graph = cap.end_capture()
-            g.graph = graph
-        if g.graph is not None:
-            g.graph.launch(stream)
-        else:
-            self._issue_graph_ids(g, batch)
-        g.runs += 1
-        if out is None:
-            out = cp.empty((batch.n, self.dims.hidden_size), dtype=BF16)
-        assert g.stack is not None and g.proj is not None and g.words is not None
-        gemm_bf16_f32(g.stack, self._wcat, out=g.proj)
-        scale_sum(g.words, g.proj, float(1 + self.dims.num_tables), out=out)
-        g.uploaded(stream)
-        return out
-
-    def _pack_graph(self, host: np.ndarray, batch: NgramBatch) -> None:
-        L, n = batch.length, batch.n
-        host[:L] = batch.tokens
-        if batch.num_seqs > 1:
-            host[L : L + n] = batch.word_ids
-            host[L + n : 2 * L + n] = batch.starts
-            host[2 * L + n : 2 * L + 2 * n] = batch.positions
-
-    def _issue_graph_ids(self, g: _DeviceStep, batch: NgramBatch) -> None:
-        """Upload, hash, select and gather of a resident step on ``g``'s fixed buffers
-        (capturable: no allocation, no cuBLAS, the copy through the runtime call)."""
-        cp = self._xp
-        L, n = batch.length, batch.n
-        multi = batch.num_seqs > 1
-        k = 2 * L + 2 * n if multi else L
         # the runtime call itself: cupy refuses ndarray.set while a stream captures,
         # but a copy from pinned memory is a legal graph node
-        stream = cp.cuda.get_current_stream()
-        cp.cuda.runtime.memcpyAsync(g.dev.data.ptr, g.hosts[0].ctypes.data, 8 * k, _H2D, stream.ptr)
-        T = self.dims.num_tables
-        ids_all = g.ids_all[: T * L].reshape(T, L)
-        tok = g.dev[:L]
-        _launch_hash(
+        cp.cuda.runtime.memcpyAsync(buf.dev.data.ptr, host.ctypes.data, 8 * k, _H2D, stream.ptr)
+        assert self._stacked is not None and self._word_stacked is not None
+        tok = buf.dev[:L]
+        hash_gather(
             tok,
-            g.dev[L + n : 2 * L + n] if multi else tok,
+            buf.dev[L + n : 2 * L + n] if multi else None,
+            buf.dev[2 * L + n : 2 * L + 2 * n] if multi else None,
             self._mult,
             self._rows,
-            ids_all,
             self.dims.eos_token_id,
-            multi,
+            self._stacked,
+            stack,
+            self._word_stacked,
+            words,
         )
-        if multi:
-            ids = g.ids_sel[: T * n].reshape(T, n)
-            cp.take(ids_all, g.dev[2 * L + n : 2 * L + 2 * n], axis=1, out=ids)
-            word_ids = g.dev[L : L + n]
-        else:
-            ids, word_ids = ids_all[:, L - n :], tok[L - n :]
-        assert self._stacked is not None and g.stack is not None
-        gather_stacked(ids, self._stacked, g.stack)
-        self.word.gather(word_ids, out=g.words)
+        return buf.dev[L : L + n] if multi else tok[L - n :]
+
+    def _run_graph(self, batch: NgramBatch, out: Any) -> Any:
+        """A resident step replayed from a CUDA graph per (tokens, rows, multi) shape:
+        upload, hash + gathers and the GEMM in the graph; the scaled sum follows
+        eagerly into a fresh output (or ``out``), so results behave as on the eager
+        path. The first call of a shape runs eagerly into the shape's own buffers
+        (compiling the kernels, loading cuBLAS's), the second captures, later ones replay.
+        """
+        key = (batch.length, batch.n, batch.num_seqs > 1)
+        step = self._graphs.get(key)
+        if step is None:
+            step = self._graphs[key] = StaticStep(self, key, with_sum=False)
+        step.load(batch)
+        step.launch()
+        if out is None:
+            out = self._xp.empty((batch.n, self.dims.hidden_size), dtype=BF16)
+        scale_sum(step.words, step.proj, float(1 + self.dims.num_tables), out=out)
+        return out
+
+    def static_step(self, batch: NgramBatch) -> StaticStep:
+        """A resident GPU step of ``batch``'s shape on fixed buffers, for CUDA graphs.
+
+        For servers that replay their whole decode step from one graph: the returned
+        :class:`StaticStep` holds pinned input, device staging and output buffers;
+        ``load(batch)`` refills the input on the host, ``launch()`` replays the
+        captured upload, hash + gathers, GEMM and scaled sum into ``.out``, and
+        ``issue()`` queues the same work on the current stream (to capture it inside
+        a larger graph). ``batch`` (host tokens) is loaded and issued once eagerly.
+        Needs resident tables on the GPU and ``fused=True``.
+        """
+        if not self._fused_ids:
+            raise ConfigError(
+                "static_step needs resident tables on the GPU and fused=True "
+                f"(this embedding: device {self.device!r}, tables "
+                f"{[t.kind for t in (self.word, *self.tables)]})"
+            )
+        if not isinstance(batch, NgramBatch) or batch.on_device:
+            raise ConfigError("static_step takes an NgramBatch of host tokens")
+        if batch.dims != self.dims:
+            raise ConfigError("the NgramBatch was built for other NgramDims")
+        step = StaticStep(self, (batch.length, batch.n, batch.num_seqs > 1), with_sum=True)
+        step.load(batch)
+        return step
+
+    def _issue_step(self, step: StaticStep) -> None:
+        """``step``'s work on the current stream (capturable): upload, hash + gathers,
+        GEMM, and with ``step.with_sum`` the scaled sum into ``step.out``."""
+        self._upload_gather(step.buf, step.buf.hosts[0], step.shape, step.stack, step.words)
+        gemm_bf16_f32(step.stack, self._wcat, out=step.proj)
+        if step.with_sum:
+            scale_sum(step.words, step.proj, float(1 + self.dims.num_tables), out=step.out)
 
     def _staging_shapes(self, n: int) -> tuple[tuple[int, int], int]:
         return (n, self.dims.num_tables * self.dims.table_dim), self.dims.hidden_size
@@ -644,6 +649,111 @@ class NgramEmbedding:
             f"NgramEmbedding(tables={kinds}, word={self.word.kind}, hidden={self.dims.hidden_size}, "
             f"device={self.device!r})"
         )
+
+
+class _Shape:
+    """A step's shape (what a captured graph depends on): ``length`` tokens, ``n``
+    embedded rows, several sequences or one."""
+
+    __slots__ = ("length", "n", "num_seqs")
+
+    def __init__(self, length: int, n: int, multi: bool) -> None:
+        self.length, self.n, self.num_seqs = length, n, 2 if multi else 1
+
+
+def _words(L: int, n: int, multi: bool) -> int:
+    """int64 words of an upload: ``[tokens L | word ids n | starts L | positions n]``,
+    or the tokens alone for one sequence."""
+    return 2 * L + 2 * n if multi else L
+
+
+def _pack(host: np.ndarray, batch: NgramBatch) -> int:
+    """Pack ``batch`` into the pinned upload buffer ``host``; returns the words used."""
+    L, n = batch.length, batch.n
+    host[:L] = batch.tokens
+    if batch.num_seqs > 1:
+        host[L : L + n] = batch.word_ids
+        host[L + n : 2 * L + n] = batch.starts
+        host[2 * L + n : 2 * L + 2 * n] = batch.positions
+    return _words(L, n, batch.num_seqs > 1)
+
+
+class StaticStep:
+    """A resident GPU embedding step on fixed buffers, replayed from a CUDA graph.
+
+    Made by :meth:`NgramEmbedding.static_step` (and used inside ``cuda_graphs=True``).
+    Everything a captured graph points at lives here: the pinned upload buffer, the
+    device tokens, the stacked rows ``stack`` bfloat16[n, T*d], the word rows ``words``
+    bfloat16[n, D], the projection ``proj`` float32[n, D] and, with ``with_sum``, the
+    output ``out`` bfloat16[n, D]. The shape (tokens, rows, several sequences) is
+    fixed; the tables, projections and token values are not baked in beyond their
+    addresses.
+
+    Use: ``load(batch)`` (host only: waits until the previous launch has copied the
+    pinned buffer, then packs the batch into it), ``launch()`` (the first launch
+    runs eagerly, compiling kernels and loading cuBLAS's; the second captures; later
+    ones replay), read ``out``. ``issue()`` queues the same work on the current
+    stream, e.g. inside a capture of a larger graph.
+    """
+
+    def __init__(self, emb: NgramEmbedding, key: tuple[int, int, bool], *, with_sum: bool) -> None:
+        L, n, multi = key
+        self._emb = emb
+        self.shape = _Shape(L, n, multi)
+        self.with_sum = with_sum
+        dims = emb.dims
+        self.buf = _DeviceStep(emb._xp, dims.num_tables, L, n, emb._staging_shapes(n), out=with_sum)
+        self.stack, self.proj, self.words, self.out = (
+            self.buf.stack,
+            self.buf.proj,
+            self.buf.words,
+            self.buf.out,
+        )
+        self.graph: Any = None
+        self.runs = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.buf.nbytes
+
+    def load(self, batch: NgramBatch) -> None:
+        """Pack ``batch`` (host tokens, this step's shape) into the pinned input."""
+        s = self.shape
+        if (batch.length, batch.n, batch.num_seqs > 1) != (s.length, s.n, s.num_seqs > 1):
+            raise ConfigError(
+                f"this static step has {s.length} tokens, {s.n} rows, "
+                f"{'several sequences' if s.num_seqs > 1 else 'one sequence'}; the batch has "
+                f"{batch.length}, {batch.n}, {batch.num_seqs} sequence(s)"
+            )
+        if batch.on_device:
+            raise ConfigError("a static step loads host tokens (an NgramBatch of numpy ids)")
+        _pack(self.buf.host(), batch)
+
+    def issue(self) -> None:
+        """Queue the step on the current stream (capturable once it ran eagerly)."""
+        self._emb._issue_step(self)
+
+    def launch(self, stream: Any = None) -> None:
+        """Run the step on ``stream`` (default: the current stream): eagerly the first
+        time, captured the second, replayed afterwards."""
+        cp = self._emb._xp
+        stream = cp.cuda.get_current_stream() if stream is None else stream
+        if self.graph is None and self.runs >= 1:
+            cap = cp.cuda.Stream(non_blocking=True)  # capture needs a non-default stream
+            with cap:
+                cap.begin_capture()
+                try:
+                    self.issue()
+                finally:
+                    graph = cap.end_capture()
+            self.graph = graph
+        if self.graph is not None:
+            self.graph.launch(stream)
+        else:
+            with stream:
+                self.issue()
+        self.runs += 1
+        self.buf.uploaded(stream)
 
 
 def _launch_hash(
@@ -697,6 +807,7 @@ class _DeviceStep:
         cap_len: int,
         cap_rows: int,
         staging: tuple[tuple[int, int], int] | None = None,
+        out: bool = False,
     ) -> None:
         import cupyx
 
@@ -707,20 +818,21 @@ class _DeviceStep:
         self._events: list[Any] = [None] * ring
         self._next = 0
         self.dev = cp.empty(max(words, 1), dtype=cp.int64)
-        self.ids_all = cp.empty(max(T * cap_len, 1), dtype=cp.int64)
-        self.ids_sel = cp.empty(max(T * cap_rows, 1), dtype=cp.int64)
-        self.graph: Any = None
-        self.runs = 0
-        self.stack = self.proj = self.words = None
+        # ids are only materialized by the unfused step (graph steps hash and gather at once)
+        self.ids_all = cp.empty(1 if staging else max(T * cap_len, 1), dtype=cp.int64)
+        self.ids_sel = cp.empty(1 if staging else max(T * cap_rows, 1), dtype=cp.int64)
+        self.stack = self.proj = self.words = self.out = None
         if staging is not None:
             (n, td), D = staging
             self.stack = cp.empty((n, td), dtype=BF16)
             self.proj = cp.empty((n, D), dtype=cp.float32)
             self.words = cp.empty((n, D), dtype=BF16)
+            if out:
+                self.out = cp.empty((n, D), dtype=BF16)
 
     @property
     def nbytes(self) -> int:
-        arrays = [self.dev, self.ids_all, self.ids_sel, self.stack, self.proj, self.words]
+        arrays = [self.dev, self.ids_all, self.ids_sel, self.stack, self.proj, self.words, self.out]
         return sum(int(a.nbytes) for a in arrays if a is not None)
 
     def host(self) -> np.ndarray:
@@ -742,4 +854,4 @@ class _DeviceStep:
                 e.synchronize()
 
 
-__all__ = ["NgramEmbedding"]
+__all__ = ["NgramEmbedding", "StaticStep"]

@@ -11,10 +11,25 @@ __device__ __forceinline__ float ngram_e4m3_to_float(unsigned char code) {
     return __half2float(__half(h));
 }
 
-// out[i * L + t] = (sum_j xt(t - j) * mult[i * N + j]) mod rows[i]
-// with xt(t) = tokens[t], and for j >= 1 xt(t - j) = tokens[t - j] while t - j >= 0
+// The id of position t in one table: (sum_j xt(t - j) * m[j]) mod rows, with
+// xt(t) = tokens[t], and for j >= 1 xt(t - j) = tokens[t - j] while t - j >= first
 // and no EOS lies in positions t - j .. t - 1 (else 0 and the look-back stops).
-// mult[i, j] = V^j mod rows[i] for j < order(i), 0 beyond: every term fits int64.
+// m[j] = V^j mod rows for j < the table's order, 0 beyond: every term fits int64.
+__device__ __forceinline__ long long ngram_id(const long long* __restrict__ tokens, long long t,
+                                              long long first, const long long* __restrict__ m,
+                                              int N, long long eos, long long rows) {
+    long long acc = tokens[t] * m[0];
+    for (int j = 1; j < N; ++j) {
+        long long p = t - j;
+        if (p < first) break;
+        long long x = tokens[p];
+        if (x == eos) break;
+        acc += x * m[j];
+    }
+    return acc % rows;
+}
+
+// out[i * L + t] = ngram_id of table i at position t (mult[i, :] its multipliers).
 // With has_starts, the look-back of t also stops before starts[t] (the first position
 // of t's sequence when several sequences are hashed in one launch).
 extern "C" __global__ void ngram_hash(const long long* __restrict__ tokens,
@@ -39,17 +54,8 @@ extern "C" __global__ void ngram_hash(const long long* __restrict__ tokens,
             return;
         }
     }
-    const long long* m = mult + (long long)i * N;
-    long long first = has_starts ? starts[t] : 0;
-    long long acc = tokens[t] * m[0];
-    for (int j = 1; j < N; ++j) {
-        long long p = t - j;
-        if (p < first) break;
-        long long x = tokens[p];
-        if (x == eos) break;
-        acc += x * m[j];
-    }
-    out[idx] = acc % rows[i];
+    out[idx] = ngram_id(tokens, t, has_starts ? starts[t] : 0, mult + (long long)i * N, N, eos,
+                        rows[i]);
 }
 
 // out[k] = bf16_rn((float(word[k]) + proj[k]) / denom): IEEE division, as NumPy does.
@@ -63,14 +69,48 @@ extern "C" __global__ void ngram_scale_sum(const __nv_bfloat16* __restrict__ wor
     out[k] = __float2bfloat16_rn(__fdiv_rn(acc, denom));
 }
 
+// Row `row` of one table into dst[0:d), by the threads of one threadIdx.y row: bf16 rows
+// (scales == 0) copied, FP8 E4M3 codes dequantized as bf16_rn(float(e4m3(code)) *
+// scale[row]) -- the rules of gather_rows / gather_rows_fp8 (kernels/gather.cu), bit for
+// bit. data and scales are raw pointers; stride is in elements (bf16) or bytes (codes).
+// With vec, 8 values move per thread step (16-byte bf16 words, 8-byte code words).
+__device__ __forceinline__ void ngram_copy_row(unsigned long long data, unsigned long long scales,
+                                               long long stride, long long row,
+                                               __nv_bfloat16* __restrict__ dst, int d, int vec) {
+    const float* sc = reinterpret_cast<const float*>(scales);
+    if (sc == nullptr) {
+        const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(data) + row * stride;
+        if (vec) {
+            const uint4* s4 = reinterpret_cast<const uint4*>(src);
+            uint4* d4 = reinterpret_cast<uint4*>(dst);
+            for (int c = threadIdx.x; c < d / 8; c += blockDim.x) d4[c] = s4[c];
+        } else {
+            for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
+        }
+        return;
+    }
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(data) + row * stride;
+    const float s = sc[row];
+    if (vec) {
+        for (int c = threadIdx.x; c < d / 8; c += blockDim.x) {
+            const uint2 q8 = reinterpret_cast<const uint2*>(src)[c];
+            const unsigned char* q = reinterpret_cast<const unsigned char*>(&q8);
+            __align__(16) __nv_bfloat16 v[8];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) v[k] = __float2bfloat16_rn(ngram_e4m3_to_float(q[k]) * s);
+            reinterpret_cast<uint4*>(dst)[c] = *reinterpret_cast<const uint4*>(v);
+        }
+    } else {
+        for (int c = threadIdx.x; c < d; c += blockDim.x) {
+            dst[c] = __float2bfloat16_rn(ngram_e4m3_to_float(src[c]) * s);
+        }
+    }
+}
+
 // Stacked gather: out[r, i*d : (i+1)*d] = row ids[i*ld + off + r] of table i, for every
-// output row r < n and table i < T. Table i is bf16 rows (scales[i] == 0) or FP8 E4M3
-// codes dequantized as bf16_rn(float(e4m3(code)) * scale[row]) (scales[i] != 0): the
-// rules of gather_rows / gather_rows_fp8 (kernels/gather.cu), bit for bit. data[i] and
-// scales[i] are raw pointers (device memory or mapped pinned host memory); stride[i]
-// is table i's row stride in elements (bf16) or bytes (codes). Block (32, 8): each
-// threadIdx.y row handles one (r, i) pair; with vec, 8 values move per thread step
-// (the launcher checks 16-byte alignment of bf16 rows and 8-byte of code rows).
+// output row r < n and table i < T (data[i], scales[i], stride[i]: ngram_copy_row's
+// arguments of table i; device memory or mapped pinned host memory). Block (32, 8):
+// each threadIdx.y row handles one (r, i) pair (the launcher checks alignment for vec).
 extern "C" __global__ void ngram_gather_stacked(const long long* __restrict__ ids,
                                                 long long ld, long long off,
                                                 const unsigned long long* __restrict__ data,
@@ -85,38 +125,51 @@ extern "C" __global__ void ngram_gather_stacked(const long long* __restrict__ id
         const int i = (int)(pair % T);
         const long long r = pair / T;
         const long long row = ids[(long long)i * ld + off + r];
-        __nv_bfloat16* dst = out + r * ((long long)T * d) + (long long)i * d;
-        const float* sc = reinterpret_cast<const float*>(scales[i]);
-        if (sc == nullptr) {
-            const __nv_bfloat16* src =
-                reinterpret_cast<const __nv_bfloat16*>(data[i]) + row * stride[i];
-            if (vec) {
-                const uint4* s4 = reinterpret_cast<const uint4*>(src);
-                uint4* d4 = reinterpret_cast<uint4*>(dst);
-                for (int c = threadIdx.x; c < d / 8; c += blockDim.x) d4[c] = s4[c];
-            } else {
-                for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = src[c];
-            }
+        ngram_copy_row(data[i], scales[i], stride[i], row,
+                       out + r * ((long long)T * d) + (long long)i * d, d, vec);
+    }
+}
+
+// Hash and gather in one launch (a step's id work without the ids ever written):
+// output row r embeds position t = positions[r] (has_starts) or off + r; for every
+// table i < T, out[r, i*d : (i+1)*d] = row ngram_id(t) of table i (look-back stopped
+// at starts[t] with has_starts, else at 0), and words[r, 0:D] = row tokens[t] of the
+// word table (wdata[0], wscales[0], wstride[0]). Bit-identical to ngram_hash, the
+// selection of positions, ngram_gather_stacked and the word table's gather. Tokens
+// are trusted to lie in [0, V) (checked on the host). Block (32, 8), one (r, i <= T)
+// pair per threadIdx.y row.
+extern "C" __global__ void ngram_hash_gather(const long long* __restrict__ tokens,
+                                             const long long* __restrict__ starts,
+                                             const long long* __restrict__ positions,
+                                             long long off, int has_starts,
+                                             const long long* __restrict__ mult,
+                                             const long long* __restrict__ rows, int N,
+                                             long long eos,
+                                             const unsigned long long* __restrict__ data,
+                                             const unsigned long long* __restrict__ scales,
+                                             const long long* __restrict__ stride,
+                                             __nv_bfloat16* __restrict__ out, long long n,
+                                             int T, int d, int vec,
+                                             const unsigned long long* __restrict__ wdata,
+                                             const unsigned long long* __restrict__ wscales,
+                                             const long long* __restrict__ wstride,
+                                             __nv_bfloat16* __restrict__ words, int D,
+                                             int wvec) {
+    const long long pairs = n * (T + 1);
+    const long long step = (long long)gridDim.x * blockDim.y;
+    for (long long pair = (long long)blockIdx.x * blockDim.y + threadIdx.y; pair < pairs;
+         pair += step) {
+        const int i = (int)(pair % (T + 1));
+        const long long r = pair / (T + 1);
+        const long long t = has_starts ? positions[r] : off + r;
+        if (i == T) {
+            ngram_copy_row(wdata[0], wscales[0], wstride[0], tokens[t], words + r * (long long)D,
+                           D, wvec);
         } else {
-            const unsigned char* src =
-                reinterpret_cast<const unsigned char*>(data[i]) + row * stride[i];
-            const float s = sc[row];
-            if (vec) {
-                for (int c = threadIdx.x; c < d / 8; c += blockDim.x) {
-                    const uint2 q8 = reinterpret_cast<const uint2*>(src)[c];
-                    const unsigned char* q = reinterpret_cast<const unsigned char*>(&q8);
-                    __align__(16) __nv_bfloat16 v[8];
-#pragma unroll
-                    for (int k = 0; k < 8; ++k) {
-                        v[k] = __float2bfloat16_rn(ngram_e4m3_to_float(q[k]) * s);
-                    }
-                    reinterpret_cast<uint4*>(dst)[c] = *reinterpret_cast<const uint4*>(v);
-                }
-            } else {
-                for (int c = threadIdx.x; c < d; c += blockDim.x) {
-                    dst[c] = __float2bfloat16_rn(ngram_e4m3_to_float(src[c]) * s);
-                }
-            }
+            const long long row = ngram_id(tokens, t, has_starts ? starts[t] : 0,
+                                           mult + (long long)i * N, N, eos, rows[i]);
+            ngram_copy_row(data[i], scales[i], stride[i], row,
+                           out + r * ((long long)T * d) + (long long)i * d, d, vec);
         }
     }
 }

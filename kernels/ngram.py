@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ._cublas import gemm_ex
 from ._cuda import get_kernel, is_device_array, launch_1d, require_cupy
 from .errors import ConfigError
 from .reference import BF16, batched_embed_fp8_reference, batched_embed_reference
@@ -266,6 +267,118 @@ def gather_stacked(ids: Any, tables: StackedTables, out: Any) -> Any:
     return out
 
 
+def hash_gather_reference(
+    tokens: np.ndarray,
+    starts: np.ndarray | None,
+    positions: np.ndarray,
+    multipliers: np.ndarray,
+    rows: np.ndarray,
+    eos: int,
+    tables: StackedTables,
+    out: np.ndarray,
+    word: StackedTables,
+    words: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """What :func:`hash_gather` computes: the hash of every position, the embedded
+    ``positions`` selected, their T rows stacked into ``out`` and their word rows
+    (``tokens[positions]`` of the single table ``word``) into ``words``."""
+    ids = ngram_hash_reference(tokens, multipliers, rows, eos, starts)[:, positions]
+    gather_stacked_reference(ids, tables, out)
+    gather_stacked_reference(np.asarray(tokens)[positions][None, :], word, words)
+    return out, words
+
+
+def hash_gather(
+    tokens: Any,
+    starts: Any,
+    positions: Any,
+    multipliers: Any,
+    rows: Any,
+    eos: int,
+    tables: StackedTables,
+    out: Any,
+    word: StackedTables,
+    words: Any,
+) -> tuple[Any, Any]:
+    """Hash, select, stacked gather and word gather of a step in ONE launch on the GPU.
+
+    Parameters (launcher argument order)
+    ----------
+    tokens : int64[L], C-contiguous, trusted to lie in ``[0, V)`` (checked by the caller)
+    starts : int64[L] or None
+        First position of each position's sequence (several sequences packed); None:
+        one sequence.
+    positions : int64[n] or None
+        The embedded positions (with ``starts``); None: the last ``n`` positions.
+    multipliers, rows : int64[T, N], int64[T] (``NgramDims.multipliers``, table rows)
+    eos : int
+    tables : StackedTables of the T tables (width d); out : bfloat16[n, T*d]
+    word : StackedTables of the word table alone (width D); words : bfloat16[n, D]
+
+    Bit-identical to :func:`ngram_hash`, the selection, :func:`gather_stacked` and the
+    word gather (:func:`hash_gather_reference`); no allocation, no sync: capturable.
+    """
+    n = int(out.shape[0])
+    L = int(tokens.shape[0])
+    T = len(tables.tables)
+    if positions is None:
+        positions_arr = np.arange(L - n, L, dtype=np.int64)
+    else:
+        positions_arr = positions
+    if not tables.device:
+        return hash_gather_reference(
+            tokens, starts, positions_arr, multipliers, rows, eos, tables, out, word, words
+        )
+    require_cupy("hash_gather")
+    d, D = tables.dim, word.dim
+    if len(word.tables) != 1 or not word.device:
+        raise ConfigError("hash_gather: word must be a StackedTables of one GPU table")
+    if out.dtype != BF16 or out.shape != (n, T * d) or not out.flags.c_contiguous:
+        raise ConfigError(f"hash_gather: out must be C-contiguous bfloat16[{n}, {T * d}]")
+    if words.dtype != BF16 or words.shape != (n, D) or not words.flags.c_contiguous:
+        raise ConfigError(f"hash_gather: words must be C-contiguous bfloat16[{n}, {D}]")
+    if (starts is None) != (positions is None):
+        raise ConfigError("hash_gather: give starts and positions together, or neither")
+    if n > L:
+        raise ConfigError(f"hash_gather: {n} output rows but only {L} tokens")
+    if n == 0:
+        return out, words
+    multi = starts is not None
+    pairs = n * (T + 1)
+    block = (32, 8)
+    grid = (min(max(1, -(-pairs // block[1])), 65535 * 8),)
+    get_kernel(_SOURCE, "ngram_hash_gather")(
+        grid,
+        block,
+        (
+            tokens,
+            starts if multi else tokens,
+            positions if multi else tokens,
+            np.int64(L - n),
+            np.int32(multi),
+            multipliers,
+            rows,
+            np.int32(multipliers.shape[1]),
+            np.int64(eos),
+            tables._ptrs,
+            tables._scales,
+            tables._strides,
+            out,
+            np.int64(n),
+            np.int32(T),
+            np.int32(d),
+            np.int32(bool(tables.vec and out.data.ptr % 16 == 0)),
+            word._ptrs,
+            word._scales,
+            word._strides,
+            words,
+            np.int32(D),
+            np.int32(bool(word.vec and words.data.ptr % 16 == 0)),
+        ),
+    )
+    return out, words
+
+
 # --- the projection GEMM ------------------------------------------------------
 def gemm_bf16_f32_reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``float32(a) @ float32(b)``: a bfloat16[n, k], b bfloat16 or float32[k, m] -> float32[n, m]."""
@@ -285,7 +398,8 @@ def gemm_bf16_f32(a: Any, b: Any, out: Any = None) -> Any:
     Returns
     -------
     float32[n, m]
-        On the GPU through ``cublasGemmEx`` (``CUBLAS_COMPUTE_32F``, tensor cores);
+        On the GPU through ``cublasGemmEx`` (``CUBLAS_COMPUTE_32F``, tensor cores;
+        capturable in a CUDA graph once the shape ran eagerly, ``kernels._cublas``);
         on the CPU :func:`gemm_bf16_f32_reference`. Both accumulate in fp32 but in
         different orders, so they agree to rounding, not bit for bit.
     """
@@ -296,7 +410,7 @@ def gemm_bf16_f32(a: Any, b: Any, out: Any = None) -> Any:
         out[...] = res
         return out
     cp = require_cupy("gemm_bf16_f32")
-    from cupy.cuda import cublas, device, runtime
+    from cupy.cuda import cublas, runtime
 
     if a.dtype != BF16 or b.dtype != BF16 or a.ndim != 2 or b.ndim != 2:
         raise ValueError(
@@ -324,8 +438,8 @@ def gemm_bf16_f32(a: Any, b: Any, out: Any = None) -> Any:
     one = np.array(1.0, dtype=np.float32)
     zero = np.array(0.0, dtype=np.float32)
     # Row-major C[n, m] = A[n, k] B[k, m] is column-major C^T = B^T A^T: pass B first.
-    cublas.gemmEx(
-        device.get_cublas_handle(),
+    gemm_ex(
+        cp,
         getattr(cublas, "CUBLAS_OP_N", 0),
         getattr(cublas, "CUBLAS_OP_N", 0),
         m,
@@ -393,6 +507,8 @@ __all__ = [
     "gather_stacked_reference",
     "gemm_bf16_f32",
     "gemm_bf16_f32_reference",
+    "hash_gather",
+    "hash_gather_reference",
     "ngram_hash",
     "ngram_hash_reference",
     "scale_sum",

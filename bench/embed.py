@@ -18,7 +18,10 @@ also on ``--device cpu``) is what the test runs.
 Inputs are host token ids, as a server holds them: decode steps are packed
 (``NgramBatch``: what ``NgramBatchContext.step`` returns; the ``list`` column is
 ``embed_batch`` on per-sequence arrays). ``resident_bf16_graph`` replays the id work
-of a resident step from a CUDA graph (``cuda_graphs=True``). The cached variant
+of a resident step from a CUDA graph (``cuda_graphs=True``); ``resident_*_static`` is
+the device time of the whole step replayed from a graph (``NgramEmbedding.static_step``,
+L2 flushed between steps, no host work: what a server that captures its decode step
+pays; the bound excludes host work too). The cached variant
 puts the 12 tables in ONE shared ``NgramRowCache`` (one arena, one LRU, one resolve
 per step).
 """
@@ -196,6 +199,78 @@ def bench_variant(
     return rows
 
 
+def bench_static(
+    emb: NgramEmbedding,
+    xp: Any,
+    tokens: np.ndarray,
+    reps: int,
+    bound: Callable[[int], float],
+    steps: int = 16,
+    flush_bytes: int = 256 << 20,
+) -> list[dict[str, Any]]:
+    """Device time of a step replayed from a CUDA graph (how a server that captures its
+    decode step runs it): ``emb.static_step`` issued ``steps`` times into ONE graph, each
+    step preceded by an L2 flush (a ``flush_bytes`` memset: the rest of a model's step
+    evicts the projection weights), minus a graph of the flushes alone; CUDA events,
+    median of ``reps`` replays. No host work is in this figure (see ``bench_variant``
+    for steps called from Python)."""
+    keep = emb.dims.max_ngram - 1
+    flush = xp.empty(flush_bytes, dtype=xp.uint8)
+    stream = xp.cuda.Stream(non_blocking=True)
+    rows = []
+    for name, n in [(f"decode x{b}", b) for b in DECODE_BATCHES] + [
+        (f"prefill {PREFILL}", PREFILL)
+    ]:
+        if name.startswith("decode"):
+            batch = NgramBatch(emb.dims, *decode_packed(tokens, n, 0, keep))
+        else:
+            batch = NgramBatch.single(emb.dims, tokens[:PREFILL].astype(np.int64), PREFILL)
+        with stream:
+            step = emb.static_step(batch)
+            step.launch()  # eager: kernels compiled, cuBLAS loaded
+            step.launch()  # captured
+            want = step.out.copy()
+
+            def capture(with_step: bool, step: Any = step) -> Any:
+                stream.begin_capture()
+                try:
+                    for _ in range(steps):
+                        flush.fill(0)
+                        if with_step:
+                            step.issue()
+                finally:
+                    graph = stream.end_capture()
+                return graph
+
+            both, flush_only = capture(True), capture(False)
+
+            def device_ms(graph: Any) -> float:
+                times = []
+                for _ in range(reps + 2):
+                    a, b = xp.cuda.Event(), xp.cuda.Event()
+                    a.record(stream)
+                    graph.launch(stream)
+                    b.record(stream)
+                    b.synchronize()
+                    times.append(xp.cuda.get_elapsed_time(a, b))
+                return float(np.median(times[2:]))
+
+            sec = (device_ms(both) - device_ms(flush_only)) / steps / 1e3
+            same = bool((step.out.view(xp.uint16) == want.view(xp.uint16)).all())
+        rows.append(
+            {
+                "shape": name,
+                "tokens": n,
+                "device_seconds": sec,
+                "bound_seconds": bound(n),
+                "fraction_of_bound": bound(n) / sec,
+                "replay_equals_step": same,
+            }
+        )
+        del step, both, flush_only
+    return rows
+
+
 def bench_cached(
     emb_cached: NgramEmbedding,
     emb_resident: NgramEmbedding,
@@ -290,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--workdir", default=None, help="where the cached store is built")
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--skip", default="", help="comma list of: bf16,graph,fp8,cached")
+    p.add_argument("--skip", default="", help="comma list of: bf16,graph,static,fp8,cached")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
@@ -368,6 +443,16 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as e:  # report it and go on to the other variants
                     result["resident_bf16_graph_error"] = f"{type(e).__name__}: {e}"
                     print("resident_bf16_graph failed:", e, file=sys.stderr, flush=True)
+                if "static" not in skip:
+                    emb = NgramEmbedding(dims, rs_word, tabs, projs_host)
+                    try:
+                        result["resident_bf16_static"] = bench_static(
+                            emb, xp, tokens, args.reps, bound
+                        )
+                        _progress("resident_bf16_static", result["resident_bf16_static"])
+                    except Exception as e:
+                        result["resident_bf16_static_error"] = f"{type(e).__name__}: {e}"
+                        print("resident_bf16_static failed:", e, file=sys.stderr, flush=True)
                 del emb
         if "fp8" not in skip:
             fp8 = []
@@ -377,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
             bound = lambda n: step_bound(dims, n, d + 4, copy_bw, gemm_rate)  # noqa: E731
             result["resident_fp8"] = bench_variant(emb, xp, tokens, args.reps, bound)
             _progress("resident_fp8", result["resident_fp8"])
+            if args.device == "cuda" and "static" not in skip:
+                result["resident_fp8_static"] = bench_static(emb, xp, tokens, args.reps, bound)
+                _progress("resident_fp8_static", result["resident_fp8_static"])
             del emb, fp8
         del tabs
         if xp is not np:
@@ -449,6 +537,18 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  {r['shape']:<13} | {r['tokens_per_s']:>12,.0f} | {r['seconds'] * 1e3:8.3f} | "
                     f"{r['bound_seconds'] * 1e3:8.3f} | {r['fraction_of_bound']:.2f} | {listed}"
+                )
+    for key in ("resident_bf16_static", "resident_fp8_static"):
+        if key in result:
+            print(
+                f"\n{key} (device time of a graph-replayed step, L2 flushed, no host work): "
+                "shape | step ms | bound ms | fraction of bound (target >= 0.5)"
+            )
+            for r in result[key]:
+                print(
+                    f"  {r['shape']:<13} | {r['device_seconds'] * 1e3:8.4f} | "
+                    f"{r['bound_seconds'] * 1e3:8.4f} | {r['fraction_of_bound']:.2f}"
+                    + ("" if r["replay_equals_step"] else "  REPLAY DIFFERS")
                 )
     if "cached" in result:
         print(

@@ -199,6 +199,20 @@ def bench_variant(
     return rows
 
 
+def _step_parts(emb: NgramEmbedding, step: Any) -> dict[str, Callable[[], Any]]:
+    """The three parts of a static step, each issuable (and capturable) on its own."""
+    from kernels.ngram import scale_sum
+
+    denom = float(1 + emb.dims.num_tables)
+    return {
+        "upload_hash_gather": lambda: emb._upload_gather(
+            step.buf, step.buf.hosts[0], step.shape, step.stack, step.words
+        ),
+        "gemm": lambda: gemm_bf16_f32(step.stack, emb._wcat, out=step.proj),
+        "scale_sum": lambda: scale_sum(step.words, step.proj, denom, out=step.out),
+    }
+
+
 def bench_static(
     emb: NgramEmbedding,
     xp: Any,
@@ -243,6 +257,17 @@ def bench_static(
                 return graph
 
             both, flush_only = capture(True), capture(False)
+            # the step's parts, each alone after a flush: where the device time goes
+            parts = _step_parts(emb, step)
+            part_graphs = {}
+            for key, fn in parts.items():
+                stream.begin_capture()
+                try:
+                    for _ in range(steps):
+                        flush.fill(0)
+                        fn()
+                finally:
+                    part_graphs[key] = stream.end_capture()
 
             def device_ms(graph: Any) -> float:
                 times = []
@@ -255,7 +280,9 @@ def bench_static(
                     times.append(xp.cuda.get_elapsed_time(a, b))
                 return float(np.median(times[2:]))
 
-            sec = (device_ms(both) - device_ms(flush_only)) / steps / 1e3
+            base = device_ms(flush_only)
+            sec = (device_ms(both) - base) / steps / 1e3
+            part_sec = {k: (device_ms(g) - base) / steps / 1e3 for k, g in part_graphs.items()}
             same = bool((step.out.view(xp.uint16) == want.view(xp.uint16)).all())
         rows.append(
             {
@@ -265,9 +292,10 @@ def bench_static(
                 "bound_seconds": bound(n),
                 "fraction_of_bound": bound(n) / sec,
                 "replay_equals_step": same,
+                "part_seconds": part_sec,
             }
         )
-        del step, both, flush_only
+        del step, both, flush_only, part_graphs
     return rows
 
 
@@ -549,6 +577,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"  {r['shape']:<13} | {r['device_seconds'] * 1e3:8.4f} | "
                     f"{r['bound_seconds'] * 1e3:8.4f} | {r['fraction_of_bound']:.2f}"
                     + ("" if r["replay_equals_step"] else "  REPLAY DIFFERS")
+                    + "  (alone: "
+                    + ", ".join(f"{k} {v * 1e3:.4f}" for k, v in r["part_seconds"].items())
+                    + " ms)"
                 )
     if "cached" in result:
         print(

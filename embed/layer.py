@@ -703,12 +703,10 @@ class StaticStep:
         self.with_sum = with_sum
         dims = emb.dims
         self.buf = _DeviceStep(emb._xp, dims.num_tables, L, n, emb._staging_shapes(n), out=with_sum)
-        self.stack, self.proj, self.words, self.out = (
-            self.buf.stack,
-            self.buf.proj,
-            self.buf.words,
-            self.buf.out,
-        )
+        self.stack: Any = self.buf.stack
+        self.proj: Any = self.buf.proj
+        self.words: Any = self.buf.words
+        self.out: Any = self.buf.out
         self.graph: Any = None
         self.runs = 0
 

@@ -1,7 +1,7 @@
 """``NgramRowCache``: a bounded arena of row slots over one store table.
 
-Owns the host-side bookkeeping (row -> slot map, slot -> row map, per-slot recency
-and pin counts, an LRU log), the fault path (victims, coalesced reads into a
+Owns the host-side bookkeeping (row -> slot map, slot -> row map, per-slot batch of
+last use, an LRU log: 24 bytes per slot), the fault path (victims, coalesced reads into a
 staging buffer, scatter into the arena), and the stats. Rows are gathered from
 ``cache.table`` by the same kernels that gather from a resident table
 (``kernels.batched_embed`` / ``batched_embed_fp8``). Every step loops per batch,
@@ -14,9 +14,13 @@ that slot are stale. Victims are the first valid log entries from the head, i.e.
 least recently used first; within one batch a smaller row id counts as older.
 With that tie rule batch-LRU is a stack algorithm, which is what lets
 ``rowcache.tools.miss_ratio_curve(..., batch=...)`` predict this cache's fault
-count exactly at every size in one pass (tested by replaying traces through it). Pinned slots are
-always in the current batch and so never at the head. The log is compacted in
-place when full: O(1) amortized per access, no O(slots) scan per fault.
+count exactly at every size in one pass (tested by replaying traces through it).
+
+Pinning. A batch pins every slot it resolved until ``end_batch``: a slot is pinned
+exactly when its batch of last use is the current batch, so ``end_batch`` unpins
+them all in O(1) and a resolve whose rows are all resident (the hot path) costs one
+sort of its ids, two gathers and two scatters. The log is compacted in place when
+full: O(1) amortized per access, no O(slots) scan per fault.
 """
 
 from __future__ import annotations
@@ -71,6 +75,19 @@ class CacheStats:
         """hits / (hits + misses), 0.0 before any lookup."""
         total = self.hits + self.misses
         return self.hits / total if total else 0.0
+
+
+def _sorted_unique(a: np.ndarray) -> np.ndarray:
+    """The distinct values of ``a`` (int64 row ids < 2**31), ascending, as int32
+    (``np.unique`` without its overheads; int32 sorts twice as fast as int64)."""
+    u = np.sort(a.astype(np.int32))
+    if u.size > 1:
+        keep = np.empty(u.size, dtype=bool)
+        keep[0] = True
+        np.not_equal(u[1:], u[:-1], out=keep[1:])
+        if not keep.all():
+            u = u[keep]
+    return u
 
 
 class NgramRowCache:
@@ -153,6 +170,11 @@ class NgramRowCache:
         rows = np.array([p.rows for p in self.parts], dtype=np.int64)
         self.row_offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
         self.rows = int(self.row_offsets[-1])
+        if self.rows >= 2**31:
+            raise ConfigError(
+                f"table={table!r} has {self.rows} rows; one cache maps fewer than 2**31 "
+                "(its maps are int32): split the tables over several caches"
+            )
         self.dim = first.dim
         self.record_bytes = first.record_bytes
         self.name = "+".join(p.name for p in self.parts)
@@ -186,17 +208,15 @@ class NgramRowCache:
         # Host bookkeeping: dense arrays, never a Python object per row.
         self._row_slot = np.full(self.rows, -1, dtype=np.int32)
         self._slot_row = np.full(S, -1, dtype=np.int32)
-        self._last_used = np.full(S, -1, dtype=np.int32)
-        self._pins = np.zeros(S, dtype=np.int32)
-        self._log = np.empty(
-            S + max(S // 4, 1 << 14), dtype=np.int32
-        )  # slack: compaction every slack/batch calls
+        self._last_used = np.full(S, -1, dtype=np.int64)  # batch of last use; == batch: pinned
+        # The LRU log: slots in touch order, stale entries skipped (log_pos[slot] is the
+        # slot's live entry). Slack of S entries: a compaction (O(S)) every S / k calls
+        # of k unique rows, i.e. about one entry moved per row touched.
+        self._log = np.empty(S + max(S, 1 << 14), dtype=np.int32)
         self._log[:S] = np.arange(S, dtype=np.int32)
         self._log_pos = np.arange(S, dtype=np.int32)
         self._head, self._tail = 0, S
-        self._stamp = np.zeros(S, dtype=np.int32)  # scratch: the sparse set of a call's hits
         self._batch = 0
-        self._batch_slots: list[np.ndarray] = []
         self._pinned = 0
         self._lock = threading.RLock()
         self._stats: dict[str, Any] = dict.fromkeys((f.name for f in fields(CacheStats)), 0)
@@ -314,10 +334,9 @@ class NgramRowCache:
     def end_batch(self) -> None:
         """Unpin every slot pinned since the last ``end_batch``; the next batch begins."""
         with self._lock:
-            for s in self._batch_slots:
-                self._pins[s] -= 1
-            self._pinned = 0  # every pin belongs to the batch that just ended
-            self._batch_slots = []
+            # A slot is pinned while its last use is the current batch: moving to the
+            # next batch unpins every slot at once.
+            self._pinned = 0
             self._batch += 1
             self._stats["batches"] += 1
 
@@ -365,10 +384,8 @@ class NgramRowCache:
             for a in (
                 self._slot_row,
                 self._last_used,
-                self._pins,
                 self._log,
                 self._log_pos,
-                self._stamp,
             )
         )
         return {"per_slot_arrays": per_slot, "row_map": self._row_slot.nbytes}
@@ -379,68 +396,76 @@ class NgramRowCache:
             return self._row_slot.copy(), self._slot_row.copy()
 
     def pin_counts(self) -> np.ndarray:
+        """int32[slots]: 1 for each slot pinned by the current batch (however many of
+        the batch's resolves used it), else 0."""
         with self._lock:
-            return self._pins.copy()
+            return (self._last_used == self._batch).astype(np.int32)
 
     # -- internals -----------------------------------------------------------
     def _resolve_unique(self, ids: np.ndarray) -> np.ndarray:
         """Resolve a checked batch; returns its slots (int32, input order)."""
-        st = self._stats
         if ids.size == 0:
             return np.empty(0, dtype=np.int32)
         s = self._row_slot[ids]
-        hit = s >= 0
-        hit_slots = s if hit.all() else s[hit]  # with duplicates
-        k = hit_slots.size
-        # Dedup the hits without sorting: stamp[slot] = a position of slot in hit_slots
-        # (a sparse set: membership is "the stamp points back at the slot").
-        pos = np.arange(k, dtype=np.int32)
-        self._stamp[hit_slots] = pos
-        uhit = hit_slots[self._stamp[hit_slots] == pos]
-        missing_rows = np.unique(ids[~hit]) if k < ids.size else ids[:0]
+        if int(s.min()) >= 0:  # every row resident: the hot path (no fault, no eviction)
+            rows_u = _sorted_unique(ids)
+            self._count(ids.size, self._row_slot[rows_u], 0)
+            return s
+        rows_u = _sorted_unique(ids)  # the call's rows, ascending: the touch order
+        slots_u = self._row_slot[rows_u]
+        miss = slots_u < 0
+        missing_rows = rows_u[miss]
+        uhit = slots_u[~miss]
         n_miss = int(missing_rows.size)
-        if n_miss:
-            free_or_unpinned = (
-                self.num_slots - self._pinned - int(np.count_nonzero(self._pins[uhit] == 0))
+        hit_last = self._last_used[uhit]
+        fresh_hits = int(np.count_nonzero(hit_last != self._batch))
+        free_or_unpinned = self.num_slots - self._pinned - fresh_hits
+        if n_miss > free_or_unpinned:
+            raise ArenaExhaustedError(
+                f"table {self.name!r}: this batch needs {n_miss} more slots but only "
+                f"{free_or_unpinned} of {self.num_slots} are free or unpinned "
+                f"({self._pinned} pinned by the batch); call end_batch() more often, split the "
+                "batch, or give the cache more slots"
             )
-            if n_miss > free_or_unpinned:
-                raise ArenaExhaustedError(
-                    f"table {self.name!r}: this batch needs {n_miss} more slots but only "
-                    f"{free_or_unpinned} of {self.num_slots} are free or unpinned "
-                    f"({self._pinned} pinned by the batch); call end_batch() more often, split the "
-                    "batch, or give the cache more slots"
-                )
-            t0 = time.perf_counter()
-            victims, new_head = self._choose_victims(n_miss, hit_slots)
-            self._fault(missing_rows, victims)  # raises before any state change on a failed read
-            # Commit: unmap victims, map the new rows. Every log entry before new_head is
-            # now stale (a victim's, or a hit's that _touch re-logs), so the head skips them.
-            self._head = new_head
-            old = self._slot_row[victims]
-            evicted = old[old >= 0]
-            self._row_slot[evicted] = -1
-            self._row_slot[missing_rows] = victims
-            self._slot_row[victims] = missing_rows
-            st["evictions"] += int(evicted.size)
-            st["fault_seconds"] += time.perf_counter() - t0
-            rows_u = np.sort(np.concatenate([self._slot_row[uhit], missing_rows.astype(np.int32)]))
-        else:
-            rows_u = np.sort(self._slot_row[uhit])
-        slots_u = self._row_slot[rows_u]  # the call's unique slots in ascending row order
-        fresh = self._last_used[slots_u] != self._batch  # not yet seen in this batch
-        st["lookups"] += int(ids.size)
+        t0 = time.perf_counter()
+        self._last_used[uhit] = self._batch  # pinned: the call's hits are no victims
+        try:
+            victims, new_head = self._choose_victims(n_miss)
+            self._fault(missing_rows, victims)  # raises before any other state change
+        except BaseException:
+            self._last_used[uhit] = hit_last  # a failed call changes nothing
+            raise
+        # Commit: unmap victims, map the new rows. Every log entry before new_head is
+        # now stale (a victim's, or a hit's that _touch re-logs), so the head skips them.
+        self._head = new_head
+        old = self._slot_row[victims]
+        evicted = old[old >= 0]
+        self._row_slot[evicted] = -1
+        self._row_slot[missing_rows] = victims
+        self._slot_row[victims] = missing_rows
+        st = self._stats
+        st["evictions"] += int(evicted.size)
+        st["fault_seconds"] += time.perf_counter() - t0
+        slots_u[miss] = victims
+        self._last_used[uhit] = hit_last  # _count tells fresh hits by their last use
+        self._count(ids.size, slots_u, n_miss)
+        return self._row_slot[ids]
+
+    def _count(self, lookups: int, slots_u: np.ndarray, n_miss: int) -> None:
+        """Stats of a call, then pin and touch its unique slots (ascending row order)."""
+        st = self._stats
+        # not yet used in this batch: newly pinned (a faulted row's victim slot was unpinned)
+        fresh = int(np.count_nonzero(self._last_used[slots_u] != self._batch))
+        st["lookups"] += lookups
         st["misses"] += n_miss
-        st["hits"] += int(np.count_nonzero(fresh)) - n_miss
+        st["hits"] += fresh - n_miss
+        self._pinned += fresh
         self._touch(slots_u)
-        return self._row_slot[ids] if n_miss else s
 
-    def _choose_victims(self, need: int, hit_slots: np.ndarray) -> tuple[np.ndarray, int]:
-        """The ``need`` least recently used slots that are unpinned and not hit now.
-
-        ``hit_slots`` are the call's hits, as stamped by ``_resolve_unique``. Returns the
-        victims and the log position just past the last one taken. Changes no state.
-        """
-        k = hit_slots.size
+    def _choose_victims(self, need: int) -> tuple[np.ndarray, int]:
+        """The ``need`` least recently used unpinned slots (the call's hits are pinned
+        for the duration by the caller). Returns the victims and the log position just
+        past the last one taken. Changes no state."""
         found: list[np.ndarray] = []
         got = 0
         pos = self._head
@@ -450,12 +475,10 @@ class NgramRowCache:
             if pos >= self._tail:  # cannot happen: availability was checked
                 raise AssertionError("LRU log exhausted before finding enough victims")
             stop = min(self._tail, pos + window)
-            idx = np.arange(pos, stop, dtype=np.int32)
             s = self._log[pos:stop]
-            ok = (self._log_pos[s] == idx) & (self._pins[s] == 0)
-            if k:
-                p = self._stamp[s]
-                ok &= ~((p < k) & (hit_slots[np.minimum(p, k - 1)] == s))
+            ok = (self._log_pos[s] == np.arange(pos, stop, dtype=np.int32)) & (
+                self._last_used[s] != self._batch
+            )
             cand = np.flatnonzero(ok)[: need - got]
             if cand.size:
                 found.append(s[cand])
@@ -521,19 +544,16 @@ class NgramRowCache:
         return dev
 
     def _touch(self, slots_u: np.ndarray) -> None:
-        """Pin the call's unique slots and move them to the tail of the LRU log."""
-        newly = self._pins[slots_u] == 0
-        self._pins[slots_u] += 1
-        self._pinned += int(np.count_nonzero(newly))
-        self._last_used[slots_u] = self._batch
-        self._batch_slots.append(slots_u)  # a fresh array (fancy-indexed), never mutated
+        """Pin the call's unique slots (last use = this batch) and move them to the
+        tail of the LRU log."""
         k = slots_u.size
-        self._log_pos[slots_u] = -1  # their old entries are stale from now on
         if self._tail + k > self._log.size:
-            self._compact()
-        self._log[self._tail : self._tail + k] = slots_u
-        self._log_pos[slots_u] = np.arange(self._tail, self._tail + k, dtype=np.int32)
-        self._tail += k
+            self._compact()  # first: the slots' old entries are still live, and kept
+        self._last_used[slots_u] = self._batch
+        t = self._tail
+        self._log[t : t + k] = slots_u
+        self._log_pos[slots_u] = np.arange(t, t + k, dtype=np.int32)  # old entries now stale
+        self._tail = t + k
 
     def _compact(self) -> None:
         live = self._log[self._head : self._tail]

@@ -4,12 +4,13 @@ Claim (issue 5): on the GPU, with a decode batch of 64 rows routed over 4 adapte
 1,000 overridden rows each (embedding and LM head), vocab 131,072 and hidden 3,072,
 ``TokenOverlay.apply_embed`` + ``apply_lmhead`` take at most 5% of the bf16 LM-head
 GEMM ``[64, 3072] x [3072, 131072]`` measured in the same run. Timing: CUDA events,
-L2 flushed before each rep, warmup, median. Both LM-head paths are timed ("warp": the
-warp-per-(row, j) kernels, every tile; "gemm": one cuBLAS GEMM against all adapters'
-packed rows + a routed scatter), checked against each other, and the overlay is timed
-called from Python (eager: includes launch and validation overhead) and replayed from a
-CUDA graph captured around both calls (how a decode step runs), per path; the ratio
-takes the faster graph. A sweep over smaller batches shows where each path wins.
+L2 flushed before each rep, warmup, median. The three LM-head paths are timed ("warp":
+the warp-per-(row, j) kernels, every tile; "gemm": one cuBLAS GEMM against all
+adapters' packed rows + a routed scatter; "mma": one tensor-core kernel over the packed
+rows, every config), checked against each other, and the overlay is timed called from
+Python (eager: includes launch and validation overhead) and replayed from a CUDA graph
+captured around both calls (how a decode step runs), per path; the ratio takes the
+fastest graph. A sweep over smaller batches shows where each path wins.
 Without a GPU the script runs the CPU path (NumPy references; float32 GEMM baseline,
 NumPy has no bf16 GEMM) at a small size and says so.
 
@@ -35,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from embed.overlay import TokenOverlay
 from kernels import gpu_available
-from kernels.overlay import GEMM_MIN_ROWS, LMHEAD_TILES
+from kernels.overlay import GEMM_MIN_ROWS, LMHEAD_TILES, MMA_CONFIGS
 from kernels.reference import BF16
 
 TARGET = 0.05
@@ -88,10 +89,15 @@ def _report(args: argparse.Namespace, res: dict[str, Any]) -> None:
         ("embed_ms", "apply_embed (eager)"),
         ("lmhead_warp_ms", f"apply_lmhead warp kernels (eager, tile {res.get('lmhead_tile')})"),
         ("lmhead_gemm_ms", "apply_lmhead GEMM path (eager)"),
+        ("lmhead_mma_ms", f"apply_lmhead mma path (eager, config {res.get('lmhead_mma_config')})"),
+        ("lmhead_graph_warp_ms", "apply_lmhead alone (graph, warp)"),
+        ("lmhead_graph_gemm_ms", "apply_lmhead alone (graph, GEMM)"),
+        ("lmhead_graph_mma_ms", "apply_lmhead alone (graph, mma)"),
         ("lmhead_ms", f"apply_lmhead (eager{path})"),
         ("overlay_eager_ms", f"apply_embed + apply_lmhead (eager{path})"),
         ("overlay_graph_warp_ms", "apply_embed + apply_lmhead (graph, warp)"),
         ("overlay_graph_gemm_ms", "apply_embed + apply_lmhead (graph, GEMM)"),
+        ("overlay_graph_mma_ms", "apply_embed + apply_lmhead (graph, mma)"),
         ("overlay_graph_ms", f"apply_embed + apply_lmhead (CUDA graph{path})"),
         ("gemm_ms", f"baseline: LM-head GEMM ({res['gemm_dtype']})"),
     ]:
@@ -211,6 +217,12 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
                 raise
             return stream.end_capture()
 
+    def graph_ms(fn: Callable[[], Any]) -> float:
+        with stream:
+            fn()  # eagerly once first (allocations, cuBLAS's kernel choice)
+        graph = capture(fn)
+        return median_ms(functools.partial(graph.launch, stream))
+
     res: dict[str, Any] = {"gemm_dtype": "bf16 cuBLAS"}
     res["embed_ms"] = median_ms(lambda: ov.apply_embed(ids, rows, seq_slot=slots))
     # LM-head tile sweep: every tile must give the same bits; the fastest is kept.
@@ -255,19 +267,46 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
     res["lmhead_gemm_ms"] = median_ms(lambda: ov.apply_lmhead(hidden, logits, seq_slot=slots))
     print(f"apply_lmhead GEMM path: {res['lmhead_gemm_ms']:.4f} ms "
           f"(packed table {ov.lmhead_capacity[0]} rows)")  # fmt: skip
-    paths = {"warp": res["lmhead_warp_ms"], "gemm": res["lmhead_gemm_ms"]}
+    # The mma path: every config checked against the warp kernels, the fastest kept.
+    ov.lmhead_path = "mma"
+    configs: dict[str, float] = {}
+    for config in MMA_CONFIGS:
+        ov.lmhead_mma_config = config
+        logits.view(cp.uint8).fill(0)
+        ov.apply_lmhead(hidden, logits, seq_slot=slots)
+        bad = int((cp.abs(as_f32(logits) - warp_logits) > bound).sum())
+        if bad:
+            raise SystemExit(
+                f"the mma path {config} disagrees with the warp kernels on {bad} logits"
+            )
+        # replayed from a graph: the kernel's time, without Python's launch overhead
+        configs[str(config)] = graph_ms(lambda: ov.apply_lmhead(hidden, logits, seq_slot=slots))
+    best_mma = min(configs, key=configs.__getitem__)
+    ov.lmhead_mma_config = MMA_CONFIGS[list(configs).index(best_mma)]
+    res["lmhead_mma_configs_graph_ms"], res["lmhead_mma_config"] = configs, best_mma
+    res["lmhead_mma_ms"] = median_ms(lambda: ov.apply_lmhead(hidden, logits, seq_slot=slots))
+    print("apply_lmhead mma path by config (tiles, warps, prefetch; graph): "
+          + ", ".join(f"{k} {v:.4f} ms" for k, v in configs.items()))  # fmt: skip
+    paths = {
+        "warp": res["lmhead_warp_ms"],
+        "gemm": res["lmhead_gemm_ms"],
+        "mma": res["lmhead_mma_ms"],
+    }
     res["lmhead_path"] = min(paths, key=paths.__getitem__)
     res["lmhead_ms"] = paths[res["lmhead_path"]]
     ov.lmhead_path = res["lmhead_path"]
     res["overlay_eager_ms"] = median_ms(step)
     graphs: dict[str, float] = {}
-    for path in ("warp", "gemm"):
+    for path in ("warp", "gemm", "mma"):
         ov.lmhead_path = path
         step()  # eager once on this path before capturing it
         try:
             graph = capture(step)
             graphs[path] = median_ms(functools.partial(graph.launch, stream))
             res[f"overlay_graph_{path}_ms"] = graphs[path]
+            res[f"lmhead_graph_{path}_ms"] = graph_ms(
+                lambda: ov.apply_lmhead(hidden, logits, seq_slot=slots)
+            )
         except Exception as exc:  # a failed capture leaves the eager figure as the claim's
             print(f"CUDA graph capture of the {path} path failed ({type(exc).__name__}: {exc})")
     res["overlay_graph_ms"] = None
@@ -275,19 +314,38 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
         res["lmhead_path"] = min(graphs, key=graphs.__getitem__)
         res["overlay_graph_ms"] = graphs[res["lmhead_path"]]
         res["lmhead_ms"] = paths[res["lmhead_path"]]
-    # Where each path wins: eager apply_lmhead over smaller batches (same rows' prefix).
+    # Where each path wins: apply_lmhead over smaller batches (same rows' prefix), eager
+    # and replayed from a graph (the kernels' own time).
     sweep: dict[str, dict[str, float]] = {}
-    for b in sorted({1, 4, GEMM_MIN_ROWS, 16, 32, B} & set(range(1, B + 1))):
+    sweep_graph: dict[str, dict[str, float | None]] = {}
+    paths3 = ("warp", "gemm", "mma")
+    for b in sorted({1, 2, 4, 8, GEMM_MIN_ROWS, 16, 32, B} & set(range(1, B + 1))):
         h_b, l_b, s_b = hidden[:b], logits[:b], slots[:b]
-        sweep[str(b)] = {}
-        for path in ("warp", "gemm"):
+        sweep[str(b)], sweep_graph[str(b)] = {}, {}
+        for path in paths3:
             ov.lmhead_path = path
-            sweep[str(b)][path] = median_ms(
-                functools.partial(ov.apply_lmhead, h_b, l_b, seq_slot=s_b)
-            )
+            fn = functools.partial(ov.apply_lmhead, h_b, l_b, seq_slot=s_b)
+            sweep[str(b)][path] = median_ms(fn)
+            try:
+                sweep_graph[str(b)][path] = graph_ms(fn)
+            except Exception:
+                sweep_graph[str(b)][path] = None
     res["lmhead_batch_sweep_ms"] = sweep
-    print("apply_lmhead by batch (warp | GEMM, ms): " + ", ".join(
-        f"{b}: {v['warp']:.4f} | {v['gemm']:.4f}" for b, v in sweep.items()))  # fmt: skip
+    res["lmhead_batch_sweep_graph_ms"] = sweep_graph
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.4f}"
+
+    for name, table in (("eager", sweep), ("graph", sweep_graph)):
+        print(f"apply_lmhead by batch ({name}; warp | GEMM | mma, ms): " + ", ".join(
+            f"{b}: " + " | ".join(fmt(v[p]) for p in paths3)
+            for b, v in table.items()))  # fmt: skip
+    if res.get("lmhead_graph_mma_ms"):
+        routed = len(set(slots_h.tolist()))
+        mb = routed * args.overrides * H * 2 / 1e6
+        res["mma_read_tb_s"] = mb / 1e6 / (res["lmhead_graph_mma_ms"] / 1e3)
+        print(f"mma path: {mb:.1f} MB of override rows in {res['lmhead_graph_mma_ms']:.4f} ms "
+              f"(graph) = {res['mma_read_tb_s']:.2f} TB/s")  # fmt: skip
     ov.lmhead_path = "auto"
     res["gemm_ms"] = median_ms(lambda: hidden @ head_t)
     return res

@@ -2,7 +2,7 @@
 
 Owns the adapters' override tables (which vocab rows changed, their values, the token ->
 override maps and, on the GPU, the device pointer tables and the packed LM-head table of
-the GEMM path) and routing them per row.
+the GEMM and mma paths) and routing them per row.
 Does not own the kernels (``kernels.overlay``) nor the embedding gather or the LM-head
 GEMM: callers apply the overlay to rows and logits they computed with the served model.
 """
@@ -18,9 +18,13 @@ import numpy as np
 from kernels._cuda import is_device_array, require_cupy
 from kernels.overlay import (
     DEFAULT_LMHEAD_TILE,
-    GEMM_MIN_ROWS,
+    DEFAULT_MMA_CONFIG,
     LMHEAD_PATHS,
     LMHEAD_TILES,
+    MMA_ALIGN,
+    MMA_CONFIGS,
+    MMA_MIN_ROWS,
+    MMA_TILE,
     check_bf16_2d,
     check_int_1d,
     check_route,
@@ -29,8 +33,10 @@ from kernels.overlay import (
     embed_overlay_routed_reference,
     embed_rowdiff,
     lmhead_overlay_gemm,
+    lmhead_overlay_mma,
     lmhead_overlay_routed,
     lmhead_overlay_routed_reference,
+    mma_tile_adapters,
     pack_overrides,
     prepare_gemm_capture,
 )
@@ -125,17 +131,21 @@ class TokenOverlay:
     their kernel, so a CUDA graph captured around them stays valid when adapters change
     (set adapters between replays, not during one).
 
-    The LM head has two GPU paths (:attr:`lmhead_path`). "warp": the warp-per-(row, j)
-    kernels over the per-adapter tables. "gemm": every adapter's LM-head rows are also
+    The LM head has three GPU paths (:attr:`lmhead_path`). "warp": the warp-per-(row, j)
+    kernels over the per-adapter tables. The other two use every adapter's LM-head rows
     packed into one bf16 table R ``[capacity, hidden_size]`` (a second copy of those
-    rows, rebuilt by every set/clear) and a step runs one cuBLAS GEMM ``P = hidden @
-    R^T`` (f32 accumulate and out) then a routed scatter of each row's adapter's
-    columns of P into the logits: R is read once per step instead of once per few
-    routed rows. A graph captured on the GEMM path holds R's and P's addresses and R's
-    row count: it stays valid while they do not move, i.e. while the adapters' total
-    LM-head overrides fit the capacity and the batch fits P. They grow on demand (to
-    a multiple of 256 rows, resp. 16 rows), and :attr:`lmhead_generation` counts the
-    moves: re-capture when it changed, or call :meth:`reserve_lmhead` before capturing.
+    rows, rebuilt by every set/clear; each adapter's block starts at a multiple of
+    ``MMA_ALIGN`` = 32 rows, the gaps are zero rows of id -1). "gemm": one cuBLAS GEMM
+    ``P = hidden @ R^T`` (f32 accumulate and out) then a routed scatter of each row's
+    adapter's columns of P into the logits. "mma": one tensor-core kernel, a block per
+    16-row tile of R, that computes only the routed rows' dot products and reads each
+    routed adapter's rows once from memory (nothing for adapters no row is routed to).
+    A graph captured on the GEMM or mma path holds R's (and P's) addresses and R's row
+    count: it stays valid while they do not move, i.e. while the adapters' padded
+    LM-head overrides fit the capacity and (GEMM) the batch fits P. They grow on demand
+    (to a multiple of 256 rows, resp. 16 rows), and :attr:`lmhead_generation` counts
+    the moves: re-capture when it changed, or call :meth:`reserve_lmhead` before
+    capturing.
     """
 
     def __init__(
@@ -161,6 +171,7 @@ class TokenOverlay:
         self._xp: Any = np
         self._dev: dict[str, Any] = {}
         self._lmhead_tile = DEFAULT_LMHEAD_TILE
+        self._lmhead_mma_config = DEFAULT_MMA_CONFIG
         self._lmhead_path = "auto"
         self._lm_bases = np.zeros(n, np.int32)
         self._gemm_cap = 0  # rows of the packed table R (0: none yet)
@@ -282,12 +293,14 @@ class TokenOverlay:
 
         "warp": the warp kernels over the per-adapter tables (tuned by
         :attr:`lmhead_tile`). "gemm": one cuBLAS GEMM against the packed table of every
-        adapter's rows, then a routed scatter (nothing to do while no adapter has an
-        LM-head override and nothing is reserved). "auto" (default): "gemm" for batches
-        of at least ``kernels.overlay.GEMM_MIN_ROWS`` rows once the packed table exists,
-        else "warp" (so a graph captured before any adapter is set still applies
-        adapters set later). Both agree to float32 rounding of the dot products. Set it
-        between steps, not inside a capture. The CPU path ignores it.
+        adapter's rows, then a routed scatter. "mma": one tensor-core kernel over the
+        packed table (tuned by :attr:`lmhead_mma_config`). "gemm" and "mma" have nothing
+        to do while no adapter has an LM-head override and nothing is reserved. "auto"
+        (default): "mma" for batches of at least ``kernels.overlay.MMA_MIN_ROWS`` rows
+        once the packed table exists, else "warp" (so a graph captured before any
+        adapter is set still applies adapters set later). All agree to float32
+        rounding of the dot products. Set it between steps, not inside a capture. The
+        CPU path ignores it.
         """
         return self._lmhead_path
 
@@ -298,10 +311,30 @@ class TokenOverlay:
         self._lmhead_path = path
 
     @property
-    def lmhead_generation(self) -> int:
-        """Times the GEMM path's buffers (packed table R, workspace P) have moved.
+    def lmhead_mma_config(self) -> tuple[int, int, bool]:
+        """GPU tuning knob of the mma path: (16-row tiles, warps, L2 prefetch) per block.
 
-        A CUDA graph that captured the GEMM path is valid only while this is unchanged.
+        One of ``kernels.overlay.MMA_CONFIGS``; results agree to float32 rounding. Change
+        it between steps, not inside a captured CUDA graph.
+        """
+        return self._lmhead_mma_config
+
+    @lmhead_mma_config.setter
+    def lmhead_mma_config(self, config: tuple[int, int, bool]) -> None:
+        try:
+            c = tuple(config)
+        except TypeError:
+            c = ()
+        if len(c) != 3 or c not in MMA_CONFIGS or any(isinstance(v, float) for v in c):
+            raise ConfigError(f"lmhead_mma_config must be one of {MMA_CONFIGS}, got {config!r}")
+        self._lmhead_mma_config = (int(c[0]), int(c[1]), bool(c[2]))
+
+    @property
+    def lmhead_generation(self) -> int:
+        """Times the packed-table paths' buffers (table R, workspace P) have moved.
+
+        A CUDA graph that captured the GEMM or mma path is valid only while this is
+        unchanged.
         """
         return self._generation
 
@@ -311,23 +344,28 @@ class TokenOverlay:
         return self._gemm_cap, self._gemm_batch
 
     def reserve_lmhead(self, rows: int = 0, batch: int = 0) -> None:
-        """Size the GEMM path's buffers now, so later adapters and steps do not move them.
+        """Size the packed-table paths' buffers now, so later adapters and steps do not
+        move them.
 
         Parameters
         ----------
         rows : int >= 0
             Total LM-head override rows, over all adapters, that must fit without
-            growing the packed table (it is never shrunk). Each step's GEMM covers the
-            whole capacity, so reserve what will be used, not more.
+            growing the packed table (it is never shrunk). The table gets room for the
+            alignment padding too (up to 31 rows per adapter, for at most ``rows``
+            adapters). Each step's GEMM covers the whole capacity, so reserve what will
+            be used, not more.
         batch : int >= 0
             Largest batch (rows of hidden/logits) a step will pass.
 
-        Call it before capturing a CUDA graph with the GEMM path. A no-op on the CPU.
+        Call it before capturing a CUDA graph with the GEMM or mma path. A no-op on the
+        CPU.
         """
         r = _nonnegative("rows", rows)
         b = _nonnegative("batch", batch)
         if self.device == "cuda":
-            self._grow_gemm(r, b)
+            pad = (MMA_ALIGN - 1) * min(self.max_adapters, r)
+            self._grow_gemm(r + pad, b)
             prepare_gemm_capture()
 
     @property
@@ -401,9 +439,10 @@ class TokenOverlay:
             ``logits[r, id] = dot(hidden[r], adapter_row[id])`` (float32 accumulation,
             rounded to the logits' dtype) for the overridden ids of row r's adapter.
 
-        On the GPU, :attr:`lmhead_path` picks the warp kernels or the GEMM path (one
-        cuBLAS GEMM against every adapter's packed rows, then a routed scatter); both
-        are CUDA-graph capturable with ``seq_slot``'s contents as the only per-step input.
+        On the GPU, :attr:`lmhead_path` picks the warp kernels, the GEMM path (one
+        cuBLAS GEMM against every adapter's packed rows, then a routed scatter) or the
+        mma path (one tensor-core kernel over the packed rows); all are CUDA-graph
+        capturable with ``seq_slot``'s contents as the only per-step input.
         """
         self._check_out("hidden", hidden, self.hidden_size)
         n = hidden.shape[0]
@@ -436,7 +475,16 @@ class TokenOverlay:
         # At least 1 so the kernel is always launched (a CUDA graph captured with no
         # adapter set still applies adapters set later; its loop covers any count).
         max_count = max(1, int(self._lm_counts.max()))
-        if self._use_gemm(n):
+        path = self._pick_path(n)
+        if path == "mma":
+            if self._gemm_cap == 0:
+                return logits  # forced "mma" with no override anywhere: nothing to do
+            lmhead_overlay_mma(
+                hidden, seq, act, d["lm_rows_all"], d["lm_ids_all"], d["lm_tile_adapter"],
+                self.max_adapters, logits, config=self._lmhead_mma_config,
+            )  # fmt: skip
+            return logits
+        if path == "gemm":
             if self._gemm_cap == 0:
                 return logits  # forced "gemm" with no override anywhere: nothing to do
             if n > self._gemm_batch:
@@ -454,10 +502,10 @@ class TokenOverlay:
         return logits
 
     # ------------------------------------------------------------------ internals
-    def _use_gemm(self, n: int) -> bool:
-        if self._lmhead_path == "gemm":
-            return True
-        return self._lmhead_path == "auto" and self._gemm_cap > 0 and n >= GEMM_MIN_ROWS
+    def _pick_path(self, n: int) -> str:
+        if self._lmhead_path != "auto":
+            return self._lmhead_path
+        return "mma" if self._gemm_cap > 0 and n >= MMA_MIN_ROWS else "warp"
 
     def _check_not_capturing(self, n: int) -> None:
         stream = self._xp.cuda.get_current_stream()
@@ -486,6 +534,7 @@ class TokenOverlay:
         if cap != self._gemm_cap:
             d["lm_rows_all"] = cp.zeros((cap, self.hidden_size), dtype=cp.uint16).view(BF16)
             d["lm_ids_all"] = cp.full(cap, -1, dtype=cp.int32)
+            d["lm_tile_adapter"] = cp.full(cap // MMA_TILE, -1, dtype=cp.int32)
         d["lm_p"] = cp.zeros((max(nb, 1), cap), dtype=cp.float32)
         repack = cap != self._gemm_cap
         self._gemm_cap, self._gemm_batch = cap, max(nb, 1)
@@ -495,14 +544,16 @@ class TokenOverlay:
 
     def _pack_lm(self) -> None:
         d = self._dev
-        bases, _ = pack_overrides(
+        bases, counts = pack_overrides(
             [None if p is None else p.ids for p in self._lm],
             [None if p is None else p.rows for p in self._lm],
             d["lm_rows_all"],
             d["lm_ids_all"],
+            align=MMA_ALIGN,
         )
         self._lm_bases[:] = bases
         d["lm_bases"].set(self._lm_bases)
+        d["lm_tile_adapter"].set(mma_tile_adapters(bases, counts, self._gemm_cap))
 
     def _check_slot(self, slot: Any) -> int:
         try:
@@ -612,9 +663,10 @@ class TokenOverlay:
         d["emb_counts"].set(self._emb_counts)
         d["emb_vocabs"].set(self._emb_vocabs)
         d["lm_counts"].set(self._lm_counts)
-        # The GEMM path's packed table: grown when the overrides outgrow it (the first
-        # LM-head override creates it), else repacked in place (addresses kept).
-        total = int(self._lm_counts.sum(dtype=np.int64))
+        # The packed table: grown when the overrides (each adapter's block padded to
+        # MMA_ALIGN rows) outgrow it (the first LM-head override creates it), else
+        # repacked in place (addresses kept).
+        total = int((-(-self._lm_counts.astype(np.int64) // MMA_ALIGN) * MMA_ALIGN).sum())
         if total > self._gemm_cap:
             self._grow_gemm(total, 0)  # repacks
         elif self._gemm_cap:

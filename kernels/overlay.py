@@ -1,9 +1,10 @@
 """Token-overlay kernels: ``embed_rowdiff``, ``embed_overlay_routed``, ``lmhead_overlay_routed``.
 
 Owns the kernels' cupy launchers (CUDA source ``kernels/overlay.cu``), their NumPy
-references (the specification and the CPU path) and the LM head's GEMM path (one cuBLAS
-GEMM against every adapter's rows packed together, then a routed scatter). Does not own
-adapters or their lifetime: :class:`embed.overlay.TokenOverlay` builds the tables.
+references (the specification and the CPU path) and the LM head's two packed-table paths
+(one cuBLAS GEMM against every adapter's rows packed together then a routed scatter, or
+one tensor-core kernel reading each packed row once). Does not own adapters or their
+lifetime: :class:`embed.overlay.TokenOverlay` builds the tables.
 """
 
 from __future__ import annotations
@@ -33,13 +34,30 @@ KERNEL_NAMES = (
     "lmhead_overlay_scatter_f32",
     "lmhead_overlay_scatter_bf16",
 )
-LMHEAD_PATHS = ("auto", "gemm", "warp")
+# The tensor-core ("mma") path: (16-row tiles, warps) per block, times L2 prefetch on/off.
+MMA_TILE = 16  # rows of the packed table per tile; a tile holds one adapter's rows only
+MMA_SHAPES = ((1, 8), (2, 8), (1, 16))
+MMA_CONFIGS = tuple((t, w, pf) for t, w in MMA_SHAPES for pf in (True, False))
+DEFAULT_MMA_CONFIG = (1, 8, True)
+# Each adapter's block of the packed table starts at a multiple of this many rows, so a
+# block of the widest mma shape (2 tiles) never mixes adapters.
+MMA_ALIGN = MMA_TILE * max(t for t, _ in MMA_SHAPES)
+MMA_KERNEL_NAMES = tuple(
+    f"lmhead_overlay_mma_{d}_t{t}w{w}" for d in ("f32", "bf16") for t, w in MMA_SHAPES
+)
+KERNEL_NAMES = KERNEL_NAMES + MMA_KERNEL_NAMES
+LMHEAD_PATHS = ("auto", "gemm", "mma", "warp")
 # "auto" takes the GEMM path from this many rows up: the GEMM reads every adapter's rows
 # once whatever the routing, the warp kernels read only the routed adapters' rows but
 # once per few routed rows, so small batches favour the warps. Measured on the H200
 # (bench/overlay.py, 4 adapters x 1,000 rows, hidden 3,072, eager, L2 flushed): warp
 # 0.013-0.017 ms up to 16 rows vs GEMM 0.019; at 32 rows warp 0.024 vs GEMM 0.019.
 GEMM_MIN_ROWS = 32
+# "auto" takes the mma path from this many rows up (below it, the warp kernels), once the
+# packed table exists. The mma kernel reads only the routed adapters' rows, once per 32
+# routed rows, on tensor cores: it is never worse than the GEMM path (which reads every
+# adapter's rows and writes P) and beats the warp kernels above a few rows.
+MMA_MIN_ROWS = 1
 _SCATTER_BLOCK = 256
 _CUBLAS_WORKSPACE = 32 << 20  # bytes; cuBLAS's recommendation for Hopper
 _BLOCK = 256  # threads per block of the rowdiff and embed kernels (8 warps)
@@ -294,8 +312,11 @@ def pack_overrides(
     override_rows: Sequence[Any],
     rows_all: Any,
     ids_all: Any,
+    *,
+    align: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Pack every adapter's LM-head overrides into one table, in place (the GEMM path's R).
+    """Pack every adapter's LM-head overrides into one table, in place (the table R of the
+    GEMM and mma paths).
 
     Parameters
     ----------
@@ -304,10 +325,13 @@ def pack_overrides(
     override_rows : L entries of bfloat16[count_s, hidden_size] or None
         Adapter s's LM-head rows for those ids.
     rows_all : bfloat16[cap, hidden_size], C-contiguous (numpy or cupy)
-        Receives the rows, adapter after adapter in slot order; rows past the last
-        adapter's are zeroed.
+        Receives the rows, adapter after adapter in slot order; every other row (the
+        padding after each adapter's block, and past the last one) is zeroed.
     ids_all : int32[cap] (same array module)
-        Receives the token id of each row of ``rows_all``; -1 past the last adapter's.
+        Receives the token id of each row of ``rows_all``; -1 on every other row.
+    align : int >= 1, keyword-only
+        Each adapter's block starts at a multiple of ``align`` rows (the mma path packs
+        with ``MMA_ALIGN`` so that no 16-row tile mixes adapters).
 
     Returns
     -------
@@ -321,6 +345,8 @@ def pack_overrides(
             f"override_ids and override_rows must have one entry per adapter each, "
             f"got {len(ids_l)} and {len(rows_l)}"
         )
+    if isinstance(align, bool) or not isinstance(align, int) or align < 1:
+        raise ConfigError(f"align must be an int >= 1, got {align!r}")
     check_bf16_2d("rows_all", rows_all)
     cap, hidden_size = rows_all.shape
     check_int_1d("ids_all", ids_all, length=cap)
@@ -329,13 +355,16 @@ def pack_overrides(
     counts = np.array(
         [0 if i is None or r is None else i.shape[0] for i, r in zip(ids_l, rows_l)], np.int32
     )
-    if int(counts.sum(dtype=np.int64)) > cap:
+    sizes = -(-counts.astype(np.int64) // align) * align
+    need = int(sizes.sum())
+    if need > cap:
         raise ConfigError(
-            f"rows_all has {cap} rows but the adapters override {int(counts.sum())} in all"
+            f"rows_all has {cap} rows but the adapters override {int(counts.sum())} in all "
+            f"({need} with each adapter's block aligned to {align} rows)"
         )
     bases = np.zeros(len(ids_l), np.int32)
     if len(ids_l):
-        bases[1:] = np.cumsum(counts, dtype=np.int64)[:-1]
+        bases[1:] = np.cumsum(sizes)[:-1]
     dev = is_device_array(rows_all)
     if is_device_array(ids_all) != dev or any(
         a is not None and is_device_array(a) != dev for a in (*ids_l, *rows_l)
@@ -345,17 +374,114 @@ def pack_overrides(
         )
     dst = rows_all.view(np.uint16)  # bit copies, whatever xp thinks of bfloat16
     for s, (sids, srows) in enumerate(zip(ids_l, rows_l)):
-        if counts[s] == 0:
-            continue
-        check_int_1d(f"override_ids[{s}]", sids)
-        check_bf16_2d(f"override_rows[{s}]", srows, rows=sids.shape[0], cols=hidden_size)
-        b, c = int(bases[s]), int(counts[s])
-        dst[b : b + c] = srows.view(dst.dtype)
-        ids_all[b : b + c] = sids
-    total = int(counts.sum(dtype=np.int64))
-    dst[total:] = 0
-    ids_all[total:] = -1
+        b, c, size = int(bases[s]), int(counts[s]), int(sizes[s])
+        if c:
+            check_int_1d(f"override_ids[{s}]", sids)
+            check_bf16_2d(f"override_rows[{s}]", srows, rows=sids.shape[0], cols=hidden_size)
+            dst[b : b + c] = srows.view(dst.dtype)
+            ids_all[b : b + c] = sids
+        if size > c:  # the alignment padding after the block
+            dst[b + c : b + size] = 0
+            ids_all[b + c : b + size] = -1
+    dst[need:] = 0
+    ids_all[need:] = -1
     return bases, counts
+
+
+def mma_tile_adapters(bases: Any, counts: Any, cap: int) -> np.ndarray:
+    """The mma path's tile table: the adapter owning each 16-row tile of the packed table.
+
+    Parameters
+    ----------
+    bases, counts : int[L]
+        As returned by :func:`pack_overrides` (every ``bases[s]`` with ``counts[s] > 0``
+        a multiple of ``MMA_TILE``: pack with ``align`` a multiple of it).
+    cap : int
+        Rows of the packed table, a multiple of ``MMA_TILE``.
+
+    Returns
+    -------
+    tile_adapter : int32[cap // MMA_TILE]
+        ``s`` for the tiles holding adapter s's rows (its last tile may end in padding
+        rows, whose id is -1), -1 for tiles of padding only.
+    """
+    bases = np.asarray(bases)
+    counts = np.asarray(counts)
+    check_int_1d("bases", bases)
+    check_int_1d("counts", counts, length=bases.shape[0])
+    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap % MMA_TILE:
+        raise ConfigError(f"cap must be an int multiple of {MMA_TILE}, got {cap!r}")
+    out = np.full(int(cap) // MMA_TILE, -1, np.int32)
+    for s in np.flatnonzero(counts > 0):
+        b, c = int(bases[s]), int(counts[s])
+        if b % MMA_TILE or b < 0 or b + c > cap:
+            raise ConfigError(
+                f"adapter {s}'s rows {b}:{b + c} must start at a multiple of {MMA_TILE} and "
+                f"fit the {cap} rows (pack with align={MMA_ALIGN})"
+            )
+        out[b // MMA_TILE : -(-(b + c) // MMA_TILE)] = s
+    return out
+
+
+def lmhead_overlay_mma_reference(
+    hidden: np.ndarray,
+    seq_slot: np.ndarray | None,
+    active: int,
+    rows_all: np.ndarray,
+    ids_all: np.ndarray,
+    tile_adapter: np.ndarray,
+    num_adapters: int,
+    logits: np.ndarray,
+) -> np.ndarray:
+    """The mma path's semantics: each tile's rows against the rows routed to its adapter.
+
+    Parameters (kernel argument order)
+    ----------
+    hidden : bfloat16[n, hidden_size]
+    seq_slot : int[n] or None
+        Adapter slot of each row; None routes every row to ``active``.
+    active : int
+    rows_all : bfloat16[cap, hidden_size], cap a multiple of ``MMA_TILE``
+        Every adapter's LM-head rows, packed (see :func:`pack_overrides`).
+    ids_all : int32[cap]
+        Token id of each row of ``rows_all`` (-1 for padding).
+    tile_adapter : int32[cap // MMA_TILE]
+        The adapter owning each tile (see :func:`mma_tile_adapters`; -1: none).
+    num_adapters : int
+        L: tiles of adapters outside ``[0, L)`` and rows routed outside it are skipped.
+    logits : float32 or bfloat16 [n, n_cols]; modified in place and returned.
+
+    For each row c of ``rows_all`` whose tile's adapter s is in ``[0, L)`` with
+    ``0 <= ids_all[c] < n_cols``, and each row r routed to s: ``logits[r, ids_all[c]] =
+    round(dot(hidden[r], rows_all[c]))``, summed in float32 and rounded to nearest even
+    into the logits' dtype. Same results as :func:`lmhead_overlay_routed_reference` on
+    the unpacked tables, to float32 rounding of the sums.
+    """
+    check_bf16_2d("hidden", hidden)
+    n = hidden.shape[0]
+    _check_logits(logits, n)
+    act = check_route(seq_slot, active, n)
+    check_bf16_2d("rows_all", rows_all, cols=hidden.shape[1])
+    cap = rows_all.shape[0]
+    if cap % MMA_TILE:
+        raise ConfigError(f"rows_all must have a multiple of {MMA_TILE} rows, got {cap}")
+    check_int_1d("ids_all", ids_all, length=cap)
+    check_int_1d("tile_adapter", tile_adapter, length=cap // MMA_TILE)
+    num = operator.index(num_adapters)
+    slots = np.full(n, act, np.int64) if seq_slot is None else np.asarray(seq_slot, np.int64)
+    row_adapter = np.repeat(np.asarray(tile_adapter, np.int64), MMA_TILE)
+    ids64 = np.asarray(ids_all).astype(np.int64, copy=False)
+    n_cols = logits.shape[1]
+    for s in np.unique(row_adapter):
+        if s < 0 or s >= num:
+            continue
+        sel = np.flatnonzero(slots == s)
+        c = np.flatnonzero((row_adapter == s) & (ids64 >= 0) & (ids64 < n_cols))
+        if sel.size == 0 or c.size == 0:
+            continue
+        vals = hidden[sel].astype(np.float32) @ rows_all[c].astype(np.float32).T
+        logits[np.ix_(sel, ids64[c])] = vals.astype(logits.dtype)
+    return logits
 
 
 def lmhead_overlay_gemm_reference(
@@ -855,5 +981,94 @@ def lmhead_overlay_gemm(
         (_SCATTER_BLOCK,),
         (p, np.int64(cap), _slot_arg(cp, seq_slot), np.int32(act), np.int64(n), ids_all,
          bases, counts, np.int32(num), np.int64(cap), np.int64(n_cols), logits_arg),
+    )  # fmt: skip
+    return logits
+
+
+# --------------------------------------------------------------------------- mma path
+def lmhead_overlay_mma(
+    hidden: Any,
+    seq_slot: Any,
+    active: int,
+    rows_all: Any,
+    ids_all: Any,
+    tile_adapter: Any,
+    num_adapters: int,
+    logits: Any,
+    *,
+    config: tuple[int, int, bool] = DEFAULT_MMA_CONFIG,
+) -> Any:
+    """GPU launcher of the LM-head overlay's tensor-core path; semantics of the reference.
+
+    Parameters (kernel argument order)
+    ----------
+    hidden : cupy bfloat16[n, hidden_size], C-contiguous
+    seq_slot : cupy int[n] or None (None: every row takes ``active``)
+    active : int
+    rows_all : cupy bfloat16[cap, hidden_size], C-contiguous, cap a multiple of 16
+        Every adapter's LM-head rows packed by :func:`pack_overrides` with ``align`` a
+        multiple of ``MMA_ALIGN`` (``MMA_TILE`` is enough for the 1-tile shapes).
+    ids_all : cupy int32[cap]
+        Token id of each row of ``rows_all`` (-1 for padding).
+    tile_adapter : cupy int32[cap // 16]
+        The adapter of each 16-row tile (:func:`mma_tile_adapters`; -1: padding only).
+    num_adapters : int
+        L; rows routed outside ``[0, L)`` are untouched.
+    logits : cupy float32 or bfloat16 [n, n_cols], C-contiguous; modified in place.
+    config : (tiles, warps, prefetch), keyword-only, one of ``MMA_CONFIGS``
+        Tuning knob: 16-row tiles and warps per block, and whether a block asks L2 for
+        its whole tile(s) up front. Same results up to the order of float32 sums.
+
+    One kernel, one block per ``tiles`` tiles (grid fixed by ``cap``): the block finds
+    the rows routed to its tiles' adapter and computes their dot products with the
+    tiles' rows on tensor cores (``mma.sync`` m16n8k16, bf16 in, float32 accumulate),
+    reading each tile from memory once per 32 routed rows and nothing for adapters no
+    row is routed to. Every argument stays fixed between steps except ``seq_slot``'s
+    contents, so the launch can be captured in a CUDA graph.
+    """
+    cp = require_cupy("lmhead_overlay_mma")
+    check_bf16_2d("hidden", hidden)
+    n, hidden_size = hidden.shape
+    for name, a in (("hidden", hidden), ("rows_all", rows_all), ("logits", logits)):
+        if not is_device_array(a):
+            raise ConfigError(f"{name} must be a cupy array here, got {_describe(a)}")
+    _check_logits(logits, n)
+    if not logits.flags.c_contiguous:
+        raise ConfigError(f"logits must be C-contiguous, got {_describe(logits)}")
+    act = check_route(seq_slot, active, n)
+    check_bf16_2d("rows_all", rows_all, cols=hidden_size)
+    cap = rows_all.shape[0]
+    if cap % MMA_TILE:
+        raise ConfigError(f"rows_all must have a multiple of {MMA_TILE} rows, got {cap}")
+    _check_table("ids_all", ids_all, np.int32, cap)
+    _check_table("tile_adapter", tile_adapter, np.int32, cap // MMA_TILE)
+    if isinstance(num_adapters, bool):
+        raise ConfigError(f"num_adapters must be an int in [0, 65535], got {num_adapters!r}")
+    try:
+        num = operator.index(num_adapters)
+    except TypeError:
+        raise ConfigError(
+            f"num_adapters must be an int in [0, 65535], got {num_adapters!r}"
+        ) from None
+    if not 0 <= num <= 65535:
+        raise ConfigError(f"num_adapters must be an int in [0, 65535], got {num_adapters!r}")
+    if not isinstance(config, tuple) or config not in MMA_CONFIGS:
+        raise ConfigError(f"config must be one of {MMA_CONFIGS}, got {config!r}")
+    n_cols = logits.shape[1]
+    num_tiles = cap // MMA_TILE
+    if n == 0 or n_cols == 0 or num == 0 or num_tiles == 0:
+        return logits
+    tiles, warps, prefetch = config
+    vec = int(hidden_size % 8 == 0 and _aligned(hidden, rows_all))
+    dtype = "f32" if logits.dtype == np.float32 else "bf16"
+    logits_arg = logits if logits.dtype == np.float32 else _u16(cp, logits)
+    kern = get_kernel(SOURCE, f"lmhead_overlay_mma_{dtype}_t{tiles}w{warps}")
+    kern(
+        (-(-num_tiles // tiles),),
+        (warps * 32,),
+        (_u16(cp, hidden), _slot_arg(cp, seq_slot), np.int32(act), np.int64(n),
+         np.int32(hidden_size), _u16(cp, rows_all), ids_all, tile_adapter,
+         np.int64(num_tiles), np.int32(num), np.int64(n_cols), np.int32(vec),
+         np.int32(prefetch), logits_arg),
     )  # fmt: skip
     return logits

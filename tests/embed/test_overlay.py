@@ -12,6 +12,7 @@ import pytest
 
 from embed.overlay import TokenOverlay
 from kernels._cuda import gpu_available
+from kernels.overlay import DEFAULT_MMA_CONFIG, MMA_CONFIGS
 from kernels.reference import batched_embed_reference
 from rowcache.errors import ConfigError, GpuUnavailableError
 
@@ -237,12 +238,19 @@ def test_bad_construction():
 def test_lmhead_path_knob_and_reserve():
     ov = TokenOverlay(V, H, 2)
     assert ov.lmhead_path == "auto" and ov.lmhead_generation == 0
-    for path in ("gemm", "warp", "auto"):
+    for path in ("gemm", "mma", "warp", "auto"):
         ov.lmhead_path = path
         assert ov.lmhead_path == path
     for bad in ("cublas", None, 1):
         with pytest.raises(ConfigError, match="lmhead_path"):
             ov.lmhead_path = bad
+    assert ov.lmhead_mma_config == DEFAULT_MMA_CONFIG
+    for config in MMA_CONFIGS:
+        ov.lmhead_mma_config = list(config)
+        assert ov.lmhead_mma_config == config
+    for bad in ((3, 8, True), (1, 8), (1.0, 8, True), None, "x"):
+        with pytest.raises(ConfigError, match="lmhead_mma_config"):
+            ov.lmhead_mma_config = bad
     ov.reserve_lmhead(rows=4000, batch=64)  # the CPU path has no GEMM buffers
     assert ov.lmhead_capacity == (0, 0) and ov.lmhead_generation == 0
     with pytest.raises(ConfigError, match="rows"):
@@ -446,9 +454,9 @@ def test_token_overlay_cuda_graph_sees_later_adapters_and_slots(model, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["gemm", "auto", "warp"])
+@pytest.mark.parametrize("path", ["gemm", "mma", "auto", "warp"])
 def test_token_overlay_lmhead_paths_match_cpu(model, rng, path):
-    """Both GPU LM-head paths against the CPU reference: mixed slots (-1, empty slot 1,
+    """Every GPU LM-head path against the CPU reference: mixed slots (-1, empty slot 1,
     adapters of other vocab sizes), logits narrower than an adapter, bf16 and f32."""
     import cupy as cp
 
@@ -458,7 +466,7 @@ def test_token_overlay_lmhead_paths_match_cpu(model, rng, path):
     cap, _ = gpu.lmhead_capacity
     total = sum(gpu.adapter_info(s).lm_head_ids.size for s in range(4))
     assert cap % 256 == 0 and cap >= total > 0
-    for n, cols in [(200, V + 8), (3, V + 4)]:  # 3 rows: "auto" takes the warp kernels
+    for n, cols in [(200, V + 8), (3, V + 4), (1, V + 8)]:
         hidden = bf16(rng, n, H)
         slots = rng.integers(-1, 4, size=n).astype(np.int32)
         for dtype in (np.float32, BF16):
@@ -487,14 +495,15 @@ def test_token_overlay_lmhead_paths_match_cpu(model, rng, path):
 
 
 @pytest.mark.gpu
-def test_token_overlay_gemm_path_thousands_of_overrides(rng):
+@pytest.mark.parametrize("path", ["gemm", "mma"])
+def test_token_overlay_packed_paths_thousands_of_overrides(rng, path):
     import cupy as cp
 
     vocab, hidden = 8192, 256
     head = bf16(rng, vocab, hidden)
     cpu = TokenOverlay(vocab, hidden, 3)
     gpu = TokenOverlay(vocab, hidden, 3, device="cuda")
-    gpu.lmhead_path = "gemm"
+    gpu.lmhead_path = path
     for slot, count in ((0, 3000), (2, 5000)):
         ah = adapter_from(rng, head, np.sort(rng.choice(vocab, size=count, replace=False)))
         for ov in (cpu, gpu):
@@ -516,15 +525,17 @@ def test_token_overlay_gemm_path_thousands_of_overrides(rng):
 
 
 @pytest.mark.gpu
-def test_token_overlay_gemm_path_in_cuda_graph(model, rng):
-    """reserve_lmhead, capture the GEMM path, then change adapters within the capacity and
-    seq_slot's contents: the replay applies them and the generation does not move."""
+@pytest.mark.parametrize("path", ["gemm", "mma"])
+def test_token_overlay_packed_path_in_cuda_graph(model, rng, path):
+    """reserve_lmhead, capture the GEMM or mma path, then change adapters within the
+    capacity and seq_slot's contents: the replay applies them and the generation does not
+    move."""
     import cupy as cp
 
     emb, head, adapters = model
     cpu = TokenOverlay(V + 8, H, 4)
     gpu = TokenOverlay(V + 8, H, 4, device="cuda")
-    gpu.lmhead_path = "gemm"
+    gpu.lmhead_path = path
     n = 48
     gpu.reserve_lmhead(rows=20, batch=n)
     assert gpu.lmhead_capacity == (256, n)

@@ -7,11 +7,15 @@ import numpy as np
 import pytest
 
 from kernels.overlay import (
+    MMA_ALIGN,
+    MMA_CONFIGS,
     embed_overlay_routed_reference,
     embed_rowdiff,
     embed_rowdiff_reference,
     lmhead_overlay_gemm_reference,
+    lmhead_overlay_mma_reference,
     lmhead_overlay_routed_reference,
+    mma_tile_adapters,
     pack_overrides,
 )
 from rowcache.errors import ConfigError
@@ -236,14 +240,14 @@ def test_lmhead_overlay_reference_rejects_bad_inputs(rng):
 
 
 # ----------------------------------------------------------------------- GEMM path
-def packed(ids, rows, hidden, cap=None, xp=np):
+def packed(ids, rows, hidden, cap=None, xp=np, align=1):
     total = sum(0 if i is None else len(i) for i in ids)
     cap = total if cap is None else cap
     rows_all = xp.asarray(np.full((cap, hidden), 7, np.uint16)).view(BF16)  # junk to overwrite
     ids_all = xp.full(cap, 5, dtype=xp.int32)
     d_ids = [None if a is None else xp.asarray(a) for a in ids]
     d_rows = [None if a is None else xp.asarray(a) for a in rows]
-    bases, counts = pack_overrides(d_ids, d_rows, rows_all, ids_all)
+    bases, counts = pack_overrides(d_ids, d_rows, rows_all, ids_all, align=align)
     return rows_all, ids_all, bases, counts
 
 
@@ -304,6 +308,105 @@ def test_lmhead_gemm_reference_active_empty_and_thousands(rng, active):
     )
     want = lmhead_overlay_routed_reference(hidden, None, 2, ids, rows, logits.copy())
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------- mma path
+def packed_mma(ids, rows, hidden, extra=0, align=MMA_ALIGN, xp=np):
+    """The mma path's tables: rows packed with `align`, `extra` spare rows, tile table."""
+    sizes = [0 if i is None else -(-len(i) // align) * align for i in ids]
+    cap = -(-(sum(sizes) + extra) // 16) * 16
+    rows_all, ids_all, bases, counts = packed(ids, rows, hidden, cap=cap, xp=xp, align=align)
+    return rows_all, ids_all, mma_tile_adapters(bases, counts, cap), bases, counts
+
+
+def test_pack_overrides_aligned_blocks_and_tile_table(rng):
+    _, rows, ids = random_adapters(rng, [60, None, 80, 40, 50], [12, 0, 30, 40, 0], 8)
+    rows_all, ids_all, bases, counts = packed(ids, rows, 8, cap=160, align=32)
+    assert bases.tolist() == [0, 32, 32, 64, 128] and counts.tolist() == [12, 0, 30, 40, 0]
+    for s in (0, 2, 3):
+        b, c = bases[s], counts[s]
+        np.testing.assert_array_equal(ids_all[b : b + c], ids[s])
+        np.testing.assert_array_equal(rows_all[b : b + c].view(np.uint16), rows[s].view(np.uint16))
+    pad = np.ones(160, bool)
+    for s in (0, 2, 3):
+        pad[bases[s] : bases[s] + counts[s]] = False
+    assert (ids_all[pad] == -1).all() and not rows_all[pad].view(np.uint16).any()
+    tiles = mma_tile_adapters(bases, counts, 160)
+    # tile 1 (rows 16..31) is adapter 0's padding only; 7..9 are past the last block
+    assert tiles.tolist() == [0, -1, 2, 2, 3, 3, 3, -1, -1, -1] and tiles.dtype == np.int32
+    with pytest.raises(ConfigError, match="aligned to 32 rows"):
+        packed(ids, rows, 8, cap=120, align=32)  # 12 + 30 + 40 rows fit, the padding does not
+    with pytest.raises(ConfigError, match="align"):
+        pack_overrides(ids, rows, rows_all, ids_all, align=0)
+    with pytest.raises(ConfigError, match="multiple of 16"):
+        mma_tile_adapters(bases, counts, 150)
+    with pytest.raises(ConfigError, match="adapter 2"):
+        mma_tile_adapters(bases + np.array([0, 0, 8, 8, 8]), counts, 160)
+
+
+def mma_adapters(rng, hidden):
+    """Adapters of 1000 (some ids >= 3000), none, 1, 15, 16, 17 and 1100 overrides."""
+    return random_adapters(
+        rng,
+        [4096, None, 2000, 2000, 2000, 2000, 3000],
+        [1000, 0, 1, 15, 16, 17, 1100],
+        hidden,
+    )
+
+
+@pytest.mark.parametrize("logit_dtype", [np.float32, BF16])
+def test_lmhead_mma_reference_matches_loop_mixed_slots(rng, logit_dtype):
+    hidden_size, n, n_cols = 24, 40, 70
+    _, rows, ids = random_adapters(rng, [60, None, 80, 40], [12, 0, 30, 40], hidden_size)
+    rows_all, ids_all, tiles, _, _ = packed_mma(ids, rows, hidden_size, extra=40)
+    seq_slot = rng.integers(-2, 6, size=n).astype(np.int32)  # -2, -1, empty 1, 4, 5 >= L
+    hidden = bf16(rng, n, hidden_size)
+    logits = bf16(rng, n, n_cols).astype(logit_dtype)
+    want = lmhead_loop(hidden, seq_slot, -1, ids, rows, logits)
+    got = lmhead_overlay_mma_reference(
+        hidden, seq_slot, -1, rows_all, ids_all, tiles, 4, logits.copy()
+    )
+    touched = ~np.isnan(want)
+    assert touched.sum() > 20 and (ids[2] >= n_cols).any()  # ids beyond n_cols are skipped
+    np.testing.assert_array_equal(got[~touched].view(np.uint8), logits[~touched].view(np.uint8))
+    rtol = 1e-5 if logit_dtype == np.float32 else 2.0**-8
+    np.testing.assert_allclose(got[touched].astype(np.float64), want[touched], rtol=rtol, atol=1e-5)
+
+
+@pytest.mark.parametrize("active", [-1, 0, 1, 2, 3, 5, 6, 7])
+def test_lmhead_mma_reference_active_and_block_sizes(rng, active):
+    _, rows, ids = mma_adapters(rng, 16)
+    for align in (16, MMA_ALIGN):
+        rows_all, ids_all, tiles, _, _ = packed_mma(ids, rows, 16, extra=50, align=align)
+        hidden = bf16(rng, 6, 16)
+        logits = np.zeros((6, 3000), np.float32)
+        want = lmhead_overlay_routed_reference(hidden, None, active, ids, rows, logits.copy())
+        got = lmhead_overlay_mma_reference(
+            hidden, None, active, rows_all, ids_all, tiles, 7, logits.copy()
+        )
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert (got != 0).any() == (active in (0, 2, 3, 5, 6))
+        # fewer adapters than the tile table names: the others' tiles are skipped
+        got = lmhead_overlay_mma_reference(
+            hidden, None, active, rows_all, ids_all, tiles, 3, logits.copy()
+        )
+        assert (got != 0).any() == (active in (0, 2))
+
+
+def test_lmhead_mma_reference_rejects_bad_inputs(rng):
+    _, rows, ids = random_adapters(rng, [10], [3], 8)
+    rows_all, ids_all, tiles, _, _ = packed_mma(ids, rows, 8)
+    h, lg = bf16(rng, 4, 8), np.zeros((4, 10), np.float32)
+    with pytest.raises(ConfigError, match="multiple of 16"):
+        lmhead_overlay_mma_reference(h, None, 0, rows_all[:20], ids_all[:20], tiles, 1, lg)
+    with pytest.raises(ConfigError, match="tile_adapter"):
+        lmhead_overlay_mma_reference(h, None, 0, rows_all, ids_all, tiles[:1], 1, lg)
+    with pytest.raises(ConfigError, match="ids_all"):
+        lmhead_overlay_mma_reference(h, None, 0, rows_all, ids_all[:5], tiles, 1, lg)
+    with pytest.raises(ConfigError, match="rows_all"):
+        lmhead_overlay_mma_reference(h, None, 0, bf16(rng, 32, 9), ids_all, tiles, 1, lg)
+    with pytest.raises(ConfigError, match="seq_slot"):
+        lmhead_overlay_mma_reference(h, np.zeros(3, np.int32), 0, rows_all, ids_all, tiles, 1, lg)
 
 
 # ----------------------------------------------------------------------- GPU
@@ -555,3 +658,130 @@ def test_lmhead_overlay_gemm_rejects_bad_workspace(rng):
         lmhead_overlay_gemm(
             h, None, 0, rows_all, ids_all, bases, tables[3], lg, p=cp.zeros((4, 3), np.float32)
         )  # host bases
+
+
+def _expected(h, seq, active, ids, rows, logits, logit_dtype):
+    """Reference logits, the entries the overlay writes, and the per-entry tolerance of
+    `_within_rounding` (computed once, to check many launches against)."""
+    want = lmhead_overlay_routed_reference(h, seq, active, ids, rows, logits.copy())
+    probe = np.full(logits.shape, np.nan, np.float32)
+    touched = ~np.isnan(lmhead_overlay_routed_reference(h, seq, active, ids, rows, probe))
+    abs_rows = [None if r is None else np.abs(r) for r in rows]
+    absdot = lmhead_overlay_routed_reference(
+        np.abs(h), seq, active, ids, abs_rows, np.zeros(logits.shape, np.float32)
+    ).astype(np.float64)
+    w = want[touched].astype(np.float64)
+    rel = 2.0**-7 if logit_dtype == BF16 else 0.0
+    tol = np.abs(w) * rel + absdot[touched] * 2.0**-16 + 1e-30
+    return want, touched, tol
+
+
+def _check_close(got, logits, want, touched, tol):
+    np.testing.assert_array_equal(got[~touched].view(np.uint8), logits[~touched].view(np.uint8))
+    err = np.abs(got[touched].astype(np.float64) - want[touched].astype(np.float64))
+    assert (err <= tol).all(), float(np.max(err - tol))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("hidden", "logit_dtype"), [(3072, BF16), (256, np.float32), (40, BF16), (20, np.float32)]
+)
+def test_lmhead_overlay_mma_gpu_within_bf16_rounding(rng, hidden, logit_dtype):
+    """Every config against the reference: adapters of 0/1/15/16/17/1000/1100 rows, ids
+    beyond n_cols, mixed slots (-1, empty 1, 7 and 8 >= L), the active fallback, batches
+    1..300; hidden 40 has a ragged k-block, hidden 20 takes the scalar (non-16-byte) path."""
+    import cupy as cp
+
+    from kernels.overlay import lmhead_overlay_mma
+
+    _, rows, ids = mma_adapters(rng, hidden)
+    tables = {}
+    for align in (16, MMA_ALIGN):  # 16: a 2-tile block may straddle two adapters
+        rows_all, ids_all, tiles, _, _ = packed_mma(ids, rows, hidden, extra=70, align=align)
+        tables[align] = (cp.asarray(rows_all), cp.asarray(ids_all), cp.asarray(tiles))
+    n_cols = 3000  # adapter 0 overrides ids >= n_cols: skipped
+    for n in (1, 7, 64, 300):
+        h = bf16(rng, n, hidden)
+        d_h = cp.asarray(h)
+        logits = bf16(rng, n, n_cols).astype(logit_dtype)
+        seq_slot = rng.integers(-1, 9, size=n).astype(np.int32)
+        cases = [(seq_slot, -1), (None, 0), (None, 5), (None, -1), (None, 7)]
+        for seq, active in cases if n != 7 else cases[:2]:
+            want, touched, tol = _expected(h, seq, active, ids, rows, logits, logit_dtype)
+            assert touched.any() == (seq is not None or active in (0, 5))
+            d_seq = None if seq is None else cp.asarray(seq)
+            bits = {}
+            for align, (rows_all, ids_all, tiles) in tables.items():
+                for config in MMA_CONFIGS:
+                    d_logits = cp.asarray(logits)
+                    lmhead_overlay_mma(
+                        d_h, d_seq, active, rows_all, ids_all, tiles, 7, d_logits, config=config
+                    )
+                    got = d_logits.get()
+                    _check_close(got, logits, want, touched, tol)
+                    bits[align, config] = got.view(np.uint8)
+            # The k split depends on the warps only: prefetch, tiles per block and the
+            # packing change nothing in the sums.
+            for (_align, (_t, w, _pf)), b in bits.items():
+                np.testing.assert_array_equal(b, bits[MMA_ALIGN, (1, w, True)])
+
+
+@pytest.mark.gpu
+def test_lmhead_overlay_mma_gpu_captured_in_graph(rng):
+    """The mma kernel replays from a CUDA graph; only seq_slot's contents change."""
+    import cupy as cp
+
+    from kernels.overlay import DEFAULT_MMA_CONFIG, lmhead_overlay_mma
+
+    hidden = 512
+    _, rows, ids = random_adapters(rng, [5000, 5000, 5000], [1500, 0, 2500], hidden)
+    rows_all, ids_all, tiles, _, _ = packed_mma(ids, rows, hidden, extra=100, xp=cp)
+    tiles = cp.asarray(tiles)
+    n = 64
+    h = bf16(rng, n, hidden)
+    logits = np.zeros((n, 5000), np.float32)
+    d_h, d_logits = cp.asarray(h), cp.asarray(logits)
+    d_seq = cp.full(n, -1, dtype=cp.int32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        lmhead_overlay_mma(d_h, d_seq, -1, rows_all, ids_all, tiles, 3, d_logits)  # compiles
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            lmhead_overlay_mma(
+                d_h, d_seq, -1, rows_all, ids_all, tiles, 3, d_logits, config=DEFAULT_MMA_CONFIG
+            )
+        finally:
+            graph = stream.end_capture()
+    for _ in range(2):
+        seq = rng.integers(-1, 3, size=n).astype(np.int32)
+        d_seq.set(seq)
+        d_logits.fill(0)
+        cp.cuda.Device().synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        want, touched, tol = _expected(h, seq, -1, ids, rows, logits, np.float32)
+        _check_close(d_logits.get(), logits, want, touched, tol)
+        assert (want != 0).any()
+
+
+@pytest.mark.gpu
+def test_lmhead_overlay_mma_rejects_bad_inputs(rng):
+    import cupy as cp
+
+    from kernels.overlay import lmhead_overlay_mma
+
+    _, rows, ids = random_adapters(rng, [10], [3], 8)
+    rows_all, ids_all, tiles, _, _ = packed_mma(ids, rows, 8, xp=cp)
+    tiles = cp.asarray(tiles)
+    h, lg = cp.asarray(bf16(rng, 4, 8)), cp.zeros((4, 10), np.float32)
+    with pytest.raises(ConfigError, match="config"):
+        lmhead_overlay_mma(h, None, 0, rows_all, ids_all, tiles, 1, lg, config=(4, 8, True))
+    with pytest.raises(ConfigError, match="multiple of 16"):
+        lmhead_overlay_mma(h, None, 0, rows_all[:20], ids_all[:20], tiles, 1, lg)
+    with pytest.raises(ConfigError, match="tile_adapter"):
+        lmhead_overlay_mma(h, None, 0, rows_all, ids_all, tiles.get(), 1, lg)  # host table
+    with pytest.raises(ConfigError, match="num_adapters"):
+        lmhead_overlay_mma(h, None, 0, rows_all, ids_all, tiles, -1, lg)
+    with pytest.raises(ConfigError, match="logits"):
+        lmhead_overlay_mma(h, None, 0, rows_all, ids_all, tiles, 1, np.zeros((4, 10), np.float32))

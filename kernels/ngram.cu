@@ -69,17 +69,20 @@ extern "C" __global__ void ngram_scale_sum(const __nv_bfloat16* __restrict__ wor
     out[k] = __float2bfloat16_rn(__fdiv_rn(acc, denom));
 }
 
-// Row `row` of one table into dst[0:d), by the threads of one threadIdx.y row: bf16 rows
+// Elements c0 .. c0 + d of row `row` of one table into dst[0:d), by the threads of one
+// threadIdx.y row (c0 a multiple of 8 when vec): bf16 rows
 // (scales == 0) copied, FP8 E4M3 codes dequantized as bf16_rn(float(e4m3(code)) *
 // scale[row]) -- the rules of gather_rows / gather_rows_fp8 (kernels/gather.cu), bit for
 // bit. data and scales are raw pointers; stride is in elements (bf16) or bytes (codes).
 // With vec, 8 values move per thread step (16-byte bf16 words, 8-byte code words).
 __device__ __forceinline__ void ngram_copy_row(unsigned long long data, unsigned long long scales,
                                                long long stride, long long row,
-                                               __nv_bfloat16* __restrict__ dst, int d, int vec) {
+                                               __nv_bfloat16* __restrict__ dst, int d, int vec,
+                                               int c0 = 0) {
     const float* sc = reinterpret_cast<const float*>(scales);
     if (sc == nullptr) {
-        const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(data) + row * stride;
+        const __nv_bfloat16* src =
+            reinterpret_cast<const __nv_bfloat16*>(data) + row * stride + c0;
         if (vec) {
             const uint4* s4 = reinterpret_cast<const uint4*>(src);
             uint4* d4 = reinterpret_cast<uint4*>(dst);
@@ -89,7 +92,7 @@ __device__ __forceinline__ void ngram_copy_row(unsigned long long data, unsigned
         }
         return;
     }
-    const unsigned char* src = reinterpret_cast<const unsigned char*>(data) + row * stride;
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(data) + row * stride + c0;
     const float s = sc[row];
     if (vec) {
         for (int c = threadIdx.x; c < d / 8; c += blockDim.x) {
@@ -136,8 +139,10 @@ extern "C" __global__ void ngram_gather_stacked(const long long* __restrict__ id
 // at starts[t] with has_starts, else at 0), and words[r, 0:D] = row tokens[t] of the
 // word table (wdata[0], wscales[0], wstride[0]). Bit-identical to ngram_hash, the
 // selection of positions, ngram_gather_stacked and the word table's gather. Tokens
-// are trusted to lie in [0, V) (checked on the host). Block (32, 8), one (r, i <= T)
-// pair per threadIdx.y row.
+// are trusted to lie in [0, V) (checked on the host). Block (32, 8), one work item
+// per threadIdx.y row: (r, table i) for i < T, or (r, chunk c) of the word row, cut
+// into W chunks of wchunk elements (a multiple of 8) so that no warp copies a whole
+// D-wide row alone (a chain of dependent loads: the step's critical path).
 extern "C" __global__ void ngram_hash_gather(const long long* __restrict__ tokens,
                                              const long long* __restrict__ starts,
                                              const long long* __restrict__ positions,
@@ -154,17 +159,19 @@ extern "C" __global__ void ngram_hash_gather(const long long* __restrict__ token
                                              const unsigned long long* __restrict__ wscales,
                                              const long long* __restrict__ wstride,
                                              __nv_bfloat16* __restrict__ words, int D,
-                                             int wvec) {
-    const long long pairs = n * (T + 1);
+                                             int wvec, int W, int wchunk) {
+    const long long items = n * (T + W);
     const long long step = (long long)gridDim.x * blockDim.y;
-    for (long long pair = (long long)blockIdx.x * blockDim.y + threadIdx.y; pair < pairs;
-         pair += step) {
-        const int i = (int)(pair % (T + 1));
-        const long long r = pair / (T + 1);
+    for (long long item = (long long)blockIdx.x * blockDim.y + threadIdx.y; item < items;
+         item += step) {
+        const int i = (int)(item % (T + W));
+        const long long r = item / (T + W);
         const long long t = has_starts ? positions[r] : off + r;
-        if (i == T) {
-            ngram_copy_row(wdata[0], wscales[0], wstride[0], tokens[t], words + r * (long long)D,
-                           D, wvec);
+        if (i >= T) {
+            const int c0 = (i - T) * wchunk;
+            const int len = min(wchunk, D - c0);
+            ngram_copy_row(wdata[0], wscales[0], wstride[0], tokens[t],
+                           words + r * (long long)D + c0, len, wvec, c0);
         } else {
             const long long row = ngram_id(tokens, t, has_starts ? starts[t] : 0,
                                            mult + (long long)i * N, N, eos, rows[i]);

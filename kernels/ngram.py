@@ -344,9 +344,12 @@ def hash_gather(
     if n == 0:
         return out, words
     multi = starts is not None
-    pairs = n * (T + 1)
+    # the word row in chunks as wide as a table row (a multiple of 8, at least 256)
+    wchunk = max(256, -(-d // 8) * 8)
+    W = -(-D // wchunk)
+    items = n * (T + W)
     block = (32, 8)
-    grid = (min(max(1, -(-pairs // block[1])), 65535 * 8),)
+    grid = (min(max(1, -(-items // block[1])), 65535 * 8),)
     get_kernel(_SOURCE, "ngram_hash_gather")(
         grid,
         block,
@@ -374,6 +377,8 @@ def hash_gather(
             words,
             np.int32(D),
             np.int32(bool(word.vec and words.data.ptr % 16 == 0)),
+            np.int32(W),
+            np.int32(wchunk),
         ),
     )
     return out, words

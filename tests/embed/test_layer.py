@@ -765,7 +765,9 @@ def test_static_step_needs_resident_gpu_tables(rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("hidden", [48, 64])  # table width 12 (no 16-byte path) and 16
+# table width 12 (no 16-byte path), 16; word rows in chunks of 256: 3 (the last 88 wide,
+# no 16-byte path) and 4
+@pytest.mark.parametrize("hidden", [48, 64, 600, 1024])
 @pytest.mark.parametrize("word_kind", ["bf16", "fp8"])
 def test_hash_gather_gpu_bitexact(rng, hidden, word_kind):
     import cupy as cp

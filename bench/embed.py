@@ -47,7 +47,7 @@ from embed.context import NgramContext
 from embed.dims import NgramDims
 from embed.layer import NgramEmbedding
 from embed.tables import Bf16Table, CachedTable, Fp8Table
-from kernels.ngram import gemm_bf16_f32
+from kernels.ngram import gemm_bf16_f32, gemm_bf16_f32_parts, split_k
 from kernels.reference import BF16
 
 DECODE_BATCHES = (1, 64, 256)
@@ -208,9 +208,66 @@ def _step_parts(emb: NgramEmbedding, step: Any) -> dict[str, Callable[[], Any]]:
         "upload_hash_gather": lambda: emb._upload_gather(
             step.buf, step.buf.hosts[0], step.shape, step.stack, step.words
         ),
-        "gemm": lambda: gemm_bf16_f32(step.stack, emb._wcat, out=step.proj),
+        "gemm": lambda: gemm_bf16_f32_parts(step.stack, emb._wcat, out=step.proj),
         "scale_sum": lambda: scale_sum(step.words, step.proj, denom, out=step.out),
     }
+
+
+def bench_gemm_splits(
+    emb: NgramEmbedding,
+    xp: Any,
+    reps: int,
+    steps: int = 16,
+    flush_bytes: int = 256 << 20,
+    splits: tuple[int, ...] = (1, 2, 3, 4, 6, 8),
+) -> list[dict[str, Any]]:
+    """Device time of the projection GEMM split in S parts (``gemm_bf16_f32_parts``)
+    per decode/prefill row count, each after an L2 flush (flush time subtracted):
+    the measurement behind ``embed.layer.GEMM_SPLITS``."""
+    K, D = emb._wcat.shape
+    flush = xp.empty(flush_bytes, dtype=xp.uint8)
+    stream = xp.cuda.Stream(non_blocking=True)
+    rows = []
+    for n in (*DECODE_BATCHES, PREFILL):
+        a = _random_bf16(xp, n, K, 7, 0.1)
+        row: dict[str, Any] = {"tokens": n}
+        with stream:
+            base = _graph_ms(xp, stream, lambda: flush.fill(0), steps, reps)
+            for S in splits:
+                if not split_k(K, S):
+                    continue
+                out = xp.empty((S, n, D), dtype=xp.float32)
+                gemm_bf16_f32_parts(a, emb._wcat, out=out)  # eager first (cuBLAS loads)
+
+                def work(out: Any = out, a: Any = a) -> None:
+                    flush.fill(0)
+                    gemm_bf16_f32_parts(a, emb._wcat, out=out)
+
+                row[f"splits_{S}_seconds"] = (
+                    (_graph_ms(xp, stream, work, steps, reps) - base) / steps / 1e3
+                )
+                del out
+        rows.append(row)
+    return rows
+
+
+def _graph_ms(xp: Any, stream: Any, fn: Callable[[], Any], steps: int, reps: int) -> float:
+    """Median ms of a graph of ``steps`` calls of ``fn`` captured on ``stream``."""
+    stream.begin_capture()
+    try:
+        for _ in range(steps):
+            fn()
+    finally:
+        graph = stream.end_capture()
+    times = []
+    for _ in range(reps + 2):
+        a, b = xp.cuda.Event(), xp.cuda.Event()
+        a.record(stream)
+        graph.launch(stream)
+        b.record(stream)
+        b.synchronize()
+        times.append(xp.cuda.get_elapsed_time(a, b))
+    return float(np.median(times[2:]))
 
 
 def bench_static(
@@ -245,44 +302,20 @@ def bench_static(
             step.launch()  # captured
             want = step.out.copy()
 
-            def capture(with_step: bool, step: Any = step) -> Any:
-                stream.begin_capture()
-                try:
-                    for _ in range(steps):
-                        flush.fill(0)
-                        if with_step:
-                            step.issue()
-                finally:
-                    graph = stream.end_capture()
-                return graph
+            def flushed(fn: Callable[[], Any]) -> Callable[[], None]:
+                def run() -> None:
+                    flush.fill(0)
+                    fn()
 
-            both, flush_only = capture(True), capture(False)
+                return run
+
+            base = _graph_ms(xp, stream, lambda: flush.fill(0), steps, reps)
+            sec = (_graph_ms(xp, stream, flushed(step.issue), steps, reps) - base) / steps / 1e3
             # the step's parts, each alone after a flush: where the device time goes
-            parts = _step_parts(emb, step)
-            part_graphs = {}
-            for key, fn in parts.items():
-                stream.begin_capture()
-                try:
-                    for _ in range(steps):
-                        flush.fill(0)
-                        fn()
-                finally:
-                    part_graphs[key] = stream.end_capture()
-
-            def device_ms(graph: Any) -> float:
-                times = []
-                for _ in range(reps + 2):
-                    a, b = xp.cuda.Event(), xp.cuda.Event()
-                    a.record(stream)
-                    graph.launch(stream)
-                    b.record(stream)
-                    b.synchronize()
-                    times.append(xp.cuda.get_elapsed_time(a, b))
-                return float(np.median(times[2:]))
-
-            base = device_ms(flush_only)
-            sec = (device_ms(both) - base) / steps / 1e3
-            part_sec = {k: (device_ms(g) - base) / steps / 1e3 for k, g in part_graphs.items()}
+            part_sec = {
+                k: (_graph_ms(xp, stream, flushed(fn), steps, reps) - base) / steps / 1e3
+                for k, fn in _step_parts(emb, step).items()
+            }
             same = bool((step.out.view(xp.uint16) == want.view(xp.uint16)).all())
         rows.append(
             {
@@ -295,7 +328,7 @@ def bench_static(
                 "part_seconds": part_sec,
             }
         )
-        del step, both, flush_only, part_graphs
+        del step
     return rows
 
 
@@ -473,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
                     print("resident_bf16_graph failed:", e, file=sys.stderr, flush=True)
                 if "static" not in skip:
                     emb = NgramEmbedding(dims, rs_word, tabs, projs_host)
+                    result["gemm_splits"] = bench_gemm_splits(emb, xp, args.reps)
+                    _progress("gemm_splits", result["gemm_splits"])
                     try:
                         result["resident_bf16_static"] = bench_static(
                             emb, xp, tokens, args.reps, bound

@@ -27,10 +27,11 @@ from kernels.ngram import (
     StackedTables,
     TokenRangeError,
     gather_stacked,
-    gemm_bf16_f32,
+    gemm_bf16_f32_parts,
     hash_gather,
     ngram_hash,
     scale_sum,
+    split_k,
 )
 from kernels.reference import BF16
 from rowcache.errors import ConfigError
@@ -40,6 +41,10 @@ from .dims import NgramDims
 from .tables import Bf16Table, CachedTable, Fp8Table
 
 _TABLE_TYPES = (Bf16Table, Fp8Table, CachedTable)
+# Parts of the projection GEMM by rows per step: (at most this many rows, parts). A
+# one-GEMM decode step reads the weights on too few thread blocks (bench/embed.py).
+GEMM_SPLITS = ((16, 4), (512, 2))
+GEMM_SPLITS_MAX = max(s for _, s in GEMM_SPLITS)
 _H2D = 1  # cudaMemcpyHostToDevice
 
 
@@ -77,6 +82,13 @@ class NgramEmbedding:
         the scaled sum into a fresh output (two launches per step). Results are
         bit-identical to the eager path. Default off. A server that replays its whole
         decode step from one graph uses :meth:`static_step` instead.
+    gemm_splits : int, optional
+        On the GPU, the projection GEMM runs as this many GEMMs over equal chunks of
+        its inner dimension (``T*d``), summed by the scaled-sum kernel: a decode step's
+        GEMM has few rows and one GEMM reads the weights on too few thread blocks.
+        Default: by rows per step (:data:`GEMM_SPLITS`). Results depend on it (float
+        sums in another order), and every GPU path of one embedding uses the same
+        rule, so they stay bit-identical to each other. Ignored on the CPU.
 
     Every table and the word table must be on one device (``"cpu"`` or ``"cuda"``);
     the projections are copied there.
@@ -91,6 +103,7 @@ class NgramEmbedding:
         *,
         fused: bool = True,
         cuda_graphs: bool = False,
+        gemm_splits: int | None = None,
     ) -> None:
         if not isinstance(dims, NgramDims):
             raise ConfigError(f"dims must be an NgramDims, got {type(dims).__name__}")
@@ -134,6 +147,14 @@ class NgramEmbedding:
         self._rows = self._xp.ascontiguousarray(
             self._xp.asarray(dims.all_table_rows, dtype=np.int64)
         )
+        if gemm_splits is not None and (
+            isinstance(gemm_splits, bool) or not split_k(T * d, int(gemm_splits))
+        ):
+            raise ConfigError(
+                f"gemm_splits={gemm_splits!r}: give a count that divides T*d = {T * d} "
+                "into chunks of a multiple of 8, or None"
+            )
+        self.gemm_splits = None if gemm_splits is None else int(gemm_splits)
         self.cuda_graphs = bool(cuda_graphs) and self.device == "cuda"
         self._graphs: dict[tuple[int, int, bool], StaticStep] = {}
         self._tok: _DeviceStep | None = None
@@ -368,7 +389,9 @@ class NgramEmbedding:
         self._reserve(n)
         if out is None:
             out = xp.empty((n, D), dtype=BF16)
-        stack, proj, words = self._stack[:n], self._proj[:n], self._words[:n]
+        stack, words = self._stack[:n], self._words[:n]
+        S = self._splits(n)
+        proj = self._proj[: S * n * D].reshape(S, n, D)
         try:
             if xp is np:
                 ids: Any = batch.host_ids()  # int64[T, n]: only the embedded positions
@@ -414,7 +437,7 @@ class NgramEmbedding:
                 applied = overlay.apply_embed(word_ids, rows, seq_slot=slots, active=active)
                 if applied is not None:
                     rows = applied
-            gemm_bf16_f32(stack, self._wcat, out=proj)
+            gemm_bf16_f32_parts(stack, self._wcat, out=proj)
             scale_sum(rows, proj, float(1 + self.dims.num_tables), out=out)
         finally:
             if self._groups:
@@ -615,12 +638,28 @@ class NgramEmbedding:
         """``step``'s work on the current stream (capturable): upload, hash + gathers,
         GEMM, and with ``step.with_sum`` the scaled sum into ``step.out``."""
         self._upload_gather(step.buf, step.buf.hosts[0], step.shape, step.stack, step.words)
-        gemm_bf16_f32(step.stack, self._wcat, out=step.proj)
+        gemm_bf16_f32_parts(step.stack, self._wcat, out=step.proj)
         if step.with_sum:
             scale_sum(step.words, step.proj, float(1 + self.dims.num_tables), out=step.out)
 
-    def _staging_shapes(self, n: int) -> tuple[tuple[int, int], int]:
-        return (n, self.dims.num_tables * self.dims.table_dim), self.dims.hidden_size
+    def _staging_shapes(self, n: int) -> tuple[tuple[int, int], int, int]:
+        return (
+            (n, self.dims.num_tables * self.dims.table_dim),
+            self.dims.hidden_size,
+            self._splits(n),
+        )
+
+    def _splits(self, n: int) -> int:
+        """Parts of the projection GEMM of an ``n``-row step (1 on the CPU)."""
+        if self._xp is np:
+            return 1
+        if self.gemm_splits is not None:
+            return self.gemm_splits
+        K = self.dims.num_tables * self.dims.table_dim
+        for rows, splits in GEMM_SPLITS:
+            if n <= rows:
+                return splits if split_k(K, splits) else 1
+        return 1
 
     def _row_slots(self, seq_slots: Any, batch: NgramBatch, n: int) -> Any:
         if seq_slots is None or np.ndim(seq_slots) == 0 or len(seq_slots) == n:
@@ -639,7 +678,7 @@ class NgramEmbedding:
         cap = max(n, 2 * self._cap)
         xp, D = self._xp, self.dims.hidden_size
         self._stack = xp.empty((cap, self.dims.num_tables * self.dims.table_dim), dtype=BF16)
-        self._proj = xp.empty((cap, D), dtype=np.float32)
+        self._proj = xp.empty(max(GEMM_SPLITS_MAX, self.gemm_splits or 1) * cap * D, np.float32)
         self._words = xp.empty((cap, D), dtype=BF16)
         self._cap = cap
 
@@ -804,7 +843,7 @@ class _DeviceStep:
         T: int,
         cap_len: int,
         cap_rows: int,
-        staging: tuple[tuple[int, int], int] | None = None,
+        staging: tuple[tuple[int, int], int, int] | None = None,
         out: bool = False,
     ) -> None:
         import cupyx
@@ -821,9 +860,9 @@ class _DeviceStep:
         self.ids_sel = cp.empty(1 if staging else max(T * cap_rows, 1), dtype=cp.int64)
         self.stack = self.proj = self.words = self.out = None
         if staging is not None:
-            (n, td), D = staging
+            (n, td), D, S = staging
             self.stack = cp.empty((n, td), dtype=BF16)
-            self.proj = cp.empty((n, D), dtype=cp.float32)
+            self.proj = cp.empty((S, n, D), dtype=cp.float32)
             self.words = cp.empty((n, D), dtype=BF16)
             if out:
                 self.out = cp.empty((n, D), dtype=BF16)

@@ -20,13 +20,11 @@ CAPTURE_WORKSPACE_BYTES = 32 << 20
 
 
 @functools.cache
-def _capture_api() -> tuple[Any, Any, Any]:
-    """cublasSetStream_v2, cublasSetWorkspace_v2, cublasGemmEx of the libcublas cupy
-    loaded (found in /proc/self/maps: a second copy would not know cupy's handle)."""
+def _cublas_path() -> str:
+    """The file of the libcublas cupy loaded (from /proc/self/maps)."""
     from cupy.cuda import device
 
     device.get_cublas_handle()  # cupy has loaded libcublas once it made its handle
-    path = None
     try:
         with open("/proc/self/maps", encoding="utf-8") as f:
             for line in f:
@@ -34,16 +32,20 @@ def _capture_api() -> tuple[Any, Any, Any]:
                 if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith(
                     "libcublas.so"
                 ):
-                    path = parts[5].strip()
-                    break
+                    return parts[5].strip()
     except OSError:
-        path = None
-    if path is None:
-        raise GpuUnavailableError(
-            "a cuBLAS GEMM cannot be captured in a CUDA graph here: the libcublas that "
-            "cupy loaded was not found in /proc/self/maps; run the step eagerly"
-        )
-    lib = ctypes.CDLL(path)
+        pass
+    raise GpuUnavailableError(
+        "a cuBLAS GEMM cannot be captured in a CUDA graph here: the libcublas that "
+        "cupy loaded was not found in /proc/self/maps; run the step eagerly"
+    )
+
+
+@functools.cache
+def _capture_api() -> tuple[Any, Any, Any]:
+    """cublasSetStream_v2, cublasSetWorkspace_v2, cublasGemmEx of the libcublas cupy
+    loaded (found in /proc/self/maps: a second copy would not know cupy's handle)."""
+    lib = ctypes.CDLL(_cublas_path())
     vp, ci = ctypes.c_void_p, ctypes.c_int
     set_stream = lib.cublasSetStream_v2
     set_stream.argtypes, set_stream.restype = [vp, vp], ci
@@ -53,6 +55,18 @@ def _capture_api() -> tuple[Any, Any, Any]:
     gemm.argtypes = [vp, ci, ci, ci, ci, ci, vp, vp, ci, ci, vp, ci, ci, vp, vp, ci, ci, ci, ci]
     gemm.restype = ci
     return set_stream, set_workspace, gemm
+
+
+@functools.cache
+def _strided_api() -> Any:
+    """cublasGemmStridedBatchedEx of the libcublas cupy loaded."""
+    lib = ctypes.CDLL(_cublas_path())
+    vp, ci, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+    fn = lib.cublasGemmStridedBatchedEx
+    fn.argtypes = [vp, ci, ci, ci, ci, ci, vp, vp, ci, ci, ll, vp, ci, ci, ll, vp, vp, ci, ci, ll]
+    fn.argtypes += [ci, ci, ci]
+    fn.restype = ci
+    return fn
 
 
 @functools.cache
@@ -97,3 +111,22 @@ def gemm_ex(cp: Any, *args: Any) -> None:
     ):
         if status != 0:
             raise RuntimeError(f"{what} failed under stream capture (cublasStatus {status})")
+
+
+def gemm_strided_batched_ex(cp: Any, *args: Any) -> None:
+    """``cublasGemmStridedBatchedEx(handle, *args)`` on cupy's handle and current stream,
+    through ctypes (eagerly and under capture: cupy has no wrapper for it); arguments
+    after the handle as cuBLAS documents them."""
+    from cupy.cuda import device
+
+    handle = device.get_cublas_handle()
+    ws = capture_workspace(cp.cuda.runtime.getDevice())
+    set_stream, set_workspace, _ = _capture_api()
+    fn = _strided_api()
+    for what, status in (
+        ("cublasSetStream", set_stream(handle, cp.cuda.get_current_stream().ptr)),
+        ("cublasSetWorkspace", set_workspace(handle, ws.data.ptr, ws.nbytes)),
+        ("cublasGemmStridedBatchedEx", fn(handle, *args)),
+    ):
+        if status != 0:
+            raise RuntimeError(f"{what} failed (cublasStatus {status})")

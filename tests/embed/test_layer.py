@@ -865,3 +865,76 @@ def test_static_step_replays_bit_identical_to_eager(rng):
     np.testing.assert_array_equal(_bits(cp.asnumpy(step.out)), want)
     with pytest.raises(ConfigError, match="this static step has"):
         step.load(prefill)
+
+
+def test_gemm_splits_config_and_parts_reference(rng):
+    from kernels.ngram import gemm_bf16_f32_parts, scale_sum_reference, split_k
+
+    word, tables, projs = _weights(rng)
+    with pytest.raises(ConfigError, match="gemm_splits=5"):
+        NgramEmbedding(DIMS, word, tables, projs, gemm_splits=5)  # T*d = 48
+    assert split_k(48, 2) and not split_k(48, 4) and not split_k(48, 0)
+    a = (rng.standard_normal((7, 48)) * 0.3).astype(np.float32).astype(BF16)
+    b = (rng.standard_normal((48, 20)) * 0.3).astype(np.float32).astype(BF16)
+    parts = gemm_bf16_f32_parts(a, b, np.empty((2, 7, 20), np.float32))
+    np.testing.assert_allclose(
+        parts.sum(0), a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5
+    )
+    w = word[:7, :20]
+    want = ((w.astype(np.float32) + (parts[0] + parts[1])) / np.float32(13)).astype(BF16)
+    np.testing.assert_array_equal(_bits(scale_sum_reference(w, parts, 13.0)), _bits(want))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 2, 4, 8])
+def test_gemm_parts_and_scale_sum_gpu(rng, splits):
+    import cupy as cp
+
+    from kernels.ngram import gemm_bf16_f32_parts, scale_sum, scale_sum_reference
+
+    n, k, m = 37, 256, 96
+    a = (rng.standard_normal((n, k)) * 0.3).astype(np.float32).astype(BF16)
+    b = (rng.standard_normal((k, m)) * 0.3).astype(np.float32).astype(BF16)
+    out = cp.full((splits, n, m), np.nan, dtype=cp.float32)
+    gemm_bf16_f32_parts(cp.asarray(a), cp.asarray(b), out)
+    ks = k // splits
+    for j in range(splits):  # each part against float64: fp32 accumulation, rounding only
+        ref = a[:, j * ks : (j + 1) * ks].astype(np.float64) @ b[j * ks : (j + 1) * ks].astype(
+            np.float64
+        )
+        np.testing.assert_allclose(cp.asnumpy(out[j]), ref, rtol=1e-4, atol=1e-4)
+    word = (rng.standard_normal((n, m)) * 0.3).astype(np.float32).astype(BF16)
+    got = scale_sum(cp.asarray(word), out, 13.0)
+    np.testing.assert_array_equal(
+        _bits(cp.asnumpy(got)), _bits(scale_sum_reference(word, cp.asnumpy(out), 13.0))
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [None, 1, 2, 4])
+def test_layer_gpu_gemm_splits_paths_bit_identical(rng, splits):
+    import cupy as cp
+
+    from embed.context import NgramBatchContext
+
+    dims = NgramDims(
+        vocab_size=1000, hidden_size=64, max_ngram=3, splits=2, ratio=2.5, eos_token_id=2
+    )
+    word, tables, projs = _weights(rng, dims)
+    dev = [cp.asarray(t) for t in tables]
+    eager = NgramEmbedding(dims, cp.asarray(word), dev, projs, gemm_splits=splits)
+    plain = NgramEmbedding(dims, cp.asarray(word), dev, projs, gemm_splits=splits, fused=False)
+    graphs = NgramEmbedding(
+        dims, cp.asarray(word), dev, projs, gemm_splits=splits, cuda_graphs=True
+    )
+    cpu = NgramEmbedding(dims, word, tables, projs)
+    S = 3
+    x = [_stream(rng, 40) for _ in range(S)]
+    ctx = NgramBatchContext(dims, S)
+    for a, b in [(0, 12), *[(k, k + 1) for k in range(12, 20)]]:
+        batch = ctx.step(np.concatenate([s[a:b] for s in x]), np.full(S, b - a))
+        want = _bits(cp.asnumpy(eager.embed_packed(batch)))
+        np.testing.assert_array_equal(_bits(cp.asnumpy(plain.embed_packed(batch))), want)
+        np.testing.assert_array_equal(_bits(cp.asnumpy(graphs.embed_packed(batch))), want)
+        ref = cpu.embed_packed(batch).astype(np.float32)
+        np.testing.assert_allclose(want.view(BF16).astype(np.float32), ref, rtol=2e-2, atol=1e-5)

@@ -312,7 +312,7 @@ class TokenOverlay:
 
     @property
     def lmhead_mma_config(self) -> tuple[int, int, bool]:
-        """GPU tuning knob of the mma path: (16-row tiles, warps, L2 prefetch) per block.
+        """GPU tuning knob of the mma path: (16-row tiles, warps, early loads) per block.
 
         One of ``kernels.overlay.MMA_CONFIGS``; results agree to float32 rounding. Change
         it between steps, not inside a captured CUDA graph.

@@ -355,7 +355,8 @@ extern "C" __global__ void lmhead_overlay_scatter_bf16(
 
 // ---------------------------------------------------------------------------------
 // lmhead_overlay_mma_{f32,bf16}_t{T}w{W}(hidden, seq_slot, active, n_rows, hidden_size,
-//     rows_all, ids_all, tile_adapter, num_tiles, num_adapters, n_cols, vec, prefetch, logits)
+//     rows_all, ids_all, tile_adapter, num_tiles, num_adapters, n_cols, vec, round_kb,
+//     early, logits)
 // The tensor-core path: one kernel reads every routed adapter's packed LM-head rows once.
 //   hidden       : bf16[n_rows, hidden_size]
 //   seq_slot     : int32[n_rows] or nullptr (then every row uses `active`)
@@ -368,18 +369,24 @@ extern "C" __global__ void lmhead_overlay_scatter_bf16(
 //                  adapter s = tile_adapter[c / 16] (0 <= s < num_adapters), skipping ids
 //                  < 0 or >= n_cols
 //   vec          : 1 when hidden_size % 8 == 0 and hidden, rows_all are 16-byte aligned
-//   prefetch     : 1 to ask L2 for the block's whole tile(s) as soon as a routed row is seen
-// Block b owns tiles T*b .. T*b+T-1 (the first one's adapter s; later tiles of another
-// adapter are skipped), W warps. It compacts the rows routed to s into shared memory
-// (ballots, ascending row order, chunks of 32*W rows), then for each group of up to 32
-// routed rows the warps split K in blocks of 32 columns and run mma.sync m16n8k16 (bf16
-// in, f32 accumulate): A = 16 override rows of the tile, B = 8 routed hidden rows. No
-// staging in shared memory: lane (g, t) loads 16 bytes at k = kb + 8t of rows g and
-// g + 8 (A) and of routed row g (B), and the fragment registers are filled from those
-// vectors under one permutation of k shared by A and B (a dot product does not care in
-// which order k is summed). The warps' partial sums are added in shared memory in warp
-// order, so results do not depend on timing. Nothing is read outside the arrays: rows
-// past hidden_size are zeros, absent routed rows are zeros and never stored.
+//   round_kb     : k-blocks (of 32 columns) per warp staged in shared memory at once; the
+//                  dynamic shared memory is round_kb * 2T * 32W * 16 bytes
+//   early        : 1 to start loading the tile(s) before the routing is known
+// Block b owns tiles T*b .. T*b+T-1, W warps; runs of tiles of one adapter s are handled
+// in turn (one run when adapters' blocks are aligned to T tiles). Each lane copies the
+// 16-byte chunks of the tile rows it will use (rows g and g + 8 of each tile, columns
+// kb + 8t .. kb + 8t + 7 of each of its warp's k-blocks kb) into its own shared-memory
+// slots with cp.async: the whole tile is in flight at once without holding registers,
+// and no barrier is needed (a lane reads only what it copied). The block compacts the
+// rows routed to s (ballots, ascending row order, chunks of 32W rows); for each group of
+// up to 32 routed rows the warps split K by k-blocks and run mma.sync m16n8k16 (bf16 in,
+// f32 accumulate): A = 16 tile rows from the slots, B = 8 routed hidden rows straight
+// from global memory (16-byte loads, U k-blocks ahead). The fragment registers are
+// filled from those vectors under one permutation of k shared by A and B (a dot product
+// does not care in which order k is summed). The warps' partial sums are added by a
+// fixed tree through shared memory, so results do not depend on timing, and warp 0
+// stores them. Nothing is read outside the arrays: columns past hidden_size are zeros,
+// absent routed rows are zeros and never stored.
 #define MMA_GROUP 32  // routed rows per pass (4 mma n-groups of 8)
 
 __device__ __forceinline__ uint4 load_chunk8(const bf16_bits* __restrict__ row, int k, int K,
@@ -395,14 +402,15 @@ __device__ __forceinline__ uint4 load_chunk8(const bf16_bits* __restrict__ row, 
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// A 16-byte read-only load that the compiler keeps in program order with the mma below
-// (both volatile): every load of a k-loop iteration is issued before its first mma waits.
-__device__ __forceinline__ uint4 ldg_ordered(const bf16_bits* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
+__device__ __forceinline__ void cp_async16(uint4* smem_dst, const bf16_bits* gmem_src) {
+    const unsigned int dst = (unsigned int)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem_src));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
 // d += A (16x16, row) * B (16x8, col); bf16 inputs, f32 accumulators.
@@ -410,13 +418,13 @@ __device__ __forceinline__ void mma_bf16_16816(float* d, unsigned int a0, unsign
                                                unsigned int a2, unsigned int a3,
                                                unsigned int b0, unsigned int b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// One k-block of 32 columns: a[tt][h] holds columns kb + 8t .. kb + 8t + 7 of override
-// rows 16tt + g (h = 0) and 16tt + g + 8 (h = 1), b[ng] those of routed row 8ng + g. Two
+// One k-block of 32 columns: a[tt][h] holds columns kb + 8t .. kb + 8t + 7 of tile rows
+// 16tt + g (h = 0) and 16tt + g + 8 (h = 1), b[ng] those of routed row 8ng + g. Two
 // m16n8k16 steps use the vectors' words (x, y), then (z, w): logical k = 2t, 2t + 1 maps
 // to the words' first halves and k = 2t + 8, 2t + 9 to their second, the same for A and B.
 template <int T>
@@ -439,24 +447,28 @@ __device__ __forceinline__ void lmhead_mma_impl(
     const bf16_bits* __restrict__ hidden, const int* __restrict__ seq_slot, int active,
     long long n_rows, int K, const bf16_bits* __restrict__ rows_all,
     const int* __restrict__ ids_all, const int* __restrict__ tile_adapter, long long num_tiles,
-    int num_adapters, long long n_cols, int vec, int prefetch, LogitT* __restrict__ logits) {
+    int num_adapters, long long n_cols, int vec, int round_kb, int early,
+    LogitT* __restrict__ logits) {
     constexpr int NT = W * 32;
-    constexpr int TM = 16 * T;   // override rows per block
-    constexpr int MS = TM + 4;   // row stride of `red` (the fragment stores hit distinct banks)
-    constexpr int U = 2;         // k-blocks loaded ahead per warp
-    __shared__ float red[W][MMA_GROUP][MS];
+    constexpr int MS = 16 * T + 4;  // row stride of `red` (the fragment stores hit distinct banks)
+    // k-blocks of hidden rows loaded ahead per warp (2 keeps t1w8 within 128 registers)
+    constexpr int U = (T == 1 && W == 8) ? 2 : 4;
+    constexpr int HALF = W / 2;
+    __shared__ float red[HALF][MMA_GROUP][MS];
     __shared__ int rowlist[NT];
     __shared__ int warp_count[W];
+    extern __shared__ uint4 slots[];  // [round_kb][T][2][NT]: lane-private tile chunks
 
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2;
     const int t = lane & 3;
-    // The block's tiles, as runs of one adapter (one run when the packing is aligned to
-    // T tiles; tiles of padding only, or of adapters outside [0, num_adapters), skipped).
+    const int kb_per_warp = ((K + 31) / 32 + W - 1) / W;  // k-blocks kb = 32 (warp + i W)
+    const int rounds = (kb_per_warp + round_kb - 1) / round_kb;
+
     for (int seg = 0; seg < T;) {
         const long long tile0 = (long long)blockIdx.x * T + seg;
-        if (tile0 >= num_tiles) return;
+        if (tile0 >= num_tiles) break;
         const int s = tile_adapter[tile0];
         int n_ok = 1;  // tiles of this run: tile0 .. tile0 + n_ok - 1 (uniform in the block)
 #pragma unroll
@@ -474,7 +486,31 @@ __device__ __forceinline__ void lmhead_mma_impl(
             arow[tt][0] = tile_rows + (long long)(16 * tt + g) * K;
             arow[tt][1] = tile_rows + (long long)(16 * tt + g + 8) * K;
         }
-        bool fetched = prefetch == 0;
+        // This lane's chunks of round r (k-blocks r * round_kb ...) into its slots.
+        auto issue_round = [&](int r) {
+            for (int i = 0; i < round_kb; ++i) {
+                const int kb = (warp + (r * round_kb + i) * W) * 32;
+                if (r * round_kb + i >= kb_per_warp || kb >= K) break;
+                const int k = kb + 8 * t;
+#pragma unroll
+                for (int tt = 0; tt < T; ++tt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        if (tt >= n_ok) continue;
+                        uint4* dst = slots + ((i * T + tt) * 2 + h) * NT + threadIdx.x;
+                        if (vec && kb + 32 <= K)  // uniform in the warp
+                            cp_async16(dst, arow[tt][h] + k);
+                        else
+                            *dst = load_chunk8(arow[tt][h], k, K, vec);
+                    }
+            }
+            cp_async_commit();
+        };
+        int staged = -1;  // the round now in (or on its way to) this lane's slots
+        if (early) {
+            issue_round(0);
+            staged = 0;
+        }
 
         for (long long c0 = 0; c0 < n_rows; c0 += NT) {
             // Rows c0 .. c0 + NT - 1 routed to s, compacted in ascending order.
@@ -493,15 +529,6 @@ __device__ __forceinline__ void lmhead_mma_impl(
             if (mine) rowlist[off + __popc(bal & ((1u << lane) - 1u))] = threadIdx.x;
             __syncthreads();
             if (total == 0) continue;
-            if (!fetched) {
-                // The tiles' bytes are contiguous: ask L2 for all of them now, so HBM streams
-                // them while the warps start on the first k-blocks.
-                const char* base = reinterpret_cast<const char*>(tile_rows);
-                const long long bytes = (long long)n_ok * 16 * K * 2;
-                for (long long o = threadIdx.x * 128LL; o < bytes; o += NT * 128LL)
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(base + o));
-                fetched = true;
-            }
             for (int p0 = 0; p0 < total; p0 += MMA_GROUP) {
                 const int nrows = min(MMA_GROUP, total - p0);
                 const int ngroups = (nrows + 7) >> 3;
@@ -510,7 +537,7 @@ __device__ __forceinline__ void lmhead_mma_impl(
 #pragma unroll
                 for (int ng = 0; ng < 4; ++ng) {
                     const int idx = p0 + ng * 8 + g;
-                    bok[ng] = idx < total;
+                    bok[ng] = ng < ngroups && idx < total;
                     brow[ng] = hidden + (c0 + (bok[ng] ? rowlist[idx] : 0)) * (long long)K;
                 }
                 float acc[T][4][4];
@@ -520,89 +547,130 @@ __device__ __forceinline__ void lmhead_mma_impl(
                     for (int ng = 0; ng < 4; ++ng)
 #pragma unroll
                         for (int e = 0; e < 4; ++e) acc[tt][ng][e] = 0.0f;
-                // Whole 16-byte chunks, U k-blocks of 32 columns in flight per warp; then the
-                // ragged tail (K % (32 * U * W) columns, or everything when !vec), one by one.
-                const int kfull = vec ? (K / (U * W * 32)) * (U * W * 32) : 0;
-                for (int kb = warp * 32; kb < kfull; kb += U * W * 32) {
-                    uint4 a[U][T][2];
-                    uint4 b[U][4];
+                for (int rd = 0; rd < rounds; ++rd) {
+                    if (staged != rd) {  // only when K needs several rounds (or !early)
+                        issue_round(rd);
+                        staged = rd;
+                    }
+                    const int nkb = min(round_kb, kb_per_warp - rd * round_kb);
+                    bool waited = false;
+                    for (int i0 = 0; i0 < nkb; i0 += U) {
+                        // The hidden rows' chunks of U k-blocks, issued before any wait;
+                        // whole 16-byte loads unless a block reaches past K (or !vec).
+                        uint4 b[U][4];
+                        const int kb_last = (warp + (rd * round_kb + i0 + U - 1) * W) * 32;
+                        if (vec && i0 + U <= nkb && kb_last + 32 <= K) {
 #pragma unroll
-                    for (int u = 0; u < U; ++u) {
-                        const int k = kb + u * W * 32 + 8 * t;
+                            for (int u = 0; u < U; ++u) {
+                                const int k = (warp + (rd * round_kb + i0 + u) * W) * 32 + 8 * t;
+#pragma unroll
+                                for (int ng = 0; ng < 4; ++ng)
+                                    b[u][ng] = bok[ng] ? __ldg(reinterpret_cast<const uint4*>(
+                                                             brow[ng] + k))
+                                                       : make_uint4(0u, 0u, 0u, 0u);
+                            }
+                        } else {
+#pragma unroll
+                            for (int u = 0; u < U; ++u) {
+                                const int kb = (warp + (rd * round_kb + i0 + u) * W) * 32;
+                                const bool ok = i0 + u < nkb && kb < K;
+#pragma unroll
+                                for (int ng = 0; ng < 4; ++ng)
+                                    b[u][ng] = (ok && bok[ng])
+                                                   ? load_chunk8(brow[ng], kb + 8 * t, K, vec)
+                                                   : make_uint4(0u, 0u, 0u, 0u);
+                            }
+                        }
+                        if (!waited) {
+                            cp_async_wait_all();  // this lane's own chunks: no barrier needed
+                            waited = true;
+                        }
+#pragma unroll
+                        for (int u = 0; u < U; ++u) {
+                            const int kb = (warp + (rd * round_kb + i0 + u) * W) * 32;
+                            if (i0 + u >= nkb || kb >= K) break;  // uniform in the warp
+                            uint4 a[T][2];
+#pragma unroll
+                            for (int tt = 0; tt < T; ++tt)
+#pragma unroll
+                                for (int h = 0; h < 2; ++h)
+                                    a[tt][h] = tt < n_ok
+                                                   ? slots[(((i0 + u) * T + tt) * 2 + h) * NT +
+                                                           threadIdx.x]
+                                                   : make_uint4(0u, 0u, 0u, 0u);
+                            mma_kblock<T>(acc, a, b[u], n_ok, ngroups);
+                        }
+                    }
+                }
+                // Tree sum over warps: w += w + half, half = W/2 .. 1 (a fixed order).
+                // acc[tt][ng]: (m, n) = (16tt + g, 8ng + 2t), (.., +1), (+8, ..), (+8, +1)
+#pragma unroll
+                for (int half = HALF; half >= 1; half >>= 1) {
+                    if (warp >= half && warp < 2 * half) {
 #pragma unroll
                         for (int tt = 0; tt < T; ++tt)
 #pragma unroll
-                            for (int h = 0; h < 2; ++h)
-                                a[u][tt][h] = tt < n_ok
-                                                  ? ldg_ordered(arow[tt][h] + k)
-                                                  : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-                        for (int ng = 0; ng < 4; ++ng)
-                            b[u][ng] = (ng < ngroups && bok[ng])
-                                           ? ldg_ordered(brow[ng] + k)
-                                           : make_uint4(0u, 0u, 0u, 0u);
+                            for (int ng = 0; ng < 4; ++ng) {
+                                const int m = 16 * tt + g, n = 8 * ng + 2 * t;
+                                float(*dst)[MS] = red[warp - half];
+                                dst[n][m] = acc[tt][ng][0];
+                                dst[n + 1][m] = acc[tt][ng][1];
+                                dst[n][m + 8] = acc[tt][ng][2];
+                                dst[n + 1][m + 8] = acc[tt][ng][3];
+                            }
                     }
+                    __syncthreads();
+                    if (warp < half) {
 #pragma unroll
-                    for (int u = 0; u < U; ++u) mma_kblock<T>(acc, a[u], b[u], n_ok, ngroups);
+                        for (int tt = 0; tt < T; ++tt)
+#pragma unroll
+                            for (int ng = 0; ng < 4; ++ng) {
+                                const int m = 16 * tt + g, n = 8 * ng + 2 * t;
+                                const float(*src)[MS] = red[warp];
+                                acc[tt][ng][0] += src[n][m];
+                                acc[tt][ng][1] += src[n + 1][m];
+                                acc[tt][ng][2] += src[n][m + 8];
+                                acc[tt][ng][3] += src[n + 1][m + 8];
+                            }
+                    }
+                    __syncthreads();
                 }
-                for (int kb = kfull + warp * 32; kb < K; kb += W * 32) {
-                    const int k = kb + 8 * t;
-                    uint4 a[T][2];
-                    uint4 b[4];
+                if (warp == 0) {
 #pragma unroll
                     for (int tt = 0; tt < T; ++tt)
 #pragma unroll
-                        for (int h = 0; h < 2; ++h)
-                            a[tt][h] = tt < n_ok ? load_chunk8(arow[tt][h], k, K, vec)
-                                                 : make_uint4(0u, 0u, 0u, 0u);
+                        for (int ng = 0; ng < 4; ++ng)
 #pragma unroll
-                    for (int ng = 0; ng < 4; ++ng)
-                        b[ng] = (ng < ngroups && bok[ng]) ? load_chunk8(brow[ng], k, K, vec)
-                                                          : make_uint4(0u, 0u, 0u, 0u);
-                    mma_kblock<T>(acc, a, b, n_ok, ngroups);
+                            for (int e = 0; e < 4; ++e) {
+                                const int m = 16 * tt + g + ((e & 2) ? 8 : 0);
+                                const int n = 8 * ng + 2 * t + (e & 1);
+                                if (tt >= n_ok || n >= nrows) continue;
+                                const long long col = ids_all[tile0 * 16 + m];
+                                if (col < 0 || col >= n_cols) continue;
+                                store_logit<LogitT>(
+                                    logits + (c0 + rowlist[p0 + n]) * n_cols + col, acc[tt][ng][e]);
+                            }
                 }
-                // acc[tt][ng]: (m, n) = (16tt + g, 8ng + 2t), (.., +1), (+8, ..), (+8, +1)
-#pragma unroll
-                for (int tt = 0; tt < T; ++tt)
-#pragma unroll
-                    for (int ng = 0; ng < 4; ++ng) {
-                        const int m = 16 * tt + g, n = 8 * ng + 2 * t;
-                        red[warp][n][m] = acc[tt][ng][0];
-                        red[warp][n + 1][m] = acc[tt][ng][1];
-                        red[warp][n][m + 8] = acc[tt][ng][2];
-                        red[warp][n + 1][m + 8] = acc[tt][ng][3];
-                    }
-                __syncthreads();
-                for (int e = threadIdx.x; e < MMA_GROUP * TM; e += NT) {
-                    const int n = e / TM, m = e - n * TM;
-                    if (n >= nrows || m >= 16 * n_ok) continue;
-                    const long long col = ids_all[tile0 * 16 + m];
-                    if (col < 0 || col >= n_cols) continue;
-                    float v = 0.0f;
-#pragma unroll
-                    for (int w2 = 0; w2 < W; ++w2) v += red[w2][n][m];
-                    store_logit<LogitT>(logits + (c0 + rowlist[p0 + n]) * n_cols + col, v);
-                }
-                __syncthreads();
             }
         }
+        cp_async_wait_all();  // nothing in flight into the slots past this run
     }
 }
 
 #define LMHEAD_MMA_ENTRY(NAME, LT, T, W)                                                       \
-    extern "C" __global__ void __launch_bounds__(W * 32, (T == 1 && W <= 8) ? 2 : 1)          \
+    extern "C" __global__ void __launch_bounds__(W * 32, (T == 1) ? 2 : 1)                     \
         NAME(const bf16_bits* hidden, const int* seq_slot, int active, long long n_rows,       \
              int hidden_size, const bf16_bits* rows_all, const int* ids_all,                   \
              const int* tile_adapter, long long num_tiles, int num_adapters, long long n_cols, \
-             int vec, int prefetch, LT* logits) {                                              \
+             int vec, int round_kb, int early, LT* logits) {                                   \
         lmhead_mma_impl<LT, T, W>(hidden, seq_slot, active, n_rows, hidden_size, rows_all,     \
                                   ids_all, tile_adapter, num_tiles, num_adapters, n_cols, vec, \
-                                  prefetch, logits);                                           \
+                                  round_kb, early, logits);                                    \
     }
 
 LMHEAD_MMA_ENTRY(lmhead_overlay_mma_f32_t1w8, float, 1, 8)
 LMHEAD_MMA_ENTRY(lmhead_overlay_mma_f32_t2w8, float, 2, 8)
-LMHEAD_MMA_ENTRY(lmhead_overlay_mma_f32_t1w16, float, 1, 16)
+LMHEAD_MMA_ENTRY(lmhead_overlay_mma_f32_t1w4, float, 1, 4)
 LMHEAD_MMA_ENTRY(lmhead_overlay_mma_bf16_t1w8, bf16_bits, 1, 8)
 LMHEAD_MMA_ENTRY(lmhead_overlay_mma_bf16_t2w8, bf16_bits, 2, 8)
-LMHEAD_MMA_ENTRY(lmhead_overlay_mma_bf16_t1w16, bf16_bits, 1, 16)
+LMHEAD_MMA_ENTRY(lmhead_overlay_mma_bf16_t1w4, bf16_bits, 1, 4)

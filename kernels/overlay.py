@@ -34,11 +34,15 @@ KERNEL_NAMES = (
     "lmhead_overlay_scatter_f32",
     "lmhead_overlay_scatter_bf16",
 )
-# The tensor-core ("mma") path: (16-row tiles, warps) per block, times L2 prefetch on/off.
+# The tensor-core ("mma") path: (16-row tiles, warps) per block, times early loads on/off.
 MMA_TILE = 16  # rows of the packed table per tile; a tile holds one adapter's rows only
-MMA_SHAPES = ((1, 8), (2, 8), (1, 16))
-MMA_CONFIGS = tuple((t, w, pf) for t, w in MMA_SHAPES for pf in (True, False))
+MMA_SHAPES = ((1, 8), (2, 8), (1, 4))
+MMA_CONFIGS = tuple((t, w, early) for t, w in MMA_SHAPES for early in (True, False))
 DEFAULT_MMA_CONFIG = (1, 8, True)
+# Shared memory a block stages its tile(s) in (bytes per tile; K beyond what fits, 3,072
+# columns, goes in rounds). 96 KiB + the block's static arrays lets two 1-tile blocks
+# share an SM, so the 256 tiles of 4 x 1,000 rows are all in flight at once.
+_MMA_SMEM_PER_TILE = 96 << 10
 # Each adapter's block of the packed table starts at a multiple of this many rows, so a
 # block of the widest mma shape (2 tiles) never mixes adapters.
 MMA_ALIGN = MMA_TILE * max(t for t, _ in MMA_SHAPES)
@@ -547,6 +551,8 @@ def compile_overlay_kernels() -> None:
     """Compile every overlay kernel now (NVRTC); raises GpuUnavailableError without a GPU."""
     for name in KERNEL_NAMES:
         get_kernel(SOURCE, name)
+    for name in MMA_KERNEL_NAMES:  # and let the mma kernels use their shared memory
+        _mma_kernel(name, int(name.rsplit("_t", 1)[1].split("w")[0]))
 
 
 def device_pointer_table(arrays: Sequence[Any]) -> Any:
@@ -1015,16 +1021,20 @@ def lmhead_overlay_mma(
     num_adapters : int
         L; rows routed outside ``[0, L)`` are untouched.
     logits : cupy float32 or bfloat16 [n, n_cols], C-contiguous; modified in place.
-    config : (tiles, warps, prefetch), keyword-only, one of ``MMA_CONFIGS``
-        Tuning knob: 16-row tiles and warps per block, and whether a block asks L2 for
-        its whole tile(s) up front. Same results up to the order of float32 sums.
+    config : (tiles, warps, early), keyword-only, one of ``MMA_CONFIGS``
+        Tuning knob: 16-row tiles and warps per block, and whether a block starts
+        loading its tile(s) before it knows that any row is routed to them (hides the
+        routing's latency; reads the tiles of adapters no row is routed to as well).
+        Results depend on ``warps`` only, through the order of float32 sums.
 
-    One kernel, one block per ``tiles`` tiles (grid fixed by ``cap``): the block finds
-    the rows routed to its tiles' adapter and computes their dot products with the
-    tiles' rows on tensor cores (``mma.sync`` m16n8k16, bf16 in, float32 accumulate),
-    reading each tile from memory once per 32 routed rows and nothing for adapters no
-    row is routed to. Every argument stays fixed between steps except ``seq_slot``'s
-    contents, so the launch can be captured in a CUDA graph.
+    One kernel, one block per ``tiles`` tiles (grid fixed by ``cap``): the block stages
+    its tile(s) in shared memory with ``cp.async`` (the whole tile in flight at once),
+    finds the rows routed to its tiles' adapter and computes their dot products with
+    the tiles' rows on tensor cores (``mma.sync`` m16n8k16, bf16 in, float32
+    accumulate): each tile is read from memory once (once per 32W routed rows when
+    hidden_size > 3,072), nothing for adapters no row is routed to unless ``early``.
+    Every argument stays fixed between steps except ``seq_slot``'s contents, so the
+    launch can be captured in a CUDA graph.
     """
     cp = require_cupy("lmhead_overlay_mma")
     check_bf16_2d("hidden", hidden)
@@ -1058,17 +1068,37 @@ def lmhead_overlay_mma(
     num_tiles = cap // MMA_TILE
     if n == 0 or n_cols == 0 or num == 0 or num_tiles == 0:
         return logits
-    tiles, warps, prefetch = config
+    tiles, warps, early = config
     vec = int(hidden_size % 8 == 0 and _aligned(hidden, rows_all))
     dtype = "f32" if logits.dtype == np.float32 else "bf16"
     logits_arg = logits if logits.dtype == np.float32 else _u16(cp, logits)
-    kern = get_kernel(SOURCE, f"lmhead_overlay_mma_{dtype}_t{tiles}w{warps}")
+    kern = _mma_kernel(f"lmhead_overlay_mma_{dtype}_t{tiles}w{warps}", tiles)
+    # Each lane stages 2 * tiles chunks of 16 bytes per k-block of its warp.
+    per_kblock = 2 * tiles * warps * 32 * 16
+    kblocks = (hidden_size + 31) // 32
+    kb_per_warp = (kblocks + warps - 1) // warps
+    round_kb = max(1, min(kb_per_warp, tiles * _MMA_SMEM_PER_TILE // per_kblock))
     kern(
         (-(-num_tiles // tiles),),
         (warps * 32,),
         (_u16(cp, hidden), _slot_arg(cp, seq_slot), np.int32(act), np.int64(n),
          np.int32(hidden_size), _u16(cp, rows_all), ids_all, tile_adapter,
          np.int64(num_tiles), np.int32(num), np.int64(n_cols), np.int32(vec),
-         np.int32(prefetch), logits_arg),
+         np.int32(round_kb), np.int32(early), logits_arg),
+        shared_mem=round_kb * per_kblock,
     )  # fmt: skip
     return logits
+
+
+@functools.cache
+def _mma_kernel_on(name: str, tiles: int, device_id: int) -> Any:
+    kern = get_kernel(SOURCE, name)  # a cupy.RawKernel
+    # Above 48 KiB of dynamic shared memory a kernel must opt in, once per device (not a
+    # stream operation: done at first use, before any capture).
+    kern.max_dynamic_shared_size_bytes = tiles * _MMA_SMEM_PER_TILE
+    return kern
+
+
+def _mma_kernel(name: str, tiles: int) -> Any:
+    cp = require_cupy(name)
+    return _mma_kernel_on(name, tiles, cp.cuda.runtime.getDevice())

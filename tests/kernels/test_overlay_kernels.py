@@ -684,12 +684,15 @@ def _check_close(got, logits, want, touched, tol):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    ("hidden", "logit_dtype"), [(3072, BF16), (256, np.float32), (40, BF16), (20, np.float32)]
+    ("hidden", "logit_dtype"),
+    [(3072, BF16), (256, np.float32), (40, BF16), (20, np.float32), (4136, BF16)],
 )
 def test_lmhead_overlay_mma_gpu_within_bf16_rounding(rng, hidden, logit_dtype):
     """Every config against the reference: adapters of 0/1/15/16/17/1000/1100 rows, ids
     beyond n_cols, mixed slots (-1, empty 1, 7 and 8 >= L), the active fallback, batches
-    1..300; hidden 40 has a ragged k-block, hidden 20 takes the scalar (non-16-byte) path."""
+    1..300 (several chunks and passes of routed rows); hidden 40 has a ragged k-block,
+    hidden 20 takes the scalar (non-16-byte) path, hidden 4136 stages the tiles in two
+    rounds of shared memory and ends on a ragged k-block."""
     import cupy as cp
 
     from kernels.overlay import lmhead_overlay_mma
@@ -720,8 +723,8 @@ def test_lmhead_overlay_mma_gpu_within_bf16_rounding(rng, hidden, logit_dtype):
                     got = d_logits.get()
                     _check_close(got, logits, want, touched, tol)
                     bits[align, config] = got.view(np.uint8)
-            # The k split depends on the warps only: prefetch, tiles per block and the
-            # packing change nothing in the sums.
+            # The k split depends on the warps only: early loads, tiles per block and
+            # the packing change nothing in the sums.
             for (_align, (_t, w, _pf)), b in bits.items():
                 np.testing.assert_array_equal(b, bits[MMA_ALIGN, (1, w, True)])
 

@@ -23,7 +23,9 @@ the device time of the whole step replayed from a graph (``NgramEmbedding.static
 L2 flushed between steps, no host work: what a server that captures its decode step
 pays; the bound excludes host work too). The cached variant
 puts the 12 tables in ONE shared ``NgramRowCache`` (one arena, one LRU, one resolve
-per step).
+per step, the slots and word ids uploaded in one copy); ``cached_graph`` compares the
+two with ``cuda_graphs=True`` (the cached step's device part replayed after its host
+resolve).
 """
 
 from __future__ import annotations
@@ -225,14 +227,14 @@ def bench_gemm_splits(
     per decode/prefill row count, each after an L2 flush (flush time subtracted):
     the measurement behind ``embed.layer.GEMM_SPLITS``."""
     K, D = emb._wcat.shape
-    flush = xp.empty(flush_bytes, dtype=xp.uint8)
+    flush = _l2_flusher(xp, flush_bytes)
     stream = xp.cuda.Stream(non_blocking=True)
     rows = []
     for n in (*DECODE_BATCHES, PREFILL):
         a = _random_bf16(xp, n, K, 7, 0.1)
         row: dict[str, Any] = {"tokens": n}
         with stream:
-            base = _graph_ms(xp, stream, lambda: flush.fill(0), steps, reps)
+            base = _graph_ms(xp, stream, flush, steps, reps)
             for S in splits:
                 if not split_k(K, S):
                     continue
@@ -240,7 +242,7 @@ def bench_gemm_splits(
                 gemm_bf16_f32_parts(a, emb._wcat, out=out)  # eager first (cuBLAS loads)
 
                 def work(out: Any = out, a: Any = a) -> None:
-                    flush.fill(0)
+                    flush()
                     gemm_bf16_f32_parts(a, emb._wcat, out=out)
 
                 row[f"splits_{S}_seconds"] = (
@@ -249,6 +251,30 @@ def bench_gemm_splits(
                 del out
         rows.append(row)
     return rows
+
+
+_FLUSH_SRC = r"""
+extern "C" __global__ void l2_flush(const uint4* __restrict__ p, long long n, uint4* sink) {
+    uint4 acc = make_uint4(0, 0, 0, 0);
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const uint4 v = p[i];
+        acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
+    }
+    if (acc.x == 0x9e3779b9u && acc.y == 0x7f4a7c15u && acc.z == 1u && acc.w == 2u) sink[0] = acc;
+}
+"""
+
+
+def _l2_flusher(xp: Any, nbytes: int) -> Callable[[], None]:
+    """A capturable L2 flush that READS ``nbytes`` (leaving clean lines, as streaming
+    weights do; a memset would leave the L2 full of dirty lines that every later miss
+    must write back first)."""
+    buf = xp.zeros(nbytes // 16 * 2, dtype=xp.uint64)
+    sink = xp.zeros(2, dtype=xp.uint64)
+    kern = xp.RawKernel(_FLUSH_SRC, "l2_flush")
+    n = np.int64(buf.size // 2)
+    return lambda: kern((264,), (512,), (buf, n, sink))
 
 
 def _graph_ms(xp: Any, stream: Any, fn: Callable[[], Any], steps: int, reps: int) -> float:
@@ -281,12 +307,12 @@ def bench_static(
 ) -> list[dict[str, Any]]:
     """Device time of a step replayed from a CUDA graph (how a server that captures its
     decode step runs it): ``emb.static_step`` issued ``steps`` times into ONE graph, each
-    step preceded by an L2 flush (a ``flush_bytes`` memset: the rest of a model's step
-    evicts the projection weights), minus a graph of the flushes alone; CUDA events,
+    step preceded by an L2 flush (a kernel reading ``flush_bytes``: the rest of a model's
+    step evicts the projection weights), minus a graph of the flushes alone; CUDA events,
     median of ``reps`` replays. No host work is in this figure (see ``bench_variant``
     for steps called from Python)."""
     keep = emb.dims.max_ngram - 1
-    flush = xp.empty(flush_bytes, dtype=xp.uint8)
+    flush = _l2_flusher(xp, flush_bytes)
     stream = xp.cuda.Stream(non_blocking=True)
     rows = []
     for name, n in [(f"decode x{b}", b) for b in DECODE_BATCHES] + [
@@ -304,12 +330,12 @@ def bench_static(
 
             def flushed(fn: Callable[[], Any]) -> Callable[[], None]:
                 def run() -> None:
-                    flush.fill(0)
+                    flush()
                     fn()
 
                 return run
 
-            base = _graph_ms(xp, stream, lambda: flush.fill(0), steps, reps)
+            base = _graph_ms(xp, stream, flush, steps, reps)
             sec = (_graph_ms(xp, stream, flushed(step.issue), steps, reps) - base) / steps / 1e3
             # the step's parts, each alone after a flush: where the device time goes
             part_sec = {
@@ -572,6 +598,18 @@ def main(argv: list[str] | None = None) -> int:
             emb_r = NgramEmbedding(cdims, rs_word, ctabs, projs_host)
             result["cached"] = bench_cached(emb_c, emb_r, caches, xp, tokens, args.reps)
             _progress("cached", result["cached"])
+            if args.device == "cuda" and "graph" not in skip:
+                # the same with the device part of both steps replayed from CUDA graphs
+                emb_cg = NgramEmbedding(
+                    cdims,
+                    rs_word,
+                    [CachedTable(shared, i) for i in range(T)],
+                    projs_host,
+                    cuda_graphs=True,
+                )
+                emb_rg = NgramEmbedding(cdims, rs_word, ctabs, projs_host, cuda_graphs=True)
+                result["cached_graph"] = bench_cached(emb_cg, emb_rg, caches, xp, tokens, args.reps)
+                _progress("cached_graph", result["cached_graph"])
         finally:
             if store is not None:
                 store.close()
@@ -616,13 +654,15 @@ def main(argv: list[str] | None = None) -> int:
                     + ", ".join(f"{k} {v * 1e3:.4f}" for k, v in r["part_seconds"].items())
                     + " ms)"
                 )
-    if "cached" in result:
+    for key in ("cached", "cached_graph"):
+        if key not in result:
+            continue
         print(
-            "\ncached (one shared arena for the 12 tables, "
+            f"\n{key} (one shared arena for the 12 tables, "
             f"{args.arena_fraction:.0%}): shape | mode | hit rate | cached tokens/s | cached/resident "
             "(target <= 1.5 at >= 99% hits)"
         )
-        for r in result["cached"]:
+        for r in result[key]:
             print(
                 f"  {r['shape']:<13} | {r['mode']:<10} | {r['hit_rate']:7.2%} | "
                 f"{r['cached_tokens_per_s']:>12,.0f} | {r['ratio_cached_over_resident']:.2f} "

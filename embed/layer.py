@@ -41,9 +41,11 @@ from .dims import NgramDims
 from .tables import Bf16Table, CachedTable, Fp8Table
 
 _TABLE_TYPES = (Bf16Table, Fp8Table, CachedTable)
-# Parts of the projection GEMM by rows per step: (at most this many rows, parts). A
-# one-GEMM decode step reads the weights on too few thread blocks (bench/embed.py).
-GEMM_SPLITS = ((16, 4), (512, 2))
+# Parts of the projection GEMM by rows per step: (at most this many rows, parts).
+# Measured on an H200 at LongCat's shape ([n, 3072] x [3072, 3072], bench/embed.py's
+# GEMM sweep): 1 row 10.8 -> 8.8 us with 4 parts; 64 and 2,048 rows are fastest
+# whole; 256 rows gain 1 us, less than the wider scaled sum costs.
+GEMM_SPLITS = ((16, 4),)
 GEMM_SPLITS_MAX = max(s for _, s in GEMM_SPLITS)
 _H2D = 1  # cudaMemcpyHostToDevice
 
@@ -165,37 +167,37 @@ class NgramEmbedding:
         self._words: Any = None
 
     def _group_caches(self) -> None:
-        """Group the cached tables by cache: one ``resolve`` per cache and step.
+        """Group the cached tables by cache: one resolve per cache and step.
 
-        ``self._groups``: ``(cache, members, offsets, rows_at, rows_index)`` where
-        ``members`` are table indices (-1 for the word table, always last),
-        ``offsets`` int64 each member's ``row_offsets[part]``, ``rows_at`` which
-        members are n-gram tables (None if none) and ``rows_index`` their rows of the
-        ``[T, n]`` id array (a slice when contiguous).
+        ``self._groups``: ``(cache, members, offsets, pos)`` where ``members`` are
+        table indices (-1 for the word table, always last), ``offsets`` int64 each
+        member's ``row_offsets[part]`` and ``pos`` the n-gram members' rows among the
+        cached tables (``self._cached_list`` order). ``self._cached_index`` selects
+        the cached tables' rows of a ``[T, n]`` id array (a slice when contiguous).
         """
         entries = [(i, t) for i, t in enumerate(self.tables) if isinstance(t, CachedTable)]
         self._cached_rows = np.array([i for i, _ in entries], dtype=np.int64)
         self._cached_list = [i for i, _ in entries]
         self._cached_pos = {i: k for k, (i, _) in enumerate(entries)}
+        rows = self._cached_list
+        self._cached_index: Any = (
+            slice(rows[0], rows[0] + len(rows))
+            if rows and rows == list(range(rows[0], rows[0] + len(rows)))
+            else self._xp.asarray(self._cached_rows)
+        )
         if isinstance(self.word, CachedTable):
             entries.append((-1, self.word))
         by_cache: dict[int, list[tuple[int, CachedTable]]] = {}
         for i, t in entries:
             by_cache.setdefault(id(t.cache), []).append((i, t))
-        self._groups: list[tuple[Any, list[int], np.ndarray, Any, Any]] = []
+        self._groups: list[tuple[Any, list[int], np.ndarray, np.ndarray]] = []
         for group in by_cache.values():
             members = [i for i, _ in group]
             offsets = np.array([t.offset for _, t in group], dtype=np.int64)
-            rows = [i for i in members if i >= 0]
-            rows_at: Any = None
-            rows_index: Any = None
-            if rows:
-                rows_at = slice(0, len(rows))  # the word member, if any, is last
-                if rows == list(range(rows[0], rows[0] + len(rows))):
-                    rows_index = slice(rows[0], rows[0] + len(rows))
-                else:
-                    rows_index = self._xp.asarray(np.array(rows, dtype=np.int64))
-            self._groups.append((group[0][1].cache, members, offsets, rows_at, rows_index))
+            pos = np.array([self._cached_pos[i] for i in members if i >= 0], dtype=np.int64)
+            self._groups.append((group[0][1].cache, members, offsets, pos))
+        # every n-gram table cached: a step uploads slots, never hashes on the device
+        self._all_cached = len(rows) == self.dims.num_tables
 
     def _stack_projs(self, projs: Any) -> np.ndarray:
         T, d, D = self.dims.num_tables, self.dims.table_dim, self.dims.hidden_size
@@ -386,6 +388,9 @@ class NgramEmbedding:
             return xp.empty((0, D), dtype=BF16) if out is None else out
         if self.cuda_graphs and self._fused_ids and overlay is None and not batch.on_device:
             return self._run_graph(batch, out)
+        packed = self._all_cached and self._stacked is not None and xp is not np
+        if packed and self.cuda_graphs and overlay is None and not batch.on_device:
+            return self._run_graph_cached(batch, out)
         self._reserve(n)
         if out is None:
             out = xp.empty((n, D), dtype=BF16)
@@ -409,12 +414,26 @@ class NgramEmbedding:
                 word_ids = self._upload_gather(buf, buf.host(), batch, stack, words)
                 buf.uploaded(xp.cuda.get_current_stream())
                 ids = host_ids = None
+            elif packed and not batch.on_device:
+                # every n-gram table cached: resolve on the host, then one copy of the
+                # slots and word ids, and the gathers
+                buf = self._tok_buffers(batch)
+                host = buf.host()
+                self._pack_slots(host, batch)
+                self._after_caches()
+                word_ids = self._upload_slots(buf, host, n, stack, words)
+                buf.uploaded(xp.cuda.get_current_stream())
+                ids = host_ids = None
             else:
                 # every n-gram table cached: their slots replace all ids, skip the hash
                 hashed = self._cached_rows.size < self.dims.num_tables
                 ids, word_ids = self._device_ids(self._tok_buffers(batch), batch, hashed)
                 host_ids = batch.host_ids(self._cached_rows) if self._groups else None
-            word_slots = self._resolve(batch, ids, host_ids, word_ids) if self._groups else None
+            word_slots = None
+            if self._groups and ids is not None:
+                word_slots = self._resolve(batch, ids, host_ids)
+                if xp is not np:
+                    self._after_caches()
             if ids is None:
                 pass  # gathered above
             elif self._stacked is not None:
@@ -440,43 +459,123 @@ class NgramEmbedding:
             gemm_bf16_f32_parts(stack, self._wcat, out=proj)
             scale_sum(rows, proj, float(1 + self.dims.num_tables), out=out)
         finally:
-            if self._groups:
-                if xp is not np:
-                    # The next step's faults may rewrite these slots: let the gathers finish.
-                    xp.cuda.get_current_stream().synchronize()
-                for cache, *_ in self._groups:
-                    cache.end_batch()
+            self._end_batches()
         return out
 
-    def _resolve(self, batch: NgramBatch, ids: Any, host_ids: Any, word_ids: Any) -> Any:
-        """One ``resolve`` per cache; arena slots replace the cached tables' rows of
-        ``ids`` (in place). Returns the word table's slots when it is cached, else None."""
+    def _after_caches(self) -> None:
+        """Order the current stream after every cache's stream (their faults' writes)."""
+        cur = self._xp.cuda.get_current_stream()
+        for cache, *_ in self._groups:
+            if cache.stream is not None and cache.stream.ptr != cur.ptr:
+                cur.wait_event(cache.stream.record())
+
+    def _end_batches(self) -> None:
+        """End every cache's batch. A later fault rewrites slots on the cache's stream:
+        where that is not the current stream, it first waits for this step's gathers
+        (stream order, no host sync)."""
+        if not self._groups:
+            return
+        if self._xp is not np:
+            cur = self._xp.cuda.get_current_stream()
+            done = None
+            for cache, *_ in self._groups:
+                if cache.stream is not None and cache.stream.ptr != cur.ptr:
+                    done = done or cur.record()
+                    cache.stream.wait_event(done)
+        for cache, *_ in self._groups:
+            cache.end_batch()
+
+    def _pack_slots(self, host: np.ndarray, batch: NgramBatch) -> int:
+        """Resolve a step whose n-gram tables are all cached, on the host, and pack
+        ``[slots T*n | word ids n | word slots n]`` into the pinned ``host``."""
+        T, n = self.dims.num_tables, batch.n
+        slots, word_slots = self._resolve_host(batch, batch.host_ids())
+        host[: T * n] = slots.ravel()
+        host[T * n : T * n + n] = batch.word_ids
+        if word_slots is not None:
+            host[T * n + n : T * n + 2 * n] = word_slots
+        return T * n + 2 * n
+
+    def _upload_slots(
+        self, buf: _DeviceStep, host: np.ndarray, n: int, stack: Any, words: Any
+    ) -> Any:
+        """Copy a packed slot upload into ``buf.dev`` and gather the arena rows into
+        ``stack`` and the word rows into ``words`` (no allocation, no sync:
+        capturable). Returns the word ids (int64[n], device)."""
+        cp = self._xp
+        T = self.dims.num_tables
+        stream = cp.cuda.get_current_stream()
+        k = T * n + 2 * n
+        cp.cuda.runtime.memcpyAsync(buf.dev.data.ptr, host.ctypes.data, 8 * k, _H2D, stream.ptr)
+        assert self._stacked is not None
+        gather_stacked(buf.dev[: T * n].reshape(T, n), self._stacked, stack)
+        word_ids = buf.dev[T * n : T * n + n]
+        if isinstance(self.word, CachedTable):
+            self.word.gather_slots(buf.dev[T * n + n : T * n + 2 * n], out=words)
+        else:
+            self.word.gather(word_ids, out=words)
+        return word_ids
+
+    def _run_graph_cached(self, batch: NgramBatch, out: Any) -> Any:
+        """A step whose n-gram tables are all cached, its device part replayed from a
+        CUDA graph per row count: the host resolves and packs the slots, the graph
+        copies them up, gathers and runs the GEMM; the scaled sum follows eagerly."""
+        key = (-1, batch.n, False)  # -1: a slot upload, not tokens
+        step = self._graphs.get(key)
+        if step is None:
+            step = self._graphs[key] = StaticStep(self, key, with_sum=False)
+        try:
+            self._pack_slots(step.buf.host(), batch)
+            self._after_caches()
+            step.launch()
+            if out is None:
+                out = self._xp.empty((batch.n, self.dims.hidden_size), dtype=BF16)
+            scale_sum(step.words, step.proj, float(1 + self.dims.num_tables), out=out)
+        finally:
+            self._end_batches()
+        return out
+
+    def _resolve(self, batch: NgramBatch, ids: Any, host_ids: Any) -> Any:
+        """Arena slots replace the cached tables' rows of ``ids`` (in place). Returns
+        the word table's slots when it is cached, else None."""
+        xp = self._xp
+        slots, word_slots = self._resolve_host(batch, host_ids)
+        if slots.shape[0]:
+            ids[self._cached_index] = slots if xp is np else xp.asarray(slots)
+        if word_slots is None or xp is np:
+            return word_slots
+        return xp.asarray(word_slots)
+
+    def _resolve_host(
+        self, batch: NgramBatch, host_ids: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """One ``resolve_host`` per cache: the cached n-gram tables' slots (int64
+        ``[len(cached_list), n]``, from their host ids ``host_ids`` in that order) and
+        the word table's slots (int32[n], or None when it is resident)."""
         n = batch.n
+        out = np.empty((len(self._cached_list), n), dtype=np.int64)
         word_slots = None
         host_word = None
-        for cache, members, offsets, rows_at, rows_index in self._groups:
+        for cache, members, offsets, pos in self._groups:
             if members == self._cached_list:  # one cache holds every cached n-gram table
-                gid = (host_ids + offsets[:, None]).ravel()
-                slots = cache.resolve(gid).reshape(len(members), n)
-                ids[rows_index] = slots
-                continue
-            parts = []
-            for m in members:  # members of one cache (<= T + 1), vectorized over rows
-                if m < 0:
-                    if host_word is None:  # host tokens: no copy back from the device
-                        host_word = word_ids.get() if batch.on_device else batch.word_ids
-                    parts.append(host_word)
-                else:
-                    parts.append(host_ids[self._cached_pos[m]])
-            gid = np.concatenate(parts) if len(parts) > 1 else parts[0]
-            if offsets.any():
-                gid = gid + np.repeat(offsets, n)
-            slots = cache.resolve(gid).reshape(len(members), n)
-            if rows_at is not None:
-                ids[rows_index] = slots[rows_at]
+                gid = host_ids + offsets[:, None]
+            else:
+                parts = []
+                for m in members:  # members of one cache (<= T + 1), vectorized over rows
+                    if m < 0:
+                        if host_word is None:  # host tokens: no copy back from the device
+                            w = batch.word_ids
+                            host_word = w.get() if batch.on_device else np.asarray(w)
+                        parts.append(host_word)
+                    else:
+                        parts.append(host_ids[self._cached_pos[m]])
+                gid = np.stack(parts).astype(np.int64, copy=False) + offsets[:, None]
+            slots = cache.resolve_host(gid.ravel()).reshape(len(members), n)
+            if pos.size:
+                out[pos] = slots[: pos.size]
             if members[-1] < 0:
                 word_slots = slots[-1]
-        return word_slots
+        return out, word_slots
 
     def _hash_all(self, batch: NgramBatch) -> Any:
         """Ids of every position of the batch: int64[T, L_total] on this device."""
@@ -637,7 +736,10 @@ class NgramEmbedding:
     def _issue_step(self, step: StaticStep) -> None:
         """``step``'s work on the current stream (capturable): upload, hash + gathers,
         GEMM, and with ``step.with_sum`` the scaled sum into ``step.out``."""
-        self._upload_gather(step.buf, step.buf.hosts[0], step.shape, step.stack, step.words)
+        if step.shape.length < 0:  # a slot upload (every n-gram table cached)
+            self._upload_slots(step.buf, step.buf.hosts[0], step.shape.n, step.stack, step.words)
+        else:
+            self._upload_gather(step.buf, step.buf.hosts[0], step.shape, step.stack, step.words)
         gemm_bf16_f32_parts(step.stack, self._wcat, out=step.proj)
         if step.with_sum:
             scale_sum(step.words, step.proj, float(1 + self.dims.num_tables), out=step.out)
@@ -741,7 +843,9 @@ class StaticStep:
         self.shape = _Shape(L, n, multi)
         self.with_sum = with_sum
         dims = emb.dims
-        self.buf = _DeviceStep(emb._xp, dims.num_tables, L, n, emb._staging_shapes(n), out=with_sum)
+        self.buf = _DeviceStep(
+            emb._xp, dims.num_tables, max(L, 0), n, emb._staging_shapes(n), out=with_sum
+        )
         self.stack: Any = self.buf.stack
         self.proj: Any = self.buf.proj
         self.words: Any = self.buf.words
@@ -849,7 +953,8 @@ class _DeviceStep:
         import cupyx
 
         self.cap_len, self.cap_rows = cap_len, cap_rows
-        words = 2 * cap_len + 2 * cap_rows
+        # [tokens | word ids | starts | positions], or [slots T*n | word ids | word slots]
+        words = max(2 * cap_len + 2 * cap_rows, (T + 2) * cap_rows)
         ring = 1 if staging is not None else 2  # a graph's copy node reads one fixed buffer
         self.hosts = [cupyx.empty_pinned(max(words, 1), dtype=np.int64) for _ in range(ring)]
         self._events: list[Any] = [None] * ring

@@ -331,6 +331,24 @@ class NgramRowCache:
                 return self._to_device(out)
         return out
 
+    def resolve_host(self, row_ids: Any) -> np.ndarray:
+        """:meth:`resolve`, with the slots left on the host: int32[n] (numpy).
+
+        For callers that pack the slots into their own upload (one copy per step
+        with their other inputs). On ``device="cuda"`` the faulted rows are written
+        into the arena on the cache's stream, so gathers of these slots must be issued
+        on that stream (or wait on it). Pinned until :meth:`end_batch`, like
+        :meth:`resolve`.
+        """
+        ids = check_row_ids(row_ids, self.rows)
+        with self._lock:
+            return self._resolve_unique(ids)
+
+    @property
+    def stream(self) -> Any:
+        """The CUDA stream the cache writes the arena on (``device="cuda"``), else None."""
+        return getattr(self, "_stream", None)
+
     def end_batch(self) -> None:
         """Unpin every slot pinned since the last ``end_batch``; the next batch begins."""
         with self._lock:

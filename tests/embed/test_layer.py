@@ -595,13 +595,13 @@ def _shared_cache_model(rng, tmp_path, *, slots_frac=0.3, dtype="bf16", device="
 
 def _count_resolves(monkeypatch, cache):
     calls = []
-    real = cache.resolve
+    real = cache.resolve_host
 
     def counting(ids):
         calls.append(int(np.asarray(ids).shape[0]))
         return real(ids)
 
-    monkeypatch.setattr(cache, "resolve", counting)
+    monkeypatch.setattr(cache, "resolve_host", counting)
     return calls
 
 
@@ -685,6 +685,15 @@ def test_layer_gpu_packed_and_shared_cache(rng, tmp_path):
         cached = NgramEmbedding(
             DIMS, cp.asarray(word), [CachedTable(shared, k) for k in range(4)], projs
         )
+        # every n-gram table cached and the word table cached too, the device part of
+        # each step replayed from a graph (slots resolved on the host, one upload)
+        graphed = NgramEmbedding(
+            DIMS,
+            CachedTable(word_cache),
+            [CachedTable(shared, k) for k in range(4)],
+            projs,
+            cuda_graphs=True,
+        )
         mixed = NgramEmbedding(
             DIMS,
             CachedTable(word_cache),
@@ -705,6 +714,9 @@ def test_layer_gpu_packed_and_shared_cache(rng, tmp_path):
             np.testing.assert_array_equal(
                 cp.asnumpy(mixed.embed_packed(batch)).view(np.uint16), want
             )
+            np.testing.assert_array_equal(
+                cp.asnumpy(graphed.embed_packed(batch)).view(np.uint16), want
+            )
             ref = cpu.embed_packed(batch).astype(np.float32)
             np.testing.assert_allclose(
                 want.view(BF16).astype(np.float32), ref, rtol=2e-2, atol=1e-5
@@ -713,6 +725,10 @@ def test_layer_gpu_packed_and_shared_cache(rng, tmp_path):
         with pytest.raises(ConfigError, match=r"contexts\[1\]\[1\] = 1000"):
             eager.embed_batch([cp.asarray(x[0][:3]), cp.asarray(np.array([1, 1000]))], [1, 1])
         assert shared.pinned == 0 and word_cache.pinned == 0
+        assert sorted(k for k, g in graphed._graphs.items() if g.graph is not None) == [
+            (-1, S, False)
+        ]
+        assert shared.stats().misses > 0  # the graphed steps faulted rows in as well
     finally:
         store.close()
 

@@ -325,6 +325,21 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
             )
         except Exception as exc:  # a failed capture leaves the eager figure as the claim's
             print(f"CUDA graph capture of the {path} path failed ({type(exc).__name__}: {exc})")
+    # Floors to read those figures against: a graph of one tiny kernel (what timing a
+    # replay costs), the mma path with no row routed (launch and routing only), and a
+    # device copy of as many bytes as the routed adapters' rows (HBM read + write).
+    res["graph_floor_ms"] = graph_ms(lambda: sink.fill(0))
+    unrouted = cp.full(B, -1, dtype=cp.int32)
+    ov.lmhead_path = "mma"
+    res["lmhead_graph_mma_unrouted_ms"] = graph_ms(
+        lambda: ov.apply_lmhead(hidden, logits, seq_slot=unrouted)
+    )
+    nbytes = len(set(slots_h.tolist())) * args.overrides * H * 2
+    src, dst = cp.ones(nbytes, dtype=cp.uint8), cp.empty(nbytes, dtype=cp.uint8)
+    res["copy_rows_ms"] = graph_ms(lambda: cp.copyto(dst, src))
+    print(f"floors (graph): one tiny kernel {res['graph_floor_ms']:.4f} ms, mma path with no "
+          f"row routed {res['lmhead_graph_mma_unrouted_ms']:.4f} ms, copy of "
+          f"{nbytes / 1e6:.1f} MB {res['copy_rows_ms']:.4f} ms")  # fmt: skip
     res["overlay_graph_ms"] = None
     if graphs:
         res["lmhead_path"] = min(graphs, key=graphs.__getitem__)

@@ -413,6 +413,21 @@ __device__ __forceinline__ void cp_async_wait_all() {
     asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
+// Wait until at most n of this thread's cp.async groups are pending (an immediate in PTX:
+// larger n wait for more than needed, which is only slower).
+__device__ __forceinline__ void cp_async_wait_pending(int n) {
+    switch (n) {
+        case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+        case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+        case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+        case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+        case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
+        case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
+        case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
+        default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
+    }
+}
+
 // d += A (16x16, row) * B (16x8, col); bf16 inputs, f32 accumulators.
 __device__ __forceinline__ void mma_bf16_16816(float* d, unsigned int a0, unsigned int a1,
                                                unsigned int a2, unsigned int a3,
@@ -465,6 +480,18 @@ __device__ __forceinline__ void lmhead_mma_impl(
     const int t = lane & 3;
     const int kb_per_warp = ((K + 31) / 32 + W - 1) / W;  // k-blocks kb = 32 (warp + i W)
     const int rounds = (kb_per_warp + round_kb - 1) / round_kb;
+    // The first chunk's slots, loaded before the tile table (no dependency between them).
+    const int slot_first =
+        threadIdx.x < n_rows ? (seq_slot ? seq_slot[threadIdx.x] : active) : -1;
+    // The blocks together ask L2 for all hidden rows (each line once): the warps' loads of
+    // routed rows then hit L2 instead of waiting on HBM one k-block after another.
+    {
+        const char* hb = reinterpret_cast<const char*>(hidden);
+        const long long hbytes = n_rows * K * 2LL;
+        for (long long o = ((long long)blockIdx.x * NT + threadIdx.x) * 128; o < hbytes;
+             o += (long long)gridDim.x * NT * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(hb + o));
+    }
 
     for (int seg = 0; seg < T;) {
         const long long tile0 = (long long)blockIdx.x * T + seg;
@@ -487,24 +514,27 @@ __device__ __forceinline__ void lmhead_mma_impl(
             arow[tt][1] = tile_rows + (long long)(16 * tt + g + 8) * K;
         }
         // This lane's chunks of round r (k-blocks r * round_kb ...) into its slots.
+        // One cp.async group per U k-blocks, so the first k-blocks can be used while
+        // the rest are still on their way.
         auto issue_round = [&](int r) {
             for (int i = 0; i < round_kb; ++i) {
                 const int kb = (warp + (r * round_kb + i) * W) * 32;
-                if (r * round_kb + i >= kb_per_warp || kb >= K) break;
-                const int k = kb + 8 * t;
+                if (r * round_kb + i < kb_per_warp && kb < K) {
+                    const int k = kb + 8 * t;
 #pragma unroll
-                for (int tt = 0; tt < T; ++tt)
+                    for (int tt = 0; tt < T; ++tt)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        if (tt >= n_ok) continue;
-                        uint4* dst = slots + ((i * T + tt) * 2 + h) * NT + threadIdx.x;
-                        if (vec && kb + 32 <= K)  // uniform in the warp
-                            cp_async16(dst, arow[tt][h] + k);
-                        else
-                            *dst = load_chunk8(arow[tt][h], k, K, vec);
-                    }
+                        for (int h = 0; h < 2; ++h) {
+                            if (tt >= n_ok) continue;
+                            uint4* dst = slots + ((i * T + tt) * 2 + h) * NT + threadIdx.x;
+                            if (vec && kb + 32 <= K)  // uniform in the warp
+                                cp_async16(dst, arow[tt][h] + k);
+                            else
+                                *dst = load_chunk8(arow[tt][h], k, K, vec);
+                        }
+                }
+                if (i % U == U - 1 || i == round_kb - 1) cp_async_commit();
             }
-            cp_async_commit();
         };
         int staged = -1;  // the round now in (or on its way to) this lane's slots
         if (early) {
@@ -515,7 +545,8 @@ __device__ __forceinline__ void lmhead_mma_impl(
         for (long long c0 = 0; c0 < n_rows; c0 += NT) {
             // Rows c0 .. c0 + NT - 1 routed to s, compacted in ascending order.
             const long long r = c0 + threadIdx.x;
-            const bool mine = r < n_rows && (seq_slot ? seq_slot[r] : active) == s;
+            const bool mine =
+                r < n_rows && (c0 == 0 ? slot_first : (seq_slot ? seq_slot[r] : active)) == s;
             const unsigned int bal = __ballot_sync(FULL_MASK, mine);
             if (lane == 0) warp_count[warp] = __popc(bal);
             __syncthreads();
@@ -553,7 +584,7 @@ __device__ __forceinline__ void lmhead_mma_impl(
                         staged = rd;
                     }
                     const int nkb = min(round_kb, kb_per_warp - rd * round_kb);
-                    bool waited = false;
+                    const int groups = (round_kb + U - 1) / U;  // committed per round
                     for (int i0 = 0; i0 < nkb; i0 += U) {
                         // The hidden rows' chunks of U k-blocks, issued before any wait;
                         // whole 16-byte loads unless a block reaches past K (or !vec).
@@ -581,10 +612,9 @@ __device__ __forceinline__ void lmhead_mma_impl(
                                                    : make_uint4(0u, 0u, 0u, 0u);
                             }
                         }
-                        if (!waited) {
-                            cp_async_wait_all();  // this lane's own chunks: no barrier needed
-                            waited = true;
-                        }
+                        // This lane's own chunks of these k-blocks (no barrier needed); a
+                        // no-op once the round is in shared memory (later passes).
+                        cp_async_wait_pending(groups - 1 - i0 / U);
 #pragma unroll
                         for (int u = 0; u < U; ++u) {
                             const int kb = (warp + (rd * round_kb + i0 + u) * W) * 32;

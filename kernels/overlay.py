@@ -1096,6 +1096,8 @@ def _mma_kernel_on(name: str, tiles: int, device_id: int) -> Any:
     # Above 48 KiB of dynamic shared memory a kernel must opt in, once per device (not a
     # stream operation: done at first use, before any capture).
     kern.max_dynamic_shared_size_bytes = tiles * _MMA_SMEM_PER_TILE
+    # All of the SM's unified L1/shared memory as shared, so that two 1-tile blocks fit.
+    kern.preferred_shared_memory_carveout = 100
     return kern
 
 

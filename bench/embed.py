@@ -49,7 +49,7 @@ from embed.context import NgramContext
 from embed.dims import NgramDims
 from embed.layer import NgramEmbedding
 from embed.tables import Bf16Table, CachedTable, Fp8Table
-from kernels.ngram import gemm_bf16_f32, gemm_bf16_f32_parts, split_k
+from kernels.ngram import copy_from_mapped, gemm_bf16_f32, gemm_bf16_f32_parts, split_k
 from kernels.reference import BF16
 
 DECODE_BATCHES = (1, 64, 256)
@@ -210,14 +210,7 @@ def _step_parts(emb: NgramEmbedding, step: Any) -> dict[str, Callable[[], Any]]:
     words = 2 * sh.length + 2 * sh.n if sh.num_seqs > 1 else sh.length
 
     def upload() -> None:
-        xp = emb._xp
-        xp.cuda.runtime.memcpyAsync(
-            step.buf.dev.data.ptr,
-            step.buf.hosts[0].ctypes.data,
-            8 * words,
-            1,
-            xp.cuda.get_current_stream().ptr,
-        )
+        copy_from_mapped(step.buf.hosts[0].ctypes.data, step.buf.dev, words)
 
     return {
         "upload": upload,

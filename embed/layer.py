@@ -26,6 +26,7 @@ from kernels._cuda import get_kernel, is_device_array, launch_1d, require_cupy
 from kernels.ngram import (
     StackedTables,
     TokenRangeError,
+    copy_from_mapped,
     gather_stacked,
     gemm_bf16_f32_parts,
     hash_gather,
@@ -47,7 +48,6 @@ _TABLE_TYPES = (Bf16Table, Fp8Table, CachedTable)
 # whole; 256 rows gain 1 us, less than the wider scaled sum costs.
 GEMM_SPLITS = ((16, 4),)
 GEMM_SPLITS_MAX = max(s for _, s in GEMM_SPLITS)
-_H2D = 1  # cudaMemcpyHostToDevice
 
 
 def _as_table(name: str, t: Any) -> Any:
@@ -502,11 +502,8 @@ class NgramEmbedding:
         """Copy a packed slot upload into ``buf.dev`` and gather the arena rows into
         ``stack`` and the word rows into ``words`` (no allocation, no sync:
         capturable). Returns the word ids (int64[n], device)."""
-        cp = self._xp
         T = self.dims.num_tables
-        stream = cp.cuda.get_current_stream()
-        k = T * n + 2 * n
-        cp.cuda.runtime.memcpyAsync(buf.dev.data.ptr, host.ctypes.data, 8 * k, _H2D, stream.ptr)
+        copy_from_mapped(host.ctypes.data, buf.dev, T * n + 2 * n)
         assert self._stacked is not None
         gather_stacked(buf.dev[: T * n].reshape(T, n), self._stacked, stack)
         word_ids = buf.dev[T * n : T * n + n]
@@ -667,13 +664,9 @@ class NgramEmbedding:
         one launch; no allocation, no sync: capturable). Returns the word ids
         (int64[n], device). ``batch`` may be a :class:`_Shape` when ``host`` is
         already packed."""
-        cp = self._xp
         L, n, multi = batch.length, batch.n, batch.num_seqs > 1
         k = _pack(host, batch) if isinstance(batch, NgramBatch) else _words(L, n, multi)
-        stream = cp.cuda.get_current_stream()
-        # the runtime call itself: cupy refuses ndarray.set while a stream captures,
-        # but a copy from pinned memory is a legal graph node
-        cp.cuda.runtime.memcpyAsync(buf.dev.data.ptr, host.ctypes.data, 8 * k, _H2D, stream.ptr)
+        copy_from_mapped(host.ctypes.data, buf.dev, k)
         assert self._stacked is not None and self._word_stacked is not None
         tok = buf.dev[:L]
         hash_gather(
@@ -950,13 +943,16 @@ class _DeviceStep:
         staging: tuple[tuple[int, int], int, int] | None = None,
         out: bool = False,
     ) -> None:
-        import cupyx
-
         self.cap_len, self.cap_rows = cap_len, cap_rows
         # [tokens | word ids | starts | positions], or [slots T*n | word ids | word slots]
         words = max(2 * cap_len + 2 * cap_rows, (T + 2) * cap_rows)
         ring = 1 if staging is not None else 2  # a graph's copy node reads one fixed buffer
-        self.hosts = [cupyx.empty_pinned(max(words, 1), dtype=np.int64) for _ in range(ring)]
+        # mapped pinned buffers: a step's kernel reads its upload straight from them
+        self._mem = [
+            cp.cuda.PinnedMemory(8 * max(words, 1), cp.cuda.runtime.hostAllocMapped)
+            for _ in range(ring)
+        ]
+        self.hosts = [np.frombuffer(m, dtype=np.int64, count=max(words, 1)) for m in self._mem]
         self._events: list[Any] = [None] * ring
         self._next = 0
         self.dev = cp.empty(max(words, 1), dtype=cp.int64)

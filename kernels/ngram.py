@@ -384,6 +384,22 @@ def hash_gather(
     return out, words
 
 
+def copy_from_mapped(src_ptr: int, dst: Any, n: int) -> None:
+    """``dst[:n] = src[:n]`` (int64 words) on the GPU by a kernel reading host memory.
+
+    ``src_ptr`` is the address of mapped pinned host memory (``cudaHostAllocMapped``;
+    with unified addressing the host address is the device address), ``dst`` a cupy
+    int64 array. Capturable (no allocation, no sync). For uploads of a few kilobytes a
+    kernel that reads over PCIe finishes in one round trip, where a DMA copy node of a
+    graph costs ~10 us; the caller must not rewrite ``src`` until the kernel ran.
+    """
+    if n <= 0:
+        return
+    block = 256
+    grid = (min(-(-n // block), 1024),)
+    get_kernel(_SOURCE, "ngram_copy_words")(grid, (block,), (np.uint64(src_ptr), dst, np.int64(n)))
+
+
 # --- the projection GEMM ------------------------------------------------------
 def gemm_bf16_f32_reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``float32(a) @ float32(b)``: a bfloat16[n, k], b bfloat16 or float32[k, m] -> float32[n, m]."""
@@ -612,6 +628,7 @@ def scale_sum(word: Any, proj: Any, denom: float, out: Any = None) -> Any:
 __all__ = [
     "StackedTables",
     "TokenRangeError",
+    "copy_from_mapped",
     "gather_stacked",
     "gather_stacked_reference",
     "gemm_bf16_f32",

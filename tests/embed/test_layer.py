@@ -954,3 +954,19 @@ def test_layer_gpu_gemm_splits_paths_bit_identical(rng, splits):
         np.testing.assert_array_equal(_bits(cp.asnumpy(graphs.embed_packed(batch))), want)
         ref = cpu.embed_packed(batch).astype(np.float32)
         np.testing.assert_allclose(want.view(BF16).astype(np.float32), ref, rtol=2e-2, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 7, 640, 70_000])
+def test_copy_from_mapped_gpu(rng, n):
+    import cupy as cp
+
+    from kernels.ngram import copy_from_mapped
+
+    mem = cp.cuda.PinnedMemory(8 * n, cp.cuda.runtime.hostAllocMapped)
+    host = np.ndarray((n,), np.int64, buffer=cp.cuda.PinnedMemoryPointer(mem, 0))
+    host[:] = rng.integers(-(2**62), 2**62, size=n)
+    dst = cp.full(n + 1, 5, dtype=cp.int64)
+    copy_from_mapped(host.ctypes.data, dst, n)
+    np.testing.assert_array_equal(cp.asnumpy(dst[:n]), host)
+    assert int(dst[n]) == 5

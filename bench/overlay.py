@@ -301,7 +301,7 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
     ov.lmhead_mma_config = MMA_CONFIGS[list(configs).index(best_mma)]
     res["lmhead_mma_configs_graph_ms"], res["lmhead_mma_config"] = configs, best_mma
     res["lmhead_mma_ms"] = median_ms(lambda: ov.apply_lmhead(hidden, logits, seq_slot=slots))
-    print("apply_lmhead mma path by config (tiles, warps, early; graph): "
+    print("apply_lmhead mma path by config (tiles, warps, stages; graph): "
           + ", ".join(f"{k} {v:.4f} ms" for k, v in configs.items()))  # fmt: skip
     paths = {
         "warp": res["lmhead_warp_ms"],

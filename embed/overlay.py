@@ -311,8 +311,8 @@ class TokenOverlay:
         self._lmhead_path = path
 
     @property
-    def lmhead_mma_config(self) -> tuple[int, int, bool]:
-        """GPU tuning knob of the mma path: (16-row tiles, warps, early loads) per block.
+    def lmhead_mma_config(self) -> tuple[int, int, int]:
+        """GPU tuning knob of the mma path: (16-row tiles, warps, ring stages) per block.
 
         One of ``kernels.overlay.MMA_CONFIGS``; results agree to float32 rounding. Change
         it between steps, not inside a captured CUDA graph.
@@ -320,14 +320,14 @@ class TokenOverlay:
         return self._lmhead_mma_config
 
     @lmhead_mma_config.setter
-    def lmhead_mma_config(self, config: tuple[int, int, bool]) -> None:
+    def lmhead_mma_config(self, config: tuple[int, int, int]) -> None:
         try:
             c = tuple(config)
         except TypeError:
             c = ()
         if len(c) != 3 or c not in MMA_CONFIGS or any(isinstance(v, float) for v in c):
             raise ConfigError(f"lmhead_mma_config must be one of {MMA_CONFIGS}, got {config!r}")
-        self._lmhead_mma_config = (int(c[0]), int(c[1]), bool(c[2]))
+        self._lmhead_mma_config = (int(c[0]), int(c[1]), int(c[2]))
 
     @property
     def lmhead_generation(self) -> int:

@@ -354,9 +354,9 @@ extern "C" __global__ void lmhead_overlay_scatter_bf16(
 }
 
 // ---------------------------------------------------------------------------------
-// lmhead_overlay_mma_{f32,bf16}_t{T}w{W}(hidden, seq_slot, active, n_rows, hidden_size,
-//     rows_all, ids_all, tile_adapter, num_tiles, num_adapters, n_cols, vec, round_kb,
-//     early, logits)
+// lmhead_overlay_mma_{f32,bf16}_t{T}w{W}d{D}(hidden, seq_slot, active, n_rows,
+//     hidden_size, rows_all, ids_all, tile_adapter, num_tiles, num_adapters, n_cols, vec,
+//     logits)
 // The tensor-core path: one kernel reads every routed adapter's packed LM-head rows once.
 //   hidden       : bf16[n_rows, hidden_size]
 //   seq_slot     : int32[n_rows] or nullptr (then every row uses `active`)
@@ -369,24 +369,22 @@ extern "C" __global__ void lmhead_overlay_scatter_bf16(
 //                  adapter s = tile_adapter[c / 16] (0 <= s < num_adapters), skipping ids
 //                  < 0 or >= n_cols
 //   vec          : 1 when hidden_size % 8 == 0 and hidden, rows_all are 16-byte aligned
-//   round_kb     : k-blocks (of 32 columns) per warp staged in shared memory at once; the
-//                  dynamic shared memory is round_kb * 2T * 32W * 16 bytes
-//   early        : 1 to start loading the tile(s) before the routing is known
+// Dynamic shared memory: D * (2T + 4) * 32W * 16 bytes.
 // Block b owns tiles T*b .. T*b+T-1, W warps; runs of tiles of one adapter s are handled
-// in turn (one run when adapters' blocks are aligned to T tiles). Each lane copies the
-// 16-byte chunks of the tile rows it will use (rows g and g + 8 of each tile, columns
-// kb + 8t .. kb + 8t + 7 of each of its warp's k-blocks kb) into its own shared-memory
-// slots with cp.async: the whole tile is in flight at once without holding registers,
-// and no barrier is needed (a lane reads only what it copied). The block compacts the
+// in turn (one run when adapters' blocks are aligned to T tiles). The block compacts the
 // rows routed to s (ballots, ascending row order, chunks of 32W rows); for each group of
-// up to 32 routed rows the warps split K by k-blocks and run mma.sync m16n8k16 (bf16 in,
-// f32 accumulate): A = 16 tile rows from the slots, B = 8 routed hidden rows straight
-// from global memory (16-byte loads, U k-blocks ahead). The fragment registers are
-// filled from those vectors under one permutation of k shared by A and B (a dot product
-// does not care in which order k is summed). The warps' partial sums are added by a
-// fixed tree through shared memory, so results do not depend on timing, and warp 0
-// stores them. Nothing is read outside the arrays: columns past hidden_size are zeros,
-// absent routed rows are zeros and never stored.
+// up to 32 routed rows the warps split K by k-blocks of 32 columns (warp w takes k-blocks
+// w, w + W, ...) and run mma.sync m16n8k16 (bf16 in, f32 accumulate): A = 16 tile rows,
+// B = 8 routed hidden rows. Each lane copies the 16-byte chunks it will use itself (rows
+// g and g + 8 of each tile and routed row g of each n-group, columns kb + 8t .. + 7) into
+// its own shared-memory slots with cp.async, through a ring of D k-blocks: D - 1 k-blocks
+// are in flight while one is multiplied, without registers held and without barriers (a
+// lane reads only what it copied). The fragment registers are filled from those vectors
+// under one permutation of k shared by A and B (a dot product does not care in which
+// order k is summed). The warps' partial sums are added by a fixed tree through shared
+// memory, so results do not depend on timing, and warp 0 stores them. Nothing is read
+// outside the arrays: columns past hidden_size are zeros, absent routed rows are zeros
+// and never stored.
 #define MMA_GROUP 32  // routed rows per pass (4 mma n-groups of 8)
 
 __device__ __forceinline__ uint4 load_chunk8(const bf16_bits* __restrict__ row, int k, int K,
@@ -411,21 +409,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 
 __device__ __forceinline__ void cp_async_wait_all() {
     asm volatile("cp.async.wait_all;" ::: "memory");
-}
-
-// Wait until at most n of this thread's cp.async groups are pending (an immediate in PTX:
-// larger n wait for more than needed, which is only slower).
-__device__ __forceinline__ void cp_async_wait_pending(int n) {
-    switch (n) {
-        case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-        case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-        case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-        case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-        case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
-        case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
-        case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
-        default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
-    }
 }
 
 // d += A (16x16, row) * B (16x8, col); bf16 inputs, f32 accumulators.
@@ -457,34 +440,36 @@ __device__ __forceinline__ void mma_kblock(float (&acc)[T][4][4], const uint4 (&
             }
 }
 
-template <typename LogitT, int T, int W>
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+template <typename LogitT, int T, int W, int D>
 __device__ __forceinline__ void lmhead_mma_impl(
     const bf16_bits* __restrict__ hidden, const int* __restrict__ seq_slot, int active,
     long long n_rows, int K, const bf16_bits* __restrict__ rows_all,
     const int* __restrict__ ids_all, const int* __restrict__ tile_adapter, long long num_tiles,
-    int num_adapters, long long n_cols, int vec, int round_kb, int early,
-    LogitT* __restrict__ logits) {
+    int num_adapters, long long n_cols, int vec, LogitT* __restrict__ logits) {
     constexpr int NT = W * 32;
     constexpr int MS = 16 * T + 4;  // row stride of `red` (the fragment stores hit distinct banks)
-    // k-blocks of hidden rows loaded ahead per warp (2 keeps t1w8 within 128 registers)
-    constexpr int U = (T == 1 && W == 8) ? 2 : 4;
     constexpr int HALF = W / 2;
+    constexpr int SLOTS = 2 * T + 4;  // chunks per lane per k-block: tile rows, routed rows
     __shared__ float red[HALF][MMA_GROUP][MS];
     __shared__ int rowlist[NT];
     __shared__ int warp_count[W];
-    extern __shared__ uint4 slots[];  // [round_kb][T][2][NT]: lane-private tile chunks
+    extern __shared__ uint4 slots[];  // [D][SLOTS][NT]: lane-private chunks, a ring
 
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2;
     const int t = lane & 3;
-    const int kb_per_warp = ((K + 31) / 32 + W - 1) / W;  // k-blocks kb = 32 (warp + i W)
-    const int rounds = (kb_per_warp + round_kb - 1) / round_kb;
+    const int kb_per_warp = ((K + 31) / 32 + W - 1) / W;  // k-blocks kb = 32 (warp + j W)
     // The first chunk's slots, loaded before the tile table (no dependency between them).
     const int slot_first =
         threadIdx.x < n_rows ? (seq_slot ? seq_slot[threadIdx.x] : active) : -1;
-    // The blocks together ask L2 for all hidden rows (each line once): the warps' loads of
-    // routed rows then hit L2 instead of waiting on HBM one k-block after another.
+    // The blocks together ask L2 for all hidden rows (each line once), so the routed
+    // rows' copies below find them there.
     {
         const char* hb = reinterpret_cast<const char*>(hidden);
         const long long hbytes = n_rows * K * 2LL;
@@ -512,34 +497,6 @@ __device__ __forceinline__ void lmhead_mma_impl(
         for (int tt = 0; tt < T; ++tt) {
             arow[tt][0] = tile_rows + (long long)(16 * tt + g) * K;
             arow[tt][1] = tile_rows + (long long)(16 * tt + g + 8) * K;
-        }
-        // This lane's chunks of round r (k-blocks r * round_kb ...) into its slots.
-        // One cp.async group per U k-blocks, so the first k-blocks can be used while
-        // the rest are still on their way.
-        auto issue_round = [&](int r) {
-            for (int i = 0; i < round_kb; ++i) {
-                const int kb = (warp + (r * round_kb + i) * W) * 32;
-                if (r * round_kb + i < kb_per_warp && kb < K) {
-                    const int k = kb + 8 * t;
-#pragma unroll
-                    for (int tt = 0; tt < T; ++tt)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            if (tt >= n_ok) continue;
-                            uint4* dst = slots + ((i * T + tt) * 2 + h) * NT + threadIdx.x;
-                            if (vec && kb + 32 <= K)  // uniform in the warp
-                                cp_async16(dst, arow[tt][h] + k);
-                            else
-                                *dst = load_chunk8(arow[tt][h], k, K, vec);
-                        }
-                }
-                if (i % U == U - 1 || i == round_kb - 1) cp_async_commit();
-            }
-        };
-        int staged = -1;  // the round now in (or on its way to) this lane's slots
-        if (early) {
-            issue_round(0);
-            staged = 0;
         }
 
         for (long long c0 = 0; c0 < n_rows; c0 += NT) {
@@ -571,6 +528,37 @@ __device__ __forceinline__ void lmhead_mma_impl(
                     bok[ng] = ng < ngroups && idx < total;
                     brow[ng] = hidden + (c0 + (bok[ng] ? rowlist[idx] : 0)) * (long long)K;
                 }
+                // This lane's chunks of its warp's j-th k-block into ring slot j % D (one
+                // cp.async group per k-block, empty past the last one).
+                auto issue = [&](int j) {
+                    const int kb = (warp + j * W) * 32;
+                    if (j < kb_per_warp && kb < K) {
+                        const int k = kb + 8 * t;
+                        const bool full = vec && kb + 32 <= K;  // uniform in the warp
+                        uint4* st = slots + (j % D) * SLOTS * NT + threadIdx.x;
+#pragma unroll
+                        for (int tt = 0; tt < T; ++tt)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                if (tt >= n_ok) continue;
+                                uint4* dst = st + (tt * 2 + h) * NT;
+                                if (full)
+                                    cp_async16(dst, arow[tt][h] + k);
+                                else
+                                    *dst = load_chunk8(arow[tt][h], k, K, vec);
+                            }
+#pragma unroll
+                        for (int ng = 0; ng < 4; ++ng) {
+                            if (!bok[ng]) continue;
+                            uint4* dst = st + (2 * T + ng) * NT;
+                            if (full)
+                                cp_async16(dst, brow[ng] + k);
+                            else
+                                *dst = load_chunk8(brow[ng], k, K, vec);
+                        }
+                    }
+                    cp_async_commit();
+                };
                 float acc[T][4][4];
 #pragma unroll
                 for (int tt = 0; tt < T; ++tt)
@@ -578,60 +566,27 @@ __device__ __forceinline__ void lmhead_mma_impl(
                     for (int ng = 0; ng < 4; ++ng)
 #pragma unroll
                         for (int e = 0; e < 4; ++e) acc[tt][ng][e] = 0.0f;
-                for (int rd = 0; rd < rounds; ++rd) {
-                    if (staged != rd) {  // only when K needs several rounds (or !early)
-                        issue_round(rd);
-                        staged = rd;
-                    }
-                    const int nkb = min(round_kb, kb_per_warp - rd * round_kb);
-                    const int groups = (round_kb + U - 1) / U;  // committed per round
-                    for (int i0 = 0; i0 < nkb; i0 += U) {
-                        // The hidden rows' chunks of U k-blocks, issued before any wait;
-                        // whole 16-byte loads unless a block reaches past K (or !vec).
-                        uint4 b[U][4];
-                        const int kb_last = (warp + (rd * round_kb + i0 + U - 1) * W) * 32;
-                        if (vec && i0 + U <= nkb && kb_last + 32 <= K) {
 #pragma unroll
-                            for (int u = 0; u < U; ++u) {
-                                const int k = (warp + (rd * round_kb + i0 + u) * W) * 32 + 8 * t;
+                for (int j = 0; j < D - 1; ++j) issue(j);
+                for (int j = 0; j < kb_per_warp; ++j) {
+                    issue(j + D - 1);  // overwrites the slot read in iteration j - 1
+                    cp_async_wait_group<D - 1>();  // k-block j has landed
+                    if ((warp + j * W) * 32 >= K) continue;  // uniform in the warp
+                    const uint4* st = slots + (j % D) * SLOTS * NT + threadIdx.x;
+                    uint4 a[T][2];
+                    uint4 b[4];
 #pragma unroll
-                                for (int ng = 0; ng < 4; ++ng)
-                                    b[u][ng] = bok[ng] ? __ldg(reinterpret_cast<const uint4*>(
-                                                             brow[ng] + k))
-                                                       : make_uint4(0u, 0u, 0u, 0u);
-                            }
-                        } else {
+                    for (int tt = 0; tt < T; ++tt)
 #pragma unroll
-                            for (int u = 0; u < U; ++u) {
-                                const int kb = (warp + (rd * round_kb + i0 + u) * W) * 32;
-                                const bool ok = i0 + u < nkb && kb < K;
+                        for (int h = 0; h < 2; ++h)
+                            a[tt][h] =
+                                tt < n_ok ? st[(tt * 2 + h) * NT] : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-                                for (int ng = 0; ng < 4; ++ng)
-                                    b[u][ng] = (ok && bok[ng])
-                                                   ? load_chunk8(brow[ng], kb + 8 * t, K, vec)
-                                                   : make_uint4(0u, 0u, 0u, 0u);
-                            }
-                        }
-                        // This lane's own chunks of these k-blocks (no barrier needed); a
-                        // no-op once the round is in shared memory (later passes).
-                        cp_async_wait_pending(groups - 1 - i0 / U);
-#pragma unroll
-                        for (int u = 0; u < U; ++u) {
-                            const int kb = (warp + (rd * round_kb + i0 + u) * W) * 32;
-                            if (i0 + u >= nkb || kb >= K) break;  // uniform in the warp
-                            uint4 a[T][2];
-#pragma unroll
-                            for (int tt = 0; tt < T; ++tt)
-#pragma unroll
-                                for (int h = 0; h < 2; ++h)
-                                    a[tt][h] = tt < n_ok
-                                                   ? slots[(((i0 + u) * T + tt) * 2 + h) * NT +
-                                                           threadIdx.x]
-                                                   : make_uint4(0u, 0u, 0u, 0u);
-                            mma_kblock<T>(acc, a, b[u], n_ok, ngroups);
-                        }
-                    }
+                    for (int ng = 0; ng < 4; ++ng)
+                        b[ng] = bok[ng] ? st[(2 * T + ng) * NT] : make_uint4(0u, 0u, 0u, 0u);
+                    mma_kblock<T>(acc, a, b, n_ok, ngroups);
                 }
+                cp_async_wait_all();  // (only empty groups are left) the ring is free
                 // Tree sum over warps: w += w + half, half = W/2 .. 1 (a fixed order).
                 // acc[tt][ng]: (m, n) = (16tt + g, 8ng + 2t), (.., +1), (+8, ..), (+8, +1)
 #pragma unroll
@@ -683,24 +638,25 @@ __device__ __forceinline__ void lmhead_mma_impl(
                 }
             }
         }
-        cp_async_wait_all();  // nothing in flight into the slots past this run
     }
 }
 
-#define LMHEAD_MMA_ENTRY(NAME, LT, T, W)                                                       \
-    extern "C" __global__ void __launch_bounds__(W * 32, (T == 1) ? 2 : 1)                     \
+#define LMHEAD_MMA_ENTRY(NAME, LT, T, W, D)                                                    \
+    extern "C" __global__ void __launch_bounds__(W * 32)                                       \
         NAME(const bf16_bits* hidden, const int* seq_slot, int active, long long n_rows,       \
              int hidden_size, const bf16_bits* rows_all, const int* ids_all,                   \
              const int* tile_adapter, long long num_tiles, int num_adapters, long long n_cols, \
-             int vec, int round_kb, int early, LT* logits) {                                   \
-        lmhead_mma_impl<LT, T, W>(hidden, seq_slot, active, n_rows, hidden_size, rows_all,     \
-                                  ids_all, tile_adapter, num_tiles, num_adapters, n_cols, vec, \
-                                  round_kb, early, logits);                                    \
+             int vec, LT* logits) {                                                            \
+        lmhead_mma_impl<LT, T, W, D>(hidden, seq_slot, active, n_rows, hidden_size, rows_all,  \
+                                     ids_all, tile_adapter, num_tiles, num_adapters, n_cols,   \
+                                     vec, logits);                                             \
     }
 
-LMHEAD_MMA_ENTRY(lmhead_overlay_mma_f32_t1w8, float, 1, 8)
-LMHEAD_MMA_ENTRY(lmhead_overlay_mma_f32_t2w8, float, 2, 8)
-LMHEAD_MMA_ENTRY(lmhead_overlay_mma_f32_t1w4, float, 1, 4)
-LMHEAD_MMA_ENTRY(lmhead_overlay_mma_bf16_t1w8, bf16_bits, 1, 8)
-LMHEAD_MMA_ENTRY(lmhead_overlay_mma_bf16_t2w8, bf16_bits, 2, 8)
-LMHEAD_MMA_ENTRY(lmhead_overlay_mma_bf16_t1w4, bf16_bits, 1, 4)
+LMHEAD_MMA_ENTRY(lmhead_overlay_mma_f32_t1w8d4, float, 1, 8, 4)
+LMHEAD_MMA_ENTRY(lmhead_overlay_mma_f32_t1w4d8, float, 1, 4, 8)
+LMHEAD_MMA_ENTRY(lmhead_overlay_mma_f32_t2w4d6, float, 2, 4, 6)
+LMHEAD_MMA_ENTRY(lmhead_overlay_mma_f32_t2w8d4, float, 2, 8, 4)
+LMHEAD_MMA_ENTRY(lmhead_overlay_mma_bf16_t1w8d4, bf16_bits, 1, 8, 4)
+LMHEAD_MMA_ENTRY(lmhead_overlay_mma_bf16_t1w4d8, bf16_bits, 1, 4, 8)
+LMHEAD_MMA_ENTRY(lmhead_overlay_mma_bf16_t2w4d6, bf16_bits, 2, 4, 6)
+LMHEAD_MMA_ENTRY(lmhead_overlay_mma_bf16_t2w8d4, bf16_bits, 2, 8, 4)

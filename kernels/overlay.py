@@ -13,6 +13,7 @@ import ctypes
 import functools
 import operator
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,20 +35,17 @@ KERNEL_NAMES = (
     "lmhead_overlay_scatter_f32",
     "lmhead_overlay_scatter_bf16",
 )
-# The tensor-core ("mma") path: (16-row tiles, warps) per block, times early loads on/off.
+# The tensor-core ("mma") path's kernels: (16-row tiles, warps, ring stages) per block.
+# Each lane has a ring of `stages` k-blocks of shared memory (2 * tiles + 4 chunks of 16
+# bytes each); all four configs take 96-128 KiB per block.
 MMA_TILE = 16  # rows of the packed table per tile; a tile holds one adapter's rows only
-MMA_SHAPES = ((1, 8), (2, 8), (1, 4))
-MMA_CONFIGS = tuple((t, w, early) for t, w in MMA_SHAPES for early in (True, False))
-DEFAULT_MMA_CONFIG = (1, 8, True)
-# Shared memory a block stages its tile(s) in (bytes per tile; K beyond what fits, 3,072
-# columns, goes in rounds). 96 KiB + the block's static arrays lets two 1-tile blocks
-# share an SM, so the 256 tiles of 4 x 1,000 rows are all in flight at once.
-_MMA_SMEM_PER_TILE = 96 << 10
+MMA_CONFIGS = ((1, 8, 4), (1, 4, 8), (2, 4, 6), (2, 8, 4))
+DEFAULT_MMA_CONFIG = (1, 8, 4)
 # Each adapter's block of the packed table starts at a multiple of this many rows, so a
-# block of the widest mma shape (2 tiles) never mixes adapters.
-MMA_ALIGN = MMA_TILE * max(t for t, _ in MMA_SHAPES)
+# block of the widest configs (2 tiles) never mixes adapters.
+MMA_ALIGN = MMA_TILE * max(c[0] for c in MMA_CONFIGS)
 MMA_KERNEL_NAMES = tuple(
-    f"lmhead_overlay_mma_{d}_t{t}w{w}" for d in ("f32", "bf16") for t, w in MMA_SHAPES
+    f"lmhead_overlay_mma_{d}_t{t}w{w}d{st}" for d in ("f32", "bf16") for t, w, st in MMA_CONFIGS
 )
 KERNEL_NAMES = KERNEL_NAMES + MMA_KERNEL_NAMES
 LMHEAD_PATHS = ("auto", "gemm", "mma", "warp")
@@ -552,7 +550,7 @@ def compile_overlay_kernels() -> None:
     for name in KERNEL_NAMES:
         get_kernel(SOURCE, name)
     for name in MMA_KERNEL_NAMES:  # and let the mma kernels use their shared memory
-        _mma_kernel(name, int(name.rsplit("_t", 1)[1].split("w")[0]))
+        _mma_kernel(name)
 
 
 def device_pointer_table(arrays: Sequence[Any]) -> Any:
@@ -1002,7 +1000,7 @@ def lmhead_overlay_mma(
     num_adapters: int,
     logits: Any,
     *,
-    config: tuple[int, int, bool] = DEFAULT_MMA_CONFIG,
+    config: tuple[int, int, int] = DEFAULT_MMA_CONFIG,
 ) -> Any:
     """GPU launcher of the LM-head overlay's tensor-core path; semantics of the reference.
 
@@ -1021,20 +1019,18 @@ def lmhead_overlay_mma(
     num_adapters : int
         L; rows routed outside ``[0, L)`` are untouched.
     logits : cupy float32 or bfloat16 [n, n_cols], C-contiguous; modified in place.
-    config : (tiles, warps, early), keyword-only, one of ``MMA_CONFIGS``
-        Tuning knob: 16-row tiles and warps per block, and whether a block starts
-        loading its tile(s) before it knows that any row is routed to them (hides the
-        routing's latency; reads the tiles of adapters no row is routed to as well).
-        Results depend on ``warps`` only, through the order of float32 sums.
+    config : (tiles, warps, stages), keyword-only, one of ``MMA_CONFIGS``
+        Tuning knob: 16-row tiles and warps per block, and the depth of each lane's
+        ring of k-blocks in flight. Results depend on ``warps`` only, through the order
+        of float32 sums.
 
-    One kernel, one block per ``tiles`` tiles (grid fixed by ``cap``): the block stages
-    its tile(s) in shared memory with ``cp.async`` (the whole tile in flight at once),
-    finds the rows routed to its tiles' adapter and computes their dot products with
-    the tiles' rows on tensor cores (``mma.sync`` m16n8k16, bf16 in, float32
-    accumulate): each tile is read from memory once (once per 32W routed rows when
-    hidden_size > 3,072), nothing for adapters no row is routed to unless ``early``.
-    Every argument stays fixed between steps except ``seq_slot``'s contents, so the
-    launch can be captured in a CUDA graph.
+    One kernel, one block per ``tiles`` tiles (grid fixed by ``cap``): the block finds
+    the rows routed to its tiles' adapter and computes their dot products with the
+    tiles' rows on tensor cores (``mma.sync`` m16n8k16, bf16 in, float32 accumulate),
+    the operands streamed into shared memory by ``cp.async`` several k-blocks ahead.
+    Each tile is read from memory once per 32 rows routed to its adapter, and not at
+    all when none is. Every argument stays fixed between steps except ``seq_slot``'s
+    contents, so the launch can be captured in a CUDA graph.
     """
     cp = require_cupy("lmhead_overlay_mma")
     check_bf16_2d("hidden", hidden)
@@ -1068,39 +1064,38 @@ def lmhead_overlay_mma(
     num_tiles = cap // MMA_TILE
     if n == 0 or n_cols == 0 or num == 0 or num_tiles == 0:
         return logits
-    tiles, warps, early = config
+    tiles, warps, stages = config
     vec = int(hidden_size % 8 == 0 and _aligned(hidden, rows_all))
     dtype = "f32" if logits.dtype == np.float32 else "bf16"
     logits_arg = logits if logits.dtype == np.float32 else _u16(cp, logits)
-    kern = _mma_kernel(f"lmhead_overlay_mma_{dtype}_t{tiles}w{warps}", tiles)
-    # Each lane stages 2 * tiles chunks of 16 bytes per k-block of its warp.
-    per_kblock = 2 * tiles * warps * 32 * 16
-    kblocks = (hidden_size + 31) // 32
-    kb_per_warp = (kblocks + warps - 1) // warps
-    round_kb = max(1, min(kb_per_warp, tiles * _MMA_SMEM_PER_TILE // per_kblock))
+    kern, smem = _mma_kernel(f"lmhead_overlay_mma_{dtype}_t{tiles}w{warps}d{stages}")
     kern(
         (-(-num_tiles // tiles),),
         (warps * 32,),
         (_u16(cp, hidden), _slot_arg(cp, seq_slot), np.int32(act), np.int64(n),
          np.int32(hidden_size), _u16(cp, rows_all), ids_all, tile_adapter,
-         np.int64(num_tiles), np.int32(num), np.int64(n_cols), np.int32(vec),
-         np.int32(round_kb), np.int32(early), logits_arg),
-        shared_mem=round_kb * per_kblock,
+         np.int64(num_tiles), np.int32(num), np.int64(n_cols), np.int32(vec), logits_arg),
+        shared_mem=smem,
     )  # fmt: skip
     return logits
 
 
 @functools.cache
-def _mma_kernel_on(name: str, tiles: int, device_id: int) -> Any:
+def _mma_kernel_on(name: str, device_id: int) -> tuple[Any, int]:
+    match = re.fullmatch(r".*_t(\d+)w(\d+)d(\d+)", name)
+    assert match is not None, name
+    tiles, warps, stages = (int(v) for v in match.groups())
+    smem = stages * (2 * tiles + 4) * warps * 32 * 16  # the kernel's ring of 16-byte chunks
     kern = get_kernel(SOURCE, name)  # a cupy.RawKernel
     # Above 48 KiB of dynamic shared memory a kernel must opt in, once per device (not a
     # stream operation: done at first use, before any capture).
-    kern.max_dynamic_shared_size_bytes = tiles * _MMA_SMEM_PER_TILE
+    kern.max_dynamic_shared_size_bytes = smem
     # All of the SM's unified L1/shared memory as shared, so that two 1-tile blocks fit.
     kern.preferred_shared_memory_carveout = 100
-    return kern
+    return kern, smem
 
 
-def _mma_kernel(name: str, tiles: int) -> Any:
+def _mma_kernel(name: str) -> tuple[Any, int]:
+    """The mma kernel ``name`` ready to launch, and its dynamic shared memory (bytes)."""
     cp = require_cupy(name)
-    return _mma_kernel_on(name, tiles, cp.cuda.runtime.getDevice())
+    return _mma_kernel_on(name, cp.cuda.runtime.getDevice())

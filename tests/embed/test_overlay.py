@@ -248,7 +248,7 @@ def test_lmhead_path_knob_and_reserve():
     for config in MMA_CONFIGS:
         ov.lmhead_mma_config = list(config)
         assert ov.lmhead_mma_config == config
-    for bad in ((3, 8, True), (1, 8), (1.0, 8, True), None, "x"):
+    for bad in ((3, 8, 4), (1, 8), (1.0, 8, 4), (1, 8, 5), None, "x"):
         with pytest.raises(ConfigError, match="lmhead_mma_config"):
             ov.lmhead_mma_config = bad
     ov.reserve_lmhead(rows=4000, batch=64)  # the CPU path has no GEMM buffers

@@ -943,16 +943,15 @@ class _DeviceStep:
         staging: tuple[tuple[int, int], int, int] | None = None,
         out: bool = False,
     ) -> None:
+        import cupyx
+
         self.cap_len, self.cap_rows = cap_len, cap_rows
         # [tokens | word ids | starts | positions], or [slots T*n | word ids | word slots]
         words = max(2 * cap_len + 2 * cap_rows, (T + 2) * cap_rows)
-        ring = 1 if staging is not None else 2  # a graph's copy node reads one fixed buffer
-        # mapped pinned buffers: a step's kernel reads its upload straight from them
-        self._mem = [
-            cp.cuda.PinnedMemory(8 * max(words, 1), cp.cuda.runtime.hostAllocMapped)
-            for _ in range(ring)
-        ]
-        self.hosts = [np.frombuffer(m, dtype=np.int64, count=max(words, 1)) for m in self._mem]
+        ring = 1 if staging is not None else 2  # a graph reads one fixed buffer
+        # pinned buffers (cudaHostAlloc: with unified addressing the device reads them at
+        # their host address): a step's first kernel reads its upload straight from them
+        self.hosts = [cupyx.empty_pinned(max(words, 1), dtype=np.int64) for _ in range(ring)]
         self._events: list[Any] = [None] * ring
         self._next = 0
         self.dev = cp.empty(max(words, 1), dtype=cp.int64)

@@ -387,9 +387,9 @@ def hash_gather(
 def copy_from_mapped(src_ptr: int, dst: Any, n: int) -> None:
     """``dst[:n] = src[:n]`` (int64 words) on the GPU by a kernel reading host memory.
 
-    ``src_ptr`` is the address of mapped pinned host memory (``cudaHostAllocMapped``;
-    with unified addressing the host address is the device address), ``dst`` a cupy
-    int64 array. Capturable (no allocation, no sync). For uploads of a few kilobytes a
+    ``src_ptr`` is the address of pinned host memory (``cudaHostAlloc``, e.g.
+    ``cupyx.empty_pinned``: with unified addressing, as on every 64-bit CUDA platform,
+    the device reads it at its host address), ``dst`` a cupy int64 array. Capturable (no allocation, no sync). For uploads of a few kilobytes a
     kernel that reads over PCIe finishes in one round trip, where a DMA copy node of a
     graph costs ~10 us; the caller must not rewrite ``src`` until the kernel ran.
     """

@@ -963,8 +963,9 @@ def test_copy_from_mapped_gpu(rng, n):
 
     from kernels.ngram import copy_from_mapped
 
-    mem = cp.cuda.PinnedMemory(8 * n, cp.cuda.runtime.hostAllocMapped)
-    host = np.ndarray((n,), np.int64, buffer=cp.cuda.PinnedMemoryPointer(mem, 0))
+    import cupyx
+
+    host = cupyx.empty_pinned(n, dtype=np.int64)
     host[:] = rng.integers(-(2**62), 2**62, size=n)
     dst = cp.full(n + 1, 5, dtype=cp.int64)
     copy_from_mapped(host.ctypes.data, dst, n)

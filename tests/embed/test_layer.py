@@ -960,10 +960,9 @@ def test_layer_gpu_gemm_splits_paths_bit_identical(rng, splits):
 @pytest.mark.parametrize("n", [1, 7, 640, 70_000])
 def test_copy_from_mapped_gpu(rng, n):
     import cupy as cp
+    import cupyx
 
     from kernels.ngram import copy_from_mapped
-
-    import cupyx
 
     host = cupyx.empty_pinned(n, dtype=np.int64)
     host[:] = rng.integers(-(2**62), 2**62, size=n)

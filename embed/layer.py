@@ -7,11 +7,11 @@ accumulation, and ``bf16((word + proj) / (1 + T))``. The same composition runs o
 the CPU (NumPy references) and the GPU (CUDA kernels, cuBLAS); staging buffers are
 allocated once and grown only for a larger batch.
 Input is packed once (``embed.batch.NgramBatch``: no Python work per sequence). On
-the GPU a resident step from host tokens is one pinned upload, one fused hash + gather
-launch (every table's row and the word row), the GEMM and the sum, with no host sync
-(``StaticStep``: the same on fixed buffers, replayed from a CUDA graph); the
-only sync is at the end of a step with cached tables (their slots stay pinned until
-the gathers ran), and cached ids are hashed on the host, so none is copied back.
+the GPU a step from host tokens is one upload (read from pinned memory by a kernel),
+one fused hash + gather launch (every table's row and the word row; cached tables
+through their caches' device row -> slot maps), the GEMM and the sum, with no host
+sync (``StaticStep``: the same on fixed buffers, replayed from a CUDA graph). Cached
+rows are resolved on the host (hashed there: no copy back) while the device works.
 Does not own the tables (``embed.tables``) or the checkpoint format.
 """
 
@@ -78,12 +78,20 @@ class NgramEmbedding:
         launch (default) instead of one ``kernels.batched_embed[_fp8]`` launch per
         table; the two are bit-identical. Ignored on the CPU.
     cuda_graphs : bool
-        On the GPU, replay resident steps (no cached table, no overlay, host tokens,
-        fused) from a CUDA graph captured per (tokens, rows, several sequences)
-        shape: the upload, the fused hash + gathers and the GEMM in one launch, then
-        the scaled sum into a fresh output (two launches per step). Results are
-        bit-identical to the eager path. Default off. A server that replays its whole
-        decode step from one graph uses :meth:`static_step` instead.
+        On the GPU, replay steps (no overlay, host tokens, fused; cached tables with
+        ``device_lookup``) from a CUDA graph captured per (tokens, rows, several
+        sequences) shape: the upload, the fused hash + gathers and the GEMM in one
+        launch, then the scaled sum into a fresh output (two launches per step).
+        Results are bit-identical to the eager path. Default off. A server that
+        replays its whole decode step from one graph uses :meth:`static_step`
+        (resident tables) instead.
+    device_lookup : bool
+        On the GPU (fused), read cached tables through their caches' device row ->
+        slot maps (``NgramRowCache.device_map()``: 4 bytes per table row in device
+        memory), so a step hashes, looks up and gathers in one launch and resolves
+        the rows on the host (pinning them, keeping the LRU exact) while the device
+        works; a step whose resolve faulted runs its device part again. Default on;
+        off: the ids are hashed and resolved on the host before the gathers.
     gemm_splits : int, optional
         On the GPU, the projection GEMM runs as this many GEMMs over equal chunks of
         its inner dimension (``T*d``), summed by the scaled-sum kernel: a decode step's
@@ -106,6 +114,7 @@ class NgramEmbedding:
         fused: bool = True,
         cuda_graphs: bool = False,
         gemm_splits: int | None = None,
+        device_lookup: bool = True,
     ) -> None:
         if not isinstance(dims, NgramDims):
             raise ConfigError(f"dims must be an NgramDims, got {type(dims).__name__}")
@@ -141,10 +150,13 @@ class NgramEmbedding:
             self._wcat = wcat.astype(np.float32)  # the CPU GEMM runs in float32
         self._stacked: StackedTables | None = None
         self._word_stacked: StackedTables | None = None
+        self.device_lookup = bool(device_lookup) and fused and self.device == "cuda"
         if fused and self.device == "cuda":
-            self._stacked = StackedTables([t.arrays for t in self.tables])
-            if not isinstance(self.word, CachedTable):
-                self._word_stacked = StackedTables([self.word.arrays])
+            self._stacked = StackedTables(
+                [t.arrays for t in self.tables], [self._map_of(t) for t in self.tables]
+            )
+            if self.device_lookup or not isinstance(self.word, CachedTable):
+                self._word_stacked = StackedTables([self.word.arrays], [self._map_of(self.word)])
         self._mult = self._xp.ascontiguousarray(self._xp.asarray(dims.multipliers, dtype=np.int64))
         self._rows = self._xp.ascontiguousarray(
             self._xp.asarray(dims.all_table_rows, dtype=np.int64)
@@ -196,8 +208,13 @@ class NgramEmbedding:
             offsets = np.array([t.offset for _, t in group], dtype=np.int64)
             pos = np.array([self._cached_pos[i] for i in members if i >= 0], dtype=np.int64)
             self._groups.append((group[0][1].cache, members, offsets, pos))
-        # every n-gram table cached: a step uploads slots, never hashes on the device
-        self._all_cached = len(rows) == self.dims.num_tables
+
+    def _map_of(self, table: Any) -> tuple[Any, int] | None:
+        """``(device map, row offset)`` of a cached table read through its cache's
+        device map (``device_lookup``), else None."""
+        if not isinstance(table, CachedTable) or not self.device_lookup:
+            return None
+        return table.cache.device_map(), table.offset
 
     def _stack_projs(self, projs: Any) -> np.ndarray:
         T, d, D = self.dims.num_tables, self.dims.table_dim, self.dims.hidden_size
@@ -329,13 +346,15 @@ class NgramEmbedding:
         Notes
         -----
         Cached tables: every cached table's ids are resolved (faulted in and pinned)
-        before the gather, with ONE ``resolve`` per cache (the parts of a shared
-        cache are concatenated as ``row_offsets[k] + ids_k``). Their ids are hashed
-        on the host from host tokens (no device sync); from device tokens they are
-        copied to the host (one sync). Every cache's batch ends when this call
-        returns, after the current CUDA stream has finished the gathers (the one
-        host sync of a cached step: the next step's faults may rewrite these slots).
-        Resident tables alone never synchronize with host tokens.
+        with ONE ``resolve`` per cache (the parts of a shared cache are concatenated
+        as ``row_offsets[k] + ids_k``), their ids hashed on the host from host
+        tokens; from device tokens they are copied to the host (one sync). With
+        ``device_lookup`` (GPU, fused, host tokens) the device gathers first through
+        the caches' device maps and the host resolves meanwhile; a resolve that
+        faulted makes the device part run again. Otherwise the resolve comes first.
+        Every cache's batch ends when this call returns: a later fault writes the
+        arena in stream order after this step's gathers, so no step synchronizes
+        the host with the device.
         """
         if isinstance(tokens, NgramBatch):
             if tokens.dims != self.dims:
@@ -388,9 +407,6 @@ class NgramEmbedding:
             return xp.empty((0, D), dtype=BF16) if out is None else out
         if self.cuda_graphs and self._fused_ids and overlay is None and not batch.on_device:
             return self._run_graph(batch, out)
-        packed = self._all_cached and self._stacked is not None and xp is not np
-        if packed and self.cuda_graphs and overlay is None and not batch.on_device:
-            return self._run_graph_cached(batch, out)
         self._reserve(n)
         if out is None:
             out = xp.empty((n, D), dtype=BF16)
@@ -409,34 +425,38 @@ class NgramEmbedding:
                 word_ids = batch.word_ids
                 host_ids = ids[self._cached_rows].get() if self._groups else None
             elif self._fused_ids:
-                # resident, fused: upload, then the hash and both gathers in one launch
-                buf = self._tok_buffers(batch)
-                word_ids = self._upload_gather(buf, buf.host(), batch, stack, words)
-                buf.uploaded(xp.cuda.get_current_stream())
-                ids = host_ids = None
-            elif packed and not batch.on_device:
-                # every n-gram table cached: resolve on the host, then one copy of the
-                # slots and word ids, and the gathers
+                # fused: upload, then the hash and every gather in one launch (cached
+                # tables through their caches' device maps), the overlay, GEMM and sum;
+                # then the cached rows are resolved on the host (pinned, LRU) while the
+                # device works, and the device part runs again if that faulted
                 buf = self._tok_buffers(batch)
                 host = buf.host()
-                self._pack_slots(host, batch)
+                _pack(host, batch)
                 self._after_caches()
-                word_ids = self._upload_slots(buf, host, n, stack, words)
+
+                def device_part() -> None:
+                    w = self._upload_gather(buf, host, _Shape.of(batch), stack, words)
+                    rows = self._overlay_rows(overlay, w, words, seq_slots, active, batch, n)
+                    gemm_bf16_f32_parts(stack, self._wcat, out=proj)
+                    scale_sum(rows, proj, float(1 + self.dims.num_tables), out=out)
+
+                device_part()
+                if self._verify_cached(batch):
+                    self._after_caches()
+                    device_part()
                 buf.uploaded(xp.cuda.get_current_stream())
-                ids = host_ids = None
+                return out
             else:
                 # every n-gram table cached: their slots replace all ids, skip the hash
                 hashed = self._cached_rows.size < self.dims.num_tables
                 ids, word_ids = self._device_ids(self._tok_buffers(batch), batch, hashed)
                 host_ids = batch.host_ids(self._cached_rows) if self._groups else None
             word_slots = None
-            if self._groups and ids is not None:
+            if self._groups:
                 word_slots = self._resolve(batch, ids, host_ids)
                 if xp is not np:
                     self._after_caches()
-            if ids is None:
-                pass  # gathered above
-            elif self._stacked is not None:
+            if self._stacked is not None:
                 gather_stacked(ids, self._stacked, stack)
             else:
                 d = self.dims.table_dim
@@ -448,14 +468,9 @@ class NgramEmbedding:
                         table.gather(ids[i], out=block)
             if word_slots is not None:
                 self.word.gather_slots(word_slots, out=words)
-            elif ids is not None:
+            else:
                 self.word.gather(word_ids, out=words)
-            rows = words
-            if overlay is not None:
-                slots = self._row_slots(seq_slots, batch, n)
-                applied = overlay.apply_embed(word_ids, rows, seq_slot=slots, active=active)
-                if applied is not None:
-                    rows = applied
+            rows = self._overlay_rows(overlay, word_ids, words, seq_slots, active, batch, n)
             gemm_bf16_f32_parts(stack, self._wcat, out=proj)
             scale_sum(rows, proj, float(1 + self.dims.num_tables), out=out)
         finally:
@@ -485,52 +500,33 @@ class NgramEmbedding:
         for cache, *_ in self._groups:
             cache.end_batch()
 
-    def _pack_slots(self, host: np.ndarray, batch: NgramBatch) -> int:
-        """Resolve a step whose n-gram tables are all cached, on the host, and pack
-        ``[slots T*n | word ids n | word slots n]`` into the pinned ``host``."""
-        T, n = self.dims.num_tables, batch.n
-        slots, word_slots = self._resolve_host(batch, batch.host_ids())
-        host[: T * n] = slots.ravel()
-        host[T * n : T * n + n] = batch.word_ids
-        if word_slots is not None:
-            host[T * n + n : T * n + 2 * n] = word_slots
-        return T * n + 2 * n
-
-    def _upload_slots(
-        self, buf: _DeviceStep, host: np.ndarray, n: int, stack: Any, words: Any
+    def _overlay_rows(
+        self,
+        overlay: Any,
+        word_ids: Any,
+        words: Any,
+        seq_slots: Any,
+        active: int,
+        batch: NgramBatch,
+        n: int,
     ) -> Any:
-        """Copy a packed slot upload into ``buf.dev`` and gather the arena rows into
-        ``stack`` and the word rows into ``words`` (no allocation, no sync:
-        capturable). Returns the word ids (int64[n], device)."""
-        T = self.dims.num_tables
-        copy_from_mapped(host.ctypes.data, buf.dev, T * n + 2 * n)
-        assert self._stacked is not None
-        gather_stacked(buf.dev[: T * n].reshape(T, n), self._stacked, stack)
-        word_ids = buf.dev[T * n : T * n + n]
-        if isinstance(self.word, CachedTable):
-            self.word.gather_slots(buf.dev[T * n + n : T * n + 2 * n], out=words)
-        else:
-            self.word.gather(word_ids, out=words)
-        return word_ids
+        """The word rows after the overlay (``words`` itself, changed in place, or the
+        overlay's returned rows)."""
+        if overlay is None:
+            return words
+        slots = self._row_slots(seq_slots, batch, n)
+        applied = overlay.apply_embed(word_ids, words, seq_slot=slots, active=active)
+        return words if applied is None else applied
 
-    def _run_graph_cached(self, batch: NgramBatch, out: Any) -> Any:
-        """A step whose n-gram tables are all cached, its device part replayed from a
-        CUDA graph per row count: the host resolves and packs the slots, the graph
-        copies them up, gathers and runs the GEMM; the scaled sum follows eagerly."""
-        key = (-1, batch.n, False)  # -1: a slot upload, not tokens
-        step = self._graphs.get(key)
-        if step is None:
-            step = self._graphs[key] = StaticStep(self, key, with_sum=False)
-        try:
-            self._pack_slots(step.buf.host(), batch)
-            self._after_caches()
-            step.launch()
-            if out is None:
-                out = self._xp.empty((batch.n, self.dims.hidden_size), dtype=BF16)
-            scale_sum(step.words, step.proj, float(1 + self.dims.num_tables), out=out)
-        finally:
-            self._end_batches()
-        return out
+    def _verify_cached(self, batch: NgramBatch) -> bool:
+        """Resolve the step's cached rows on the host (pins them, keeps the LRU exact)
+        after the device gathered them through the caches' device maps. True when a
+        resolve faulted rows in: the device part must run again (in stream order after
+        the faults' writes and the maps' updates)."""
+        if not self._groups:
+            return False
+        self._resolve_host(batch, batch.host_ids(self._cached_rows))
+        return any(cache.last_faults for cache, *_ in self._groups)
 
     def _resolve(self, batch: NgramBatch, ids: Any, host_ids: Any) -> Any:
         """Arena slots replace the cached tables' rows of ``ids`` (in place). Returns
@@ -653,8 +649,13 @@ class NgramEmbedding:
 
     @property
     def _fused_ids(self) -> bool:
-        """Resident GPU tables, fused: a step's id work is one ``hash_gather`` launch."""
-        return self._word_stacked is not None and self._stacked is not None and not self._groups
+        """GPU, fused, every table resident or read through its cache's device map: a
+        step's id work is one ``hash_gather`` launch."""
+        return (
+            self._word_stacked is not None
+            and self._stacked is not None
+            and (self.device_lookup or not self._groups)
+        )
 
     def _upload_gather(
         self, buf: _DeviceStep, host: np.ndarray, batch: Any, stack: Any, words: Any
@@ -695,10 +696,18 @@ class NgramEmbedding:
         if step is None:
             step = self._graphs[key] = StaticStep(self, key, with_sum=False)
         step.load(batch)
-        step.launch()
-        if out is None:
-            out = self._xp.empty((batch.n, self.dims.hidden_size), dtype=BF16)
-        scale_sum(step.words, step.proj, float(1 + self.dims.num_tables), out=out)
+        try:
+            if self._groups:
+                self._after_caches()
+            step.launch()
+            if self._verify_cached(batch):  # a cached row was not resident: run again
+                self._after_caches()
+                step.launch()
+            if out is None:
+                out = self._xp.empty((batch.n, self.dims.hidden_size), dtype=BF16)
+            scale_sum(step.words, step.proj, float(1 + self.dims.num_tables), out=out)
+        finally:
+            self._end_batches()
         return out
 
     def static_step(self, batch: NgramBatch) -> StaticStep:
@@ -712,7 +721,7 @@ class NgramEmbedding:
         a larger graph). ``batch`` (host tokens) is loaded and issued once eagerly.
         Needs resident tables on the GPU and ``fused=True``.
         """
-        if not self._fused_ids:
+        if not self._fused_ids or self._groups:
             raise ConfigError(
                 "static_step needs resident tables on the GPU and fused=True "
                 f"(this embedding: device {self.device!r}, tables "
@@ -729,10 +738,7 @@ class NgramEmbedding:
     def _issue_step(self, step: StaticStep) -> None:
         """``step``'s work on the current stream (capturable): upload, hash + gathers,
         GEMM, and with ``step.with_sum`` the scaled sum into ``step.out``."""
-        if step.shape.length < 0:  # a slot upload (every n-gram table cached)
-            self._upload_slots(step.buf, step.buf.hosts[0], step.shape.n, step.stack, step.words)
-        else:
-            self._upload_gather(step.buf, step.buf.hosts[0], step.shape, step.stack, step.words)
+        self._upload_gather(step.buf, step.buf.hosts[0], step.shape, step.stack, step.words)
         gemm_bf16_f32_parts(step.stack, self._wcat, out=step.proj)
         if step.with_sum:
             scale_sum(step.words, step.proj, float(1 + self.dims.num_tables), out=step.out)
@@ -794,6 +800,10 @@ class _Shape:
     def __init__(self, length: int, n: int, multi: bool) -> None:
         self.length, self.n, self.num_seqs = length, n, 2 if multi else 1
 
+    @classmethod
+    def of(cls, batch: NgramBatch) -> _Shape:
+        return cls(batch.length, batch.n, batch.num_seqs > 1)
+
 
 def _words(L: int, n: int, multi: bool) -> int:
     """int64 words of an upload: ``[tokens L | word ids n | starts L | positions n]``,
@@ -836,9 +846,7 @@ class StaticStep:
         self.shape = _Shape(L, n, multi)
         self.with_sum = with_sum
         dims = emb.dims
-        self.buf = _DeviceStep(
-            emb._xp, dims.num_tables, max(L, 0), n, emb._staging_shapes(n), out=with_sum
-        )
+        self.buf = _DeviceStep(emb._xp, dims.num_tables, L, n, emb._staging_shapes(n), out=with_sum)
         self.stack: Any = self.buf.stack
         self.proj: Any = self.buf.proj
         self.words: Any = self.buf.words
@@ -946,8 +954,7 @@ class _DeviceStep:
         import cupyx
 
         self.cap_len, self.cap_rows = cap_len, cap_rows
-        # [tokens | word ids | starts | positions], or [slots T*n | word ids | word slots]
-        words = max(2 * cap_len + 2 * cap_rows, (T + 2) * cap_rows)
+        words = 2 * cap_len + 2 * cap_rows  # [tokens | word ids | starts | positions]
         ring = 1 if staging is not None else 2  # a graph reads one fixed buffer
         # pinned buffers (cudaHostAlloc: with unified addressing the device reads them at
         # their host address): a step's first kernel reads its upload straight from them

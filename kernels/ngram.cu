@@ -137,6 +137,14 @@ extern "C" __global__ void ngram_gather_stacked(const long long* __restrict__ id
     }
 }
 
+// The row to read for id `id` of a table: the id itself (map == 0: a resident table),
+// or its slot in a row cache's arena (-1 when not resident).
+__device__ __forceinline__ long long ngram_lookup(unsigned long long map, long long off,
+                                                  long long id) {
+    if (map == 0ULL) return id;
+    return (long long)reinterpret_cast<const int*>(map)[off + id];
+}
+
 // Hash and gather in one launch (a step's id work without the ids ever written):
 // output row r embeds position t = positions[r] (has_starts) or off + r; for every
 // table i < T, out[r, i*d : (i+1)*d] = row ngram_id(t) of table i (look-back stopped
@@ -147,6 +155,11 @@ extern "C" __global__ void ngram_gather_stacked(const long long* __restrict__ id
 // per threadIdx.y row: (r, table i) for i < T, or (r, chunk c) of the word row, cut
 // into W chunks of wchunk elements (a multiple of 8) so that no warp copies a whole
 // D-wide row alone (a chain of dependent loads: the step's critical path).
+// Row caches: where maps[i] (resp. wmap[0]) is not 0 it points at a row cache's device
+// row -> slot map (int32, -1: not resident) and the table's data is the cache's arena:
+// the row read is slot = map[moff[i] + row] (moff: the table's offset in a shared
+// cache); a row that is not resident is written as zeros (the caller resolves the
+// rows on the host and runs the step again when that faulted).
 extern "C" __global__ void ngram_hash_gather(const long long* __restrict__ tokens,
                                              const long long* __restrict__ starts,
                                              const long long* __restrict__ positions,
@@ -163,7 +176,11 @@ extern "C" __global__ void ngram_hash_gather(const long long* __restrict__ token
                                              const unsigned long long* __restrict__ wscales,
                                              const long long* __restrict__ wstride,
                                              __nv_bfloat16* __restrict__ words, int D,
-                                             int wvec, int W, int wchunk) {
+                                             int wvec, int W, int wchunk,
+                                             const unsigned long long* __restrict__ maps,
+                                             const long long* __restrict__ moff,
+                                             const unsigned long long* __restrict__ wmap,
+                                             const long long* __restrict__ wmoff) {
     const long long items = n * (T + W);
     const long long step = (long long)gridDim.x * blockDim.y;
     for (long long item = (long long)blockIdx.x * blockDim.y + threadIdx.y; item < items;
@@ -174,13 +191,23 @@ extern "C" __global__ void ngram_hash_gather(const long long* __restrict__ token
         if (i >= T) {
             const int c0 = (i - T) * wchunk;
             const int len = min(wchunk, D - c0);
-            ngram_copy_row(wdata[0], wscales[0], wstride[0], tokens[t],
-                           words + r * (long long)D + c0, len, wvec, c0);
+            __nv_bfloat16* dst = words + r * (long long)D + c0;
+            const long long row = ngram_lookup(wmap[0], wmoff[0], tokens[t]);
+            if (row < 0) {
+                for (int c = threadIdx.x; c < len; c += blockDim.x) dst[c] = __float2bfloat16(0.f);
+            } else {
+                ngram_copy_row(wdata[0], wscales[0], wstride[0], row, dst, len, wvec, c0);
+            }
         } else {
-            const long long row = ngram_id(tokens, t, has_starts ? starts[t] : 0,
-                                           mult + (long long)i * N, N, eos, rows[i]);
-            ngram_copy_row(data[i], scales[i], stride[i], row,
-                           out + r * ((long long)T * d) + (long long)i * d, d, vec);
+            const long long id = ngram_id(tokens, t, has_starts ? starts[t] : 0,
+                                          mult + (long long)i * N, N, eos, rows[i]);
+            const long long row = ngram_lookup(maps[i], moff[i], id);
+            __nv_bfloat16* dst = out + r * ((long long)T * d) + (long long)i * d;
+            if (row < 0) {
+                for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = __float2bfloat16(0.f);
+            } else {
+                ngram_copy_row(data[i], scales[i], stride[i], row, dst, d, vec);
+            }
         }
     }
 }

@@ -162,9 +162,16 @@ class StackedTables:
         mapped pinned host memory). Rows contiguous; the row stride may be anything.
         The arrays are referenced, never copied: a row-cache arena can be described
         once and its contents change under it.
+    maps : list of ``(map, offset)`` or None per table, optional (GPU)
+        For :func:`hash_gather`: a row cache's device row -> slot map (cupy int32,
+        ``NgramRowCache.device_map()``) and the table's row offset in it; the table's
+        ``data`` is then the cache's arena. Ignored by :func:`gather_stacked`, which
+        takes slots.
     """
 
-    def __init__(self, tables: list[tuple[Any, Any]]) -> None:
+    def __init__(
+        self, tables: list[tuple[Any, Any]], maps: list[tuple[Any, int] | None] | None = None
+    ) -> None:
         if not tables:
             raise ConfigError("StackedTables needs at least one table")
         dims = {int(a.shape[1]) for a, _ in tables}
@@ -203,6 +210,17 @@ class StackedTables:
         self._ptrs = cp.asarray(ptrs)
         self._scales = cp.asarray(scl)
         self._strides = cp.asarray(strides)
+        mp = [None] * len(tables) if maps is None else list(maps)
+        if len(mp) != len(tables):
+            raise ConfigError(f"StackedTables: {len(mp)} maps for {len(tables)} tables")
+        self.mapped = any(m is not None for m in mp)
+        self._maps = cp.asarray(
+            np.array([0 if m is None else m[0].data.ptr for m in mp], dtype=np.uint64)
+        )
+        self._map_offsets = cp.asarray(
+            np.array([0 if m is None else int(m[1]) for m in mp], dtype=np.int64)
+        )
+        self._map_refs = [m[0] for m in mp if m is not None]  # keep the maps alive
 
 
 def gather_stacked_reference(ids: np.ndarray, tables: StackedTables, out: np.ndarray) -> np.ndarray:
@@ -379,6 +397,10 @@ def hash_gather(
             np.int32(bool(word.vec and words.data.ptr % 16 == 0)),
             np.int32(W),
             np.int32(wchunk),
+            tables._maps,
+            tables._map_offsets,
+            word._maps,
+            word._map_offsets,
         ),
     )
     return out, words

@@ -218,6 +218,8 @@ class NgramRowCache:
         self._head, self._tail = 0, S
         self._batch = 0
         self._pinned = 0
+        self._last_faults = 0
+        self._dev_map: Any = None
         self._lock = threading.RLock()
         self._stats: dict[str, Any] = dict.fromkeys((f.name for f in fields(CacheStats)), 0)
         self._stats["fault_seconds"] = 0.0
@@ -326,6 +328,7 @@ class NgramRowCache:
         """
         ids = check_row_ids(row_ids, self.rows)
         with self._lock:
+            self._last_faults = 0
             out = self._resolve_unique(ids)
             if self.device == "cuda":
                 return self._to_device(out)
@@ -342,7 +345,42 @@ class NgramRowCache:
         """
         ids = check_row_ids(row_ids, self.rows)
         with self._lock:
+            self._last_faults = 0
             return self._resolve_unique(ids)
+
+    @property
+    def last_faults(self) -> int:
+        """Rows the latest :meth:`resolve` / :meth:`resolve_host` faulted in (0: every row
+        was resident)."""
+        return self._last_faults
+
+    def device_map(self) -> Any:
+        """The row -> slot map on the GPU: cupy int32[rows] (-1: not resident).
+
+        Made on first call (``rows`` x 4 bytes of device memory) and from then on
+        updated by every fault, on the cache's stream after the fault's arena writes:
+        a kernel on that stream can look rows up without the host. A slot read this
+        way is only safe to use while the row is pinned, so a caller that gathers
+        through the map first must still :meth:`resolve` the rows (which pins them and
+        keeps the LRU exact), and redo its gathers if that call faulted
+        (:attr:`last_faults`), as ``embed.NgramEmbedding`` does.
+        """
+        if self.device != "cuda":
+            raise ConfigError("device_map() needs a cache with device='cuda'")
+        with self._lock:
+            if self._dev_map is None:
+                with self._stream:
+                    self._dev_map = self._xp.asarray(self._row_slot)
+            return self._dev_map
+
+    def _sync_device_map(self, evicted: np.ndarray, rows: np.ndarray, victims: np.ndarray) -> None:
+        cp = self._xp
+        with self._stream:
+            upd_rows = np.concatenate([evicted.astype(np.int64), rows.astype(np.int64)])
+            upd_slots = np.concatenate([np.full(evicted.size, -1, np.int32), victims])
+            # evicted rows first, then the new ones: a row evicted and faulted back in
+            # the same call cannot happen (its slot would be a hit), so order is moot
+            self._dev_map[cp.asarray(upd_rows)] = cp.asarray(upd_slots)
 
     @property
     def stream(self) -> Any:
@@ -461,6 +499,9 @@ class NgramRowCache:
         self._row_slot[evicted] = -1
         self._row_slot[missing_rows] = victims
         self._slot_row[victims] = missing_rows
+        if self._dev_map is not None:  # the device mirror, in stream order with the scatter
+            self._sync_device_map(evicted, missing_rows, victims)
+        self._last_faults = n_miss
         st = self._stats
         st["evictions"] += int(evicted.size)
         st["fault_seconds"] += time.perf_counter() - t0

@@ -686,7 +686,8 @@ def test_layer_gpu_packed_and_shared_cache(rng, tmp_path):
             DIMS, cp.asarray(word), [CachedTable(shared, k) for k in range(4)], projs
         )
         # every n-gram table cached and the word table cached too, the device part of
-        # each step replayed from a graph (slots resolved on the host, one upload)
+        # each step replayed from a graph (rows looked up in the caches' device maps,
+        # resolved on the host meanwhile, the step run again after a fault)
         graphed = NgramEmbedding(
             DIMS,
             CachedTable(word_cache),
@@ -701,6 +702,21 @@ def test_layer_gpu_packed_and_shared_cache(rng, tmp_path):
             projs,
             fused=False,
         )
+        # fused, mixed, through the device maps; and fused with the host resolve first
+        mixed_lookup = NgramEmbedding(
+            DIMS,
+            CachedTable(word_cache),
+            [dev_tables[0], CachedTable(shared, 1), dev_tables[2], CachedTable(shared, 3)],
+            projs,
+        )
+        host_first = NgramEmbedding(
+            DIMS,
+            cp.asarray(word),
+            [CachedTable(shared, k) for k in range(4)],
+            projs,
+            device_lookup=False,
+        )
+        assert mixed_lookup._fused_ids and not host_first._fused_ids
         cpu = NgramEmbedding(DIMS, word, tables, projs)
         S = 5
         x = [_stream(rng, 80) for _ in range(S)]
@@ -714,9 +730,10 @@ def test_layer_gpu_packed_and_shared_cache(rng, tmp_path):
             np.testing.assert_array_equal(
                 cp.asnumpy(mixed.embed_packed(batch)).view(np.uint16), want
             )
-            np.testing.assert_array_equal(
-                cp.asnumpy(graphed.embed_packed(batch)).view(np.uint16), want
-            )
+            for emb in (graphed, mixed_lookup, host_first):
+                np.testing.assert_array_equal(
+                    cp.asnumpy(emb.embed_packed(batch)).view(np.uint16), want
+                )
             ref = cpu.embed_packed(batch).astype(np.float32)
             np.testing.assert_allclose(
                 want.view(BF16).astype(np.float32), ref, rtol=2e-2, atol=1e-5
@@ -725,9 +742,7 @@ def test_layer_gpu_packed_and_shared_cache(rng, tmp_path):
         with pytest.raises(ConfigError, match=r"contexts\[1\]\[1\] = 1000"):
             eager.embed_batch([cp.asarray(x[0][:3]), cp.asarray(np.array([1, 1000]))], [1, 1])
         assert shared.pinned == 0 and word_cache.pinned == 0
-        assert sorted(k for k, g in graphed._graphs.items() if g.graph is not None) == [
-            (-1, S, False)
-        ]
+        assert any(g.graph is not None for g in graphed._graphs.values())
         assert shared.stats().misses > 0  # the graphed steps faulted rows in as well
     finally:
         store.close()

@@ -85,3 +85,30 @@ def test_gpu_shared_cache_over_several_tables(tmp_path, rng, arena):
         want = np.concatenate([expected_part(store, n, x) for n, x in zip(names, local)])
         np.testing.assert_array_equal(cp.asnumpy(rows).view(np.uint16), want.view(np.uint16))
         cache.end_batch()
+
+
+@pytest.mark.parametrize("arena", ["device", "host"])
+def test_gpu_device_map_mirrors_host_map(tmp_path, rng, arena):
+    import cupy as cp
+
+    store, _ = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=150, device="cuda", arena=arena)
+    cache.resolve(np.arange(40))
+    cache.end_batch()
+    dmap = cache.device_map()  # made after some faults: starts as a copy
+    assert dmap is cache.device_map() and dmap.dtype == cp.int32 and dmap.shape == (3000,)
+    faulted = 0
+    for calls in batches(rng, 3000, 150, 25):
+        for ids in calls:
+            try:
+                cache.resolve_host(ids)
+            except rowcache.ArenaExhaustedError:
+                continue
+            faulted += cache.last_faults
+            cache.stream.synchronize()
+            row_slot, _ = cache.slot_map()
+            np.testing.assert_array_equal(cp.asnumpy(dmap), row_slot)
+        cache.end_batch()
+    assert faulted > 0 and cache.stats().evictions > 0
+    cache.resolve_host(np.flatnonzero(cache.slot_map()[0] >= 0)[:5])
+    assert cache.last_faults == 0

@@ -17,13 +17,14 @@ import numpy as np
 
 from kernels._cuda import is_device_array, require_cupy
 from kernels.overlay import (
+    AUTO_PACKED_PATH,
     DEFAULT_LMHEAD_TILE,
     DEFAULT_MMA_CONFIG,
+    GEMM_MIN_ROWS,
     LMHEAD_PATHS,
     LMHEAD_TILES,
     MMA_ALIGN,
     MMA_CONFIGS,
-    MMA_MIN_ROWS,
     MMA_TILE,
     check_bf16_2d,
     check_int_1d,
@@ -296,11 +297,12 @@ class TokenOverlay:
         adapter's rows, then a routed scatter. "mma": one tensor-core kernel over the
         packed table (tuned by :attr:`lmhead_mma_config`). "gemm" and "mma" have nothing
         to do while no adapter has an LM-head override and nothing is reserved. "auto"
-        (default): "mma" for batches of at least ``kernels.overlay.MMA_MIN_ROWS`` rows
-        once the packed table exists, else "warp" (so a graph captured before any
-        adapter is set still applies adapters set later). All agree to float32
-        rounding of the dot products. Set it between steps, not inside a capture. The
-        CPU path ignores it.
+        (default): ``kernels.overlay.AUTO_PACKED_PATH`` for batches of at least
+        ``kernels.overlay.GEMM_MIN_ROWS`` rows once the packed table exists, else "warp"
+        (so a graph captured before any adapter is set still applies adapters set
+        later); the rule comes from the H200 measurements of bench/overlay.py. All agree
+        to float32 rounding of the dot products. Set it between steps, not inside a
+        capture. The CPU path ignores it.
         """
         return self._lmhead_path
 
@@ -505,7 +507,7 @@ class TokenOverlay:
     def _pick_path(self, n: int) -> str:
         if self._lmhead_path != "auto":
             return self._lmhead_path
-        return "mma" if self._gemm_cap > 0 and n >= MMA_MIN_ROWS else "warp"
+        return AUTO_PACKED_PATH if self._gemm_cap > 0 and n >= GEMM_MIN_ROWS else "warp"
 
     def _check_not_capturing(self, n: int) -> None:
         stream = self._xp.cuda.get_current_stream()

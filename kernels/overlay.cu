@@ -660,3 +660,177 @@ LMHEAD_MMA_ENTRY(lmhead_overlay_mma_bf16_t1w8d4, bf16_bits, 1, 8, 4)
 LMHEAD_MMA_ENTRY(lmhead_overlay_mma_bf16_t1w4d8, bf16_bits, 1, 4, 8)
 LMHEAD_MMA_ENTRY(lmhead_overlay_mma_bf16_t2w4d6, bf16_bits, 2, 4, 6)
 LMHEAD_MMA_ENTRY(lmhead_overlay_mma_bf16_t2w8d4, bf16_bits, 2, 8, 4)
+
+// ---------------------------------------------------------------------------------
+// lmhead_overlay_mmab_{f32,bf16}_t{T}d{D}: the mma path with the operands shared by the
+// block (same arguments as the kernels above; dynamic shared memory D * (16T + 32) *
+// MMAB_ROW_BYTES). T warps, warp w owns tile w of the block's T tiles and all of K, so
+// no sum across warps is needed. K goes in stages of MMAB_KC columns through a ring of D
+// stages in shared memory, filled by every thread with cp.async (coalesced 16-byte
+// chunks, D - 1 stages in flight): the tiles' 16T rows and the pass's routed hidden rows
+// (up to 32), each read once per block and pass; hidden rows are read once per T tiles
+// instead of once per tile. One barrier per stage. Rows are padded to MMAB_ROW_BYTES
+// (= 64 mod 128) so that a quarter warp's 16-byte fragment loads hit distinct banks.
+#define MMAB_KC 128                          // columns per stage
+#define MMAB_ROW_BYTES (MMAB_KC * 2 + 64)    // a staged row, padded
+#define MMAB_ROW_CHUNKS (MMAB_KC / 8)        // 16-byte chunks per staged row
+
+template <typename LogitT, int T, int D>
+__device__ __forceinline__ void lmhead_mmab_impl(
+    const bf16_bits* __restrict__ hidden, const int* __restrict__ seq_slot, int active,
+    long long n_rows, int K, const bf16_bits* __restrict__ rows_all,
+    const int* __restrict__ ids_all, const int* __restrict__ tile_adapter, long long num_tiles,
+    int num_adapters, long long n_cols, int vec, LogitT* __restrict__ logits) {
+    constexpr int NT = T * 32;
+    constexpr int ROWS = 16 * T + MMA_GROUP;  // staged rows per stage: tiles, then routed
+    constexpr int STAGE_BYTES = ROWS * MMAB_ROW_BYTES;
+    __shared__ int rowlist[NT];
+    __shared__ int warp_count[T];
+    extern __shared__ uint4 ring[];  // [D][ROWS][MMAB_ROW_BYTES / 16]
+
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int nst = (K + MMAB_KC - 1) / MMAB_KC;
+    const int slot_first =
+        threadIdx.x < n_rows ? (seq_slot ? seq_slot[threadIdx.x] : active) : -1;
+    {
+        const char* hb = reinterpret_cast<const char*>(hidden);
+        const long long hbytes = n_rows * K * 2LL;
+        for (long long o = ((long long)blockIdx.x * NT + threadIdx.x) * 128; o < hbytes;
+             o += (long long)gridDim.x * NT * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(hb + o));
+    }
+
+    for (int seg = 0; seg < T;) {
+        const long long tile0 = (long long)blockIdx.x * T + seg;
+        if (tile0 >= num_tiles) break;
+        const int s = tile_adapter[tile0];
+        int n_ok = 1;
+#pragma unroll
+        for (int tt = 1; tt < T; ++tt)
+            if (n_ok == tt && seg + tt < T && tile0 + tt < num_tiles &&
+                tile_adapter[tile0 + tt] == s)
+                n_ok = tt + 1;
+        seg += n_ok;
+        if (s < 0 || s >= num_adapters) continue;
+        const bf16_bits* tile_rows = rows_all + tile0 * 16 * (long long)K;
+
+        for (long long c0 = 0; c0 < n_rows; c0 += NT) {
+            const long long r = c0 + threadIdx.x;
+            const bool mine =
+                r < n_rows && (c0 == 0 ? slot_first : (seq_slot ? seq_slot[r] : active)) == s;
+            const unsigned int bal = __ballot_sync(FULL_MASK, mine);
+            if (lane == 0) warp_count[warp] = __popc(bal);
+            __syncthreads();
+            int off = 0, total = 0;
+#pragma unroll
+            for (int w2 = 0; w2 < T; ++w2) {
+                const int cnt = warp_count[w2];
+                off += (w2 < warp) ? cnt : 0;
+                total += cnt;
+            }
+            if (mine) rowlist[off + __popc(bal & ((1u << lane) - 1u))] = threadIdx.x;
+            __syncthreads();
+            if (total == 0) continue;
+            for (int p0 = 0; p0 < total; p0 += MMA_GROUP) {
+                const int nrows = min(MMA_GROUP, total - p0);
+                const int ngroups = (nrows + 7) >> 3;
+                // Stage j: columns j * KC ..; row q < 16 n_ok is tile row q, row 16T + n
+                // (n < nrows) routed row n; other rows are not copied (nor read).
+                auto load_stage = [&](int j) {
+                    if (j < nst) {
+                        const int kc0 = j * MMAB_KC;
+                        const bool full = vec && kc0 + MMAB_KC <= K;
+                        char* st = reinterpret_cast<char*>(ring) + (j % D) * STAGE_BYTES;
+                        for (int c = threadIdx.x; c < ROWS * MMAB_ROW_CHUNKS; c += NT) {
+                            const int q = c / MMAB_ROW_CHUNKS, ch = c % MMAB_ROW_CHUNKS;
+                            const bf16_bits* src;
+                            if (q < 16 * n_ok) {
+                                src = tile_rows + (long long)q * K;
+                            } else if (q >= 16 * T && q - 16 * T < nrows) {
+                                src = hidden + (c0 + rowlist[p0 + q - 16 * T]) * (long long)K;
+                            } else {
+                                continue;
+                            }
+                            uint4* dst =
+                                reinterpret_cast<uint4*>(st + q * MMAB_ROW_BYTES + ch * 16);
+                            const int k = kc0 + ch * 8;
+                            if (full)
+                                cp_async16(dst, src + k);
+                            else
+                                *dst = load_chunk8(src, k, K, vec);  // zeros past K
+                        }
+                    }
+                    cp_async_commit();
+                };
+                float acc[1][4][4];  // this warp's tile x the pass's 4 n-groups
+#pragma unroll
+                for (int ng = 0; ng < 4; ++ng)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[0][ng][e] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < D - 1; ++j) load_stage(j);
+                for (int j = 0; j < nst; ++j) {
+                    cp_async_wait_group<D - 2>();  // this thread's part of stage j landed
+                    __syncthreads();  // everyone's part; and stage j - 1 is consumed
+                    load_stage(j + D - 1);  // into the slot of stage j - 1
+                    if (warp < n_ok) {
+                        const char* st =
+                            reinterpret_cast<const char*>(ring) + (j % D) * STAGE_BYTES;
+                        const char* ar0 = st + (16 * warp + g) * MMAB_ROW_BYTES + t * 16;
+                        const char* ar1 = ar0 + 8 * MMAB_ROW_BYTES;
+#pragma unroll
+                        for (int kk = 0; kk < MMAB_KC / 32; ++kk) {
+                            uint4 a[1][2];
+                            a[0][0] = *reinterpret_cast<const uint4*>(ar0 + kk * 64);
+                            a[0][1] = *reinterpret_cast<const uint4*>(ar1 + kk * 64);
+                            uint4 b[4];
+#pragma unroll
+                            for (int ng = 0; ng < 4; ++ng)
+                                b[ng] = ng < ngroups
+                                            ? *reinterpret_cast<const uint4*>(
+                                                  st + (16 * T + 8 * ng + g) * MMAB_ROW_BYTES +
+                                                  t * 16 + kk * 64)
+                                            : make_uint4(0u, 0u, 0u, 0u);
+                            mma_kblock<1>(acc, a, b, 1, ngroups);
+                        }
+                    }
+                }
+                cp_async_wait_all();
+                __syncthreads();  // the ring is free for the next pass
+                if (warp < n_ok) {
+#pragma unroll
+                    for (int ng = 0; ng < 4; ++ng)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int m = 16 * warp + g + ((e & 2) ? 8 : 0);
+                            const int n = 8 * ng + 2 * t + (e & 1);
+                            if (n >= nrows) continue;
+                            const long long col = ids_all[tile0 * 16 + m];
+                            if (col < 0 || col >= n_cols) continue;
+                            store_logit<LogitT>(logits + (c0 + rowlist[p0 + n]) * n_cols + col,
+                                                acc[0][ng][e]);
+                        }
+                }
+            }
+        }
+    }
+}
+
+#define LMHEAD_MMAB_ENTRY(NAME, LT, T, D)                                                      \
+    extern "C" __global__ void __launch_bounds__(T * 32)                                       \
+        NAME(const bf16_bits* hidden, const int* seq_slot, int active, long long n_rows,       \
+             int hidden_size, const bf16_bits* rows_all, const int* ids_all,                   \
+             const int* tile_adapter, long long num_tiles, int num_adapters, long long n_cols, \
+             int vec, LT* logits) {                                                            \
+        lmhead_mmab_impl<LT, T, D>(hidden, seq_slot, active, n_rows, hidden_size, rows_all,    \
+                                   ids_all, tile_adapter, num_tiles, num_adapters, n_cols,     \
+                                   vec, logits);                                               \
+    }
+
+LMHEAD_MMAB_ENTRY(lmhead_overlay_mmab_f32_t4d3, float, 4, 3)
+LMHEAD_MMAB_ENTRY(lmhead_overlay_mmab_f32_t8d3, float, 8, 3)
+LMHEAD_MMAB_ENTRY(lmhead_overlay_mmab_bf16_t4d3, bf16_bits, 4, 3)
+LMHEAD_MMAB_ENTRY(lmhead_overlay_mmab_bf16_t8d3, bf16_bits, 8, 3)

@@ -13,7 +13,6 @@ import ctypes
 import functools
 import operator
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,17 +35,37 @@ KERNEL_NAMES = (
     "lmhead_overlay_scatter_bf16",
 )
 # The tensor-core ("mma") path's kernels: (16-row tiles, warps, ring stages) per block.
-# Each lane has a ring of `stages` k-blocks of shared memory (2 * tiles + 4 chunks of 16
-# bytes each); all four configs take 96-128 KiB per block.
+# warps != tiles: the warps split K, each lane streaming its own operands through a ring
+# of `stages` k-blocks of shared memory (2 * tiles + 4 chunks of 16 bytes each; 96-128
+# KiB per block). warps == tiles: each warp owns one tile, and the block streams the
+# tiles' rows and the routed hidden rows together through a ring of `stages` stages of
+# 128 columns (hidden rows read once per block instead of once per tile).
 MMA_TILE = 16  # rows of the packed table per tile; a tile holds one adapter's rows only
-MMA_CONFIGS = ((1, 8, 4), (1, 4, 8), (2, 4, 6), (2, 8, 4))
+MMA_CONFIGS = ((1, 8, 4), (1, 4, 8), (2, 4, 6), (2, 8, 4), (4, 4, 3), (8, 8, 3))
 DEFAULT_MMA_CONFIG = (1, 8, 4)
 # Each adapter's block of the packed table starts at a multiple of this many rows, so a
-# block of the widest configs (2 tiles) never mixes adapters.
-MMA_ALIGN = MMA_TILE * max(c[0] for c in MMA_CONFIGS)
-MMA_KERNEL_NAMES = tuple(
-    f"lmhead_overlay_mma_{d}_t{t}w{w}d{st}" for d in ("f32", "bf16") for t, w, st in MMA_CONFIGS
-)
+# block of 2 tiles never mixes adapters (blocks of more tiles handle an adapter boundary
+# in two runs, correctly but with idle warps).
+MMA_ALIGN = 2 * MMA_TILE
+_MMAB_ROW_BYTES = 128 * 2 + 64  # the block kernels' staged row (kernel's MMAB_ROW_BYTES)
+
+
+def _mma_name(dtype: str, config: tuple[int, int, int]) -> str:
+    t, w, st = config
+    if t == w:
+        return f"lmhead_overlay_mmab_{dtype}_t{t}d{st}"
+    return f"lmhead_overlay_mma_{dtype}_t{t}w{w}d{st}"
+
+
+def _mma_smem(config: tuple[int, int, int]) -> int:
+    """Dynamic shared memory (bytes) of the mma kernel of ``config``."""
+    t, w, st = config
+    if t == w:
+        return st * (16 * t + 32) * _MMAB_ROW_BYTES
+    return st * (2 * t + 4) * w * 32 * 16
+
+
+MMA_KERNEL_NAMES = tuple(_mma_name(d, c) for d in ("f32", "bf16") for c in MMA_CONFIGS)
 KERNEL_NAMES = KERNEL_NAMES + MMA_KERNEL_NAMES
 LMHEAD_PATHS = ("auto", "gemm", "mma", "warp")
 # "auto" takes the GEMM path from this many rows up: the GEMM reads every adapter's rows
@@ -55,11 +74,9 @@ LMHEAD_PATHS = ("auto", "gemm", "mma", "warp")
 # (bench/overlay.py, 4 adapters x 1,000 rows, hidden 3,072, eager, L2 flushed): warp
 # 0.013-0.017 ms up to 16 rows vs GEMM 0.019; at 32 rows warp 0.024 vs GEMM 0.019.
 GEMM_MIN_ROWS = 32
-# "auto" takes the mma path from this many rows up (below it, the warp kernels), once the
-# packed table exists. The mma kernel reads only the routed adapters' rows, once per 32
-# routed rows, on tensor cores: it is never worse than the GEMM path (which reads every
-# adapter's rows and writes P) and beats the warp kernels above a few rows.
-MMA_MIN_ROWS = 1
+# ... and from GEMM_MIN_ROWS rows up, "auto" takes this packed-table path (measured on
+# the H200, bench/overlay.py; see embed.overlay.TokenOverlay.lmhead_path).
+AUTO_PACKED_PATH = "gemm"
 _SCATTER_BLOCK = 256
 _CUBLAS_WORKSPACE = 32 << 20  # bytes; cuBLAS's recommendation for Hopper
 _BLOCK = 256  # threads per block of the rowdiff and embed kernels (8 warps)
@@ -549,8 +566,9 @@ def compile_overlay_kernels() -> None:
     """Compile every overlay kernel now (NVRTC); raises GpuUnavailableError without a GPU."""
     for name in KERNEL_NAMES:
         get_kernel(SOURCE, name)
-    for name in MMA_KERNEL_NAMES:  # and let the mma kernels use their shared memory
-        _mma_kernel(name)
+    for dtype in ("f32", "bf16"):  # and let the mma kernels use their shared memory
+        for config in MMA_CONFIGS:
+            _mma_kernel(dtype, config)
 
 
 def device_pointer_table(arrays: Sequence[Any]) -> Any:
@@ -1020,9 +1038,10 @@ def lmhead_overlay_mma(
         L; rows routed outside ``[0, L)`` are untouched.
     logits : cupy float32 or bfloat16 [n, n_cols], C-contiguous; modified in place.
     config : (tiles, warps, stages), keyword-only, one of ``MMA_CONFIGS``
-        Tuning knob: 16-row tiles and warps per block, and the depth of each lane's
-        ring of k-blocks in flight. Results depend on ``warps`` only, through the order
-        of float32 sums.
+        Tuning knob: 16-row tiles and warps per block, and the depth of the ring of
+        operands in flight (see ``MMA_CONFIGS``). Results depend on how K is split,
+        through the order of float32 sums: the same for configs of equal ``warps`` when
+        warps != tiles, and for all configs with warps == tiles.
 
     One kernel, one block per ``tiles`` tiles (grid fixed by ``cap``): the block finds
     the rows routed to its tiles' adapter and computes their dot products with the
@@ -1064,11 +1083,11 @@ def lmhead_overlay_mma(
     num_tiles = cap // MMA_TILE
     if n == 0 or n_cols == 0 or num == 0 or num_tiles == 0:
         return logits
-    tiles, warps, stages = config
+    tiles, warps, _ = config
     vec = int(hidden_size % 8 == 0 and _aligned(hidden, rows_all))
     dtype = "f32" if logits.dtype == np.float32 else "bf16"
     logits_arg = logits if logits.dtype == np.float32 else _u16(cp, logits)
-    kern, smem = _mma_kernel(f"lmhead_overlay_mma_{dtype}_t{tiles}w{warps}d{stages}")
+    kern, smem = _mma_kernel(dtype, config)
     kern(
         (-(-num_tiles // tiles),),
         (warps * 32,),
@@ -1081,21 +1100,18 @@ def lmhead_overlay_mma(
 
 
 @functools.cache
-def _mma_kernel_on(name: str, device_id: int) -> tuple[Any, int]:
-    match = re.fullmatch(r".*_t(\d+)w(\d+)d(\d+)", name)
-    assert match is not None, name
-    tiles, warps, stages = (int(v) for v in match.groups())
-    smem = stages * (2 * tiles + 4) * warps * 32 * 16  # the kernel's ring of 16-byte chunks
-    kern = get_kernel(SOURCE, name)  # a cupy.RawKernel
+def _mma_kernel_on(dtype: str, config: tuple[int, int, int], device_id: int) -> tuple[Any, int]:
+    kern = get_kernel(SOURCE, _mma_name(dtype, config))  # a cupy.RawKernel
+    smem = _mma_smem(config)
     # Above 48 KiB of dynamic shared memory a kernel must opt in, once per device (not a
     # stream operation: done at first use, before any capture).
     kern.max_dynamic_shared_size_bytes = smem
-    # All of the SM's unified L1/shared memory as shared, so that two 1-tile blocks fit.
+    # All of the SM's unified L1/shared memory as shared, so that two blocks fit.
     kern.preferred_shared_memory_carveout = 100
     return kern, smem
 
 
-def _mma_kernel(name: str) -> tuple[Any, int]:
-    """The mma kernel ``name`` ready to launch, and its dynamic shared memory (bytes)."""
-    cp = require_cupy(name)
-    return _mma_kernel_on(name, cp.cuda.runtime.getDevice())
+def _mma_kernel(dtype: str, config: tuple[int, int, int]) -> tuple[Any, int]:
+    """The mma kernel of ``config`` ready to launch, and its dynamic shared memory."""
+    cp = require_cupy("lmhead_overlay_mma")
+    return _mma_kernel_on(dtype, config, cp.cuda.runtime.getDevice())

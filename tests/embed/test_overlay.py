@@ -463,6 +463,8 @@ def test_token_overlay_lmhead_paths_match_cpu(model, rng, path):
     cpu = make_overlay(model)
     gpu = make_overlay(model, device="cuda")
     gpu.lmhead_path = path
+    if path == "mma":  # the block-shared kernel; other tests run the default config
+        gpu.lmhead_mma_config = (4, 4, 3)
     cap, _ = gpu.lmhead_capacity
     total = sum(gpu.adapter_info(s).lm_head_ids.size for s in range(4))
     assert cap % 256 == 0 and cap >= total > 0

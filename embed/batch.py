@@ -58,15 +58,15 @@ def hash_positions(
     """
     mult = np.asarray(multipliers, dtype=_I64)
     n_orders = mult.shape[1]
-    xs = np.empty((n_orders, positions.shape[0]), dtype=_I64)
-    xs[0] = tokens[positions]
-    ok = np.ones(positions.shape[0], dtype=bool)
-    for j in range(1, n_orders):  # loop over orders (<= N), vectorized over positions
-        back = positions - j
-        ok &= back >= first
-        xj = tokens[np.maximum(back, 0)]
-        ok &= xj != eos  # an EOS at t - j stops the look-back, itself excluded
-        np.multiply(xj, ok, out=xs[j])
+    # all orders at once (few NumPy calls: a decode step hashes a handful of rows)
+    back = positions[None, :] - np.arange(n_orders, dtype=_I64)[:, None]  # [N, n]: t - j
+    xs = tokens[np.maximum(back, 0)]
+    # term j >= 1 counts while no EOS and no sequence start lies in t - j .. t - 1
+    stop = (xs == eos) | (back < (first if np.ndim(first) == 0 else first[None, :]))
+    stop[0] = False
+    np.logical_or.accumulate(stop, axis=0, out=stop)
+    np.invert(stop, out=stop)
+    xs *= stop
     # every term is < V * M_i and there are at most N of them: exact in int64
     acc = mult @ xs
     acc %= np.asarray(rows, dtype=_I64)[:, None]

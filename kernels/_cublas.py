@@ -98,35 +98,32 @@ def gemm_ex(cp: Any, *args: Any) -> None:
     """
     from cupy.cuda import cublas, device
 
-    handle = device.get_cublas_handle()
-    ws = capture_workspace(cp.cuda.runtime.getDevice())
     if not is_capturing(cp):
-        cublas.gemmEx(handle, *args)
+        capture_workspace(cp.cuda.runtime.getDevice())  # allocated outside any capture
+        cublas.gemmEx(device.get_cublas_handle(), *args)
         return
-    set_stream, set_workspace, gemm = _capture_api()
-    for what, status in (
-        ("cublasSetStream", set_stream(handle, cp.cuda.get_current_stream().ptr)),
-        ("cublasSetWorkspace", set_workspace(handle, ws.data.ptr, ws.nbytes)),
-        ("cublasGemmEx", gemm(handle, *args)),
-    ):
-        if status != 0:
-            raise RuntimeError(f"{what} failed under stream capture (cublasStatus {status})")
+    _call(cp, "cublasGemmEx", _capture_api()[2], args)
 
 
 def gemm_strided_batched_ex(cp: Any, *args: Any) -> None:
     """``cublasGemmStridedBatchedEx(handle, *args)`` on cupy's handle and current stream,
     through ctypes (eagerly and under capture: cupy has no wrapper for it); arguments
     after the handle as cuBLAS documents them."""
+    _call(cp, "cublasGemmStridedBatchedEx", _strided_api(), args)
+
+
+def _call(cp: Any, what: str, fn: Any, args: tuple[Any, ...]) -> None:
+    """``fn(handle, *args)`` through ctypes on cupy's handle, bound to the current stream
+    and the capture workspace first (cupy's own wrappers rebind the stream per call)."""
     from cupy.cuda import device
 
     handle = device.get_cublas_handle()
     ws = capture_workspace(cp.cuda.runtime.getDevice())
     set_stream, set_workspace, _ = _capture_api()
-    fn = _strided_api()
-    for what, status in (
+    for name, status in (
         ("cublasSetStream", set_stream(handle, cp.cuda.get_current_stream().ptr)),
         ("cublasSetWorkspace", set_workspace(handle, ws.data.ptr, ws.nbytes)),
-        ("cublasGemmStridedBatchedEx", fn(handle, *args)),
+        (what, fn(handle, *args)),
     ):
         if status != 0:
-            raise RuntimeError(f"{what} failed (cublasStatus {status})")
+            raise RuntimeError(f"{name} failed (cublasStatus {status})")

@@ -223,6 +223,12 @@ class StackedTables:
         self._map_refs = [m[0] for m in mp if m is not None]  # keep the maps alive
 
 
+def _item_launch(items: int) -> tuple[tuple[int], tuple[int, int]]:
+    """Grid and block of the stacked kernels: one work item (a row, or a chunk of one)
+    per threadIdx.y row of a (32, 8) block; the kernels stride past the grid cap."""
+    return (min(max(1, -(-items // 8)), 65535 * 8),), (32, 8)
+
+
 def gather_stacked_reference(ids: np.ndarray, tables: StackedTables, out: np.ndarray) -> np.ndarray:
     """``out[:, i*d:(i+1)*d] = gather of table i at ids[i]``: ids int[T, n], out bfloat16[n, T*d]."""
     d = tables.dim
@@ -262,12 +268,8 @@ def gather_stacked(ids: Any, tables: StackedTables, out: Any) -> Any:
         return out
     ld = ids.strides[0] // 8 if T > 1 else n
     vec = bool(tables.vec and out.data.ptr % 16 == 0)
-    pairs = n * T
-    block = (32, 8)
-    grid = (min(max(1, -(-pairs // block[1])), 65535 * 8),)
     get_kernel(_SOURCE, "ngram_gather_stacked")(
-        grid,
-        block,
+        *_item_launch(n * T),
         (
             ids,
             np.int64(ld),
@@ -365,12 +367,8 @@ def hash_gather(
     # the word row in chunks as wide as a table row (a multiple of 8, at least 256)
     wchunk = max(256, -(-d // 8) * 8)
     W = -(-D // wchunk)
-    items = n * (T + W)
-    block = (32, 8)
-    grid = (min(max(1, -(-items // block[1])), 65535 * 8),)
     get_kernel(_SOURCE, "ngram_hash_gather")(
-        grid,
-        block,
+        *_item_launch(n * (T + W)),
         (
             tokens,
             starts if multi else tokens,

@@ -108,6 +108,23 @@ def row_launch(cupy: Any, n: int, words: int) -> tuple[tuple[int], tuple[int, in
     return (max(1, blocks),), (tx, ty)
 
 
+def _device_prologue(
+    what: str, name: str, table: Any, ids: Any, out: Any, n: int, d: int
+) -> tuple[Any, Any, Any]:
+    """The GPU gathers' shared checks: ``(cupy, out, device ids)``; the ids are None
+    when there is nothing to gather (``out`` is then the result)."""
+    cupy = require_cupy(what)
+    check_rows_contiguous(name, table)
+    if out is None:
+        out = cupy.empty((n, d), dtype=BF16)
+    else:
+        check_rows_contiguous("out", out)
+    if n == 0 or d == 0:
+        return cupy, out, None
+    _check_nonempty(name, table, n)
+    return cupy, out, device_index(cupy, ids)
+
+
 def _check_out(out: Any, table: Any, n: int, d: int) -> None:
     if out is None:
         return
@@ -158,16 +175,9 @@ def batched_embed(ids: Any, table: Any, out: Any = None) -> Any:
     if not is_device_array(table):
         return batched_embed_reference(host_index(ids), table, out)
 
-    cupy = require_cupy("batched_embed")
-    check_rows_contiguous("table", table)
-    if out is None:
-        out = cupy.empty((n, d), dtype=BF16)
-    else:
-        check_rows_contiguous("out", out)
-    if n == 0 or d == 0:
+    cupy, out, dev_ids = _device_prologue("batched_embed", "table", table, ids, out, n, d)
+    if dev_ids is None:
         return out
-    _check_nonempty("table", table, n)
-    dev_ids = device_index(cupy, ids)
     row_bytes = 2 * d
     vec = vector_bytes(row_bytes, table.strides[0], out.strides[0], table.data.ptr, out.data.ptr)
     words = row_bytes // vec
@@ -230,16 +240,9 @@ def batched_embed_fp8(ids: Any, codes: Any, scales: Any, out: Any = None) -> Any
     if not is_device_array(codes):
         return batched_embed_fp8_reference(host_index(ids), codes, scales, out)
 
-    cupy = require_cupy("batched_embed_fp8")
-    check_rows_contiguous("codes", codes)
-    if out is None:
-        out = cupy.empty((n, d), dtype=BF16)
-    else:
-        check_rows_contiguous("out", out)
-    if n == 0 or d == 0:
+    cupy, out, dev_ids = _device_prologue("batched_embed_fp8", "codes", codes, ids, out, n, d)
+    if dev_ids is None:
         return out
-    _check_nonempty("codes", codes, n)
-    dev_ids = device_index(cupy, ids)
     # VEC codes per word: VEC must divide the code row and its alignment, and 2*VEC
     # the output's (VEC bf16 are stored as one word).
     vec = vector_bytes(

@@ -234,7 +234,6 @@ def bench_gemm_splits(
     per decode/prefill row count, each after an L2 flush (flush time subtracted):
     the measurement behind ``embed.layer.GEMM_SPLITS``."""
     K, D = emb._wcat.shape
-    wt = xp.ascontiguousarray(emb._wcat.T)
     flush = _l2_flusher(xp, flush_bytes)
     stream = xp.cuda.Stream(non_blocking=True)
     rows = []
@@ -247,17 +246,15 @@ def bench_gemm_splits(
                 if not split_k(K, S):
                     continue
                 out = xp.empty((S, n, D), dtype=xp.float32)
-                # the weights as stored ([K, D]) and transposed ([D, K], K contiguous)
-                for tag, w, b_t in (("", emb._wcat, False), ("t_", wt, True)):
-                    gemm_bf16_f32_parts(a, w, out=out, b_t=b_t)  # eager first (cuBLAS loads)
+                gemm_bf16_f32_parts(a, emb._wcat, out=out)  # eager first (cuBLAS loads)
 
-                    def work(out: Any = out, a: Any = a, w: Any = w, b_t: bool = b_t) -> None:
-                        flush()
-                        gemm_bf16_f32_parts(a, w, out=out, b_t=b_t)
+                def work(out: Any = out, a: Any = a) -> None:
+                    flush()
+                    gemm_bf16_f32_parts(a, emb._wcat, out=out)
 
-                    row[f"{tag}splits_{S}_seconds"] = (
-                        (_graph_ms(xp, stream, work, steps, reps) - base) / steps / 1e3
-                    )
+                row[f"splits_{S}_seconds"] = (
+                    (_graph_ms(xp, stream, work, steps, reps) - base) / steps / 1e3
+                )
                 del out
         rows.append(row)
     return rows

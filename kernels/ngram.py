@@ -426,14 +426,13 @@ def gemm_bf16_f32_reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.asarray(a).astype(np.float32) @ np.asarray(b).astype(np.float32, copy=False)
 
 
-def gemm_bf16_f32(a: Any, b: Any, out: Any = None, *, b_t: bool = False) -> Any:
+def gemm_bf16_f32(a: Any, b: Any, out: Any = None) -> Any:
     """``a @ b`` with bf16 inputs, fp32 accumulation and a float32 result.
 
     Parameters
     ----------
     a : bfloat16[n, k]
-    b : bfloat16[k, m] (on the GPU), or bfloat16/float32 (on the CPU); with ``b_t``
-        bfloat16[m, k] (k contiguous, nn.Linear's layout) and the product is ``a @ b.T``
+    b : bfloat16[k, m] (on the GPU), or bfloat16/float32 (on the CPU)
     out : float32[n, m], optional
         Written in place (C-contiguous) on the GPU.
 
@@ -446,7 +445,7 @@ def gemm_bf16_f32(a: Any, b: Any, out: Any = None, *, b_t: bool = False) -> Any:
         different orders, so they agree to rounding, not bit for bit.
     """
     if not is_device_array(a):
-        res = gemm_bf16_f32_reference(a, b.T if b_t else b)
+        res = gemm_bf16_f32_reference(a, b)
         if out is None:
             return res
         out[...] = res
@@ -460,9 +459,9 @@ def gemm_bf16_f32(a: Any, b: Any, out: Any = None, *, b_t: bool = False) -> Any:
             f"and b {b.dtype}{list(b.shape)}"
         )
     n, k = a.shape
-    m, k2 = b.shape if b_t else b.shape[::-1]
+    k2, m = b.shape
     if k != k2:
-        raise ValueError(f"gemm_bf16_f32: a is [{n}, {k}] but b is {list(b.shape)} (b_t={b_t})")
+        raise ValueError(f"gemm_bf16_f32: a is [{n}, {k}] but b is [{k2}, {m}]")
     a = cp.ascontiguousarray(a)
     b = cp.ascontiguousarray(b)
     if out is None:
@@ -479,11 +478,10 @@ def gemm_bf16_f32(a: Any, b: Any, out: Any = None, *, b_t: bool = False) -> Any:
         return out
     one = np.array(1.0, dtype=np.float32)
     zero = np.array(0.0, dtype=np.float32)
-    # Row-major C[n, m] = A[n, k] B[k, m] is column-major C^T = B^T A^T: pass B first
-    # (column-major [m, k] with ld m; with b_t, column-major [k, m] transposed, ld k).
+    # Row-major C[n, m] = A[n, k] B[k, m] is column-major C^T = B^T A^T: pass B first.
     gemm_ex(
         cp,
-        getattr(cublas, "CUBLAS_OP_T", 1) if b_t else getattr(cublas, "CUBLAS_OP_N", 0),
+        getattr(cublas, "CUBLAS_OP_N", 0),
         getattr(cublas, "CUBLAS_OP_N", 0),
         m,
         n,
@@ -491,7 +489,7 @@ def gemm_bf16_f32(a: Any, b: Any, out: Any = None, *, b_t: bool = False) -> Any:
         one.ctypes.data,
         b.data.ptr,
         getattr(runtime, "CUDA_R_16BF", 14),
-        k if b_t else m,
+        m,
         a.data.ptr,
         getattr(runtime, "CUDA_R_16BF", 14),
         k,
@@ -524,7 +522,7 @@ def gemm_bf16_f32_parts_reference(a: np.ndarray, b: np.ndarray, splits: int) -> 
     )
 
 
-def gemm_bf16_f32_parts(a: Any, b: Any, out: Any, *, b_t: bool = False) -> Any:
+def gemm_bf16_f32_parts(a: Any, b: Any, out: Any) -> Any:
     """The projection GEMM split along its inner dimension: ``out[j] = a[:, K_j] @
     b[K_j, :]`` (bf16 in, fp32 accumulation, float32 out) for ``S = out.shape[0]``
     equal chunks, summed later by :func:`scale_sum` in a fixed order.
@@ -536,25 +534,25 @@ def gemm_bf16_f32_parts(a: Any, b: Any, out: Any, *, b_t: bool = False) -> Any:
     Parameters
     ----------
     a : bfloat16[n, k], C-contiguous
-    b : bfloat16[k, m], C-contiguous; with ``b_t`` bfloat16[m, k] (``a @ b.T``)
+    b : bfloat16[k, m], C-contiguous
     out : float32[S, n, m], C-contiguous, with ``split_k(k, S)``
     """
     S = int(out.shape[0])
     if S == 1:
-        gemm_bf16_f32(a, b, out=out[0], b_t=b_t)
+        gemm_bf16_f32(a, b, out=out[0])
         return out
     if not is_device_array(a):
-        out[...] = gemm_bf16_f32_parts_reference(a, b.T if b_t else b, S)
+        out[...] = gemm_bf16_f32_parts_reference(a, b, S)
         return out
     cp = require_cupy("gemm_bf16_f32_parts")
     from cupy.cuda import cublas, runtime
 
     n, k = a.shape
-    m, k2 = b.shape if b_t else b.shape[::-1]
+    m = b.shape[1]
     if (
         a.dtype != BF16
         or b.dtype != BF16
-        or k2 != k
+        or b.shape[0] != k
         or not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous)
         or out.dtype != cp.float32
         or out.shape != (S, n, m)
@@ -574,7 +572,7 @@ def gemm_bf16_f32_parts(a: Any, b: Any, out: Any, *, b_t: bool = False) -> Any:
     # column-major: part_j^T [m, n] = b[K_j]^T [m, ks] . a[:, K_j]^T [ks, n]
     gemm_strided_batched_ex(
         cp,
-        getattr(cublas, "CUBLAS_OP_T", 1) if b_t else getattr(cublas, "CUBLAS_OP_N", 0),
+        getattr(cublas, "CUBLAS_OP_N", 0),
         getattr(cublas, "CUBLAS_OP_N", 0),
         m,
         n,
@@ -582,8 +580,8 @@ def gemm_bf16_f32_parts(a: Any, b: Any, out: Any, *, b_t: bool = False) -> Any:
         one.ctypes.data,
         b.data.ptr,
         bf16,
-        k if b_t else m,
-        ks if b_t else ks * m,  # the next chunk of b: ks columns (b_t) or rows further
+        m,
+        ks * m,  # the next chunk of b: ks rows further
         a.data.ptr,
         bf16,
         k,

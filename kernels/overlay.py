@@ -35,47 +35,44 @@ KERNEL_NAMES = (
     "lmhead_overlay_scatter_bf16",
 )
 # The tensor-core ("mma") path's kernels: (16-row tiles, warps, ring stages) per block.
-# warps != tiles: the warps split K, each lane streaming its own operands through a ring
-# of `stages` k-blocks of shared memory (2 * tiles + 4 chunks of 16 bytes each; 96-128
-# KiB per block). warps == tiles: each warp owns one tile, and the block streams the
-# tiles' rows and the routed hidden rows together through a ring of `stages` stages of
-# 128 columns (hidden rows read once per block instead of once per tile).
+# The warps split K; each lane streams its own operands through a ring of `stages`
+# k-blocks of shared memory (2 * tiles + 4 chunks of 16 bytes each: 96 KiB per block for
+# (1, 8, 4), two blocks per SM; 128 KiB for (2, 8, 4), one). Measured on the H200 and
+# dropped (bench/overlay.py, 64 rows over 4 x 1,000 overrides, graph): 4 warps per
+# block, (1, 4, 8) 0.031 ms and (2, 4, 6) 0.033 ms against 0.020-0.021 ms with 8, and a
+# block-shared layout (a warp per tile, tiles and hidden rows staged together, a barrier
+# per 128-column stage) 0.055-0.059 ms: the time follows the k-blocks each warp waits on
+# in turn, not the bytes in flight.
 MMA_TILE = 16  # rows of the packed table per tile; a tile holds one adapter's rows only
-MMA_CONFIGS = ((1, 8, 4), (1, 4, 8), (2, 4, 6), (2, 8, 4), (4, 4, 3), (8, 8, 3))
-DEFAULT_MMA_CONFIG = (1, 8, 4)
+MMA_CONFIGS = ((1, 8, 4), (2, 8, 4))
+DEFAULT_MMA_CONFIG = (2, 8, 4)  # 0.0200 vs 0.0206 ms (above); half the hidden-row reads
 # Each adapter's block of the packed table starts at a multiple of this many rows, so a
-# block of 2 tiles never mixes adapters (blocks of more tiles handle an adapter boundary
-# in two runs, correctly but with idle warps).
+# block of 2 tiles never mixes adapters (a block that does is handled in two runs).
 MMA_ALIGN = 2 * MMA_TILE
-_MMAB_ROW_BYTES = 128 * 2 + 64  # the block kernels' staged row (kernel's MMAB_ROW_BYTES)
 
 
 def _mma_name(dtype: str, config: tuple[int, int, int]) -> str:
     t, w, st = config
-    if t == w:
-        return f"lmhead_overlay_mmab_{dtype}_t{t}d{st}"
     return f"lmhead_overlay_mma_{dtype}_t{t}w{w}d{st}"
 
 
 def _mma_smem(config: tuple[int, int, int]) -> int:
     """Dynamic shared memory (bytes) of the mma kernel of ``config``."""
     t, w, st = config
-    if t == w:
-        return st * (16 * t + 32) * _MMAB_ROW_BYTES
     return st * (2 * t + 4) * w * 32 * 16
 
 
 MMA_KERNEL_NAMES = tuple(_mma_name(d, c) for d in ("f32", "bf16") for c in MMA_CONFIGS)
 KERNEL_NAMES = KERNEL_NAMES + MMA_KERNEL_NAMES
 LMHEAD_PATHS = ("auto", "gemm", "mma", "warp")
-# "auto" takes the GEMM path from this many rows up: the GEMM reads every adapter's rows
-# once whatever the routing, the warp kernels read only the routed adapters' rows but
-# once per few routed rows, so small batches favour the warps. Measured on the H200
-# (bench/overlay.py, 4 adapters x 1,000 rows, hidden 3,072, eager, L2 flushed): warp
-# 0.013-0.017 ms up to 16 rows vs GEMM 0.019; at 32 rows warp 0.024 vs GEMM 0.019.
+# "auto" takes AUTO_PACKED_PATH from GEMM_MIN_ROWS rows up, the warp kernels below. The
+# packed paths read every routed adapter's rows once whatever the batch; the warp kernels
+# read them once per few routed rows, so small batches favour the warps. Measured on the
+# H200 (bench/overlay.py, 4 adapters x 1,000 rows, hidden 3,072, apply_lmhead alone in
+# a CUDA graph, L2 flushed by a read; ms, warp | GEMM | mma): 1 row 0.013 | 0.017 |
+# 0.018, 16 rows 0.015 | 0.017 | 0.019, 32 rows 0.022 | 0.017 | 0.019, 64 rows 0.038 |
+# 0.015 | 0.020. The mma path never wins there, so "auto" does not take it.
 GEMM_MIN_ROWS = 32
-# ... and from GEMM_MIN_ROWS rows up, "auto" takes this packed-table path (measured on
-# the H200, bench/overlay.py; see embed.overlay.TokenOverlay.lmhead_path).
 AUTO_PACKED_PATH = "gemm"
 _SCATTER_BLOCK = 256
 _CUBLAS_WORKSPACE = 32 << 20  # bytes; cuBLAS's recommendation for Hopper
@@ -1038,10 +1035,9 @@ def lmhead_overlay_mma(
         L; rows routed outside ``[0, L)`` are untouched.
     logits : cupy float32 or bfloat16 [n, n_cols], C-contiguous; modified in place.
     config : (tiles, warps, stages), keyword-only, one of ``MMA_CONFIGS``
-        Tuning knob: 16-row tiles and warps per block, and the depth of the ring of
-        operands in flight (see ``MMA_CONFIGS``). Results depend on how K is split,
-        through the order of float32 sums: the same for configs of equal ``warps`` when
-        warps != tiles, and for all configs with warps == tiles.
+        Tuning knob: 16-row tiles and warps per block, and the depth of each lane's ring
+        of k-blocks in flight. Results depend on ``warps`` only (how K is split, hence
+        the order of float32 sums).
 
     One kernel, one block per ``tiles`` tiles (grid fixed by ``cap``): the block finds
     the rows routed to its tiles' adapter and computes their dot products with the

@@ -248,7 +248,7 @@ def test_lmhead_path_knob_and_reserve():
     for config in MMA_CONFIGS:
         ov.lmhead_mma_config = list(config)
         assert ov.lmhead_mma_config == config
-    for bad in ((3, 8, 4), (1, 8), (1.0, 8, 4), (1, 8, 5), None, "x"):
+    for bad in ((3, 8, 4), (1, 8), (1.0, 8, 4), (1, 8, 5), (1, 4, 8), None, "x"):
         with pytest.raises(ConfigError, match="lmhead_mma_config"):
             ov.lmhead_mma_config = bad
     ov.reserve_lmhead(rows=4000, batch=64)  # the CPU path has no GEMM buffers
@@ -463,8 +463,8 @@ def test_token_overlay_lmhead_paths_match_cpu(model, rng, path):
     cpu = make_overlay(model)
     gpu = make_overlay(model, device="cuda")
     gpu.lmhead_path = path
-    if path == "mma":  # the block-shared kernel; other tests run the default config
-        gpu.lmhead_mma_config = (4, 4, 3)
+    if path == "mma":  # the other config; the other tests run the default
+        gpu.lmhead_mma_config = (1, 8, 4)
     cap, _ = gpu.lmhead_capacity
     total = sum(gpu.adapter_info(s).lm_head_ids.size for s in range(4))
     assert cap % 256 == 0 and cap >= total > 0

@@ -1,7 +1,8 @@
 // Token-overlay kernels: find changed vocab rows (embed_rowdiff), overwrite gathered
 // embedding rows with an adapter's rows (embed_overlay_routed), and recompute the
-// logits of an adapter's overridden tokens (lmhead_overlay_routed, or the GEMM path's
-// lmhead_overlay_scatter after a cuBLAS GEMM against all adapters' rows at once).
+// logits of an adapter's overridden tokens (lmhead_overlay_routed, the GEMM path's
+// lmhead_overlay_scatter after a cuBLAS GEMM against all adapters' rows at once, or the
+// tensor-core lmhead_overlay_mma over those packed rows).
 // Launchers and NumPy references (the specification): kernels/overlay.py.
 //
 // bf16 values travel as raw 16-bit patterns (unsigned short); a bf16 widens to f32

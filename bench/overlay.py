@@ -119,6 +119,9 @@ def _report(args: argparse.Namespace, res: dict[str, Any]) -> None:
     )
     if res.get("ratio_eager") is not None:
         print(f"eager ratio = {res['ratio_eager']:.4f}")
+    if res.get("ratio_by_path"):
+        print("ratio by LM-head path (graph): " + ", ".join(
+            f"{p} {r:.4f}" for p, r in res["ratio_by_path"].items()))  # fmt: skip
     if args.json:
         print(json.dumps(res, sort_keys=True))
 
@@ -460,6 +463,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     path = f", {res['lmhead_path']} LM-head path" if "lmhead_path" in res else ""
     res["ratio_basis"] = ("CUDA graph" if res.get("overlay_graph_ms") else "eager") + path
     res["ratio"] = overlay / res["gemm_ms"]
+    res["ratio_by_path"] = {
+        p: res[f"overlay_graph_{p}_ms"] / res["gemm_ms"]
+        for p in ("warp", "gemm", "mma")
+        if res.get(f"overlay_graph_{p}_ms")
+    }
     res["ratio_eager"] = res["overlay_eager_ms"] / res["gemm_ms"]
     res["overlay_s"] = overlay / 1e3
     res["settings"] = {k: v for k, v in vars(args).items() if k != "json"}

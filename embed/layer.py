@@ -441,10 +441,12 @@ class NgramEmbedding:
                     scale_sum(rows, proj, float(1 + self.dims.num_tables), out=out)
 
                 device_part()
-                if self._verify_cached(batch):
-                    self._after_caches()
-                    device_part()
-                buf.uploaded(xp.cuda.get_current_stream())
+                try:
+                    if self._verify_cached(batch):
+                        self._after_caches()
+                        device_part()
+                finally:  # the pinned upload is free once the last part that reads it ran
+                    buf.uploaded(xp.cuda.get_current_stream())
                 return out
             else:
                 # every n-gram table cached: their slots replace all ids, skip the hash

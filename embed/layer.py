@@ -687,11 +687,13 @@ class NgramEmbedding:
         return buf.dev[L : L + n] if multi else tok[L - n :]
 
     def _run_graph(self, batch: NgramBatch, out: Any) -> Any:
-        """A resident step replayed from a CUDA graph per (tokens, rows, multi) shape:
-        upload, hash + gathers and the GEMM in the graph; the scaled sum follows
-        eagerly into a fresh output (or ``out``), so results behave as on the eager
-        path. The first call of a shape runs eagerly into the shape's own buffers
-        (compiling the kernels, loading cuBLAS's), the second captures, later ones replay.
+        """A step replayed from a CUDA graph per (tokens, rows, multi) shape: upload,
+        hash + gathers (cached tables through their device maps) and the GEMM in the
+        graph; cached rows resolved on the host meanwhile (the graph replayed again
+        after a fault); the scaled sum follows eagerly into a fresh output (or
+        ``out``), so results behave as on the eager path. The first call of a shape
+        runs eagerly into the shape's own buffers (compiling the kernels, loading
+        cuBLAS's), the second captures, later ones replay.
         """
         key = (batch.length, batch.n, batch.num_seqs > 1)
         step = self._graphs.get(key)
@@ -720,8 +722,9 @@ class NgramEmbedding:
         ``load(batch)`` refills the input on the host, ``launch()`` replays the
         captured upload, hash + gathers, GEMM and scaled sum into ``.out``, and
         ``issue()`` queues the same work on the current stream (to capture it inside
-        a larger graph). ``batch`` (host tokens) is loaded and issued once eagerly.
-        Needs resident tables on the GPU and ``fused=True``.
+        a larger graph). ``batch`` (host tokens) is loaded; the first ``launch()`` runs
+        eagerly, the second captures. Needs resident tables on the GPU and
+        ``fused=True`` (cached tables need their rows resolved on the host each step).
         """
         if not self._fused_ids or self._groups:
             raise ConfigError(

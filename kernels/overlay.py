@@ -9,17 +9,16 @@ lifetime: :class:`embed.overlay.TokenOverlay` builds the tables.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import operator
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from ._cublas import capture_workspace, gemm_ex
 from ._cuda import get_kernel, is_device_array, require_cupy
-from .errors import ConfigError, GpuUnavailableError
+from .errors import ConfigError
 from .reference import BF16
 
 SOURCE = "overlay.cu"
@@ -75,7 +74,6 @@ LMHEAD_PATHS = ("auto", "gemm", "mma", "warp")
 GEMM_MIN_ROWS = 32
 AUTO_PACKED_PATH = "gemm"
 _SCATTER_BLOCK = 256
-_CUBLAS_WORKSPACE = 32 << 20  # bytes; cuBLAS's recommendation for Hopper
 _BLOCK = 256  # threads per block of the rowdiff and embed kernels (8 warps)
 _WARPS = _BLOCK // 32
 ROW_TILE = 64  # LM-head rows per block along grid z (the kernel's LM_ROW_TILE: two ballots)
@@ -806,69 +804,10 @@ def lmhead_overlay_routed(
 
 
 # --------------------------------------------------------------------------- GEMM path
-@functools.cache
-def _cublas_capture_api() -> tuple[Any, Any, Any]:
-    """cublasSetStream_v2, cublasSetWorkspace_v2, cublasGemmEx of the libcublas cupy loaded.
-
-    cupy's own cuBLAS wrappers refuse to run while a stream is capturing (cupy issue
-    6290), although cuBLAS GEMMs can be captured. So under capture the GEMM is issued
-    through ctypes, on cupy's handle, into the very library file cupy mapped (found in
-    /proc/self/maps: a second copy of libcublas would not know cupy's handle).
-    """
-    from cupy.cuda import device
-
-    device.get_cublas_handle()  # cupy has loaded libcublas once it made its handle
-    path = None
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as f:
-            for line in f:
-                parts = line.split(maxsplit=5)
-                if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith(
-                    "libcublas.so"
-                ):
-                    path = parts[5].strip()
-                    break
-    except OSError:
-        path = None
-    if path is None:
-        raise GpuUnavailableError(
-            "the GEMM path cannot be captured in a CUDA graph here: the libcublas that "
-            "cupy loaded was not found in /proc/self/maps; run it eagerly, or set "
-            "lmhead_path='warp' before capturing"
-        )
-    lib = ctypes.CDLL(path)
-    vp, ci = ctypes.c_void_p, ctypes.c_int
-    set_stream = lib.cublasSetStream_v2
-    set_stream.argtypes, set_stream.restype = [vp, vp], ci
-    set_workspace = lib.cublasSetWorkspace_v2
-    set_workspace.argtypes, set_workspace.restype = [vp, vp, ctypes.c_size_t], ci
-    gemm = lib.cublasGemmEx
-    gemm.argtypes = [vp, ci, ci, ci, ci, ci, vp, vp, ci, ci, vp, ci, ci, vp, vp, ci, ci, ci, ci]
-    gemm.restype = ci
-    return set_stream, set_workspace, gemm
-
-
-@functools.cache
-def _capture_workspace(device_id: int) -> Any:
-    # A workspace of our own for captured GEMMs: cuBLAS then allocates nothing during
-    # capture, and the graph keeps pointing at memory that lives as long as the process.
-    import cupy as cp
-
-    return cp.empty(_CUBLAS_WORKSPACE, dtype=cp.uint8)
-
-
 def prepare_gemm_capture() -> None:
     """Allocate the current device's cuBLAS capture workspace now (outside any capture)."""
     cp = require_cupy("prepare_gemm_capture")
-    _capture_workspace(cp.cuda.runtime.getDevice())
-
-
-def _is_capturing(cp: Any) -> bool:
-    stream = cp.cuda.get_current_stream()
-    try:
-        return bool(stream.is_capturing())
-    except Exception:  # the legacy default stream cannot capture
-        return False
+    capture_workspace(cp.cuda.runtime.getDevice())
 
 
 def gemm_rows_t(cp: Any, hidden: Any, rows_all: Any, p: Any) -> None:
@@ -881,7 +820,7 @@ def gemm_rows_t(cp: Any, hidden: Any, rows_all: Any, p: Any) -> None:
     once one call ran eagerly (that call allocates the capture workspace and lets cuBLAS
     load its kernels outside the capture).
     """
-    from cupy.cuda import cublas, device, runtime
+    from cupy.cuda import cublas, runtime
 
     n, k = hidden.shape
     cap = rows_all.shape[0]
@@ -892,25 +831,10 @@ def gemm_rows_t(cp: Any, hidden: Any, rows_all: Any, p: Any) -> None:
     algo = getattr(cublas, "CUBLAS_GEMM_DEFAULT", -1)
     one = np.array(1.0, dtype=np.float32)
     zero = np.array(0.0, dtype=np.float32)
-    handle = device.get_cublas_handle()
-    # The capture workspace is allocated by the first (eager) call: allocating it inside
-    # a capture would be a cudaMalloc there.
-    ws = _capture_workspace(cp.cuda.runtime.getDevice())
-    args = (
-        op_t, op_n, cap, n, k, one.ctypes.data, rows_all.data.ptr, bf16_t, k,
+    gemm_ex(
+        cp, op_t, op_n, cap, n, k, one.ctypes.data, rows_all.data.ptr, bf16_t, k,
         hidden.data.ptr, bf16_t, k, zero.ctypes.data, p.data.ptr, f32_t, cap, compute, algo,
     )  # fmt: skip
-    if not _is_capturing(cp):
-        cublas.gemmEx(handle, *args)
-        return
-    set_stream, set_workspace, gemm = _cublas_capture_api()
-    for what, status in (
-        ("cublasSetStream", set_stream(handle, cp.cuda.get_current_stream().ptr)),
-        ("cublasSetWorkspace", set_workspace(handle, ws.data.ptr, ws.nbytes)),
-        ("cublasGemmEx", gemm(handle, *args)),
-    ):
-        if status != 0:
-            raise RuntimeError(f"{what} failed under stream capture (cublasStatus {status})")
 
 
 def lmhead_overlay_gemm(

@@ -62,7 +62,8 @@ def hash_positions(
     back = positions[None, :] - np.arange(n_orders, dtype=_I64)[:, None]  # [N, n]: t - j
     xs = tokens[np.maximum(back, 0)]
     # term j >= 1 counts while no EOS and no sequence start lies in t - j .. t - 1
-    stop = (xs == eos) | (back < (first if np.ndim(first) == 0 else first[None, :]))
+    lo = np.asarray(first, dtype=_I64)  # a scalar, or one start per row
+    stop = (xs == eos) | (back < (lo if lo.ndim == 0 else lo[None, :]))
     stop[0] = False
     np.logical_or.accumulate(stop, axis=0, out=stop)
     np.invert(stop, out=stop)

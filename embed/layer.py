@@ -251,12 +251,16 @@ class NgramEmbedding:
         return [g[0] for g in self._groups]
 
     def resident_bytes(self) -> int:
-        """Bytes held by the tables (a shared arena once), projections and staging."""
+        """Bytes held by the tables (a shared arena once, with its device map when
+        ``device_lookup``), projections and staging."""
         staged = sum(int(a.nbytes) for a in (self._stack, self._proj, self._words) if a is not None)
         steps = [self._tok, *self._graphs.values()]
         staged += sum(s.nbytes for s in steps if s is not None)
         tables = sum(t.nbytes for t in (self.word, *self.tables) if not isinstance(t, CachedTable))
         arenas = {id(t.cache): t.nbytes for t in self.cached_tables}
+        if self.device_lookup:  # each cache's device map, once
+            for t in self.cached_tables:
+                arenas[id(t.cache)] = t.nbytes + int(t.cache.device_map().nbytes)
         return int(tables + sum(arenas.values()) + self._wcat.nbytes + staged)
 
     def ids(self, ctx_tokens: Any) -> Any:

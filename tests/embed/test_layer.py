@@ -985,3 +985,39 @@ def test_copy_from_mapped_gpu(rng, n):
     copy_from_mapped(host.ctypes.data, dst, n)
     np.testing.assert_array_equal(cp.asnumpy(dst[:n]), host)
     assert int(dst[n]) == 5
+
+
+@pytest.mark.gpu
+def test_layer_gpu_cached_with_overlay_and_faults_equals_resident(rng, tmp_path):
+    """The fused step through the device maps with an overlay: a step that faults runs its
+    device part again (gathers, overlay, GEMM, sum) and still equals the resident one."""
+    import cupy as cp
+
+    from embed.tables import CachedTable
+
+    store, shared, word_cache, word, tables, projs = _shared_cache_model(
+        rng, tmp_path, device="cuda", slots_frac=0.3
+    )
+    try:
+        adapter = word.copy()
+        changed = np.array([5, 17, 999])
+        adapter[changed] = (rng.standard_normal((3, 48)) * 0.3).astype(np.float32).astype(BF16)
+        ov = TokenOverlay(DIMS.vocab_size, DIMS.hidden_size, 2, device="cuda")
+        ov.set_adapter(1, embed_weight=adapter, served_embed=word)
+        resident = NgramEmbedding(DIMS, cp.asarray(word), [cp.asarray(t) for t in tables], projs)
+        cached = NgramEmbedding(
+            DIMS, CachedTable(word_cache), [CachedTable(shared, k) for k in range(4)], projs
+        )
+        assert cached._fused_ids and cached.device_lookup
+        faulted = 0
+        for _ in range(12):
+            x = np.concatenate([_stream(rng, 40), changed])
+            slots = np.array([-1, 1], np.int32)
+            before = shared.stats().misses + word_cache.stats().misses
+            got = cached.embed_batch([x, x[::-1].copy()], [43, 20], overlay=ov, seq_slots=slots)
+            faulted += shared.stats().misses + word_cache.stats().misses - before
+            want = resident.embed_batch([x, x[::-1].copy()], [43, 20], overlay=ov, seq_slots=slots)
+            np.testing.assert_array_equal(_bits(cp.asnumpy(got)), _bits(cp.asnumpy(want)))
+        assert faulted > 0 and shared.pinned == 0 and word_cache.pinned == 0
+    finally:
+        store.close()

@@ -14,7 +14,7 @@ from .checkpoint import Checkpoint, load_ngram_embedding, table_sources
 from .context import NgramBatchContext, NgramContext
 from .dims import NgramDims
 from .ids import ngram_ids, ngram_ids_loop_reference
-from .layer import NgramEmbedding
+from .layer import NgramEmbedding, StaticStep
 from .overlay import OverlayAdapterInfo, TokenOverlay
 from .tables import Bf16Table, CachedTable, Fp8Table
 
@@ -29,6 +29,7 @@ __all__ = [
     "NgramDims",
     "NgramEmbedding",
     "OverlayAdapterInfo",
+    "StaticStep",
     "TokenOverlay",
     "hash_positions",
     "load_ngram_embedding",

@@ -8,8 +8,21 @@ from __future__ import annotations
 
 from ._cuda import gpu_available
 from .gather import batched_embed, batched_embed_fp8
-from .ngram import StackedTables, gather_stacked, gemm_bf16_f32, ngram_hash, scale_sum
-from .overlay import embed_overlay_routed, embed_rowdiff, lmhead_overlay_routed
+from .ngram import (
+    StackedTables,
+    gather_stacked,
+    gemm_bf16_f32,
+    gemm_bf16_f32_parts,
+    hash_gather,
+    ngram_hash,
+    scale_sum,
+)
+from .overlay import (
+    embed_overlay_routed,
+    embed_rowdiff,
+    lmhead_overlay_mma,
+    lmhead_overlay_routed,
+)
 from .quantize import quantize_fp8
 from .scatter import scatter_records
 
@@ -21,7 +34,10 @@ __all__ = [
     "embed_rowdiff",
     "gather_stacked",
     "gemm_bf16_f32",
+    "gemm_bf16_f32_parts",
     "gpu_available",
+    "hash_gather",
+    "lmhead_overlay_mma",
     "lmhead_overlay_routed",
     "ngram_hash",
     "quantize_fp8",

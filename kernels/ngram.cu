@@ -15,20 +15,16 @@ __device__ __forceinline__ float ngram_e4m3_to_float(unsigned char code) {
 // xt(t) = tokens[t], and for j >= 1 xt(t - j) = tokens[t - j] while t - j >= first
 // and no EOS lies in positions t - j .. t - 1 (else 0 and the look-back stops).
 // m[j] = V^j mod rows for j < the table's order, 0 beyond: every term fits int64.
-// The look-back's loads do not wait on each other: every earlier token is read (at a
-// clamped, always valid index) and the stop conditions are chained as a predicate, so
-// the loads of one id issue together instead of one round trip per order.
 __device__ __forceinline__ long long ngram_id(const long long* __restrict__ tokens, long long t,
                                               long long first, const long long* __restrict__ m,
                                               int N, long long eos, long long rows) {
     long long acc = tokens[t] * m[0];
-    bool on = true;
-#pragma unroll 4
     for (int j = 1; j < N; ++j) {
-        const long long p = t - j;
-        const long long x = tokens[p > 0 ? p : 0];
-        on = on && p >= first && x != eos;
-        acc += on ? x * m[j] : 0LL;
+        long long p = t - j;
+        if (p < first) break;
+        long long x = tokens[p];
+        if (x == eos) break;
+        acc += x * m[j];
     }
     return acc % rows;
 }

@@ -90,7 +90,7 @@ def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype):
     lru = RefPrefetchLRU(slots)
     handles = []
     seen = {"exhausted": 0, "failed": 0, "dropped": 0}
-    for step in range(160):
+    for _ in range(160):
         op = rng.choice(["resolve", "resolve", "prefetch", "end", "wait"])
         if op == "prefetch":
             ids = rng.zipf(1.3, int(rng.integers(1, 150))) % 3000

@@ -373,6 +373,16 @@ class NgramRowCache:
         that call changed (0: every row was resident and mapped before the call)."""
         return self._last_faults
 
+    def poll(self) -> int:
+        """Commit the prefetches whose reads have finished (their rows appear in
+        :meth:`device_map`, in stream order after their arena writes); returns the
+        rows still in flight. Every other method does this too; a caller that reads
+        the device map before resolving calls it first."""
+        with self._lock:
+            if self._jobs:
+                self._reap()
+            return self._n_busy
+
     def prefetch(self, row_ids: Any) -> PrefetchHandle:
         """Start reading the rows of a coming step; never blocks on I/O.
 

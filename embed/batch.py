@@ -256,16 +256,17 @@ class NgramBatch:
             return self.tokens[_dev(self.positions)]
         return self.tokens[self.positions]
 
-    def host_ids(self, tables: Any = None) -> np.ndarray:
+    def host_ids(self, tables: Any = None, offsets: np.ndarray | None = None) -> np.ndarray:
         """Ids of the embedded positions on the host: int64[len(tables), n].
 
-        ``tables`` : int[k] table indices (default all ``num_tables``). Host tokens
-        only (device tokens must be hashed on the device).
+        ``tables`` : int[k] table indices (default all ``num_tables``); ``offsets``
+        int64[k], added to each table's ids (global ids of a shared arena). Host
+        tokens only (device tokens must be hashed on the device).
         """
         assert not self.on_device, "host_ids needs host tokens"
         mult, rows = self.dims.table_subset(tables)
         return hash_packed(
-            self.tokens, self.ctx_lens, self.seq_lens, mult, rows, self.dims.eos_token_id
+            self.tokens, self.ctx_lens, self.seq_lens, mult, rows, self.dims.eos_token_id, offsets
         )
 
     def rows_per_sequence(self, values: Any) -> np.ndarray:

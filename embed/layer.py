@@ -568,8 +568,11 @@ class NgramEmbedding:
         the faults' writes and the maps' updates)."""
         if not self._groups:
             return False
-        self._resolve_host(batch, batch.host_ids(self._cached_rows))
-        return any(cache.last_faults for cache, *_ in self._groups)
+        faulted = False
+        for cache, _, gid, _ in self._group_ids(batch, None):  # the device has the slots
+            cache.resolve_host(gid.ravel())
+            faulted = faulted or cache.last_faults > 0
+        return faulted
 
     def _resolve(self, batch: NgramBatch, ids: Any, host_ids: Any) -> Any:
         """Arena slots replace the cached tables' rows of ``ids`` (in place). Returns
@@ -600,15 +603,21 @@ class NgramEmbedding:
         return out, word_slots
 
     def _group_ids(
-        self, batch: NgramBatch, host_ids: np.ndarray
+        self, batch: NgramBatch, host_ids: np.ndarray | None
     ) -> Iterator[tuple[Any, list[int], np.ndarray, np.ndarray]]:
         """Per cache: ``(cache, members, global ids int64[len(members), n], pos)`` of a
-        batch whose cached n-gram tables' host ids are ``host_ids``."""
+        batch whose cached n-gram tables' host ids are ``host_ids`` (hashed here
+        when None; host tokens)."""
         host_word = None
         for cache, members, offsets, pos in self._groups:
             if members == self._cached_list:  # one cache holds every cached n-gram table
-                gid = host_ids + offsets[:, None]
+                if host_ids is None:  # hashed straight into global ids: one C pass
+                    gid = batch.host_ids(self._cached_rows, offsets)
+                else:
+                    gid = host_ids + offsets[:, None]
             else:
+                if host_ids is None:
+                    host_ids = batch.host_ids(self._cached_rows)
                 parts = []
                 for m in members:  # members of one cache (<= T + 1), vectorized over rows
                     if m < 0:

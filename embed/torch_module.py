@@ -186,7 +186,9 @@ class TorchNgramEmbedding(torch.nn.Module):
         B, L = input_ids.shape
         if seq_slot is not None or active != -1:
             if self.overlay is None:
-                raise ConfigError("seq_slot/active route an overlay: build the module with overlay=")
+                raise ConfigError(
+                    "seq_slot/active route an overlay: build the module with overlay="
+                )
         plan = self._plan(input_ids, ngram_context, attention_mask)
         D = self.dims.hidden_size
         if device.type == "cpu":
@@ -215,7 +217,9 @@ class TorchNgramEmbedding(torch.nn.Module):
                 raise ConfigError(f"ngram_context has {len(ctx)} rows, input_ids {B}")
             if mask is not None:
                 raise ConfigError("attention_mask goes with a [B, C] ngram_context, not a list")
-            rows = [_ints(f"ngram_context[{b}]", c, ids.device, 1)[-keep:] for b, c in enumerate(ctx)]
+            rows = [
+                _ints(f"ngram_context[{b}]", c, ids.device, 1)[-keep:] for b, c in enumerate(ctx)
+            ]
             clens = np.fromiter((r.shape[0] for r in rows), dtype=np.int64, count=B)
             tokens = torch.cat([t for b in range(B) for t in (rows[b], ids[b])])
             return _Plan(tokens.numpy() if cpu else tokens, clens + L, np.full(B, L), None)
@@ -273,7 +277,9 @@ class TorchNgramEmbedding(torch.nn.Module):
         kw: dict[str, Any] = {}
         if self.overlay is not None:
             kw = {"overlay": self.overlay, "active": active, "seq_slots": self._slots(seq_slot, B)}
-        tokens = plan.tokens if isinstance(plan.tokens, np.ndarray) else xp(plan.tokens.contiguous())
+        tokens = (
+            plan.tokens if isinstance(plan.tokens, np.ndarray) else xp(plan.tokens.contiguous())
+        )
         dest = out.view(-1, D) if fill is None else out.new_empty((int(plan.seq_lens.sum()), D))
         if B == 1 and fill is None:
             if "seq_slots" in kw:
@@ -301,7 +307,9 @@ class TorchNgramEmbedding(torch.nn.Module):
         if arr.ndim == 0:
             arr = np.full(B, int(arr))
         if arr.shape != (B,) or arr.dtype.kind not in "iu":
-            raise ConfigError(f"seq_slot must be an int or int[B={B}], got {arr.dtype}{list(arr.shape)}")
+            raise ConfigError(
+                f"seq_slot must be an int or int[B={B}], got {arr.dtype}{list(arr.shape)}"
+            )
         arr = arr.astype(np.int32)
         if self.emb.device == "cuda":
             import cupy as cp
@@ -316,7 +324,13 @@ class TorchNgramEmbedding(torch.nn.Module):
         s = torch.cuda.current_stream(device)
         ext = self._streams.get(s.cuda_stream)
         if ext is None:
-            ext = self._streams[s.cuda_stream] = cp.cuda.ExternalStream(s.cuda_stream, device.index)
+            # torch's default stream is the legacy null stream: cupy's own null stream
+            ext = (
+                cp.cuda.Stream.null
+                if s.cuda_stream == 0
+                else cp.cuda.ExternalStream(s.cuda_stream, device.index)
+            )
+            self._streams[s.cuda_stream] = ext
         return ext
 
     # --- CUDA graphs ------------------------------------------------------------
@@ -342,9 +356,15 @@ class TorchStaticStep:
     checked on this path (as ``nn.Embedding`` on CUDA): keep them in ``[0, vocab)``.
     """
 
-    def __init__(self, module: TorchNgramEmbedding, batch_size: int, seq_len: int, context_len: int = 0) -> None:
+    def __init__(
+        self, module: TorchNgramEmbedding, batch_size: int, seq_len: int, context_len: int = 0
+    ) -> None:
         emb = module.emb
-        for name, v, lo in (("batch_size", batch_size, 1), ("seq_len", seq_len, 1), ("context_len", context_len, 0)):
+        for name, v, lo in (
+            ("batch_size", batch_size, 1),
+            ("seq_len", seq_len, 1),
+            ("context_len", context_len, 0),
+        ):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
                 raise ConfigError(f"{name}={v!r} must be an int >= {lo}")
         B, L = int(batch_size), int(seq_len)
@@ -361,24 +381,39 @@ class TorchStaticStep:
         self._step = emb.static_step(batch)  # ConfigError for cached tables
         self._multi = B > 1
         n_words = B * (c + L) + (B * L if self._multi else 0)  # tokens, then word ids
-        self._dev = torch.empty(n_words, dtype=torch.int64, device="cuda")
+        import cupy as cp
+
+        where = torch.device("cuda", cp.cuda.Device().id)  # the embedding's device
+        self._dev = torch.empty(n_words, dtype=torch.int64, device=where)
         self._host = self._step.buf.hosts[0]  # pinned: [tokens | word ids | starts | positions]
         out = torch.from_dlpack(self._step.out.view(np.int16))
         self.out = out.view(torch.bfloat16).view(B, L, emb.dims.hidden_size)
         self.runs = 0
 
-    def __call__(self, input_ids: torch.Tensor, ngram_context: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(
+        self, input_ids: torch.Tensor, ngram_context: torch.Tensor | None = None
+    ) -> torch.Tensor:
         import cupy as cp
 
         B, L, c = self.shape
         if tuple(input_ids.shape) != (B, L) or not input_ids.is_cuda:
-            raise ConfigError(f"this step takes CUDA input_ids [{B}, {L}], got {list(input_ids.shape)}")
-        if c and (ngram_context is None or ngram_context.dim() != 2 or ngram_context.shape[0] != B or ngram_context.shape[1] < c):
+            raise ConfigError(
+                f"this step takes CUDA input_ids [{B}, {L}], got {list(input_ids.shape)}"
+            )
+        if c and (
+            ngram_context is None
+            or ngram_context.dim() != 2
+            or ngram_context.shape[0] != B
+            or ngram_context.shape[1] < c
+        ):
             raise ConfigError(f"this step takes ngram_context [{B}, >= {c}] (CUDA int64)")
         if self.runs == 0 and torch.cuda.is_current_stream_capturing():
-            raise ConfigError("run a TorchStaticStep once before capturing it (compiles its kernels)")
+            raise ConfigError(
+                "run a TorchStaticStep once before capturing it (compiles its kernels)"
+            )
         packed = self._dev[: B * (c + L)].view(B, c + L)
         if c:
+            assert ngram_context is not None  # checked above
             packed[:, :c].copy_(ngram_context[:, ngram_context.shape[1] - c :])
         packed[:, c:].copy_(input_ids)
         if self._multi:

@@ -26,7 +26,7 @@ import torch
 # run from a checkout without installing it
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from embed import NgramDims, TorchNgramEmbedding  # noqa: E402
+from embed import NgramDims, TorchNgramEmbedding
 
 # The tiny base architecture (platform.md: runs on the CPU) with LongCat-Flash-Lite's
 # n-gram shape (orders 2..4, 4 splits: 12 tables of hidden/12 = 8 columns).
@@ -119,7 +119,9 @@ def _cache_kwarg(model: Any) -> str:
 
 
 @torch.no_grad()
-def greedy(model: Any, module: TorchNgramEmbedding, prompt: torch.Tensor, steps: int) -> torch.Tensor:
+def greedy(
+    model: Any, module: TorchNgramEmbedding, prompt: torch.Tensor, steps: int
+) -> torch.Tensor:
     """Greedy tokens ``[B, steps]``: prefill ``prompt`` [B, P], then one token per step.
 
     The n-gram context is kept as the reference ``NgramCache`` keeps it (the last
@@ -158,10 +160,14 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             runs[name] = greedy(model, mod, prompt, args.steps)
             dt = time.perf_counter() - t0
-            print(f"{name:>8}: {runs[name].tolist()}  ({prompt.shape[0] * args.steps / dt:.1f} tok/s)")
+            print(
+                f"{name:>8}: {runs[name].tolist()}  ({prompt.shape[0] * args.steps / dt:.1f} tok/s)"
+            )
         stats = [c.stats() for c in cached.emb.caches]
-        print(f"cached tables: {sum(s.misses for s in stats)} faults, "
-              f"{sum(s.evictions for s in stats)} evictions")
+        print(
+            f"cached tables: {sum(s.misses for s in stats)} faults, "
+            f"{sum(s.evictions for s in stats)} evictions"
+        )
         same = torch.equal(runs["resident"], runs["cached"])
         print("identical tokens" if same else "TOKENS DIFFER")
         return 0 if same else 1

@@ -57,7 +57,9 @@ def _ids(rng, shape):
 
 def _row(emb, ctx, ids):
     """The embedding of one row, from NgramEmbedding directly (the ground truth)."""
-    return emb.embed(np.concatenate([np.asarray(ctx, dtype=np.int64)[-KEEP:], ids.numpy()]), len(ids))
+    return emb.embed(
+        np.concatenate([np.asarray(ctx, dtype=np.int64)[-KEEP:], ids.numpy()]), len(ids)
+    )
 
 
 def test_import_embed_does_not_import_torch():
@@ -148,9 +150,7 @@ def test_forward_attention_mask_left_padding(emb, rng, full_mask):
         np.testing.assert_array_equal(_bits(out[b, 6 - n :]), _bits(_row(emb, c, ids[b, 6 - n :])))
         assert not out[b, : 6 - n].any()
     # an all-ones mask is the unmasked forward
-    np.testing.assert_array_equal(
-        _bits(mod(ids, attention_mask=torch.ones(3, 6))), _bits(mod(ids))
-    )
+    np.testing.assert_array_equal(_bits(mod(ids, attention_mask=torch.ones(3, 6))), _bits(mod(ids)))
 
 
 def test_forward_accepts_int32_and_views(emb, rng):
@@ -171,7 +171,7 @@ def test_forward_rejects_bad_input(emb, rng):
         mod(ids[0])
     with pytest.raises(ConfigError, match="one context per row"):
         mod(ids, ids[:1])
-    with pytest.raises(ConfigError, match="has 2 rows, input_ids 2|ngram_context has 1 rows"):
+    with pytest.raises(ConfigError, match="ngram_context has 1 rows, input_ids 2"):
         mod(ids, [ids[0]])
     with pytest.raises(ConfigError, match="attention_mask has 5 columns"):
         mod(ids, ids, attention_mask=torch.ones(2, 5))
@@ -188,9 +188,7 @@ def test_forward_rejects_bad_input(emb, rng):
 def test_forward_cached_tables_bit_identical(weights, rng, tmp_path):
     word, tables, projs = weights
     store = build_store(tmp_path / "s", {str(i): t for i, t in enumerate(tables)}, progress=False)
-    caches = [
-        CachedTable(NgramRowCache(store, str(i), slots=40)) for i in range(DIMS.num_tables)
-    ]
+    caches = [CachedTable(NgramRowCache(store, str(i), slots=40)) for i in range(DIMS.num_tables)]
     res = TorchNgramEmbedding(NgramEmbedding(DIMS, word, tables, projs))
     cac = TorchNgramEmbedding(NgramEmbedding(DIMS, word, caches, projs))
     for _ in range(3):  # more distinct rows than slots: evictions between calls
@@ -231,11 +229,16 @@ def _checkpoint(tmp_path, weights):
     path = tmp_path / "ckpt"
     path.mkdir()
     wm = {}
-    for fn, tensors in (("model-00001-of-00002.safetensors", first), ("model-00002-of-00002.safetensors", second)):
+    for fn, tensors in (
+        ("model-00001-of-00002.safetensors", first),
+        ("model-00002-of-00002.safetensors", second),
+    ):
         _save_bf16(save_file, tensors, path / fn)
         wm.update(dict.fromkeys(tensors, fn))
     (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
-    (path / "config.json").write_text(json.dumps({**DIMS.to_config(), "model_type": "longcat_flash_ngram"}))
+    (path / "config.json").write_text(
+        json.dumps({**DIMS.to_config(), "model_type": "longcat_flash_ngram"})
+    )
     return path
 
 
@@ -313,8 +316,13 @@ def _gpu_emb(weights, cached=False, tmp_path=None):
 
     word, tables, projs = weights
     if cached:
-        store = build_store(tmp_path / "g", {str(i): t for i, t in enumerate(tables)}, progress=False)
-        tabs = [CachedTable(NgramRowCache(store, str(i), slots=64, device="cuda")) for i in range(DIMS.num_tables)]
+        store = build_store(
+            tmp_path / "g", {str(i): t for i, t in enumerate(tables)}, progress=False
+        )
+        tabs = [
+            CachedTable(NgramRowCache(store, str(i), slots=64, device="cuda"))
+            for i in range(DIMS.num_tables)
+        ]
     else:
         tabs = [cp.asarray(t) for t in tables]
     return NgramEmbedding(DIMS, cp.asarray(word), tabs, projs)

@@ -293,15 +293,12 @@ class TorchNgramEmbedding(torch.nn.Module):
             out[fill] = dest
 
     def _slots(self, seq_slot: Any, B: int) -> Any:
-        """Adapter slots per row as int32 on the embedding's device (or None)."""
+        """Adapter slots, one per row of the batch: host int32[B] (or None). The
+        embedding repeats them over each row's positions (a CUDA tensor is copied to
+        the host: B ints)."""
         if seq_slot is None:
             return None
         if isinstance(seq_slot, torch.Tensor):
-            seq_slot = seq_slot.to(torch.int32)
-            if self.emb.device == "cuda":
-                import cupy as cp
-
-                return cp.from_dlpack(seq_slot.to(self.device).contiguous())
             seq_slot = seq_slot.cpu().numpy()
         arr = np.asarray(seq_slot)
         if arr.ndim == 0:
@@ -310,12 +307,7 @@ class TorchNgramEmbedding(torch.nn.Module):
             raise ConfigError(
                 f"seq_slot must be an int or int[B={B}], got {arr.dtype}{list(arr.shape)}"
             )
-        arr = arr.astype(np.int32)
-        if self.emb.device == "cuda":
-            import cupy as cp
-
-            return cp.asarray(arr)
-        return arr
+        return arr.astype(np.int32)
 
     def _stream(self, device: torch.device) -> Any:
         """cupy's view of torch's current stream on ``device`` (one per stream, kept)."""

@@ -212,6 +212,9 @@ def test_forward_overlay_seq_slot(emb, weights, rng):
     assert not torch.equal(out[0], TorchNgramEmbedding(emb)(ids)[0])
     one = mod(ids[:1], seq_slot=1)  # a scalar routes every row
     np.testing.assert_array_equal(_bits(one[0]), _bits(out[0]))
+    np.testing.assert_array_equal(_bits(mod(ids[:1], seq_slot=np.array([1]))), _bits(one))
+    with pytest.raises(ConfigError, match="seq_slot must be"):
+        mod(ids, seq_slot=[1, 0, 1])
 
 
 # --- from_pretrained on a small HF-style checkpoint directory ---------------------
@@ -372,6 +375,27 @@ def test_gpu_static_step_in_torch_cuda_graph(weights, rng):
         g.replay()
         torch.cuda.synchronize()
         np.testing.assert_array_equal(_bits(out), _bits(mod(new, nctx)))
+
+
+@pytest.mark.gpu
+def test_gpu_forward_overlay_seq_slot(weights, rng):
+    import cupy as cp
+
+    word = weights[0]
+    emb = _gpu_emb(weights)
+    ov = TokenOverlay(DIMS.vocab_size, DIMS.hidden_size, 2, device="cuda")
+    adapter = (np.asarray(word, dtype=np.float32) + 1).astype(BF16)
+    ov.set_adapter(1, embed_weight=cp.asarray(adapter), served_embed=cp.asarray(word))
+    mod = TorchNgramEmbedding(emb, overlay=ov)
+    ids = _ids(rng, (2, 5))
+    out = mod(ids.cuda(), seq_slot=torch.tensor([1, -1], device="cuda"))
+    want = emb.embed_batch(
+        [cp.asarray(ids[0].numpy()), cp.asarray(ids[1].numpy())],
+        [5, 5],
+        overlay=ov,
+        seq_slots=np.array([1, -1], np.int32),
+    )
+    np.testing.assert_array_equal(_bits(out.reshape(-1, DIMS.hidden_size)), _bits(want.get()))
 
 
 @pytest.mark.gpu

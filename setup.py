@@ -16,13 +16,17 @@ class OptionalBuildExt(build_ext):
         try:
             super().run()
         except Exception as e:  # no compiler: the package still installs
-            print(f"warning: rowcache._rcio not built ({e}); using the Python reader", file=sys.stderr)
+            print(
+                f"warning: rowcache._rcio not built ({e}); using the Python reader", file=sys.stderr
+            )
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
         except Exception as e:
-            print(f"warning: rowcache._rcio not built ({e}); using the Python reader", file=sys.stderr)
+            print(
+                f"warning: rowcache._rcio not built ({e}); using the Python reader", file=sys.stderr
+            )
 
 
 ext_modules = []

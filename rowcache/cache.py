@@ -253,12 +253,10 @@ class NgramRowCache:
         if reader == "kvikio":
             from .kvikio_reader import KvikioRowReader
 
-            return KvikioRowReader(*args, queue_depth=qd, merge_gap=base.merge_gap), "kvikio"
+            return KvikioRowReader(*args, **base.options(queue_depth=qd, direct=False)), "kvikio"
         if qd == base.queue_depth and use_direct == base.direct:
             return base, "posix"
-        return RowReader(
-            *args, queue_depth=qd, direct=use_direct, merge_gap=base.merge_gap
-        ), "posix"
+        return RowReader(*args, **base.options(queue_depth=qd, direct=use_direct)), "posix"
 
     def _init_gpu(self, S: int, dim: int, rec: int) -> None:
         cp = self._xp
@@ -555,16 +553,18 @@ class NgramRowCache:
         if self.device == "cuda" and self._copy_done is not None:
             self._copy_done.synchronize()  # the staging buffer's last copy has left it
         staging = self._staging_rows(n)
-        # Global rows are sorted, so each part's rows are one contiguous run of them.
-        bounds = np.searchsorted(rows, self.row_offsets)
-        for k, t in enumerate(self.part_tables):
-            a, b = int(bounds[k]), int(bounds[k + 1])
-            if a == b:
-                continue
-            _, rs = self._reader.read_records(t, rows[a:b] - self.row_offsets[k], out=staging[a:b])
-            st["rows_read"] += rs.rows
-            st["bytes_read"] += rs.bytes_read
-            st["read_ops"] += rs.read_ops
+        # Global rows are sorted, so each part's rows are one contiguous run of them, and
+        # the parts in order are the staging order: one read plan and one dispatch for all.
+        bounds = np.searchsorted(rows, self.row_offsets).tolist()
+        parts = [
+            (t, rows[bounds[k] : bounds[k + 1]] - self.row_offsets[k])
+            for k, t in enumerate(self.part_tables)
+            if bounds[k] < bounds[k + 1]
+        ]
+        _, rs = self._reader.read_parts(parts, out=staging)  # raises before any count
+        st["rows_read"] += rs.rows
+        st["bytes_read"] += rs.bytes_read
+        st["read_ops"] += rs.read_ops
         records = staging[:n]
         if self.device == "cpu":
             scatter_records_reference(records, victims, self.table, self.scales)

@@ -496,15 +496,16 @@ static PyTypeObject ReaderType = {
     .tp_getset = Reader_getset,
 };
 
-/* crc32c(data, value=0) -> int, or page_crcs(data, out uint32[pages]) */
+/* crc32c(data, value=0, software=False) -> int; software=True: the table (for tests) */
 static PyObject *py_crc32c(PyObject *m, PyObject *args) {
     (void)m;
     Py_buffer v;
     unsigned int value = 0;
-    if (!PyArg_ParseTuple(args, "y*|I", &v, &value)) return NULL;
+    int sw = 0;
+    if (!PyArg_ParseTuple(args, "y*|Ip", &v, &value, &sw)) return NULL;
     uint32_t c;
     Py_BEGIN_ALLOW_THREADS
-    c = crc32c(value, v.buf, (size_t)v.len);
+    c = sw ? crc_sw(value, v.buf, (size_t)v.len) : crc32c(value, v.buf, (size_t)v.len);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&v);
     return PyLong_FromUnsignedLong(c);
@@ -534,7 +535,7 @@ static PyObject *py_page_crcs(PyObject *m, PyObject *args) {
 }
 
 static PyMethodDef module_methods[] = {
-    {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int (Castagnoli)"},
+    {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0, software=False) -> int (Castagnoli; software: the table path)"},
     {"page_crcs", py_page_crcs, METH_VARARGS,
      "page_crcs(data, out): out[j] = crc32c of 4096-byte page j of data (the last may be short)"},
     {NULL, NULL, 0, NULL}};

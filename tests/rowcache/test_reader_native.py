@@ -49,16 +49,15 @@ def direct_ok(path) -> bool:
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
-    """Stores of several shapes: (store, {table name: bf16 values or (codes, scales)})."""
+    """Stores of several shapes: record sizes, shard sizes, table counts, both dtypes."""
     rng = np.random.default_rng(7)
     out = []
-    for i, (dtype, dims, rows, shard_pages) in enumerate(
-        [
-            ("bf16", [32, 32, 32], [3000, 700, 5001], 8),
-            ("fp8", [60, 60], [2500, 999], 3),
-            ("bf16", [1030], [300], 2),
-        ]  # fmt: skip
-    ):
+    shapes = [
+        ("bf16", [32, 32, 32], [3000, 700, 5001], 8),
+        ("fp8", [60, 60], [2500, 999], 3),
+        ("bf16", [2100], [300], 6),  # records larger than a page (4,200 bytes)
+    ]
+    for i, (dtype, dims, rows, shard_pages) in enumerate(shapes):
         tabs = {
             f"t{k}": rng.standard_normal((n, d), dtype=np.float32).astype(BF16)
             for k, (n, d) in enumerate(zip(rows, dims))
@@ -189,7 +188,7 @@ def test_python_path_when_extension_is_missing(stores, monkeypatch):
     r = make_reader(store)
     assert r.engine == "python"
     np.testing.assert_array_equal(r.read_parts(parts)[0], want)
-    with pytest.raises(ConfigError, match="rowcache._rcio"):
+    with pytest.raises(ConfigError, match=r"rowcache\._rcio"):
         make_reader(store, engine="uring")
 
 

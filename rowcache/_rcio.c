@@ -299,13 +299,28 @@ static int uring_run(uring_t *u, batch_t *b, int qd) {
     return 0;
 }
 
-/* ---- the Python object ---- */
+/* ---- the Python object: layout, scratch, and one fault per call ---- */
+enum { L_ROWS, L_RPP, L_PPS, L_PGB, L_REC, L_FBASE, L_FDS, L_CRC, L_CRCBASE, NL };
+
+typedef struct {
+    int64_t file, off;
+    Py_ssize_t i; /* index in the caller's order */
+} rowref_t;
+
 typedef struct {
     PyObject_HEAD
-    int qd, use_uring, broken;
+    int qd, use_uring, broken, have_layout, direct;
+    int64_t merge_gap, max_extent;
+    Py_buffer lay[NL]; /* held for the reader's life; fds is Python's, updated in place */
     uring_t ring;
     pool_t pool;
     pthread_mutex_t lock; /* one batch at a time per reader */
+    rowref_t *rr;
+    int32_t *e_fd, *p_read, *e_err;
+    int64_t *e_off, *e_len, *e_pos, *e_need, *e_got, *src, *p_pos;
+    uint32_t *p_crc;
+    uint8_t *p_bad, *buf;
+    Py_ssize_t cap_rows, cap_pages, cap_buf;
 } Reader;
 
 static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
@@ -320,6 +335,10 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     int want_uring = !strcmp(engine, "uring"), auto_ = !strcmp(engine, "auto");
     if (!want_uring && !auto_ && strcmp(engine, "threads")) {
         PyErr_Format(PyExc_ValueError, "engine=%s: allowed: auto, uring, threads", engine);
+        return -1;
+    }
+    if (self->pool.th) {
+        PyErr_SetString(PyExc_RuntimeError, "Reader is already initialised");
         return -1;
     }
     self->qd = qd;
@@ -345,6 +364,13 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
     return 0;
 }
 
+static void scratch_free(Reader *s) {
+    void *p[] = {s->rr, s->e_fd, s->e_err, s->e_off, s->e_len, s->e_pos, s->e_need, s->e_got,
+                 s->src, s->p_pos, s->p_read, s->p_crc, s->p_bad};
+    for (size_t k = 0; k < sizeof p / sizeof *p; k++) free(p[k]);
+    if (!s->broken) free(s->buf); /* a broken ring may still write into buf: leak it */
+}
+
 static void Reader_dealloc(Reader *self) {
     if (self->pool.th) {
         pthread_mutex_lock(&self->pool.mu);
@@ -355,15 +381,18 @@ static void Reader_dealloc(Reader *self) {
         PyMem_RawFree(self->pool.th);
     }
     if (self->ring.fd >= 0 && !self->broken) uring_close(&self->ring);
+    for (int k = 0; k < NL; k++)
+        if (self->lay[k].obj) PyBuffer_Release(&self->lay[k]);
+    scratch_free(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* A C-contiguous buffer of exactly n items of `size` bytes (or None when optional). */
+/* A C-contiguous buffer of exactly n items of `size` bytes (n < 0: any length). */
 static int getbuf(PyObject *o, Py_buffer *v, Py_ssize_t size, Py_ssize_t n, int writable,
                   const char *name) {
     if (PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
         return -1;
-    if (n >= 0 && v->len != size * n) {
+    if ((n >= 0 && v->len != size * n) || v->len % size) {
         PyErr_Format(PyExc_ValueError, "%s: %zd bytes, expected %zd", name, v->len, size * n);
         PyBuffer_Release(v);
         v->obj = NULL;
@@ -372,100 +401,248 @@ static int getbuf(PyObject *o, Py_buffer *v, Py_ssize_t size, Py_ssize_t n, int 
     return 0;
 }
 
-static PyObject *Reader_run(Reader *self, PyObject *args) {
-    PyObject *o[14];
-    int direct, rec;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOpOOOOOOi", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
-                          &o[6], &o[7], &direct, &o[8], &o[9], &o[10], &o[11], &o[12], &o[13],
-                          &rec))
+#define L64(s, k) ((const int64_t *)(s)->lay[k].buf)
+
+/* set_layout(rows, rows_per_page, pages_per_shard, page_bytes, record_bytes [int64 per
+ * table], file_base int64[T + 1], fds int32[F] (kept, read at every call), crc uint32[] or
+ * None, crc_base int64[F + 1] or None, merge_gap, max_extent, direct) */
+static PyObject *Reader_set_layout(Reader *self, PyObject *args) {
+    PyObject *o[NL];
+    long long gap, maxe;
+    int direct;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOLLp", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
+                          &o[7], &o[8], &gap, &maxe, &direct))
         return NULL;
-    /* fd, off, len, pos, need, got, err, buf | page_pos, page_read, page_crc, page_bad | src, out */
-    static const char *nm[] = {"fd", "off", "len", "pos", "need", "got", "err", "buf",
-                               "page_pos", "page_read", "page_crc", "page_bad", "src", "out"};
-    static const Py_ssize_t sz[] = {4, 8, 8, 8, 8, 8, 4, 1, 8, 4, 4, 1, 8, 1};
-    Py_buffer v[14];
+    if (self->have_layout) {
+        PyErr_SetString(PyExc_RuntimeError, "set_layout: the layout is already set");
+        return NULL;
+    }
+    static const char *nm[NL] = {"rows", "rows_per_page", "pages_per_shard", "page_bytes",
+                                 "record_bytes", "file_base", "fds", "crc", "crc_base"};
+    Py_ssize_t T = PyObject_Length(o[0]);
+    if (T < 1 || maxe < PAGE || gap < 0) {
+        PyErr_SetString(PyExc_ValueError, "set_layout: bad table count, merge_gap or max_extent");
+        return NULL;
+    }
+    for (int k = 0; k < NL; k++) {
+        if (o[k] == Py_None && k >= L_CRC) continue;
+        Py_ssize_t want = k < L_FBASE ? T : k == L_FBASE ? T + 1 : -1;
+        if (getbuf(o[k], &self->lay[k], k == L_FDS || k == L_CRC ? 4 : 8, want, k == L_FDS, nm[k]) < 0)
+            goto fail;
+    }
+    Py_ssize_t F = self->lay[L_FDS].len / 4;
+    if (L64(self, L_FBASE)[T] != F || (self->lay[L_CRC].obj && self->lay[L_CRCBASE].len != 8 * (F + 1)) ||
+        (self->lay[L_CRC].obj && L64(self, L_CRCBASE)[F] != self->lay[L_CRC].len / 4)) {
+        PyErr_SetString(PyExc_ValueError, "set_layout: file_base, fds, crc and crc_base disagree");
+        goto fail;
+    }
+    for (Py_ssize_t t = 0; t < T; t++)
+        if (L64(self, L_RPP)[t] < 1 || L64(self, L_PPS)[t] < 1 || L64(self, L_REC)[t] < 1 ||
+            L64(self, L_PGB)[t] % PAGE || L64(self, L_REC)[t] > L64(self, L_PGB)[t]) {
+            PyErr_Format(PyExc_ValueError, "set_layout: table %zd has a bad page layout", t);
+            goto fail;
+        }
+    self->merge_gap = gap, self->max_extent = maxe, self->direct = direct, self->have_layout = 1;
+    Py_RETURN_NONE;
+fail:
+    for (int k = 0; k < NL; k++)
+        if (self->lay[k].obj) PyBuffer_Release(&self->lay[k]);
+    memset(self->lay, 0, sizeof self->lay);
+    return NULL;
+}
+
+static int grow(void **p, Py_ssize_t *cap, Py_ssize_t n, size_t size) {
+    if (n <= *cap) return 0;
+    void *q = realloc(*p, (size_t)n * size);
+    if (!q) return -1;
+    *p = q;
+    return 0;
+}
+
+static int scratch(Reader *s, Py_ssize_t n) {
+    if (n <= s->cap_rows) return 0;
+    Py_ssize_t c = s->cap_rows, m = n < 2 * c ? 2 * c : n;
+    if (grow((void **)&s->rr, &c, m, sizeof(rowref_t)) || grow((void **)&s->e_fd, &c, m, 4) ||
+        grow((void **)&s->e_err, &c, m, 4) || grow((void **)&s->e_off, &c, m, 8) ||
+        grow((void **)&s->e_len, &c, m, 8) || grow((void **)&s->e_pos, &c, m, 8) ||
+        grow((void **)&s->e_need, &c, m, 8) || grow((void **)&s->e_got, &c, m, 8) ||
+        grow((void **)&s->src, &c, m, 8))
+        return -1;
+    s->cap_rows = m;
+    return 0;
+}
+
+static int cmp_row(const void *a, const void *b) {
+    const rowref_t *x = a, *y = b;
+    if (x->file != y->file) return x->file < y->file ? -1 : 1;
+    if (x->off != y->off) return x->off < y->off ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* read_runs(rows int64[n], bounds int64[P+1], tables int32[P], bases int64[P], out, verify)
+ * Rows bounds[k]..bounds[k+1] minus bases[k] are rows of table tables[k]. Returns
+ * (status, reads, bytes, a, b, c, d, e, f): status 0 ok; 1 read failed (a extent, b file,
+ * c offset, d got, e need, f errno or -1 short; `reads` failed in all); 2 bad page (a
+ * extent, b file, c page offset, d crc seen, e stored, f bad pages in all); 3 file b is
+ * not open (nothing read); 4 a row lies outside its table (a index, b row). */
+static PyObject *Reader_read_runs(Reader *self, PyObject *args) {
+    PyObject *o[5];
+    int verify;
+    if (!PyArg_ParseTuple(args, "OOOOOp", &o[0], &o[1], &o[2], &o[3], &o[4], &verify)) return NULL;
+    if (!self->have_layout) {
+        PyErr_SetString(PyExc_RuntimeError, "read_runs: call set_layout first");
+        return NULL;
+    }
+    Py_buffer v[5];
     memset(v, 0, sizeof v);
     PyObject *ret = NULL;
-    Py_ssize_t n = PyObject_Length(o[0]), np_ = 0, nc = 0;
-    if (n < 0) return NULL;
-    int checks = o[8] != Py_None, cut = o[12] != Py_None;
-    if (checks) np_ = PyObject_Length(o[8]);
-    if (cut) nc = PyObject_Length(o[12]);
-    if (np_ < 0 || nc < 0 || rec < 0) goto out;
-    for (int k = 0; k < 14; k++) {
-        if ((k >= 8 && k < 12 && !checks) || (k >= 12 && !cut)) continue;
-        Py_ssize_t want = k < 7 ? n : k == 7 || k == 13 ? -1 : k < 12 ? np_ : nc;
-        if (getbuf(o[k], &v[k], sz[k], want, k == 5 || k == 6 || k == 7 || k == 11 || k == 13,
-                   nm[k]) < 0)
-            goto out;
-    }
-    batch_t b = {n, v[0].buf, v[1].buf, v[2].buf, v[3].buf, v[4].buf, v[5].buf, v[6].buf,
-                 v[7].buf, direct};
-    for (Py_ssize_t i = 0; i < n; i++) /* every read inside buf: the plan is Python's, trust none */
-        if (b.pos[i] < 0 || b.len[i] < 0 || b.pos[i] + b.len[i] > v[7].len) {
-            PyErr_Format(PyExc_ValueError, "read %zd lies outside buf", i);
-            goto out;
-        }
-    if (cut && (Py_ssize_t)rec * nc > v[13].len) {
-        PyErr_SetString(PyExc_ValueError, "out is too small for src");
+    Py_ssize_t P = PyObject_Length(o[2]);
+    if (P < 0 || getbuf(o[0], &v[0], 8, -1, 0, "rows") || getbuf(o[1], &v[1], 8, P + 1, 0, "bounds") ||
+        getbuf(o[2], &v[2], 4, P, 0, "tables") || getbuf(o[3], &v[3], 8, P, 0, "bases") ||
+        getbuf(o[4], &v[4], 1, -1, 1, "out"))
         goto out;
+    const int64_t *rows = v[0].buf, *bounds = v[1].buf, *bases = v[3].buf;
+    const int32_t *tables = v[2].buf;
+    Py_ssize_t n = v[0].len / 8, T = self->lay[L_ROWS].len / 8;
+    int64_t rec = -1;
+    if (P && (bounds[0] != 0 || bounds[P] != n)) goto bad_args;
+    for (Py_ssize_t k = 0; k < P; k++) {
+        if (tables[k] < 0 || tables[k] >= T || bounds[k + 1] < bounds[k]) goto bad_args;
+        if (rec < 0) rec = L64(self, L_REC)[tables[k]];
+        if (L64(self, L_REC)[tables[k]] != rec) goto bad_args;
     }
-    if (cut)
-        for (Py_ssize_t i = 0; i < nc; i++)
-            if (((int64_t *)v[12].buf)[i] < 0 || ((int64_t *)v[12].buf)[i] + rec > v[7].len) {
-                PyErr_Format(PyExc_ValueError, "src[%zd] lies outside buf", i);
-                goto out;
-            }
-    for (Py_ssize_t j = 0; j < np_; j++) {
-        int32_t r = ((int32_t *)v[9].buf)[j];
-        int64_t p = ((int64_t *)v[8].buf)[j];
-        if (r < 0 || r >= n || p < b.pos[r] || p >= b.pos[r] + b.len[r]) {
-            PyErr_Format(PyExc_ValueError, "page %zd lies outside its read", j);
-            goto out;
-        }
-    }
-    int rc = 0;
-    Py_ssize_t failed = 0, bad = 0;
+    if (n && v[4].len < n * rec) goto bad_args;
+    int checks = verify && self->lay[L_CRC].obj;
+    const int32_t *fds = self->lay[L_FDS].buf;
+    int64_t st[9] = {0};
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->lock);
-    if (self->use_uring && !self->broken) {
-        rc = uring_run(&self->ring, &b, self->qd);
-        /* Never reuse a ring that may hold reads in flight; later batches use the threads. */
-        if (rc) self->broken = 1;
-    } else {
-        pool_run(&self->pool, &b, self->qd);
+    if (scratch(self, n)) st[0] = -ENOMEM;
+    /* locate every row; sorted already when the parts come in file order */
+    int sorted = 1;
+    for (Py_ssize_t k = 0; k < P && !st[0]; k++) {
+        Py_ssize_t t = tables[k];
+        int64_t rpp = L64(self, L_RPP)[t], pps = L64(self, L_PPS)[t], pgb = L64(self, L_PGB)[t],
+                nr = L64(self, L_ROWS)[t], fb = L64(self, L_FBASE)[t];
+        for (Py_ssize_t i = bounds[k]; i < bounds[k + 1]; i++) {
+            int64_t r = rows[i] - bases[k];
+            if (r < 0 || r >= nr) {
+                st[0] = 4, st[3] = i, st[4] = r;
+                break;
+            }
+            int64_t page = r / rpp;
+            rowref_t *x = &self->rr[i];
+            x->file = fb + page / pps;
+            x->off = (page % pps) * pgb + (r % rpp) * rec;
+            x->i = i;
+            if (i && (x->file < x[-1].file || (x->file == x[-1].file && x->off < x[-1].off))) sorted = 0;
+        }
     }
-    pthread_mutex_unlock(&self->lock);
-    if (!rc) {
-        for (Py_ssize_t i = 0; i < n; i++) failed += b.err[i] != 0;
-        const int64_t *pp = v[8].buf;
-        const int32_t *pr = v[9].buf;
-        const uint32_t *pc = v[10].buf;
-        uint8_t *pb = v[11].buf;
-        for (Py_ssize_t j = 0; j < np_; j++) {
-            int32_t r = pr[j];
-            int64_t end = b.pos[r] + b.got[r], L = end - pp[j];
+    if (!st[0] && !sorted) qsort(self->rr, (size_t)n, sizeof(rowref_t), cmp_row);
+    /* extents: whole pages, merged within merge_gap, capped by max_extent windows */
+    Py_ssize_t E = 0, total = 0;
+    for (Py_ssize_t i = 0; i < n && !st[0]; i++) {
+        rowref_t *x = &self->rr[i];
+        int64_t s0 = x->off - x->off % PAGE, e0 = (x->off + rec + PAGE - 1) / PAGE * PAGE;
+        int joined = 0;
+        if (i) {
+            rowref_t *y = x - 1;
+            int64_t ye = (y->off + rec + PAGE - 1) / PAGE * PAGE, ys = y->off - y->off % PAGE;
+            joined = x->file == y->file && s0 - ye <= self->merge_gap &&
+                     (e0 - 1) / self->max_extent == ys / self->max_extent;
+        }
+        if (!joined) {
+            if (fds[x->file] < 0) {
+                st[0] = 3, st[4] = x->file;
+                break;
+            }
+            if (E) total += self->e_len[E - 1];
+            self->e_fd[E] = fds[x->file], self->e_off[E] = s0, self->e_pos[E] = total;
+            self->e_got[E] = x->file; /* the file id, until the reads overwrite it */
+            E++;
+        }
+        self->e_len[E - 1] = e0 - self->e_off[E - 1];
+        self->e_need[E - 1] = x->off + rec - self->e_off[E - 1];
+        self->src[x->i] = self->e_pos[E - 1] + x->off - self->e_off[E - 1];
+    }
+    if (E) total += self->e_len[E - 1];
+    Py_ssize_t npg = checks ? total / PAGE : 0;
+    int64_t *efile = NULL;
+    if (!st[0] && (grow((void **)&self->p_pos, &self->cap_pages, npg, 8) ||
+                   grow((void **)&self->p_read, &self->cap_pages, npg, 4) ||
+                   grow((void **)&self->p_crc, &self->cap_pages, npg, 4) ||
+                   grow((void **)&self->p_bad, &self->cap_pages, npg, 1) ||
+                   !(efile = malloc(sizeof(int64_t) * (size_t)(E ? E : 1)))))
+        st[0] = -ENOMEM;
+    if (!st[0]) {
+        if (npg > self->cap_pages) self->cap_pages = npg;
+        memcpy(efile, self->e_got, sizeof(int64_t) * (size_t)E);
+        const uint32_t *crc = checks ? self->lay[L_CRC].buf : NULL;
+        const int64_t *cb = checks ? L64(self, L_CRCBASE) : NULL;
+        for (Py_ssize_t e = 0, j = 0; e < E && checks; e++)
+            for (int64_t q = 0; q < self->e_len[e] / PAGE; q++, j++) {
+                int64_t at = cb[efile[e]] + self->e_off[e] / PAGE + q;
+                self->p_pos[j] = self->e_pos[e] + q * PAGE;
+                self->p_read[j] = (int32_t)e;
+                self->p_bad[j] = at >= cb[efile[e] + 1]; /* a page the store has no crc for */
+                self->p_crc[j] = self->p_bad[j] ? 0 : crc[at];
+            }
+        if (total > self->cap_buf) {
+            if (!self->broken) free(self->buf);
+            self->buf = NULL;
+            Py_ssize_t c = total < 2 * self->cap_buf ? 2 * self->cap_buf : total;
+            if (posix_memalign((void **)&self->buf, PAGE, (size_t)c)) st[0] = -ENOMEM, c = 0;
+            self->cap_buf = c;
+        }
+    }
+    if (!st[0] && E) {
+        batch_t b = {E, self->e_fd, self->e_off, self->e_len, self->e_pos, self->e_need,
+                     self->e_got, self->e_err, self->buf, self->direct};
+        int rc = 0;
+        if (self->use_uring && !self->broken) {
+            rc = uring_run(&self->ring, &b, self->qd);
+            /* Never reuse a ring (or buffer) that may hold reads in flight: threads from now. */
+            if (rc) self->broken = 1, self->cap_buf = 0, st[0] = rc;
+        } else {
+            pool_run(&self->pool, &b, self->qd);
+        }
+        for (Py_ssize_t e = 0; e < E && !rc; e++)
+            if (self->e_err[e] && !st[1]++)
+                st[0] = 1, st[3] = e, st[4] = efile[e], st[5] = self->e_off[e],
+                st[6] = self->e_got[e], st[7] = self->e_need[e], st[8] = self->e_err[e];
+        for (Py_ssize_t j = 0; j < npg && !st[0]; j++) {
+            int32_t r = self->p_read[j];
+            int64_t L = self->e_pos[r] + self->e_got[r] - self->p_pos[j];
             if (L > PAGE) L = PAGE;
-            pb[j] = 0;
-            if (b.err[r]) continue; /* reported as a failed read */
-            pb[j] = L <= 0 || crc32c(0, b.buf + pp[j], (size_t)L) != pc[j];
-            bad += pb[j];
+            uint32_t seen = L > 0 ? crc32c(0, self->buf + self->p_pos[j], (size_t)L) : 0;
+            if (self->p_bad[j] || L <= 0 || seen != self->p_crc[j]) {
+                if (!st[8]++)
+                    st[3] = r, st[4] = efile[r], st[5] = self->e_off[r] + self->p_pos[j] - self->e_pos[r],
+                    st[6] = seen, st[7] = self->p_crc[j];
+            }
         }
-        if (!failed && !bad && cut) {
-            const int64_t *src = v[12].buf;
-            uint8_t *dst = v[13].buf;
-            for (Py_ssize_t i = 0; i < nc; i++) memcpy(dst + i * rec, b.buf + src[i], (size_t)rec);
+        if (!st[0] && st[8]) st[0] = 2;
+        else if (!st[0]) {
+            uint8_t *dst = v[4].buf;
+            for (Py_ssize_t i = 0; i < n; i++) memcpy(dst + i * rec, self->buf + self->src[i], (size_t)rec);
         }
     }
+    if (st[0] != 1) st[1] = E;
+    st[2] = total;
+    free(efile);
+    pthread_mutex_unlock(&self->lock);
     Py_END_ALLOW_THREADS
-    if (rc) {
-        errno = -rc;
-        PyErr_SetFromErrnoWithFilename(PyExc_OSError, "io_uring_enter");
+    if (st[0] < 0) {
+        errno = (int)-st[0];
+        PyErr_SetFromErrnoWithFilename(PyExc_OSError, st[0] == -ENOMEM ? "read_runs" : "io_uring_enter");
         goto out;
     }
-    ret = Py_BuildValue("nn", failed, bad);
+    ret = Py_BuildValue("LLLLLLLLL", st[0], st[1], st[2], st[3], st[4], st[5], st[6], st[7], st[8]);
+    goto out;
+bad_args:
+    PyErr_SetString(PyExc_ValueError, "read_runs: bounds, tables or out do not fit the rows");
 out:
-    for (int k = 0; k < 14; k++)
+    for (int k = 0; k < 5; k++)
         if (v[k].obj) PyBuffer_Release(&v[k]);
     return ret;
 }
@@ -476,9 +653,11 @@ static PyObject *Reader_engine(Reader *self, void *closure) {
 }
 
 static PyMethodDef Reader_methods[] = {
-    {"run", (PyCFunction)Reader_run, METH_VARARGS,
-     "run(fd, off, len, pos, need, got, err, buf, direct, page_pos, page_read, page_crc, "
-     "page_bad, src, out, rec) -> (failed_reads, bad_pages)"},
+    {"set_layout", (PyCFunction)Reader_set_layout, METH_VARARGS,
+     "set_layout(rows, rows_per_page, pages_per_shard, page_bytes, record_bytes, file_base, "
+     "fds, crc, crc_base, merge_gap, max_extent, direct)"},
+    {"read_runs", (PyCFunction)Reader_read_runs, METH_VARARGS,
+     "read_runs(rows, bounds, tables, bases, out, verify) -> (status, reads, bytes, a..f)"},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Reader_getset[] = {

@@ -555,13 +555,9 @@ class NgramRowCache:
         staging = self._staging_rows(n)
         # Global rows are sorted, so each part's rows are one contiguous run of them, and
         # the parts in order are the staging order: one read plan and one dispatch for all.
-        bounds = np.searchsorted(rows, self.row_offsets).tolist()
-        parts = [
-            (t, rows[bounds[k] : bounds[k + 1]] - self.row_offsets[k])
-            for k, t in enumerate(self.part_tables)
-            if bounds[k] < bounds[k + 1]
-        ]
-        _, rs = self._reader.read_parts(parts, out=staging)  # raises before any count
+        bounds = np.searchsorted(rows, self.row_offsets)
+        tables = np.asarray(self.part_tables, dtype=np.int32)
+        _, rs = self._reader.read_runs(rows, bounds, tables, self.row_offsets[:-1], out=staging)
         st["rows_read"] += rs.rows
         st["bytes_read"] += rs.bytes_read
         st["read_ops"] += rs.read_ops

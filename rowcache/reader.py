@@ -19,13 +19,13 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
 from . import format as fmt
 from .checksum import page_crcs as _page_crcs
-from .errors import ConfigError, CorruptDataError
+from .errors import ConfigError, CorruptDataError, RowRangeError
 
 try:
     from . import _rcio
@@ -66,6 +66,13 @@ class Plan(NamedTuple):
     row_off: np.ndarray
     order: np.ndarray
     src: np.ndarray
+
+
+def _as(a: Any, dtype: Any) -> np.ndarray:
+    """``a`` as a C-contiguous 1-D array of ``dtype`` (no copy when it is one)."""
+    if isinstance(a, np.ndarray) and a.dtype == dtype and a.ndim == 1 and a.flags.c_contiguous:
+        return a
+    return np.ascontiguousarray(a, dtype=dtype).reshape(-1)
 
 
 def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
@@ -155,6 +162,7 @@ class RowReader:
         self._fds: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._rec_of: dict[bytes, int] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._crc: np.ndarray | None = None
         self._crc_base = np.zeros(0, dtype=np.int64)
@@ -188,7 +196,7 @@ class RowReader:
                 flat.append(c)
                 base.append(base[-1] + pages)
         self._crc = np.concatenate(flat) if flat else np.zeros(0, dtype=np.uint32)
-        self._crc_base = np.array(base[:-1], dtype=np.int64)
+        self._crc_base = np.array(base, dtype=np.int64)  # file f: crc[base[f]:base[f + 1]]
 
     def options(self, **changes: Any) -> dict[str, Any]:
         """This reader's keyword settings with ``changes`` applied: a sibling reader is
@@ -215,12 +223,28 @@ class RowReader:
                 _LEAKED.append(self._native)
             kind = "auto" if self._engine_asked in ("auto", "python") else self._engine_asked
             try:
-                self._native = _rcio.Reader(self.queue_depth, kind)
+                native = _rcio.Reader(self.queue_depth, kind)
             except OSError as e:
                 raise ConfigError(
                     f"engine={self._engine_asked!r}: io_uring is unavailable here ({e})"
                 ) from e
-            self._native_pid = pid
+            tabs = self.tables
+            col = lambda f: np.array([f(t) for t in tabs], dtype=np.int64)  # noqa: E731
+            native.set_layout(
+                col(lambda t: t.rows),
+                col(lambda t: t.rows_per_page),
+                col(lambda t: t.pages_per_shard),
+                col(lambda t: t.page_bytes),
+                col(lambda t: t.record_bytes),
+                self._file_base,
+                self._fd_arr,
+                self._crc,
+                None if self._crc is None else self._crc_base,
+                self.merge_gap,
+                self.max_extent,
+                self.direct,
+            )
+            self._native, self._native_pid = native, pid
         return self._native
 
     def missing_shard(self, t: int, s: int) -> CorruptDataError:
@@ -373,17 +397,58 @@ class RowReader:
         """
         if not parts:
             raise ConfigError("read_parts: parts=[]: give at least one (table, rows) pair")
-        rec = self.tables[int(parts[0][0])].record_bytes
-        parts = [(int(t), np.asarray(r, dtype=np.int64)) for t, r in parts if len(r)]
-        if not parts:
-            return (np.empty((0, rec), np.uint8) if out is None else out[:0]), ReadStats(0, 0, 0)
-        for t, _ in parts:
-            if self.tables[t].record_bytes != rec:
+        arrs = [np.asarray(r, dtype=np.int64) for _, r in parts]
+        sizes = [a.size for a in arrs]
+        rows = np.concatenate(arrs) if len(arrs) > 1 else arrs[0]
+        bounds = np.zeros(len(arrs) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=bounds[1:])
+        tables = np.array([int(t) for t, _ in parts], dtype=np.int32)
+        return self.read_runs(rows, bounds, tables, np.zeros(len(arrs), dtype=np.int64), out)
+
+    def read_runs(
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
+        out: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, ReadStats]:
+        """``read_parts`` with the parts as runs of one array (the fault path's form).
+
+        ``rows[bounds[k]:bounds[k + 1]] - bases[k]`` (int64) are the sorted unique rows of
+        table ``tables[k]`` (int32[P]); ``bounds`` is int64[P + 1], ``bases`` int64[P].
+        """
+        rows, bounds, tables, bases = (
+            _as(rows, np.int64),
+            _as(bounds, np.int64),
+            _as(tables, np.int32),
+            _as(bases, np.int64),
+        )
+        P = tables.size
+        if (
+            bounds.shape != (P + 1,)
+            or bases.shape != (P,)
+            or bounds[0] != 0
+            or bounds[-1] != rows.size
+        ):
+            raise ConfigError(
+                f"read_runs: bounds must be int64[{P + 1}] rising from 0 to {rows.size} and "
+                f"bases int64[{P}], got bounds {bounds.tolist()!r}, bases of shape {bases.shape}"
+            )
+        key = tables.tobytes()
+        rec = self._rec_of.get(key)
+        if rec is None:  # checked once per table list
+            ts = tables.tolist()
+            if P == 0 or any(not 0 <= t < len(self.tables) for t in ts):
+                raise ConfigError(f"tables={ts!r}: give table indices in 0..{len(self.tables) - 1}")
+            recs = {self.tables[t].record_bytes for t in ts}
+            if len(recs) > 1:
                 raise ConfigError(
-                    f"read_parts: table {self.tables[t].name!r} has {self.tables[t].record_bytes}-byte "
-                    f"records, {self.tables[parts[0][0]].name!r} {rec}: one batch needs one record size"
+                    f"tables={ts!r} have records of {sorted(recs)} bytes: one batch needs one "
+                    "record size"
                 )
-        n = sum(r.size for _, r in parts)
+            rec = self._rec_of[key] = recs.pop()
+        n = int(rows.size)
         if out is None:
             out = np.empty((n, rec), dtype=np.uint8)
         elif (
@@ -396,10 +461,64 @@ class RowReader:
             raise ConfigError(
                 f"out must be uint8 [>= {n}, {rec}] (C-contiguous), got {out.dtype}{list(out.shape)}"
             )
+        if n == 0:
+            return out[:0], ReadStats(0, 0, 0)
+        if self.engine != "python" and os.preadv is _PREADV and self._native_path:
+            return out[:n], self._read_native(rows, bounds, tables, bases, out[:n])
+        parts = [
+            (int(t), rows[bounds[k] : bounds[k + 1]] - bases[k])
+            for k, t in enumerate(tables.tolist())
+            if bounds[k] < bounds[k + 1]
+        ]
         plan = self.plan_parts(parts)
         fds = self._fds_of(plan.file)  # a missing shard raises here, before any read
         self._execute(plan, fds, out[:n], rec)
         return out[:n], ReadStats(n, int(plan.file.size), plan.total)
+
+    def _read_native(
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
+        out: np.ndarray,
+    ) -> ReadStats:
+        """One ``_rcio`` call: locate, plan, read, check pages, cut (the GIL released)."""
+        native = self._native_reader()
+        verify = self.verify_pages
+        for _ in range(len(self._fd_arr) + 1):
+            try:
+                st, reads, nbytes, a, b, c, d, e, f = native.read_runs(
+                    rows, bounds, tables, bases, out, verify
+                )
+            except ValueError as ex:  # bounds not rising, say (C checks what Python does not)
+                raise ConfigError(f"read_runs: {ex}") from ex
+            except OSError as ex:  # io_uring_enter failed: the engine falls back to threads
+                raise CorruptDataError(f"a read batch of {rows.size} rows failed: {ex}") from ex
+            if st != 3:
+                break
+            self._fd(int(self._file_table[b]), int(self._file_shard[b]))  # opens or raises
+        if st == 0:
+            return ReadStats(int(rows.size), reads, nbytes)
+        if st == 4:
+            k = int(np.searchsorted(bounds, a, side="right")) - 1
+            t = self.tables[int(tables[k])]
+            raise RowRangeError(
+                f"row {b} of table {t.name!r} is out of range (the table has {t.rows} rows)"
+            )
+        parts = [
+            (int(t), rows[bounds[k] : bounds[k + 1]] - bases[k])
+            for k, t in enumerate(tables.tolist())
+            if bounds[k] < bounds[k + 1]
+        ]
+        plan = self.plan_parts(parts)  # the same plan as C's: names the rows of extent a
+        if st == 1:
+            self._raise_read(plan, a, d, f, reads - 1)
+        self._raise_page(plan, a, c, d, e, f - 1)
+
+    @property
+    def _native_path(self) -> bool:
+        return type(self)._read_extents is RowReader._read_extents
 
     def _checks(self, plan: Plan) -> tuple[np.ndarray, ...] | None:
         """Per page read: buffer offset, its read, the expected crc32c (or None: no checks)."""
@@ -416,44 +535,35 @@ class RowReader:
         return page_pos, page_read, expect
 
     def _execute(self, plan: Plan, fds: np.ndarray, out: np.ndarray, rec: int) -> None:
+        """The Python engine: read the plan's extents, check their pages, cut the records."""
         buf = self._buffer(plan.total)
-        checks = self._checks(plan)
-        got = np.empty(plan.file.size, dtype=np.int64)
-        err = np.empty(plan.file.size, dtype=np.int32)
-        native = (
-            self.engine != "python"
-            and os.preadv is _PREADV
-            and type(self)._read_extents is RowReader._read_extents
-        )
-        if native:
-            bad = np.empty(0 if checks is None else checks[0].size, dtype=np.uint8)
-            c = (None, None, None, None) if checks is None else (*checks, bad)
-            try:
-                failed, nbad = self._native_reader().run(
-                    fds, plan.start, plan.length, plan.pos, plan.need, got, err, buf,
-                    self.direct, *c, plan.src, out, rec,
-                )  # fmt: skip
-            except OSError as e:  # io_uring_enter failed: reads may still land in buf
-                _LEAKED.append(self._local.__dict__.pop("buf"))
-                raise CorruptDataError(f"read batch of {plan.file.size} reads failed: {e}") from e
-            if failed or nbad:
-                self._raise(plan, got, err, bad, checks, buf)
-            return
+        got = np.zeros(plan.file.size, dtype=np.int64)
+        err = np.zeros(plan.file.size, dtype=np.int32)
         self._read_extents(plan, fds, buf, got, err)
         err[(err == 0) & (got < plan.need)] = SHORT
-        bad = np.zeros(0 if checks is None else checks[0].size, dtype=np.uint8)
+        failed = np.flatnonzero(err)
+        if failed.size:
+            e = int(failed[0])
+            self._raise_read(plan, e, int(got[e]), int(err[e]), failed.size - 1)
+        checks = self._checks(plan)
         if checks is not None:
-            expect = checks[2]
+            page_pos, _, expect = checks
             npages = plan.length // ALIGN
             first_page = np.cumsum(npages) - npages
-            for e in np.flatnonzero(err == 0).tolist():  # a loop over extents
+            first_bad, nbad = None, 0
+            for e in range(plan.file.size):  # a loop over extents
                 a, k = int(first_page[e]), int(npages[e])
                 crc = _page_crcs(buf[plan.pos[e] : plan.pos[e] + got[e]])
                 have = np.full(k, -1, dtype=np.int64)
                 have[: min(k, crc.size)] = crc[:k]
-                bad[a : a + k] = have != expect[a : a + k]
-        if err.any() or bad.any():
-            self._raise(plan, got, err, bad, checks, buf)
+                bad = np.flatnonzero(have != expect[a : a + k])
+                if bad.size and first_bad is None:
+                    first_bad = (e, a + int(bad[0]), int(max(have[bad[0]], 0)))
+                nbad += bad.size
+            if first_bad is not None:
+                e, j, seen = first_bad
+                at = int(plan.start[e] + page_pos[j] - plan.pos[e])
+                self._raise_page(plan, e, at, seen, int(expect[j]), nbad - 1)
         windows = np.lib.stride_tricks.as_strided(
             buf, shape=(plan.total - rec + 1, rec), strides=(1, 1)
         )
@@ -503,47 +613,29 @@ class RowReader:
         for f in futures:
             f.result()
 
-    def _raise(
-        self,
-        plan: Plan,
-        got: np.ndarray,
-        err: np.ndarray,
-        bad: np.ndarray,
-        checks: tuple[np.ndarray, ...] | None,
-        buf: np.ndarray,
-    ) -> None:
-        """CorruptDataError for the first failed read, else the first bad page."""
-        failed = np.flatnonzero(err != 0)
-        if failed.size:
-            e = int(failed[0])
-            t, s, where = self._where(plan, e)
-            code = int(err[e])
-            if code == SHORT:
-                msg = (
-                    f"short read of shard {self.shard_files[t][s]} at offset {int(plan.start[e])}: "
-                    f"{int(got[e])} of {int(plan.need[e])} bytes ({where}); the shard is truncated, "
-                    "run `rowcache verify`"
-                )
-            else:
-                msg = (
-                    f"read of shard {self.shard_files[t][s]} at offset {int(plan.start[e])} "
-                    f"({int(plan.length[e])} bytes, {where}) failed: [Errno {code}] {os.strerror(code)}"
-                )
-            more = failed.size - 1
-            raise CorruptDataError(msg + (f" (and {more} more failed reads)" if more else ""))
-        assert checks is not None
-        page_pos, page_read, expect = checks
-        bads = np.flatnonzero(bad)
-        j = int(bads[0])
-        e = int(page_read[j])
-        at = int(plan.start[e] + page_pos[j] - plan.pos[e])
+    def _raise_read(self, plan: Plan, e: int, got: int, code: int, more: int) -> NoReturn:
+        t, s, where = self._where(plan, e)
+        name, start = self.shard_files[t][s], int(plan.start[e])
+        if code == SHORT:
+            msg = (
+                f"short read of shard {name} at offset {start}: {got} of {int(plan.need[e])} "
+                f"bytes ({where}); the shard is truncated, run `rowcache verify`"
+            )
+        else:
+            msg = (
+                f"read of shard {name} at offset {start} ({int(plan.length[e])} bytes, {where}) "
+                f"failed: [Errno {code}] {os.strerror(code)}"
+            )
+        raise CorruptDataError(msg + (f" (and {more} more failed reads)" if more > 0 else ""))
+
+    def _raise_page(
+        self, plan: Plan, e: int, at: int, seen: int, stored: int, more: int
+    ) -> NoReturn:
         t, s, where = self._where(plan, e, (at, at + ALIGN))
-        seen = _page_crcs(buf[page_pos[j] : min(page_pos[j] + ALIGN, plan.pos[e] + got[e])])
-        more = bads.size - 1
         raise CorruptDataError(
             f"page checksum mismatch in shard {self.shard_files[t][s]} at byte offset {at} "
-            f"({where}): crc32c {int(seen[0]) if seen.size else 0:08x}, stored {int(expect[j]):08x}; "
-            "run `rowcache verify`" + (f" (and {more} more bad pages)" if more else "")
+            f"({where}): crc32c {seen:08x}, stored {stored:08x}; run `rowcache verify`"
+            + (f" (and {more} more bad pages)" if more > 0 else "")
         )
 
     def _where(

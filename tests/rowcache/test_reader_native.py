@@ -314,8 +314,13 @@ def test_one_fault_batch_for_all_parts_of_a_shared_arena(tmp_path, engine):
     store, tabs = fresh_store(tmp_path)
     cache = cache_on(store, engine)
     calls = []
-    real = cache._reader.read_parts
-    cache._reader.read_parts = lambda parts, out=None: calls.append(len(parts)) or real(parts, out)
+    real = cache._reader.read_runs
+
+    def spy(rows, bounds, tables, bases, out=None):
+        calls.append(int(np.count_nonzero(np.diff(bounds))))  # parts with rows
+        return real(rows, bounds, tables, bases, out)
+
+    cache._reader.read_runs = spy
     rng = np.random.default_rng(5)
     per = [np.sort(rng.choice(2000, 40, replace=False)) for _ in range(3)]
     ids = np.concatenate([cache.global_ids(k, per[k]) for k in range(3)])

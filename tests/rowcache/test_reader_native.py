@@ -16,7 +16,7 @@ import rowcache
 import rowcache.reader as reader_mod
 from rowcache import NgramRowCache
 from rowcache.checksum import PAGE, page_crcs, page_crcs_of_file
-from rowcache.errors import ConfigError, CorruptDataError
+from rowcache.errors import ConfigError, CorruptDataError, RowRangeError
 from rowcache.reader import RowReader
 from rowcache.sources import BF16
 
@@ -350,3 +350,26 @@ def test_errno_failure_in_python_engine_is_reported_per_read(tmp_path, monkeypat
         match=r"read of shard t0001-s000000\.bin at offset 0 .*'t1', row 3.*Errno 5",
     ):
         reader.read_parts([(0, np.array([1])), (1, np.array([3]))])
+
+
+def test_native_rejects_rows_outside_their_table_and_bad_runs(stores):
+    r = make_reader(stores[0], engine="uring")
+    with pytest.raises(RowRangeError, match="row 3000 of table 't0'"):
+        r.read_records(0, np.array([1, 3000]))
+    with pytest.raises(ConfigError, match="bounds"):
+        r.read_runs(np.array([1, 2]), np.array([0, 1]), np.array([0], np.int32), np.array([0]))
+    with pytest.raises(ConfigError, match="read_runs"):  # bounds not rising
+        r.read_runs(np.array([1, 2]), np.array([0, 2, 1, 2]), np.arange(3), np.zeros(3))
+
+
+def test_native_reader_works_after_fork(stores):
+    r = make_reader(stores[0], engine="uring", queue_depth=4)
+    rows = np.arange(0, 3000, 13)
+    want, _ = r.read_records(0, rows)
+    pid = os.fork()
+    if pid == 0:  # the child builds its own ring; the parent's is left alone
+        ok = np.array_equal(r.read_records(0, rows)[0], want)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    np.testing.assert_array_equal(r.read_records(0, rows)[0], want)

@@ -68,11 +68,14 @@ class Plan(NamedTuple):
     src: np.ndarray
 
 
-def _as(a: Any, dtype: Any) -> np.ndarray:
+def _as(a: Any, dtype: np.dtype) -> np.ndarray:
     """``a`` as a C-contiguous 1-D array of ``dtype`` (no copy when it is one)."""
-    if isinstance(a, np.ndarray) and a.dtype == dtype and a.ndim == 1 and a.flags.c_contiguous:
+    if type(a) is np.ndarray and a.dtype is dtype and a.ndim == 1 and a.flags.c_contiguous:
         return a
     return np.ascontiguousarray(a, dtype=dtype).reshape(-1)
+
+
+_I64, _I32 = np.dtype(np.int64), np.dtype(np.int32)
 
 
 def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
@@ -419,21 +422,16 @@ class RowReader:
         table ``tables[k]`` (int32[P]); ``bounds`` is int64[P + 1], ``bases`` int64[P].
         """
         rows, bounds, tables, bases = (
-            _as(rows, np.int64),
-            _as(bounds, np.int64),
-            _as(tables, np.int32),
-            _as(bases, np.int64),
+            _as(rows, _I64),
+            _as(bounds, _I64),
+            _as(tables, _I32),
+            _as(bases, _I64),
         )
         P = tables.size
-        if (
-            bounds.shape != (P + 1,)
-            or bases.shape != (P,)
-            or bounds[0] != 0
-            or bounds[-1] != rows.size
-        ):
+        if bounds.size != P + 1 or bases.size != P:  # their values are checked in C
             raise ConfigError(
-                f"read_runs: bounds must be int64[{P + 1}] rising from 0 to {rows.size} and "
-                f"bases int64[{P}], got bounds {bounds.tolist()!r}, bases of shape {bases.shape}"
+                f"read_runs: bounds must be int64[{P + 1}] and bases int64[{P}] for {P} "
+                f"tables, got {bounds.size} and {bases.size}"
             )
         key = tables.tobytes()
         rec = self._rec_of.get(key)
@@ -463,8 +461,11 @@ class RowReader:
             )
         if n == 0:
             return out[:0], ReadStats(0, 0, 0)
+        out = out[:n]
         if self.engine != "python" and os.preadv is _PREADV and self._native_path:
-            return out[:n], self._read_native(rows, bounds, tables, bases, out[:n])
+            return out, self._read_native(rows, bounds, tables, bases, out)  # C checks bounds
+        if bounds[0] != 0 or bounds[-1] != n or bool((bounds[1:] < bounds[:-1]).any()):
+            raise ConfigError(f"read_runs: bounds must rise from 0 to {n}, got {bounds.tolist()!r}")
         parts = [
             (int(t), rows[bounds[k] : bounds[k + 1]] - bases[k])
             for k, t in enumerate(tables.tolist())
@@ -472,8 +473,8 @@ class RowReader:
         ]
         plan = self.plan_parts(parts)
         fds = self._fds_of(plan.file)  # a missing shard raises here, before any read
-        self._execute(plan, fds, out[:n], rec)
-        return out[:n], ReadStats(n, int(plan.file.size), plan.total)
+        self._execute(plan, fds, out, rec)
+        return out, ReadStats(n, int(plan.file.size), plan.total)
 
     def _read_native(
         self,
@@ -484,15 +485,15 @@ class RowReader:
         out: np.ndarray,
     ) -> ReadStats:
         """One ``_rcio`` call: locate, plan, read, check pages, cut (the GIL released)."""
-        native = self._native_reader()
+        native = self._native if self._native_pid == os.getpid() else self._native_reader()
         verify = self.verify_pages
         for _ in range(len(self._fd_arr) + 1):
             try:
                 st, reads, nbytes, a, b, c, d, e, f = native.read_runs(
                     rows, bounds, tables, bases, out, verify
                 )
-            except ValueError as ex:  # bounds not rising, say (C checks what Python does not)
-                raise ConfigError(f"read_runs: {ex}") from ex
+            except ValueError as ex:  # bounds not rising from 0 to n, say
+                raise ConfigError(f"{ex}: bounds must rise from 0 to {rows.size}") from ex
             except OSError as ex:  # io_uring_enter failed: the engine falls back to threads
                 raise CorruptDataError(f"a read batch of {rows.size} rows failed: {ex}") from ex
             if st != 3:

@@ -48,3 +48,11 @@ def test_bench_cache_quick_reports_hit_fault_and_memory():
     out = run("cache.py")
     assert "hit path" in out and "fault path" in out and "bookkeeping memory" in out
     assert "Traceback" not in out
+
+
+def test_bench_fault_quick_measures_the_floor_in_the_same_run():
+    rep = json.loads(run("fault.py", "--json"))
+    assert [r["k"] for r in rep["results"]] == [1, 12, 48]
+    for row in rep["results"]:
+        assert row["floor_ms"] > 0 and row["checked_ms"] > 0 and row["warm_ms"] > 0
+        assert row["ratio"] == pytest.approx(row["checked_ms"] / row["floor_ms"], rel=1e-6)

@@ -75,6 +75,8 @@ typedef struct {
     int32_t *err; /* 0 ok, errno, or -1: end of file before `need` bytes */
     uint8_t *buf;
     int direct;
+    const uint32_t *crc; /* expected crc32c of buffer page k (pos / PAGE), or NULL: no checks */
+    uint8_t *bad;        /* set for each page whose crc32c differs */
 } batch_t;
 
 /* After got > 0 bytes of a read: is the rest worth asking for? (An O_DIRECT read that
@@ -83,10 +85,17 @@ static int more(const batch_t *b, Py_ssize_t i, int64_t got) {
     return got < b->len[i] && !(b->direct && (got & 511));
 }
 
+/* A read is done: its status, and its pages checked right away (by the thread that read
+ * them, or between io_uring completions), so the checks overlap the reads still in flight. */
 static void finish(batch_t *b, Py_ssize_t i, int64_t got, int err) {
     if (!err && got < b->need[i]) err = -1;
     b->got[i] = got;
     b->err[i] = err;
+    if (err || !b->crc) return;
+    for (int64_t q = 0; q < b->len[i]; q += PAGE) {
+        int64_t L = got - q < PAGE ? got - q : PAGE, k = (b->pos[i] + q) / PAGE;
+        b->bad[k] |= L <= 0 || crc32c(0, b->buf + b->pos[i] + q, (size_t)L) != b->crc[k];
+    }
 }
 
 static void pread_one(batch_t *b, Py_ssize_t i) {
@@ -597,7 +606,8 @@ static PyObject *Reader_read_runs(Reader *self, PyObject *args) {
     }
     if (!st[0] && E) {
         batch_t b = {E, self->e_fd, self->e_off, self->e_len, self->e_pos, self->e_need,
-                     self->e_got, self->e_err, self->buf, self->direct};
+                     self->e_got, self->e_err, self->buf, self->direct,
+                     npg ? self->p_crc : NULL, self->p_bad};
         int rc = 0;
         if (self->use_uring && !self->broken) {
             rc = uring_run(&self->ring, &b, self->qd);
@@ -611,14 +621,14 @@ static PyObject *Reader_read_runs(Reader *self, PyObject *args) {
                 st[0] = 1, st[3] = e, st[4] = efile[e], st[5] = self->e_off[e],
                 st[6] = self->e_got[e], st[7] = self->e_need[e], st[8] = self->e_err[e];
         for (Py_ssize_t j = 0; j < npg && !st[0]; j++) {
+            if (!self->p_bad[j]) continue;
             int32_t r = self->p_read[j];
-            int64_t L = self->e_pos[r] + self->e_got[r] - self->p_pos[j];
-            if (L > PAGE) L = PAGE;
-            uint32_t seen = L > 0 ? crc32c(0, self->buf + self->p_pos[j], (size_t)L) : 0;
-            if (self->p_bad[j] || L <= 0 || seen != self->p_crc[j]) {
-                if (!st[8]++)
-                    st[3] = r, st[4] = efile[r], st[5] = self->e_off[r] + self->p_pos[j] - self->e_pos[r],
-                    st[6] = seen, st[7] = self->p_crc[j];
+            if (!st[8]++) {
+                int64_t L = self->e_pos[r] + self->e_got[r] - self->p_pos[j];
+                L = L > PAGE ? PAGE : L;
+                st[3] = r, st[4] = efile[r], st[5] = self->e_off[r] + self->p_pos[j] - self->e_pos[r];
+                st[6] = L > 0 ? crc32c(0, self->buf + self->p_pos[j], (size_t)L) : 0;
+                st[7] = self->p_crc[j];
             }
         }
         if (!st[0] && st[8]) st[0] = 2;

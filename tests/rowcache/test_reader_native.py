@@ -373,3 +373,27 @@ def test_native_reader_works_after_fork(stores):
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
     np.testing.assert_array_equal(r.read_records(0, rows)[0], want)
+
+
+@pytest.mark.gpu
+def test_kvikio_reader_follows_the_plan_and_checks_pages(tmp_path):
+    pytest.importorskip("kvikio")
+    from rowcache.kvikio_reader import KvikioRowReader
+
+    store, _ = fresh_store(tmp_path)
+    crcs = store_crcs(store)
+    kv = KvikioRowReader(store.path, store.tables, shard_files(store), page_crcs=crcs)
+    parts = [(2, np.arange(0, 2000, 9)), (0, np.arange(5, 2000, 17))]
+    got, stats = kv.read_parts(parts)
+    np.testing.assert_array_equal(got, expected_records(store, parts))
+    assert stats == make_reader(store, engine="uring").read_parts(parts)[1]
+    rec = store.shards[0][0]
+    with open(os.path.join(store.path, rec.file), "r+b") as f:
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 0x40]))
+    with pytest.raises(
+        CorruptDataError, match=rf"checksum mismatch in shard {rec.file} at byte offset 0"
+    ):
+        kv.read_parts([(0, np.array([1]))])

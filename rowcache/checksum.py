@@ -15,24 +15,28 @@ import numpy as np
 PAGE = 4096
 
 try:
-    from . import _rcio
+    from . import _rcio  # type: ignore[attr-defined]
 except ImportError:  # no compiler on this platform: the crc32c package, same values
-    _rcio = None  # type: ignore[assignment]
+    _rcio = None
 
 
 def page_crcs(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
     """uint32[ceil(len / 4096)]: crc32c of each 4096-byte page of ``data`` (a bytes-like
     object or a C-contiguous array, read as its raw bytes)."""
-    mv = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data)
-    mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
-    out = np.empty(-(-mv.nbytes // PAGE), dtype=np.uint32)
+    arr = (
+        np.ascontiguousarray(data)
+        if isinstance(data, np.ndarray)
+        else np.frombuffer(data, np.uint8)
+    )
+    mv = arr.reshape(-1).view(np.uint8)
+    out = np.empty(-(-mv.size // PAGE), dtype=np.uint32)
     if _rcio is not None:
         _rcio.page_crcs(mv, out)
         return out
     import crc32c
 
     for j in range(out.size):  # the package has no batch call: one call per page
-        out[j] = crc32c.crc32c(mv[j * PAGE : (j + 1) * PAGE])
+        out[j] = crc32c.crc32c(mv[j * PAGE : (j + 1) * PAGE].tobytes())
     return out
 
 

@@ -28,9 +28,9 @@ from .checksum import page_crcs as _page_crcs
 from .errors import ConfigError, CorruptDataError, RowRangeError
 
 try:
-    from . import _rcio
+    from . import _rcio  # type: ignore[attr-defined]
 except ImportError:  # built by setup.py; without a compiler the Python engine runs
-    _rcio = None  # type: ignore[assignment]
+    _rcio = None
 
 ALIGN = fmt.PAGE
 DEFAULT_MERGE_GAP = 16 << 10

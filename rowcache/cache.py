@@ -168,6 +168,7 @@ class NgramRowCache:
         if len(set(self.part_tables)) != len(self.part_tables):
             raise ConfigError(f"table={table!r} names a table twice")
         self.parts = [store.tables[i] for i in self.part_tables]
+        self._part_array = np.asarray(self.part_tables, dtype=np.int32)
         first = self.parts[0]
         for p in self.parts[1:]:
             if p.dim != first.dim:
@@ -272,12 +273,10 @@ class NgramRowCache:
         if reader == "kvikio":
             from .kvikio_reader import KvikioRowReader
 
-            return KvikioRowReader(*args, queue_depth=qd, merge_gap=base.merge_gap), "kvikio"
+            return KvikioRowReader(*args, **base.options(queue_depth=qd, direct=False)), "kvikio"
         if qd == base.queue_depth and use_direct == base.direct:
             return base, "posix"
-        return RowReader(
-            *args, queue_depth=qd, direct=use_direct, merge_gap=base.merge_gap
-        ), "posix"
+        return RowReader(*args, **base.options(queue_depth=qd, direct=use_direct)), "posix"
 
     def _init_gpu(self, S: int, dim: int, rec: int) -> None:
         cp = self._xp
@@ -839,22 +838,20 @@ class NgramRowCache:
         """Records of global ``rows`` (sorted, unique) into ``staging[:n]``; returns
         (rows, bytes, read ops) read. Touches no cache state (prefetch threads call it)."""
         reader = reader or self._reader
-        got = [0, 0, 0]
-        # Global rows are sorted, so each part's rows are one contiguous run of them.
+        # Global rows are sorted, so each part's rows are one contiguous run of them, and
+        # the parts in order are the staging order: one read plan and one dispatch for all.
         bounds = np.searchsorted(rows, self.row_offsets)
-        for k, t in enumerate(self.part_tables):
-            a, b = int(bounds[k]), int(bounds[k + 1])
-            if a == b:
-                continue
-            _, rs = reader.read_records(t, rows[a:b] - self.row_offsets[k], out=staging[a:b])
-            got[0] += rs.rows
-            got[1] += rs.bytes_read
-            got[2] += rs.read_ops
-        return got[0], got[1], got[2]
+        _, rs = reader.read_runs(rows, bounds, self._part_array, self.row_offsets[:-1], out=staging)
+        return rs.rows, rs.bytes_read, rs.read_ops
 
     def _prefetch_reader(self) -> RowReader:
-        """The reader prefetch jobs use: the cache's own (readers are thread-safe)."""
-        return self._reader
+        """The reader prefetch jobs use: a POSIX reader of their own (its own ring and
+        buffers: a native batch runs one at a time per reader, so a demand fault never
+        queues behind a prefetch); kvikio's reader is shared (thread-safe)."""
+        r = self._reader
+        if type(r) is RowReader:
+            return RowReader(self.store.path, self.store.tables, r.shard_files, **r.options())
+        return r
 
     def _fault(self, rows: np.ndarray, victims: np.ndarray) -> None:
         """Read ``rows`` (sorted, unique) and write them into ``victims``' arena rows."""

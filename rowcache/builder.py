@@ -284,7 +284,13 @@ def build_store(
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        replace.switch(tmp, path)
+        try:
+            replace.switch(tmp, path)
+        except BaseException:
+            # Whatever `tmp` holds now (our unused build, or the old store after the
+            # exchange) is garbage; a missing `path` is restored below.
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     finally:
         lock.close()
         if not os.path.lexists(path):

@@ -385,14 +385,14 @@ class RowStore:
         return st.st_nlink == 0 or (cur.st_dev, cur.st_ino) != (st.st_dev, st.st_ino)
 
     def _changed_error(self, e: CorruptDataError) -> CorruptDataError:
+        msg = str(e)
+        if self.root != self.path:  # name the store, not /proc/self/fd/N
+            msg = msg.replace(self.root, self.path)
         if isinstance(e, StoreChangedError) or not self.changed():
-            msg = str(e)
-            if self.root != self.path:  # name the store, not /proc/self/fd/N
-                msg = msg.replace(self.root, self.path)
             return type(e)(msg) if msg != str(e) else e
         return StoreChangedError(
             f"{self.path}: the store this handle opened was replaced or removed since "
-            f"(a read needed a file it no longer has: {e}); open the path again"
+            f"(a read needed a file it no longer has: {msg}); open the path again"
         )
 
     # -- tables ------------------------------------------------------------

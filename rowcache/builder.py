@@ -12,8 +12,10 @@ store at ``path`` in one atomic exchange, so ``path`` always holds a complete st
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import os
 import re
+import resource
 import shutil
 import uuid
 from collections.abc import Mapping, Sequence
@@ -175,9 +177,10 @@ def _is_store(path: str) -> bool:
     return all(n == fmt.INDEX_NAME or _SHARD_NAME.fullmatch(n) for n in names)
 
 
-def _write_index(tmp: str, shard_recs: list[Any], meta: dict[str, Any]) -> None:
+def _write_index(tmp: str, path: str, shard_recs: list[Any], meta: dict[str, Any]) -> None:
     """Shard and page-CRC records, then the meta record in its own last transaction."""
     index = os.path.join(tmp, fmt.INDEX_NAME)
+    shown = f"the index of {path} (built in {os.path.basename(tmp)})"
     try:
         # lock=False: the build directory is ours alone (flocked), and no lock.mdb is
         # mapped, so a disk filling up cannot turn into a SIGBUS on the lock file.
@@ -195,7 +198,25 @@ def _write_index(tmp: str, shard_recs: list[Any], meta: dict[str, Any]) -> None:
         finally:
             env.close()
     except lmdb.Error as e:
-        raise lmdb_error(e, index, "writing") from e
+        raise _explain_eio(lmdb_error(e, shown, "writing"), index) from e
+
+
+def _explain_eio(err: Exception, index: str) -> Exception:
+    """LMDB reports a short write (full disk, ``ulimit -f``) as EIO: name the cause."""
+    if not isinstance(err, OSError) or err.errno != errno.EIO:
+        return err
+    try:
+        st = os.statvfs(index)
+        if st.f_bavail * st.f_frsize < (1 << 20):
+            return OSError(errno.ENOSPC, f"{err.strerror} (the disk is full)")
+    except OSError:
+        pass
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if soft != resource.RLIM_INFINITY:
+        return OSError(
+            errno.EFBIG, f"{err.strerror} (the file size limit, ulimit -f, is {soft} bytes)"
+        )
+    return err
 
 
 def build_store(
@@ -272,7 +293,7 @@ def build_store(
                     else None,
                 },
             }
-            _write_index(tmp, shard_recs, meta)
+            _write_index(tmp, path, shard_recs, meta)
             replace._step("committed")
             # What is at `path` may have changed during a long build: check it again.
             if os.path.lexists(path):

@@ -163,7 +163,7 @@ def _write_table(
                 f"shard {name}: wrote {length} bytes, layout says {info.shard_bytes(s)}"
             )
         rec = fmt.ShardRecord(
-            t, s, first, count, name, 0, length, len(page_crcs), crc32c.crc32c(page_crcs)
+            t, s, first, count, name, 0, length, len(page_crcs), crc32c.crc32c(page_crcs.tobytes())
         )
         shards.append((rec, page_crcs))
     return shards

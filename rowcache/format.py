@@ -83,7 +83,8 @@ def page_crcs(data: np.ndarray) -> np.ndarray:
     core of the dev machine, above the disks' write and sequential read speeds.
     """
     pages = np.ascontiguousarray(data).reshape(-1, PAGE)
-    return np.fromiter(map(crc32c.crc32c, pages), dtype=np.uint32, count=pages.shape[0])
+    crcs = map(crc32c.crc32c, pages)  # type: ignore[arg-type]  # ndarray rows are buffers
+    return np.fromiter(crcs, dtype=np.uint32, count=pages.shape[0])
 
 
 def shard_file_name(table: int, shard: int) -> str:

@@ -64,12 +64,15 @@ def _tables_dict(tables: Any) -> dict[str, Any]:
 
 def _check_finite(block: np.ndarray, name: str, first_row: int) -> None:
     """ConfigError naming table, row and column of the first NaN/Inf of ``block``."""
-    if block.dtype == BF16:  # exponent all ones: Inf or NaN (no float32 temporary)
-        bad = (block.view(np.uint16) & 0x7F80) == 0x7F80
+    if block.dtype == BF16:  # exponent all ones: Inf or NaN; |bits| >= 0x7F80 (one pass + max)
+        bits = block.view(np.uint16) & 0x7FFF
+        if block.size == 0 or int(bits.max()) < 0x7F80:
+            return
+        bad = bits >= 0x7F80
     else:
+        if np.isfinite(block).all():
+            return
         bad = ~np.isfinite(block)
-    if not bad.any():
-        return
     r, c = divmod(int(np.flatnonzero(bad.reshape(-1))[0]), block.shape[1])
     count = int(np.count_nonzero(bad))
     raise ConfigError(

@@ -266,6 +266,7 @@ def build_store(
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
         raise ConfigError(f"path={path!r}: give the directory of the store to build")
     path = os.path.abspath(os.fspath(path))
+    replace.recover(path)  # a half-done switch of an earlier build: put its store back first
     if os.path.lexists(path) and not overwrite:
         raise ConfigError(f"path {path!r} already exists; pass overwrite=True to replace it")
     if os.path.lexists(path):

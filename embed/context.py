@@ -226,7 +226,21 @@ class NgramBatchContext:
 
     def reset(self, seqs: Any = None) -> None:
         """Forget slots ``seqs`` (default all): a new request starts with no look-back."""
-        which = self._all if seqs is None else np.asarray(seqs, dtype=_I64)
+        if seqs is None:
+            which = self._all
+        else:
+            sq = np.asarray(seqs)
+            if sq.ndim > 1 or sq.dtype == np.bool_ or (sq.size and sq.dtype.kind not in "iu"):
+                raise ConfigError(
+                    f"seqs must be a slot or a 1-D int array of slots, got {sq.dtype}{list(sq.shape)}"
+                )
+            which = sq.astype(_I64).reshape(-1)
+            if which.size and (int(which.min()) < 0 or int(which.max()) >= self.num_seqs):
+                bad = int(which[(which < 0) | (which >= self.num_seqs)][0])
+                raise ConfigError(
+                    f"seqs: slot {bad} is not in [0, {self.num_seqs}) (negative slots are "
+                    "refused, not counted from the end); nothing was reset"
+                )
         self._kept[which] = 0
         self._count[which] = 0
         self._seen[which] = 0

@@ -552,10 +552,16 @@ class NgramRowCache:
 
     def global_ids(self, part: int, row_ids: Any) -> np.ndarray:
         """Global row ids (``row_offsets[part] + row_ids``) of the ``part``-th listed table."""
-        if not 0 <= part < len(self.parts):
-            raise ConfigError(f"part={part!r}: this cache has parts 0..{len(self.parts) - 1}")
-        ids = check_row_ids(row_ids, self.parts[part].rows)
-        return ids + self.row_offsets[part]
+        if (
+            isinstance(part, (bool, np.bool_))
+            or not isinstance(part, (int, np.integer))
+            or not 0 <= part < len(self.parts)
+        ):
+            raise ConfigError(
+                f"part={part!r}: give an int index of a listed table, 0..{len(self.parts) - 1}"
+            )
+        ids = check_row_ids(row_ids, self.parts[int(part)].rows)
+        return ids + int(self.row_offsets[int(part)])
 
     @property
     def resident(self) -> int:

@@ -269,14 +269,15 @@ class NgramRowCache:
             from .kvikio_reader import gds_available
 
             reader = "kvikio" if self.device == "cuda" and gds_available() else "posix"
-        args = (self.store.path, self.store.tables, base.shard_files)
+        # siblings of the store's reader: the same pinned files and page checks
         if reader == "kvikio":
             from .kvikio_reader import KvikioRowReader
 
-            return KvikioRowReader(*args, **base.options(queue_depth=qd, direct=False)), "kvikio"
+            opts = base.options(queue_depth=qd, direct=False)
+            return self.store.new_reader(KvikioRowReader, **opts), "kvikio"
         if qd == base.queue_depth and use_direct == base.direct:
             return base, "posix"
-        return RowReader(*args, **base.options(queue_depth=qd, direct=use_direct)), "posix"
+        return self.store.new_reader(**base.options(queue_depth=qd, direct=use_direct)), "posix"
 
     def _init_gpu(self, S: int, dim: int, rec: int) -> None:
         cp = self._xp
@@ -856,7 +857,7 @@ class NgramRowCache:
         queues behind a prefetch); kvikio's reader is shared (thread-safe)."""
         r = self._reader
         if type(r) is RowReader:
-            return RowReader(self.store.path, self.store.tables, r.shard_files, **r.options())
+            return self.store.new_reader(**r.options())
         return r
 
     def _fault(self, rows: np.ndarray, victims: np.ndarray) -> None:

@@ -11,7 +11,6 @@ tested against) and ``verify``. The I/O is ``rowcache.reader``, the index checks
 
 from __future__ import annotations
 
-import inspect
 import os
 import weakref
 from dataclasses import dataclass, field
@@ -83,13 +82,6 @@ def check_row_ids(row_ids: Any, rows: int, name: str = "row_ids") -> np.ndarray:
             f"{name}[{bad}] = {int(raw[bad])} is outside the table's rows [0, {rows})"
         )
     return ids
-
-
-def _reader_takes_page_crcs() -> bool:
-    try:
-        return "page_crcs" in inspect.signature(RowReader.__init__).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _pinned_root(dirfd: int, path: str) -> str:
@@ -172,7 +164,6 @@ class RowStore:
             root = _pinned_root(dirfd, path)
             dtype, tables, shards, crcs, meta = read_index(root, path)
             check_shard_files(dirfd, path, tables, shards, missing_ok=not check_shards)
-            kw: dict[str, Any] = {"page_crcs": crcs} if _reader_takes_page_crcs() else {}
             reader = RowReader(
                 root,
                 tables,
@@ -180,7 +171,7 @@ class RowStore:
                 queue_depth=queue_depth,
                 direct=direct,
                 merge_gap=merge_gap,
-                **kw,
+                page_crcs=crcs,
             )
         except BaseException:
             os.close(dirfd)
@@ -193,12 +184,7 @@ class RowStore:
         """Another reader (``cls``: RowReader or a subclass) over this handle's files,
         with its page CRCs where ``cls`` takes them; ``kw`` are its settings."""
         files = [[r.file for r in recs] for recs in self.shards]
-        try:
-            takes = "page_crcs" in inspect.signature(cls.__init__).parameters
-        except (TypeError, ValueError):
-            takes = False
-        if takes:
-            kw.setdefault("page_crcs", self.page_crcs)
+        kw.setdefault("page_crcs", self.page_crcs)
         return cls(self.root, self.tables, files, **kw)
 
     @property

@@ -1,10 +1,13 @@
 """rowcache: out-of-core embedding rows on NVMe, a bounded row arena with LRU and pinning.
 
-Public API (see DESIGN.md): ``build_store``, ``RowStore``, ``TableInfo``,
+Public API: ``build_store``, ``RowStore``, ``TableInfo``,
 ``NgramRowCache``, ``CacheStats``, and the errors of ``rowcache.errors``.
 """
 
 from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
 
 from .builder import build_store
 from .cache import CacheStats, NgramRowCache
@@ -20,6 +23,11 @@ from .errors import (
 from .format import TableInfo
 from .store import RowStore, VerifyReport
 
+try:
+    __version__ = _dist_version("rowcache")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0.0.0+unknown"
+
 __all__ = [
     "ArenaExhaustedError",
     "CacheStats",
@@ -33,5 +41,6 @@ __all__ = [
     "RowStore",
     "TableInfo",
     "VerifyReport",
+    "__version__",
     "build_store",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -158,6 +159,77 @@ def main(argv: Sequence[str] | None = None) -> int:
         _close_bars()
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+
+
+# --- argument types: argparse reports their errors as "argument --flag: message" -----------
+def _number(text: str, kind: type) -> Any:
+    try:
+        v = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not {'an integer' if kind is int else 'a number'}"
+        ) from None
+    if kind is float and not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    v = _number(text, int)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give an integer >= 1")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    """An integer >= 0."""
+    v = _number(text, int)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give an integer >= 0")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    v = _number(text, float)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number > 0")
+    return v
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1]."""
+    v = _number(text, float)
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number in (0, 1]")
+    return v
+
+
+def int_list(text: str) -> list[int]:
+    """Comma-separated integers >= 1, e.g. ``1,4,16``."""
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"{text!r}: give integers >= 1, e.g. 1,4,16")
+    out = []
+    for x in parts:
+        if not x.isdigit() or int(x) < 1:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: {x!r} is not an integer >= 1 (give e.g. 1,4,16)"
+            )
+        out.append(int(x))
+    return out
+
+
+def byte_size(text: str) -> int:
+    """Bytes: ``4096``, ``20e9``, or binary units ``512K``, ``12G`` = ``12GiB`` (2^30)."""
+    from .errors import ConfigError
+    from .tools.tune import parse_bytes
+
+    try:
+        return parse_bytes(text, "size")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("size: ")) from None
 
 
 def _isatty(stream: Any) -> bool:

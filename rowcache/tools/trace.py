@@ -246,17 +246,22 @@ class Trace:
         each table's rows); a bad one raises :class:`FormatError` naming its file.
         """
         t = None if table is None else self._table(table)
-        for i, c in enumerate(self.chunks):
-            rows = self._rows(i, c)
-            steps = self._steps(i, c)
-            if t is None:
-                out = np.asarray(rows)
-                self._check_rows(i, c, out, np.arange(self.num_tables))
-                yield out, steps
-            else:
-                one = np.asarray(rows[t], dtype=np.int64)
-                self._check_rows(i, c, one[None, :], np.array([t]))
-                yield one, steps
+        for i in range(len(self.chunks)):
+            yield self.read_chunk(i, t)
+
+    def read_chunk(self, i: int, table: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk ``i`` checked: ``(rows, steps)`` as :meth:`iter_chunks` yields them."""
+        c = self.chunks[i]
+        rows = self._rows(i, c)
+        steps = self._steps(i, c)
+        if table is None:
+            out = np.asarray(rows)
+            self._check_rows(i, c, out, np.arange(self.num_tables))
+            return out, steps
+        t = self._table(table)
+        one = np.asarray(rows[t], dtype=np.int64)
+        self._check_rows(i, c, one[None, :], np.array([t]))
+        return one, steps
 
     def table_accesses(self, table: int) -> tuple[np.ndarray, np.ndarray]:
         """All rows (int64[positions]) and steps (int64[positions]) of one table."""

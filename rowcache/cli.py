@@ -239,7 +239,7 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
-def info(args: argparse.Namespace, message: str) -> None:
+def inform(args: argparse.Namespace, message: str) -> None:
     """An informational line on stderr, unless ``-q``."""
     if not getattr(args, "quiet", False):
         print(message, file=sys.stderr)

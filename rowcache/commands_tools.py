@@ -19,7 +19,7 @@ import numpy as np
 from .cli import (
     byte_size,
     fraction,
-    info,
+    inform,
     int_list,
     nonneg_int,
     positive_float,
@@ -286,9 +286,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         except (OSError, ValueError, RuntimeError) as e:
             kept = f"; the report was saved to {args.save}" if args.save else ""
             raise ConfigError(f"--png {args.png}: the plot failed ({e}){kept}") from e
-        info(args, f"plot: {args.png}")
+        inform(args, f"plot: {args.png}")
     if args.save:
-        info(args, f"saved: {args.save}")
+        inform(args, f"saved: {args.save}")
     return 0
 
 
@@ -440,7 +440,7 @@ def _cmd_bench_io(args: argparse.Namespace) -> int:
     for n in prof.notes:
         print(f"note: {n}")
     if args.out:
-        info(args, f"saved disk profile: {args.out}")
+        inform(args, f"saved disk profile: {args.out}")
     return 0
 
 

@@ -563,9 +563,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("profile", help="JSON from `rowcache profile --save` (or --json)")
     p.add_argument("--arena", type=byte_size, help="arena budget for all tables, e.g. 20GiB")
-    p.add_argument(
-        "--memory", type=byte_size, help="machine memory, e.g. 121GiB (needs --reserve)"
-    )
+    p.add_argument("--memory", type=byte_size, help="machine memory, e.g. 121GiB (needs --reserve)")
     p.add_argument(
         "--reserve",
         type=byte_size,
@@ -622,9 +620,7 @@ def register(subparsers: Any) -> None:
         default="1,4,16,32,64",
         help="reads in flight to measure, comma separated",
     )
-    p.add_argument(
-        "--seconds", type=positive_float, default=1.0, help="seconds per measured point"
-    )
+    p.add_argument("--seconds", type=positive_float, default=1.0, help="seconds per measured point")
     p.add_argument("--buffered", action="store_true", help="do not use O_DIRECT")
     p.add_argument("--out", help="save the disk profile JSON here (for `rowcache tune --disk`)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

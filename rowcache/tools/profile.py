@@ -246,8 +246,8 @@ def profile_trace(
     if bar is not None:
         bar.close()
     for name, c in [*curves.items(), ("shared", shared_curve), *pol.items()]:
-        if c is not None and c.accesses and not np.any(np.nan_to_num(c.misses) > 0):
-            # Every real curve has at least its compulsory misses: this sample kept nothing.
+        if c is not None and c.accesses and not c.unique > 0:
+            # A trace has at least one distinct row: this sample kept nothing.
             what = f"policy {name}" if name in pol and name not in curves else _label(name)
             raise ConfigError(
                 f"{what}: the SHARDS sample of {c.accesses:,} accesses at rate "

@@ -147,8 +147,11 @@ def curves_from_profile(
     if dtype not in ("bf16", "fp8"):
         raise _fail(source, f"'dtype' must be 'bf16' or 'fp8'; got {dtype!r}")
     least = 2 if dtype == "bf16" else 5
-    if isinstance(rec, bool) or not isinstance(rec, int) or rec < least or (
-        dtype == "bf16" and rec % 2
+    if (
+        isinstance(rec, bool)
+        or not isinstance(rec, int)
+        or rec < least
+        or (dtype == "bf16" and rec % 2)
     ):
         raise _fail(
             source,
@@ -167,9 +170,7 @@ def curves_from_profile(
             raise _fail(source, f"{where} needs 'sizes', 'misses' and 'accesses'")
         try:
             sizes = np.asarray(c["sizes"], dtype=np.int64)
-            misses = np.asarray(
-                [np.nan if x is None else x for x in c["misses"]], dtype=np.float64
-            )
+            misses = np.asarray([np.nan if x is None else x for x in c["misses"]], dtype=np.float64)
         except (TypeError, ValueError, OverflowError) as e:
             raise _fail(source, f"{where}: sizes and misses must be lists of numbers") from e
         if sizes.ndim != 1 or sizes.size == 0 or misses.shape != sizes.shape:

@@ -562,11 +562,19 @@ def register(subparsers: Any) -> None:
         "With only a target, the budget is the smallest arena that meets it.",
     )
     p.add_argument("profile", help="JSON from `rowcache profile --save` (or --json)")
-    p.add_argument("--arena", type=byte_size, help="arena budget for all tables, e.g. 20GiB")
-    p.add_argument("--memory", type=byte_size, help="machine memory, e.g. 121GiB (needs --reserve)")
+    p.add_argument(
+        "--arena", type=byte_size, metavar="SIZE", help="arena budget for all tables, e.g. 20GiB"
+    )
+    p.add_argument(
+        "--memory",
+        type=byte_size,
+        metavar="SIZE",
+        help="machine memory, e.g. 121GiB (needs --reserve)",
+    )
     p.add_argument(
         "--reserve",
         type=byte_size,
+        metavar="SIZE",
         help="memory kept for weights and KV cache, e.g. 70GiB (0: budget all of --memory)",
     )
     p.add_argument(
@@ -575,7 +583,9 @@ def register(subparsers: Any) -> None:
         default=None,
         help="row format of the arenas (default: the profile's)",
     )
-    p.add_argument("--disk", help="disk profile JSON from `rowcache bench-io --out`")
+    p.add_argument(
+        "--disk", metavar="FILE", help="disk profile JSON from `rowcache bench-io --out`"
+    )
     p.add_argument("--device", dest="disk_alias", help=argparse.SUPPRESS)
     p.add_argument(
         "--queue-depth",

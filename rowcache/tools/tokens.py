@@ -156,13 +156,30 @@ def python_files(root: str) -> list[str]:
     return found
 
 
+def _is_binary(f: Path) -> bool:
+    with open(f, "rb") as fh:
+        return b"\0" in fh.read(4096)
+
+
 def _expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """Named files as given; a folder's files sorted, without hidden files, ``__pycache__``
+    and binary files (a NUL byte in the first 4 KiB: ``.pyc``, images), which as text
+    would be tokenized into noise."""
     files: list[Path] = []
     for p in paths:
         path = Path(p)
         if path.is_dir():
-            files.extend(sorted(f for f in path.rglob("*") if f.is_file()))
+            for f in sorted(path.rglob("*")):
+                rel = f.relative_to(path).parts
+                if any(x.startswith(".") or x == "__pycache__" for x in rel) or not f.is_file():
+                    continue
+                if f.suffix.lower() in TOKEN_SUFFIXES or not _is_binary(f):
+                    files.append(f)
         elif path.is_file():
+            if path.suffix.lower() not in TOKEN_SUFFIXES and _is_binary(path):
+                raise ConfigError(
+                    f"input {path} is a binary file, not text (nor .npy / .jsonl token ids)"
+                )
             files.append(path)
         else:
             raise ConfigError(f"input {str(p)!r} does not exist")

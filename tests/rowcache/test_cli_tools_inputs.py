@@ -369,3 +369,17 @@ def test_bench_io_bytes_actually_read_latency_and_small_file_warning(tmp_path, c
     assert "disk.bin" in capsys.readouterr().out
     assert main(["bench-io", str(f), "--out", str(tmp_path / "no" / "d.json")]) == 2
     assert "--out" in err_line(capsys)
+
+
+def test_trace_folder_skips_binary_and_pycache_a_named_binary_is_refused(w, capsys):
+    d = w / "src"
+    (d / "__pycache__").mkdir(parents=True)
+    (d / "a.py").write_text("x = 1\n")
+    (d / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\xa7\r\r\n\0\0\0\0" * 64)
+    (d / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR")
+    argv = ["trace", str(d), "-o", str(w / "t1"), "-q", "--json", "--tokenizer", "words"]
+    assert main([*argv, "--config", str(w / "config.json")]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == 3  # x, =, 1
+    argv = ["trace", str(d / "logo.png"), "-o", str(w / "t2"), "--tokenizer", "words"]
+    assert main(argv) == 2
+    assert "logo.png is a binary file" in err_line(capsys) and not (w / "t2").exists()

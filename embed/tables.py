@@ -79,8 +79,8 @@ class Bf16Table:
             array = array.astype(BF16)
         if array.dtype != BF16:
             raise ConfigError(
-                "Bf16Table array must be bfloat16 (or its uint16 view) or float32, got "
-                f"{_describe(array)}"
+                "Bf16Table array must be bfloat16 or float32 (or bfloat16's uint16 view), "
+                f"got {_describe(array)}"
             )
         self.array = array
 

@@ -98,7 +98,13 @@ def _writable(flag: str, path: str) -> None:
 
 # --- trace -------------------------------------------------------------------
 def _cmd_trace(args: argparse.Namespace) -> int:
-    from .tools.tokens import iter_requests, make_tokenizer, stdlib_files
+    from .tools.tokens import (
+        TOKEN_SUFFIXES,
+        input_files,
+        iter_requests,
+        make_tokenizer,
+        stdlib_files,
+    )
     from .tools.trace import ServerModel, build_trace
 
     inputs = list(args.inputs)
@@ -114,18 +120,15 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     dims = _dims(args)
     model = ServerModel(batch=args.batch, chunk=args.chunk, decode=args.decode)
     # The tokenizer is loaded (and a bad one refused) before anything is written.
-    text_inputs = any(
-        Path(p).is_dir() or Path(p).suffix.lower() not in (".npy", ".jsonl", ".ndjson")
-        for p in inputs
-    )
+    files = input_files(inputs)
     tokenizer: Any = args.tokenizer
-    if text_inputs:
+    if any(f.suffix.lower() not in TOKEN_SUFFIXES for f in files):
         try:
             tokenizer = make_tokenizer(args.tokenizer, dims.vocab_size)
         except ConfigError as e:
             raise ConfigError(f"--tokenizer: {e}") from e
     reqs = iter_requests(
-        inputs,
+        files,
         vocab_size=dims.vocab_size,
         eos_token_id=dims.eos_token_id,
         tokenizer=tokenizer,

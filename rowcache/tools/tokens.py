@@ -161,7 +161,7 @@ def _is_binary(f: Path) -> bool:
         return b"\0" in fh.read(4096)
 
 
-def _expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
+def input_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """Named files as given; a folder's files sorted, without hidden files, ``__pycache__``
     and binary files (a NUL byte in the first 4 KiB: ``.pyc``, images), which as text
     would be tokenized into noise."""
@@ -219,7 +219,7 @@ def iter_requests(
     """
     if max_request_tokens < 1:
         raise ConfigError(f"max_request_tokens must be >= 1; got {max_request_tokens}")
-    files = _expand(paths)
+    files = input_files(paths)
     tok: Tokenizer | None = None
     if any(f.suffix.lower() not in TOKEN_SUFFIXES for f in files):
         tok = tokenizer if callable(tokenizer) else make_tokenizer(tokenizer, vocab_size)

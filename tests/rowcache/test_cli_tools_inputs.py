@@ -383,3 +383,11 @@ def test_trace_folder_skips_binary_and_pycache_a_named_binary_is_refused(w, caps
     argv = ["trace", str(d / "logo.png"), "-o", str(w / "t2"), "--tokenizer", "words"]
     assert main(argv) == 2
     assert "logo.png is a binary file" in err_line(capsys) and not (w / "t2").exists()
+
+
+def test_trace_token_files_need_no_tokenizer(w, capsys):
+    d = w / "ids"
+    d.mkdir()
+    (d / "a.jsonl").write_text("[5, 6, 7]\n")
+    argv = ["trace", str(d), "-o", str(w / "t"), "-q", "--tokenizer", str(w / "none.json")]
+    assert main([*argv, "--config", str(w / "config.json")]) == 0

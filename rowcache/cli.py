@@ -214,8 +214,9 @@ def int_list(text: str) -> list[int]:
     out = []
     for x in parts:
         if not x.isdigit() or int(x) < 1:
+            where = "" if x == text.strip() else f" in {text!r}"
             raise argparse.ArgumentTypeError(
-                f"{text!r}: {x!r} is not an integer >= 1 (give e.g. 1,4,16)"
+                f"{x!r}{where} is not an integer >= 1 (give e.g. 1,4,16)"
             )
         out.append(int(x))
     return out

@@ -440,6 +440,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         )
     except ConfigError as e:
         raise ConfigError(_as_flags(str(e))) from e
+    if cfg.device == "cuda":
+        from kernels._cuda import require_cupy
+
+        from .errors import GpuUnavailableError
+
+        try:
+            require_cupy("rowcache demo --device cuda")
+        except GpuUnavailableError as e:
+            raise GpuUnavailableError(str(e).replace("device='cpu'", "--device cpu")) from e
     report = run_demo(cfg, progress=not args.no_progress)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

@@ -289,7 +289,8 @@ _CHUNK_KEYS = {f.name for f in fields(TraceChunk)}
 
 
 def _kind(x: Any) -> str:
-    return {list: "list", dict: "object", str: "string"}.get(type(x), type(x).__name__)
+    names: dict[type, str] = {list: "list", dict: "object", str: "string"}
+    return names.get(type(x), type(x).__name__)
 
 
 def _int(mf: Path, key: str, v: Any, lo: int) -> int:

@@ -69,10 +69,10 @@ def parse_bytes(text: str | int, name: str = "size") -> int:
             f"{name}: {text!r} is not a size; use bytes (4096, 20e9) or a number with "
             "K, M, G, T or KiB, MiB, GiB, TiB (binary: G = GiB = 2^30 bytes)"
         )
-    v = float(m.group(1)) * _UNITS[unit]
-    if not v <= MAX_BYTES:  # also inf
+    size = float(m.group(1)) * _UNITS[unit]
+    if not size <= MAX_BYTES:  # also inf
         raise ConfigError(f"{name}: {text!r} is more than 2^62 bytes")
-    return int(v)
+    return int(size)
 
 
 @dataclass(frozen=True)

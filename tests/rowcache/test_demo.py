@@ -136,3 +136,14 @@ def test_demo_report_explains_reads_and_counts_the_store_on_disk(tmp_path):
     with RowStore.open(tmp_path / "store") as store:
         on_disk = sum(r.length for recs in store.shards for r in recs)
     assert rep.store_bytes == on_disk > sum(t.nbytes for t in store.tables)
+
+
+def test_demo_cli_cuda_without_a_gpu_names_the_flag(capsys):
+    from kernels._cuda import gpu_available
+    from rowcache.cli import main
+
+    if gpu_available():
+        pytest.skip("a GPU is usable here")
+    assert main(["demo", "--device", "cuda", "--tokens", "500", "--ratio", "0.02"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device cpu" in err and "device='cpu'" not in err

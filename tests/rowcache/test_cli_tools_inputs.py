@@ -391,3 +391,12 @@ def test_trace_token_files_need_no_tokenizer(w, capsys):
     (d / "a.jsonl").write_text("[5, 6, 7]\n")
     argv = ["trace", str(d), "-o", str(w / "t"), "-q", "--tokenizer", str(w / "none.json")]
     assert main([*argv, "--config", str(w / "config.json")]) == 0
+
+
+def test_bench_io_measures_even_when_threads_start_after_the_deadline(tmp_path, capsys):
+    f = tmp_path / "disk.bin"
+    f.write_bytes(b"\1" * (1 << 16))
+    argv = ["bench-io", str(f), "--queue-depths", "1,8", "--seconds", "0.000001", "--json"]
+    assert main(argv) == 0
+    prof = json.loads(capsys.readouterr().out)
+    assert all(r > 0 for row in prof["random"].values() for r in row.values())

@@ -187,7 +187,40 @@ def run(stores, monkeypatch, dtype, shared, device):
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
     machine.TestCase().runTest()
+    for mode in [m for m, c in faults.count.items() if c == 0]:
+        inject_once(stores[dtype], names, device, faults, mode)  # every mode, whatever was drawn
     assert min(faults.count.values()) > 0, f"some fault was never injected: {faults.count}"
+
+
+def inject_once(path, names, device, faults, mode):
+    """One resolve with ``mode`` injected into its first read: a failed read maps nothing
+    and changes no stats; a partial read is retried and gives the stored rows."""
+    store = RowStore.open(path, merge_gap=0)
+    try:
+        cache = NgramRowCache(store, names, slots=16, device=device, queue_depth=1)
+        values, scales = truth(store, names)
+        ids = np.arange(0, 64, 8)
+        before, stats = cache.slot_map(), cache.stats()
+        fired = faults.count[mode]
+        faults.arm(mode, 0)
+        try:
+            if mode in ("eio", "eof"):
+                with pytest.raises(CorruptDataError):
+                    cache.resolve(ids)
+                after = cache.slot_map()
+                np.testing.assert_array_equal(after[0], before[0])
+                assert cache.stats().misses == stats.misses
+                return
+            slots = host(cache.resolve(ids))
+        finally:
+            faults.arm(None, -1)
+        assert faults.count[mode] == fired + 1  # the partial read happened and was retried
+        if scales is None:
+            np.testing.assert_array_equal(host(cache.table)[slots].view(np.uint16), values[ids])
+        else:
+            np.testing.assert_array_equal(host(cache.table)[slots], values[ids])
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["single", "shared"])
@@ -201,3 +234,12 @@ def test_cache_stateful_with_injected_io_faults(stores, monkeypatch, dtype, shar
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_cache_stateful_with_injected_io_faults_gpu(stores, monkeypatch, dtype, shared):
     run(stores, monkeypatch, dtype, shared, "cuda")
+
+
+@pytest.mark.parametrize("mode", ["eio", "eof", "partial"])
+@pytest.mark.parametrize("shared", [False, True], ids=["single", "shared"])
+def test_cache_each_injected_fault_once(stores, monkeypatch, mode, shared):
+    faults = Faults()
+    monkeypatch.setattr(os, "preadv", faults)
+    inject_once(stores["fp8"], SHARED if shared else ["t0"], "cpu", faults, mode)
+    assert faults.count[mode] == 1

@@ -1,10 +1,11 @@
 """Native extensions of rowcache (metadata lives in pyproject.toml).
 
-Two small C modules, each the smallest piece that reaches a measured target Python
+Three small C modules, each the smallest piece that reaches a measured target Python
 cannot (see bench/RESULTS.md), each tested against its Python reference:
 ``rowcache._rcio`` (a fault step's reads: io_uring through raw system calls or a pread
 pool, page checksums, the record cut) and ``kernels._host`` (the packed host hash and
-the row cache's all-hits path). They need only a C compiler and libc. Where one cannot
+the row cache's all-hits path), ``kernels._quantize`` (the builder's FP8 quantize, straight
+into shard pages). They need only a C compiler and libc. Where one cannot
 be built the Python paths run instead (same results, slower), so a failed compile is a
 warning, not a failed install.
 """
@@ -34,7 +35,13 @@ ext_modules = [
         "kernels._host",
         ["kernels/_host.c"],
         extra_compile_args=["-O3", "-Wall", "-Wextra", "-std=c11"],
-    )
+    ),
+    Extension(
+        "kernels._quantize",
+        ["kernels/_quantize.c"],
+        # IEEE float32 as NumPy computes it: no contraction into FMAs, no fast-math.
+        extra_compile_args=["-O3", "-Wall", "-Wextra", "-std=c11", "-ffp-contract=off"],
+    ),
 ]
 if sys.platform.startswith("linux"):
     ext_modules.append(

@@ -3,8 +3,10 @@
 Owns ``build_store``: it streams each table in chunks of a few tens of MB (memory
 stays bounded whatever the table size), refuses non-finite values (unless allowed),
 converts rows to records (BF16 as is, FP8 quantized on build with the per-row absmax
-rule of ``kernels.reference``), packs records into whole 4 KiB pages, writes shard
-files with a CRC32C per page, and commits the LMDB meta record last. The build
+rule of ``kernels.reference``: on the GPU when one is usable, else by native C threads
+over row blocks, the same bits either way), packs records into whole 4 KiB pages, writes
+shard files with a CRC32C per page (the write and CRC of a chunk overlap the next one's
+read and quantize), and commits the LMDB meta record last. The build
 happens in a locked sibling directory that ``rowcache.replace.switch`` makes the
 store at ``path`` in one atomic exchange, so ``path`` always holds a complete store.
 """
@@ -26,6 +28,8 @@ import crc32c
 import lmdb
 import numpy as np
 
+from kernels import quantize as _quantize
+from kernels._cuda import gpu_available
 from kernels.reference import quantize_fp8_reference
 
 from . import format as fmt
@@ -35,6 +39,10 @@ from .sources import BF16, Source, resolve_source
 from .store import RowStore, lmdb_error
 
 CHUNK_BYTES = 32 << 20  # input bytes per streamed chunk
+# FP8 quantize engine: None picks "cuda" when a GPU is usable, else "cpu" (native C over
+# row blocks in threads; the reference where kernels._quantize is not built); "reference"
+# is NumPy's rule in one thread. Every engine writes the same bits (tests/rowcache/test_build_fp8.py).
+FP8_ENGINE: str | None = None
 MAP_SIZE = 1 << 34  # LMDB map size: address space only, the file grows with data
 _SHARD_NAME = re.compile(r"t\d{4}-s\d{6}\.bin")
 
@@ -108,6 +116,58 @@ def _pack_pages(info: fmt.TableInfo, records: np.ndarray) -> np.ndarray:
     return out
 
 
+class _Fp8Pages:
+    """FP8 chunks straight into reused page buffers (no records array, no packing copy).
+
+    A ring of ``depth`` buffers: a buffer is reused only once the write and the page CRCs
+    of the chunk it held are done, so the quantize of chunk k overlaps the write of k-1.
+    """
+
+    def __init__(self, info: fmt.TableInfo, chunk_rows: int, engine: str, depth: int = 3):
+        self.info, self.engine = info, engine
+        size = -(-chunk_rows // info.rows_per_page) * info.page_bytes
+        self.buffers = [np.zeros(size, dtype=np.uint8) for _ in range(depth)]
+        self.busy: list[list[Any]] = [[] for _ in range(depth)]
+        self.k = 0
+        self.threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        self.pool = (
+            ThreadPoolExecutor(self.threads) if engine == "cpu" and self.threads > 1 else None
+        )
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+    def encode(
+        self, src: Source, start: int, stop: int, allow_nonfinite: bool
+    ) -> tuple[np.ndarray, int]:
+        """Pages of rows ``[start, stop)`` (a view of a ring buffer) and the ring slot."""
+        info, n = self.info, stop - start
+        slot = self.k % len(self.buffers)
+        self.k += 1
+        for f in self.busy[slot]:
+            f.result()
+        self.busy[slot] = []
+        buf = self.buffers[slot][: -(-n // info.rows_per_page) * info.page_bytes]
+        block = src.view(start, stop) if self.engine != "cuda" else src.read(start, stop)
+        kw = {"rows_per_page": info.rows_per_page, "page_bytes": info.page_bytes}
+        if self.engine == "cuda":
+            bad = _quantize.quantize_fp8_pages_device(block, buf, **kw)
+        elif self.engine == "cpu":
+            bad = _quantize.quantize_fp8_pages(block, buf, pool=self.pool, **kw)
+        else:
+            bad = -1
+        if bad:  # the reference (NaN/Inf rows, or the "reference" engine): one path for all
+            if bad > 0 and not allow_nonfinite:
+                _check_finite(np.asarray(block), src.name, start)
+            buf[:] = _pack_pages(info, _to_records("fp8", np.asarray(block)))
+        else:
+            rest = n % info.rows_per_page  # zero the tail of a last, partial page
+            if rest:
+                buf[(n // info.rows_per_page) * info.page_bytes + rest * info.record_bytes :] = 0
+        return buf, slot
+
+
 def _write_all(fd: int, data: memoryview) -> None:
     while data:
         n = os.write(fd, data)
@@ -128,48 +188,90 @@ def _write_table(
     row_bytes = src.dim * src.array.dtype.itemsize
     chunk_rows = max(info.rows_per_page, CHUNK_BYTES // max(1, row_bytes))
     chunk_rows -= chunk_rows % info.rows_per_page  # every chunk but a shard's last is whole pages
+    fp8 = _Fp8Pages(info, chunk_rows, _fp8_engine()) if dtype == "fp8" else None
     shards = []
-    for s in range(info.shards):
-        first, count = info.shard_rows(s)
-        name = fmt.shard_file_name(t, s)
-        fd = os.open(os.path.join(root, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        crcs: list[Any] = []  # futures of each chunk's page CRCs, in order
-        pending: Any = None  # the write of the previous chunk
-        length = 0
-        try:
-            for start in range(first, first + count, chunk_rows):
-                stop = min(start + chunk_rows, first + count)
-                # Prepare this chunk while the previous one is written and checksummed
-                # (os.write releases the GIL; the CRC loop runs in the pool's other thread).
+    try:
+        for s in range(info.shards):
+            shards.append(
+                _write_shard(
+                    root, t, s, src, info, dtype, allow_nonfinite, pool, bar, chunk_rows, fp8
+                )
+            )
+    finally:
+        if fp8 is not None:
+            fp8.close()
+    return shards
+
+
+def _fp8_engine() -> str:
+    if FP8_ENGINE is not None:
+        if FP8_ENGINE not in ("cuda", "cpu", "reference"):
+            raise ConfigError(
+                f"FP8_ENGINE={FP8_ENGINE!r}; allowed: None, 'cuda', 'cpu', 'reference'"
+            )
+        return FP8_ENGINE
+    return "cuda" if gpu_available() else "cpu"
+
+
+def _write_shard(
+    root: str,
+    t: int,
+    s: int,
+    src: Source,
+    info: fmt.TableInfo,
+    dtype: str,
+    allow_nonfinite: bool,
+    pool: ThreadPoolExecutor,
+    bar: Any,
+    chunk_rows: int,
+    fp8: _Fp8Pages | None,
+) -> tuple[fmt.ShardRecord, np.ndarray]:
+    """Write shard ``s`` of table ``t``: its record and page CRCs."""
+    row_bytes = src.dim * src.array.dtype.itemsize
+    first, count = info.shard_rows(s)
+    name = fmt.shard_file_name(t, s)
+    fd = os.open(os.path.join(root, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    crcs: list[Any] = []  # futures of each chunk's page CRCs, in order
+    pending: Any = None  # the write of the previous chunk
+    length = 0
+    try:
+        for start in range(first, first + count, chunk_rows):
+            stop = min(start + chunk_rows, first + count)
+            # Prepare this chunk while the previous one is written and checksummed
+            # (os.write releases the GIL; the CRC loop runs in the pool's other thread).
+            if fp8 is not None:
+                data, slot = fp8.encode(src, start, stop, allow_nonfinite)
+            else:
                 block = src.read(start, stop)
                 if not allow_nonfinite:
                     _check_finite(block, src.name, start)
                 data = _pack_pages(info, _to_records(dtype, block))
-                if pending is not None:
-                    pending.result()
-                pending = pool.submit(_write_all, fd, memoryview(data.data))
-                crcs.append(pool.submit(fmt.page_crcs, data))
-                length += data.nbytes
-                if bar is not None:
-                    bar.update((stop - start) * row_bytes)
             if pending is not None:
                 pending.result()
-            page_crcs = np.concatenate([f.result() for f in crcs]).astype("<u4", copy=False)
-            os.fsync(fd)
-        finally:
-            for f in [pending, *crcs]:  # never close the file under a write still running
-                if f is not None:
-                    f.exception()
-            os.close(fd)
-        if length != info.shard_bytes(s) or len(page_crcs) != info.shard_pages(s):
-            raise AssertionError(  # internal invariant of the layout arithmetic
-                f"shard {name}: wrote {length} bytes, layout says {info.shard_bytes(s)}"
-            )
-        rec = fmt.ShardRecord(
-            t, s, first, count, name, 0, length, len(page_crcs), crc32c.crc32c(page_crcs.tobytes())
+            pending = pool.submit(_write_all, fd, memoryview(data.data))
+            crcs.append(pool.submit(fmt.page_crcs, data))
+            if fp8 is not None:
+                fp8.busy[slot] = [pending, crcs[-1]]
+            length += data.nbytes
+            if bar is not None:
+                bar.update((stop - start) * row_bytes)
+        if pending is not None:
+            pending.result()
+        page_crcs = np.concatenate([f.result() for f in crcs]).astype("<u4", copy=False)
+        os.fsync(fd)
+    finally:
+        for f in [pending, *crcs]:  # never close the file under a write still running
+            if f is not None:
+                f.exception()
+        os.close(fd)
+    if length != info.shard_bytes(s) or len(page_crcs) != info.shard_pages(s):
+        raise AssertionError(  # internal invariant of the layout arithmetic
+            f"shard {name}: wrote {length} bytes, layout says {info.shard_bytes(s)}"
         )
-        shards.append((rec, page_crcs))
-    return shards
+    rec = fmt.ShardRecord(
+        t, s, first, count, name, 0, length, len(page_crcs), crc32c.crc32c(page_crcs.tobytes())
+    )
+    return rec, page_crcs
 
 
 def _is_store(path: str) -> bool:

@@ -49,6 +49,15 @@ class Source:
         # write(2) and runs at a third of the speed of writing from anonymous memory.
         return np.array(block, copy=True)
 
+    def view(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` without a copy where the dtype allows (bf16, float32):
+        for consumers that read every value once (the FP8 quantize), a private copy is
+        one more pass over memory. float16 is widened to float32, as by :meth:`read`."""
+        block = self.array[start:stop]
+        if block.dtype == np.float16:
+            return block.astype(np.float32)
+        return block
+
 
 def _as_table_array(arr: np.ndarray, name: str, origin: str) -> np.ndarray:
     if arr.dtype == np.uint16 or arr.dtype == np.dtype("V2"):

@@ -28,6 +28,10 @@ def test_bench_build_quick_prints_ratio():
     bf16 = next(r for r in rep["results"] if r["dtype"] == "bf16")
     assert bf16["build_GB_s"] > 0 and bf16["plain_write_GB_s"] > 0
     assert bf16["ratio"] == pytest.approx(bf16["build_GB_s"] / bf16["plain_write_GB_s"], rel=1e-6)
+    engines = {(r["engine"], r["threads"]) for r in rep["results"] if r["dtype"] == "fp8"}
+    cores = rep["settings"]["cores"]
+    assert {("cpu", cores), ("cpu", 1), ("reference", "-")} <= engines
+    assert all(r["ratio"] > 0 for r in rep["results"])
 
 
 def test_bench_read_quick_measures_all_baselines():
@@ -68,3 +72,26 @@ def test_bench_fault_quick_measures_the_floor_in_the_same_run():
     for row in rep["results"]:
         assert row["floor_ms"] > 0 and row["checked_ms"] > 0 and row["warm_ms"] > 0
         assert row["ratio"] == pytest.approx(row["checked_ms"] / row["floor_ms"], rel=1e-6)
+
+
+def test_bench_sizing_check_quick_cache_equals_exact_prediction():
+    rep = json.loads(run("sizing_check.py", "--json"))
+    rows = rep["results"]
+    assert {r["arena"] for r in rows} >= {"table 0", "table 11", "all tables", "shared"}
+    assert all(r["equal"] and r["faults"] == r["exact_pred"] for r in rows)
+    shared = [r for r in rows if r["arena"] == "shared"]
+    assert len(shared) == 2 and all(
+        r["embed_steps"] > 0 and r["embed_tokens_s"] > 0 for r in shared
+    )
+    for r in rows:
+        assert r["shards_err_pct"] == pytest.approx(
+            100 * (r["shards_pred"] - r["faults"]) / max(1, r["faults"]), rel=1e-6, abs=1e-9
+        )
+
+
+def test_bench_fullsize_quick_reports_anonymous_peak_and_verifies(tmp_path):
+    rep = json.loads(run("fullsize.py", "--json", "--verify", "--store", str(tmp_path / "s")))
+    row = rep["results"][0]
+    assert row["tables"] == 3 and row["verify_ok"] is True
+    assert row["peak_RssAnon_MB"] >= row["RssAnon_before_MB"] > 0
+    assert row["ratio_vs_plain"] == pytest.approx(row["source_GB_s"] / row["plain_write_GB_s"])

@@ -25,6 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rowcache
 from bench._common import make_source, report
 from bench.build import plain_write
+from rowcache import builder
+from rowcache import format as fmt
 
 LONGCAT_ROWS = 10_223_617  # 78 * 131072 + 1: table i has LONGCAT_ROWS + 2 i rows
 LONGCAT_DIM = 256
@@ -93,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             f"--source {src}: shape {base.shape}, need at least [{rows[-1]}, {args.dim}]"
         )
-    record = args.dim * 2 if args.dtype == "bf16" else args.dim + 4
-    out_bytes = sum(rows) * record  # page padding aside
+    rpp, page_bytes = fmt.page_packing(fmt.record_bytes(args.dim, args.dtype))
+    out_bytes = sum(-(-r // rpp) * page_bytes for r in rows)
     free = shutil.disk_usage(work).free
     if free - out_bytes < args.keep_free_gb * 1e9:
         raise SystemExit(
@@ -120,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     src_bytes = sum(rows) * args.dim * 2
     row = {
         "dtype": args.dtype,
+        "fp8_engine": builder._fp8_engine() if args.dtype == "fp8" else "-",
         "tables": args.tables,
         "rows": f"{rows[0]:,}..{rows[-1]:,}",
         "store_GB": disk / 1e9,

@@ -4,7 +4,10 @@ Owns :func:`run_demo` (builds synthetic tables at the real vocabulary size and r
 hashing, stores them, tokenizes real text offline, runs it through the embedding
 with cached tables whose arena is a fraction of each table, checks every output
 equals the resident-table output bit for bit, and measures hit rate, faults per
-token, tokens/s and memory) and the CLI subcommand that renders its report.
+token, tokens/s and memory) and the CLI subcommand that renders its report. Steps are
+given host token ids, as a server holds them; each prefill chunk's rows are prefetched
+(``NgramEmbedding.prefetch``) while the previous step is checked against the resident
+tables, so prefill faults overlap that work, as they would overlap a model's layers.
 ``embed`` is imported inside the functions: the package depends on rowcache, not
 the other way round.
 """
@@ -257,14 +260,19 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> DemoReport:
         t_cached = {"prefill": 0.0, "decode": 0.0}
         t_resident = 0.0
         mismatched = 0
-        tokens_dev = xp.asarray(tokens)
+        keep = dims.max_ngram - 1
         bar = tqdm(
             total=n, unit="tok", desc="demo", disable=not progress, file=sys.stderr, smoothing=0.1
         )
-        for a, b in steps:
-            piece = tokens_dev[a:b]
+        for k, (a, b) in enumerate(steps):
+            piece = tokens[a:b]  # host token ids, as a server holds them
             t0 = time.perf_counter()
             got = cached.embed(ctx_c.step(piece), b - a)
+            if k + 1 < len(steps) and steps[k + 1][1] - steps[k + 1][0] > 1:
+                # lookahead: the next prefill chunk's rows are read while this step's
+                # result is checked (its tokens are known; decode tokens are not)
+                na, nb = steps[k + 1]
+                cached.prefetch(tokens[max(0, na - keep) : nb], nb - na)
             sync()
             t1 = time.perf_counter()
             want = resident.embed(ctx_r.step(piece), b - a)

@@ -504,13 +504,21 @@ class NgramRowCache:
             return self._dev_map
 
     def _sync_device_map(self, evicted: np.ndarray, rows: np.ndarray, victims: np.ndarray) -> None:
-        cp = self._xp
+        # One packed upload (rows, then their slots; evicted rows map to -1) through the
+        # pinned ring, then one scatter, both in stream order after the arena writes. A
+        # row evicted and faulted back in by one call cannot happen (its slot would be a
+        # hit), so the order within the update is moot.
+        m = evicted.size + rows.size
+        if m == 0:
+            return
+        packed = np.empty(2 * m, dtype=np.int32)
+        packed[: evicted.size] = evicted
+        packed[evicted.size : m] = rows
+        packed[m : m + evicted.size] = -1
+        packed[m + evicted.size :] = victims
+        dev = self._to_device(packed)
         with self._stream:
-            upd_rows = np.concatenate([evicted.astype(np.int64), rows.astype(np.int64)])
-            upd_slots = np.concatenate([np.full(evicted.size, -1, np.int32), victims])
-            # evicted rows first, then the new ones: a row evicted and faulted back in
-            # the same call cannot happen (its slot would be a hit), so order is moot
-            self._dev_map[cp.asarray(upd_rows)] = cp.asarray(upd_slots)
+            self._dev_map[dev[:m]] = dev[m:]
 
     @property
     def stream(self) -> Any:
@@ -882,7 +890,8 @@ class NgramRowCache:
         with self._stream:  # copy and scatter on one stream, whatever the caller's current one
             dev.set(records, stream=self._stream)
             self._copy_done = self._stream.record()
-            kernels.scatter.scatter_records(dev, cp.asarray(victims), self.table, self.scales)
+            slots = self._to_device(victims.astype(np.int32, copy=False))  # async, pinned
+            kernels.scatter.scatter_records(dev, slots, self.table, self.scales)
 
     def _to_device(self, out: np.ndarray) -> Any:
         """``out`` as a new cupy array, copied asynchronously through a ring of pinned buffers.

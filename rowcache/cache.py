@@ -48,7 +48,7 @@ POLICIES = ("lru",)
 DEVICES = ("cpu", "cuda")
 ARENAS = ("device", "host")
 READERS = ("auto", "posix", "kvikio")
-OUT_RING = 4  # pinned buffers for slots on their way to the device
+OUT_RING = 8  # pinned buffers for int32 arrays on their way to the device (slots, map updates)
 
 
 @dataclass(frozen=True)
@@ -885,7 +885,6 @@ class NgramRowCache:
             return
         import kernels.scatter
 
-        cp = self._xp
         dev = self._dev_staging[:n]
         with self._stream:  # copy and scatter on one stream, whatever the caller's current one
             dev.set(records, stream=self._stream)

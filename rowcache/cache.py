@@ -243,6 +243,7 @@ class NgramRowCache:
         self._reaped_rows = 0
         self._n_busy = 0
         self._scratch = np.empty(0, dtype=np.int32)  # the native hit path's sort buffer
+        self._part_misses = np.zeros(len(self.parts), dtype=np.int64)
 
         dim = self.dim
         rec = self.record_bytes
@@ -543,11 +544,18 @@ class NgramRowCache:
                 self._reap()
             snap = CacheStats(**self._stats)
             if reset:
+                self._part_misses[:] = 0
                 for k in self._stats:
                     self._stats[k] = 0
                 self._stats["fault_seconds"] = 0.0
                 self._stats["prefetch_wait_seconds"] = 0.0
             return snap
+
+    def part_misses(self) -> np.ndarray:
+        """int64[len(parts)]: ``stats().misses`` split by the listed table they fell in
+        (since creation or the last ``stats(reset=True)``)."""
+        with self._lock:
+            return self._part_misses.copy()
 
     @property
     def info(self) -> TableInfo:
@@ -712,6 +720,10 @@ class NgramRowCache:
         if self._dev_map is not None:  # the device mirror, in stream order with the scatter
             self._sync_device_map(evicted, missing_rows, victims)
         self._last_faults = n_miss + self._reaped_rows
+        if len(self.parts) > 1:  # global rows ascending: each part's misses are one run
+            self._part_misses += np.diff(np.searchsorted(missing_rows, self.row_offsets))
+        else:
+            self._part_misses[0] += n_miss
         st = self._stats
         st["evictions"] += int(evicted.size)
         st["fault_seconds"] += time.perf_counter() - t0

@@ -299,12 +299,25 @@ class NgramRowCache:
         self._stream = cp.cuda.get_current_stream()
         self._device_id = cp.cuda.Device().id
         self._staging = np.empty((0, rec), dtype=np.uint8)
-        self._dev_staging = cp.empty((0, rec), dtype=cp.uint8)
+        self._side = np.empty(0, dtype=np.int32)
+        self._commit: Any = None  # kernels.scatter.FaultCommit over the staging buffer
         self._copy_done = None
         self._out_ring: list[tuple[np.ndarray, Any]] = [
             (np.empty(0, dtype=np.int32), None)
         ] * OUT_RING
         self._out_next = 0
+
+    def _pinned_host(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """A NumPy array over pinned host memory mapped into the device (with unified
+        addressing its host address is its device address)."""
+        cp = self._xp
+        nbytes = max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
+        mem = cp.cuda.PinnedMemory(nbytes, cp.cuda.runtime.hostAllocMapped)
+        if not hasattr(self, "_host_mem"):
+            self._host_mem = []
+        self._host_mem.append(mem)
+        ptr = cp.cuda.PinnedMemoryPointer(mem, 0)
+        return np.frombuffer(ptr, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
 
     def _mapped_array(self, shape: tuple[int, ...], dtype: Any, nbytes: int) -> Any:
         """A cupy array over pinned host memory mapped into the device (zero-copy)."""
@@ -320,10 +333,14 @@ class NgramRowCache:
             cap = max(n, 2 * self._staging.shape[0], 256)
             rec = self.record_bytes
             if self.device == "cuda":
-                import cupyx
+                # pinned and mapped into the device: the fault kernel reads it in place
+                import kernels.scatter
 
-                self._staging = cupyx.empty_pinned((cap, rec), dtype=np.uint8)
-                self._dev_staging = self._xp.empty((cap, rec), dtype=self._xp.uint8)
+                self._staging = self._pinned_host((cap, rec), np.uint8)
+                self._side = self._pinned_host((3 * cap,), np.int32)
+                self._commit = kernels.scatter.FaultCommit(
+                    self.table, self.scales, rec, self._staging.ctypes.data
+                )
             else:
                 self._staging = np.empty((cap, rec), dtype=np.uint8)
         return self._staging
@@ -705,20 +722,19 @@ class NgramRowCache:
                 self._last_used[uhit] = hit_last
                 self._wait_jobs(self._jobs)
                 return self._resolve_unique(ids)
-            self._fault(missing_rows, victims)  # raises before any other state change
+            old = self._slot_row[victims]
+            evicted = old[old >= 0]
+            self._fault(missing_rows, victims, evicted)  # raises before any other change
         except BaseException:
             self._last_used[uhit] = hit_last  # a failed call changes nothing
             raise
         # Commit: unmap victims, map the new rows. Every log entry before new_head is
         # now stale (a victim's, or a hit's that _touch re-logs), so the head skips them.
         self._head = new_head
-        old = self._slot_row[victims]
-        evicted = old[old >= 0]
         self._row_slot[evicted] = -1
         self._row_slot[missing_rows] = victims
         self._slot_row[victims] = missing_rows
-        if self._dev_map is not None:  # the device mirror, in stream order with the scatter
-            self._sync_device_map(evicted, missing_rows, victims)
+        # (the device mirror was updated by _fault's launch, in stream order)
         self._last_faults = n_miss + self._reaped_rows
         if len(self.parts) > 1:  # global rows ascending: each part's misses are one run
             self._part_misses += np.diff(np.searchsorted(missing_rows, self.row_offsets))
@@ -880,8 +896,10 @@ class NgramRowCache:
             return self.store.new_reader(**r.options())
         return r
 
-    def _fault(self, rows: np.ndarray, victims: np.ndarray) -> None:
-        """Read ``rows`` (sorted, unique) and write them into ``victims``' arena rows."""
+    def _fault(self, rows: np.ndarray, victims: np.ndarray, evicted: np.ndarray) -> None:
+        """Read ``rows`` (sorted, unique) and write them into ``victims``' arena rows; on
+        the GPU the device map's update (``evicted`` rows unmapped, ``rows`` mapped) goes
+        in the same launch, after the reads succeeded."""
         n = rows.size
         st = self._stats
         if self.device == "cuda" and self._copy_done is not None:
@@ -895,14 +913,14 @@ class NgramRowCache:
         if self.device == "cpu":
             scatter_records_reference(records, victims, self.table, self.scales)
             return
-        import kernels.scatter
-
-        dev = self._dev_staging[:n]
-        with self._stream:  # copy and scatter on one stream, whatever the caller's current one
-            dev.set(records, stream=self._stream)
-            self._copy_done = self._stream.record()
-            slots = self._to_device(victims.astype(np.int32, copy=False))  # async, pinned
-            kernels.scatter.scatter_records(dev, slots, self.table, self.scales)
+        e = int(evicted.size)
+        side = self._side
+        side[:n] = victims
+        side[n : 2 * n] = rows
+        side[2 * n : 2 * n + e] = evicted
+        # one launch on the cache's stream reads records, slots and map updates in place
+        self._commit(records.ctypes.data, side.ctypes.data, n, e, self._dev_map, self._stream)
+        self._copy_done = self._stream.record()  # the buffers are free once it has run
 
     def _to_device(self, out: np.ndarray) -> Any:
         """``out`` as a new cupy array, copied asynchronously through a ring of pinned buffers.

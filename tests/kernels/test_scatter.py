@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import struct
 
-import numpy as np
 import ml_dtypes
+import numpy as np
 import pytest
 
 import kernels

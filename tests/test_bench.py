@@ -48,3 +48,23 @@ def test_bench_cache_quick_reports_hit_fault_and_memory():
     out = run("cache.py")
     assert "hit path" in out and "fault path" in out and "bookkeeping memory" in out
     assert "Traceback" not in out
+
+
+def test_bench_serve_quick_ratios_from_printed_figures():
+    rep = json.loads(run("serve.py", "--json"))
+    s = rep["settings"]
+    assert s["outputs_checked"] > 0 and s["outputs_mismatched"] == 0
+    phases = {p["phase"]: p for p in rep["phases"]}
+    assert {"decode x64", "chunked prefill x64", "decode x1"} <= set(phases)
+    for p in phases.values():
+        assert p["resident_tok_s"] > 0 and p["cached_tok_s"] > 0
+        assert p["ratio"] == pytest.approx(p["cached_tok_s"] / p["resident_tok_s"], rel=1e-9)
+        assert 0 <= p["hit_rate"] <= 1 and p["faults_per_token"] >= 0
+        if p["fault_over_floor"] is not None:
+            want = p["fault_ms_per_step"] / p["floor_uring_ms_per_step"]
+            assert p["fault_over_floor"] == pytest.approx(want, rel=1e-9)
+        if isinstance(p["lookahead_tok_s"], str):
+            assert p["lookahead_tok_s"] == p["lookahead_ratio"] == "n/a (no prefetch in this tree)"
+        else:
+            want = p["lookahead_tok_s"] / p["resident_tok_s"]
+            assert p["lookahead_ratio"] == pytest.approx(want, rel=1e-9)

@@ -1,7 +1,7 @@
 """rowcache: out-of-core embedding rows on NVMe, a bounded row arena with LRU and pinning.
 
 Public API (see DESIGN.md): ``build_store``, ``RowStore``, ``TableInfo``,
-``NgramRowCache``, ``CacheStats``, and the errors of ``rowcache.errors``.
+``NgramRowCache``, ``CacheStats``, ``PrefetchHandle``, and the errors of ``rowcache.errors``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from .errors import (
     RowRangeError,
 )
 from .format import TableInfo
+from .prefetch import PrefetchHandle
 from .store import RowStore, VerifyReport
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "FormatError",
     "GpuUnavailableError",
     "NgramRowCache",
+    "PrefetchHandle",
     "RowCacheError",
     "RowRangeError",
     "RowStore",

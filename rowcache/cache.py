@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -36,8 +37,9 @@ import numpy as np
 from kernels._cuda import require_cupy
 from kernels.reference import scatter_records_reference
 
-from .errors import ArenaExhaustedError, ConfigError
+from .errors import ArenaExhaustedError, ConfigError, CorruptDataError
 from .format import TableInfo
+from .prefetch import PrefetchBuffers, PrefetchHandle, PrefetchJob
 from .reader import RowReader
 from .store import RowStore, check_row_ids
 
@@ -56,8 +58,11 @@ class CacheStats:
     batch found resident / faulted in (a row resolved twice in one batch counts
     once). ``evictions``: mapped rows dropped for others. ``rows_read``,
     ``bytes_read``, ``read_ops``: what the fault path read from the store (bytes
-    include page padding and coalesced neighbours). ``fault_seconds``: wall time
-    spent in the fault path. ``batches``: ``end_batch`` calls.
+    include page padding and coalesced neighbours; prefetches' reads included).
+    ``fault_seconds``: wall time spent in the demand fault path. ``batches``:
+    ``end_batch`` calls. ``prefetched``: rows read by completed prefetches (a later
+    ``resolve`` of such a row is a hit). ``prefetch_wait_seconds``: time resolves
+    spent waiting for prefetches still in flight.
     """
 
     lookups: int = 0
@@ -69,6 +74,8 @@ class CacheStats:
     read_ops: int = 0
     fault_seconds: float = 0.0
     batches: int = 0
+    prefetched: int = 0
+    prefetch_wait_seconds: float = 0.0
 
     @property
     def hit_rate(self) -> float:
@@ -223,6 +230,16 @@ class NgramRowCache:
         self._lock = threading.RLock()
         self._stats: dict[str, Any] = dict.fromkeys((f.name for f in fields(CacheStats)), 0)
         self._stats["fault_seconds"] = 0.0
+        self._stats["prefetch_wait_seconds"] = 0.0
+        # Lookahead (rowcache.prefetch): jobs in flight or done but not yet reaped, the
+        # slots they reserved, and failed prefetches' rows awaiting the resolve that raises.
+        self._jobs: list[PrefetchJob] = []
+        self._busy = np.zeros(0, dtype=bool)
+        self._failed: list[tuple[np.ndarray, BaseException]] = []
+        self._pf_pool: ThreadPoolExecutor | None = None
+        self._pf_buffers: PrefetchBuffers | None = None
+        self._reaped_rows = 0
+        self._n_busy = 0
 
         dim = self.dim
         rec = self.record_bytes
@@ -277,6 +294,7 @@ class NgramRowCache:
             else:
                 self.scales = None
         self._stream = cp.cuda.get_current_stream()
+        self._device_id = cp.cuda.Device().id
         self._staging = np.empty((0, rec), dtype=np.uint8)
         self._dev_staging = cp.empty((0, rec), dtype=cp.uint8)
         self._copy_done = None
@@ -328,7 +346,7 @@ class NgramRowCache:
         """
         ids = check_row_ids(row_ids, self.rows)
         with self._lock:
-            self._last_faults = 0
+            self._reaped_rows = 0
             out = self._resolve_unique(ids)
             if self.device == "cuda":
                 return self._to_device(out)
@@ -345,14 +363,105 @@ class NgramRowCache:
         """
         ids = check_row_ids(row_ids, self.rows)
         with self._lock:
-            self._last_faults = 0
+            self._reaped_rows = 0
             return self._resolve_unique(ids)
 
     @property
     def last_faults(self) -> int:
-        """Rows the latest :meth:`resolve` / :meth:`resolve_host` faulted in (0: every row
-        was resident)."""
+        """Rows the latest :meth:`resolve` / :meth:`resolve_host` faulted in, or whose
+        prefetch it waited for or completed, i.e. rows whose :meth:`device_map` entry
+        that call changed (0: every row was resident and mapped before the call)."""
         return self._last_faults
+
+    def prefetch(self, row_ids: Any) -> PrefetchHandle:
+        """Start reading the rows of a coming step; never blocks on I/O.
+
+        Parameters
+        ----------
+        row_ids : int[n] (numpy or cupy), any order, duplicates ok; as :meth:`resolve`.
+
+        Returns
+        -------
+        PrefetchHandle with ``wait()`` and ``done()``.
+
+        Semantics, next to :meth:`resolve`'s: at this call the rows are touched most
+        recently used and left unpinned (pins of the current batch are kept); missing
+        rows take the least recently used unpinned slots, never a slot the current
+        batch holds, and missing rows beyond the free or unpinned slots are dropped
+        (``handle.dropped``), so a prefetch never raises ``ArenaExhaustedError``. Rows
+        already resident or in flight are not read again. Their reads run in the
+        cache's prefetch thread meanwhile. A later :meth:`resolve` waits only for jobs
+        still in flight that it needs (a row of theirs, or their slots as victims,
+        or their slots to avoid exhaustion), so the LRU order, the exhaustion rule and
+        every fault count are exactly those of a prefetch that completed at its call.
+        A failed read maps nothing (its slots are left free), and the
+        :meth:`resolve` that next needs one of its rows raises that read's error once
+        (a later call faults the row normally). On ``device="cuda"`` the arena writes
+        go on the cache's stream; the device map shows the rows from the first call
+        after their read completed.
+        """
+        ids = check_row_ids(row_ids, self.rows)
+        with self._lock:
+            self._reap()
+            if ids.size == 0:
+                return PrefetchHandle([], 0, 0)
+            return self._prefetch(_sorted_unique(ids))
+
+    def _prefetch(self, rows_u: np.ndarray) -> PrefetchHandle:
+        """The prefetch of sorted unique rows, under the lock."""
+        slots_u = self._row_slot[rows_u]
+        miss = slots_u < 0
+        hit = slots_u[~miss]
+        busy = self._busy_mask()
+        # resident rows (in flight or not) move to the tail, pins unchanged; not victims
+        was_busy = busy[hit].copy()
+        busy[hit] = True
+        unpinned_hits = int(np.count_nonzero(~was_busy & (self._last_used[hit] != self._batch)))
+        avail = self.num_slots - self._pinned - self._n_busy - unpinned_hits
+        missing = rows_u[miss]
+        dropped = max(0, missing.size - max(avail, 0))
+        if dropped and self._n_busy:  # an earlier prefetch's slots would be free once landed
+            busy[hit] = was_busy
+            self._wait_jobs(self._jobs)
+            return self._prefetch(rows_u)
+        if dropped:
+            missing = missing[: missing.size - dropped]
+        victims = np.empty(0, dtype=np.int32)
+        if missing.size:
+            saved = self._n_busy
+            self._n_busy += 1  # _choose_victims must look at the mask
+            victims, new_head, end = self._choose_victims(int(missing.size))
+            self._n_busy = saved
+            if saved and self._passed_busy(end):  # LRU reaches a slot in flight
+                busy[hit] = was_busy
+                self._wait_jobs(self._jobs)
+                return self._prefetch(rows_u)
+            self._head = new_head
+        busy[hit] = was_busy
+        if missing.size:
+            old = self._slot_row[victims]
+            evicted = old[old >= 0]
+            self._row_slot[evicted] = -1
+            self._row_slot[missing] = victims
+            self._slot_row[victims] = missing
+            busy[victims] = True
+            self._n_busy += int(victims.size)
+            self._stats["evictions"] += int(evicted.size)
+            if self._dev_map is not None and evicted.size:
+                self._sync_device_map(evicted, missing[:0], victims[:0])
+        # the touch order of the call: ascending rows, as resolve's tie rule
+        order = self._row_slot[rows_u]
+        order = order[order >= 0]
+        self._log_slots(order.astype(np.int32, copy=False))
+        if not missing.size:
+            return PrefetchHandle([], 0, dropped)
+        job = PrefetchJob(missing, victims)
+        self._jobs.append(job)
+        if self._pf_pool is None:
+            self._pf_pool = ThreadPoolExecutor(1, thread_name_prefix="rowcache-prefetch")
+            self._pf_buffers = PrefetchBuffers(self._prefetch_reader())
+        self._pf_pool.submit(job.run, self, self._pf_buffers)
+        return PrefetchHandle([job], int(missing.size), dropped)
 
     def device_map(self) -> Any:
         """The row -> slot map on the GPU: cupy int32[rows] (-1: not resident).
@@ -369,8 +478,12 @@ class NgramRowCache:
             raise ConfigError("device_map() needs a cache with device='cuda'")
         with self._lock:
             if self._dev_map is None:
+                m = self._row_slot
+                if self._n_busy:  # rows whose prefetch is in flight are not mapped yet
+                    m = m.copy()
+                    m[self._slot_row[np.flatnonzero(self._busy)]] = -1
                 with self._stream:
-                    self._dev_map = self._xp.asarray(self._row_slot)
+                    self._dev_map = self._xp.asarray(m)
             return self._dev_map
 
     def _sync_device_map(self, evicted: np.ndarray, rows: np.ndarray, victims: np.ndarray) -> None:
@@ -390,6 +503,8 @@ class NgramRowCache:
     def end_batch(self) -> None:
         """Unpin every slot pinned since the last ``end_batch``; the next batch begins."""
         with self._lock:
+            if self._jobs:
+                self._reap()
             # A slot is pinned while its last use is the current batch: moving to the
             # next batch unpins every slot at once.
             self._pinned = 0
@@ -399,11 +514,14 @@ class NgramRowCache:
     def stats(self, reset: bool = False) -> CacheStats:
         """A snapshot of the counters; ``reset=True`` starts fresh counts."""
         with self._lock:
+            if self._jobs:
+                self._reap()
             snap = CacheStats(**self._stats)
             if reset:
                 for k in self._stats:
                     self._stats[k] = 0
                 self._stats["fault_seconds"] = 0.0
+                self._stats["prefetch_wait_seconds"] = 0.0
             return snap
 
     @property
@@ -449,6 +567,8 @@ class NgramRowCache:
     def slot_map(self) -> tuple[np.ndarray, np.ndarray]:
         """Copies of ``(row_slot [rows], slot_row [slots])`` (-1 = unmapped), for checks."""
         with self._lock:
+            if self._jobs:
+                self._reap()
             return self._row_slot.copy(), self._slot_row.copy()
 
     def pin_counts(self) -> np.ndarray:
@@ -460,12 +580,16 @@ class NgramRowCache:
     # -- internals -----------------------------------------------------------
     def _resolve_unique(self, ids: np.ndarray) -> np.ndarray:
         """Resolve a checked batch; returns its slots (int32, input order)."""
+        self._last_faults = 0
         if ids.size == 0:
             return np.empty(0, dtype=np.int32)
+        if self._jobs or self._failed:
+            self._settle(ids)  # prefetches this call needs: waited for, reaped, errors raised
         s = self._row_slot[ids]
         if int(s.min()) >= 0:  # every row resident: the hot path (no fault, no eviction)
             rows_u = _sorted_unique(ids)
             self._count(ids.size, self._row_slot[rows_u], 0)
+            self._last_faults = self._reaped_rows
             return s
         rows_u = _sorted_unique(ids)  # the call's rows, ascending: the touch order
         slots_u = self._row_slot[rows_u]
@@ -475,7 +599,10 @@ class NgramRowCache:
         n_miss = int(missing_rows.size)
         hit_last = self._last_used[uhit]
         fresh_hits = int(np.count_nonzero(hit_last != self._batch))
-        free_or_unpinned = self.num_slots - self._pinned - fresh_hits
+        free_or_unpinned = self.num_slots - self._pinned - fresh_hits - self._n_busy
+        if n_miss > free_or_unpinned and self._n_busy:
+            self._wait_jobs(self._jobs)  # reserved slots count as free once their reads land
+            return self._resolve_unique(ids)
         if n_miss > free_or_unpinned:
             raise ArenaExhaustedError(
                 f"table {self.name!r}: this batch needs {n_miss} more slots but only "
@@ -486,7 +613,12 @@ class NgramRowCache:
         t0 = time.perf_counter()
         self._last_used[uhit] = self._batch  # pinned: the call's hits are no victims
         try:
-            victims, new_head = self._choose_victims(n_miss)
+            victims, new_head, end = self._choose_victims(n_miss)
+            if self._n_busy and self._passed_busy(end):
+                # LRU order reaches a slot still in flight: as if it had landed, wait
+                self._last_used[uhit] = hit_last
+                self._wait_jobs(self._jobs)
+                return self._resolve_unique(ids)
             self._fault(missing_rows, victims)  # raises before any other state change
         except BaseException:
             self._last_used[uhit] = hit_last  # a failed call changes nothing
@@ -501,7 +633,7 @@ class NgramRowCache:
         self._slot_row[victims] = missing_rows
         if self._dev_map is not None:  # the device mirror, in stream order with the scatter
             self._sync_device_map(evicted, missing_rows, victims)
-        self._last_faults = n_miss
+        self._last_faults = n_miss + self._reaped_rows
         st = self._stats
         st["evictions"] += int(evicted.size)
         st["fault_seconds"] += time.perf_counter() - t0
@@ -521,32 +653,144 @@ class NgramRowCache:
         self._pinned += fresh
         self._touch(slots_u)
 
-    def _choose_victims(self, need: int) -> tuple[np.ndarray, int]:
-        """The ``need`` least recently used unpinned slots (the call's hits are pinned
-        for the duration by the caller). Returns the victims and the log position just
-        past the last one taken. Changes no state."""
+    def _choose_victims(self, need: int) -> tuple[np.ndarray, int, int]:
+        """The ``need`` least recently used unpinned slots, none reserved by a prefetch
+        (the call's hits are pinned for the duration by the caller). Returns the
+        victims, the new log head (the first live entry passed over, else just past
+        the last victim: entries before it are stale once the victims are re-logged)
+        and the position just past the last victim. Changes no state."""
         found: list[np.ndarray] = []
         got = 0
         pos = self._head
         window = 2 * need + 64
         last_taken = self._head - 1
+        first_kept = -1
         while got < need:
             if pos >= self._tail:  # cannot happen: availability was checked
                 raise AssertionError("LRU log exhausted before finding enough victims")
             stop = min(self._tail, pos + window)
             s = self._log[pos:stop]
-            ok = (self._log_pos[s] == np.arange(pos, stop, dtype=np.int32)) & (
-                self._last_used[s] != self._batch
-            )
+            live = self._log_pos[s] == np.arange(pos, stop, dtype=np.int32)
+            ok = live & (self._last_used[s] != self._batch)
+            if self._n_busy:
+                ok &= ~self._busy[s]
             cand = np.flatnonzero(ok)[: need - got]
+            end = stop  # the part of this window the victims span
             if cand.size:
                 found.append(s[cand])
                 got += cand.size
                 last_taken = pos + int(cand[-1])
+                if got == need:
+                    end = last_taken + 1
+            if first_kept < 0:  # pinned or reserved entries stay in the log
+                kept = np.flatnonzero(live[: end - pos] & ~ok[: end - pos])
+                if kept.size:
+                    first_kept = pos + int(kept[0])
             pos = stop
             window *= 2
         victims = np.concatenate(found) if len(found) > 1 else found[0]
-        return victims, last_taken + 1
+        head = last_taken + 1 if first_kept < 0 else first_kept
+        return victims, head, last_taken + 1
+
+    # -- lookahead bookkeeping (the jobs themselves: rowcache.prefetch) ------------
+    def _busy_mask(self) -> np.ndarray:
+        """bool[slots]: slots reserved by a prefetch in flight (made on first prefetch)."""
+        if self._busy.size != self.num_slots:
+            self._busy = np.zeros(self.num_slots, dtype=bool)
+        return self._busy
+
+    def _reap(self) -> None:
+        """Commit every finished prefetch: release its slots, count its reads, show its
+        rows in the device map; a failed one unmaps its rows and leaves their slots free."""
+        keep: list[PrefetchJob] = []
+        for job in self._jobs:
+            if not job.event.is_set():
+                keep.append(job)
+                continue
+            self._busy[job.slots] = False
+            self._n_busy -= int(job.slots.size)
+            if job.error is not None:
+                self._row_slot[job.rows] = -1
+                self._slot_row[job.slots] = -1
+                self._log_front(job.slots)  # free slots are taken first, as at the start
+                self._failed.append((job.rows, job.error))
+                continue
+            rows, nbytes, ops = job.read
+            st = self._stats
+            st["rows_read"] += rows
+            st["bytes_read"] += nbytes
+            st["read_ops"] += ops
+            st["prefetched"] += int(job.rows.size)
+            self._reaped_rows += int(job.rows.size)
+            if self._dev_map is not None:  # after the job's arena writes, in stream order
+                self._sync_device_map(job.rows[:0], job.rows, job.slots)
+        self._jobs = keep
+
+    def _wait_jobs(self, jobs: list[PrefetchJob]) -> None:
+        t0 = time.perf_counter()
+        for job in list(jobs):
+            job.event.wait()
+        self._stats["prefetch_wait_seconds"] += time.perf_counter() - t0
+        self._reap()
+
+    def _settle(self, ids: np.ndarray) -> None:
+        """Before a resolve of ``ids``: reap finished prefetches, wait for those in
+        flight that hold a row of ``ids``, and raise the error of a failed prefetch of
+        one of them (once; nothing else changes)."""
+        if self._jobs:
+            self._reap()
+        if self._jobs:
+            s = self._row_slot[ids]
+            s = s[s >= 0]
+            needed = s[self._busy[s]]
+            if needed.size:
+                self._wait_jobs([j for j in self._jobs if np.isin(j.slots, needed).any()])
+        first: tuple[int, BaseException] | None = None
+        left: list[tuple[np.ndarray, BaseException]] = []
+        for rows, err in self._failed:
+            hit = np.isin(ids, rows)
+            if hit.any():
+                if first is None:
+                    first = (int(ids[np.flatnonzero(hit)[0]]), err)
+                rows = rows[~np.isin(rows, ids)]
+            if rows.size:
+                left.append((rows, err))
+        if first is not None:
+            self._failed = left  # raised once: a later call faults these rows normally
+            row, err = first
+            raise CorruptDataError(
+                f"table {self.name!r}: the prefetch of row {row} failed, so it was not "
+                f"mapped: {err}"
+            ) from err
+
+    def _passed_busy(self, end: int) -> bool:
+        """True when victims taken up to log position ``end`` skipped a slot that a
+        prefetch in flight holds (the LRU would have taken it had the read landed)."""
+        return any(bool((self._log_pos[j.slots] < end).any()) for j in self._jobs)
+
+    # -- the demand fault ----------------------------------------------------
+    def _read_parts(
+        self, rows: np.ndarray, staging: np.ndarray, reader: RowReader | None = None
+    ) -> tuple[int, int, int]:
+        """Records of global ``rows`` (sorted, unique) into ``staging[:n]``; returns
+        (rows, bytes, read ops) read. Touches no cache state (prefetch threads call it)."""
+        reader = reader or self._reader
+        got = [0, 0, 0]
+        # Global rows are sorted, so each part's rows are one contiguous run of them.
+        bounds = np.searchsorted(rows, self.row_offsets)
+        for k, t in enumerate(self.part_tables):
+            a, b = int(bounds[k]), int(bounds[k + 1])
+            if a == b:
+                continue
+            _, rs = reader.read_records(t, rows[a:b] - self.row_offsets[k], out=staging[a:b])
+            got[0] += rs.rows
+            got[1] += rs.bytes_read
+            got[2] += rs.read_ops
+        return got[0], got[1], got[2]
+
+    def _prefetch_reader(self) -> RowReader:
+        """The reader prefetch jobs use: the cache's own (readers are thread-safe)."""
+        return self._reader
 
     def _fault(self, rows: np.ndarray, victims: np.ndarray) -> None:
         """Read ``rows`` (sorted, unique) and write them into ``victims``' arena rows."""
@@ -555,16 +799,10 @@ class NgramRowCache:
         if self.device == "cuda" and self._copy_done is not None:
             self._copy_done.synchronize()  # the staging buffer's last copy has left it
         staging = self._staging_rows(n)
-        # Global rows are sorted, so each part's rows are one contiguous run of them.
-        bounds = np.searchsorted(rows, self.row_offsets)
-        for k, t in enumerate(self.part_tables):
-            a, b = int(bounds[k]), int(bounds[k + 1])
-            if a == b:
-                continue
-            _, rs = self._reader.read_records(t, rows[a:b] - self.row_offsets[k], out=staging[a:b])
-            st["rows_read"] += rs.rows
-            st["bytes_read"] += rs.bytes_read
-            st["read_ops"] += rs.read_ops
+        rows_read, nbytes, ops = self._read_parts(rows, staging)
+        st["rows_read"] += rows_read
+        st["bytes_read"] += nbytes
+        st["read_ops"] += ops
         records = staging[:n]
         if self.device == "cpu":
             scatter_records_reference(records, victims, self.table, self.scales)
@@ -605,14 +843,33 @@ class NgramRowCache:
     def _touch(self, slots_u: np.ndarray) -> None:
         """Pin the call's unique slots (last use = this batch) and move them to the
         tail of the LRU log."""
+        self._last_used[slots_u] = self._batch
+        self._log_slots(slots_u)
+
+    def _log_slots(self, slots_u: np.ndarray) -> None:
+        """Move distinct slots to the tail of the LRU log, in the given order."""
         k = slots_u.size
         if self._tail + k > self._log.size:
             self._compact()  # first: the slots' old entries are still live, and kept
-        self._last_used[slots_u] = self._batch
         t = self._tail
         self._log[t : t + k] = slots_u
         self._log_pos[slots_u] = np.arange(t, t + k, dtype=np.int32)  # old entries now stale
         self._tail = t + k
+
+    def _log_front(self, slots: np.ndarray) -> None:
+        """Move distinct unpinned slots to the head of the LRU log (the next victims)."""
+        k = slots.size
+        if self._head < k:  # no room before the head: compact behind k free entries
+            self._log_pos[slots] = -1  # their current entries become stale
+            live = self._log[self._head : self._tail]
+            keep = live[self._log_pos[live] == np.arange(self._head, self._tail, dtype=np.int32)]
+            self._log[k : k + keep.size] = keep
+            self._log_pos[keep] = np.arange(k, k + keep.size, dtype=np.int32)
+            self._head, self._tail = k, k + keep.size
+        h = self._head - k
+        self._log[h : self._head] = slots
+        self._log_pos[slots] = np.arange(h, self._head, dtype=np.int32)
+        self._head = h
 
     def _compact(self) -> None:
         live = self._log[self._head : self._tail]

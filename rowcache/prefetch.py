@@ -1,0 +1,156 @@
+"""Lookahead for the row cache: faults of a coming step started without blocking.
+
+Owns the in-flight side of ``NgramRowCache.prefetch``: the job that reads a
+prefetch's rows in a background thread into its own staging buffer and writes
+them into their (reserved) arena slots, and the handle a caller waits on. The
+cache's bookkeeping (which slots a job reserved, the LRU log, the maps) stays in
+``rowcache.cache``, under the cache's lock; a job touches only its own slots'
+arena rows and its own buffers, so it never needs that lock.
+
+Semantics (also in ``NgramRowCache.prefetch``): at the call, the rows are logged
+most recently used and unpinned, their victims evicted and their slots reserved;
+the read runs meanwhile; a ``resolve`` that needs a reserved slot (or would pass
+over one while choosing victims, or finds too few free slots without them) waits
+for the jobs in flight, so LRU order, exhaustion and fault counts are exactly as
+if the prefetch had completed at its call. A failed read maps nothing; the
+``resolve`` that next needs one of its rows raises the read's error.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+
+class PrefetchHandle:
+    """A started prefetch (see ``NgramRowCache.prefetch``).
+
+    Attributes
+    ----------
+    rows : int
+        Rows this prefetch reads (those not already resident or in flight).
+    dropped : int
+        Missing rows left out because no unpinned slot was free for them (the
+        prefetch never takes a slot the current batch holds).
+    """
+
+    def __init__(self, jobs: list[PrefetchJob], rows: int, dropped: int) -> None:
+        self._jobs = jobs
+        self.rows = rows
+        self.dropped = dropped
+
+    def done(self) -> bool:
+        """True once every read of this prefetch has finished (or failed)."""
+        return all(j.event.is_set() for j in self._jobs)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the reads have finished; False if ``timeout`` (s) passed first.
+
+        Never raises the reads' errors: those are raised by the ``resolve`` that
+        needs a failed row (see :meth:`exception`)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        for j in self._jobs:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            if not j.event.wait(left):
+                return False
+        return True
+
+    def exception(self) -> BaseException | None:
+        """The first read error of this prefetch once done, else None."""
+        for j in self._jobs:
+            if j.event.is_set() and j.error is not None:
+                return j.error
+        return None
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "in flight"
+        return f"PrefetchHandle(rows={self.rows}, dropped={self.dropped}, {state})"
+
+
+class PrefetchJob:
+    """One prefetch's reads: ``rows`` (global ids, ascending) into ``slots``.
+
+    ``run`` executes in the cache's prefetch thread; ``event`` is set when it has
+    finished, with ``error`` set on failure and ``read`` holding ``(rows, bytes,
+    ops)`` read. On the GPU, the arena writes are enqueued on the cache's stream
+    before ``event`` is set, so work issued on that stream after a wait sees them.
+    """
+
+    def __init__(self, rows: np.ndarray, slots: np.ndarray) -> None:
+        self.rows = rows
+        self.slots = slots
+        self.event = threading.Event()
+        self.error: BaseException | None = None
+        self.read = (0, 0, 0)
+        self.seconds = 0.0
+
+    def run(self, cache: Any, buffers: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.read = buffers.fill(cache, self.rows, self.slots)
+        except BaseException as e:
+            self.error = e
+        finally:
+            self.seconds = time.perf_counter() - t0
+            self.event.set()
+
+
+class PrefetchBuffers:
+    """The prefetch thread's own staging (host, pinned on the GPU) and reader.
+
+    One instance per cache, used by one thread at a time (the cache's prefetch
+    executor has one worker), so a job never waits for the demand path's buffers.
+    """
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+        self.staging = np.empty((0, 0), dtype=np.uint8)
+        self.dev_staging: Any = None
+        self.copy_done: Any = None
+
+    def fill(self, cache: Any, rows: np.ndarray, slots: np.ndarray) -> tuple[int, int, int]:
+        """Read ``rows`` and write them into arena ``slots``; returns (rows, bytes, ops)."""
+        n = rows.size
+        if cache.device == "cuda":
+            return self._fill_gpu(cache, rows, slots, n)
+        staging = self._host(cache, n)
+        read = cache._read_parts(rows, staging, self.reader)
+        from kernels.reference import scatter_records_reference
+
+        scatter_records_reference(staging[:n], slots, cache.table, cache.scales)
+        return read
+
+    def _host(self, cache: Any, n: int, pinned: bool = False) -> np.ndarray:
+        rec = cache.record_bytes
+        if self.staging.shape[0] < n or self.staging.shape[1] != rec:
+            cap = max(n, 2 * self.staging.shape[0], 256)
+            if pinned:
+                import cupyx
+
+                self.staging = cupyx.empty_pinned((cap, rec), dtype=np.uint8)
+                self.dev_staging = cache._xp.empty((cap, rec), dtype=np.uint8)
+            else:
+                self.staging = np.empty((cap, rec), dtype=np.uint8)
+        return self.staging
+
+    def _fill_gpu(
+        self, cache: Any, rows: np.ndarray, slots: np.ndarray, n: int
+    ) -> tuple[int, int, int]:
+        cp = cache._xp
+        import kernels.scatter
+
+        with cp.cuda.Device(cache._device_id):
+            if self.copy_done is not None:
+                self.copy_done.synchronize()  # the staging buffer's last copy has left it
+            staging = self._host(cache, n, pinned=True)
+            read = cache._read_parts(rows, staging, self.reader)
+            stream = cache._stream
+            dev = self.dev_staging[:n]
+            with stream:
+                dev.set(staging[:n], stream=stream)
+                self.copy_done = stream.record()
+                kernels.scatter.scatter_records(dev, cp.asarray(slots), cache.table, cache.scales)
+        return read

@@ -1,0 +1,204 @@
+"""NgramRowCache.prefetch against the reference LRU: prefetch, resolve and end_batch
+interleaved, reads slowed so that resolves meet prefetches in flight, failures injected."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import pytest
+
+from rowcache import NgramRowCache
+from rowcache.errors import ArenaExhaustedError, CorruptDataError
+
+from .test_cache import RefLRU, check_invariants, expected, gather, make_multi_store, make_store
+
+
+class RefPrefetchLRU(RefLRU):
+    """RefLRU plus the prefetch contract: as if the prefetch completed at its call."""
+
+    def __init__(self, slots):
+        super().__init__(slots)
+        self.failed: set[int] = set()
+
+    def prefetch(self, ids, fail=False):
+        uniq = sorted(set(int(i) for i in ids))
+        missing = [r for r in uniq if r not in self.order]
+        hits = set(uniq) - set(missing)
+        free = self.slots - len(self.order)
+        evictable = [r for r in self.order if self.pins.get(r, 0) == 0 and r not in hits]
+        take = missing[: free + len(evictable)]
+        for r in evictable[: max(0, len(take) - free)]:
+            del self.order[r]
+            self.evictions += 1
+        for r in uniq:
+            if r in hits or r in take:
+                self.order[r] = None
+                self.order.move_to_end(r)
+        if fail:
+            for r in take:
+                del self.order[r]
+            self.failed.update(take)
+        return len(take), len(missing) - len(take)
+
+    def resolve(self, ids):
+        bad = self.failed & set(int(i) for i in ids)
+        if bad:
+            self.failed -= set(int(i) for i in ids)
+            raise CorruptDataError("reference: prefetch failed")
+        super().resolve(ids)
+
+
+class Slow:
+    """Wraps ``cache._read_parts``: prefetch-thread reads sleep a little (so resolves
+    meet them in flight) and fail as planned: one flag per started prefetch, in order."""
+
+    def __init__(self, cache, rng):
+        self.real = cache._read_parts
+        self.rng = rng
+        self.plan: deque[bool] = deque()
+        cache._read_parts = self
+
+    def prefetch(self, cache, ids, fail):
+        self.plan.append(fail)
+        h = cache.prefetch(ids)
+        if not h.rows:  # no read started: its flag is not consumed
+            self.plan.pop()
+        return h
+
+    def __call__(self, rows, staging, reader=None):
+        if threading.current_thread().name.startswith("rowcache-prefetch"):
+            time.sleep(float(self.rng.uniform(0, 0.003)))
+            if self.plan.popleft():
+                raise CorruptDataError("injected: read of shard failed")
+        return self.real(rows, staging, reader)
+
+
+def _check_stats(cache, lru):
+    s = cache.stats()
+    assert (s.misses, s.hits, s.evictions) == (lru.faults, lru.hits, lru.evictions)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype):
+    store, _ = make_store(tmp_path, rng, dtype=dtype)
+    slots = 120
+    cache = NgramRowCache(store, "t", slots=slots)
+    slow = Slow(cache, np.random.default_rng(1))
+    lru = RefPrefetchLRU(slots)
+    handles = []
+    seen = {"exhausted": 0, "failed": 0, "dropped": 0}
+    for _ in range(160):
+        op = rng.choice(["resolve", "resolve", "prefetch", "end", "wait"])
+        if op == "prefetch":
+            ids = rng.zipf(1.3, int(rng.integers(1, 150))) % 3000
+            fail = bool(rng.random() < 0.15)
+            want_rows, want_dropped = lru.prefetch(ids, fail=fail)
+            h = slow.prefetch(cache, ids, fail)
+            if fail:  # the reference knows of the failure at once: let the cache see it too
+                h.wait()
+            assert (h.rows, h.dropped) == (want_rows, want_dropped)
+            seen["failed"] += fail and want_rows > 0
+            seen["dropped"] += want_dropped > 0
+            handles.append(h)
+        elif op == "resolve":
+            if rng.random() < 0.2:  # near the arena's size: exhaustion, deep victims
+                ids = rng.choice(3000, int(rng.integers(60, 125)), replace=False)
+            else:
+                ids = rng.zipf(1.3, int(rng.integers(1, 90))) % 3000
+            try:
+                lru.resolve(ids)
+            except (ArenaExhaustedError, CorruptDataError) as e:
+                with pytest.raises(type(e)):
+                    cache.resolve(ids)
+                seen["exhausted" if isinstance(e, ArenaExhaustedError) else "failed"] += 1
+                continue
+            got = cache.resolve(ids)
+            np.testing.assert_array_equal(
+                gather(cache, got).view(np.uint16), expected(store, ids).view(np.uint16)
+            )
+        elif op == "end":
+            cache.end_batch()
+            lru.end_batch()
+        else:
+            for h in handles:
+                assert h.wait(timeout=10)
+            handles.clear()
+        _check_stats(cache, lru)
+        check_invariants(cache, lru)
+    assert seen["exhausted"] and seen["failed"] and seen["dropped"], seen
+    for h in handles:
+        h.wait()
+    s = cache.stats()
+    assert s.prefetched > 0 and s.rows_read == s.misses + s.prefetched
+
+
+def test_prefetch_never_takes_pinned_slots_nor_exhausts_the_batch(tmp_path, rng):
+    store, x = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=10)
+    slow = Slow(cache, np.random.default_rng(0))
+    cur = cache.resolve(np.arange(6))  # pinned by the current batch
+    h = slow.prefetch(cache, np.arange(100, 110), False)  # only 4 unpinned slots: 6 dropped
+    assert (h.rows, h.dropped) == (4, 6)
+    row_slot, _ = cache.slot_map()
+    assert np.array_equal(row_slot[np.arange(6)], cur)  # the batch's rows stay
+    # the current batch still gets its 4 remaining slots: the resolve waits for the reads
+    got = cache.resolve(np.arange(6, 10))
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[6:10].view(np.uint16))
+    with pytest.raises(ArenaExhaustedError):  # the rule is unchanged: 10 of 10 pinned
+        cache.resolve([500])
+    assert cache.stats().evictions == 4  # the free slots went first, then the prefetched rows
+
+
+def test_prefetch_then_resolve_faults_nothing_twice(tmp_path, rng):
+    store, x = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=200)
+    slow = Slow(cache, np.random.default_rng(0))
+    ids = rng.choice(3000, 150, replace=False)
+    h = slow.prefetch(cache, np.concatenate([ids, ids[:20]]), False)
+    assert h.rows == 150 and not h.exception()
+    got = cache.resolve(ids)  # waits for what is in flight
+    assert h.done()
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[ids].view(np.uint16))
+    s = cache.stats()
+    assert (s.misses, s.hits, s.prefetched, s.rows_read) == (0, 150, 150, 150)
+    assert cache.last_faults == 150  # the rows whose mapping this call completed
+    again = cache.prefetch(ids)
+    assert again.rows == 0 and again.done()
+    cache.resolve(ids)
+    assert cache.last_faults == 0 and cache.stats().rows_read == 150
+
+
+def test_failed_prefetch_maps_nothing_and_raises_once_at_resolve(tmp_path, rng):
+    store, x = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=50)
+    slow = Slow(cache, np.random.default_rng(0))
+    h = slow.prefetch(cache, np.arange(10, 20), True)
+    assert h.wait(10) and isinstance(h.exception(), CorruptDataError)
+    cache.resolve([1, 2])  # rows the prefetch did not hold: fine
+    row_slot, slot_row = cache.slot_map()
+    assert (row_slot[10:20] == -1).all() and (slot_row >= 0).sum() == 2
+    before = cache.stats()
+    with pytest.raises(CorruptDataError, match="prefetch of row 15"):
+        cache.resolve([15, 1])
+    assert cache.stats() == before  # nothing changed
+    got = cache.resolve([15, 1])  # raised once; now an ordinary fault
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[[15, 1]].view(np.uint16))
+    assert cache.stats().prefetched == 0
+
+
+def test_prefetch_shared_arena_rows_of_every_part(tmp_path, rng):
+    store, xs = make_multi_store(tmp_path, rng)
+    names = [t.name for t in store.tables]
+    cache = NgramRowCache(store, names, slots=300)
+    gids = np.concatenate([cache.global_ids(k, np.arange(5, 40, 3)) for k in range(len(names))])
+    h = cache.prefetch(gids)
+    h.wait()
+    got = cache.resolve(gids)
+    assert cache.stats().misses == 0
+    k0 = np.arange(5, 40, 3)
+    np.testing.assert_array_equal(
+        cache.table[got[: k0.size]].view(np.uint16), xs[names[0]][k0].view(np.uint16)
+    )

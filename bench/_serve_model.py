@@ -25,7 +25,11 @@ The arithmetic (LongCat-Flash-Lite, FP8 weights: one byte a parameter):
 
 from __future__ import annotations
 
-import time
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,9 +89,12 @@ def make_workload(device: str) -> Any:
     clocks, and the embedding's kernels and copies, on the same stream, are ordered
     around it as around a model's kernels). A calibrated GEMM loop would also load
     HBM, but its duration drifts with clocks and L2 state; the spin is exact.
-    CPU: the main thread computes 64x64 float32 matmuls until the deadline (one core
-    busy; each matmul releases the GIL, as a BLAS-based model does, so the cache's I/O
-    threads and its host path compete with it for the CPU as they would).
+    CPU: the main thread calls a C function (compiled here with gcc, called through
+    ctypes, which releases the GIL) that computes until the deadline: one core busy for
+    the step, as a native inference engine's compute; the cache's I/O and prefetch
+    threads run beside it on the other cores and take the GIL freely meanwhile. (A
+    Python loop of small numpy calls instead would make those threads wait for the GIL
+    and overshoot its deadline by up to the 5 ms switch interval.)
     """
     if device == "cuda":
         import cupy as cp
@@ -101,12 +108,33 @@ def make_workload(device: str) -> Any:
         run_gpu(1e-6)  # compile now, not inside a timed step
         cp.cuda.get_current_stream().synchronize()
         return run_gpu
-    a = np.ones((64, 64), dtype=np.float32)
-    c = np.empty_like(a)
+    tmp = tempfile.mkdtemp(prefix="serve-spin-")
+    src, lib = os.path.join(tmp, "spin.c"), os.path.join(tmp, "spin.so")
+    with open(src, "w") as f:
+        f.write(_CPU_SPIN_SRC)
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", lib, src], check=True)
+    spin = ctypes.CDLL(lib).spin_ns
+    spin.argtypes, spin.restype = [ctypes.c_longlong], ctypes.c_double
+    shutil.rmtree(tmp, ignore_errors=True)  # the loaded library stays mapped
 
     def run_cpu(seconds: float) -> None:
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            np.dot(a, a, out=c)
+        if seconds > 0:
+            spin(int(seconds * 1e9))
 
     return run_cpu
+
+
+_CPU_SPIN_SRC = r"""
+#include <time.h>
+static long long now(void) {
+    struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+double spin_ns(long long ns) {  /* floating-point work until the deadline */
+    volatile double x = 1.0;
+    long long end = now() + ns;
+    while (now() < end)
+        for (int i = 0; i < 256; i++) x = x * 1.0000001 + 1e-9;
+    return x;
+}
+"""

@@ -11,6 +11,7 @@ Each step is packed once, before anything is timed, as a server's batcher hands 
 from __future__ import annotations
 
 import heapq
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +94,7 @@ def server_steps(
     is_pre = u[:, 3] < prompt[u[:, 2]]
     cut = np.flatnonzero(np.r_[True, u[1:, 0] != u[:-1, 0], True])
     steps = []
-    for a, b in zip(cut[:-1], cut[1:]):
+    for a, b in itertools.pairwise(cut):
         su, sp = u[a:b], is_pre[a:b]
         pre = su[sp]
         steps.append(

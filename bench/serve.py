@@ -100,29 +100,48 @@ def open_or_build(path: str, dims: NgramDims, bases: list[np.ndarray], dtype: st
 def arena_slots(args: Any, dims: NgramDims, reqs: list[Any], workdir: str) -> tuple[int, dict]:
     """Slots of the shared arena: ``rowcache tune`` on a profile of the same trace."""
     trace = build_trace(
-        reqs, dims, os.path.join(workdir, "trace"), model=args.model, overwrite=True,
+        reqs,
+        dims,
+        os.path.join(workdir, "trace"),
+        model=args.model,
+        overwrite=True,
         progress=False,
-    )  # fmt: skip
+    )
     scale = dims.table_rows(0) / FULL_ROWS
     if args.arena_bytes:
         kw = {"arena_bytes": parse_bytes(args.arena_bytes, "--arena-bytes")}
     else:  # the budget of a 121 GB machine, scaled to these tables' share of LongCat's
         budget = parse_bytes(args.memory, "--memory") - parse_bytes(args.reserve, "--reserve")
         kw = {"arena_bytes": int(budget * min(1.0, scale))}
-    prof = profile_trace(trace, dtype=args.dtype, shared=False, progress=False,
-                         workers=min(12, os.cpu_count() or 1))  # fmt: skip
+    prof = profile_trace(
+        trace, dtype=args.dtype, shared=False, progress=False, workers=min(12, os.cpu_count() or 1)
+    )
     rep = tune(prof, dtype=args.dtype, **kw)
     slots = min(sum(rep.rows.values()), sum(dims.table_rows(i) for i in range(12)))
-    info = {"budget_bytes": rep.budget_bytes, "used_bytes": rep.used_bytes, "slots": slots,
-            "expected_faults_per_token": rep.faults_per_token, "notes": rep.notes,
-            "trace_steps": trace.steps}  # fmt: skip
+    info = {
+        "budget_bytes": rep.budget_bytes,
+        "used_bytes": rep.used_bytes,
+        "slots": slots,
+        "expected_faults_per_token": rep.faults_per_token,
+        "notes": rep.notes,
+        "trace_steps": trace.steps,
+    }
     return slots, info | {"trace_step_tokens": np.bincount(trace.steps_array())}
+
+
+def prefetcher(emb: Any, cache: Any) -> Any:
+    """``start(batch) -> handle``: the lookahead API of this tree, or None without one."""
+    if hasattr(emb, "prefetch_packed"):
+        return emb.prefetch_packed
+    if cache is not None and hasattr(cache, "prefetch"):  # the cache's API; ids hashed here
+        return lambda b: cache.prefetch((b.host_ids() + cache.row_offsets[:-1, None]).ravel())
+    return None
 
 
 def run_series(emb, steps, warm, rest, work, sync, cache, lookahead, record=None, check=None):
     """Per timed step: (seconds, tokens, kind, hits, misses, fault seconds)."""
     out = []
-    prefetch = getattr(emb, "prefetch_packed", None) if lookahead else None
+    prefetch = prefetcher(emb, cache) if lookahead else None
     handle = None
     for k, st in enumerate(steps):
         timed = k >= warm
@@ -132,21 +151,24 @@ def run_series(emb, steps, warm, rest, work, sync, cache, lookahead, record=None
         s0 = cache.stats() if cache is not None else None
         t0 = time.perf_counter()
         y = emb.embed_packed(st.batch)
-        if timed:
-            work(rest.seconds(st.tokens, st.prefill_tokens))
         if handle is not None:
-            handle.wait()  # done long ago; surfaces a failed read
+            handle.wait()  # done by now (this step's embed needed its rows); surfaces errors
         handle = None
         if prefetch is not None and k + 1 < len(steps) and steps[k + 1].prefill is not None:
-            handle = prefetch(steps[k + 1].prefill)
+            handle = prefetch(steps[k + 1].prefill)  # its reads run during the rest
+        if timed:
+            work(rest.seconds(st.tokens, st.prefill_tokens))
         sync()
         dt = time.perf_counter() - t0
         if check is not None and k % check[0] == 0:
             check[1].append((k, y))
         if timed:
             s1 = cache.stats() if cache is not None else None
-            f = (0, 0, 0.0) if s0 is None else (s1.hits - s0.hits, s1.misses - s0.misses,
-                                                s1.fault_seconds - s0.fault_seconds)  # fmt: skip
+            f = (
+                (0, 0, 0.0)
+                if s0 is None
+                else (s1.hits - s0.hits, s1.misses - s0.misses, s1.fault_seconds - s0.fault_seconds)
+            )
             out.append((dt, st.tokens, st.kind, *f))
     if handle is not None:
         handle.wait()
@@ -162,18 +184,22 @@ def phase_rows(series: dict[str, Any], floors: dict[str, np.ndarray], name: str)
         if not sel["resident"]:
             continue
         idx = np.array([i for i, r in enumerate(series["resident"]) if r[2] == kind])
-        tps = {v: sum(r[1] for r in s) / sum(r[0] for r in s) if s else None
-               for v, s in sel.items()}  # fmt: skip
+        tps = {
+            v: sum(r[1] for r in s) / sum(r[0] for r in s) if s else None for v, s in sel.items()
+        }
         c = sel["cached"]
         hits, misses = sum(r[3] for r in c), sum(r[4] for r in c)
         row = {
-            "phase": label, "steps": len(c), "tokens_per_step": sum(r[1] for r in c) / len(c),
-            "resident_tok_s": tps["resident"], "cached_tok_s": tps["cached"],
+            "phase": label,
+            "steps": len(c),
+            "tokens_per_step": sum(r[1] for r in c) / len(c),
+            "resident_tok_s": tps["resident"],
+            "cached_tok_s": tps["cached"],
             "ratio": tps["cached"] / tps["resident"],
             "hit_rate": hits / (hits + misses) if hits + misses else 1.0,
             "faults_per_token": misses / sum(r[1] for r in c),
             "fault_ms_per_step": 1e3 * sum(r[5] for r in c) / len(c),
-        }  # fmt: skip
+        }
         for mode, f in floors.items():
             row[f"floor_{mode}_ms_per_step"] = 1e3 * float(f[idx].sum()) / len(c)
         fl = row.get("floor_uring_ms_per_step")
@@ -182,15 +208,17 @@ def phase_rows(series: dict[str, Any], floors: dict[str, np.ndarray], name: str)
         row["lookahead_tok_s"] = la if la is not None else NO_PREFETCH
         row["lookahead_ratio"] = la / tps["resident"] if la is not None else NO_PREFETCH
         if la is not None:
-            lc = sel["lookahead"]
-            row["lookahead_fault_ms_per_step"] = 1e3 * sum(r[5] for r in lc) / len(lc)
+            h, m = sum(r[3] for r in sel["lookahead"]), sum(r[4] for r in sel["lookahead"])
+            row["lookahead_hit_rate"] = h / (h + m) if h + m else 1.0
         rows.append(row)
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda if usable")
+    p.add_argument(
+        "--device", choices=("cuda", "cpu"), default=None, help="default: cuda if usable"
+    )
     p.add_argument("--rows", default="auto", help="rows per table, or auto (disk and memory)")
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="fp8")
     p.add_argument("--tokens", type=int, default=400_000, help="stdlib tokens to serve")
@@ -198,14 +226,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=512, help="prefill chunk tokens")
     p.add_argument("--decode", type=int, default=256, help="decode tokens a request")
     p.add_argument("--b1-requests", type=int, default=4, help="requests of the decode x1 server")
-    p.add_argument("--warm", type=float, default=0.3, help="untimed fraction of each server's steps")
-    p.add_argument("--rest", choices=sorted(REST_MODELS), default=None,
-                   help="rest-of-model times (default: h200 on cuda, unified-121GB on cpu)")  # fmt: skip
+    p.add_argument(
+        "--warm", type=float, default=0.3, help="untimed fraction of each server's steps"
+    )
+    p.add_argument(
+        "--rest",
+        choices=sorted(REST_MODELS),
+        default=None,
+        help="rest-of-model times (default: h200 on cuda, unified-121GB on cpu)",
+    )
     p.add_argument("--rest-scale", type=float, default=1.0, help="multiply the rest-of-model times")
     p.add_argument("--memory", default="121GB", help="the machine the arena is tuned for")
-    p.add_argument("--reserve", default="62GB",
-                   help="its memory for the rest: FP8 weights 37 GB + KV cache (64 x 8k tokens)"
-                   " ~17 GB + runtime 8 GB")  # fmt: skip
+    p.add_argument(
+        "--reserve",
+        default="62GB",
+        help="its memory for the rest: FP8 weights 37 GB + KV cache (64 x 8k tokens)"
+        " ~17 GB + runtime 8 GB",
+    )
     p.add_argument("--arena-bytes", default=None, help="arena budget instead of tune's")
     p.add_argument("--queue-depth", type=int, default=32, help="the cache's reads in flight")
     p.add_argument("--no-direct", action="store_true", help="page-cached reads, not O_DIRECT")
@@ -235,8 +272,14 @@ def main(argv: list[str] | None = None) -> int:
     rows, rows_why = pick_rows(args, xp)
     ld = NgramDims.longcat_flash_lite()
     hidden = 96 if args.quick else ld.hidden_size
-    dims = NgramDims(vocab_size=ld.vocab_size, hidden_size=hidden, max_ngram=4, splits=4,
-                     ratio=(rows - 0.5) / ld.vocab_size, eos_token_id=2)  # fmt: skip
+    dims = NgramDims(
+        vocab_size=ld.vocab_size,
+        hidden_size=hidden,
+        max_ngram=4,
+        splits=4,
+        ratio=(rows - 0.5) / ld.vocab_size,
+        eos_token_id=2,
+    )
     T, d, D = dims.num_tables, dims.table_dim, dims.hidden_size
     reqs, text = load_requests(args.tokens, dims.vocab_size, dims.eos_token_id, args.max_request)
     args.model = ServerModel(batch=64, chunk=args.chunk, decode=args.decode)
@@ -252,8 +295,10 @@ def main(argv: list[str] | None = None) -> int:
         slots, tuned = arena_slots(args, dims, reqs, workdir)
         assert np.array_equal(tuned.pop("trace_step_tokens"), tok64), "steps differ from the trace"
         rng = np.random.default_rng(0)
-        bases = [(rng.standard_normal(dims.table_rows(i) + d, dtype=np.float32) * 0.02).astype(BF16)
-                 for i in range(T)]  # fmt: skip
+        bases = [
+            (rng.standard_normal(dims.table_rows(i) + d, dtype=np.float32) * 0.02).astype(BF16)
+            for i in range(T)
+        ]
         t0 = time.perf_counter()
         store = open_or_build(os.path.join(workdir, "store"), dims, bases, args.dtype)
         build_s = time.perf_counter() - t0
@@ -262,61 +307,99 @@ def main(argv: list[str] | None = None) -> int:
             a = xp.asarray(np.ascontiguousarray(window_table(bases[i], dims.table_rows(i), d)))
             resident.append(Bf16Table(a) if args.dtype == "bf16" else Fp8Table.quantize(a))
             del a
-        word = xp.asarray((rng.standard_normal((dims.vocab_size, D), dtype=np.float32) * 0.02
-                           ).astype(BF16))  # fmt: skip
-        projs = [(rng.standard_normal((D, d), dtype=np.float32) / np.sqrt(d)).astype(BF16)
-                 for _ in range(T)]  # fmt: skip
+        word = xp.asarray(
+            (rng.standard_normal((dims.vocab_size, D), dtype=np.float32) * 0.02).astype(BF16)
+        )
+        projs = [
+            (rng.standard_normal((D, d), dtype=np.float32) / np.sqrt(d)).astype(BF16)
+            for _ in range(T)
+        ]
         emb_r = NgramEmbedding(dims, word, resident, projs)
         work = make_workload(args.device)
         floor = Floor(store, direct=not args.no_direct)
 
         def new_cache() -> NgramRowCache:
-            return NgramRowCache(store, [str(i) for i in range(T)], slots=slots,
-                                 device=args.device, queue_depth=args.queue_depth,
-                                 direct=not args.no_direct)  # fmt: skip
+            return NgramRowCache(
+                store,
+                [str(i) for i in range(T)],
+                slots=slots,
+                device=args.device,
+                queue_depth=args.queue_depth,
+                direct=not args.no_direct,
+            )
 
         sizes = [dims.table_rows(i) for i in range(T)]  # the shared arena's global row ids
         layout = (np.r_[0, np.cumsum(sizes)], [store.table_index(str(i)) for i in range(T)])
-        servers, mismatched, checked = {}, 0, 0
+        servers, mismatched, checked, api = {}, 0, 0, ""
         for name, steps in ((" x64", steps64), (" x1", steps1)):
             warm = int(args.warm * len(steps))
             ref: list[Any] = []
-            series = {"resident": run_series(emb_r, steps, warm, rest, work, sync, None, False,
-                                             check=(args.check_every, ref))}  # fmt: skip
+            series = {
+                "resident": run_series(
+                    emb_r, steps, warm, rest, work, sync, None, False, check=(args.check_every, ref)
+                )
+            }
             ref_h = {k: (y.get() if xp is not np else y).view(np.uint16) for k, y in ref}
             misses: list[np.ndarray] = []
             for variant in ("cached", "lookahead"):
                 cache = new_cache()
                 emb_c = NgramEmbedding(dims, word, [CachedTable(cache, i) for i in range(T)], projs)
-                if variant == "lookahead" and not hasattr(emb_c, "prefetch_packed"):
+                if variant == "lookahead" and prefetcher(emb_c, cache) is None:
                     break
+                api = (
+                    "NgramEmbedding.prefetch_packed"
+                    if hasattr(emb_c, "prefetch_packed")
+                    else ("NgramRowCache.prefetch of the ids the bench hashes on the host")
+                )
                 got: list[Any] = []
                 series[variant] = run_series(
-                    emb_c, steps, warm, rest, work, sync, cache, variant == "lookahead",
-                    record=misses if variant == "cached" else None, check=(args.check_every, got),
-                )  # fmt: skip
+                    emb_c,
+                    steps,
+                    warm,
+                    rest,
+                    work,
+                    sync,
+                    cache,
+                    variant == "lookahead",
+                    record=misses if variant == "cached" else None,
+                    check=(args.check_every, got),
+                )
                 for k, y in got:
                     checked += 1
                     mismatched += not np.array_equal(
-                        (y.get() if xp is not np else y).view(np.uint16), ref_h[k])
+                        (y.get() if xp is not np else y).view(np.uint16), ref_h[k]
+                    )
                 del emb_c, cache, got
             pg = [floor.pages(layout, m) for m in misses]
             floors = {mode: floor.run(pg, mode, args.queue_depth) for mode in ("uring", "threads")}
             servers[name] = phase_rows(series, floors, name)
         phases = [r for rows_ in servers.values() for r in rows_]
         settings = {
-            "device": args.device, "machine": machine(), "dtype": args.dtype,
-            "rows_per_table": rows, "rows_choice": rows_why, "tables": T, "hidden": D,
-            "store_GB": sum(t.nbytes for t in store.tables) / 1e9, "store_build_s": build_s,
-            "text": text, "requests": len(reqs), "server": f"64 slots, chunk {args.chunk}, decode {args.decode}",
-            "steps_x64": len(steps64), "steps_x1": len(steps1), "warm_fraction": args.warm,
-            "rest_model": rest.__dict__, "arena": tuned, "queue_depth": args.queue_depth,
-            "direct": not args.no_direct, "outputs_checked": checked,
+            "device": args.device,
+            "machine": machine(),
+            "dtype": args.dtype,
+            "rows_per_table": rows,
+            "rows_choice": rows_why,
+            "tables": T,
+            "hidden": D,
+            "store_GB": sum(t.nbytes for t in store.tables) / 1e9,
+            "store_build_s": build_s,
+            "text": text,
+            "requests": len(reqs),
+            "server": f"64 slots, chunk {args.chunk}, decode {args.decode}",
+            "steps_x64": len(steps64),
+            "steps_x1": len(steps1),
+            "warm_fraction": args.warm,
+            "rest_model": rest.__dict__,
+            "arena": tuned,
+            "queue_depth": args.queue_depth,
+            "direct": not args.no_direct,
+            "outputs_checked": checked,
             "outputs_mismatched": mismatched,
-            "lookahead": "prefill chunks of step t+1 prefetched during step t; decode tokens "
-            "are sampled at the end of step t and never prefetched",
+            "lookahead": "prefill chunks of step t+1 prefetched during step t (" + api + "); "
+            "decode tokens are sampled at the end of step t and never prefetched",
             "seconds": time.perf_counter() - t_start,
-        }  # fmt: skip
+        }
     finally:
         if floor is not None:
             floor.close()
@@ -325,8 +408,11 @@ def main(argv: list[str] | None = None) -> int:
         if own:
             shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
-        print(json.dumps({"bench": "serve", "settings": settings, "phases": phases}, indent=1,
-                         default=float))  # fmt: skip
+        print(
+            json.dumps(
+                {"bench": "serve", "settings": settings, "phases": phases}, indent=1, default=float
+            )
+        )
         return 0 if mismatched == 0 else 1
     render(settings, phases)
     return 0 if mismatched == 0 else 1
@@ -338,33 +424,57 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
     s, a, r = settings, settings["arena"], settings["rest_model"]
     rec = ROW_BYTES[s["dtype"]]
     print(f"# bench/serve.py on {s['machine']}, device {s['device']}")
-    print(f"tables: 12 x {s['rows_per_table']:,} x 256 {s['dtype']} ({s['rows_choice']}); "
-          f"store {s['store_GB']:.2f} GB, built in {s['store_build_s']:.0f} s")  # fmt: skip
-    print(f"text: {s['text']}; {s['requests']} requests; server {s['server']}: "
-          f"{s['steps_x64']} steps (x64), {s['steps_x1']} (x1), first {s['warm_fraction']:.0%} untimed")  # fmt: skip
-    print(f"arena: {a['slots']:,} slots ({a['slots'] * rec / 1e9:.2f} GB) shared by the 12 tables; "
-          f"rowcache tune, budget {a['budget_bytes'] / 1e9:.2f} GB, expected "
-          f"{a['expected_faults_per_token']:.2f} faults/token" + "".join(f"; {n}" for n in a["notes"]))  # fmt: skip
-    print(f"rest of model ({r['name']}): decode x1 {r['decode1_s'] * 1e3:.2f} ms, x64 "
-          f"{r['decode64_s'] * 1e3:.2f} ms, prefill at {r['flop_rate'] / 1e12:.0f} TFLOP/s")  # fmt: skip
-    ok = "yes, bit for bit" if not s["outputs_mismatched"] else f"NO: {s['outputs_mismatched']} differ"
+    print(
+        f"tables: 12 x {s['rows_per_table']:,} x 256 {s['dtype']} ({s['rows_choice']}); "
+        f"store {s['store_GB']:.2f} GB, built in {s['store_build_s']:.0f} s"
+    )
+    print(
+        f"text: {s['text']}; {s['requests']} requests; server {s['server']}: "
+        f"{s['steps_x64']} steps (x64), {s['steps_x1']} (x1), first {s['warm_fraction']:.0%} untimed"
+    )
+    print(
+        f"arena: {a['slots']:,} slots ({a['slots'] * rec / 1e9:.2f} GB) shared by the 12 tables; "
+        f"rowcache tune, budget {a['budget_bytes'] / 1e9:.2f} GB, expected "
+        f"{a['expected_faults_per_token']:.2f} faults/token" + "".join(f"; {n}" for n in a["notes"])
+    )
+    print(
+        f"rest of model ({r['name']}): decode x1 {r['decode1_s'] * 1e3:.2f} ms, x64 "
+        f"{r['decode64_s'] * 1e3:.2f} ms, prefill at {r['flop_rate'] / 1e12:.0f} TFLOP/s"
+    )
+    ok = (
+        "yes, bit for bit"
+        if not s["outputs_mismatched"]
+        else f"NO: {s['outputs_mismatched']} differ"
+    )
     print(f"cached == resident on {s['outputs_checked']} sampled steps: {ok}")
     la = phases and isinstance(phases[0]["lookahead_tok_s"], str)
     print(f"lookahead: {NO_PREFETCH if la else s['lookahead']}")
-    cols = [("phase", "phase"), ("steps", "steps"), ("tok/step", "tokens_per_step"),
-            ("resident tok/s", "resident_tok_s"), ("cached tok/s", "cached_tok_s"),
-            ("ratio", "ratio"), ("lookahead tok/s", "lookahead_tok_s"),
-            ("la ratio", "lookahead_ratio"), ("hit rate", "hit_rate"),
-            ("faults/tok", "faults_per_token"), ("fault ms/step", "fault_ms_per_step"),
-            ("floor uring ms", "floor_uring_ms_per_step"),
-            ("floor threads ms", "floor_threads_ms_per_step"), ("fault/floor", "fault_over_floor")]  # fmt: skip
+    cols = [
+        ("phase", "phase"),
+        ("steps", "steps"),
+        ("tok/step", "tokens_per_step"),
+        ("resident tok/s", "resident_tok_s"),
+        ("cached tok/s", "cached_tok_s"),
+        ("ratio", "ratio"),
+        ("lookahead tok/s", "lookahead_tok_s"),
+        ("la ratio", "lookahead_ratio"),
+        ("hit rate", "hit_rate"),
+        ("la hit rate", "lookahead_hit_rate"),
+        ("faults/tok", "faults_per_token"),
+        ("fault ms/step", "fault_ms_per_step"),
+        ("floor uring ms", "floor_uring_ms_per_step"),
+        ("floor threads ms", "floor_threads_ms_per_step"),
+        ("fault/floor", "fault_over_floor"),
+    ]
     cells = [[_fmt(p.get(k)).replace(NO_PREFETCH, "n/a") for _, k in cols] for p in phases]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _) in enumerate(cols)]
     print("  ".join(h.rjust(w) for (h, _), w in zip(cols, widths)))
     for c in cells:
         print("  ".join(x.rjust(w) for x, w in zip(c, widths)))
-    print(f"(ratio = cached tok/s / resident tok/s; floor = the same pages re-read by bench/_floor.c, "
-          f"queue depth {s['queue_depth']}; {s['seconds']:.0f} s in all)")  # fmt: skip
+    print(
+        f"(ratio = cached tok/s / resident tok/s; floor = the same pages re-read by bench/_floor.c, "
+        f"queue depth {s['queue_depth']}; {s['seconds']:.0f} s in all)"
+    )
 
 
 if __name__ == "__main__":

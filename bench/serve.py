@@ -61,6 +61,11 @@ ROW_BYTES = {"bf16": 512.0, "fp8": 4096 / 15}  # stored bytes a row (rows never 
 NO_PREFETCH = "n/a (no prefetch in this tree)"
 
 
+def log(msg: str) -> None:
+    """Progress on stderr (a run cut short by a time limit keeps what it measured)."""
+    print(f"[serve {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
 def pick_rows(args: Any, xp: Any) -> tuple[int, str]:
     """Rows per table: LongCat's where disk and memory hold them, else the largest that fit."""
     if args.rows != "auto":
@@ -248,11 +253,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-direct", action="store_true", help="page-cached reads, not O_DIRECT")
     p.add_argument("--check-every", type=int, default=16, help="compare outputs every N steps")
     p.add_argument("--workdir", default=None, help="keep (and reuse) the store here")
-    p.add_argument("--quick", action="store_true", help="tiny sizes on the CPU (< 60 s)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (CPU unless --device)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--save", default=None, help="also write the JSON report to this file")
     args = p.parse_args(argv)
     if args.quick:
-        args.device, args.rows, args.tokens, args.b1_requests = "cpu", "6000", 40_000, 2
+        args.device = args.device or "cpu"
+        args.rows, args.tokens, args.b1_requests = "6000", 40_000, 2
         args.rest_scale, args.max_request, args.check_every = 0.02, 256, 4
         args.chunk, args.decode = 64, 32
     if args.device is None:
@@ -302,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         store = open_or_build(os.path.join(workdir, "store"), dims, bases, args.dtype)
         build_s = time.perf_counter() - t0
+        log(
+            f"store {rows:,} rows/table {args.dtype} ready in {build_s:.0f} s; arena {slots:,} slots"
+        )
         resident = []
         for i in range(T):  # the same values as the store, materialized on the device
             a = xp.asarray(np.ascontiguousarray(window_table(bases[i], dims.table_rows(i), d)))
@@ -331,8 +341,13 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [dims.table_rows(i) for i in range(T)]  # the shared arena's global row ids
         layout = (np.r_[0, np.cumsum(sizes)], [store.table_index(str(i)) for i in range(T)])
         servers, mismatched, checked, api = {}, 0, 0, ""
-        for name, steps in ((" x64", steps64), (" x1", steps1)):
+        timed = {}
+        for name, steps, slots_n in ((" x64", steps64, 64), (" x1", steps1, 1)):
+            # steady state: once the last request is admitted the slots drain (untimed)
+            full = [k for k, st in enumerate(steps) if st.batch.num_seqs == slots_n]
+            steps = steps[: full[-1] + 1 if full else len(steps)]
             warm = int(args.warm * len(steps))
+            timed[name.strip()] = [warm, len(steps)]
             ref: list[Any] = []
             series = {
                 "resident": run_series(
@@ -340,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             }
             ref_h = {k: (y.get() if xp is not np else y).view(np.uint16) for k, y in ref}
+            log(f"server{name}: resident done ({len(steps)} steps)")
             misses: list[np.ndarray] = []
             for variant in ("cached", "lookahead"):
                 cache = new_cache()
@@ -370,9 +386,11 @@ def main(argv: list[str] | None = None) -> int:
                         (y.get() if xp is not np else y).view(np.uint16), ref_h[k]
                     )
                 del emb_c, cache, got
+                log(f"server{name}: {variant} done")
             pg = [floor.pages(layout, m) for m in misses]
             floors = {mode: floor.run(pg, mode, args.queue_depth) for mode in ("uring", "threads")}
             servers[name] = phase_rows(series, floors, name)
+            log(f"server{name}: floor done: " + json.dumps(servers[name], default=float))
         phases = [r for rows_ in servers.values() for r in rows_]
         settings = {
             "device": args.device,
@@ -390,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             "steps_x64": len(steps64),
             "steps_x1": len(steps1),
             "warm_fraction": args.warm,
+            "timed_steps": timed,
             "rest_model": rest.__dict__,
             "arena": tuned,
             "queue_depth": args.queue_depth,
@@ -407,12 +426,12 @@ def main(argv: list[str] | None = None) -> int:
             store.close()
         if own:
             shutil.rmtree(workdir, ignore_errors=True)
+    report = {"bench": "serve", "settings": settings, "phases": phases}
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump(report, f, indent=1, default=float)
     if args.json:
-        print(
-            json.dumps(
-                {"bench": "serve", "settings": settings, "phases": phases}, indent=1, default=float
-            )
-        )
+        print(json.dumps(report, indent=1, default=float))
         return 0 if mismatched == 0 else 1
     render(settings, phases)
     return 0 if mismatched == 0 else 1
@@ -430,7 +449,10 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
     )
     print(
         f"text: {s['text']}; {s['requests']} requests; server {s['server']}: "
-        f"{s['steps_x64']} steps (x64), {s['steps_x1']} (x1), first {s['warm_fraction']:.0%} untimed"
+        f"{s['steps_x64']} steps (x64), {s['steps_x1']} (x1), timed: "
+        + ", ".join(f"{k} steps {lo}-{hi - 1}" for k, (lo, hi) in s["timed_steps"].items())
+        + f" (the first {s['warm_fraction']:.0%} fill the arena; the drain after the last "
+        "admission is not run)"
     )
     print(
         f"arena: {a['slots']:,} slots ({a['slots'] * rec / 1e9:.2f} GB) shared by the 12 tables; "

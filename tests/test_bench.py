@@ -68,3 +68,11 @@ def test_bench_serve_quick_ratios_from_printed_figures():
         else:
             want = p["lookahead_tok_s"] / p["resident_tok_s"]
             assert p["lookahead_ratio"] == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.gpu
+def test_bench_serve_quick_on_the_gpu():
+    rep = json.loads(run("serve.py", "--device", "cuda", "--json"))
+    assert rep["settings"]["device"] == "cuda" and rep["settings"]["outputs_mismatched"] == 0
+    for p in rep["phases"]:
+        assert p["ratio"] == pytest.approx(p["cached_tok_s"] / p["resident_tok_s"], rel=1e-9)

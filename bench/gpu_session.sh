@@ -4,6 +4,8 @@
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# the native host kernels (setup.py), built for this machine's Python
+python3 setup.py -q build_ext --inplace 2>&1 | grep -v -i "warn" | tail -5
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import cupy, kvikio, lmdb; print('cupy', cupy.__version__, 'kvikio', kvikio.__version__, 'gpu', cupy.cuda.is_available())"

@@ -3,7 +3,8 @@
 Owns :class:`NgramBatch` (one concatenated int64 token array, per-sequence context
 and embed lengths, validated once, with the derived positions computed by
 ``np.repeat``/``cumsum`` and never a Python loop per sequence) and
-:func:`hash_positions`, the LongCat ids of chosen positions only, on the host.
+:func:`hash_positions` (``kernels.host``), the LongCat ids of chosen positions only,
+on the host.
 Does not gather rows or keep state between steps (``embed.context`` does).
 """
 
@@ -16,62 +17,14 @@ from typing import Any
 import numpy as np
 
 from kernels._cuda import is_device_array
+from kernels.host import hash_packed
+from kernels.host import hash_positions_reference as hash_positions
 from rowcache.errors import ConfigError
 
 from .dims import NgramDims
 from .ids import check_tokens
 
 _I64 = np.dtype(np.int64)
-
-
-def hash_positions(
-    tokens: np.ndarray,
-    positions: np.ndarray,
-    first: np.ndarray | int,
-    multipliers: np.ndarray,
-    rows: np.ndarray,
-    eos: int,
-) -> np.ndarray:
-    """LongCat ids of every table at ``positions`` only (host, vectorized).
-
-    Parameters
-    ----------
-    tokens : int64[L]
-        Concatenated token ids, already checked to lie in ``[0, V)``.
-    positions : int64[n]
-        The positions to hash.
-    first : int64[n] or int
-        First position of each position's sequence: the look-back stops there.
-    multipliers : int64[T, N]
-        ``NgramDims.multipliers`` (or a subset of its rows).
-    rows : int64[T]
-        Row count of each of those tables.
-    eos : int
-        The look-back of ``t`` stops at an EOS strictly before ``t``.
-
-    Returns
-    -------
-    int64[T, n]
-        Equal to ``kernels.ngram.ngram_hash_reference(tokens, ..., starts)[:, positions]``
-        bit for bit, at ``O(n)`` instead of ``O(L)`` cost: a decode step hashes its
-        new tokens, not their look-back.
-    """
-    mult = np.asarray(multipliers, dtype=_I64)
-    n_orders = mult.shape[1]
-    # all orders at once (few NumPy calls: a decode step hashes a handful of rows)
-    back = positions[None, :] - np.arange(n_orders, dtype=_I64)[:, None]  # [N, n]: t - j
-    xs = tokens[np.maximum(back, 0)]
-    # term j >= 1 counts while no EOS and no sequence start lies in t - j .. t - 1
-    lo = np.asarray(first, dtype=_I64)  # a scalar, or one start per row
-    stop = (xs == eos) | (back < (lo if lo.ndim == 0 else lo[None, :]))
-    stop[0] = False
-    np.logical_or.accumulate(stop, axis=0, out=stop)
-    np.invert(stop, out=stop)
-    xs *= stop
-    # every term is < V * M_i and there are at most N of them: exact in int64
-    acc = mult @ xs
-    acc %= np.asarray(rows, dtype=_I64)[:, None]
-    return acc
 
 
 def _int_vector(name: str, value: Any, count: int | None) -> np.ndarray:
@@ -303,19 +256,17 @@ class NgramBatch:
             return self.tokens[_dev(self.positions)]
         return self.tokens[self.positions]
 
-    def host_ids(self, tables: Any = None) -> np.ndarray:
+    def host_ids(self, tables: Any = None, offsets: np.ndarray | None = None) -> np.ndarray:
         """Ids of the embedded positions on the host: int64[len(tables), n].
 
-        ``tables`` : int[k] table indices (default all ``num_tables``). Host tokens
-        only (device tokens must be hashed on the device).
+        ``tables`` : int[k] table indices (default all ``num_tables``); ``offsets``
+        int64[k], added to each table's ids (global ids of a shared arena). Host
+        tokens only (device tokens must be hashed on the device).
         """
         assert not self.on_device, "host_ids needs host tokens"
-        d = self.dims
-        mult, rows = d.multipliers, d.all_table_rows
-        if tables is not None:
-            mult, rows = mult[tables], rows[tables]
-        return hash_positions(
-            self.tokens, self.positions, self.row_first, mult, rows, d.eos_token_id
+        mult, rows = self.dims.table_subset(tables)
+        return hash_packed(
+            self.tokens, self.ctx_lens, self.seq_lens, mult, rows, self.dims.eos_token_id, offsets
         )
 
     def rows_per_sequence(self, values: Any) -> np.ndarray:

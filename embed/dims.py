@@ -190,6 +190,26 @@ class NgramDims:
         """int64[num_tables], ``table_order(i)`` for every table."""
         return np.arange(self.num_tables, dtype=np.int64) // self.splits + 2
 
+    def table_subset(self, tables: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(multipliers[tables], all_table_rows[tables])``, contiguous, made once per
+        subset (``tables`` int[k] table indices, or None for every table)."""
+        if tables is None:
+            return self.multipliers, self.all_table_rows
+        key = np.asarray(tables, dtype=np.int64).tobytes()
+        got = self._subsets.get(key)
+        if got is None:
+            idx = np.frombuffer(key, dtype=np.int64)
+            got = (
+                np.ascontiguousarray(self.multipliers[idx]),
+                np.ascontiguousarray(self.all_table_rows[idx]),
+            )
+            self._subsets[key] = got
+        return got
+
+    @functools.cached_property
+    def _subsets(self) -> dict[bytes, tuple[np.ndarray, np.ndarray]]:
+        return {}
+
     @functools.cached_property
     def multipliers(self) -> np.ndarray:
         """Pre-reduced hash multipliers, int64[num_tables, max_ngram] (read-only).

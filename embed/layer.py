@@ -17,7 +17,7 @@ Does not own the tables (``embed.tables``) or the checkpoint format.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ from rowcache.errors import ConfigError
 
 from .batch import NgramBatch
 from .dims import NgramDims
+from .lookahead import StepPrefetch, prefetch_step
 from .tables import Bf16Table, CachedTable, Fp8Table
 
 _TABLE_TYPES = (Bf16Table, Fp8Table, CachedTable)
@@ -372,6 +373,39 @@ class NgramEmbedding:
             batch = NgramBatch(self.dims, tokens, ctx_lens, seq_lens)
         return self._run(batch, overlay=overlay, seq_slots=seq_slots, active=active, out=out)
 
+    def prefetch(self, ctx_tokens: Any, seq_len: int | None = None) -> StepPrefetch:
+        """Start reading the cached rows that :meth:`embed` of these arguments will
+        need (the next prefill chunk, draft tokens); returns at once.
+
+        ``seq_len`` defaults to every position of ``ctx_tokens``. Returns a handle with
+        ``wait()`` and ``done()``. A later step that embeds these positions waits only
+        for reads still in flight and faults nothing twice; rows arrive unpinned and
+        most recently used, never in place of a row the current step holds; a failed
+        read raises at the step that needs the row (``NgramRowCache.prefetch``).
+        Resident tables read nothing: the handle is then empty.
+        """
+        L = len(ctx_tokens) if seq_len is None else seq_len
+        return prefetch_step(self, NgramBatch.single(self.dims, ctx_tokens, L))
+
+    def prefetch_batch(self, contexts: Sequence[Any], seq_lens: Sequence[int]) -> StepPrefetch:
+        """:meth:`prefetch` of a coming :meth:`embed_batch` (same arguments)."""
+        return prefetch_step(self, NgramBatch.from_contexts(self.dims, contexts, seq_lens))
+
+    def prefetch_packed(
+        self, tokens: Any, ctx_lens: Any = None, seq_lens: Any = None
+    ) -> StepPrefetch:
+        """:meth:`prefetch` of a coming :meth:`embed_packed` (same arguments: an
+        ``NgramBatch``, or packed tokens with ``ctx_lens`` and ``seq_lens``)."""
+        if isinstance(tokens, NgramBatch):
+            if tokens.dims != self.dims:
+                raise ConfigError("the NgramBatch was built for other NgramDims")
+            return prefetch_step(self, tokens)
+        if ctx_lens is None or seq_lens is None:
+            raise ConfigError(
+                "prefetch_packed needs ctx_lens and seq_lens (int[S] each) with packed tokens"
+            )
+        return prefetch_step(self, NgramBatch(self.dims, tokens, ctx_lens, seq_lens))
+
     def embed_ids(self, contexts: Sequence[Any], seq_lens: Sequence[int]) -> tuple[Any, Any]:
         """Ids of the embedded positions: ``(all_ids int64[T, L_total], ids int64[T, n])``.
 
@@ -484,8 +518,11 @@ class NgramEmbedding:
         return out
 
     def _after_caches(self) -> None:
-        """Order the current stream after every cache's stream (their faults' writes)."""
+        """Order the current stream after every cache's stream (their faults' writes),
+        with finished prefetches committed first (their rows in the device maps)."""
         cur = self._xp.cuda.get_current_stream()
+        for cache, *_ in self._groups:
+            cache.poll()
         for cache, *_ in self._groups:
             if cache.stream is not None and cache.stream.ptr != cur.ptr:
                 cur.wait_event(cache.stream.record())
@@ -531,8 +568,11 @@ class NgramEmbedding:
         the faults' writes and the maps' updates)."""
         if not self._groups:
             return False
-        self._resolve_host(batch, batch.host_ids(self._cached_rows))
-        return any(cache.last_faults for cache, *_ in self._groups)
+        faulted = False
+        for cache, _, gid, _ in self._group_ids(batch, None):  # the device has the slots
+            cache.resolve_host(gid.ravel())
+            faulted = faulted or cache.last_faults > 0
+        return faulted
 
     def _resolve(self, batch: NgramBatch, ids: Any, host_ids: Any) -> Any:
         """Arena slots replace the cached tables' rows of ``ids`` (in place). Returns
@@ -554,11 +594,30 @@ class NgramEmbedding:
         n = batch.n
         out = np.empty((len(self._cached_list), n), dtype=np.int64)
         word_slots = None
+        for cache, members, gid, pos in self._group_ids(batch, host_ids):
+            slots = cache.resolve_host(gid.ravel()).reshape(len(members), n)
+            if pos.size:
+                out[pos] = slots[: pos.size]
+            if members[-1] < 0:
+                word_slots = slots[-1]
+        return out, word_slots
+
+    def _group_ids(
+        self, batch: NgramBatch, host_ids: np.ndarray | None
+    ) -> Iterator[tuple[Any, list[int], np.ndarray, np.ndarray]]:
+        """Per cache: ``(cache, members, global ids int64[len(members), n], pos)`` of a
+        batch whose cached n-gram tables' host ids are ``host_ids`` (hashed here
+        when None; host tokens)."""
         host_word = None
         for cache, members, offsets, pos in self._groups:
             if members == self._cached_list:  # one cache holds every cached n-gram table
-                gid = host_ids + offsets[:, None]
+                if host_ids is None:  # hashed straight into global ids: one C pass
+                    gid = batch.host_ids(self._cached_rows, offsets)
+                else:
+                    gid = host_ids + offsets[:, None]
             else:
+                if host_ids is None:
+                    host_ids = batch.host_ids(self._cached_rows)
                 parts = []
                 for m in members:  # members of one cache (<= T + 1), vectorized over rows
                     if m < 0:
@@ -569,12 +628,7 @@ class NgramEmbedding:
                     else:
                         parts.append(host_ids[self._cached_pos[m]])
                 gid = np.stack(parts).astype(np.int64, copy=False) + offsets[:, None]
-            slots = cache.resolve_host(gid.ravel()).reshape(len(members), n)
-            if pos.size:
-                out[pos] = slots[: pos.size]
-            if members[-1] < 0:
-                word_slots = slots[-1]
-        return out, word_slots
+            yield cache, members, gid, pos
 
     def _hash_all(self, batch: NgramBatch) -> Any:
         """Ids of every position of the batch: int64[T, L_total] on this device."""

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from kernels._cuda import require_cupy
+from kernels.host import native as _native
 from kernels.reference import scatter_records_reference
 
 from .errors import ArenaExhaustedError, ConfigError, CorruptDataError
@@ -240,6 +241,7 @@ class NgramRowCache:
         self._pf_buffers: PrefetchBuffers | None = None
         self._reaped_rows = 0
         self._n_busy = 0
+        self._scratch = np.empty(0, dtype=np.int32)  # the native hit path's sort buffer
 
         dim = self.dim
         rec = self.record_bytes
@@ -344,10 +346,12 @@ class NgramRowCache:
             (nothing changes: maps, pins and stats are as before the call).
         CorruptDataError : a read failed (nothing is mapped; the cache stays usable).
         """
-        ids = check_row_ids(row_ids, self.rows)
         with self._lock:
-            self._reaped_rows = 0
-            out = self._resolve_unique(ids)
+            out = self._hits_native(row_ids)
+            if out is None:
+                ids = check_row_ids(row_ids, self.rows)
+                self._reaped_rows = 0
+                out = self._resolve_unique(ids)
             if self.device == "cuda":
                 return self._to_device(out)
         return out
@@ -361,8 +365,11 @@ class NgramRowCache:
         on that stream (or wait on it). Pinned until :meth:`end_batch`, like
         :meth:`resolve`.
         """
-        ids = check_row_ids(row_ids, self.rows)
         with self._lock:
+            out = self._hits_native(row_ids)
+            if out is not None:
+                return out
+            ids = check_row_ids(row_ids, self.rows)
             self._reaped_rows = 0
             return self._resolve_unique(ids)
 
@@ -372,6 +379,16 @@ class NgramRowCache:
         prefetch it waited for or completed, i.e. rows whose :meth:`device_map` entry
         that call changed (0: every row was resident and mapped before the call)."""
         return self._last_faults
+
+    def poll(self) -> int:
+        """Commit the prefetches whose reads have finished (their rows appear in
+        :meth:`device_map`, in stream order after their arena writes); returns the
+        rows still in flight. Every other method does this too; a caller that reads
+        the device map before resolving calls it first."""
+        with self._lock:
+            if self._jobs:
+                self._reap()
+            return self._n_busy
 
     def prefetch(self, row_ids: Any) -> PrefetchHandle:
         """Start reading the rows of a coming step; never blocks on I/O.
@@ -578,6 +595,53 @@ class NgramRowCache:
             return (self._last_used == self._batch).astype(np.int32)
 
     # -- internals -----------------------------------------------------------
+    def _hits_native(self, row_ids: Any) -> np.ndarray | None:
+        """The all-hits path in one C call (``kernels/_host.c``), or None where the
+        Python path must run: a miss, a bad id, prefetches to settle, no native module,
+        input that is not a contiguous int64 NumPy vector. Same state, same stats."""
+        if (
+            _native is None
+            or type(row_ids) is not np.ndarray
+            or row_ids.dtype != np.int64
+            or row_ids.ndim != 1
+            or not row_ids.flags.c_contiguous
+            or self._jobs
+            or self._failed
+            or row_ids.size == 0
+        ):
+            return None
+        n = row_ids.size
+        if self._scratch.size < 2 * n:
+            self._scratch = np.empty(max(2 * n, 2 * self._scratch.size), dtype=np.int32)
+        out = np.empty(n, dtype=np.int32)
+        status, fresh, tail = _native.lru_hits(
+            row_ids,
+            self.rows,
+            self._row_slot,
+            self._last_used,
+            self._log,
+            self._log_pos,
+            self._tail,
+            self._batch,
+            out,
+            self._scratch,
+        )
+        if status == 3:  # the log is full: compact (as _touch would), then once more
+            self._compact()
+            status, fresh, tail = _native.lru_hits(
+                row_ids, self.rows, self._row_slot, self._last_used, self._log,
+                self._log_pos, self._tail, self._batch, out, self._scratch,
+            )  # fmt: skip
+        if status != 0:
+            return None
+        self._tail = tail
+        st = self._stats
+        st["lookups"] += n
+        st["hits"] += fresh
+        self._pinned += fresh
+        self._last_faults = 0
+        return out
+
     def _resolve_unique(self, ids: np.ndarray) -> np.ndarray:
         """Resolve a checked batch; returns its slots (int32, input order)."""
         self._last_faults = 0
@@ -872,6 +936,10 @@ class NgramRowCache:
         self._head = h
 
     def _compact(self) -> None:
+        if _native is not None:
+            self._tail = _native.lru_compact(self._log, self._log_pos, self._head, self._tail)
+            self._head = 0
+            return
         live = self._log[self._head : self._tail]
         keep = live[self._log_pos[live] == np.arange(self._head, self._tail, dtype=np.int32)]
         self._log[: keep.size] = keep

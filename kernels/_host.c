@@ -1,0 +1,339 @@
+/* kernels._host: the two per-step host kernels of a cached embedding step.
+ *
+ * hash_packed: LongCat n-gram ids of the embedded positions of a packed batch
+ *   (docs/ngram-spec.md), with an optional per-table offset added (global ids of a
+ *   shared arena), plus the vocabulary range check of every token.
+ * lru_hits: the all-hits path of NgramRowCache.resolve: map ids to slots, and when
+ *   every row is resident, pin and touch the call's unique slots in ascending row
+ *   order (the cache's tie rule) in the LRU log.
+ *
+ * Both are bit-exact with their NumPy references (embed.batch.hash_positions and
+ * NgramRowCache's Python hit path), checked by tests/kernels/test_host.py. Arrays
+ * come in through the buffer protocol (C-contiguous, checked item sizes); the GIL
+ * is released for the whole call. No library beyond libc and Python.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} Buf;
+
+static int get_buf(PyObject *obj, Buf *b, Py_ssize_t itemsize, int writable, const char *name) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    b->held = 0;
+    if (PyObject_GetBuffer(obj, &b->view, flags) < 0) {
+        return -1;
+    }
+    b->held = 1;
+    if (b->view.itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: expected %zd-byte items, got %zd", name, itemsize,
+                     b->view.itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+static void release(Buf *bufs, int n) {
+    for (int i = 0; i < n; i++) {
+        if (bufs[i].held) {
+            PyBuffer_Release(&bufs[i].view);
+            bufs[i].held = 0;
+        }
+    }
+}
+
+#define COUNT(b) ((b).view.len / (b).view.itemsize)
+#define PF 16 /* software prefetch distance (iterations) of the random-access loops */
+
+/* hash_packed(tokens i64[L], ctx_lens i64[S], seq_lens i64[S], mult i64[T, N],
+ *             rows i64[T], offsets i64[T] | None, eos, vocab, out i64[T, n]) -> int
+ * Returns -1, or the first token position outside [0, vocab) (nothing written). */
+static PyObject *hash_packed(PyObject *self, PyObject *args) {
+    PyObject *o_tok, *o_ctx, *o_seq, *o_mult, *o_rows, *o_off, *o_out;
+    long long eos, vocab;
+    Py_ssize_t N;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOnOLLO", &o_tok, &o_ctx, &o_seq, &o_mult, &o_rows, &N, &o_off,
+                          &eos, &vocab, &o_out)) {
+        return NULL;
+    }
+    Buf b[7];
+    memset(b, 0, sizeof b);
+    int has_off = o_off != Py_None;
+    if (get_buf(o_tok, &b[0], 8, 0, "tokens") || get_buf(o_ctx, &b[1], 8, 0, "ctx_lens") ||
+        get_buf(o_seq, &b[2], 8, 0, "seq_lens") || get_buf(o_mult, &b[3], 8, 0, "mult") ||
+        get_buf(o_rows, &b[4], 8, 0, "rows") ||
+        (has_off && get_buf(o_off, &b[5], 8, 0, "offsets")) ||
+        get_buf(o_out, &b[6], 8, 1, "out")) {
+        release(b, 7);
+        return NULL;
+    }
+    const int64_t *tok = b[0].view.buf, *ctx = b[1].view.buf, *seq = b[2].view.buf;
+    const int64_t *mult = b[3].view.buf, *rows = b[4].view.buf;
+    const int64_t *off = has_off ? b[5].view.buf : NULL;
+    int64_t *out = b[6].view.buf;
+    Py_ssize_t L = COUNT(b[0]), S = COUNT(b[1]), T = COUNT(b[4]);
+    if (COUNT(b[2]) != S || N < 1 || N > 16 || COUNT(b[3]) != T * N ||
+        (has_off && COUNT(b[5]) != T)) {
+        release(b, 7);
+        PyErr_SetString(PyExc_ValueError, "hash_packed: inconsistent shapes");
+        return NULL;
+    }
+    Py_ssize_t n = 0, total = 0;
+    for (Py_ssize_t s = 0; s < S; s++) {
+        if (ctx[s] < 0 || seq[s] < 0 || seq[s] > ctx[s]) {
+            release(b, 7);
+            PyErr_SetString(PyExc_ValueError, "hash_packed: bad ctx_lens/seq_lens");
+            return NULL;
+        }
+        n += seq[s];
+        total += ctx[s];
+    }
+    if (total != L || COUNT(b[6]) != T * n) {
+        release(b, 7);
+        PyErr_SetString(PyExc_ValueError, "hash_packed: lengths do not match tokens/out");
+        return NULL;
+    }
+    Py_ssize_t bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t p = 0; p < L; p++) {
+        if ((uint64_t)tok[p] >= (uint64_t)vocab) {
+            bad = p;
+            break;
+        }
+    }
+    if (bad < 0) {
+        Py_ssize_t begin = 0, r = 0;
+        int64_t xs[16];
+        for (Py_ssize_t s = 0; s < S; s++) {
+            for (Py_ssize_t t = begin + ctx[s] - seq[s]; t < begin + ctx[s]; t++, r++) {
+                /* j = 0 always counts; j >= 1 until the sequence start or an EOS in t-j..t-1 */
+                xs[0] = tok[t];
+                int live = 1;
+                for (Py_ssize_t j = 1; j < N; j++) {
+                    if (live && (t - j < begin || tok[t - j] == eos)) {
+                        live = 0; /* an EOS at t-j (or the start) stops terms >= j */
+                    }
+                    xs[j] = live ? tok[t - j] : 0;
+                }
+                for (Py_ssize_t i = 0; i < T; i++) {
+                    int64_t acc = 0;
+                    const int64_t *m = mult + i * N;
+                    for (Py_ssize_t j = 0; j < N; j++) {
+                        acc += m[j] * xs[j];
+                    }
+                    acc %= rows[i];
+                    out[i * n + r] = off ? acc + off[i] : acc;
+                }
+            }
+            begin += ctx[s];
+        }
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 7);
+    return PyLong_FromSsize_t(bad);
+}
+
+/* LSD radix sort of n non-negative int32 keys (< 2**31) in a, using tmp[n]. */
+static void radix_sort(int32_t *a, int32_t *tmp, Py_ssize_t n) {
+    if (n <= 32) {
+        for (Py_ssize_t i = 1; i < n; i++) {
+            int32_t v = a[i];
+            Py_ssize_t j = i - 1;
+            while (j >= 0 && a[j] > v) {
+                a[j + 1] = a[j];
+                j--;
+            }
+            a[j + 1] = v;
+        }
+        return;
+    }
+    int32_t max = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (a[i] > max) {
+            max = a[i];
+        }
+    }
+    size_t count[2048];
+    int32_t *src = a, *dst = tmp;
+    for (int shift = 0; shift < 31 && (max >> shift) > 0; shift += 11) {
+        memset(count, 0, sizeof count);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            count[(src[i] >> shift) & 2047]++;
+        }
+        size_t sum = 0;
+        for (int k = 0; k < 2048; k++) {
+            size_t c = count[k];
+            count[k] = sum;
+            sum += c;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            dst[count[(src[i] >> shift) & 2047]++] = src[i];
+        }
+        int32_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != a) {
+        memcpy(a, src, (size_t)n * sizeof *a);
+    }
+}
+
+/* lru_hits(ids i64[n], rows, row_slot i32[R], last_used i64[S], log i32[C], log_pos i32[S],
+ *          tail, batch, out i32[n], scratch i32[2n]) -> (status, a, b)
+ * status 0: every row resident; out = slots; the unique slots were pinned (last_used =
+ *   batch) and logged at tail in ascending row order; a = fresh (slots not used in this
+ *   batch before), b = new tail.
+ * status 1: a row is not resident; out = slots (-1 where missing); nothing changed.
+ * status 2: ids[a] is outside [0, rows); nothing changed.
+ * status 3: the log has no room for n entries at tail; nothing changed (compact first). */
+static PyObject *lru_hits(PyObject *self, PyObject *args) {
+    PyObject *o_ids, *o_rs, *o_lu, *o_log, *o_lp, *o_out, *o_scr;
+    long long rows, batch;
+    Py_ssize_t tail;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OLOOOOnLOO", &o_ids, &rows, &o_rs, &o_lu, &o_log, &o_lp, &tail,
+                          &batch, &o_out, &o_scr)) {
+        return NULL;
+    }
+    Buf b[7];
+    memset(b, 0, sizeof b);
+    if (get_buf(o_ids, &b[0], 8, 0, "ids") || get_buf(o_rs, &b[1], 4, 0, "row_slot") ||
+        get_buf(o_lu, &b[2], 8, 1, "last_used") || get_buf(o_log, &b[3], 4, 1, "log") ||
+        get_buf(o_lp, &b[4], 4, 1, "log_pos") || get_buf(o_out, &b[5], 4, 1, "out") ||
+        get_buf(o_scr, &b[6], 4, 1, "scratch")) {
+        release(b, 7);
+        return NULL;
+    }
+    const int64_t *ids = b[0].view.buf;
+    const int32_t *row_slot = b[1].view.buf;
+    int64_t *last_used = b[2].view.buf;
+    int32_t *log = b[3].view.buf, *log_pos = b[4].view.buf, *out = b[5].view.buf;
+    int32_t *scr = b[6].view.buf;
+    Py_ssize_t n = COUNT(b[0]), R = COUNT(b[1]), S = COUNT(b[2]), cap = COUNT(b[3]);
+    if (COUNT(b[4]) != S || COUNT(b[5]) < n || COUNT(b[6]) < 2 * n || rows > R || tail < 0 ||
+        tail > cap) {
+        release(b, 7);
+        PyErr_SetString(PyExc_ValueError, "lru_hits: inconsistent shapes");
+        return NULL;
+    }
+    int status = 0;
+    Py_ssize_t a = 0, c = tail;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if ((uint64_t)ids[i] >= (uint64_t)rows) {
+            status = 2;
+            a = i;
+            break;
+        }
+    }
+    if (status == 0) {
+        /* random reads of a table-sized map: prefetch a few iterations ahead */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i + PF < n) {
+                __builtin_prefetch(&row_slot[ids[i + PF]]);
+            }
+            int32_t s = row_slot[ids[i]];
+            out[i] = s;
+            if (s < 0) {
+                status = 1;
+            }
+        }
+    }
+    if (status == 0 && tail + n > cap) {
+        status = 3;
+    }
+    if (status == 0) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            scr[i] = (int32_t)ids[i];
+        }
+        radix_sort(scr, scr + n, n);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i + PF < n) {
+                __builtin_prefetch(&row_slot[scr[i + PF]]);
+            }
+            if (i + PF / 2 < n) {
+                int32_t q = row_slot[scr[i + PF / 2]];
+                if (q >= 0 && q < S) {
+                    __builtin_prefetch(&last_used[q], 1);
+                    __builtin_prefetch(&log_pos[q], 1);
+                }
+            }
+            if (i > 0 && scr[i] == scr[i - 1]) {
+                continue;
+            }
+            int32_t s = row_slot[scr[i]];
+            if (s < 0 || s >= S) {
+                continue; /* cannot happen: checked above */
+            }
+            if (last_used[s] != batch) {
+                a++;
+                last_used[s] = batch;
+            }
+            log[c] = s;
+            log_pos[s] = (int32_t)c;
+            c++;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 7);
+    return Py_BuildValue("(inn)", status, a, c);
+}
+
+/* lru_compact(log i32[C], log_pos i32[S], head, tail) -> new tail
+ * Moves the live entries of log[head:tail] (log_pos[slot] == position) to the front, in
+ * order, and points log_pos at their new positions: NgramRowCache._compact's loop. */
+static PyObject *lru_compact(PyObject *self, PyObject *args) {
+    PyObject *o_log, *o_lp;
+    Py_ssize_t head, tail;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOnn", &o_log, &o_lp, &head, &tail)) {
+        return NULL;
+    }
+    Buf b[2];
+    memset(b, 0, sizeof b);
+    if (get_buf(o_log, &b[0], 4, 1, "log") || get_buf(o_lp, &b[1], 4, 1, "log_pos")) {
+        release(b, 2);
+        return NULL;
+    }
+    int32_t *log = b[0].view.buf, *log_pos = b[1].view.buf;
+    Py_ssize_t cap = COUNT(b[0]), S = COUNT(b[1]);
+    if (head < 0 || head > tail || tail > cap) {
+        release(b, 2);
+        PyErr_SetString(PyExc_ValueError, "lru_compact: bad head/tail");
+        return NULL;
+    }
+    Py_ssize_t k = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t p = head; p < tail; p++) {
+        if (p + PF < tail && log[p + PF] >= 0 && log[p + PF] < S) {
+            __builtin_prefetch(&log_pos[log[p + PF]], 1);
+        }
+        int32_t s = log[p];
+        if (s >= 0 && s < S && log_pos[s] == (int32_t)p) {
+            log[k] = s;
+            log_pos[s] = (int32_t)k;
+            k++;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 2);
+    return PyLong_FromSsize_t(k);
+}
+
+static PyMethodDef methods[] = {
+    {"lru_compact", lru_compact, METH_VARARGS, "Compact NgramRowCache's LRU log in place."},
+    {"hash_packed", hash_packed, METH_VARARGS, "LongCat ids of a packed batch's embedded positions."},
+    {"lru_hits", lru_hits, METH_VARARGS, "The all-hits path of NgramRowCache.resolve."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kernels._host", NULL, -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__host(void) { return PyModule_Create(&module); }

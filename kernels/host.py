@@ -1,0 +1,110 @@
+"""Host kernels of a cached step: the n-gram ids of a packed batch on the CPU.
+
+Owns :func:`hash_packed` (LongCat ids of the embedded positions of a packed batch,
+optionally with per-table offsets added: the global ids of a shared arena) and its
+NumPy reference :func:`hash_positions_reference`, plus the loader of the native
+module ``kernels._host`` (``kernels/_host.c``), which also holds the row cache's
+all-hits path (``rowcache.cache`` calls it; its reference is the cache's Python
+path). Without the native module the references run, with the same results.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+try:  # built by `pip install -e .` (setup.py); optional so that a missing compiler still installs
+    from . import _host as native
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    native: Any = None  # type: ignore[no-redef]
+
+_I64 = np.dtype(np.int64)
+
+
+def hash_positions_reference(
+    tokens: np.ndarray,
+    positions: np.ndarray,
+    first: np.ndarray | int,
+    multipliers: np.ndarray,
+    rows: np.ndarray,
+    eos: int,
+) -> np.ndarray:
+    """LongCat ids of every table at ``positions`` only (host, vectorized).
+
+    Parameters
+    ----------
+    tokens : int64[L]
+        Concatenated token ids, already checked to lie in ``[0, V)``.
+    positions : int64[n]
+        The positions to hash.
+    first : int64[n] or int
+        First position of each position's sequence: the look-back stops there.
+    multipliers : int64[T, N]
+        ``NgramDims.multipliers`` (or a subset of its rows).
+    rows : int64[T]
+        Row count of each of those tables.
+    eos : int
+        The look-back of ``t`` stops at an EOS strictly before ``t``.
+
+    Returns
+    -------
+    int64[T, n]
+        Equal to ``kernels.ngram.ngram_hash_reference(tokens, ..., starts)[:, positions]``
+        bit for bit, at ``O(n)`` instead of ``O(L)`` cost: a decode step hashes its
+        new tokens, not their look-back.
+    """
+    mult = np.asarray(multipliers, dtype=_I64)
+    n_orders = mult.shape[1]
+    # all orders at once (few NumPy calls: a decode step hashes a handful of rows)
+    back = positions[None, :] - np.arange(n_orders, dtype=_I64)[:, None]  # [N, n]: t - j
+    xs = tokens[np.maximum(back, 0)]
+    # term j >= 1 counts while no EOS and no sequence start lies in t - j .. t - 1
+    lo = np.asarray(first, dtype=_I64)  # a scalar, or one start per row
+    stop = (xs == eos) | (back < (lo if lo.ndim == 0 else lo[None, :]))
+    stop[0] = False
+    np.logical_or.accumulate(stop, axis=0, out=stop)
+    np.invert(stop, out=stop)
+    xs *= stop
+    # every term is < V * M_i and there are at most N of them: exact in int64
+    acc = mult @ xs
+    acc %= np.asarray(rows, dtype=_I64)[:, None]
+    return acc
+
+
+def hash_packed(
+    tokens: np.ndarray,
+    ctx_lens: np.ndarray,
+    seq_lens: np.ndarray,
+    multipliers: np.ndarray,
+    rows: np.ndarray,
+    eos: int,
+    offsets: np.ndarray | None = None,
+) -> np.ndarray:
+    """Ids of the last ``seq_lens[s]`` positions of each packed context: int64[T, n].
+
+    ``tokens`` int64[L] (in range: the caller checked them), ``ctx_lens`` and
+    ``seq_lens`` int64[S] (validated), ``multipliers`` int64[T, N], ``rows`` int64[T],
+    ``offsets`` int64[T] added to table ``i``'s ids when given. Look-back stops at
+    each sequence's start and at an EOS (``hash_positions_reference``'s rule); one C
+    pass with the native module, else the reference.
+    """
+    T, N = multipliers.shape
+    n = int(seq_lens.sum())
+    if native is not None:
+        out = np.empty((T, n), dtype=_I64)
+        native.hash_packed(
+            tokens, ctx_lens, seq_lens, multipliers, rows, N, offsets, eos, 1 << 62, out
+        )
+        return out
+    begin = np.zeros(ctx_lens.shape[0], dtype=_I64)
+    np.cumsum(ctx_lens[:-1], out=begin[1:])
+    end = begin + ctx_lens
+    positions = np.repeat(end - seq_lens, seq_lens) + (
+        np.arange(n, dtype=_I64) - np.repeat(np.cumsum(seq_lens) - seq_lens, seq_lens)
+    )
+    first = np.repeat(begin, seq_lens)
+    out = hash_positions_reference(tokens, positions, first, multipliers, rows, eos)
+    if offsets is not None:
+        out += offsets[:, None]
+    return out

@@ -1,0 +1,128 @@
+"""NgramEmbedding.prefetch*: cached == resident bit for bit with the next chunk prefetched
+(CPU; GPU eager, graphs and overlay), nothing faulted twice, a failed read raised by the
+step that needs it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embed.context import NgramBatchContext, NgramContext
+from embed.layer import NgramEmbedding
+from embed.tables import CachedTable
+from rowcache.errors import CorruptDataError
+
+from .test_layer import DIMS, _bits, _shared_cache_model, _stream
+
+
+def _models(rng, tmp_path, device="cpu", **kw):
+    store, shared, word_cache, word, tables, projs = _shared_cache_model(
+        rng, tmp_path, device=device, slots_frac=0.6
+    )
+    if device == "cuda":
+        import cupy as cp
+
+        resident = NgramEmbedding(DIMS, cp.asarray(word), [cp.asarray(t) for t in tables], projs)
+    else:
+        resident = NgramEmbedding(DIMS, word, tables, projs)
+    cached = NgramEmbedding(
+        DIMS, CachedTable(word_cache), [CachedTable(shared, k) for k in range(4)], projs, **kw
+    )
+    return store, shared, word_cache, resident, cached
+
+
+def _host(a):
+    return a.get() if hasattr(a, "get") else a
+
+
+def _chunked_prefill_with_lookahead(rng, resident, cached, caches, wait):
+    x = _stream(rng, 400)
+    chunks = [(0, 100), (100, 180), (180, 300), (300, 400)]
+    ctx_r, ctx_c = NgramContext(DIMS), NgramContext(DIMS)
+    keep = DIMS.max_ngram - 1
+    h = cached.prefetch(x[0:100])
+    for k, (a, b) in enumerate(chunks):
+        if wait:
+            h.wait()
+        before = sum(c.stats().misses for c in caches)
+        got = cached.embed(ctx_c.step(x[a:b]), b - a)
+        assert sum(c.stats().misses for c in caches) == before  # prefetched: no demand fault
+        if k + 1 < len(chunks):  # the next chunk's rows, with this chunk's tail as look-back
+            na, nb = chunks[k + 1]
+            h = cached.prefetch(x[na - keep : nb], nb - na)
+        want = resident.embed(ctx_r.step(x[a:b]), b - a)
+        np.testing.assert_array_equal(_bits(_host(got)), _bits(_host(want)))
+    s = [c.stats() for c in caches]
+    assert sum(t.prefetched for t in s) > 0 and sum(t.misses for t in s) == 0
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_prefetch_next_chunk_equals_resident_and_faults_nothing(rng, tmp_path, wait):
+    store, shared, word_cache, resident, cached = _models(rng, tmp_path)
+    try:
+        _chunked_prefill_with_lookahead(rng, resident, cached, [shared, word_cache], wait)
+        assert shared.pinned == 0 and word_cache.pinned == 0
+    finally:
+        store.close()
+
+
+def test_prefetch_packed_and_batch_forms(rng, tmp_path):
+    store, shared, word_cache, resident, cached = _models(rng, tmp_path)
+    try:
+        S = 3
+        ctx_r, ctx_c = NgramBatchContext(DIMS, S), NgramBatchContext(DIMS, S)
+        x = [_stream(rng, 60) for _ in range(S)]
+        new = np.concatenate([s[:40] for s in x])
+        lens = np.full(S, 40)
+        batch = ctx_c.step(new, lens)
+        cached.prefetch_packed(batch).wait()
+        got = cached.embed_packed(batch)
+        assert shared.stats().misses == 0 and word_cache.stats().misses == 0
+        np.testing.assert_array_equal(
+            _bits(got), _bits(resident.embed_packed(ctx_r.step(new, lens)))
+        )
+        h = cached.prefetch_batch([s[30:50] for s in x], [20] * S)
+        assert h.wait(10) and h.exception() is None and h.rows > 0
+        with pytest.raises(Exception, match="ctx_lens and seq_lens"):
+            cached.prefetch_packed(new)
+        assert resident.prefetch(x[0]).rows == 0  # resident tables read nothing
+    finally:
+        store.close()
+
+
+def test_prefetch_failure_raises_at_the_step_that_needs_it(rng, tmp_path, monkeypatch):
+    store, shared, word_cache, resident, cached = _models(rng, tmp_path)
+    try:
+        real = shared._read_parts
+
+        def failing(rows, staging, reader=None):
+            if reader is not None:  # the prefetch thread's reads
+                raise CorruptDataError("injected: read failed")
+            return real(rows, staging, reader)
+
+        monkeypatch.setattr(shared, "_read_parts", failing)
+        x = _stream(rng, 50)
+        h = cached.prefetch(x)
+        h.wait()
+        assert isinstance(h.exception(), CorruptDataError)
+        with pytest.raises(CorruptDataError, match="prefetch of row"):
+            cached.embed(x, 50)
+        assert shared.pinned == 0 and word_cache.pinned == 0
+        monkeypatch.setattr(shared, "_read_parts", real)
+        np.testing.assert_array_equal(_bits(cached.embed(x, 50)), _bits(resident.embed(x, 50)))
+    finally:
+        store.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("wait", [True, False])
+def test_gpu_prefetch_next_chunk_equals_resident(rng, tmp_path, graphs, wait):
+    store, shared, word_cache, resident, cached = _models(
+        rng, tmp_path, device="cuda", cuda_graphs=graphs
+    )
+    try:
+        assert cached.device_lookup
+        _chunked_prefill_with_lookahead(rng, resident, cached, [shared, word_cache], wait)
+    finally:
+        store.close()

@@ -1,0 +1,142 @@
+"""kernels._host (C) against its references: the packed host hash, and the row cache's
+all-hits path against the cache's Python path (hypothesis-driven)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sysconfig
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kernels.host as host
+import rowcache
+import rowcache.cache as cache_mod
+from embed.dims import NgramDims
+from kernels.ngram import ngram_hash_reference
+
+DIMS = NgramDims(vocab_size=500, hidden_size=48, max_ngram=4, splits=2, ratio=3, eos_token_id=2)
+
+
+def test_native_module_is_built_where_a_compiler_exists():
+    if shutil.which(sysconfig.get_config_var("CC").split()[0] or "cc") is None:
+        pytest.skip("no C compiler here: the references run instead")
+    assert host.native is not None, "kernels._host was not built: run `pip install -e .`"
+
+
+def _hash_reference_all(tokens, ctx_lens, seq_lens, mult, rows, eos):
+    """Every position of each sequence through the whole-sequence reference, then the
+    embedded ones selected: the spec that hash_packed must equal."""
+    out, begin = [], 0
+    for c, s in zip(ctx_lens, seq_lens):
+        seq = tokens[begin : begin + c]
+        ids = (
+            ngram_hash_reference(seq, mult, rows, eos) if c else np.zeros((len(rows), 0), np.int64)
+        )
+        out.append(ids[:, c - s :])
+        begin += c
+    return np.concatenate(out, axis=1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lens=st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), min_size=1, max_size=6),
+    seed=st.integers(0, 2**31),
+    offsets=st.booleans(),
+)
+def test_hash_packed_native_equals_references(lens, seed, offsets):
+    if host.native is None:
+        pytest.skip("kernels._host not built")
+    rng = np.random.default_rng(seed)
+    ctx_lens = np.array([c for c, _ in lens], dtype=np.int64)
+    seq_lens = np.array([min(s, c) for c, s in lens], dtype=np.int64)
+    tokens = rng.integers(0, DIMS.vocab_size, int(ctx_lens.sum())).astype(np.int64)
+    tokens[rng.random(tokens.size) < 0.15] = DIMS.eos_token_id
+    tokens[rng.random(tokens.size) < 0.05] = 0
+    mult, rows = DIMS.table_subset(np.array([0, 3, 5]))
+    off = np.array([0, 1000, 77], dtype=np.int64) if offsets else None
+    got = host.hash_packed(tokens, ctx_lens, seq_lens, mult, rows, DIMS.eos_token_id, off)
+    want = _hash_reference_all(tokens, ctx_lens, seq_lens, mult, rows, DIMS.eos_token_id)
+    if off is not None:
+        want = want + off[:, None]
+    np.testing.assert_array_equal(got, want)
+    saved = host.native
+    try:
+        host.native = None  # the NumPy fallback
+        np.testing.assert_array_equal(
+            host.hash_packed(tokens, ctx_lens, seq_lens, mult, rows, DIMS.eos_token_id, off), want
+        )
+    finally:
+        host.native = saved
+
+
+def _state(c):
+    live = c._log[c._head : c._tail]
+    valid = c._log_pos[live] == np.arange(c._head, c._tail)
+    return (
+        c._row_slot.copy(),
+        c._slot_row.copy(),
+        (c._last_used == c._batch).copy(),
+        live[valid].copy(),  # the LRU order
+        dataclasses.replace(c.stats(), fault_seconds=0.0),
+        c.pinned,
+    )
+
+
+def _replay(store, ops, native):
+    saved = cache_mod._native
+    cache_mod._native = native
+    try:
+        c = rowcache.NgramRowCache(store, "t", slots=64)
+        states, outs = [], []
+        for op in ops:
+            if op is None:
+                c.end_batch()
+            else:
+                try:
+                    outs.append(c.resolve_host(op))
+                except (rowcache.errors.RowRangeError, rowcache.ArenaExhaustedError) as e:
+                    outs.append(str(e))
+            states.append(_state(c))
+        return states, outs
+    finally:
+        cache_mod._native = saved
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31))
+def test_lru_hits_native_equals_python_path(tmp_path_factory, seed):
+    if host.native is None:
+        pytest.skip("kernels._host not built")
+    rng = np.random.default_rng(seed)
+    path = tmp_path_factory.mktemp("s") / "store"
+    x = rng.standard_normal((200, 8)).astype(np.float32).astype(ml_dtypes.bfloat16)
+    store = rowcache.build_store(path, {"t": x}, progress=False)
+    ops = []
+    for _ in range(60):
+        r = rng.random()
+        if r < 0.25:
+            ops.append(None)
+        elif r < 0.3:
+            ops.append(np.array([5, 200], dtype=np.int64))  # out of range
+        else:  # a hot set, so that most calls are all hits
+            hot = rng.integers(0, 200 if r < 0.4 else 40, int(rng.integers(1, 50)))
+            ops.append(hot.astype(np.int64))
+    a_states, a_out = _replay(store, ops, host.native)
+    b_states, b_out = _replay(store, ops, None)
+    for a, b in zip(a_states, b_states):
+        for u, v in zip(a, b):
+            if isinstance(u, np.ndarray):
+                np.testing.assert_array_equal(u, v)
+            else:
+                assert u == v
+    for u, v in zip(a_out, b_out):
+        if isinstance(u, str):
+            assert u == v
+        else:
+            np.testing.assert_array_equal(u, v)
+    store.close()

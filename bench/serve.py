@@ -70,7 +70,14 @@ def pick_rows(args: Any, xp: Any) -> tuple[int, str]:
     """Rows per table: LongCat's where disk and memory hold them, else the largest that fit."""
     if args.rows != "auto":
         return int(args.rows), "given (--rows)"
-    free = shutil.disk_usage(args.workdir or tempfile.gettempdir()).free
+    where = os.path.abspath(args.workdir or tempfile.gettempdir())
+    old = os.path.join(where, "store")  # a store kept there is rebuilt in its own place
+    free = (
+        sum(e.stat().st_size for e in os.scandir(old) if e.is_file()) if os.path.isdir(old) else 0
+    )
+    while not os.path.exists(where):
+        where = os.path.dirname(where)
+    free += shutil.disk_usage(where).free
     disk = int((0.9 * free - (1 << 30)) / (12 * ROW_BYTES[args.dtype]))
     per_row = 12 * 256 * (2 if args.dtype == "bf16" else 1) * (2 if xp is np else 1.2)
     if xp is np:  # resident tables in RAM next to the store's page cache
@@ -82,9 +89,18 @@ def pick_rows(args: Any, xp: Any) -> tuple[int, str]:
     return max(rows, 1024), f"auto ({why}: {free / 1e9:.0f} GB free disk)"
 
 
-def window_table(base: np.ndarray, rows: int, dim: int) -> np.ndarray:
-    """Row r = base[r : r + dim]: distinct synthetic rows with no memory of their own."""
-    return np.lib.stride_tricks.as_strided(base, shape=(rows, dim), strides=(2, 2))
+def window_table(base: Any, rows: int, dim: int) -> Any:
+    """Row r = base[r : r + dim]: distinct synthetic rows with no memory of their own
+    (numpy or cupy ``base``; ``ascontiguousarray`` of it materializes the table)."""
+    xp = sys.modules["cupy"] if type(base).__module__.startswith("cupy") else np
+    return xp.lib.stride_tricks.as_strided(base, shape=(rows, dim), strides=(2, 2))
+
+
+def materialize(xp: Any, base: np.ndarray, rows: int, dim: int) -> Any:
+    """The window table of ``base`` as a contiguous bf16 array on ``xp``'s device
+    (copied as uint16 there: the same bits, whatever the library's bf16 support)."""
+    u16 = xp.asarray(base.view(np.uint16))
+    return xp.ascontiguousarray(window_table(u16, rows, dim)).view(BF16)
 
 
 def open_or_build(path: str, dims: NgramDims, bases: list[np.ndarray], dtype: str) -> RowStore:
@@ -314,12 +330,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         resident = []
         for i in range(T):  # the same values as the store, materialized on the device
-            a = xp.asarray(np.ascontiguousarray(window_table(bases[i], dims.table_rows(i), d)))
+            a = materialize(xp, bases[i], dims.table_rows(i), d)
             resident.append(Bf16Table(a) if args.dtype == "bf16" else Fp8Table.quantize(a))
             del a
-        word = xp.asarray(
-            (rng.standard_normal((dims.vocab_size, D), dtype=np.float32) * 0.02).astype(BF16)
-        )
+        w = (rng.standard_normal(dims.vocab_size + D, dtype=np.float32) * 0.02).astype(BF16)
+        word = materialize(xp, w, dims.vocab_size, D)
         projs = [
             (rng.standard_normal((D, d), dtype=np.float32) / np.sqrt(d)).astype(BF16)
             for _ in range(T)

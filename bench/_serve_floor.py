@@ -1,24 +1,23 @@
 """bench/serve.py's floor: the pages a cached run faulted, re-read by the native reader.
 
 Owns turning each step's missed rows (global ids of a shared ``NgramRowCache``) into the
-store pages that hold them, compiling ``bench/_floor.c`` with gcc into a temporary
-directory, and running it (threads of blocking ``pread``, io_uring at a queue depth) on
-those pages step by step. Returns seconds per step.
+store pages that hold them, and running ``bench/floor.c`` (bench/fault.py's native reader,
+compiled with gcc into a temporary directory: threads of blocking ``pread``, or io_uring at
+a queue depth, one batch a step) on those pages. Returns seconds per step.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import struct
-import subprocess
 import tempfile
 from typing import Any
 
 import numpy as np
 
+from bench.fault import build_floor, floor_us
+
 PAGE = 4096
-SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_floor.c")
 
 
 class Floor:
@@ -28,10 +27,7 @@ class Floor:
         if shutil.which("gcc") is None:
             raise RuntimeError("bench/serve.py needs gcc to build its native floor reader")
         self.tmp = tempfile.mkdtemp(prefix="serve-floor-")
-        self.exe = os.path.join(self.tmp, "floor")
-        subprocess.run(
-            ["gcc", "-O2", "-pthread", "-o", self.exe, SRC], check=True, capture_output=True
-        )
+        self.exe = build_floor(self.tmp)
         self.store = store
         self.direct = direct
         files = store.reader.shard_files
@@ -55,21 +51,8 @@ class Floor:
 
     def run(self, steps: list[np.ndarray], mode: str, n: int) -> np.ndarray:
         """Seconds of each step's pages read as one batch (``mode`` threads|uring, ``n``)."""
-        jobs = os.path.join(self.tmp, "jobs.bin")
-        with open(jobs, "wb") as f:
-            f.write(struct.pack("<q", len(steps)))
-            for p in steps:
-                f.write(struct.pack("<q", p.shape[0]))
-                f.write(np.ascontiguousarray(p, dtype="<i8").tobytes())
-        proc = subprocess.run(
-            [self.exe, mode, str(n), jobs, str(PAGE), str(int(self.direct)), *self.files],
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"bench/_floor.c {mode} {n} failed: {proc.stderr.strip()}")
-        lines = proc.stdout.split("\n")
-        return np.array([int(x) for x in lines[: len(steps)]], dtype=np.float64) / 1e9
+        plan = [(p[:, 0], p[:, 1], np.full(p.shape[0], PAGE, np.int64)) for p in steps]
+        return floor_us(self.exe, mode, n, self.files, plan, self.direct) / 1e6
 
     def close(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -16,8 +16,8 @@ run, on the same steps:
   prefetched (their tokens are the prompt). Decode tokens of step t+1 are sampled at the
   end of step t, so they are never prefetched;
 - the floor: the pages each cached step faulted, re-read by a native reader
-  (``bench/_floor.c``, compiled here with gcc: io_uring at the cache's queue depth, and
-  threads of blocking ``pread``), one batch a step.
+  (``bench/floor.c``, bench/fault.py's, compiled here with gcc: io_uring at the cache's
+  queue depth, and threads of blocking ``pread``), one batch a step.
 
 Phases: decode x1 (a one-slot server), decode x64 (steps of the 64-slot server with no
 prefill chunk), chunked prefill (its steps with at least one chunk; they also carry the
@@ -257,10 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         help="rest-of-model times (default: h200 on cuda, unified-121GB on cpu)",
     )
     p.add_argument("--rest-scale", type=float, default=1.0, help="multiply the rest-of-model times")
-    p.add_argument("--memory", default="121GB", help="the machine the arena is tuned for")
+    p.add_argument("--memory", default="121e9", help="the machine the arena is tuned for")
     p.add_argument(
         "--reserve",
-        default="62GB",
+        default="62e9",
         help="its memory for the rest: FP8 weights 37 GB + KV cache (64 x 8k tokens)"
         " ~17 GB + runtime 8 GB",
     )
@@ -509,7 +509,7 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
     for c in cells:
         print("  ".join(x.rjust(w) for x, w in zip(c, widths)))
     print(
-        f"(ratio = cached tok/s / resident tok/s; floor = the same pages re-read by bench/_floor.c, "
+        f"(ratio = cached tok/s / resident tok/s; floor = the same pages re-read by bench/floor.c, "
         f"queue depth {s['queue_depth']}; {s['seconds']:.0f} s in all)"
     )
 

@@ -4,13 +4,15 @@
 ``docs/ngram-spec.md``; ``NgramContext`` the per-sequence incremental contract;
 ``Bf16Table``, ``Fp8Table`` and ``CachedTable`` the table variants (mixed freely);
 ``NgramEmbedding`` the fused layer; ``embed.overlay.TokenOverlay`` per-sequence adapters;
-``load_ngram_embedding`` a LongCat-style ``.safetensors`` checkpoint.
+``load_ngram_embedding`` a LongCat-style ``.safetensors`` checkpoint;
+``TorchNgramEmbedding`` the ``torch.nn.Module`` (loaded on first use: ``import embed``
+never imports torch).
 """
 
 from __future__ import annotations
 
 from .batch import NgramBatch, hash_positions
-from .checkpoint import Checkpoint, load_ngram_embedding, table_sources
+from .checkpoint import Checkpoint, load_ngram_embedding, load_pretrained, table_sources
 from .context import NgramBatchContext, NgramContext
 from .dims import NgramDims
 from .ids import ngram_ids, ngram_ids_loop_reference
@@ -31,9 +33,23 @@ __all__ = [
     "OverlayAdapterInfo",
     "StaticStep",
     "TokenOverlay",
+    "TorchNgramEmbedding",
+    "TorchStaticStep",
     "hash_positions",
     "load_ngram_embedding",
+    "load_pretrained",
     "ngram_ids",
     "ngram_ids_loop_reference",
     "table_sources",
 ]
+
+_TORCH = ("TorchNgramEmbedding", "TorchStaticStep")
+
+
+def __getattr__(name: str) -> object:
+    # torch is heavy and optional (the `torch` extra): import it only when asked for
+    if name in _TORCH:
+        from . import torch_module
+
+        return getattr(torch_module, name)
+    raise AttributeError(f"module 'embed' has no attribute {name!r}")

@@ -4,8 +4,10 @@ Owns the checkpoint's tensor names (base word table, the T n-gram tables, the T
 projections), finding them in a single file or a sharded checkpoint
 (``model.safetensors.index.json``), and building an :class:`NgramEmbedding` whose
 tables are resident (BF16 or FP8, memory-mapped on the CPU) or, for chosen tables,
-served by row caches over a store built from the same checkpoint. Tensors are read
-with ``rowcache.sources`` (memory maps, never a whole file in memory at once).
+served by row caches over a store built from the same checkpoint
+(:func:`load_pretrained`: the store is built once, streaming, and reused; which tables
+to cache and their arena slots come from the caller or a ``rowcache tune`` report).
+Tensors are read with ``rowcache.sources`` (memory maps, never a whole file at once).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError, FormatError
+from rowcache.format import record_bytes
 from rowcache.sources import safetensors_header, safetensors_tensor
 
 from .dims import NgramDims
@@ -210,11 +213,180 @@ def load_ngram_embedding(
     return NgramEmbedding(dims, word_table, tables, projs)
 
 
+SHARED = "shared"  # the name `rowcache profile --shared` gives one arena over all tables
+
+
+def _cached_indices(cached: Any, T: int) -> list[int]:
+    if cached is None:
+        return []
+    if isinstance(cached, str):
+        if cached == "all":
+            return list(range(T))
+        raise ConfigError(f"cached={cached!r}: give 'all', None, or table indices in [0, {T})")
+    try:
+        out = sorted({int(i) for i in cached})
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"cached={cached!r}: give 'all', None, or table indices in [0, {T})"
+        ) from e
+    bad = [i for i in out if not 0 <= i < T]
+    if bad:
+        raise ConfigError(f"cached has table indices {bad} outside [0, {T}) (num_tables={T})")
+    return out
+
+
+def tune_slots(report: Any) -> dict[str, int]:
+    """Arena rows per table from a ``rowcache tune`` report.
+
+    Parameters
+    ----------
+    report : ``TuneReport``, its ``to_dict()``, or the path of ``rowcache tune --json`` output.
+
+    Returns
+    -------
+    ``{table name: slots}``: the names ``"0" .. "T-1"`` (or ``"shared"`` for one arena
+    over every table) of the profile.
+    """
+    if isinstance(report, (str, os.PathLike)):
+        try:
+            with open(report, encoding="utf-8") as f:
+                report = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"tune={os.fspath(report)!r}: not a readable JSON file ({e})") from e
+    d = report.to_dict() if hasattr(report, "to_dict") else report
+    rows = d.get("rows") if isinstance(d, Mapping) else None
+    if not isinstance(rows, Mapping) or not rows:
+        raise ConfigError("tune: not a report of `rowcache tune --json` (no 'rows' per table)")
+    try:
+        return {str(k): int(v) for k, v in rows.items()}
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"tune: 'rows' must map table names to ints ({e})") from e
+
+
+def _open_or_build(
+    ckpt: Checkpoint, dims: NgramDims, store: str, tables: list[int], dtype: str, progress: bool
+) -> Any:
+    """The store at ``store`` holding ``tables`` as ``dtype``: opened, or built first."""
+    from rowcache.builder import build_store
+    from rowcache.store import RowStore
+
+    if not os.path.exists(store):
+        return build_store(store, table_sources(ckpt, dims, tables), dtype=dtype, progress=progress)
+    st = RowStore.open(store)
+    have = {t.name: t for t in st.tables}
+    for i in tables:
+        t = have.get(str(i))
+        want = (dims.table_rows(i), dims.table_dim, dtype)
+        if t is None or (t.rows, t.dim, t.dtype) != want:
+            got = "missing" if t is None else f"[{t.rows}, {t.dim}] {t.dtype}"
+            raise ConfigError(
+                f"store {store} does not hold table {i} as [{want[0]}, {want[1]}] {dtype} "
+                f"({got}; it holds {sorted(have)}): pass another store= path, or remove "
+                "this one to rebuild it from the checkpoint"
+            )
+    return st
+
+
+def load_pretrained(
+    path: str | os.PathLike[str] | Checkpoint,
+    *,
+    cached: Any = None,
+    store: str | os.PathLike[str] | None = None,
+    arena_bytes: int | str | None = None,
+    tune: Any = None,
+    dtype: str = "bf16",
+    device: str = "cpu",
+    dims: NgramDims | None = None,
+    progress: bool = False,
+) -> NgramEmbedding:
+    """An :class:`NgramEmbedding` from a checkpoint, some tables behind row caches.
+
+    Parameters
+    ----------
+    path : checkpoint file or directory (``model.safetensors.index.json`` + shards,
+        ``config.json``).
+    cached : None (every table resident), ``"all"``, or table indices
+        The n-gram tables served by a row cache. Default with ``tune``: the report's tables.
+    store : directory of the row store of the cached tables. Built from the checkpoint
+        (streaming, :func:`rowcache.build_store`) when it does not exist, opened and
+        checked (rows, dim, dtype of each cached table) when it does. Default:
+        ``<checkpoint directory>/rowcache-<dtype>``.
+    arena_bytes : int or str (``"20GiB"``)
+        Arena budget for all cached tables, split in proportion to their rows.
+    tune : ``rowcache tune --json`` output (path, dict or ``TuneReport``)
+        Slots per table instead of ``arena_bytes``; a ``"shared"`` entry makes one
+        arena (one LRU) over every cached table.
+    dtype : ``"bf16"`` or ``"fp8"``: the store's rows and the resident tables.
+    device : ``"cpu"`` or ``"cuda"``: the arenas, the resident tables, the projections.
+    dims : NgramDims, optional (default from ``config.json``).
+    progress : show the build's progress bar.
+
+    Returns
+    -------
+    NgramEmbedding
+    """
+    from rowcache.cache import NgramRowCache
+    from rowcache.tools.tune import parse_bytes
+
+    if dtype not in ("bf16", "fp8"):
+        raise ConfigError(f"dtype={dtype!r} is not supported; allowed: 'bf16', 'fp8'")
+    ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+    dims = ckpt.dims(dims)
+    T = dims.num_tables
+    slots_of = tune_slots(tune) if tune is not None else None
+    if cached is None and slots_of is not None:
+        cached = "all" if SHARED in slots_of else [int(k) for k in slots_of if k.isdigit()]
+    chosen = _cached_indices(cached, T)
+    if not chosen:
+        if arena_bytes is not None or store is not None:
+            raise ConfigError("arena_bytes/store given but no table is cached: pass cached=...")
+        return load_ngram_embedding(ckpt, dims=dims, table_dtype=dtype, device=device)
+    if (arena_bytes is None) == (slots_of is None):
+        raise ConfigError(
+            "cached tables need an arena size: give arena_bytes=... or tune=<rowcache tune "
+            "--json report>, not both"
+        )
+    store = os.path.join(ckpt.directory, f"rowcache-{dtype}") if store is None else os.fspath(store)
+    rows = {i: dims.table_rows(i) for i in chosen}
+    shared = slots_of is not None and SHARED in slots_of
+    if shared:
+        slots = {-1: min(int(slots_of[SHARED]), sum(rows.values()))}  # type: ignore[index]
+    elif slots_of is not None:
+        missing = [i for i in chosen if str(i) not in slots_of]
+        if missing:
+            raise ConfigError(
+                f"the tune report has no slots for cached tables {missing} "
+                f"(it has {sorted(slots_of)})"
+            )
+        slots = {i: min(int(slots_of[str(i)]), rows[i]) for i in chosen}
+    else:
+        budget = parse_bytes(arena_bytes, "arena_bytes")  # type: ignore[arg-type]
+        rec = record_bytes(dims.table_dim, dtype)
+        total = sum(rows.values())
+        slots = {i: min(budget * rows[i] // total // rec, rows[i]) for i in chosen}
+    small = sorted(i for i, s in slots.items() if s < 1)
+    if small:
+        raise ConfigError(
+            f"arena too small: tables {small} would get no slot; raise arena_bytes "
+            f"(rows are {record_bytes(dims.table_dim, dtype)} B) or the tune report's rows"
+        )
+    st = _open_or_build(ckpt, dims, store, chosen, dtype, progress)  # validated first
+    if shared:
+        one = NgramRowCache(st, [str(i) for i in chosen], slots=slots[-1], device=device)
+        caches: dict[int, Any] = {i: CachedTable(one, part) for part, i in enumerate(chosen)}
+    else:
+        caches = {i: NgramRowCache(st, str(i), slots=slots[i], device=device) for i in chosen}
+    return load_ngram_embedding(ckpt, dims=dims, table_dtype=dtype, device=device, caches=caches)
+
+
 __all__ = [
     "PROJ_NAME",
+    "SHARED",
     "TABLE_NAME",
     "WORD_NAMES",
     "Checkpoint",
     "load_ngram_embedding",
+    "load_pretrained",
     "table_sources",
+    "tune_slots",
 ]

@@ -597,7 +597,15 @@ class TokenOverlay:
                 )
             if self.device == "cpu":
                 return act, seq
-        return act, self._xp.asarray(seq_slot, dtype=self._xp.int32)
+        xp = self._xp
+        seq = xp.asarray(seq_slot)
+        if seq.dtype != xp.int32:
+            # Checked on the device, without a host sync (the step stays capturable): a
+            # slot outside [0, max_adapters) is no adapter, as the kernels treat it, and
+            # never wraps into range (an unchecked int64 -> int32 cast sends 2**32 + 2 to 2).
+            outside = (seq < 0) | (seq >= self.max_adapters)
+            seq = xp.where(outside, -1, seq).astype(xp.int32)
+        return act, seq
 
     def _prepare(self, name: str, a: Any) -> Any:
         if getattr(a, "ndim", None) != 2 or a.dtype != BF16:

@@ -8,6 +8,7 @@ them freely. Does not hash ids or project rows.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,22 @@ from kernels.reference import BF16
 from rowcache.errors import ConfigError
 
 _U8 = np.dtype(np.uint8)
+_U16 = np.dtype(np.uint16)
+_V2 = np.dtype("V2")
 _F32 = np.dtype(np.float32)
+
+
+def _load_npy(path: str | os.PathLike[str]) -> np.ndarray:
+    """A ``.npy`` table memory-mapped; a missing or unreadable file names itself."""
+    p = os.fspath(path)
+    if not os.path.isfile(p):
+        raise ConfigError(f"Bf16Table: file {p!r} does not exist")
+    if not p.endswith(".npy"):
+        raise ConfigError(f"Bf16Table: {p!r} is not a .npy file")
+    try:
+        return np.load(p, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise ConfigError(f"{p}: not a readable .npy file ({e or 'empty'})") from e
 
 
 def _describe(a: Any) -> str:
@@ -45,20 +61,26 @@ class Bf16Table:
 
     Parameters
     ----------
-    array : bfloat16[rows, d] or float32[rows, d], numpy or cupy
+    array : bfloat16[rows, d], its uint16 view, or float32[rows, d], numpy or cupy; or a
+        ``.npy`` path (memory-mapped, not loaded) of any of these, as ``build_store`` takes.
         float32 is rounded to bfloat16 (nearest even). A cupy array makes a GPU table.
     """
 
     kind = "bf16"
 
     def __init__(self, array: Any) -> None:
+        if isinstance(array, (str, os.PathLike)):
+            array = _load_npy(array)
+        if hasattr(array, "dtype") and array.dtype in (_U16, _V2):
+            array = array.view(BF16)  # bf16 saved by NumPy without ml_dtypes: same bits
         if not hasattr(array, "ndim") or array.ndim != 2:
             raise ConfigError(f"Bf16Table array must be 2-D [rows, dim], got {_describe(array)}")
         if array.dtype == _F32:
             array = array.astype(BF16)
         if array.dtype != BF16:
             raise ConfigError(
-                f"Bf16Table array must be bfloat16 or float32, got {_describe(array)}"
+                "Bf16Table array must be bfloat16 or float32 (or bfloat16's uint16 view), "
+                f"got {_describe(array)}"
             )
         self.array = array
 

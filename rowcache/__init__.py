@@ -1,10 +1,14 @@
 """rowcache: out-of-core embedding rows on NVMe, a bounded row arena with LRU and pinning.
 
-Public API (see DESIGN.md): ``build_store``, ``RowStore``, ``TableInfo``,
-``NgramRowCache``, ``CacheStats``, ``PrefetchHandle``, and the errors of ``rowcache.errors``.
+Public API: ``build_store``, ``RowStore``, ``TableInfo``, ``NgramRowCache``,
+``CacheStats``, ``PrefetchHandle``, and the errors of ``rowcache.errors``
+(``StoreChangedError`` among them).
 """
 
 from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
 
 from .builder import build_store
 from .cache import CacheStats, NgramRowCache
@@ -16,10 +20,16 @@ from .errors import (
     GpuUnavailableError,
     RowCacheError,
     RowRangeError,
+    StoreChangedError,
 )
 from .format import TableInfo
 from .prefetch import PrefetchHandle
 from .store import RowStore, VerifyReport
+
+try:
+    __version__ = _dist_version("rowcache")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0.0.0+unknown"
 
 __all__ = [
     "ArenaExhaustedError",
@@ -33,7 +43,9 @@ __all__ = [
     "RowCacheError",
     "RowRangeError",
     "RowStore",
+    "StoreChangedError",
     "TableInfo",
     "VerifyReport",
+    "__version__",
     "build_store",
 ]

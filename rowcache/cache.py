@@ -168,6 +168,7 @@ class NgramRowCache:
         if len(set(self.part_tables)) != len(self.part_tables):
             raise ConfigError(f"table={table!r} names a table twice")
         self.parts = [store.tables[i] for i in self.part_tables]
+        self._part_array = np.asarray(self.part_tables, dtype=np.int32)
         first = self.parts[0]
         for p in self.parts[1:]:
             if p.dim != first.dim:
@@ -268,16 +269,15 @@ class NgramRowCache:
             from .kvikio_reader import gds_available
 
             reader = "kvikio" if self.device == "cuda" and gds_available() else "posix"
-        args = (self.store.path, self.store.tables, base.shard_files)
+        # siblings of the store's reader: the same pinned files and page checks
         if reader == "kvikio":
             from .kvikio_reader import KvikioRowReader
 
-            return KvikioRowReader(*args, queue_depth=qd, merge_gap=base.merge_gap), "kvikio"
+            opts = base.options(queue_depth=qd, direct=False)
+            return self.store.new_reader(KvikioRowReader, **opts), "kvikio"
         if qd == base.queue_depth and use_direct == base.direct:
             return base, "posix"
-        return RowReader(
-            *args, queue_depth=qd, direct=use_direct, merge_gap=base.merge_gap
-        ), "posix"
+        return self.store.new_reader(**base.options(queue_depth=qd, direct=use_direct)), "posix"
 
     def _init_gpu(self, S: int, dim: int, rec: int) -> None:
         cp = self._xp
@@ -553,10 +553,16 @@ class NgramRowCache:
 
     def global_ids(self, part: int, row_ids: Any) -> np.ndarray:
         """Global row ids (``row_offsets[part] + row_ids``) of the ``part``-th listed table."""
-        if not 0 <= part < len(self.parts):
-            raise ConfigError(f"part={part!r}: this cache has parts 0..{len(self.parts) - 1}")
-        ids = check_row_ids(row_ids, self.parts[part].rows)
-        return ids + self.row_offsets[part]
+        if (
+            isinstance(part, (bool, np.bool_))
+            or not isinstance(part, (int, np.integer))
+            or not 0 <= part < len(self.parts)
+        ):
+            raise ConfigError(
+                f"part={part!r}: give an int index of a listed table, 0..{len(self.parts) - 1}"
+            )
+        ids = check_row_ids(row_ids, self.parts[int(part)].rows)
+        return ids + int(self.row_offsets[int(part)])
 
     @property
     def resident(self) -> int:
@@ -839,22 +845,20 @@ class NgramRowCache:
         """Records of global ``rows`` (sorted, unique) into ``staging[:n]``; returns
         (rows, bytes, read ops) read. Touches no cache state (prefetch threads call it)."""
         reader = reader or self._reader
-        got = [0, 0, 0]
-        # Global rows are sorted, so each part's rows are one contiguous run of them.
+        # Global rows are sorted, so each part's rows are one contiguous run of them, and
+        # the parts in order are the staging order: one read plan and one dispatch for all.
         bounds = np.searchsorted(rows, self.row_offsets)
-        for k, t in enumerate(self.part_tables):
-            a, b = int(bounds[k]), int(bounds[k + 1])
-            if a == b:
-                continue
-            _, rs = reader.read_records(t, rows[a:b] - self.row_offsets[k], out=staging[a:b])
-            got[0] += rs.rows
-            got[1] += rs.bytes_read
-            got[2] += rs.read_ops
-        return got[0], got[1], got[2]
+        _, rs = reader.read_runs(rows, bounds, self._part_array, self.row_offsets[:-1], out=staging)
+        return rs.rows, rs.bytes_read, rs.read_ops
 
     def _prefetch_reader(self) -> RowReader:
-        """The reader prefetch jobs use: the cache's own (readers are thread-safe)."""
-        return self._reader
+        """The reader prefetch jobs use: a POSIX reader of their own (its own ring and
+        buffers: a native batch runs one at a time per reader, so a demand fault never
+        queues behind a prefetch); kvikio's reader is shared (thread-safe)."""
+        r = self._reader
+        if type(r) is RowReader:
+            return self.store.new_reader(**r.options())
+        return r
 
     def _fault(self, rows: np.ndarray, victims: np.ndarray) -> None:
         """Read ``rows`` (sorted, unique) and write them into ``victims``' arena rows."""

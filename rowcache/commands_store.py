@@ -1,7 +1,8 @@
 """CLI subcommands over the store: ``build``, ``inspect``, ``verify``.
 
-Only parsing and rendering; the work is ``build_store``, ``RowStore.open`` and
-``RowStore.verify``. Reports print a table by default and JSON with ``--json``.
+Only parsing, checking flags and input files (errors name the flag or the file) and
+rendering; the work is ``build_store``, ``RowStore.open`` and ``RowStore.verify``.
+Reports print a table by default and JSON with ``--json``.
 """
 
 from __future__ import annotations
@@ -9,13 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from typing import Any
 
 from .builder import build_store
-from .errors import ConfigError
+from .cli import inform, positive_float
+from .errors import ConfigError, FormatError
 from .sources import safetensors_header
 from .store import RowStore
+
+PAGE = 4096
 
 
 def _human(n: float) -> str:
@@ -24,6 +27,45 @@ def _human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return f"{n}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def _check_safetensors(path: str) -> dict[str, Any]:
+    """The header of ``path``, refused (naming the file) if the data it describes is cut short."""
+    header = safetensors_header(path)
+    ends = [
+        v["data_offsets"][1]
+        for k, v in header.items()
+        if not k.startswith("__") and isinstance(v, dict) and "data_offsets" in v
+    ]
+    need = header["__data_start__"] + max(ends, default=0)
+    size = os.path.getsize(path)
+    if size < need:
+        raise FormatError(
+            f"{path}: truncated: its header describes {need:,} bytes, the file has {size:,}"
+        )
+    return header
+
+
+def _check_source(flag: str, spec: str, src: str) -> None:
+    """The file a --table names exists and is whole."""
+    path = src.split(".safetensors:")[0] + ".safetensors" if ".safetensors:" in src else src
+    if not os.path.isfile(path):
+        raise ConfigError(f"{flag} {spec}: file {path} does not exist")
+    if path.endswith(".safetensors"):
+        _check_safetensors(path)
+    elif path.endswith(".npy"):
+        import numpy as np
+
+        try:
+            np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise FormatError(f"{path}: not a readable .npy file ({e or 'empty'})") from e
+    else:
+        raise ConfigError(f"{flag} {spec}: give FILE.npy or FILE.safetensors:TENSOR")
 
 
 def _parse_source(spec: str) -> tuple[str, Any]:
@@ -42,7 +84,9 @@ def _parse_source(spec: str) -> tuple[str, Any]:
 
 
 def _longcat_tables(path: str) -> dict[str, Any]:
-    header = safetensors_header(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"--safetensors {path}: file does not exist")
+    header = _check_safetensors(path)
     prefix = "model.ngram_embeddings.embedders."
     found = sorted(
         (int(k[len(prefix) :].split(".")[0]), k)
@@ -60,20 +104,31 @@ def _cmd_build(args: argparse.Namespace) -> int:
         name, src = _parse_source(spec)
         if name in tables:
             raise ConfigError(f"--table: the name {name!r} is given twice")
+        _check_source("--table", spec, src)
         tables[name] = src
     for st in args.safetensors or []:
         tables.update(_longcat_tables(st))
     if not tables:
         raise ConfigError("give at least one --table NAME=PATH or --safetensors FILE")
+    if os.path.exists(args.path) and not os.path.isdir(args.path):
+        raise ConfigError(f"{args.path}: exists and is not a directory")
+    if os.path.exists(args.path) and not args.overwrite:
+        raise ConfigError(f"{args.path}: exists; pass --overwrite to replace it")
+    shard_bytes = int(args.shard_mib * (1 << 20))
+    if shard_bytes < PAGE:
+        raise ConfigError(
+            f"--shard-mib {args.shard_mib:g}: a shard holds at least one 4 KiB page "
+            f"(--shard-mib {PAGE / (1 << 20)})"
+        )
     store = build_store(
         args.path,
         tables,
         dtype=args.dtype,
         overwrite=args.overwrite,
         progress=not args.no_progress,
-        shard_bytes=int(args.shard_mib * (1 << 20)),
+        shard_bytes=shard_bytes,
     )
-    print(f"built {store.path}: {len(store.tables)} tables, {store.dtype}", file=sys.stderr)
+    inform(args, f"built {store.path}: {_plural(len(store.tables), 'table')}, {store.dtype}")
     return _print_inspect(store, args.json)
 
 
@@ -159,15 +214,23 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     else:
         for p in rep.problems:
             print(f"problem: {p}")
-        state = "ok" if rep.ok else f"FAILED ({len(rep.problems)} problems)"
+        state = "ok" if rep.ok else f"FAILED ({_plural(len(rep.problems), 'problem')})"
         print(
-            f"{rep.path}: {rep.shards_checked} shards, {_human(rep.bytes_checked)} checked: {state}"
+            f"{rep.path}: {_plural(rep.shards_checked, 'shard')}, "
+            f"{_human(rep.bytes_checked)} checked: {state}"
         )
     return 0 if rep.ok else 1
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("build", help="build a store from .npy / .safetensors tables")
+    p = sub.add_parser(
+        "build",
+        help="build a store from .npy / .safetensors tables",
+        description="Stream tables from .npy files or .safetensors tensors into a new store "
+        "(shard files of 4 KiB pages and an LMDB index), quantizing to FP8 on the way with "
+        "--dtype fp8. Built in a temporary sibling directory and renamed into place when "
+        "complete: a failed build leaves PATH as it was. Prints the inspect report.",
+    )
     p.add_argument("path", help="store directory to create")
     p.add_argument(
         "--table",
@@ -179,22 +242,41 @@ def register(sub: Any) -> None:
         "--safetensors",
         action="append",
         metavar="FILE",
-        help="take every model.ngram_embeddings.embedders.{i}.weight of FILE",
+        help="take every model.ngram_embeddings.embedders.{i}.weight of FILE (repeatable)",
     )
-    p.add_argument("--dtype", choices=["bf16", "fp8"], default="bf16")
+    p.add_argument(
+        "--dtype",
+        choices=["bf16", "fp8"],
+        default="bf16",
+        help="row format: bf16, or fp8 (E4M3 codes and a float32 scale per row)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing store")
-    p.add_argument("--shard-mib", type=float, default=1024.0, help="shard file size in MiB")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--shard-mib", type=positive_float, default=1024.0, help="shard file size in MiB"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the inspect report as JSON")
     p.set_defaults(func=_cmd_build)
 
-    p = sub.add_parser("inspect", help="tables, sizes and shards of a store")
-    p.add_argument("path")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser(
+        "inspect",
+        help="tables, sizes and shards of a store",
+        description="Print a store's format version, row format, and per table its rows, "
+        "dim, record size, shard count and bytes on disk (records with FP8 scales, padded "
+        "to 4 KiB pages).",
+    )
+    p.add_argument("path", help="store directory")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (with shards)")
     p.set_defaults(func=_cmd_inspect)
 
-    p = sub.add_parser("verify", help="check every shard's length and CRC32 (exit 1 on problems)")
-    p.add_argument("path")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
+    p = sub.add_parser(
+        "verify",
+        help="check every shard's length and CRC32 (exit 1 on problems)",
+        description="Read every shard file of a store and check its length and CRC32 "
+        "against the index. Exit 0 when all match, 1 when a problem is found, 2 when the "
+        "store cannot be opened.",
+    )
+    p.add_argument("path", help="store directory")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_verify)

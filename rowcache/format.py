@@ -9,12 +9,25 @@ Layout. A row is one *record*: BF16 rows are ``dim * 2`` bytes; FP8 rows are
 bytes, so one read fetches both. Records are packed into 4 KiB pages without
 straddling a page (``rows_per_page = 4096 // record_bytes``; the page tail is
 padding); a record larger than a page starts a page of its own. A table is split
-into shard files of ``pages_per_shard`` pages each (the last may be shorter).
+into shard files of ``pages_per_shard`` pages each (the last may be shorter); every
+shard file is padded with zeros to a whole number of 4 KiB pages.
+
+Checksums (format version 2). Every 4 KiB page of every shard file has a CRC32C
+(Castagnoli, initial value 0: ``crc32c.crc32c(page)``). The CRCs of shard ``s`` of
+table ``t`` are one LMDB record, key ``b"C" + >IQ(t, s)``, value the little-endian
+uint32 array (one entry per page); its shard record carries ``pages`` (the array's
+length) and ``page_crc32c`` (the CRC32C of the array's bytes), checked at open. Why
+in LMDB and not a sidecar file per shard: they are committed in the same transaction
+as the shard records, before the meta record, so a store can never be valid with
+missing or stale checksums, there is no second kind of file whose presence, name and
+own integrity must be tracked, and an opened handle holds every CRC in memory (4
+bytes per 4 KiB page: 61 MB for the 62.8 GB LongCat table set).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -22,14 +35,16 @@ from typing import Any, Literal
 import ml_dtypes
 import numpy as np
 
+from . import checksum
 from .errors import ConfigError, FormatError
 
 PAGE = 4096
 FORMAT_NAME = "rowcache-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: shard files padded to whole pages, a CRC32C per page
 DTYPES = ("bf16", "fp8")
 META_KEY = b"M"
 SHARD_PREFIX = b"S"
+CRC_PREFIX = b"C"
 INDEX_NAME = "index.lmdb"
 
 Dtype = Literal["bf16", "fp8"]
@@ -56,8 +71,52 @@ def shard_key(table: int, shard: int) -> bytes:
     return SHARD_PREFIX + struct.pack(">IQ", table, shard)
 
 
+def crc_key(table: int, shard: int) -> bytes:
+    """LMDB key of the page-CRC record of a shard (uint32 little endian, one per 4 KiB page)."""
+    return CRC_PREFIX + struct.pack(">IQ", table, shard)
+
+
+def page_crcs(data: np.ndarray) -> np.ndarray:
+    """CRC32C of each 4 KiB page of ``data`` (uint8, a whole number of pages): uint32[pages]
+    (``rowcache.checksum.page_crcs``: one C loop with the GIL released where built)."""
+    if np.asarray(data).nbytes % PAGE:
+        raise ValueError(f"page_crcs needs whole {PAGE}-byte pages, got {np.asarray(data).nbytes} bytes")
+    return checksum.page_crcs(data)
+
+
 def shard_file_name(table: int, shard: int) -> str:
     return f"t{table:04d}-s{shard:06d}.bin"
+
+
+def check_file_name(name: Any, where: str) -> str:
+    """``name`` if it is a plain file name inside the store directory, else FormatError.
+
+    A store can come from someone else: its records must never make a reader open a
+    file outside the store (an absolute path, ``..``, a separator) or the index itself.
+    """
+    ok = (
+        type(name) is str
+        and name not in ("", ".", "..", INDEX_NAME)
+        and not name.startswith(".")
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+        and (os.altsep is None or os.altsep not in name)
+    )
+    if not ok:
+        raise FormatError(
+            f"{where}: field 'file' is {name!r}; a shard file must be a plain file name "
+            "inside the store (no directory, no '..', not hidden, not the index)"
+        )
+    return name
+
+
+def _check_int(obj: dict[str, Any], key: str, where: str, low: int = 0) -> int:
+    """``obj[key]`` if it is a JSON integer >= ``low`` (not a float, string or bool)."""
+    v = obj.get(key)
+    if type(v) is not int or v < low:
+        raise FormatError(f"{where}: field {key!r} is {v!r}; expected an integer >= {low}")
+    return v
 
 
 @dataclass(frozen=True)
@@ -94,10 +153,13 @@ class TableInfo:
         return first, min(self.rows_per_shard, self.rows - first)
 
     def shard_bytes(self, shard: int) -> int:
-        """File length of shard ``shard`` (the last page is not padded)."""
+        """File length of shard ``shard``: whole pages (the last one zero-padded)."""
         _, n = self.shard_rows(shard)
-        full, rest = divmod(n, self.rows_per_page)
-        return full * self.page_bytes + rest * self.record_bytes
+        return -(-n // self.rows_per_page) * self.page_bytes
+
+    def shard_pages(self, shard: int) -> int:
+        """Number of 4 KiB checksum pages of shard ``shard``."""
+        return self.shard_bytes(shard) // PAGE
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Shard index and byte offset inside the shard of each row (vectorized)."""
@@ -152,9 +214,16 @@ def decode_records(
     return codes, scales
 
 
+_SHARD_INT_FIELDS = ("table", "shard", "first_row", "rows", "offset", "length", "pages")
+
+
 @dataclass(frozen=True)
 class ShardRecord:
-    """The LMDB record of one shard file."""
+    """The LMDB record of one shard file.
+
+    ``pages`` 4 KiB pages of ``length`` bytes; ``page_crc32c`` is the CRC32C of the
+    shard's page-CRC record (see the module docstring), so that record is checked too.
+    """
 
     table: int
     shard: int
@@ -163,21 +232,74 @@ class ShardRecord:
     file: str
     offset: int
     length: int
-    crc32: int
+    pages: int
+    page_crc32c: int
+
+    @property
+    def crc32(self) -> int:
+        """The shard's digest (``page_crc32c``), under the name format 1 used."""
+        return self.page_crc32c
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @staticmethod
-    def from_bytes(raw: bytes) -> ShardRecord:
+    def from_bytes(raw: bytes, where: str = "shard record") -> ShardRecord:
+        """Parse and type-check a record: every field present, ints are ints, a plain file."""
         try:
-            return ShardRecord(**json.loads(raw))
-        except (ValueError, TypeError) as e:
-            raise FormatError(f"shard record is unreadable: {e}") from e
+            obj = json.loads(raw)
+        except ValueError as e:
+            raise FormatError(f"{where} is not valid JSON ({e})") from e
+        if not isinstance(obj, dict):
+            raise FormatError(f"{where} is not a JSON object")
+        want = {*_SHARD_INT_FIELDS, "file", "page_crc32c"}
+        if set(obj) != want:
+            extra, missing = sorted(set(obj) - want), sorted(want - set(obj))
+            raise FormatError(f"{where} has unknown fields {extra} / lacks fields {missing}")
+        ints = {k: _check_int(obj, k, where) for k in _SHARD_INT_FIELDS}
+        crc = obj["page_crc32c"]
+        if type(crc) is not int or not 0 <= crc < 1 << 32:
+            raise FormatError(f"{where}: field 'page_crc32c' is {crc!r}; expected a uint32")
+        return ShardRecord(file=check_file_name(obj["file"], where), page_crc32c=crc, **ints)
 
 
 def meta_to_bytes(meta: dict[str, Any]) -> bytes:
     return json.dumps(meta, sort_keys=True).encode()
+
+
+_TABLE_INT_FIELDS = {
+    "rows": 1,
+    "dim": 1,
+    "record_bytes": 1,
+    "rows_per_page": 1,
+    "page_bytes": PAGE,
+    "pages_per_shard": 1,
+    "shards": 1,
+}
+
+
+def _parse_table(t: Any, i: int, dtype: str, path: str) -> TableInfo:
+    where = f"{path}: meta field 'tables[{i}]'"
+    if not isinstance(t, dict):
+        raise FormatError(f"{where} is {type(t).__name__}, expected an object")
+    want = {"name", "dtype", *_TABLE_INT_FIELDS}
+    if set(t) != want:
+        extra, missing = sorted(set(t) - want), sorted(want - set(t))
+        raise FormatError(f"{where} is malformed (unknown fields {extra}, missing {missing})")
+    if type(t["name"]) is not str or not t["name"]:
+        raise FormatError(f"{where}: field 'name' is {t['name']!r}; expected a non-empty string")
+    ints = {k: _check_int(t, k, where, low) for k, low in _TABLE_INT_FIELDS.items()}
+    info = TableInfo(name=t["name"], dtype=t["dtype"], **ints)
+    expect = TableInfo.make(
+        info.name, info.rows, info.dim, dtype, info.pages_per_shard * info.page_bytes
+    )
+    for field in ("dtype", "record_bytes", "rows_per_page", "page_bytes", "shards"):
+        if getattr(info, field) != getattr(expect, field):
+            raise FormatError(
+                f"{path}: meta field 'tables[{i}].{field}' is {getattr(info, field)!r}, "
+                f"inconsistent with dim={info.dim} dtype={dtype} (expected {getattr(expect, field)!r})"
+            )
+    return info
 
 
 def parse_meta(raw: bytes | None, path: str) -> tuple[str, list[TableInfo], dict[str, Any]]:
@@ -185,7 +307,7 @@ def parse_meta(raw: bytes | None, path: str) -> tuple[str, list[TableInfo], dict
     if raw is None:
         raise FormatError(
             f"{path}: no meta record; this is not a complete rowcache store "
-            "(an interrupted build leaves none); rebuild it with overwrite=True"
+            "(an interrupted build leaves none); rebuild it with `rowcache build`"
         )
     try:
         meta = json.loads(raw)
@@ -197,12 +319,18 @@ def parse_meta(raw: bytes | None, path: str) -> tuple[str, list[TableInfo], dict
         raise FormatError(
             f"{path}: meta field 'format' is {meta.get('format')!r}, expected {FORMAT_NAME!r}"
         )
-    if meta.get("version") != FORMAT_VERSION:
-        raise FormatError(
-            f"{path}: meta field 'version' is {meta.get('version')!r}; this rowcache reads "
-            f"version {FORMAT_VERSION}"
+    version = meta.get("version")
+    if version != FORMAT_VERSION or type(version) is not int:
+        age = (
+            "an older format"
+            if type(version) is int and version < FORMAT_VERSION
+            else "not a format this rowcache knows"
         )
-    if meta.get("page_size") != PAGE:
+        raise FormatError(
+            f"{path}: meta field 'version' is {version!r} ({age}); this rowcache reads "
+            f"format version {FORMAT_VERSION} only; rebuild the store with `rowcache build`"
+        )
+    if meta.get("page_size") != PAGE or type(meta.get("page_size")) is not int:
         raise FormatError(
             f"{path}: meta field 'page_size' is {meta.get('page_size')!r}, expected {PAGE}"
         )
@@ -212,20 +340,9 @@ def parse_meta(raw: bytes | None, path: str) -> tuple[str, list[TableInfo], dict
     raw_tables = meta.get("tables")
     if not isinstance(raw_tables, list) or not raw_tables:
         raise FormatError(f"{path}: meta field 'tables' must be a non-empty list")
-    tables = []
-    for i, t in enumerate(raw_tables):
-        try:
-            info = TableInfo(**t)
-        except TypeError as e:
-            raise FormatError(f"{path}: meta field 'tables[{i}]' is malformed ({e})") from e
-        expect = TableInfo.make(
-            info.name, info.rows, info.dim, dtype, info.pages_per_shard * info.page_bytes
-        )
-        for field in ("dtype", "record_bytes", "rows_per_page", "page_bytes", "shards"):
-            if getattr(info, field) != getattr(expect, field):
-                raise FormatError(
-                    f"{path}: meta field 'tables[{i}].{field}' is {getattr(info, field)!r}, "
-                    f"inconsistent with dim={info.dim} dtype={dtype} (expected {getattr(expect, field)!r})"
-                )
-        tables.append(info)
+    tables = [_parse_table(t, i, dtype, path) for i, t in enumerate(raw_tables)]
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise FormatError(f"{path}: meta field 'tables' names table {dup!r} twice")
     return dtype, tables, meta

@@ -11,6 +11,7 @@ exists only on GPU machines.
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
@@ -19,8 +20,8 @@ import numpy as np
 from kernels._cuda import require_cupy
 
 from . import format as fmt
-from .errors import CorruptDataError, GpuUnavailableError
-from .reader import Job, RowReader
+from .errors import GpuUnavailableError
+from .reader import Plan, RowReader
 
 
 def kvikio_module() -> Any:
@@ -80,25 +81,20 @@ class KvikioRowReader(RowReader):
         self._files.clear()
         super().close()
 
-    def _run(self, t: int, jobs: list[Job], buf: np.ndarray) -> None:
+    def _read_extents(
+        self, plan: Plan, fds: np.ndarray, buf: np.ndarray, got: np.ndarray, err: np.ndarray
+    ) -> None:
+        """Every extent as one kvikio ``pread`` future; page checks and the record cut are
+        the base reader's (Python side)."""
         futures = []
-        for s, start, length, _, pos in jobs:
-            f = self._cufile(t, s)
-            futures.append(f.pread(buf[pos : pos + length], length, start))
-        errors: list[str] = []
-        for (s, start, _, needed, _), fut in zip(jobs, futures):
-            try:
-                got = fut.get()
-            except RuntimeError as e:
-                errors.append(
-                    f"read of shard {self.shard_files[t][s]} at offset {start} failed: {e}"
-                )
-                continue
-            if got < needed:
-                errors.append(
-                    f"short read of shard {self.shard_files[t][s]} at offset {start}: {got} of {needed} bytes"
-                )
-        if errors:
-            raise CorruptDataError(
-                errors[0] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+        for e, f in enumerate(plan.file.tolist()):  # a loop over extents
+            t, s = int(self._file_table[f]), int(self._file_shard[f])
+            pos, length = int(plan.pos[e]), int(plan.length[e])
+            futures.append(
+                self._cufile(t, s).pread(buf[pos : pos + length], length, int(plan.start[e]))
             )
+        for e, fut in enumerate(futures):
+            try:
+                got[e], err[e] = fut.get(), 0
+            except RuntimeError:  # kvikio reports I/O errors as RuntimeError without an errno
+                got[e], err[e] = 0, errno.EIO

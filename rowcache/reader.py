@@ -1,13 +1,14 @@
-"""The concurrent row reader: sorted, coalesced, multi-threaded ``preadv`` of store records.
+"""The row reader: one offset-sorted, page-granular read plan per call, one dispatch.
 
-Owns turning a set of row ids of one table into as few reads as possible and
-running them at a chosen queue depth: rows are deduplicated and sorted by file
-offset, rows sharing a page (or lying within ``merge_gap`` bytes) are merged into
-one extent, extents are split among ``queue_depth`` threads that each loop over
-their share calling ``os.preadv`` (which releases the GIL), and the records are
-cut out of the read buffer with one vectorized gather. Optional ``O_DIRECT``
-reads whole aligned pages into an aligned buffer and bypasses the page cache.
-The loops here are over extents and threads, never over rows.
+Owns turning the rows of one or several tables (the parts of a shared arena's fault) into
+as few reads as possible and running them as one batch: rows are located in their shard
+files, widened to whole 4 KiB pages (records never straddle a page), sorted by (file,
+offset), and pages within ``merge_gap`` bytes merged into one extent. The batch runs in
+``rowcache._rcio`` (io_uring, or a pool of ``pread`` threads; min(reads, queue_depth) in
+flight; the GIL released), which also checks the CRC32C of every page read against the
+store's page checksums and cuts the records into the caller's buffer. Where the extension
+is not built, the same plan runs on Python threads of ``os.preadv`` with the same results.
+The loops here are over extents, files and threads, never over rows.
 """
 
 from __future__ import annotations
@@ -15,26 +16,66 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
 from . import format as fmt
-from .errors import ConfigError, CorruptDataError
+from .checksum import page_crcs as _page_crcs
+from .errors import ConfigError, CorruptDataError, RowRangeError
+
+try:
+    from . import _rcio  # type: ignore[attr-defined]
+except ImportError:  # built by setup.py; without a compiler the Python engine runs
+    _rcio = None
 
 ALIGN = fmt.PAGE
 DEFAULT_MERGE_GAP = 16 << 10
-Job = tuple[int, int, int, int, int]  # shard, file offset, length, bytes needed, buffer offset
+ENGINES = ("auto", "uring", "threads", "python")
+SHORT = -1  # err code of a read that hit the end of file before the bytes it needed
+_PREADV = os.preadv
+_LEAKED: list[
+    Any
+] = []  # buffers a failed io_uring may still write into, native readers of a parent process
 
 
 @dataclass(frozen=True)
 class ReadStats:
-    """What one ``read_records`` call did."""
+    """What one ``read_records``/``read_parts`` call did."""
 
     rows: int
     read_ops: int
     bytes_read: int
+
+
+class Plan(NamedTuple):
+    """One call's reads. Per extent: file id, offset, length (whole pages), bytes needed,
+    buffer offset. Per row in (file, offset) order: its extent, file offset, and its
+    index in the caller's order; ``src[i]``: buffer offset of the caller's row ``i``."""
+
+    file: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    need: np.ndarray
+    pos: np.ndarray
+    total: int
+    row_ext: np.ndarray
+    row_off: np.ndarray
+    order: np.ndarray
+    src: np.ndarray
+
+
+def _as(a: Any, dtype: np.dtype) -> np.ndarray:
+    """``a`` as a C-contiguous 1-D array of ``dtype`` (no copy when it is one)."""
+    if type(a) is np.ndarray and a.dtype is dtype and a.ndim == 1 and a.flags.c_contiguous:
+        return a
+    return np.ascontiguousarray(a, dtype=dtype).reshape(-1)
+
+
+_I64, _I32 = np.dtype(np.int64), np.dtype(np.int32)
 
 
 def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
@@ -45,23 +86,32 @@ def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
 
 
 class RowReader:
-    """Reads store records of many rows at once.
+    """Reads store records of many rows, of one or several tables, at once.
 
     Parameters
     ----------
     root : the store directory.
     tables : the store's tables (``TableInfo``), indexed by table number.
     shard_files : ``shard_files[t][s]`` is the file name of shard ``s`` of table ``t``.
-    queue_depth : reads in flight (threads), 1..1024.
-    direct : open shard files with ``O_DIRECT`` (page-aligned reads, no page cache).
-    merge_gap : rows whose byte gap is at most this many bytes share one read (rows
-        sharing a page always do). The default, 16 KiB, is where reading the gap costs
-        about what a second read costs on the measured disks (one random read ~13 us at
-        78k/s against 16 KiB at 1.3 GB/s): below it a merged read is the cheaper plan.
+    queue_depth : reads in flight, 1..1024.
+    direct : open shard files with ``O_DIRECT`` (no page cache).
+    merge_gap : pages whose byte gap is at most this many bytes share one read. The
+        default, 16 KiB, is where reading the gap costs about what a second read costs on
+        the measured disks (one random read ~13 us at 78k/s against 16 KiB at 1.3 GB/s).
     max_extent : no merged read grows past this many bytes.
+    engine : ``"auto"`` (io_uring where the kernel allows it, else the pread threads of
+        ``rowcache._rcio``; the Python engine where the extension is not built),
+        ``"uring"``, ``"threads"`` (both need the extension) or ``"python"`` (Python
+        threads of ``os.preadv``). Every engine gives the same records and the same errors.
+        Tests that replace ``os.preadv`` (fault injection) get the Python engine.
+    page_crcs : ``page_crcs[t][s]`` is ``uint32[pages]``, the crc32c of each 4096-byte page
+        of shard ``s`` of table ``t`` (``rowcache.checksum``). Given, every page read is
+        checked and a mismatch raises ``CorruptDataError`` naming shard, offset, table and row.
+    verify_pages : ``False`` skips the page checks even with ``page_crcs``: for benchmarks
+        that measure what the checks cost, never for serving.
 
-    Thread safety: one reader may be used from several threads; each call owns its
-    buffers, and the thread pool and file-descriptor cache are shared under a lock.
+    Thread safety: one reader may be used from several threads; each thread has its own
+    read buffer, native batches run one at a time, file descriptors are opened under a lock.
     """
 
     def __init__(
@@ -74,8 +124,15 @@ class RowReader:
         direct: bool = False,
         merge_gap: int = DEFAULT_MERGE_GAP,
         max_extent: int = 1 << 20,
+        engine: str = "auto",
+        page_crcs: list[list[np.ndarray]] | None = None,
+        verify_pages: bool = True,
     ) -> None:
-        if not isinstance(queue_depth, int) or not 1 <= queue_depth <= 1024:
+        if (
+            isinstance(queue_depth, bool)
+            or not isinstance(queue_depth, int)
+            or not 1 <= queue_depth <= 1024
+        ):
             raise ConfigError(f"queue_depth={queue_depth!r}: give an integer in 1..1024")
         if direct and not hasattr(os, "O_DIRECT"):
             raise ConfigError("direct=True: this platform has no O_DIRECT; use direct=False")
@@ -83,6 +140,13 @@ class RowReader:
             raise ConfigError(f"merge_gap={merge_gap!r}: give a byte count >= 0")
         if max_extent < ALIGN:
             raise ConfigError(f"max_extent={max_extent!r}: give at least {ALIGN} bytes")
+        if engine not in ENGINES:
+            raise ConfigError(f"engine={engine!r} is not supported; allowed: {', '.join(ENGINES)}")
+        if engine in ("uring", "threads") and _rcio is None:
+            raise ConfigError(
+                f"engine={engine!r} needs the native extension rowcache._rcio, which is not "
+                "built here (reinstall with a C compiler: pip install -e .); use engine='python'"
+            )
         self.root = root
         self.tables = tables
         self.shard_files = shard_files
@@ -90,11 +154,102 @@ class RowReader:
         self.direct = direct
         self.merge_gap = merge_gap
         self.max_extent = max_extent
+        self.verify_pages = verify_pages
+        self.page_crcs = page_crcs
+        self._engine_asked = engine
+        counts = np.array([len(f) for f in shard_files], dtype=np.int64)
+        self._file_base = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._file_table = np.repeat(np.arange(len(shard_files)), counts)
+        self._file_shard = np.arange(int(counts.sum())) - self._file_base[self._file_table]
+        self._fd_arr = np.full(int(counts.sum()), -1, dtype=np.int32)
         self._fds: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
+        self._local = threading.local()
+        self._rec_of: dict[bytes, int] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._crc: np.ndarray | None = None
+        self._crc_base = np.zeros(0, dtype=np.int64)
+        if page_crcs is not None:
+            self._set_page_crcs(page_crcs)
+        self._native: Any = None
+        self._native_pid = 0
+        self.engine = (
+            "python" if engine == "python" or _rcio is None else self._native_reader().engine
+        )
+
+    def _set_page_crcs(self, page_crcs: list[list[np.ndarray]]) -> None:
+        flat, base = [], [0]
+        if len(page_crcs) != len(self.tables):
+            raise ConfigError(
+                f"page_crcs has {len(page_crcs)} tables, the store {len(self.tables)}"
+            )
+        for t, info in enumerate(self.tables):
+            if len(page_crcs[t]) != info.shards:
+                raise ConfigError(
+                    f"page_crcs[{t}] has {len(page_crcs[t])} shards, table {info.name!r} has {info.shards}"
+                )
+            for s, c in enumerate(page_crcs[t]):
+                c = np.asarray(c)
+                pages = -(-info.shard_bytes(s) // ALIGN)
+                if c.dtype != np.uint32 or c.shape != (pages,):
+                    raise ConfigError(
+                        f"page_crcs[{t}][{s}] is {c.dtype}{list(c.shape)}; shard {s} of table "
+                        f"{info.name!r} needs uint32[{pages}] (one crc32c per 4096-byte page)"
+                    )
+                flat.append(c)
+                base.append(base[-1] + pages)
+        self._crc = np.concatenate(flat) if flat else np.zeros(0, dtype=np.uint32)
+        self._crc_base = np.array(base, dtype=np.int64)  # file f: crc[base[f]:base[f + 1]]
+
+    def options(self, **changes: Any) -> dict[str, Any]:
+        """This reader's keyword settings with ``changes`` applied: a sibling reader is
+        ``RowReader(root, tables, shard_files, **reader.options(queue_depth=64))``."""
+        opts = {
+            "queue_depth": self.queue_depth,
+            "direct": self.direct,
+            "merge_gap": self.merge_gap,
+            "max_extent": self.max_extent,
+            "engine": self._engine_asked,
+            "page_crcs": self.page_crcs,
+            "verify_pages": self.verify_pages,
+        }
+        opts.update(changes)
+        return opts
 
     # -- resources ---------------------------------------------------------
+    def _native_reader(self) -> Any:
+        """The process's ``_rcio.Reader`` (a new one after ``fork``: the parent's ring and
+        threads are not the child's; the old object is kept, never torn down, in the child)."""
+        pid = os.getpid()
+        if self._native is None or self._native_pid != pid:
+            if self._native is not None:
+                _LEAKED.append(self._native)
+            kind = "auto" if self._engine_asked in ("auto", "python") else self._engine_asked
+            try:
+                native = _rcio.Reader(self.queue_depth, kind)
+            except OSError as e:
+                raise ConfigError(
+                    f"engine={self._engine_asked!r}: io_uring is unavailable here ({e})"
+                ) from e
+            tabs = self.tables
+            col = lambda f: np.array([f(t) for t in tabs], dtype=np.int64)  # noqa: E731
+            native.set_layout(
+                col(lambda t: t.rows),
+                col(lambda t: t.rows_per_page),
+                col(lambda t: t.pages_per_shard),
+                col(lambda t: t.page_bytes),
+                col(lambda t: t.record_bytes),
+                self._file_base,
+                self._fd_arr,
+                self._crc,
+                None if self._crc is None else self._crc_base,
+                self.merge_gap,
+                self.max_extent,
+                self.direct,
+            )
+            self._native, self._native_pid = native, pid
+        return self._native
+
     def missing_shard(self, t: int, s: int) -> CorruptDataError:
         return CorruptDataError(
             f"shard file {self.shard_files[t][s]} (table {self.tables[t].name!r}, "
@@ -126,7 +281,16 @@ class RowReader:
                     # Row reads are random: kernel readahead would only read pages nobody asked for.
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 self._fds[key] = fd
+                self._fd_arr[self._file_base[t] + s] = fd
             return fd
+
+    def _fds_of(self, files: np.ndarray) -> np.ndarray:
+        fds = self._fd_arr[files]
+        if int(fds.min()) < 0:
+            for f in np.unique(files[fds < 0]).tolist():  # a loop over files, once each
+                self._fd(int(self._file_table[f]), int(self._file_shard[f]))
+            fds = self._fd_arr[files]
+        return fds
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -136,43 +300,71 @@ class RowReader:
                 )
             return self._pool
 
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        """This thread's read buffer (page-aligned, grown as needed, reused: no page faults
+        of a fresh allocation on every call)."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None or buf.size < nbytes:
+            buf = aligned_empty(max(nbytes, 2 * (0 if buf is None else buf.size), 1 << 16))
+            self._local.buf = buf
+        return buf
+
     def close(self) -> None:
         with self._lock:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+            self._fd_arr[:] = -1
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
 
     # -- planning ----------------------------------------------------------
-    def plan(self, t: int, rows: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Extents for sorted unique ``rows`` of table ``t``.
-
-        Returns ``(ext_shard, ext_start, ext_len, row_ext, row_off)``: per extent its
-        shard, file offset and length; per row its extent and byte offset in the file.
-        """
-        info = self.tables[t]
-        rec = info.record_bytes
-        shard, off = info.locate(rows)
-        if self.direct:
-            start = off - off % ALIGN
-            end = -(-(off + rec) // ALIGN) * ALIGN
+    def plan_parts(self, parts: Sequence[tuple[int, np.ndarray]]) -> Plan:
+        """The read plan of ``parts`` (table, sorted unique rows), one batch for all of them."""
+        rec = self.tables[parts[0][0]].record_bytes
+        files, offs = [], []
+        for t, rows in parts:
+            shard, off = self.tables[t].locate(rows)
+            files.append(shard + self._file_base[t])
+            offs.append(off)
+        file = np.concatenate(files) if len(files) > 1 else files[0]
+        off = np.concatenate(offs) if len(offs) > 1 else offs[0]
+        n = file.size
+        key = file * (1 << 40) + off
+        if n > 1 and bool((key[1:] < key[:-1]).any()):  # parts out of file order: sort once
+            order = np.argsort(key, kind="stable")
+            file, off = file[order], off[order]
         else:
-            start, end = off, off + rec
-        n = len(rows)
+            order = np.arange(n)
+        start = off - off % ALIGN
+        end = -(-(off + rec) // ALIGN) * ALIGN
         new = np.ones(n, dtype=bool)
         if n > 1:
             gap = start[1:] - end[:-1]
-            same_page = (start[1:] // ALIGN) == ((end[:-1] - 1) // ALIGN)
-            joined = (shard[1:] == shard[:-1]) & ((gap <= self.merge_gap) | same_page)
+            joined = (file[1:] == file[:-1]) & (gap <= self.merge_gap)
             # Cap extents: a new read starts whenever the max_extent window changes.
             joined &= (end[1:] - 1) // self.max_extent == start[:-1] // self.max_extent
             new[1:] = ~joined
         first = np.flatnonzero(new)
         last = np.append(first[1:], n) - 1
         row_ext = np.cumsum(new) - 1
-        return shard[first], start[first], end[last] - start[first], row_ext, off
+        ext_start = start[first]
+        ext_len = end[last] - ext_start  # sorted by offset: the last row ends last
+        pos = np.zeros(first.size, dtype=np.int64)
+        np.cumsum(ext_len[:-1], out=pos[1:])
+        total = int(pos[-1] + ext_len[-1]) if n else 0
+        need = off[last] + rec - ext_start
+        src = np.empty(n, dtype=np.int64)
+        src[order] = pos[row_ext] + (off - ext_start[row_ext])
+        return Plan(file[first], ext_start, ext_len, need, pos, total, row_ext, off, order, src)
+
+    def plan(self, t: int, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Extents for sorted unique ``rows`` of table ``t``: ``(ext_shard, ext_start,
+        ext_len, row_ext, row_off)``, per extent its shard, file offset and length; per row
+        its extent and byte offset in the file."""
+        p = self.plan_parts([(t, np.asarray(rows, dtype=np.int64))])
+        return p.file - self._file_base[t], p.start, p.length, p.row_ext, p.row_off
 
     # -- reading -----------------------------------------------------------
     def read_records(
@@ -183,78 +375,287 @@ class RowReader:
         ``out`` (optional) is a C-contiguous uint8 ``[>= n, record_bytes]`` buffer (a
         pinned staging buffer, say); the records land in its first ``n`` rows.
         Raises ``CorruptDataError`` naming shard and offset on a short read, a
-        missing shard file or an I/O error.
+        missing shard file, an I/O error or a page checksum mismatch.
         """
-        info = self.tables[t]
-        rec = info.record_bytes
-        n = len(rows)
+        return self.read_parts([(t, rows)], out)
+
+    def read_parts(
+        self, parts: Sequence[tuple[int, np.ndarray]], out: np.ndarray | None = None
+    ) -> tuple[np.ndarray, ReadStats]:
+        """Records of several tables' rows in one batch of reads.
+
+        Parameters
+        ----------
+        parts : ``(table index, rows int64[n_k])`` pairs, rows sorted and unique within a
+            part; every table must have one record size.
+        out : optional C-contiguous uint8 ``[>= sum n_k, record_bytes]``.
+
+        Returns
+        -------
+        records : uint8 ``[sum n_k, record_bytes]``, part after part, each in its rows' order.
+        stats : rows, reads and bytes of the whole batch.
+
+        On any failure (``CorruptDataError`` naming shard file, offset, table and row) no
+        record is written to ``out``.
+        """
+        if not parts:
+            raise ConfigError("read_parts: parts=[]: give at least one (table, rows) pair")
+        arrs = [np.asarray(r, dtype=np.int64) for _, r in parts]
+        sizes = [a.size for a in arrs]
+        rows = np.concatenate(arrs) if len(arrs) > 1 else arrs[0]
+        bounds = np.zeros(len(arrs) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=bounds[1:])
+        tables = np.array([int(t) for t, _ in parts], dtype=np.int32)
+        return self.read_runs(rows, bounds, tables, np.zeros(len(arrs), dtype=np.int64), out)
+
+    def read_runs(
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
+        out: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, ReadStats]:
+        """``read_parts`` with the parts as runs of one array (the fault path's form).
+
+        ``rows[bounds[k]:bounds[k + 1]] - bases[k]`` (int64) are the sorted unique rows of
+        table ``tables[k]`` (int32[P]); ``bounds`` is int64[P + 1], ``bases`` int64[P].
+        """
+        rows, bounds, tables, bases = (
+            _as(rows, _I64),
+            _as(bounds, _I64),
+            _as(tables, _I32),
+            _as(bases, _I64),
+        )
+        P = tables.size
+        if bounds.size != P + 1 or bases.size != P:  # their values are checked in C
+            raise ConfigError(
+                f"read_runs: bounds must be int64[{P + 1}] and bases int64[{P}] for {P} "
+                f"tables, got {bounds.size} and {bases.size}"
+            )
+        key = tables.tobytes()
+        rec = self._rec_of.get(key)
+        if rec is None:  # checked once per table list
+            ts = tables.tolist()
+            if P == 0 or any(not 0 <= t < len(self.tables) for t in ts):
+                raise ConfigError(f"tables={ts!r}: give table indices in 0..{len(self.tables) - 1}")
+            recs = {self.tables[t].record_bytes for t in ts}
+            if len(recs) > 1:
+                raise ConfigError(
+                    f"tables={ts!r} have records of {sorted(recs)} bytes: one batch needs one "
+                    "record size"
+                )
+            rec = self._rec_of[key] = recs.pop()
+        n = int(rows.size)
         if out is None:
             out = np.empty((n, rec), dtype=np.uint8)
-        elif out.dtype != np.uint8 or out.ndim != 2 or out.shape[1] != rec or out.shape[0] < n:
+        elif (
+            out.dtype != np.uint8
+            or out.ndim != 2
+            or out.shape[1] != rec
+            or out.shape[0] < n
+            or not out.flags.c_contiguous
+        ):
             raise ConfigError(
-                f"out must be uint8 [>= {n}, {rec}], got {out.dtype}{list(out.shape)}"
+                f"out must be uint8 [>= {n}, {rec}] (C-contiguous), got {out.dtype}{list(out.shape)}"
             )
         if n == 0:
             return out[:0], ReadStats(0, 0, 0)
-        ext_shard, ext_start, ext_len, row_ext, row_off = self.plan(t, rows)
-        buf_pos = np.zeros(len(ext_len), dtype=np.int64)
-        np.cumsum(ext_len[:-1], out=buf_pos[1:])
-        total = int(buf_pos[-1] + ext_len[-1])
-        buf = aligned_empty(total) if self.direct else np.empty(total, dtype=np.uint8)
-        # Each extent's needed bytes (the tail of an O_DIRECT extent may lie past EOF).
-        last_row_end = np.zeros(len(ext_len), dtype=np.int64)
-        last_row_end[row_ext] = row_off + rec
-        need = last_row_end - ext_start
+        out = out[:n]
+        if self.engine != "python" and os.preadv is _PREADV and self._native_path:
+            return out, self._read_native(rows, bounds, tables, bases, out)  # C checks bounds
+        if bounds[0] != 0 or bounds[-1] != n or bool((bounds[1:] < bounds[:-1]).any()):
+            raise ConfigError(f"read_runs: bounds must rise from 0 to {n}, got {bounds.tolist()!r}")
+        parts = [
+            (int(t), rows[bounds[k] : bounds[k + 1]] - bases[k])
+            for k, t in enumerate(tables.tolist())
+            if bounds[k] < bounds[k + 1]
+        ]
+        plan = self.plan_parts(parts)
+        fds = self._fds_of(plan.file)  # a missing shard raises here, before any read
+        self._execute(plan, fds, out, rec)
+        return out, ReadStats(n, int(plan.file.size), plan.total)
+
+    def _read_native(
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
+        out: np.ndarray,
+    ) -> ReadStats:
+        """One ``_rcio`` call: locate, plan, read, check pages, cut (the GIL released)."""
+        native = self._native if self._native_pid == os.getpid() else self._native_reader()
+        verify = self.verify_pages
+        for _ in range(len(self._fd_arr) + 1):
+            try:
+                st, reads, nbytes, a, b, c, d, e, f = native.read_runs(
+                    rows, bounds, tables, bases, out, verify
+                )
+            except ValueError as ex:  # bounds not rising from 0 to n, say
+                raise ConfigError(f"{ex}: bounds must rise from 0 to {rows.size}") from ex
+            except OSError as ex:  # io_uring_enter failed: the engine falls back to threads
+                raise CorruptDataError(f"a read batch of {rows.size} rows failed: {ex}") from ex
+            if st != 3:
+                break
+            self._fd(int(self._file_table[b]), int(self._file_shard[b]))  # opens or raises
+        if st == 0:
+            return ReadStats(int(rows.size), reads, nbytes)
+        if st == 4:
+            k = int(np.searchsorted(bounds, a, side="right")) - 1
+            t = self.tables[int(tables[k])]
+            raise RowRangeError(
+                f"row {b} of table {t.name!r} is out of range (the table has {t.rows} rows)"
+            )
+        parts = [
+            (int(t), rows[bounds[k] : bounds[k + 1]] - bases[k])
+            for k, t in enumerate(tables.tolist())
+            if bounds[k] < bounds[k + 1]
+        ]
+        plan = self.plan_parts(parts)  # the same plan as C's: names the rows of extent a
+        if st == 1:
+            self._raise_read(plan, a, d, f, reads - 1)
+        self._raise_page(plan, a, c, d, e, f - 1)
+
+    @property
+    def _native_path(self) -> bool:
+        return type(self)._read_extents is RowReader._read_extents
+
+    def _checks(self, plan: Plan) -> tuple[np.ndarray, ...] | None:
+        """Per page read: buffer offset, its read, the expected crc32c (or None: no checks)."""
+        if self._crc is None or not self.verify_pages:
+            return None
+        npages = plan.length // ALIGN
+        page_read = np.repeat(np.arange(npages.size, dtype=np.int32), npages)
+        j = np.arange(page_read.size, dtype=np.int64) - np.repeat(
+            np.cumsum(npages) - npages, npages
+        )
+        page_pos = plan.pos[page_read] + j * ALIGN
+        file_page = plan.start[page_read] // ALIGN + j
+        expect = self._crc[self._crc_base[plan.file[page_read]] + file_page]
+        return page_pos, page_read, expect
+
+    def _execute(self, plan: Plan, fds: np.ndarray, out: np.ndarray, rec: int) -> None:
+        """The Python engine: read the plan's extents, check their pages, cut the records."""
+        buf = self._buffer(plan.total)
+        got = np.zeros(plan.file.size, dtype=np.int64)
+        err = np.zeros(plan.file.size, dtype=np.int32)
+        self._read_extents(plan, fds, buf, got, err)
+        err[(err == 0) & (got < plan.need)] = SHORT
+        failed = np.flatnonzero(err)
+        if failed.size:
+            e = int(failed[0])
+            self._raise_read(plan, e, int(got[e]), int(err[e]), failed.size - 1)
+        checks = self._checks(plan)
+        if checks is not None:
+            page_pos, _, expect = checks
+            npages = plan.length // ALIGN
+            first_page = np.cumsum(npages) - npages
+            first_bad, nbad = None, 0
+            for e in range(plan.file.size):  # a loop over extents
+                a, k = int(first_page[e]), int(npages[e])
+                crc = _page_crcs(buf[plan.pos[e] : plan.pos[e] + got[e]])
+                have = np.full(k, -1, dtype=np.int64)
+                have[: min(k, crc.size)] = crc[:k]
+                bad = np.flatnonzero(have != expect[a : a + k])
+                if bad.size and first_bad is None:
+                    first_bad = (e, a + int(bad[0]), int(max(have[bad[0]], 0)))
+                nbad += bad.size
+            if first_bad is not None:
+                e, j, seen = first_bad
+                at = int(plan.start[e] + page_pos[j] - plan.pos[e])
+                self._raise_page(plan, e, at, seen, int(expect[j]), nbad - 1)
+        windows = np.lib.stride_tricks.as_strided(
+            buf, shape=(plan.total - rec + 1, rec), strides=(1, 1)
+        )
+        out[:] = windows[
+            plan.src
+        ]  # fancy indexing copies row by row; np.take would copy `windows` whole
+
+    def _read_extents(
+        self, plan: Plan, fds: np.ndarray, buf: np.ndarray, got: np.ndarray, err: np.ndarray
+    ) -> None:
+        """The Python engine: fill ``got``/``err`` (errno, 0 ok) of every extent, reading
+        with ``os.preadv`` on up to ``queue_depth`` threads."""
+        mv = memoryview(buf.data)
         jobs = list(
             zip(
-                ext_shard.tolist(),
-                ext_start.tolist(),
-                ext_len.tolist(),
-                need.tolist(),
-                buf_pos.tolist(),
+                range(plan.file.size),
+                fds.tolist(),
+                plan.start.tolist(),
+                plan.length.tolist(),
+                plan.pos.tolist(),
             )
         )
-        self._run(t, jobs, buf)
-        pos = buf_pos[row_ext] + (row_off - ext_start[row_ext])
-        windows = np.lib.stride_tricks.as_strided(buf, shape=(total - rec + 1, rec), strides=(1, 1))
-        out[:n] = windows[
-            pos
-        ]  # fancy indexing copies row by row; np.take would copy `windows` whole
-        return out[:n], ReadStats(n, len(ext_len), total)
 
-    def _run(self, t: int, jobs: list[Job], buf: np.ndarray) -> None:
-        """Read every extent ``(shard, file offset, length, bytes needed, buffer offset)`` into ``buf``."""
-        fds = {s: self._fd(t, s) for s in {j[0] for j in jobs}}
-        mv = memoryview(buf.data)
-        workers = min(self.queue_depth, len(jobs))
-
-        def work(part: list[Job]) -> None:
-            for s, start, length, needed, pos in part:
-                fd = fds[s]
-                got = 0
-                while got < length:
+        def work(part: list[tuple[int, int, int, int, int]]) -> None:
+            for e, fd, start, length, pos in part:
+                n, code = 0, 0
+                while n < length:
                     try:
-                        k = os.preadv(fd, [mv[pos + got : pos + length]], start + got)
-                    except OSError as e:
-                        raise CorruptDataError(
-                            f"read of shard {self.shard_files[t][s]} at offset {start + got} "
-                            f"({length - got} bytes) failed: {e}"
-                        ) from e
+                        k = os.preadv(fd, [mv[pos + n : pos + length]], start + n)
+                    except InterruptedError:
+                        continue
+                    except OSError as ex:
+                        code = ex.errno or errno.EIO
+                        break
                     if k == 0:
                         break
-                    got += k
-                if got < needed:
-                    raise CorruptDataError(
-                        f"short read of shard {self.shard_files[t][s]} at offset {start}: "
-                        f"{got} of {needed} bytes; the shard is truncated, run `rowcache verify`"
-                    )
+                    n += k
+                    if self.direct and n % 512:
+                        break  # an O_DIRECT read ends off a sector only at end of file
+                got[e], err[e] = n, code
 
+        workers = min(self.queue_depth, len(jobs))
         if workers <= 1:
             work(jobs)
             return
-        parts = [jobs[i::workers] for i in range(workers)]
-        futures = [self._executor().submit(work, p) for p in parts]
-        errors = [f.exception() for f in futures]
-        for e in errors:
-            if e is not None:
-                raise e
+        futures = [self._executor().submit(work, jobs[i::workers]) for i in range(workers)]
+        for f in futures:
+            f.result()
+
+    def _raise_read(self, plan: Plan, e: int, got: int, code: int, more: int) -> NoReturn:
+        t, s, where = self._where(plan, e)
+        name, start = self.shard_files[t][s], int(plan.start[e])
+        if code == SHORT:
+            msg = (
+                f"short read of shard {name} at offset {start}: {got} of {int(plan.need[e])} "
+                f"bytes ({where}); the shard is truncated, run `rowcache verify`"
+            )
+        else:
+            msg = (
+                f"read of shard {name} at offset {start} ({int(plan.length[e])} bytes, {where}) "
+                f"failed: [Errno {code}] {os.strerror(code)}"
+            )
+        raise CorruptDataError(msg + (f" (and {more} more failed reads)" if more > 0 else ""))
+
+    def _raise_page(
+        self, plan: Plan, e: int, at: int, seen: int, stored: int, more: int
+    ) -> NoReturn:
+        t, s, where = self._where(plan, e, (at, at + ALIGN))
+        raise CorruptDataError(
+            f"page checksum mismatch in shard {self.shard_files[t][s]} at byte offset {at} "
+            f"({where}): crc32c {seen:08x}, stored {stored:08x}; run `rowcache verify`"
+            + (f" (and {more} more bad pages)" if more > 0 else "")
+        )
+
+    def _where(
+        self, plan: Plan, e: int, span: tuple[int, int] | None = None
+    ) -> tuple[int, int, str]:
+        """Table, shard and 'table NAME, rows ...' of extent ``e`` (or of its bytes ``span``)."""
+        f = int(plan.file[e])
+        t, s = int(self._file_table[f]), int(self._file_shard[f])
+        info = self.tables[t]
+        lo, hi = np.searchsorted(plan.row_ext, [e, e + 1])
+        offs = plan.row_off[lo:hi]
+        if span is not None:  # the requested rows on these bytes, else the rows stored there
+            keep = (offs < span[1]) & (offs + info.record_bytes > span[0])
+            offs = offs[keep] if keep.any() else np.array([span[0]], dtype=np.int64)
+        page, slot = np.divmod(offs, info.page_bytes)
+        rows = (
+            s * info.rows_per_shard
+            + page * info.rows_per_page
+            + np.minimum(slot // info.record_bytes, info.rows_per_page - 1)
+        )
+        r = f"row {rows[0]}" if rows.size == 1 else f"rows {rows[0]}..{rows[-1]} ({rows.size} rows)"
+        return t, s, f"table {info.name!r}, {r}"

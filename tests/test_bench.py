@@ -50,6 +50,26 @@ def test_bench_cache_quick_reports_hit_fault_and_memory():
     assert "Traceback" not in out
 
 
+def test_bench_torch_step_quick_module_vs_direct_and_greedy():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    rep = json.loads(run("torch_step.py", "--device", "cpu", "--json"))
+    steps = {(r["variant"], r["step"]) for r in rep["steps"]}
+    assert {(v, s) for v in ("resident", "cached") for s in ("decode x1", "decode x64")} <= steps
+    for r in rep["steps"]:
+        assert r["direct_us"] > 0 and r["ratio"] == pytest.approx(r["module_us"] / r["direct_us"])
+    g = rep["greedy"]
+    assert g["identical"] and g["resident_tok_s"] > 0 and g["cached_tok_s"] > 0
+
+
+def test_bench_fault_quick_measures_the_floor_in_the_same_run():
+    rep = json.loads(run("fault.py", "--json"))
+    assert [r["k"] for r in rep["results"]] == [1, 12, 48]
+    for row in rep["results"]:
+        assert row["floor_ms"] > 0 and row["checked_ms"] > 0 and row["warm_ms"] > 0
+        assert row["ratio"] == pytest.approx(row["checked_ms"] / row["floor_ms"], rel=1e-6)
+
+
 def test_bench_serve_quick_ratios_from_printed_figures():
     rep = json.loads(run("serve.py", "--json"))
     s = rep["settings"]

@@ -1,13 +1,97 @@
-"""The README's test command is the one .ci/run runs."""
+"""The README's commands: the test command is the one .ci/run runs; every ``rowcache``
+command parses; the sizing walk-through runs from a fresh shell (venv paths only) and,
+at a tiny size, end to end."""
 
 from __future__ import annotations
 
 import pathlib
+import re
+import shlex
+
+from rowcache.cli import build_parser, main
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def bash_blocks() -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", README, flags=re.S)
+
+
+def sizing_commands() -> list[list[str]]:
+    """The command lines of the sizing walk-through's block, comments dropped."""
+    block = next(b for b in bash_blocks() if "rowcache trace" in b)
+    lines = [ln for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    return [shlex.split(ln, comments=True) for ln in lines]
 
 
 def test_ci_runs_exactly_the_readme_test_command():
-    readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
-    assert ci in readme, f"README does not show .ci/run's command: {ci}"
+    assert ci in README, f"README does not show .ci/run's command: {ci}"
+
+
+def test_every_readme_rowcache_command_parses():
+    found = 0
+    for block in bash_blocks():
+        for line in block.splitlines():
+            for part in line.split("&&"):
+                argv = shlex.split(part, comments=True)
+                if argv[:1] == [".venv/bin/rowcache"]:
+                    build_parser().parse_args(argv[1:])  # raises on an unknown flag or value
+                    found += 1
+    assert found >= 5
+
+
+def test_sizing_walkthrough_runs_in_a_fresh_shell():
+    cmds = sizing_commands()
+    assert [c[1] for c in cmds if c[0] == ".venv/bin/rowcache"] == [
+        "trace",
+        "profile",
+        "bench-io",
+        "tune",
+    ]
+    for c in cmds:
+        # No bare `python`/`rowcache` (the venv is not active), no system paths.
+        assert c[0].startswith(".venv/bin/"), c
+        assert not any(a.startswith("/usr/") or "$(" in a for a in c), c
+    trace = next(c for c in cmds if c[1:2] == ["trace"])
+    assert "--stdlib" in trace and trace[trace.index("--tokenizer") + 1] == "deepseek"
+
+
+def test_sizing_walkthrough_end_to_end_at_a_tiny_size(tmp_path, monkeypatch, capsys):
+    """The same commands, in their order and with their relative paths, at a tiny size.
+
+    Changes: trace reads 40 requests; profile samples at rate 1 (1% of a tiny trace keeps
+    nothing, which profile refuses) and skips the plot when matplotlib is missing; bench-io
+    measures one queue depth for 0.02 s.
+    """
+    monkeypatch.chdir(tmp_path)
+    tiny = {
+        "trace": ["--max-requests", "40", "-q"],
+        "bench-io": ["--queue-depths", "1", "--seconds", "0.02", "-q"],
+    }
+    for c in sizing_commands():
+        if c[0] != ".venv/bin/rowcache":
+            continue
+        argv = c[1:] + tiny.get(c[1], [])
+        if c[1] == "profile":
+            argv[argv.index("--rate") + 1] = "1"
+            argv[argv.index("--policies") + 1] = "sieve"
+            argv += ["--sizes", "64K,256K", "-q"]
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                i = argv.index("--png")
+                del argv[i : i + 2]
+        assert main(argv) == 0, (argv, capsys.readouterr().err)
+        out = capsys.readouterr().out
+        assert out.strip()
+    assert "expected faults/token" in out and "µs" in out
+    assert (tmp_path / "profile.json").is_file() and (tmp_path / "disk.json").is_file()
+
+
+def test_readme_table_budgets_parse():
+    rows = re.findall(r"^\| `(--[^`]+)`", README, flags=re.M)
+    assert len(rows) >= 4
+    for flags in rows:
+        build_parser().parse_args(["tune", "profile.json", *shlex.split(flags)])

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ import numpy as np
 from ..errors import ConfigError
 
 PAGE = 4096
+# Below this, random reads may come from the disk's or the hypervisor's cache.
+FAIR_FILE_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,11 @@ class DeviceProfile:
     """Measured rates of one file system.
 
     ``random[str(read_bytes)][str(queue_depth)]`` = reads per second;
-    ``sequential_bytes_per_s``; ``direct``: whether ``O_DIRECT`` was used.
+    ``bytes_per_read[str(read_bytes)]`` = bytes each of those reads transferred (a
+    whole 4 KiB page per row under ``O_DIRECT``); ``latency_us[str(read_bytes)]
+    [str(queue_depth)]`` = ``{"p50": ..., "p99": ...}`` microseconds per read;
+    ``sequential_bytes_per_s``; ``direct``: whether ``O_DIRECT`` was used. Profiles
+    saved before ``bytes_per_read`` and ``latency_us`` existed load with them empty.
     """
 
     path: str
@@ -42,6 +48,8 @@ class DeviceProfile:
     seconds_per_point: float
     record_bytes: int = PAGE
     notes: list[str] = field(default_factory=list)
+    bytes_per_read: dict[str, int] = field(default_factory=dict)
+    latency_us: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     def reads_per_s(self, read_bytes: int, queue_depth: int | None = None) -> tuple[float, int]:
         """``(reads/s, queue depth)``: the best measured rate for the read size closest
@@ -63,25 +71,61 @@ class DeviceProfile:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> DeviceProfile:
+        """A profile saved by :meth:`save` (``rowcache bench-io --out``), checked."""
         try:
             d = json.loads(Path(path).read_text())
-            return cls(**d)
-        except (OSError, json.JSONDecodeError, TypeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ConfigError(
-                f"{path} is not a device profile from `rowcache bench-io`: {e}"
+                f"{path}: not a disk profile (from `rowcache bench-io --out`): {e}"
             ) from e
+        if isinstance(d, dict) and "tables" in d and "random" not in d:
+            raise ConfigError(
+                f"{path} is a fault-rate profile (from `rowcache profile`), not a disk profile "
+                "(from `rowcache bench-io --out`)"
+            )
+        known = {f.name for f in fields(cls)}
+        need = {
+            f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
+        }
+        if not isinstance(d, dict) or not need <= set(d) or set(d) - known:
+            what = sorted(set(d) - known)[:3] if isinstance(d, dict) else type(d).__name__
+            raise ConfigError(
+                f"{path}: not a disk profile (from `rowcache bench-io --out`): "
+                + (
+                    f"unexpected keys {what}"
+                    if isinstance(d, dict) and set(d) - known
+                    else f"needs {sorted(need)}, got {what}"
+                )
+            )
+        rnd = d["random"]
+        ok = isinstance(rnd, dict) and all(
+            isinstance(row, dict)
+            and all(isinstance(r, (int, float)) and r > 0 for r in row.values())
+            and all(str(q).isdigit() for q in row)
+            and str(rb).isdigit()
+            for rb, row in rnd.items()
+        )
+        if not ok:
+            raise ConfigError(
+                f"{path}: 'random' must map read sizes to {{queue depth: reads/s > 0}}"
+            )
+        return cls(**d)
 
 
 def _files_of(path: Path) -> list[Path]:
+    """``path`` itself, or a directory's shard files (``*.bin``, else any files), largest first."""
     if path.is_file():
         return [path]
     if path.is_dir():
-        files = sorted(
-            (f for f in path.rglob("*.bin") if f.is_file()), key=lambda f: -f.stat().st_size
-        )
-        if files:
-            return files
-    raise ConfigError(f"{path} is neither a file nor a store directory with shard files (*.bin)")
+        for pattern in ("*.bin", "*"):
+            files = sorted(
+                (f for f in path.rglob(pattern) if f.is_file() and not f.is_symlink()),
+                key=lambda f: -f.stat().st_size,
+            )
+            if files:
+                return files
+        raise ConfigError(f"{path} is a directory with no files to read")
+    raise ConfigError(f"{path} is neither a file nor a directory")
 
 
 def _open(path: Path, direct: bool) -> tuple[int, bool]:
@@ -104,21 +148,26 @@ def _open(path: Path, direct: bool) -> tuple[int, bool]:
 
 def _random_rate(
     fd: int, size: int, read_bytes: int, align: int, qd: int, seconds: float, seed: int
-) -> float:
+) -> tuple[float, np.ndarray]:
+    """``(reads per second, latency of each read in ns)`` of ``qd`` threads reading at random."""
     slots = max(1, (size - read_bytes) // align)
-    counts = [0] * qd
+    lat: list[np.ndarray] = [np.zeros(0, np.int64)] * qd
     stop = time.perf_counter() + seconds
 
     def worker(i: int) -> None:
         rng = np.random.default_rng(seed + i)
         buf = mmap.mmap(-1, max(PAGE, -(-read_bytes // PAGE) * PAGE))
         view = memoryview(buf)[:read_bytes]
-        n = 0
-        while time.perf_counter() < stop:
+        clock = time.perf_counter_ns
+        got: list[int] = []
+        while True:  # at least one batch: a thread that starts late still measures
             for off in (rng.integers(0, slots, 256) * align).tolist():
+                t0 = clock()
                 os.preadv(fd, [view], off)
-            n += 256
-        counts[i] = n
+                got.append(clock() - t0)
+            if time.perf_counter() >= stop:
+                break
+        lat[i] = np.asarray(got, dtype=np.int64)
         view.release()
         buf.close()
 
@@ -128,7 +177,9 @@ def _random_rate(
         t.start()
     for t in threads:
         t.join()
-    return sum(counts) / (time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    all_lat = np.concatenate(lat)
+    return all_lat.size / elapsed, all_lat
 
 
 def measure_io(
@@ -164,8 +215,18 @@ def measure_io(
     notes: list[str] = []
     if direct and not used_direct:
         notes.append("O_DIRECT unavailable here: buffered reads, page cache may inflate rates")
+    if not direct:
+        notes.append("buffered reads (no O_DIRECT): the page cache may serve them")
+    if size < FAIR_FILE_BYTES:
+        notes.append(
+            f"{f} is only {size / 2**20:,.1f} MiB: random reads over a small file can be "
+            "served from the disk's (or the hypervisor's) cache and flatter the disk; "
+            "measure a file of several GiB, such as a shard of the real store"
+        )
     try:
         random: dict[str, dict[str, float]] = {}
+        latency: dict[str, dict[str, dict[str, float]]] = {}
+        per_read: dict[str, int] = {}
         read_sizes = sorted({PAGE, record_bytes})
         jobs = [(rb, q) for rb in read_sizes for q in queue_depths]
         bar = None
@@ -177,8 +238,11 @@ def measure_io(
             # O_DIRECT needs page-aligned offsets and lengths: a row costs one page.
             eff = -(-rb // PAGE) * PAGE if used_direct else rb
             align = PAGE if used_direct else rb
-            rate = _random_rate(fd, size, eff, align, int(q), seconds, seed=q)
+            rate, lat = _random_rate(fd, size, eff, align, int(q), seconds, seed=q)
             random.setdefault(str(rb), {})[str(q)] = rate
+            per_read[str(rb)] = eff
+            p50, p99 = np.percentile(lat, [50, 99]) / 1e3 if lat.size else (np.nan, np.nan)
+            latency.setdefault(str(rb), {})[str(q)] = {"p50": float(p50), "p99": float(p99)}
             if bar is not None:
                 bar.update(1)
         block = 4 << 20
@@ -206,20 +270,30 @@ def measure_io(
         seconds_per_point=float(seconds),
         record_bytes=int(record_bytes),
         notes=notes,
+        bytes_per_read=per_read,
+        latency_us=latency,
     )
 
 
 def profile_summary(p: DeviceProfile) -> list[dict[str, Any]]:
-    """Rows for printing: read size, queue depth, reads/s, MB/s."""
+    """Rows for printing: row size, bytes each read transferred, queue depth, reads/s,
+    MB/s of those bytes, and latency p50/p99 in µs (NaN where the profile has none)."""
     out = []
     for rb, row in p.random.items():
+        moved = int(p.bytes_per_read.get(rb, 0)) or (
+            -(-int(rb) // PAGE) * PAGE if p.direct else int(rb)
+        )
         for q, r in row.items():
+            lat = p.latency_us.get(rb, {}).get(q, {})
             out.append(
                 {
                     "read_bytes": int(rb),
+                    "bytes_per_read": moved,
                     "queue_depth": int(q),
                     "reads_per_s": r,
-                    "MB_per_s": r * int(rb) / 1e6,
+                    "MB_per_s": r * moved / 1e6,
+                    "p50_us": float(lat.get("p50", np.nan)),
+                    "p99_us": float(lat.get("p99", np.nan)),
                 }
             )
     return out

@@ -84,14 +84,27 @@ class MissRatioCurve:
                 raise ConfigError(f"MissRatioCurve.{name} must have shape {k}")
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (NaN becomes None)."""
-        d = asdict(self)
-        for key, val in d.items():
-            if isinstance(val, np.ndarray):
-                d[key] = [
-                    None if (isinstance(x, float) and np.isnan(x)) else x for x in val.tolist()
-                ]
-        return d
+        """A JSON-ready dict: NaN becomes None, floats keep 12 significant digits."""
+        return {k: json_ready(v) for k, v in asdict(self).items()}
+
+
+def json_ready(x: Any) -> Any:
+    """``x`` for JSON: arrays as lists, NaN as None, floats rounded to 12 significant digits.
+
+    Estimates such as ``unique / rate`` would otherwise print as 196299.99999999985.
+    """
+    if isinstance(x, np.ndarray):
+        x = x.tolist()
+    if isinstance(x, (list, tuple)):
+        return [json_ready(v) for v in x]
+    if isinstance(x, dict):
+        return {k: json_ready(v) for k, v in x.items()}
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        return None if np.isnan(x) else float(f"{x:.12g}")
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
 
 
 def _check_sizes(sizes: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -329,7 +342,9 @@ def curve_from_samples(
         expected = n * rate  # the adjusted correction: normalise by the expected count
         runs.append(m / expected if expected > 0 else np.zeros(sizes_arr.size))
         uniq.append(unique / rate if rate > 0 else 0.0)
-        feas_list.append(int(np.ceil(feas / rate)) if rate > 0 else 0)
+        # The smallest full size whose scaled size holds the sample's largest batch:
+        # scaled_sizes(C) >= feas  <=>  C >= (feas - 1) / rate + 1.
+        feas_list.append(int(np.ceil((feas - 1) / rate - 1e-9)) + 1 if rate > 0 else 0)
         rates.append(rate)
     stack_ = np.vstack(runs)
     with np.errstate(invalid="ignore"):

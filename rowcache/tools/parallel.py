@@ -42,8 +42,11 @@ def sample_chunk(
     shared arena too).
     A plain function of file names so that process pools and Dask can ship it.
     """
-    rows = np.load(f"{path}/{rows_file}", mmap_mode="r")
-    steps = np.load(f"{path}/{steps_file}")
+    trace = Trace.open(path)
+    i = next((i for i, c in enumerate(trace.chunks) if c.rows == rows_file), None)
+    if i is None or trace.chunks[i].steps != steps_file:
+        raise ConfigError(f"{path}: no chunk ({rows_file}, {steps_file}) in its manifest")
+    rows, steps = trace.read_chunk(i)  # checked against the manifest
     t_count = rows.shape[0]
     out: dict[tuple[str, int], tuple[np.ndarray, ...]] = {}
 

@@ -16,6 +16,11 @@ from ..errors import ConfigError
 from .profile import ProfileReport
 
 
+def require_matplotlib() -> None:
+    """Raise :class:`ConfigError` now if a plot could not be drawn (matplotlib missing)."""
+    _pyplot()
+
+
 def _pyplot() -> Any:
     try:
         import matplotlib
@@ -23,7 +28,9 @@ def _pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:  # pragma: no cover - depends on the install
-        raise ConfigError("plots need matplotlib (pip install matplotlib), or omit --png") from e
+        raise ConfigError(
+            "plots need matplotlib (pip install matplotlib, or the 'plot' extra)"
+        ) from e
     return plt
 
 
@@ -33,11 +40,25 @@ def plot_profile(report: ProfileReport, path: str | os.PathLike[str]) -> None:
     ncols = 3 if report.policies else 2
     fig, axes = plt.subplots(1, ncols, figsize=(6 * ncols, 4.5))
     ax = axes[0]
-    for name, c in report.curves.items():
+    # One colour per n-gram order, a line style per table within it: 12 tables in one
+    # palette would repeat colours (table 10 drawn like table 0).
+    orders = list(report.table_orders) or [0] * len(report.curves)
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-", "--", ":", "-."]
+    seen: dict[int, int] = {}
+    for (name, c), order in zip(report.curves.items(), orders):
+        k = seen.get(order, 0)
+        seen[order] = k + 1
+        style = {
+            "color": palette[sorted(set(orders)).index(order) % len(palette)],
+            "ls": styles[k % len(styles)],
+            "lw": 1,
+            "label": f"table {name}" + (f" ({order}-gram)" if order else ""),
+        }
         if np.any(c.miss_ratio_std > 0):
-            ax.errorbar(c.sizes, c.miss_ratio, yerr=c.miss_ratio_std, label=f"table {name}", lw=1)
+            ax.errorbar(c.sizes, c.miss_ratio, yerr=c.miss_ratio_std, **style)
         else:
-            ax.plot(c.sizes, c.miss_ratio, label=f"table {name}", lw=1)
+            ax.plot(c.sizes, c.miss_ratio, **style)
     ax.set_xscale("log")
     ax.set_xlabel("arena rows per table")
     ax.set_ylabel("fault rate (faults per access)")

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from .mrc import MissRatioCurve, miss_ratio_curve
+from .mrc import MissRatioCurve, json_ready, miss_ratio_curve
 from .trace import Trace
 
 
@@ -40,6 +40,8 @@ class ProfileReport:
     policies: dict[str, MissRatioCurve] = field(default_factory=dict)
     policy_table: int = 0
     table_rows: tuple[int, ...] = ()
+    table_orders: tuple[int, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def faults_per_token(self) -> np.ndarray:
         """Total faults per token with every table at ``sizes`` rows (float64[k])."""
@@ -53,9 +55,7 @@ class ProfileReport:
         return self.sizes * self.num_tables * self.record_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        def clean(a: np.ndarray) -> list[Any]:
-            return [None if (isinstance(x, float) and np.isnan(x)) else x for x in a.tolist()]
-
+        """A JSON-ready dict (what ``rowcache profile --json`` prints and ``tune`` reads)."""
         return {
             "trace": self.trace,
             "tokens": self.tokens,
@@ -65,12 +65,21 @@ class ProfileReport:
             "dtype": self.dtype,
             "sizes": self.sizes.tolist(),
             "arena_bytes": self.arena_bytes().tolist(),
-            "faults_per_token": clean(self.faults_per_token()),
+            "faults_per_token": json_ready(self.faults_per_token()),
             "tables": {k: c.to_dict() for k, c in self.curves.items()},
             "shared": None if self.shared is None else self.shared.to_dict(),
             "policy_table": self.policy_table,
             "policies": {k: c.to_dict() for k, c in self.policies.items()},
+            "table_orders": list(self.table_orders),
+            "notes": list(self.notes),
         }
+
+
+SPARSE_SAMPLE = 1000  # sampled accesses below which a SHARDS curve gets a note
+
+
+def _label(name: str) -> str:
+    return "the shared arena" if name == "shared" else f"table {name}"
 
 
 def default_sizes(trace: Trace, points: int = 16) -> np.ndarray:
@@ -161,6 +170,7 @@ def profile_trace(
         bar = tqdm(total=n_jobs, desc="profile", unit="curve")
     curves: dict[str, MissRatioCurve] = {}
     shared_curve = None
+    notes: list[str] = []
     if method == "shards" and sample_size is None:
         from dataclasses import replace
 
@@ -178,6 +188,12 @@ def profile_trace(
         )
         if not batch:
             samples = {k: replace(v, batch_ids=None) for k, v in samples.items()}
+        for (name, salt), smp in samples.items():
+            if salt == 0 and 0 < smp.keys.size < SPARSE_SAMPLE:
+                notes.append(
+                    f"{_label(name)}: the SHARDS sample holds only {smp.keys.size} accesses "
+                    f"of {smp.total:,}; its curve is rough (raise the rate, --rate)"
+                )
         names = [str(t) for t in range(trace.num_tables)] + ([SHARED] if shared else [])
         for name in names:
             got = [samples[(name, salt)] for salt in range(salts)]
@@ -229,6 +245,22 @@ def profile_trace(
                 bar.update(1)
     if bar is not None:
         bar.close()
+    for name, c in [*curves.items(), ("shared", shared_curve), *pol.items()]:
+        if c is not None and c.accesses and not c.unique > 0:
+            # A trace has at least one distinct row: this sample kept nothing.
+            what = f"policy {name}" if name in pol and name not in curves else _label(name)
+            raise ConfigError(
+                f"{what}: the SHARDS sample of {c.accesses:,} accesses at rate "
+                f"{c.sample_rate:.3g} kept none, so its curve would be all zeros; raise the "
+                "rate (--rate, --policy-rate; rate x accesses >= 1,000 gives a usable "
+                "curve), or use the exact method (--method exact)"
+            )
+    splits = trace.dims.get("splits")
+    orders = (
+        tuple(t // int(splits) + 2 for t in range(trace.num_tables))
+        if isinstance(splits, int) and splits > 0
+        else ()
+    )
     return ProfileReport(
         trace=str(trace.path),
         tokens=trace.positions,
@@ -241,4 +273,6 @@ def profile_trace(
         policies=pol,
         policy_table=policy_table,
         table_rows=tuple(trace.table_rows),
+        table_orders=orders,
+        notes=tuple(notes),
     )

@@ -20,8 +20,10 @@ from __future__ import annotations
 import heapq
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -96,28 +98,83 @@ class Trace:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Trace:
+        """Open and check a trace directory: its manifest, and that it lists every chunk file.
+
+        Each chunk's contents are checked as it is read (:meth:`iter_chunks`).
+        """
         path = Path(path)
         mf = path / MANIFEST
         if not mf.is_file():
             raise FormatError(
                 f"{path} is not a trace: {MANIFEST} is missing (run `rowcache trace`)"
             )
-        meta = json.loads(mf.read_text())
+        try:
+            meta = json.loads(mf.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise FormatError(f"{mf}: not a readable trace manifest ({e})") from e
+        if not isinstance(meta, dict):
+            raise FormatError(f"{mf}: a trace manifest is a JSON object; got a {_kind(meta)}")
         if meta.get("format") != TRACE_FORMAT or meta.get("version") != TRACE_VERSION:
             raise FormatError(
                 f"{mf}: format {meta.get('format')!r} v{meta.get('version')!r}; "
                 f"expected {TRACE_FORMAT!r} v{TRACE_VERSION}"
             )
+        missing = sorted(_MANIFEST_KEYS - set(meta))
+        if missing:
+            raise FormatError(f"{mf}: missing {', '.join(map(repr, missing))}")
+        num_tables = _int(mf, "num_tables", meta["num_tables"], 1)
+        rows = meta["table_rows"]
+        if not isinstance(rows, list) or len(rows) != num_tables:
+            raise FormatError(
+                f"{mf}: 'table_rows' must list the rows of each of the {num_tables} tables "
+                f"('num_tables'); got {_kind(rows)} of {len(rows) if isinstance(rows, list) else '?'}"
+            )
+        table_rows = tuple(_int(mf, f"table_rows[{i}]", r, 1) for i, r in enumerate(rows))
+        positions = _int(mf, "positions", meta["positions"], 0)
+        for key in ("model", "dims"):
+            if not isinstance(meta[key], dict):
+                raise FormatError(f"{mf}: {key!r} must be an object; got a {_kind(meta[key])}")
+        try:
+            model = ServerModel(**meta["model"])
+        except (TypeError, ConfigError) as e:
+            raise FormatError(f"{mf}: 'model' is not a server model ({e})") from e
+        hidden = meta["dims"].get("hidden_size")
+        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < num_tables:
+            raise FormatError(f"{mf}: 'dims' needs hidden_size >= num_tables; got {hidden!r}")
+        if not isinstance(meta["chunks"], list):
+            raise FormatError(f"{mf}: 'chunks' must be a list; got a {_kind(meta['chunks'])}")
+        chunks = tuple(_chunk(mf, i, c) for i, c in enumerate(meta["chunks"]))
+        listed = sum(c.positions for c in chunks)
+        if listed != positions:
+            raise FormatError(
+                f"{mf}: its {len(chunks)} chunks hold {listed} positions but 'positions' "
+                f"says {positions}"
+            )
+        for i in range(1, len(chunks)):
+            if chunks[i].first_step < chunks[i - 1].last_step:
+                raise FormatError(f"{mf}: chunk {i} starts before chunk {i - 1} ends (steps)")
+        on_disk = {f.name for f in path.glob("rows-*.npy")} | {
+            f.name for f in path.glob("steps-*.npy")
+        }
+        names = {c.rows for c in chunks} | {c.steps for c in chunks}
+        if on_disk - names:
+            extra = sorted(on_disk - names)
+            raise FormatError(
+                f"{mf}: lists {len(chunks)} chunks, but {path} also holds {len(extra)} other "
+                f"chunk files ({extra[0]}, ...): not the manifest of these files"
+            )
+        for n in sorted(names - on_disk):
+            raise FormatError(f"{path / n}: listed in {MANIFEST} but missing")
         return cls(
             path=path,
-            num_tables=int(meta["num_tables"]),
-            table_rows=tuple(int(r) for r in meta["table_rows"]),
-            positions=int(meta["positions"]),
-            requests=int(meta["requests"]),
-            steps=int(meta["steps"]),
-            model=ServerModel(**meta["model"]),
+            num_tables=num_tables,
+            table_rows=table_rows,
+            positions=positions,
+            requests=_int(mf, "requests", meta["requests"], 0),
+            steps=_int(mf, "steps", meta["steps"], 0),
+            model=model,
             dims=dict(meta["dims"]),
-            chunks=tuple(TraceChunk(**c) for c in meta["chunks"]),
+            chunks=chunks,
         )
 
     def _table(self, table: int) -> int:
@@ -129,16 +186,82 @@ class Trace:
             )
         return int(table)
 
+    def _load(self, i: int, name: str, mmap: bool) -> np.ndarray:
+        f = self.path / name
+        try:
+            arr = np.load(f, mmap_mode="r" if mmap else None, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise FormatError(
+                f"{f} (chunk {i}): not a readable .npy file ({e or type(e).__name__})"
+            ) from e
+        if arr.dtype.kind not in "iu":
+            raise FormatError(f"{f} (chunk {i}): expected integers; got {arr.dtype}")
+        return arr
+
+    def _steps(self, i: int, c: TraceChunk) -> np.ndarray:
+        steps = self._load(i, c.steps, mmap=False)
+        f = self.path / c.steps
+        if steps.shape != (c.positions,):
+            raise FormatError(
+                f"{f} (chunk {i}): shape {steps.shape}; the manifest says ({c.positions},)"
+            )
+        steps = steps.astype(np.int64, copy=False)
+        if steps.size and (int(steps[0]) != c.first_step or int(steps[-1]) != c.last_step):
+            raise FormatError(
+                f"{f} (chunk {i}): steps {int(steps[0])}..{int(steps[-1])}; the manifest says "
+                f"{c.first_step}..{c.last_step}"
+            )
+        if steps.size > 1 and bool(np.any(np.diff(steps) < 0)):
+            raise FormatError(f"{f} (chunk {i}): server steps must not decrease")
+        return steps
+
+    def _rows(self, i: int, c: TraceChunk) -> np.ndarray:
+        rows = self._load(i, c.rows, mmap=True)
+        if rows.shape != (self.num_tables, c.positions):
+            raise FormatError(
+                f"{self.path / c.rows} (chunk {i}): shape {rows.shape}; the manifest says "
+                f"({self.num_tables} tables, {c.positions} positions)"
+            )
+        return rows
+
+    def _check_rows(self, i: int, c: TraceChunk, rows: np.ndarray, tables: np.ndarray) -> None:
+        """Row ids within each table's rows: ``rows[k]`` (int[n]) belongs to ``tables[k]``."""
+        if rows.shape[-1] == 0:
+            return
+        lo, hi = rows.min(axis=-1), rows.max(axis=-1)
+        limit = np.asarray(self.table_rows, dtype=np.int64)[tables]
+        bad = np.flatnonzero((lo < 0) | (hi >= limit))
+        if bad.size:
+            k = int(bad[0])
+            v = int(lo[k]) if lo[k] < 0 else int(hi[k])
+            raise FormatError(
+                f"{self.path / c.rows} (chunk {i}): table {int(tables[k])} has row id {v}, "
+                f"outside its [0, {int(limit[k])}) rows"
+            )
+
     def iter_chunks(self, table: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """``(rows, steps)`` per chunk: rows int64[n] of ``table``, or int32[tables, n]."""
+        """``(rows, steps)`` per chunk: rows int64[n] of ``table``, or int32[tables, n].
+
+        Each chunk is checked against the manifest (shapes, steps, row ids within
+        each table's rows); a bad one raises :class:`FormatError` naming its file.
+        """
         t = None if table is None else self._table(table)
-        for c in self.chunks:
-            rows = np.load(self.path / c.rows, mmap_mode="r")
-            steps = np.load(self.path / c.steps)
-            if t is None:
-                yield np.asarray(rows), steps
-            else:
-                yield np.asarray(rows[t], dtype=np.int64), steps
+        for i in range(len(self.chunks)):
+            yield self.read_chunk(i, t)
+
+    def read_chunk(self, i: int, table: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk ``i`` checked: ``(rows, steps)`` as :meth:`iter_chunks` yields them."""
+        c = self.chunks[i]
+        rows = self._rows(i, c)
+        steps = self._steps(i, c)
+        if table is None:
+            out = np.asarray(rows)
+            self._check_rows(i, c, out, np.arange(self.num_tables))
+            return out, steps
+        t = self._table(table)
+        one = np.asarray(rows[t], dtype=np.int64)
+        self._check_rows(i, c, one[None, :], np.array([t]))
+        return one, steps
 
     def table_accesses(self, table: int) -> tuple[np.ndarray, np.ndarray]:
         """All rows (int64[positions]) and steps (int64[positions]) of one table."""
@@ -148,8 +271,48 @@ class Trace:
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def steps_array(self) -> np.ndarray:
-        parts = [np.load(self.path / c.steps) for c in self.chunks]
+        parts = [self._steps(i, c) for i, c in enumerate(self.chunks)]
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+_MANIFEST_KEYS = {
+    "num_tables",
+    "table_rows",
+    "positions",
+    "requests",
+    "steps",
+    "model",
+    "dims",
+    "chunks",
+}
+_CHUNK_KEYS = {f.name for f in fields(TraceChunk)}
+
+
+def _kind(x: Any) -> str:
+    names: dict[type, str] = {list: "list", dict: "object", str: "string"}
+    return names.get(type(x), type(x).__name__)
+
+
+def _int(mf: Path, key: str, v: Any, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise FormatError(f"{mf}: {key!r} must be an integer >= {lo}; got {v!r}")
+    return v
+
+
+def _chunk(mf: Path, i: int, c: Any) -> TraceChunk:
+    if not isinstance(c, dict) or set(c) != _CHUNK_KEYS:
+        got = sorted(c) if isinstance(c, dict) else _kind(c)
+        raise FormatError(
+            f"{mf}: chunk {i} must be an object with keys {sorted(_CHUNK_KEYS)}; got {got}"
+        )
+    for key in ("rows", "steps"):
+        name = c[key]
+        if not isinstance(name, str) or not name.endswith(".npy") or os.path.basename(name) != name:
+            raise FormatError(f"{mf}: chunk {i}: {key!r} must be a .npy file name; got {name!r}")
+    pos = _int(mf, f"chunks[{i}].positions", c["positions"], 1)
+    first = _int(mf, f"chunks[{i}].first_step", c["first_step"], 0)
+    last = _int(mf, f"chunks[{i}].last_step", c["last_step"], first)
+    return TraceChunk(c["rows"], c["steps"], pos, first, last)
 
 
 class _Writer:
@@ -245,19 +408,75 @@ def build_trace(
     -------
     Trace
     """
-    from embed.ids import ngram_ids
-
     model = model or ServerModel()
     if chunk_positions < 1:
         raise ConfigError(f"chunk_positions must be >= 1; got {chunk_positions}")
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ConfigError(f"trace directory {out} exists and is not empty; pass overwrite=True")
-        for f in out.iterdir():
-            if f.name == MANIFEST or f.name.startswith(("rows-", "steps-")):
-                f.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"trace directory {out} is a file")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(
+            f"trace directory {out} exists and is not empty; pass overwrite=True to replace it"
+        )
+    # Write into a temporary sibling and move it into place when complete: a failed or
+    # interrupted run leaves neither a half trace nor an empty directory behind.
+    created = _missing_ancestor(out.parent)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        tmp.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would become the trace's mode
+        _write_trace(requests, dims, tmp, model, int(chunk_positions), progress)
+        _move_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+    return Trace.open(out)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _missing_ancestor(path: Path) -> Path | None:
+    """The outermost of ``path`` and its parents that does not exist yet (None: it exists)."""
+    top = None
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        top = p
+    return top
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """``tmp`` becomes ``out``; an existing ``out`` keeps its other files, loses its old trace."""
+    if not out.exists():
+        tmp.rename(out)
+        return
+    old = out / MANIFEST
+    if old.exists():
+        old.unlink()  # first: the old trace stops being a trace before its chunks go
+    for f in out.iterdir():
+        if f.name.startswith(("rows-", "steps-")) and f.suffix == ".npy":
+            f.unlink()
+    for f in sorted(tmp.iterdir(), key=lambda f: f.name == MANIFEST):
+        os.replace(f, out / f.name)  # the manifest last
+    tmp.rmdir()
+
+
+def _write_trace(
+    requests: Iterable[np.ndarray],
+    dims: Any,
+    out: Path,
+    model: ServerModel,
+    chunk_positions: int,
+    progress: bool,
+) -> None:
+    from embed.ids import ngram_ids
+
     writer = _Writer(out, int(chunk_positions))
     bar = None
     if progress:
@@ -313,4 +532,3 @@ def build_trace(
     if bar is not None:
         bar.close()
     write_manifest(out, writer, dims, model, n_req, last_step + 1)
-    return Trace.open(out)

@@ -12,8 +12,12 @@ for the hull; sizes stay on the profiled grid.
 from __future__ import annotations
 
 import heapq
+import json
+import math
+import os
 import re
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,34 +25,54 @@ import numpy as np
 from ..errors import ConfigError
 from .benchio import DeviceProfile
 
+# Binary units, as every report prints sizes (KiB, MiB, GiB): a bare K, M, G, T is the
+# same as KiB, MiB, GiB, TiB. The SI spellings KB, MB, GB, TB are refused: "12GB" would
+# otherwise read as 10^9 bytes beside reports in GiB (7% less than it looks).
 _UNITS = {
     "": 1,
     "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "t": 1000**4,
-    "tb": 1000**4,
+    "k": 1 << 10,
     "kib": 1 << 10,
+    "m": 1 << 20,
     "mib": 1 << 20,
+    "g": 1 << 30,
     "gib": 1 << 30,
+    "t": 1 << 40,
     "tib": 1 << 40,
 }
+_SI = {"kb": "KiB", "mb": "MiB", "gb": "GiB", "tb": "TiB"}
+MAX_BYTES = 1 << 62
 
 
 def parse_bytes(text: str | int, name: str = "size") -> int:
-    """``"121GiB"``, ``"20 GB"``, ``"1.5TiB"`` or a plain number of bytes -> int."""
+    """``"121GiB"``, ``"12G"`` (= 12 GiB), ``"1.5TiB"``, ``"4096"`` or ``"20e9"`` bytes -> int.
+
+    Units are binary (K = KiB = 2^10, ... T = TiB = 2^40), as the reports print;
+    ``KB``/``MB``/``GB``/``TB`` are refused as ambiguous. ``name`` labels errors.
+    """
     if isinstance(text, (int, np.integer)) and not isinstance(text, bool):
-        return int(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
+        v = int(text)
+        if not 0 <= v <= MAX_BYTES:
+            raise ConfigError(f"{name}: {v} bytes is outside [0, 2^62]")
+        return v
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if m and unit in _SI:
+        k = list(_SI).index(unit) + 1
         raise ConfigError(
-            f"{name}={text!r} is not a size; use bytes or a number with B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
+            f"{name}: {text!r} is ambiguous (10^{3 * k} or 2^{10 * k} bytes?); write "
+            f"{m.group(1)}{_SI[unit]} (or {m.group(1)}{_SI[unit][0]}: units are binary, as "
+            f"reports print) or a byte count such as {m.group(1)}e{3 * k}"
         )
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if not m or unit not in _UNITS:
+        raise ConfigError(
+            f"{name}: {text!r} is not a size; use bytes (4096, 20e9) or a number with "
+            "K, M, G, T or KiB, MiB, GiB, TiB (binary: G = GiB = 2^30 bytes)"
+        )
+    size = float(m.group(1)) * _UNITS[unit]
+    if not size <= MAX_BYTES:  # also inf
+        raise ConfigError(f"{name}: {text!r} is more than 2^62 bytes")
+    return int(size)
 
 
 @dataclass(frozen=True)
@@ -88,26 +112,81 @@ class TuneReport:
         return asdict(self)
 
 
-def curves_from_profile(profile: Any) -> tuple[list[TableCurve], dict[str, Any]]:
-    """Per-table curves and metadata from a ``ProfileReport`` or its ``to_dict()``."""
-    d = profile.to_dict() if hasattr(profile, "to_dict") else profile
+def load_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON dict of a ``rowcache profile --save`` (or ``--json``) file, checked."""
     try:
-        tables = d["tables"]
-        rows_list = d.get("table_rows") or []
-        out = []
-        for i, (name, c) in enumerate(tables.items()):
+        d = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(
+            f"{path}: not a profile JSON (from `rowcache profile --save`): {e}"
+        ) from e
+    curves_from_profile(d, source=str(path))
+    return d
+
+
+def _fail(source: str, what: str) -> ConfigError:
+    return ConfigError(f"{source}: not a profile from `rowcache profile --save`: {what}")
+
+
+def curves_from_profile(
+    profile: Any, source: str = "profile"
+) -> tuple[list[TableCurve], dict[str, Any]]:
+    """Per-table curves and metadata from a ``ProfileReport`` or its ``to_dict()``, checked.
+
+    ``source`` names the profile in errors (e.g. its file).
+    """
+    d = profile.to_dict() if hasattr(profile, "to_dict") else profile
+    if not isinstance(d, dict):
+        raise _fail(source, f"a JSON object is expected; got {type(d).__name__}")
+    for key in ("tokens", "record_bytes", "dtype", "tables"):
+        if key not in d:
+            raise _fail(source, f"missing {key!r}")
+    tokens, rec, dtype = d["tokens"], d["record_bytes"], d["dtype"]
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise _fail(source, f"'tokens' must be an integer >= 1; got {tokens!r}")
+    if dtype not in ("bf16", "fp8"):
+        raise _fail(source, f"'dtype' must be 'bf16' or 'fp8'; got {dtype!r}")
+    least = 2 if dtype == "bf16" else 5
+    if (
+        isinstance(rec, bool)
+        or not isinstance(rec, int)
+        or rec < least
+        or (dtype == "bf16" and rec % 2)
+    ):
+        raise _fail(
+            source,
+            f"'record_bytes' {rec!r} is not a {dtype} row size (bf16: 2 x dim, fp8: dim + 4)",
+        )
+    tables = d["tables"]
+    if not isinstance(tables, dict) or not tables:
+        raise _fail(source, "'tables' must map table names to curves")
+    rows_list = d.get("table_rows") or []
+    if not isinstance(rows_list, list):
+        raise _fail(source, "'table_rows' must be a list")
+    out = []
+    for i, (name, c) in enumerate(tables.items()):
+        where = f"table {name}"
+        if not isinstance(c, dict) or not {"sizes", "misses", "accesses"} <= set(c):
+            raise _fail(source, f"{where} needs 'sizes', 'misses' and 'accesses'")
+        try:
             sizes = np.asarray(c["sizes"], dtype=np.int64)
             misses = np.asarray([np.nan if x is None else x for x in c["misses"]], dtype=np.float64)
-            rows = int(rows_list[i]) if i < len(rows_list) else int(sizes.max())
-            out.append(TableCurve(str(name), sizes, misses, int(c["accesses"]), rows))
-        meta = {
-            "tokens": int(d["tokens"]),
-            "record_bytes": int(d["record_bytes"]),
-            "dtype": str(d["dtype"]),
-        }
-    except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"not a profile from `rowcache profile --json`: missing {e}") from e
-    return out, meta
+        except (TypeError, ValueError, OverflowError) as e:
+            raise _fail(source, f"{where}: sizes and misses must be lists of numbers") from e
+        if sizes.ndim != 1 or sizes.size == 0 or misses.shape != sizes.shape:
+            raise _fail(source, f"{where}: 'sizes' and 'misses' must be equal, non-empty lists")
+        if np.any(sizes < 1) or np.any(np.diff(sizes) <= 0):
+            raise _fail(source, f"{where}: 'sizes' must increase from >= 1")
+        if np.any(misses[~np.isnan(misses)] < 0) or np.any(np.isinf(misses)):
+            raise _fail(source, f"{where}: 'misses' must be finite and >= 0 (or null)")
+        acc = c["accesses"]
+        if isinstance(acc, bool) or not isinstance(acc, int) or acc < 1:
+            raise _fail(source, f"{where}: 'accesses' must be an integer >= 1; got {acc!r}")
+        rows = rows_list[i] if i < len(rows_list) else int(sizes.max())
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise _fail(source, f"'table_rows'[{i}] must be an integer >= 1; got {rows!r}")
+        out.append(TableCurve(str(name), sizes, misses, acc, rows))
+    return out, {"tokens": tokens, "record_bytes": rec, "dtype": dtype}
 
 
 def _hull(sizes: np.ndarray, misses: np.ndarray) -> list[tuple[int, float]]:
@@ -184,13 +263,17 @@ def tune(
 
     Parameters
     ----------
-    profile : ProfileReport or its JSON dict
-    arena_bytes : budget for all arenas; or ``memory_bytes - reserve_bytes``
+    profile : ProfileReport, its JSON dict, or the path of that JSON (``profile --save``)
+    arena_bytes : budget for all arenas; or ``memory_bytes - reserve_bytes`` (both
+        needed: ``reserve_bytes=0`` budgets the whole memory). With neither but a
+        target, the budget is the smallest arena that meets the target.
     dtype : "bf16" or "fp8" rows (default: the profile's)
     device : DeviceProfile, optional; gives fault seconds per token
-    target_fault_rate : faults per access (all tables) to reach
-    target_fault_seconds : fault I/O seconds per token to reach (needs ``device``)
+    target_fault_rate : faults per access (all tables) to reach, in (0, 1]
+    target_fault_seconds : fault I/O seconds per token to reach, > 0 (needs ``device``)
     """
+    if isinstance(profile, (str, os.PathLike)):
+        profile = load_profile(profile)
     curves, meta = curves_from_profile(profile)
     dtype = dtype or meta["dtype"]
     rec0 = meta["record_bytes"]
@@ -201,59 +284,84 @@ def tune(
         rec = dim + 4
     else:
         raise ConfigError(f"dtype={dtype!r} is not supported; allowed: bf16, fp8")
+    for name, v, hi in (
+        ("target_fault_rate", target_fault_rate, 1.0),
+        ("target_fault_seconds", target_fault_seconds, math.inf),
+    ):
+        if v is not None and not (isinstance(v, (int, float)) and 0 < v <= hi):
+            allowed = "(0, 1] faults per access" if hi == 1.0 else "> 0 seconds"
+            raise ConfigError(f"{name}={v!r} must be {allowed}")
+    has_target = target_fault_rate is not None or target_fault_seconds is not None
     if arena_bytes is not None:
         if memory_bytes is not None or reserve_bytes is not None:
             raise ConfigError("give arena_bytes, or memory_bytes with reserve_bytes, not both")
-        budget = parse_bytes(arena_bytes, "arena")
+        budget: int | None = parse_bytes(arena_bytes, "arena_bytes")
     elif memory_bytes is not None:
-        budget = parse_bytes(memory_bytes, "memory") - parse_bytes(reserve_bytes or 0, "reserve")
+        if reserve_bytes is None:
+            raise ConfigError(
+                "memory_bytes needs reserve_bytes (what weights and KV cache keep); "
+                "reserve_bytes=0 budgets all of it"
+            )
+        budget = parse_bytes(memory_bytes, "memory_bytes") - parse_bytes(
+            reserve_bytes, "reserve_bytes"
+        )
+    elif reserve_bytes is not None:
+        raise ConfigError("reserve_bytes needs memory_bytes")
+    elif has_target:
+        budget = None
     else:
-        raise ConfigError("give a budget: arena_bytes, or memory_bytes (and reserve_bytes)")
-    if budget <= 0:
+        raise ConfigError(
+            "give a budget (arena_bytes, or memory_bytes with reserve_bytes) or a target"
+        )
+    if budget is not None and budget <= 0:
         raise ConfigError(f"the arena budget is {budget} bytes; memory must exceed reserve")
     if target_fault_seconds is not None and device is None:
         raise ConfigError("target_fault_seconds needs a device profile (rowcache bench-io)")
-    tokens = max(1, meta["tokens"])
+    tokens = meta["tokens"]
     accesses = sum(c.accesses for c in curves)
     path = greedy_path(curves, rec)
     notes: list[str] = []
+    rate = None
+    qd = None
+    if device is not None:
+        rate, qd = device.reads_per_s(rec, queue_depth)
+
+    def seconds(m: float) -> float | None:
+        return None if rate is None else (m / tokens) / rate
+
+    def ok(m: float) -> bool:
+        good = True
+        if target_fault_rate is not None:
+            good &= m / accesses <= target_fault_rate
+        if target_fault_seconds is not None:
+            s = seconds(m)
+            good &= s is not None and s <= target_fault_seconds
+        return good
+
+    first = next((p for p in path if ok(p[1])), None) if has_target else None
+    need = None if first is None else int(first[0])
+    if budget is None:
+        if first is None:
+            raise ConfigError(
+                "no profiled size reaches the target; profile larger sizes or give a budget"
+            )
+        budget = need
+        notes.append("no budget given: the arena is the smallest that meets the target")
+    assert budget is not None
     if path[0][0] > budget:
         raise ConfigError(
             f"the budget {budget} B is below the smallest feasible arenas ({path[0][0]} B: every "
             "table's largest batch must fit); raise it or profile smaller batches"
         )
-    best = greedy_path(curves, rec, budget)[-1]
-    used, misses, rows = best
-    rate = rec_rate = None
-    qd = None
-    if device is not None:
-        rate, qd = device.reads_per_s(rec, queue_depth)
-        rec_rate = rate
-
-    def seconds(m: float) -> float | None:
-        return None if rec_rate is None else (m / tokens) / rec_rate
-
+    used, misses, rows = greedy_path(curves, rec, budget)[-1]
     target: dict[str, float] = {}
     meets: bool | None = None
-    need: int | None = None
-    if target_fault_rate is not None or target_fault_seconds is not None:
-
-        def ok(m: float) -> bool:
-            good = True
-            if target_fault_rate is not None:
-                good &= m / max(1, accesses) <= target_fault_rate
-            if target_fault_seconds is not None:
-                s = seconds(m)
-                good &= s is not None and s <= target_fault_seconds
-            return good
-
+    if has_target:
         if target_fault_rate is not None:
             target["fault_rate"] = float(target_fault_rate)
         if target_fault_seconds is not None:
             target["fault_seconds_per_token"] = float(target_fault_seconds)
         meets = ok(misses)
-        first = next((p for p in path if ok(p[1])), None)
-        need = None if first is None else int(first[0])
         if first is None:
             notes.append("no profiled size reaches the target; profile larger sizes")
     if rows == path[-1][2]:
@@ -266,10 +374,10 @@ def tune(
         record_bytes=rec,
         budget_bytes=int(budget),
         used_bytes=int(used),
-        tokens=int(meta["tokens"]),
+        tokens=int(tokens),
         rows={c.name: int(r) for c, r in zip(curves, rows)},
         fault_rate={
-            c.name: float(np.interp(r, c.sizes, np.nan_to_num(c.misses)) / max(1, c.accesses))
+            c.name: float(np.interp(r, c.sizes, np.nan_to_num(c.misses)) / c.accesses)
             for c, r in zip(curves, rows)
         },
         faults_per_token=misses / tokens,

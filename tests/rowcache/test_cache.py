@@ -204,7 +204,7 @@ def test_cache_read_failure_maps_nothing_and_stays_usable(tmp_path, rng, monkeyp
         return real(fd, bufs, off)
 
     monkeypatch.setattr(os, "preadv", flaky)
-    ids = np.arange(1000, 1000 + 400, 20)  # 20 rows, each its own read
+    ids = np.arange(100, 100 + 20 * 128, 128)  # 20 rows two pages apart: each its own read
     with pytest.raises(CorruptDataError):
         cache.resolve(ids)
     monkeypatch.setattr(os, "preadv", real)

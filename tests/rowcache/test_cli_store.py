@@ -107,3 +107,47 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
     assert "--table" in capsys.readouterr().err
     assert main(["build", str(tmp_path / "s"), "--table", "x=/no/such.npy"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_cli_build_errors_name_the_flag_or_the_file(tmp_path, rng, capsys):
+    p, _ = _npy(tmp_path, rng)
+    store = str(tmp_path / "s")
+    assert main(["build", store, "--table", f"a={p}", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["build", store, "--table", f"a={p}"]) == 2
+    err = _one_line(capsys)
+    assert "--overwrite" in err and "overwrite=True" not in err
+    assert main(["build", store + "2", "--table", f"a={p}", "--shard-mib", "1e-9"]) == 2
+    assert "--shard-mib" in _one_line(capsys) and not os.path.exists(store + "2")
+    cut = tmp_path / "cut.npy"
+    cut.write_bytes(p.read_bytes()[:1000])
+    assert main(["build", store + "3", "--table", f"a={cut}"]) == 2
+    err = _one_line(capsys)
+    assert str(cut) in err and "not a readable .npy" in err
+    st = tmp_path / "m.safetensors"
+    x = np.zeros((8, 4), dtype=np.float32)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [8, 4], "data_offsets": [0, x.nbytes]}})
+    st.write_bytes(struct.pack("<Q", len(header)) + header.encode() + x.tobytes()[:50])
+    assert main(["build", store + "4", "--table", f"w={st}:w"]) == 2
+    err = _one_line(capsys)
+    assert str(st) in err and "truncated" in err and "mmap" not in err
+    assert main(["build", store + "5", "--safetensors", str(st)]) == 2
+    assert "truncated" in _one_line(capsys)
+
+
+def test_cli_store_wording_singular(tmp_path, rng, capsys):
+    p, _ = _npy(tmp_path, rng)
+    store = str(tmp_path / "s")
+    assert main(["build", store, "--table", f"a={p}", "--no-progress"]) == 0
+    assert ": 1 table, bf16" in capsys.readouterr().err
+    assert main(["-q", "build", store + "q", "--table", f"a={p}"]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["verify", store]) == 0
+    out = capsys.readouterr().out
+    assert ": 1 shard, " in out and "1 shards" not in out

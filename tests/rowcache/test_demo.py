@@ -94,3 +94,56 @@ def test_demo_bad_text(tmp_path):
 def test_demo_gpu_tiny(tmp_path):
     rep = run_demo(DemoConfig(**TINY, device="cuda", workdir=str(tmp_path)), progress=False)
     assert rep.equal and rep.device_bytes and rep.device_bytes > 0
+
+
+def test_demo_cli_tokens_1000_through_main(capsys):
+    from rowcache.cli import main
+
+    argv = ["demo", "--hidden", "48", "--ratio", "0.02", "--tokens", "1000", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["equal"] and out["tokens"] == 1000 and out["decode_tokens"] == 100
+
+
+def test_demo_cli_errors_name_the_flag_or_the_file(tmp_path, capsys):
+    from rowcache.cli import main
+
+    tiny = ["demo", "--ratio", "0.02", "--tokens", "500"]
+    assert main([*tiny, "--hidden", "50"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--hidden 50 must be divisible" in err
+    assert main([*tiny, "--decode-tokens", "500", "--hidden", "48"]) == 2
+    assert "--decode-tokens 500 must be in [0, --tokens 500)" in capsys.readouterr().err
+    for bad in (tmp_path / "none.json", tmp_path):
+        assert main([*tiny, "--tokenizer", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--tokenizer" in err and str(bad) in err
+    junk = tmp_path / "junk.json"
+    junk.write_text('{"not": "a tokenizer"}')
+    assert main([*tiny, "--hidden", "48", "--tokenizer", str(junk)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{junk}: not an HF tokenizer.json" in err
+    assert "Traceback" not in err
+
+
+def test_demo_report_explains_reads_and_counts_the_store_on_disk(tmp_path):
+    from rowcache.store import RowStore
+
+    cfg = DemoConfig(**TINY, dtype="fp8", workdir=str(tmp_path))
+    rep = run_demo(cfg, progress=False)
+    text = render(rep)
+    assert "merged into one" in text and "whole 4 KiB pages" in text
+    with RowStore.open(tmp_path / "store") as store:
+        on_disk = sum(r.length for recs in store.shards for r in recs)
+    assert rep.store_bytes == on_disk > sum(t.nbytes for t in store.tables)
+
+
+def test_demo_cli_cuda_without_a_gpu_names_the_flag(capsys):
+    from kernels._cuda import gpu_available
+    from rowcache.cli import main
+
+    if gpu_available():
+        pytest.skip("a GPU is usable here")
+    assert main(["demo", "--device", "cuda", "--tokens", "500", "--ratio", "0.02"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device cpu" in err and "device='cpu'" not in err

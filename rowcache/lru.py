@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from .cache_state import CacheState
+
 
 def _sorted_unique(a: np.ndarray) -> np.ndarray:
     """The distinct values of ``a`` (int64 row ids < 2**31), ascending, as int32
@@ -27,29 +29,12 @@ def _sorted_unique(a: np.ndarray) -> np.ndarray:
     return u
 
 
-class LruLog:
+class LruLog(CacheState):
     """LRU bookkeeping of :class:`rowcache.cache.NgramRowCache` (a mixin over its
     arrays). ``_host_lib()`` gives the native host kernels (``kernels.host.native``,
     or None), looked up where tests swap them."""
 
-    num_slots: int
-    rows: int
-    _row_slot: np.ndarray
-    _slot_row: np.ndarray
-    _last_used: np.ndarray
-    _log: np.ndarray
-    _log_pos: np.ndarray
-    _head: int
-    _tail: int
-    _batch: int
-    _pinned: int
-    _n_busy: int
-    _busy: np.ndarray
-    _stats: dict[str, Any]
-    _last_faults: int
     _scratch: np.ndarray
-    _jobs: list[Any]
-    _failed: list[Any]
 
     def _host_lib(self) -> Any:
         raise NotImplementedError

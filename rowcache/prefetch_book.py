@@ -15,37 +15,19 @@ from typing import Any
 
 import numpy as np
 
+from .cache_state import CacheState
 from .errors import CorruptDataError
 from .lru import _sorted_unique
 from .prefetch import PrefetchBuffers, PrefetchHandle, PrefetchJob
 from .store import check_row_ids
 
 
-class PrefetchBook:
+class PrefetchBook(CacheState):
     """Prefetch bookkeeping of :class:`rowcache.cache.NgramRowCache` (a mixin)."""
 
-    num_slots: int
-    rows: int
-    _row_slot: np.ndarray
-    _slot_row: np.ndarray
-    _last_used: np.ndarray
-    _log: np.ndarray
-    _log_pos: np.ndarray
-    _head: int
-    _tail: int
-    _batch: int
-    _pinned: int
-    _n_busy: int
-    _busy: np.ndarray
-    _stats: dict[str, Any]
-    name: str
-    _lock: Any
-    _dev_map: Any
     _jobs: list[PrefetchJob]
-    _failed: list[tuple[np.ndarray, BaseException]]
     _pf_pool: ThreadPoolExecutor | None
     _pf_buffers: PrefetchBuffers | None
-    _reaped_rows: int
 
     def poll(self) -> int:
         """Commit the prefetches whose reads have finished (their rows appear in

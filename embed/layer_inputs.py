@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from kernels._cuda import is_device_array
-from kernels.ngram import split_k
+from kernels.gemm import split_k
 from kernels.reference import BF16
 from rowcache.errors import ConfigError
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.ngram import split_k
+from kernels.gemm import split_k
 from kernels.reference import BF16
 
 from .batch import NgramBatch

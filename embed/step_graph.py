@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kernels.ngram import gemm_bf16_f32_parts, scale_sum
+from kernels.gemm import gemm_bf16_f32_parts, scale_sum
 from kernels.reference import BF16
 from rowcache.errors import ConfigError
 

@@ -8,7 +8,7 @@ buffers (``embed.device_step._DeviceStep``) a server captures into its own graph
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kernels.gemm import gemm_bf16_f32_parts, scale_sum
 from kernels.reference import BF16
@@ -16,9 +16,6 @@ from rowcache.errors import ConfigError
 
 from .batch import NgramBatch
 from .device_step import _DeviceStep, _pack, _Shape
-
-if TYPE_CHECKING:
-    from .layer import NgramEmbedding
 
 
 class GraphStep:
@@ -114,7 +111,7 @@ class StaticStep:
     stream, e.g. inside a capture of a larger graph.
     """
 
-    def __init__(self, emb: NgramEmbedding, key: tuple[int, int, bool], *, with_sum: bool) -> None:
+    def __init__(self, emb: GraphStep, key: tuple[int, int, bool], *, with_sum: bool) -> None:
         L, n, multi = key
         self._emb = emb
         self.shape = _Shape(L, n, multi)

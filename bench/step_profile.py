@@ -15,6 +15,7 @@ import pstats
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--graphs", action="store_true", help="cuda_graphs=True")
     p.add_argument("--top", type=int, default=18)
+    p.add_argument("--faults", type=int, default=0, metavar="K",
+                   help="profile fault steps of K misses of a 25%% shared arena instead")
     p.add_argument("--quick", action="store_true")
     a = p.parse_args(argv)
     if a.quick:
@@ -61,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         resident_tabs = [xp.asarray(t) for t in tabs.values()]
     else:
         word_dev = word
+    if a.faults:
+        return profile_faults(a, store, list(tabs), sum(t.shape[0] for t in tabs.values()))
     kw = {"cuda_graphs": a.graphs}
     cached = NgramEmbedding(dims, word_dev, [CachedTable(shared, k) for k in range(T)], projs, **kw)
     resident = NgramEmbedding(dims, word_dev, resident_tabs, projs, **kw)
@@ -90,6 +95,39 @@ def main(argv: list[str] | None = None) -> int:
         prof.disable()
         print(f"--- cached {name}: top {a.top} by own time ({a.steps} steps)")
         pstats.Stats(prof).sort_stats("tottime").print_stats(a.top)
+    store.close()
+    return 0
+
+
+def profile_faults(a: argparse.Namespace, store: Any, names: list[str], rows: int) -> int:
+    """cProfile of ``resolve`` steps that each fault ``a.faults`` cold rows (O_DIRECT)."""
+    st = rowcache.RowStore.open(store.path, direct=True)
+    cache = rowcache.NgramRowCache(st, names, slots=rows // 4, device=a.device)
+    if a.device == "cuda":
+        cache.device_map()  # as the fused embedding step uses it
+    rng = np.random.default_rng(1)
+    for lo in range(0, rows // 4, 1 << 14):
+        cache.resolve(np.arange(lo, min(rows // 4, lo + (1 << 14))))
+        cache.end_batch()
+    sync = (lambda: cache.stream.synchronize()) if a.device == "cuda" else (lambda: None)
+    steps = [np.sort(rng.choice(np.arange(rows // 4, rows), a.faults, replace=False))
+             for _ in range(2 * a.steps)]  # fmt: skip
+    times = []
+    prof = cProfile.Profile()
+    for i, ids in enumerate(steps):
+        if i == a.steps:
+            prof.enable()
+        t0 = time.perf_counter()
+        cache.resolve(ids)
+        sync()
+        times.append(time.perf_counter() - t0)
+        cache.end_batch()
+    prof.disable()
+    print(f"fault step of {a.faults} rows: median {np.median(times[: a.steps]) * 1e3:.3f} ms "
+          f"(unprofiled), reads {cache.stats().read_ops}")  # fmt: skip
+    pstats.Stats(prof).sort_stats("tottime").print_stats(a.top)
+    pstats.Stats(prof).sort_stats("cumtime").print_stats(a.top)
+    st.close()
     store.close()
     return 0
 

@@ -262,7 +262,7 @@ class TorchNgramEmbedding(torch.nn.Module):
                 f"attention_mask has {W} columns: give {L} (input_ids only) or at least "
                 f"{L + c} (the context's last {c} tokens and input_ids)"
             )
-        valid = mask[:, W - L - c :].to(device=mask.device, dtype=torch.bool)
+        valid = (mask if W == L else mask[:, W - L - c :]).to(dtype=torch.bool)
         if W == L and c:
             valid = torch.cat([torch.ones((B, c), dtype=torch.bool, device=mask.device), valid], 1)
         if bool(valid.all()):

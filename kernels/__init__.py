@@ -8,15 +8,8 @@ from __future__ import annotations
 
 from ._cuda import gpu_available
 from .gather import batched_embed, batched_embed_fp8
-from .ngram import (
-    StackedTables,
-    gather_stacked,
-    gemm_bf16_f32,
-    gemm_bf16_f32_parts,
-    hash_gather,
-    ngram_hash,
-    scale_sum,
-)
+from .gemm import gemm_bf16_f32, gemm_bf16_f32_parts, scale_sum
+from .ngram import StackedTables, gather_stacked, hash_gather, ngram_hash
 from .overlay import (
     embed_overlay_routed,
     embed_rowdiff,

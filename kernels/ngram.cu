@@ -1,6 +1,6 @@
-// N-gram embedding kernels: the LongCat hash of every (table, position), the gather
-// of every table's row into one stacked [n, T*d] buffer, and the final scaled sum of
-// the word row and the projected n-gram rows.
+// N-gram embedding kernels: the LongCat hash of every (table, position) and the gather
+// of every table's row into one stacked [n, T*d] buffer (the final scaled sum of the
+// word row and the projected n-gram rows is kernels/gemm.cu).
 // Their NumPy references (the specification) are in kernels/ngram.py.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -56,21 +56,6 @@ extern "C" __global__ void ngram_hash(const long long* __restrict__ tokens,
     }
     out[idx] = ngram_id(tokens, t, has_starts ? starts[t] : 0, mult + (long long)i * N, N, eos,
                         rows[i]);
-}
-
-// out[k] = bf16_rn((float(word[k]) + proj) / denom) with proj = proj[0][k] + proj[1][k]
-// + ... over `parts` parts of n elements each (the split GEMM's, summed in that order):
-// IEEE division and float adds, as NumPy does.
-extern "C" __global__ void ngram_scale_sum(const __nv_bfloat16* __restrict__ word,
-                                           const float* __restrict__ proj,
-                                           __nv_bfloat16* __restrict__ out,
-                                           long long n, float denom, int parts) {
-    long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= n) return;
-    float p = proj[k];
-    for (int j = 1; j < parts; ++j) p = __fadd_rn(p, proj[(long long)j * n + k]);
-    float acc = __fadd_rn(__bfloat162float(word[k]), p);
-    out[k] = __float2bfloat16_rn(__fdiv_rn(acc, denom));
 }
 
 // Elements c0 .. c0 + d of row `row` of one table into dst[0:d), by the threads of one

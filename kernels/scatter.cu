@@ -62,3 +62,59 @@ SCATTER_ROWS(scatter_rows_2_i32, unsigned short, int)
 SCATTER_ROWS(scatter_rows_2_i64, unsigned short, long long)
 SCATTER_ROWS(scatter_rows_1_i32, unsigned char, int)
 SCATTER_ROWS(scatter_rows_1_i64, unsigned char, long long)
+
+// The whole GPU side of a fault in one launch (rowcache.cache): scatter_rows of the staged
+// records into their slots, then the row -> slot map's update, all read from pinned host
+// memory mapped into the device (no copies first). side = [slots (n) | rows (n) |
+// evicted rows (n_evicted)], int32. Specified by fault_commit_reference (kernels/scatter.py):
+//   table/scales as scatter_rows;  row_map[evicted[e]] = -1;  row_map[rows[r]] = slots[r]
+// Evicted rows and new rows are disjoint (a row evicted and faulted in by one call would
+// have been a hit), so the order of the map writes is moot.
+template <typename V>
+__device__ __forceinline__ void fault_commit(const V* __restrict__ records,
+                                             const int* __restrict__ side,
+                                             V* __restrict__ table,
+                                             float* __restrict__ scales,
+                                             int* __restrict__ row_map,
+                                             long long n,
+                                             long long n_evicted,
+                                             long long words,
+                                             long long records_stride,
+                                             long long table_stride,
+                                             long long scale_offset) {
+    scatter_rows<V, int>(records, side, table, scales, n, words, records_stride, table_stride,
+                         scale_offset);
+    if (row_map == nullptr) {
+        return;
+    }
+    const long long tid = ((long long)blockIdx.x * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+    const long long all = (long long)gridDim.x * blockDim.y * blockDim.x;
+    for (long long e = tid; e < n_evicted; e += all) {
+        row_map[side[2 * n + e]] = -1;
+    }
+    for (long long r = tid; r < n; r += all) {
+        row_map[side[n + r]] = side[r];
+    }
+}
+
+#define FAULT_COMMIT(NAME, V)                                                            \
+    extern "C" __global__ void NAME(const V* __restrict__ records,                       \
+                                    const int* __restrict__ side,                        \
+                                    V* __restrict__ table,                               \
+                                    float* __restrict__ scales,                          \
+                                    int* __restrict__ row_map,                           \
+                                    long long n,                                         \
+                                    long long n_evicted,                                 \
+                                    long long words,                                     \
+                                    long long records_stride,                            \
+                                    long long table_stride,                              \
+                                    long long scale_offset) {                            \
+        fault_commit<V>(records, side, table, scales, row_map, n, n_evicted, words,      \
+                        records_stride, table_stride, scale_offset);                     \
+    }
+
+FAULT_COMMIT(fault_commit_16, uint4)
+FAULT_COMMIT(fault_commit_8, uint2)
+FAULT_COMMIT(fault_commit_4, unsigned int)
+FAULT_COMMIT(fault_commit_2, unsigned short)
+FAULT_COMMIT(fault_commit_1, unsigned char)

@@ -146,3 +146,78 @@ def scatter_records(records: Any, slots: Any, table: Any, scales: Any = None) ->
             np.int64(table.shape[1]),
         ),
     )
+
+
+def fault_commit_reference(
+    records: np.ndarray,
+    side: np.ndarray,
+    n_evicted: int,
+    table: np.ndarray,
+    scales: np.ndarray | None,
+    row_map: np.ndarray | None,
+) -> None:
+    """What ``FaultCommit`` does on the GPU, in NumPy (the spec): ``side`` int32 is
+    ``[slots (n) | rows (n) | evicted rows (n_evicted)]``; the records go into their
+    slots (``scatter_records_reference``) and ``row_map`` (int32[rows], optional) maps
+    the evicted rows to -1 and the new rows to their slots."""
+    n = records.shape[0]
+    scatter_records_reference(records, side[:n], table, scales)
+    if row_map is not None:
+        row_map[side[2 * n : 2 * n + n_evicted]] = -1
+        row_map[side[n : 2 * n]] = side[:n]
+
+
+class FaultCommit:
+    """The GPU side of a row-cache fault in ONE launch: records into their slots and
+    the device row -> slot map's update, read in place from pinned host memory mapped
+    into the device (``fault_commit`` in scatter.cu). Built once per arena (checks and
+    the kernel choice happen here, not per fault): the hot path is one launch.
+
+    Parameters
+    ----------
+    table, scales : the cupy arena (as :func:`scatter_records`).
+    record_bytes : bytes per staged record (rows of the staging buffer).
+    staging_ptr : device-visible address of the staging buffer (mapped pinned memory).
+    """
+
+    def __init__(self, table: Any, scales: Any, record_bytes: int, staging_ptr: int) -> None:
+        cupy = require_cupy("FaultCommit")
+        check_rows_contiguous("table", table)
+        fake = np.empty((1, record_bytes), dtype=np.uint8)
+        row_bytes = _check(fake, np.zeros(1, np.int32), table, scales)
+        self.cupy, self.table, self.scales = cupy, table, scales
+        self.vec = vector_bytes(
+            row_bytes, record_bytes, table.strides[0], staging_ptr, table.data.ptr,
+            widths=(16, 8, 4, 2, 1),
+        )  # fmt: skip
+        self.words = row_bytes // self.vec
+        self.record_bytes = record_bytes
+        self.kernel = get_kernel(_SOURCE, f"fault_commit_{self.vec}")
+
+    def __call__(
+        self, records_ptr: int, side_ptr: int, n: int, n_evicted: int, row_map: Any, stream: Any
+    ) -> None:
+        """Launch on ``stream``: ``n`` records at ``records_ptr`` (rows of
+        ``record_bytes``), ``side_ptr`` int32 ``[slots | rows | evicted]`` (both device
+        addresses of mapped pinned memory), ``row_map`` cupy int32[rows] or None."""
+        if n == 0:
+            return
+        grid, block = row_launch(self.cupy, max(n, n_evicted), self.words)
+        with stream:
+            self.kernel(
+                grid,
+                block,
+                (
+                    np.uint64(records_ptr),
+                    np.uint64(side_ptr),
+                    self.table,
+                    self.scales if self.scales is not None else np.uint64(0),
+                    row_map if row_map is not None else np.uint64(0),
+                    np.int64(n),
+                    np.int64(n_evicted),
+                    np.int64(self.words),
+                    np.int64(self.record_bytes // self.vec),
+                    np.int64(self.table.strides[0] // self.vec),
+                    np.int64(self.table.shape[1]),
+                ),
+            )

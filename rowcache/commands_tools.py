@@ -25,22 +25,11 @@ from .cli import (
     positive_float,
     positive_int,
 )
+from .commands_store import _human, _plural  # one renderer for every subcommand
 from .errors import ConfigError
 
 MAX_ROWS = 1 << 40  # rows per table the tools accept (the shared arena's key space)
 NA = "n/a"
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n}"
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
 def _count(text: str) -> int:
@@ -489,8 +478,7 @@ def register(subparsers: Any) -> None:
         help="token positions per chunk file of the trace",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing trace in --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _output_flags(p, "the summary")
     p.set_defaults(func=_cmd_trace)
 
     p = subparsers.add_parser(
@@ -552,8 +540,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--png", help="write a plot here (needs matplotlib)")
     p.add_argument("--save", help="also write the JSON report to this file (for `rowcache tune`)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _output_flags(p, "the report")
     p.set_defaults(func=_cmd_profile)
 
     p = subparsers.add_parser(
@@ -608,7 +595,7 @@ def register(subparsers: Any) -> None:
         default=None,
         help="fault I/O seconds per token to reach (needs --disk)",
     )
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _output_flags(p, "the report", progress=False)
     p.set_defaults(func=_tune_entry)
 
     p = subparsers.add_parser(
@@ -636,9 +623,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seconds", type=positive_float, default=1.0, help="seconds per measured point")
     p.add_argument("--buffered", action="store_true", help="do not use O_DIRECT")
     p.add_argument("--out", help="save the disk profile JSON here (for `rowcache tune --disk`)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print the profile as JSON")
+    _output_flags(p, "the profile")
     p.set_defaults(func=_cmd_bench_io)
+
+
+def _output_flags(p: argparse.ArgumentParser, what: str, *, progress: bool = True) -> None:
+    """The output flags every tool subcommand takes: ``--no-progress`` (with
+    ``progress``) and ``--json`` (print ``what`` as JSON)."""
+    if progress:
+        p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help=f"print {what} as JSON")
 
 
 def _tune_entry(args: argparse.Namespace) -> int:

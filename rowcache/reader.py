@@ -400,7 +400,21 @@ class RowReader:
         """
         if not parts:
             raise ConfigError("read_parts: parts=[]: give at least one (table, rows) pair")
-        arrs = [np.asarray(r, dtype=np.int64) for _, r in parts]
+        arrs = []
+        for k, (t, r) in enumerate(parts):
+            a = np.asarray(r)
+            if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+                raise ConfigError(
+                    f"parts[{k}]: rows of table {t} must be a 1-D integer array, "
+                    f"got {a.dtype}{list(a.shape)}"
+                )
+            a = a.astype(np.int64, copy=False)
+            if a.size > 1 and not bool((a[1:] > a[:-1]).all()):
+                raise ConfigError(
+                    f"parts[{k}]: rows of table {t} must be sorted and unique "
+                    "(np.unique(rows) gives that); RowStore.read_rows takes any order"
+                )
+            arrs.append(a)
         sizes = [a.size for a in arrs]
         rows = np.concatenate(arrs) if len(arrs) > 1 else arrs[0]
         bounds = np.zeros(len(arrs) + 1, dtype=np.int64)

@@ -74,6 +74,34 @@ def test_bench_fault_quick_measures_the_floor_in_the_same_run():
         assert row["ratio"] == pytest.approx(row["checked_ms"] / row["floor_ms"], rel=1e-6)
 
 
+def test_bench_serve_quick_ratios_from_printed_figures():
+    rep = json.loads(run("serve.py", "--json"))
+    s = rep["settings"]
+    assert s["outputs_checked"] > 0 and s["outputs_mismatched"] == 0
+    phases = {p["phase"]: p for p in rep["phases"]}
+    assert {"decode x64", "chunked prefill x64", "decode x1"} <= set(phases)
+    for p in phases.values():
+        assert p["resident_tok_s"] > 0 and p["cached_tok_s"] > 0
+        assert p["ratio"] == pytest.approx(p["cached_tok_s"] / p["resident_tok_s"], rel=1e-9)
+        assert 0 <= p["hit_rate"] <= 1 and p["faults_per_token"] >= 0
+        if p["fault_over_floor"] is not None:
+            want = p["fault_ms_per_step"] / p["floor_uring_ms_per_step"]
+            assert p["fault_over_floor"] == pytest.approx(want, rel=1e-9)
+        if isinstance(p["lookahead_tok_s"], str):
+            assert p["lookahead_tok_s"] == p["lookahead_ratio"] == "n/a (no prefetch in this tree)"
+        else:
+            want = p["lookahead_tok_s"] / p["resident_tok_s"]
+            assert p["lookahead_ratio"] == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.gpu
+def test_bench_serve_quick_on_the_gpu():
+    rep = json.loads(run("serve.py", "--device", "cuda", "--json"))
+    assert rep["settings"]["device"] == "cuda" and rep["settings"]["outputs_mismatched"] == 0
+    for p in rep["phases"]:
+        assert p["ratio"] == pytest.approx(p["cached_tok_s"] / p["resident_tok_s"], rel=1e-9)
+
+
 def test_bench_sizing_check_quick_cache_equals_exact_prediction():
     rep = json.loads(run("sizing_check.py", "--json"))
     rows = rep["results"]

@@ -5,9 +5,9 @@ request slots; a request is a prefill of its prompt in chunks of ``chunk`` token
 followed by its last ``decode`` tokens one per step; each server step (one forward
 = one cache batch) takes one unit (a chunk or a token) from every live request in
 slot order (round robin); a request is admitted into the first slot that frees, at
-the step after its predecessor's last one. Row ids per table come from
-``embed.ngram_ids`` over the whole request (equal to chunked or incremental ids by
-the NgramCache contract). Memory stays bounded: requests stream in, and the steps
+the step after its predecessor's last one. Row ids per table come from the LongCat
+hash of ``kernels.ngram`` over the whole request (``embed.ngram_ids``'s; equal to
+chunked or incremental ids by the NgramCache contract). Memory stays bounded: requests stream in, and the steps
 that no later request can join are flushed. Does not compute curves.
 
 Format (directory): ``manifest.json`` and per chunk ``rows-NNNNN.npy`` (int32
@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from kernels.ngram import ngram_hash
 
 from ..errors import ConfigError, FormatError
 
@@ -467,6 +469,22 @@ def _move_into_place(tmp: Path, out: Path) -> None:
     tmp.rmdir()
 
 
+def _request_ids(dims: Any, tokens: np.ndarray) -> np.ndarray:
+    """The ids of every table at every position of one request: int64[T, L].
+
+    The LongCat hash of ``kernels.ngram`` (what ``embed.ngram_ids`` computes); tokens
+    outside ``[0, vocab_size)`` raise ``TokenRangeError`` (a ``ConfigError``).
+    """
+    if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+        raise ConfigError(
+            f"request tokens must be a 1-D integer array of token ids, got "
+            f"{tokens.dtype}{list(tokens.shape)}"
+        )
+    return ngram_hash(
+        tokens, dims.multipliers, dims.all_table_rows, dims.eos_token_id, vocab=dims.vocab_size
+    )
+
+
 def _write_trace(
     requests: Iterable[np.ndarray],
     dims: Any,
@@ -475,8 +493,6 @@ def _write_trace(
     chunk_positions: int,
     progress: bool,
 ) -> None:
-    from embed.ids import ngram_ids
-
     writer = _Writer(out, int(chunk_positions))
     bar = None
     if progress:
@@ -516,7 +532,7 @@ def _write_trace(
         _, _, n_steps = model.units(tokens.size)
         heapq.heappush(free, (start + n_steps, slot))
         steps = schedule_request(model, tokens.size, start)
-        ids = np.asarray(ngram_ids(dims, tokens))
+        ids = _request_ids(dims, tokens)
         # Sort key: step-major, slot-minor (round robin), token order kept by the stable sort.
         pend_key.append(steps * stride + slot)
         pend_rows.append(ids.astype(row_dtype))

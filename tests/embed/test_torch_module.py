@@ -404,3 +404,16 @@ def test_gpu_static_step_refuses_cached_tables(weights, tmp_path):
     mod = TorchNgramEmbedding(_gpu_emb(weights, True, tmp_path))
     with pytest.raises(ConfigError, match="resident"):
         mod.static_step(1, 1)
+
+
+def test_mask_over_input_ids_only_keeps_the_whole_context(emb, rng):
+    """A [B, L] mask with a [B, C] context: the context counts in full, the masked
+    positions of input_ids are padding (zero rows, never in a look-back)."""
+    mod = TorchNgramEmbedding(emb)
+    ids, ctx = _ids(rng, (2, 5)), _ids(rng, (2, 3))
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[1, :2] = 0
+    out = mod(ids, ctx, attention_mask=mask)
+    np.testing.assert_array_equal(_bits(out[0]), _bits(_row(emb, ctx[0], ids[0])))
+    np.testing.assert_array_equal(_bits(out[1, 2:]), _bits(_row(emb, ctx[1], ids[1, 2:])))
+    assert not out[1, :2].any()

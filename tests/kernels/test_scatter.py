@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -241,3 +242,50 @@ def test_scatter_records_gpu_empty_and_mixed_devices(rng):
     assert np.array_equal(dev_arena.get(), arena)
     with pytest.raises(ConfigError, match="scales"):
         kernels.scatter_records(records, dest, dev_arena, scales)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("n, n_evicted", [(1, 0), (7, 3), (300, 300)])
+def test_fault_commit_gpu_equals_reference(rng, fp8, n, n_evicted):
+    """One launch: records from mapped pinned memory into slots, plus the row map update."""
+    import cupy as cp
+
+    from kernels.scatter import FaultCommit, fault_commit_reference
+
+    S, d, R = 512, 64, 5000
+    rec = d + 4 if fp8 else 2 * d
+    table = (
+        cp.asarray(rng.integers(0, 255, (S, d), dtype=np.uint8))
+        if fp8
+        else cp.asarray(rng.standard_normal((S, d)).astype(np.float32).astype(ml_dtypes.bfloat16))
+    )
+    scales = cp.asarray(rng.random(S, dtype=np.float32)) if fp8 else None
+
+    def pinned(shape, dtype):
+        mem = cp.cuda.PinnedMemory(int(np.prod(shape)) * np.dtype(dtype).itemsize, 2)
+        return mem, np.frombuffer(
+            cp.cuda.PinnedMemoryPointer(mem, 0), dtype, int(np.prod(shape))
+        ).reshape(shape)
+
+    m1, records = pinned((n, rec), np.uint8)
+    records[:] = rng.integers(0, 255, (n, rec), dtype=np.uint8)
+    if fp8:  # finite scales in the records
+        records[:, d : d + 4] = rng.random((n, 1), dtype=np.float32).view(np.uint8)
+    m2, side = pinned((2 * n + n_evicted,), np.int32)
+    rows = rng.choice(R, n + n_evicted, replace=False).astype(np.int32)
+    side[:n] = rng.choice(S, n, replace=False)
+    side[n : 2 * n] = rows[:n]
+    side[2 * n :] = rows[n:]
+    row_map = cp.asarray(rng.integers(-1, S, R).astype(np.int32))
+    want_t, want_s, want_m = table.get(), None if scales is None else scales.get(), row_map.get()
+    fault_commit_reference(records.copy(), side.copy(), n_evicted, want_t, want_s, want_m)
+    commit = FaultCommit(table, scales, rec, records.ctypes.data)
+    stream = cp.cuda.Stream()
+    commit(records.ctypes.data, side.ctypes.data, n, n_evicted, row_map, stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(table.get().view(np.uint8), want_t.view(np.uint8))
+    np.testing.assert_array_equal(row_map.get(), want_m)
+    if fp8:
+        np.testing.assert_array_equal(scales.get(), want_s)
+    del m1, m2

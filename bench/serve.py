@@ -1,0 +1,518 @@
+"""A serving step with n-gram tables on disk: cached vs resident tokens/s, faults vs the disk's floor.
+
+The judge of issue 10. The trace's server model (``rowcache.tools.trace.ServerModel``: 64
+request slots, prefill in chunks of 512, then 256 decode tokens one a step, round robin)
+runs real text (this interpreter's stdlib source, DeepSeek's tokenizer) through the LongCat
+n-gram embedding (``NgramDims.longcat_flash_lite()``: 12 tables x 10,223,617 x 256, or the
+largest row count the disk and memory hold, ``--rows``). Each step = the embedding of the
+step's tokens + the rest of the model, modelled as a device workload of the step's
+duration (``bench/_serve_model.py`` documents the arithmetic; ``--rest``). Compared in one
+run, on the same steps:
+
+- resident: every table in device memory (HBM; host RAM on the CPU): the baseline;
+- cached: the 12 tables through ONE shared ``NgramRowCache`` arena over the store, sized by
+  ``rowcache tune`` for a 121 GB machine (profile of the same trace; ``--arena-bytes``);
+- cached + lookahead: while step t runs, the rows of step t+1's prefill chunks are
+  prefetched (their tokens are the prompt). Decode tokens of step t+1 are sampled at the
+  end of step t, so they are never prefetched;
+- the floor: the pages each cached step faulted, re-read by a native reader
+  (``bench/floor.c``, bench/fault.py's, compiled here with gcc: io_uring at the cache's
+  queue depth, and threads of blocking ``pread``), one batch a step.
+
+Phases: decode x1 (a one-slot server), decode x64 (steps of the 64-slot server with no
+prefill chunk), chunked prefill (its steps with at least one chunk; they also carry the
+other slots' decode tokens). The first ``--warm`` fraction of each server's steps runs
+untimed to fill the arena. ``--quick``: tiny sizes on the CPU (what the test runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from _common import machine
+from _serve_floor import Floor
+from _serve_model import REST_MODELS, make_workload
+from _serve_steps import load_requests, server_steps
+
+from embed.dims import NgramDims
+from embed.layer import NgramEmbedding
+from embed.tables import Bf16Table, CachedTable, Fp8Table
+from kernels.reference import BF16
+from rowcache.builder import build_store
+from rowcache.cache import NgramRowCache
+from rowcache.store import RowStore
+from rowcache.tools.profile import profile_trace
+from rowcache.tools.trace import ServerModel, build_trace
+from rowcache.tools.tune import parse_bytes, tune
+
+FULL_ROWS = 10_223_617  # LongCat-Flash-Lite's table 0: 78 x 131,072 + 1
+ROW_BYTES = {"bf16": 512.0, "fp8": 4096 / 15}  # stored bytes a row (rows never straddle a page)
+NO_PREFETCH = "n/a (no prefetch in this tree)"
+
+
+def log(msg: str) -> None:
+    """Progress on stderr (a run cut short by a time limit keeps what it measured)."""
+    print(f"[serve {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def pick_rows(args: Any, xp: Any) -> tuple[int, str]:
+    """Rows per table: LongCat's where disk and memory hold them, else the largest that fit."""
+    if args.rows != "auto":
+        return int(args.rows), "given (--rows)"
+    where = os.path.abspath(args.workdir or tempfile.gettempdir())
+    old = os.path.join(where, "store")  # a store kept there is rebuilt in its own place
+    free = (
+        sum(e.stat().st_size for e in os.scandir(old) if e.is_file()) if os.path.isdir(old) else 0
+    )
+    while not os.path.exists(where):
+        where = os.path.dirname(where)
+    free += shutil.disk_usage(where).free
+    disk = int((0.9 * free - (1 << 30)) / (12 * ROW_BYTES[args.dtype]))
+    per_row = 12 * 256 * (2 if args.dtype == "bf16" else 1) * (2 if xp is np else 1.2)
+    if xp is np:  # resident tables in RAM next to the store's page cache
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") * 0.4
+    else:  # resident tables in HBM next to the arena, word table and staging
+        mem = xp.cuda.runtime.memGetInfo()[0] * 0.8 - (2 << 30)
+    rows = min(FULL_ROWS, disk, int(mem / per_row))
+    why = "LongCat's full size" if rows == FULL_ROWS else ("disk" if rows == disk else "memory")
+    return max(rows, 1024), f"auto ({why}: {free / 1e9:.0f} GB free disk)"
+
+
+def window_table(base: Any, rows: int, dim: int) -> Any:
+    """Row r = base[r : r + dim]: distinct synthetic rows with no memory of their own
+    (numpy or cupy ``base``; ``ascontiguousarray`` of it materializes the table)."""
+    xp = sys.modules["cupy"] if type(base).__module__.startswith("cupy") else np
+    return xp.lib.stride_tricks.as_strided(base, shape=(rows, dim), strides=(2, 2))
+
+
+def materialize(xp: Any, base: np.ndarray, rows: int, dim: int) -> Any:
+    """The window table of ``base`` as a contiguous bf16 array on ``xp``'s device
+    (copied as uint16 there: the same bits, whatever the library's bf16 support)."""
+    u16 = xp.asarray(base.view(np.uint16))
+    return xp.ascontiguousarray(window_table(u16, rows, dim)).view(BF16)
+
+
+def open_or_build(path: str, dims: NgramDims, bases: list[np.ndarray], dtype: str) -> RowStore:
+    T, d = dims.num_tables, dims.table_dim
+    try:
+        store = RowStore.open(path)
+        if store.dtype == dtype and [t.rows for t in store.tables] == [
+            dims.table_rows(i) for i in range(T)
+        ]:
+            return store
+        store.close()
+    except Exception:
+        pass
+    src = {str(i): window_table(bases[i], dims.table_rows(i), d) for i in range(T)}
+    return build_store(path, src, dtype=dtype, overwrite=True, progress=False)
+
+
+def arena_slots(args: Any, dims: NgramDims, reqs: list[Any], workdir: str) -> tuple[int, dict]:
+    """Slots of the shared arena: ``rowcache tune`` on a profile of the same trace."""
+    trace = build_trace(
+        reqs,
+        dims,
+        os.path.join(workdir, "trace"),
+        model=args.model,
+        overwrite=True,
+        progress=False,
+    )
+    scale = dims.table_rows(0) / FULL_ROWS
+    if args.arena_bytes:
+        kw = {"arena_bytes": parse_bytes(args.arena_bytes, "--arena-bytes")}
+    else:  # the budget of a 121 GB machine, scaled to these tables' share of LongCat's
+        budget = parse_bytes(args.memory, "--memory") - parse_bytes(args.reserve, "--reserve")
+        kw = {"arena_bytes": int(budget * min(1.0, scale))}
+    prof = profile_trace(
+        trace, dtype=args.dtype, shared=False, progress=False, workers=min(12, os.cpu_count() or 1)
+    )
+    rep = tune(prof, dtype=args.dtype, **kw)
+    slots = min(sum(rep.rows.values()), sum(dims.table_rows(i) for i in range(12)))
+    info = {
+        "budget_bytes": rep.budget_bytes,
+        "used_bytes": rep.used_bytes,
+        "slots": slots,
+        "expected_faults_per_token": rep.faults_per_token,
+        "notes": rep.notes,
+        "trace_steps": trace.steps,
+    }
+    return slots, info | {"trace_step_tokens": np.bincount(trace.steps_array())}
+
+
+def prefetcher(emb: Any, cache: Any) -> Any:
+    """``start(batch) -> handle``: the lookahead API of this tree, or None without one."""
+    if hasattr(emb, "prefetch_packed"):
+        return emb.prefetch_packed
+    if cache is not None and hasattr(cache, "prefetch"):  # the cache's API; ids hashed here
+        return lambda b: cache.prefetch((b.host_ids() + cache.row_offsets[:-1, None]).ravel())
+    return None
+
+
+def run_series(emb, steps, warm, rest, work, sync, cache, lookahead, record=None, check=None):
+    """Per timed step: (seconds, tokens, kind, hits, misses, fault seconds)."""
+    out = []
+    prefetch = prefetcher(emb, cache) if lookahead else None
+    handle = None
+    for k, st in enumerate(steps):
+        timed = k >= warm
+        if record is not None and timed:  # the rows this step will fault (bench-only peek)
+            g = np.unique((st.batch.host_ids() + cache.row_offsets[:-1, None]).ravel())
+            record.append(g[cache._row_slot[g] < 0])
+        s0 = cache.stats() if cache is not None else None
+        t0 = time.perf_counter()
+        y = emb.embed_packed(st.batch)
+        if handle is not None:
+            handle.wait()  # done by now (this step's embed needed its rows); surfaces errors
+        handle = None
+        if prefetch is not None and k + 1 < len(steps) and steps[k + 1].prefill is not None:
+            handle = prefetch(steps[k + 1].prefill)  # its reads run during the rest
+        if timed:
+            work(rest.seconds(st.tokens, st.prefill_tokens))
+        sync()
+        dt = time.perf_counter() - t0
+        if check is not None and k % check[0] == 0:
+            check[1].append((k, y))
+        if timed:
+            s1 = cache.stats() if cache is not None else None
+            f = (
+                (0, 0, 0.0)
+                if s0 is None
+                else (s1.hits - s0.hits, s1.misses - s0.misses, s1.fault_seconds - s0.fault_seconds)
+            )
+            out.append((dt, st.tokens, st.kind, *f))
+    if handle is not None:
+        handle.wait()
+    return out
+
+
+def phase_rows(series: dict[str, Any], floors: dict[str, np.ndarray], name: str) -> list[dict]:
+    """Per phase of one server: tokens/s of each variant, ratios, hits, faults vs floor."""
+    rows = []
+    kinds = {"decode": "decode" + name, "prefill": "chunked prefill" + name}
+    for kind, label in kinds.items():
+        sel = {v: [r for r in recs if r[2] == kind] for v, recs in series.items()}
+        if not sel["resident"]:
+            continue
+        idx = np.array([i for i, r in enumerate(series["resident"]) if r[2] == kind])
+        tps = {
+            v: sum(r[1] for r in s) / sum(r[0] for r in s) if s else None for v, s in sel.items()
+        }
+        c = sel["cached"]
+        hits, misses = sum(r[3] for r in c), sum(r[4] for r in c)
+        row = {
+            "phase": label,
+            "steps": len(c),
+            "tokens_per_step": sum(r[1] for r in c) / len(c),
+            "resident_tok_s": tps["resident"],
+            "cached_tok_s": tps["cached"],
+            "ratio": tps["cached"] / tps["resident"],
+            "hit_rate": hits / (hits + misses) if hits + misses else 1.0,
+            "faults_per_token": misses / sum(r[1] for r in c),
+            "fault_ms_per_step": 1e3 * sum(r[5] for r in c) / len(c),
+        }
+        for mode, f in floors.items():
+            row[f"floor_{mode}_ms_per_step"] = 1e3 * float(f[idx].sum()) / len(c)
+        fl = row.get("floor_uring_ms_per_step")
+        row["fault_over_floor"] = row["fault_ms_per_step"] / fl if fl else None
+        la = tps.get("lookahead")
+        row["lookahead_tok_s"] = la if la is not None else NO_PREFETCH
+        row["lookahead_ratio"] = la / tps["resident"] if la is not None else NO_PREFETCH
+        if la is not None:
+            h, m = sum(r[3] for r in sel["lookahead"]), sum(r[4] for r in sel["lookahead"])
+            row["lookahead_hit_rate"] = h / (h + m) if h + m else 1.0
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--device", choices=("cuda", "cpu"), default=None, help="default: cuda if usable"
+    )
+    p.add_argument("--rows", default="auto", help="rows per table, or auto (disk and memory)")
+    p.add_argument("--dtype", choices=("bf16", "fp8"), default="fp8")
+    p.add_argument("--tokens", type=int, default=400_000, help="stdlib tokens to serve")
+    p.add_argument("--max-request", type=int, default=2048, help="tokens a request at most")
+    p.add_argument("--chunk", type=int, default=512, help="prefill chunk tokens")
+    p.add_argument("--decode", type=int, default=256, help="decode tokens a request")
+    p.add_argument("--b1-requests", type=int, default=4, help="requests of the decode x1 server")
+    p.add_argument(
+        "--warm", type=float, default=0.3, help="untimed fraction of each server's steps"
+    )
+    p.add_argument(
+        "--rest",
+        choices=sorted(REST_MODELS),
+        default=None,
+        help="rest-of-model times (default: h200 on cuda, unified-121GB on cpu)",
+    )
+    p.add_argument("--rest-scale", type=float, default=1.0, help="multiply the rest-of-model times")
+    p.add_argument("--memory", default="121e9", help="the machine the arena is tuned for")
+    p.add_argument(
+        "--reserve",
+        default="62e9",
+        help="its memory for the rest: FP8 weights 37 GB + KV cache (64 x 8k tokens)"
+        " ~17 GB + runtime 8 GB",
+    )
+    p.add_argument("--arena-bytes", default=None, help="arena budget instead of tune's")
+    p.add_argument("--queue-depth", type=int, default=32, help="the cache's reads in flight")
+    p.add_argument("--no-direct", action="store_true", help="page-cached reads, not O_DIRECT")
+    p.add_argument("--check-every", type=int, default=16, help="compare outputs every N steps")
+    p.add_argument("--workdir", default=None, help="keep (and reuse) the store here")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (CPU unless --device)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--save", default=None, help="also write the JSON report to this file")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.device = args.device or "cpu"
+        args.rows, args.tokens, args.b1_requests = "6000", 40_000, 2
+        args.rest_scale, args.max_request, args.check_every = 0.02, 256, 4
+        args.chunk, args.decode = 64, 32
+    if args.device is None:
+        try:
+            import cupy
+
+            args.device = "cuda" if cupy.cuda.is_available() else "cpu"
+        except ImportError:
+            args.device = "cpu"
+    xp: Any = np
+    if args.device == "cuda":
+        import cupy as xp
+    sync = (lambda: xp.cuda.get_current_stream().synchronize()) if xp is not np else lambda: None
+    rest = REST_MODELS[args.rest or ("h200" if xp is not np else "unified-121GB")]
+    rest = rest.scaled(args.rest_scale) if args.rest_scale != 1 else rest
+    t_start = time.perf_counter()
+    rows, rows_why = pick_rows(args, xp)
+    ld = NgramDims.longcat_flash_lite()
+    hidden = 96 if args.quick else ld.hidden_size
+    dims = NgramDims(
+        vocab_size=ld.vocab_size,
+        hidden_size=hidden,
+        max_ngram=4,
+        splits=4,
+        ratio=(rows - 0.5) / ld.vocab_size,
+        eos_token_id=2,
+    )
+    T, d, D = dims.num_tables, dims.table_dim, dims.hidden_size
+    reqs, text = load_requests(args.tokens, dims.vocab_size, dims.eos_token_id, args.max_request)
+    args.model = ServerModel(batch=64, chunk=args.chunk, decode=args.decode)
+    steps64, tok64 = server_steps(dims, args.model, reqs)
+    one = ServerModel(batch=1, chunk=args.chunk, decode=args.decode)
+    steps1, _ = server_steps(dims, one, reqs[: args.b1_requests])
+
+    own = args.workdir is None
+    workdir = tempfile.mkdtemp(prefix="bench-serve-") if own else args.workdir
+    os.makedirs(workdir, exist_ok=True)
+    store = floor = None
+    try:
+        slots, tuned = arena_slots(args, dims, reqs, workdir)
+        assert np.array_equal(tuned.pop("trace_step_tokens"), tok64), "steps differ from the trace"
+        rng = np.random.default_rng(0)
+        bases = [
+            (rng.standard_normal(dims.table_rows(i) + d, dtype=np.float32) * 0.02).astype(BF16)
+            for i in range(T)
+        ]
+        t0 = time.perf_counter()
+        store = open_or_build(os.path.join(workdir, "store"), dims, bases, args.dtype)
+        build_s = time.perf_counter() - t0
+        log(
+            f"store {rows:,} rows/table {args.dtype} ready in {build_s:.0f} s; arena {slots:,} slots"
+        )
+        resident = []
+        for i in range(T):  # the same values as the store, materialized on the device
+            a = materialize(xp, bases[i], dims.table_rows(i), d)
+            resident.append(Bf16Table(a) if args.dtype == "bf16" else Fp8Table.quantize(a))
+            del a
+        w = (rng.standard_normal(dims.vocab_size + D, dtype=np.float32) * 0.02).astype(BF16)
+        word = materialize(xp, w, dims.vocab_size, D)
+        projs = [
+            (rng.standard_normal((D, d), dtype=np.float32) / np.sqrt(d)).astype(BF16)
+            for _ in range(T)
+        ]
+        emb_r = NgramEmbedding(dims, word, resident, projs)
+        work = make_workload(args.device)
+        floor = Floor(store, direct=not args.no_direct)
+
+        def new_cache() -> NgramRowCache:
+            return NgramRowCache(
+                store,
+                [str(i) for i in range(T)],
+                slots=slots,
+                device=args.device,
+                queue_depth=args.queue_depth,
+                direct=not args.no_direct,
+            )
+
+        sizes = [dims.table_rows(i) for i in range(T)]  # the shared arena's global row ids
+        layout = (np.r_[0, np.cumsum(sizes)], [store.table_index(str(i)) for i in range(T)])
+        servers, mismatched, checked, api = {}, 0, 0, ""
+        timed = {}
+        for name, steps, slots_n in ((" x64", steps64, 64), (" x1", steps1, 1)):
+            # steady state: once the last request is admitted the slots drain (untimed)
+            full = [k for k, st in enumerate(steps) if st.batch.num_seqs == slots_n]
+            steps = steps[: full[-1] + 1 if full else len(steps)]
+            warm = int(args.warm * len(steps))
+            timed[name.strip()] = [warm, len(steps)]
+            ref: list[Any] = []
+            series = {
+                "resident": run_series(
+                    emb_r, steps, warm, rest, work, sync, None, False, check=(args.check_every, ref)
+                )
+            }
+            ref_h = {k: (y.get() if xp is not np else y).view(np.uint16) for k, y in ref}
+            log(f"server{name}: resident done ({len(steps)} steps)")
+            misses: list[np.ndarray] = []
+            for variant in ("cached", "lookahead"):
+                cache = new_cache()
+                emb_c = NgramEmbedding(dims, word, [CachedTable(cache, i) for i in range(T)], projs)
+                if variant == "lookahead" and prefetcher(emb_c, cache) is None:
+                    break
+                api = (
+                    "NgramEmbedding.prefetch_packed"
+                    if hasattr(emb_c, "prefetch_packed")
+                    else ("NgramRowCache.prefetch of the ids the bench hashes on the host")
+                )
+                got: list[Any] = []
+                series[variant] = run_series(
+                    emb_c,
+                    steps,
+                    warm,
+                    rest,
+                    work,
+                    sync,
+                    cache,
+                    variant == "lookahead",
+                    record=misses if variant == "cached" else None,
+                    check=(args.check_every, got),
+                )
+                for k, y in got:
+                    checked += 1
+                    mismatched += not np.array_equal(
+                        (y.get() if xp is not np else y).view(np.uint16), ref_h[k]
+                    )
+                del emb_c, cache, got
+                log(f"server{name}: {variant} done")
+            pg = [floor.pages(layout, m) for m in misses]
+            floors = {mode: floor.run(pg, mode, args.queue_depth) for mode in ("uring", "threads")}
+            servers[name] = phase_rows(series, floors, name)
+            log(f"server{name}: floor done: " + json.dumps(servers[name], default=float))
+        phases = [r for rows_ in servers.values() for r in rows_]
+        settings = {
+            "device": args.device,
+            "machine": machine(),
+            "dtype": args.dtype,
+            "rows_per_table": rows,
+            "rows_choice": rows_why,
+            "tables": T,
+            "hidden": D,
+            "store_GB": sum(t.nbytes for t in store.tables) / 1e9,
+            "store_build_s": build_s,
+            "text": text,
+            "requests": len(reqs),
+            "server": f"64 slots, chunk {args.chunk}, decode {args.decode}",
+            "steps_x64": len(steps64),
+            "steps_x1": len(steps1),
+            "warm_fraction": args.warm,
+            "timed_steps": timed,
+            "rest_model": rest.__dict__,
+            "arena": tuned,
+            "queue_depth": args.queue_depth,
+            "direct": not args.no_direct,
+            "outputs_checked": checked,
+            "outputs_mismatched": mismatched,
+            "lookahead": "prefill chunks of step t+1 prefetched during step t (" + api + "); "
+            "decode tokens are sampled at the end of step t and never prefetched",
+            "seconds": time.perf_counter() - t_start,
+        }
+    finally:
+        if floor is not None:
+            floor.close()
+        if store is not None:
+            store.close()
+        if own:
+            shutil.rmtree(workdir, ignore_errors=True)
+    report = {"bench": "serve", "settings": settings, "phases": phases}
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump(report, f, indent=1, default=float)
+    if args.json:
+        print(json.dumps(report, indent=1, default=float))
+        return 0 if mismatched == 0 else 1
+    render(settings, phases)
+    return 0 if mismatched == 0 else 1
+
+
+def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
+    from _common import _fmt
+
+    s, a, r = settings, settings["arena"], settings["rest_model"]
+    rec = ROW_BYTES[s["dtype"]]
+    print(f"# bench/serve.py on {s['machine']}, device {s['device']}")
+    print(
+        f"tables: 12 x {s['rows_per_table']:,} x 256 {s['dtype']} ({s['rows_choice']}); "
+        f"store {s['store_GB']:.2f} GB, built in {s['store_build_s']:.0f} s"
+    )
+    print(
+        f"text: {s['text']}; {s['requests']} requests; server {s['server']}: "
+        f"{s['steps_x64']} steps (x64), {s['steps_x1']} (x1), timed: "
+        + ", ".join(f"{k} steps {lo}-{hi - 1}" for k, (lo, hi) in s["timed_steps"].items())
+        + f" (the first {s['warm_fraction']:.0%} fill the arena; the drain after the last "
+        "admission is not run)"
+    )
+    print(
+        f"arena: {a['slots']:,} slots ({a['slots'] * rec / 1e9:.2f} GB) shared by the 12 tables; "
+        f"rowcache tune, budget {a['budget_bytes'] / 1e9:.2f} GB, expected "
+        f"{a['expected_faults_per_token']:.2f} faults/token" + "".join(f"; {n}" for n in a["notes"])
+    )
+    print(
+        f"rest of model ({r['name']}): decode x1 {r['decode1_s'] * 1e3:.2f} ms, x64 "
+        f"{r['decode64_s'] * 1e3:.2f} ms, prefill at {r['flop_rate'] / 1e12:.0f} TFLOP/s"
+    )
+    ok = (
+        "yes, bit for bit"
+        if not s["outputs_mismatched"]
+        else f"NO: {s['outputs_mismatched']} differ"
+    )
+    print(f"cached == resident on {s['outputs_checked']} sampled steps: {ok}")
+    la = phases and isinstance(phases[0]["lookahead_tok_s"], str)
+    print(f"lookahead: {NO_PREFETCH if la else s['lookahead']}")
+    cols = [
+        ("phase", "phase"),
+        ("steps", "steps"),
+        ("tok/step", "tokens_per_step"),
+        ("resident tok/s", "resident_tok_s"),
+        ("cached tok/s", "cached_tok_s"),
+        ("ratio", "ratio"),
+        ("lookahead tok/s", "lookahead_tok_s"),
+        ("la ratio", "lookahead_ratio"),
+        ("hit rate", "hit_rate"),
+        ("la hit rate", "lookahead_hit_rate"),
+        ("faults/tok", "faults_per_token"),
+        ("fault ms/step", "fault_ms_per_step"),
+        ("floor uring ms", "floor_uring_ms_per_step"),
+        ("floor threads ms", "floor_threads_ms_per_step"),
+        ("fault/floor", "fault_over_floor"),
+    ]
+    cells = [[_fmt(p.get(k)).replace(NO_PREFETCH, "n/a") for _, k in cols] for p in phases]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _) in enumerate(cols)]
+    print("  ".join(h.rjust(w) for (h, _), w in zip(cols, widths)))
+    for c in cells:
+        print("  ".join(x.rjust(w) for x, w in zip(c, widths)))
+    print(
+        f"(ratio = cached tok/s / resident tok/s; floor = the same pages re-read by bench/floor.c, "
+        f"queue depth {s['queue_depth']}; {s['seconds']:.0f} s in all)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""The cached tables of an ``NgramEmbedding``: grouped by cache, resolved once per step.
+
+Owns the mixin :class:`CachedGroups`: the groups of cached tables sharing one cache
+(``_groups``, ``_group_ids``), the host resolve of a step's rows (``_resolve``,
+``_resolve_host``), the check after a device-map gather (``_verify_cached``), the
+stream order between a step and its caches' faults (``_after_caches``,
+``_end_batches``) and each cached table's device map (``_map_of``). Does not gather.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .batch import NgramBatch
+from .tables import CachedTable
+
+
+class CachedGroups:
+    """Cached-table orchestration of :class:`embed.layer.NgramEmbedding` (a mixin over
+    its ``tables``, ``word``, ``device_lookup`` and array module ``_xp``)."""
+
+    tables: list[Any]
+    word: Any
+    device_lookup: bool
+    _xp: Any
+
+    def _group_caches(self) -> None:
+        """Group the cached tables by cache: one resolve per cache and step.
+
+        ``self._groups``: ``(cache, members, offsets, pos)`` where ``members`` are
+        table indices (-1 for the word table, always last), ``offsets`` int64 each
+        member's ``row_offsets[part]`` and ``pos`` the n-gram members' rows among the
+        cached tables (``self._cached_list`` order). ``self._cached_index`` selects
+        the cached tables' rows of a ``[T, n]`` id array (a slice when contiguous).
+        """
+        entries = [(i, t) for i, t in enumerate(self.tables) if isinstance(t, CachedTable)]
+        self._cached_rows = np.array([i for i, _ in entries], dtype=np.int64)
+        self._cached_list = [i for i, _ in entries]
+        self._cached_pos = {i: k for k, (i, _) in enumerate(entries)}
+        rows = self._cached_list
+        self._cached_index: Any = (
+            slice(rows[0], rows[0] + len(rows))
+            if rows and rows == list(range(rows[0], rows[0] + len(rows)))
+            else self._xp.asarray(self._cached_rows)
+        )
+        if isinstance(self.word, CachedTable):
+            entries.append((-1, self.word))
+        by_cache: dict[int, list[tuple[int, CachedTable]]] = {}
+        for i, t in entries:
+            by_cache.setdefault(id(t.cache), []).append((i, t))
+        self._groups: list[tuple[Any, list[int], np.ndarray, np.ndarray]] = []
+        for group in by_cache.values():
+            members = [i for i, _ in group]
+            offsets = np.array([t.offset for _, t in group], dtype=np.int64)
+            pos = np.array([self._cached_pos[i] for i in members if i >= 0], dtype=np.int64)
+            self._groups.append((group[0][1].cache, members, offsets, pos))
+
+    def _map_of(self, table: Any) -> tuple[Any, int] | None:
+        """``(device map, row offset)`` of a cached table read through its cache's
+        device map (``device_lookup``), else None."""
+        if not isinstance(table, CachedTable) or not self.device_lookup:
+            return None
+        return table.cache.device_map(), table.offset
+
+    def _after_caches(self) -> None:
+        """Order the current stream after every cache's stream (their faults' writes),
+        with finished prefetches committed first (their rows in the device maps)."""
+        cur = self._xp.cuda.get_current_stream()
+        for cache, *_ in self._groups:
+            cache.poll()
+        for cache, *_ in self._groups:
+            if cache.stream is not None and cache.stream.ptr != cur.ptr:
+                cur.wait_event(cache.stream.record())
+
+    def _end_batches(self) -> None:
+        """End every cache's batch. A later fault rewrites slots on the cache's stream:
+        where that is not the current stream, it first waits for this step's gathers
+        (stream order, no host sync)."""
+        if not self._groups:
+            return
+        if self._xp is not np:
+            cur = self._xp.cuda.get_current_stream()
+            done = None
+            for cache, *_ in self._groups:
+                if cache.stream is not None and cache.stream.ptr != cur.ptr:
+                    done = done or cur.record()
+                    cache.stream.wait_event(done)
+        for cache, *_ in self._groups:
+            cache.end_batch()
+
+    def _verify_cached(self, batch: NgramBatch) -> bool:
+        """Resolve the step's cached rows on the host (pins them, keeps the LRU exact)
+        after the device gathered them through the caches' device maps. True when a
+        resolve faulted rows in: the device part must run again (in stream order after
+        the faults' writes and the maps' updates)."""
+        if not self._groups:
+            return False
+        faulted = False
+        for cache, _, gid, _ in self._group_ids(batch, None):  # the device has the slots
+            cache.resolve_host(gid.ravel())
+            faulted = faulted or cache.last_faults > 0
+        return faulted
+
+    def _resolve(self, batch: NgramBatch, ids: Any, host_ids: Any) -> Any:
+        """Arena slots replace the cached tables' rows of ``ids`` (in place). Returns
+        the word table's slots when it is cached, else None."""
+        xp = self._xp
+        slots, word_slots = self._resolve_host(batch, host_ids)
+        if slots.shape[0]:
+            ids[self._cached_index] = slots if xp is np else xp.asarray(slots)
+        if word_slots is None or xp is np:
+            return word_slots
+        return xp.asarray(word_slots)
+
+    def _resolve_host(
+        self, batch: NgramBatch, host_ids: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """One ``resolve_host`` per cache: the cached n-gram tables' slots (int64
+        ``[len(cached_list), n]``, from their host ids ``host_ids`` in that order) and
+        the word table's slots (int32[n], or None when it is resident)."""
+        n = batch.n
+        out = np.empty((len(self._cached_list), n), dtype=np.int64)
+        word_slots = None
+        for cache, members, gid, pos in self._group_ids(batch, host_ids):
+            slots = cache.resolve_host(gid.ravel()).reshape(len(members), n)
+            if pos.size:
+                out[pos] = slots[: pos.size]
+            if members[-1] < 0:
+                word_slots = slots[-1]
+        return out, word_slots
+
+    def _group_ids(
+        self, batch: NgramBatch, host_ids: np.ndarray | None
+    ) -> Iterator[tuple[Any, list[int], np.ndarray, np.ndarray]]:
+        """Per cache: ``(cache, members, global ids int64[len(members), n], pos)`` of a
+        batch whose cached n-gram tables' host ids are ``host_ids`` (hashed here
+        when None; host tokens)."""
+        host_word = None
+        for cache, members, offsets, pos in self._groups:
+            if members == self._cached_list:  # one cache holds every cached n-gram table
+                if host_ids is None:  # hashed straight into global ids: one C pass
+                    gid = batch.host_ids(self._cached_rows, offsets)
+                else:
+                    gid = host_ids + offsets[:, None]
+            else:
+                if host_ids is None:
+                    host_ids = batch.host_ids(self._cached_rows)
+                parts = []
+                for m in members:  # members of one cache (<= T + 1), vectorized over rows
+                    if m < 0:
+                        if host_word is None:  # host tokens: no copy back from the device
+                            w = batch.word_ids
+                            host_word = w.get() if batch.on_device else np.asarray(w)
+                        parts.append(host_word)
+                    else:
+                        parts.append(host_ids[self._cached_pos[m]])
+                gid = np.stack(parts).astype(np.int64, copy=False) + offsets[:, None]
+            yield cache, members, gid, pos

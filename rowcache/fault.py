@@ -1,0 +1,268 @@
+"""The demand fault path of ``NgramRowCache``: readers, staging, scatter, commit.
+
+Owns the mixin :class:`FaultPath`: the cache's readers (its own, and the prefetch
+jobs'), a resolve with misses (victims, reads into a staging buffer, the scatter
+into the arena, the maps committed only after the reads succeeded), and on the GPU
+the arena's set-up, the pinned staging buffer and the ring of pinned buffers that
+carries slots to the device (:data:`OUT_RING`). The LRU log is ``rowcache.lru``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from kernels.reference import scatter_records_reference
+
+from .cache_state import CacheState
+from .errors import ArenaExhaustedError
+from .lru import _sorted_unique
+from .reader import RowReader
+
+OUT_RING = 8  # pinned buffers for int32 arrays on their way to the device (slots, map updates)
+
+
+class FaultPath(CacheState):
+    """Faults of :class:`rowcache.cache.NgramRowCache` (a mixin over its arrays,
+    reader and arena)."""
+
+    store: Any
+    dtype: str
+    record_bytes: int
+    row_offsets: np.ndarray
+    arena_kind: str
+    table: Any
+    scales: Any
+    _reader: RowReader
+    _part_array: np.ndarray
+    _staging: Any
+
+    def _value_dtype(self) -> Any:
+        from .sources import BF16
+
+        return BF16 if self.dtype == "bf16" else np.uint8
+
+    def _make_reader(
+        self, reader: str, queue_depth: int | None, direct: bool | None
+    ) -> tuple[RowReader, str]:
+        base = self.store.reader
+        qd = base.queue_depth if queue_depth is None else queue_depth
+        use_direct = base.direct if direct is None else direct
+        if reader == "auto":
+            from .kvikio_reader import gds_available
+
+            reader = "kvikio" if self.device == "cuda" and gds_available() else "posix"
+        # siblings of the store's reader: the same pinned files and page checks
+        if reader == "kvikio":
+            from .kvikio_reader import KvikioRowReader
+
+            opts = base.options(queue_depth=qd, direct=False)
+            return self.store.new_reader(KvikioRowReader, **opts), "kvikio"
+        if qd == base.queue_depth and use_direct == base.direct:
+            return base, "posix"
+        return self.store.new_reader(**base.options(queue_depth=qd, direct=use_direct)), "posix"
+
+    def _init_gpu(self, S: int, dim: int, rec: int) -> None:
+        cp = self._xp
+        vdt = self._value_dtype()
+        nbytes = S * dim * np.dtype(vdt).itemsize
+        if self.arena_kind == "device":
+            self.table = cp.zeros((S, dim), dtype=vdt)
+            self.scales = cp.ones(S, dtype=cp.float32) if self.dtype == "fp8" else None
+        else:
+            self._host_mem: list[Any] = []
+            self.table = self._mapped_array((S, dim), vdt, nbytes)
+            self.table[...] = 0
+            if self.dtype == "fp8":
+                self.scales = self._mapped_array((S,), np.float32, S * 4)
+                self.scales[...] = 1
+            else:
+                self.scales = None
+        self._stream = cp.cuda.get_current_stream()
+        self._device_id = cp.cuda.Device().id
+        self._staging = np.empty((0, rec), dtype=np.uint8)
+        self._side = np.empty(0, dtype=np.int32)
+        self._commit: Any = None  # kernels.scatter.FaultCommit over the staging buffer
+        self._copy_done = None
+        self._out_ring: list[tuple[np.ndarray, Any]] = [
+            (np.empty(0, dtype=np.int32), None)
+        ] * OUT_RING
+        self._out_next = 0
+
+    def _pinned_host(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """A NumPy array over pinned host memory mapped into the device (with unified
+        addressing its host address is its device address)."""
+        cp = self._xp
+        nbytes = max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
+        mem = cp.cuda.PinnedMemory(nbytes, cp.cuda.runtime.hostAllocMapped)
+        if not hasattr(self, "_host_mem"):
+            self._host_mem = []
+        self._host_mem.append(mem)
+        ptr = cp.cuda.PinnedMemoryPointer(mem, 0)
+        return np.frombuffer(ptr, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+
+    def _mapped_array(self, shape: tuple[int, ...], dtype: Any, nbytes: int) -> Any:
+        """A cupy array over pinned host memory mapped into the device (zero-copy)."""
+        cp = self._xp
+        mem = cp.cuda.PinnedMemory(max(nbytes, 1), cp.cuda.runtime.hostAllocMapped)
+        self._host_mem.append(mem)
+        um = cp.cuda.UnownedMemory(mem.ptr, max(nbytes, 1), mem)
+        return cp.ndarray(shape, dtype=dtype, memptr=cp.cuda.MemoryPointer(um, 0))
+
+    def _staging_rows(self, n: int) -> np.ndarray:
+        """Host staging buffer of at least ``n`` records (pinned on the GPU path)."""
+        if self._staging.shape[0] < n:
+            cap = max(n, 2 * self._staging.shape[0], 256)
+            rec = self.record_bytes
+            if self.device == "cuda":
+                # pinned and mapped into the device: the fault kernel reads it in place
+                import kernels.scatter
+
+                self._staging = self._pinned_host((cap, rec), np.uint8)
+                self._side = self._pinned_host((3 * cap,), np.int32)
+                self._commit = kernels.scatter.FaultCommit(
+                    self.table, self.scales, rec, self._staging.ctypes.data
+                )
+            else:
+                self._staging = np.empty((cap, rec), dtype=np.uint8)
+        return self._staging
+
+    def _resolve_unique(self, ids: np.ndarray) -> np.ndarray:
+        """Resolve a checked batch; returns its slots (int32, input order)."""
+        self._last_faults = 0
+        if ids.size == 0:
+            return np.empty(0, dtype=np.int32)
+        if self._jobs or self._failed:
+            self._settle(ids)  # prefetches this call needs: waited for, reaped, errors raised
+        s = self._row_slot[ids]
+        if int(s.min()) >= 0:  # every row resident: the hot path (no fault, no eviction)
+            rows_u = _sorted_unique(ids)
+            self._count(ids.size, self._row_slot[rows_u], 0)
+            self._last_faults = self._reaped_rows
+            return s
+        rows_u = _sorted_unique(ids)  # the call's rows, ascending: the touch order
+        slots_u = self._row_slot[rows_u]
+        miss = slots_u < 0
+        missing_rows = rows_u[miss]
+        uhit = slots_u[~miss]
+        n_miss = int(missing_rows.size)
+        hit_last = self._last_used[uhit]
+        fresh_hits = int(np.count_nonzero(hit_last != self._batch))
+        free_or_unpinned = self.num_slots - self._pinned - fresh_hits - self._n_busy
+        if n_miss > free_or_unpinned and self._n_busy:
+            self._wait_jobs(self._jobs)  # reserved slots count as free once their reads land
+            return self._resolve_unique(ids)
+        if n_miss > free_or_unpinned:
+            raise ArenaExhaustedError(
+                f"table {self.name!r}: this batch needs {n_miss} more slots but only "
+                f"{free_or_unpinned} of {self.num_slots} are free or unpinned "
+                f"({self._pinned} pinned by the batch); call end_batch() more often, split the "
+                "batch, or give the cache more slots"
+            )
+        t0 = time.perf_counter()
+        self._last_used[uhit] = self._batch  # pinned: the call's hits are no victims
+        try:
+            victims, new_head, end = self._choose_victims(n_miss)
+            if self._n_busy and self._passed_busy(end):
+                # LRU order reaches a slot still in flight: as if it had landed, wait
+                self._last_used[uhit] = hit_last
+                self._wait_jobs(self._jobs)
+                return self._resolve_unique(ids)
+            old = self._slot_row[victims]
+            evicted = old[old >= 0]
+            self._fault(missing_rows, victims, evicted)  # raises before any other change
+        except BaseException:
+            self._last_used[uhit] = hit_last  # a failed call changes nothing
+            raise
+        # Commit: unmap victims, map the new rows. Every log entry before new_head is
+        # now stale (a victim's, or a hit's that _touch re-logs), so the head skips them.
+        self._head = new_head
+        self._row_slot[evicted] = -1
+        self._row_slot[missing_rows] = victims
+        self._slot_row[victims] = missing_rows
+        # (the device mirror was updated by _fault's launch, in stream order)
+        self._last_faults = n_miss + self._reaped_rows
+        if len(self.parts) > 1:  # global rows ascending: each part's misses are one run
+            self._part_misses += np.diff(np.searchsorted(missing_rows, self.row_offsets))
+        else:
+            self._part_misses[0] += n_miss
+        st = self._stats
+        st["evictions"] += int(evicted.size)
+        st["fault_seconds"] += time.perf_counter() - t0
+        slots_u[miss] = victims
+        self._last_used[uhit] = hit_last  # _count tells fresh hits by their last use
+        self._count(ids.size, slots_u, n_miss)
+        return self._row_slot[ids]
+
+    def _read_parts(
+        self, rows: np.ndarray, staging: np.ndarray, reader: RowReader | None = None
+    ) -> tuple[int, int, int]:
+        """Records of global ``rows`` (sorted, unique) into ``staging[:n]``; returns
+        (rows, bytes, read ops) read. Touches no cache state (prefetch threads call it)."""
+        reader = reader or self._reader
+        # Global rows are sorted, so each part's rows are one contiguous run of them, and
+        # the parts in order are the staging order: one read plan and one dispatch for all.
+        bounds = np.searchsorted(rows, self.row_offsets)
+        _, rs = reader.read_runs(rows, bounds, self._part_array, self.row_offsets[:-1], out=staging)
+        return rs.rows, rs.bytes_read, rs.read_ops
+
+    def _prefetch_reader(self) -> RowReader:
+        """The reader prefetch jobs use: a POSIX reader of their own (its own ring and
+        buffers: a native batch runs one at a time per reader, so a demand fault never
+        queues behind a prefetch); kvikio's reader is shared (thread-safe)."""
+        r = self._reader
+        if type(r) is RowReader:
+            return self.store.new_reader(**r.options())
+        return r
+
+    def _fault(self, rows: np.ndarray, victims: np.ndarray, evicted: np.ndarray) -> None:
+        """Read ``rows`` (sorted, unique) and write them into ``victims``' arena rows; on
+        the GPU the device map's update (``evicted`` rows unmapped, ``rows`` mapped) goes
+        in the same launch, after the reads succeeded."""
+        n = rows.size
+        st = self._stats
+        if self.device == "cuda" and self._copy_done is not None:
+            self._copy_done.synchronize()  # the staging buffer's last copy has left it
+        staging = self._staging_rows(n)
+        rows_read, nbytes, ops = self._read_parts(rows, staging)
+        st["rows_read"] += rows_read
+        st["bytes_read"] += nbytes
+        st["read_ops"] += ops
+        records = staging[:n]
+        if self.device == "cpu":
+            scatter_records_reference(records, victims, self.table, self.scales)
+            return
+        e = int(evicted.size)
+        side = self._side
+        side[:n] = victims
+        side[n : 2 * n] = rows
+        side[2 * n : 2 * n + e] = evicted
+        # one launch on the cache's stream reads records, slots and map updates in place
+        self._commit(records.ctypes.data, side.ctypes.data, n, e, self._dev_map, self._stream)
+        self._copy_done = self._stream.record()  # the buffers are free once it has run
+
+    def _to_device(self, out: np.ndarray) -> Any:
+        """``out`` as a new cupy array, copied asynchronously through a ring of pinned buffers.
+
+        A ring, so that a call waits only for the copy of the call ``OUT_RING`` calls
+        ago (long done), never for the stream's recent work.
+        """
+        cp = self._xp
+        n = out.size
+        k = self._out_next
+        self._out_next = (k + 1) % OUT_RING
+        buf, done = self._out_ring[k]
+        if done is not None:
+            done.synchronize()  # this buffer's previous copy has left it
+        if buf.size < n:
+            import cupyx
+
+            buf = cupyx.empty_pinned(max(n, 2 * buf.size, 1024), dtype=np.int32)
+        buf[:n] = out
+        dev = cp.empty(n, dtype=cp.int32)
+        with self._stream:
+            dev.set(buf[:n], stream=self._stream)
+            self._out_ring[k] = (buf, self._stream.record())
+        return dev

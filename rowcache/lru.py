@@ -1,0 +1,181 @@
+"""The LRU log and pins of ``NgramRowCache``: victims, touch, compaction, the hit path.
+
+Owns the mixin :class:`LruLog` over the cache's slot arrays (``_row_slot``,
+``_slot_row``, ``_last_used``, ``_log``, ``_log_pos``, head and tail): the all-hits
+path in one C call (``kernels/_host.c``), counting and pinning a call's slots, the
+choice of victims, moving slots to the log's tail or head, compaction. Reads and
+writes no rows (``rowcache.fault``); the log's rules are in ``rowcache.cache``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .cache_state import CacheState
+
+
+def _sorted_unique(a: np.ndarray) -> np.ndarray:
+    """The distinct values of ``a`` (int64 row ids < 2**31), ascending, as int32
+    (``np.unique`` without its overheads; int32 sorts twice as fast as int64)."""
+    u = np.sort(a.astype(np.int32))
+    if u.size > 1:
+        keep = np.empty(u.size, dtype=bool)
+        keep[0] = True
+        np.not_equal(u[1:], u[:-1], out=keep[1:])
+        if not keep.all():
+            u = u[keep]
+    return u
+
+
+class LruLog(CacheState):
+    """LRU bookkeeping of :class:`rowcache.cache.NgramRowCache` (a mixin over its
+    arrays). ``_host_lib()`` gives the native host kernels (``kernels.host.native``,
+    or None), looked up where tests swap them."""
+
+    _scratch: np.ndarray
+
+    def _host_lib(self) -> Any:
+        raise NotImplementedError
+
+    def _hits_native(self, row_ids: Any) -> np.ndarray | None:
+        """The all-hits path in one C call (``kernels/_host.c``), or None where the
+        Python path must run: a miss, a bad id, prefetches to settle, no native module,
+        input that is not a contiguous int64 NumPy vector. Same state, same stats."""
+        native = self._host_lib()
+        if (
+            native is None
+            or type(row_ids) is not np.ndarray
+            or row_ids.dtype != np.int64
+            or row_ids.ndim != 1
+            or not row_ids.flags.c_contiguous
+            or self._jobs
+            or self._failed
+            or row_ids.size == 0
+        ):
+            return None
+        n = row_ids.size
+        if self._scratch.size < 2 * n:
+            self._scratch = np.empty(max(2 * n, 2 * self._scratch.size), dtype=np.int32)
+        out = np.empty(n, dtype=np.int32)
+        status, fresh, tail = native.lru_hits(
+            row_ids,
+            self.rows,
+            self._row_slot,
+            self._last_used,
+            self._log,
+            self._log_pos,
+            self._tail,
+            self._batch,
+            out,
+            self._scratch,
+        )
+        if status == 3:  # the log is full: compact (as _touch would), then once more
+            self._compact()
+            status, fresh, tail = native.lru_hits(
+                row_ids, self.rows, self._row_slot, self._last_used, self._log,
+                self._log_pos, self._tail, self._batch, out, self._scratch,
+            )  # fmt: skip
+        if status != 0:
+            return None
+        self._tail = tail
+        st = self._stats
+        st["lookups"] += n
+        st["hits"] += fresh
+        self._pinned += fresh
+        self._last_faults = 0
+        return out
+
+    def _count(self, lookups: int, slots_u: np.ndarray, n_miss: int) -> None:
+        """Stats of a call, then pin and touch its unique slots (ascending row order)."""
+        st = self._stats
+        # not yet used in this batch: newly pinned (a faulted row's victim slot was unpinned)
+        fresh = int(np.count_nonzero(self._last_used[slots_u] != self._batch))
+        st["lookups"] += lookups
+        st["misses"] += n_miss
+        st["hits"] += fresh - n_miss
+        self._pinned += fresh
+        self._touch(slots_u)
+
+    def _choose_victims(self, need: int) -> tuple[np.ndarray, int, int]:
+        """The ``need`` least recently used unpinned slots, none reserved by a prefetch
+        (the call's hits are pinned for the duration by the caller). Returns the
+        victims, the new log head (the first live entry passed over, else just past
+        the last victim: entries before it are stale once the victims are re-logged)
+        and the position just past the last victim. Changes no state."""
+        found: list[np.ndarray] = []
+        got = 0
+        pos = self._head
+        window = 2 * need + 64
+        last_taken = self._head - 1
+        first_kept = -1
+        while got < need:
+            if pos >= self._tail:  # cannot happen: availability was checked
+                raise AssertionError("LRU log exhausted before finding enough victims")
+            stop = min(self._tail, pos + window)
+            s = self._log[pos:stop]
+            live = self._log_pos[s] == np.arange(pos, stop, dtype=np.int32)
+            ok = live & (self._last_used[s] != self._batch)
+            if self._n_busy:
+                ok &= ~self._busy[s]
+            cand = np.flatnonzero(ok)[: need - got]
+            end = stop  # the part of this window the victims span
+            if cand.size:
+                found.append(s[cand])
+                got += cand.size
+                last_taken = pos + int(cand[-1])
+                if got == need:
+                    end = last_taken + 1
+            if first_kept < 0:  # pinned or reserved entries stay in the log
+                kept = np.flatnonzero(live[: end - pos] & ~ok[: end - pos])
+                if kept.size:
+                    first_kept = pos + int(kept[0])
+            pos = stop
+            window *= 2
+        victims = np.concatenate(found) if len(found) > 1 else found[0]
+        head = last_taken + 1 if first_kept < 0 else first_kept
+        return victims, head, last_taken + 1
+
+    def _touch(self, slots_u: np.ndarray) -> None:
+        """Pin the call's unique slots (last use = this batch) and move them to the
+        tail of the LRU log."""
+        self._last_used[slots_u] = self._batch
+        self._log_slots(slots_u)
+
+    def _log_slots(self, slots_u: np.ndarray) -> None:
+        """Move distinct slots to the tail of the LRU log, in the given order."""
+        k = slots_u.size
+        if self._tail + k > self._log.size:
+            self._compact()  # first: the slots' old entries are still live, and kept
+        t = self._tail
+        self._log[t : t + k] = slots_u
+        self._log_pos[slots_u] = np.arange(t, t + k, dtype=np.int32)  # old entries now stale
+        self._tail = t + k
+
+    def _log_front(self, slots: np.ndarray) -> None:
+        """Move distinct unpinned slots to the head of the LRU log (the next victims)."""
+        k = slots.size
+        if self._head < k:  # no room before the head: compact behind k free entries
+            self._log_pos[slots] = -1  # their current entries become stale
+            live = self._log[self._head : self._tail]
+            keep = live[self._log_pos[live] == np.arange(self._head, self._tail, dtype=np.int32)]
+            self._log[k : k + keep.size] = keep
+            self._log_pos[keep] = np.arange(k, k + keep.size, dtype=np.int32)
+            self._head, self._tail = k, k + keep.size
+        h = self._head - k
+        self._log[h : self._head] = slots
+        self._log_pos[slots] = np.arange(h, self._head, dtype=np.int32)
+        self._head = h
+
+    def _compact(self) -> None:
+        native = self._host_lib()
+        if native is not None:
+            self._tail = native.lru_compact(self._log, self._log_pos, self._head, self._tail)
+            self._head = 0
+            return
+        live = self._log[self._head : self._tail]
+        keep = live[self._log_pos[live] == np.arange(self._head, self._tail, dtype=np.int32)]
+        self._log[: keep.size] = keep
+        self._log_pos[keep] = np.arange(keep.size, dtype=np.int32)
+        self._head, self._tail = 0, keep.size

@@ -1,0 +1,205 @@
+"""The prefetch bookkeeping of ``NgramRowCache``: slots reserved, jobs reaped, errors.
+
+Owns the mixin :class:`PrefetchBook`: ``prefetch`` (rows touched, victims reserved,
+a job started), ``poll``, reaping finished jobs into the maps and stats, waiting for
+the jobs a resolve needs (``_settle``, ``_passed_busy``) and raising a failed
+prefetch's error once. The job itself (reads into its own buffers, the scatter) is
+``rowcache.prefetch``.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from .cache_state import CacheState
+from .errors import CorruptDataError
+from .lru import _sorted_unique
+from .prefetch import PrefetchBuffers, PrefetchHandle, PrefetchJob
+from .store import check_row_ids
+
+
+class PrefetchBook(CacheState):
+    """Prefetch bookkeeping of :class:`rowcache.cache.NgramRowCache` (a mixin)."""
+
+    _jobs: list[PrefetchJob]
+    _pf_pool: ThreadPoolExecutor | None
+    _pf_buffers: PrefetchBuffers | None
+
+    def poll(self) -> int:
+        """Commit the prefetches whose reads have finished (their rows appear in
+        :meth:`device_map`, in stream order after their arena writes); returns the
+        rows still in flight. Every other method does this too; a caller that reads
+        the device map before resolving calls it first."""
+        with self._lock:
+            if self._jobs:
+                self._reap()
+            return self._n_busy
+
+    def prefetch(self, row_ids: Any) -> PrefetchHandle:
+        """Start reading the rows of a coming step; never blocks on I/O.
+
+        Parameters
+        ----------
+        row_ids : int[n] (numpy or cupy), any order, duplicates ok; as :meth:`resolve`.
+
+        Returns
+        -------
+        PrefetchHandle with ``wait()`` and ``done()``.
+
+        Semantics, next to :meth:`resolve`'s: at this call the rows are touched most
+        recently used and left unpinned (pins of the current batch are kept); missing
+        rows take the least recently used unpinned slots, never a slot the current
+        batch holds, and missing rows beyond the free or unpinned slots are dropped
+        (``handle.dropped``), so a prefetch never raises ``ArenaExhaustedError``. Rows
+        already resident or in flight are not read again. Their reads run in the
+        cache's prefetch thread meanwhile. A later :meth:`resolve` waits only for jobs
+        still in flight that it needs (a row of theirs, or their slots as victims,
+        or their slots to avoid exhaustion), so the LRU order, the exhaustion rule and
+        every fault count are exactly those of a prefetch that completed at its call.
+        A failed read maps nothing (its slots are left free), and the
+        :meth:`resolve` that next needs one of its rows raises that read's error once
+        (a later call faults the row normally). On ``device="cuda"`` the arena writes
+        go on the cache's stream; the device map shows the rows from the first call
+        after their read completed.
+        """
+        ids = check_row_ids(row_ids, self.rows)
+        with self._lock:
+            self._reap()
+            if ids.size == 0:
+                return PrefetchHandle([], 0, 0)
+            return self._prefetch(_sorted_unique(ids))
+
+    def _prefetch(self, rows_u: np.ndarray) -> PrefetchHandle:
+        """The prefetch of sorted unique rows, under the lock."""
+        slots_u = self._row_slot[rows_u]
+        miss = slots_u < 0
+        hit = slots_u[~miss]
+        busy = self._busy_mask()
+        # resident rows (in flight or not) move to the tail, pins unchanged; not victims
+        was_busy = busy[hit].copy()
+        busy[hit] = True
+        unpinned_hits = int(np.count_nonzero(~was_busy & (self._last_used[hit] != self._batch)))
+        avail = self.num_slots - self._pinned - self._n_busy - unpinned_hits
+        missing = rows_u[miss]
+        dropped = max(0, missing.size - max(avail, 0))
+        if dropped and self._n_busy:  # an earlier prefetch's slots would be free once landed
+            busy[hit] = was_busy
+            self._wait_jobs(self._jobs)
+            return self._prefetch(rows_u)
+        if dropped:
+            missing = missing[: missing.size - dropped]
+        victims = np.empty(0, dtype=np.int32)
+        if missing.size:
+            saved = self._n_busy
+            self._n_busy += 1  # _choose_victims must look at the mask
+            victims, new_head, end = self._choose_victims(int(missing.size))
+            self._n_busy = saved
+            if saved and self._passed_busy(end):  # LRU reaches a slot in flight
+                busy[hit] = was_busy
+                self._wait_jobs(self._jobs)
+                return self._prefetch(rows_u)
+            self._head = new_head
+        busy[hit] = was_busy
+        if missing.size:
+            old = self._slot_row[victims]
+            evicted = old[old >= 0]
+            self._row_slot[evicted] = -1
+            self._row_slot[missing] = victims
+            self._slot_row[victims] = missing
+            busy[victims] = True
+            self._n_busy += int(victims.size)
+            self._stats["evictions"] += int(evicted.size)
+            if self._dev_map is not None and evicted.size:
+                self._sync_device_map(evicted, missing[:0], victims[:0])
+        # the touch order of the call: ascending rows, as resolve's tie rule
+        order = self._row_slot[rows_u]
+        order = order[order >= 0]
+        self._log_slots(order.astype(np.int32, copy=False))
+        if not missing.size:
+            return PrefetchHandle([], 0, dropped)
+        job = PrefetchJob(missing, victims)
+        self._jobs.append(job)
+        if self._pf_pool is None:
+            self._pf_pool = ThreadPoolExecutor(1, thread_name_prefix="rowcache-prefetch")
+            self._pf_buffers = PrefetchBuffers(self._prefetch_reader())
+        self._pf_pool.submit(job.run, self, self._pf_buffers)
+        return PrefetchHandle([job], int(missing.size), dropped)
+
+    def _busy_mask(self) -> np.ndarray:
+        """bool[slots]: slots reserved by a prefetch in flight (made on first prefetch)."""
+        if self._busy.size != self.num_slots:
+            self._busy = np.zeros(self.num_slots, dtype=bool)
+        return self._busy
+
+    def _reap(self) -> None:
+        """Commit every finished prefetch: release its slots, count its reads, show its
+        rows in the device map; a failed one unmaps its rows and leaves their slots free."""
+        keep: list[PrefetchJob] = []
+        for job in self._jobs:
+            if not job.event.is_set():
+                keep.append(job)
+                continue
+            self._busy[job.slots] = False
+            self._n_busy -= int(job.slots.size)
+            if job.error is not None:
+                self._row_slot[job.rows] = -1
+                self._slot_row[job.slots] = -1
+                self._log_front(job.slots)  # free slots are taken first, as at the start
+                self._failed.append((job.rows, job.error))
+                continue
+            rows, nbytes, ops = job.read
+            st = self._stats
+            st["rows_read"] += rows
+            st["bytes_read"] += nbytes
+            st["read_ops"] += ops
+            st["prefetched"] += int(job.rows.size)
+            self._reaped_rows += int(job.rows.size)
+            if self._dev_map is not None:  # after the job's arena writes, in stream order
+                self._sync_device_map(job.rows[:0], job.rows, job.slots)
+        self._jobs = keep
+
+    def _wait_jobs(self, jobs: list[PrefetchJob]) -> None:
+        t0 = time.perf_counter()
+        for job in list(jobs):
+            job.event.wait()
+        self._stats["prefetch_wait_seconds"] += time.perf_counter() - t0
+        self._reap()
+
+    def _settle(self, ids: np.ndarray) -> None:
+        """Before a resolve of ``ids``: reap finished prefetches, wait for those in
+        flight that hold a row of ``ids``, and raise the error of a failed prefetch of
+        one of them (once; nothing else changes)."""
+        if self._jobs:
+            self._reap()
+        if self._jobs:
+            s = self._row_slot[ids]
+            s = s[s >= 0]
+            needed = s[self._busy[s]]
+            if needed.size:
+                self._wait_jobs([j for j in self._jobs if np.isin(j.slots, needed).any()])
+        first: tuple[int, BaseException] | None = None
+        left: list[tuple[np.ndarray, BaseException]] = []
+        for rows, err in self._failed:
+            hit = np.isin(ids, rows)
+            if hit.any():
+                if first is None:
+                    first = (int(ids[np.flatnonzero(hit)[0]]), err)
+                rows = rows[~np.isin(rows, ids)]
+            if rows.size:
+                left.append((rows, err))
+        if first is not None:
+            self._failed = left  # raised once: a later call faults these rows normally
+            row, err = first
+            raise CorruptDataError(
+                f"table {self.name!r}: the prefetch of row {row} failed, so it was not "
+                f"mapped: {err}"
+            ) from err
+
+    def _passed_busy(self, end: int) -> bool:
+        """True when victims taken up to log position ``end`` skipped a slot that a
+        prefetch in flight holds (the LRU would have taken it had the read landed)."""
+        return any(bool((self._log_pos[j.slots] < end).any()) for j in self._jobs)

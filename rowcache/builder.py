@@ -43,7 +43,7 @@ CHUNK_BYTES = 32 << 20  # input bytes per streamed chunk
 # row blocks in threads; the reference where kernels._quantize is not built); "reference"
 # is NumPy's rule in one thread. Every engine writes the same bits (tests/rowcache/test_build_fp8.py).
 FP8_ENGINE: str | None = None
-FP8_THREADS: int | None = None  # threads of the "cpu" engine; None: every core of this process
+FP8_THREADS: int | None = None  # threads of the "cpu" engine; None: this process's cores - 1
 MAP_SIZE = 1 << 34  # LMDB map size: address space only, the file grows with data
 _SHARD_NAME = re.compile(r"t\d{4}-s\d{6}\.bin")
 
@@ -130,11 +130,11 @@ class _Fp8Pages:
         self.buffers = [np.zeros(size, dtype=np.uint8) for _ in range(depth)]
         self.busy: list[list[Any]] = [[] for _ in range(depth)]
         self.k = 0
-        self.threads = FP8_THREADS or (
-            len(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity")
-            else os.cpu_count() or 1
-        )
+        # Every core but one, which the chunk writes and page CRCs keep busy: on the 2-core
+        # dev machine 1 quantize thread builds at 2.2x plain write, 2 threads at 1.6x
+        # (bench/build.py, bench/RESULTS.md).
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        self.threads = FP8_THREADS or max(1, (cores or 1) - 1)
         self.pool = (
             ThreadPoolExecutor(self.threads) if engine == "cpu" and self.threads > 1 else None
         )

@@ -5,38 +5,46 @@
 #   2. build the full FP8 store (12 x 10,223,617+2i x 256, ~31.9 GB) with the GPU quantize
 #      (bench/fullsize.py: build time, GB/s, peak RssAnon, vs a plain write), then verify it;
 #   3. bench/build.py: FP8 (cuda and cpu engines) and BF16 vs plain write (same run);
-#   4. bench/sizing_check.py --device cuda on the full store (profile/tune vs the GPU cache);
+#   4. bench/sizing_check.py --device cuda on the full store (profile/tune vs the GPU cache,
+#      300k stdlib tokens: SIZING_TOKENS);
 #   5. bench/serve.py if this tree has it (it builds its own store: ours is deleted first).
 # Every stage runs under `timeout`, bounded by what is left of DEADLINE_S, and the summary
 # table prints whatever finished. Usage (repository root, .whl/ carried):
 #   bash bench/fullsize_gpu.sh            # logs and JSON under $OUT
 set -u
 T0=$(date +%s)
-DEADLINE_S=${DEADLINE_S:-530}
+DEADLINE_S=${DEADLINE_S:-500}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 W=${W:-/tmp/fullsize}; mkdir -p "$W"
 left() { echo $(( DEADLINE_S - ($(date +%s) - T0) )); }
-stage() {  # stage NAME LIMIT_S CMD...: run under min(LIMIT_S, time left - 15 s)
-  local name=$1 lim=$2; shift 2
+stage() {  # stage NAME LIMIT_S CMD...: run under min(LIMIT_S, time left - 15 s); stdout is
+  local name=$1 lim=$2; shift 2  # $OUT/NAME.json, stderr goes to $OUT/stages.log (<= 8 files back)
   local l; l=$(( $(left) - 15 )); [ "$l" -lt "$lim" ] && lim=$l
   if [ "$lim" -le 5 ]; then echo "=== $name: skipped (no time left)"; return 0; fi
-  echo "=== $name (limit ${lim}s, t=$(( $(date +%s) - T0 ))s)"
-  timeout "$lim" "$@" > "$OUT/$name.json" 2> "$OUT/$name.log"
-  echo "    rc=$? after $(( $(date +%s) - T0 ))s"; tail -3 "$OUT/$name.log" | tr '\r' '\n' | tail -2
+  echo "=== $name (limit ${lim}s, t=$(( $(date +%s) - T0 ))s)" | tee -a "$OUT/stages.log"
+  timeout "$lim" "$@" > "$OUT/$name.json" 2> "$W/$name.err"
+  echo "    rc=$? after $(( $(date +%s) - T0 ))s"
+  tr '\r' '\n' < "$W/$name.err" | grep -v '^ *$' | tail -40 >> "$OUT/stages.log"
+  tr '\r' '\n' < "$W/$name.err" | grep -v '^ *$' | tail -2
 }
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+ROWS=${ROWS:-10223617}; TABLES=${TABLES:-12}  # smaller only for a smoke test of this script
+PY=${PY:-python3}
+if [ -d .whl ]; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-python3 setup.py -q build_ext --inplace 2>&1 | grep -v -i "warn" | tail -3
+$PY setup.py -q build_ext --inplace 2>&1 | grep -v -i "warn" | tail -3
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 df -h "$W" | tail -1; nproc; free -g | sed -n 2p
-python3 -c "import kernels, rowcache.builder as b; print('fp8 engine:', b._fp8_engine())"
+$PY -c "import kernels, rowcache.builder as b; print('fp8 engine:', b._fp8_engine())"
 
 SRC=$W/src.npy
-stage source 60 python3 - "$SRC" <<'EOF'
+OUT_KEEP=$OUT; OUT=$W  # the source's line stays out of $OUT
+stage source 60 $PY - "$SRC" $(( ROWS + 2 * (TABLES - 1) )) <<'EOF'
 import sys, time, numpy as np
 from concurrent.futures import ThreadPoolExecutor
-rows, dim, path = 10_223_639, 256, sys.argv[1]
+rows, dim, path = int(sys.argv[2]), 256, sys.argv[1]
 out = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint16, shape=(rows, dim))
 t0, ch = time.time(), 1 << 18
 def fill(s):  # random sign and mantissa, exponent 2^-8..2^7: finite bf16, one seed a block
@@ -48,18 +56,19 @@ with ThreadPoolExecutor(16) as p:
 out.flush()
 print('{"source_s": %.1f}' % (time.time() - t0))
 EOF
-stage build_fp8 240 python3 bench/fullsize.py --store "$W/store" --source "$SRC" --dtype fp8 --tables 12 --json
-stage verify 90 python3 -m rowcache verify --json --no-progress "$W/store"
-stage sizing 240 python3 bench/sizing_check.py --device cuda --store "$W/store" --tokens 500000 --workdir "$W/sizing" --json
-stage bench_build 120 python3 bench/build.py --rows 2000000 --repeat 2 --dir "$W/bb" --json
+OUT=$OUT_KEEP; cat "$W/source.json"
+stage build_fp8 240 $PY bench/fullsize.py --store "$W/store" --source "$SRC" --dtype fp8 --tables $TABLES --rows $ROWS --json
+stage verify 90 $PY -m rowcache verify --json --no-progress "$W/store"
+stage bench_build 120 $PY bench/build.py --rows ${BUILD_ROWS:-2000000} --repeat 2 --dir "$W/bb" --json
 rm -rf "$W/bb"
+stage sizing 200 $PY bench/sizing_check.py --device cuda --store "$W/store" --tokens ${SIZING_TOKENS:-300000} --embed-steps 200 --workdir "$W/sizing" --json
 if [ -f bench/serve.py ]; then
   rm -rf "$W/store" "$SRC"  # serve.py builds its own store from its own tables (outputs are checked)
-  stage serve 300 python3 bench/serve.py --device cuda --dtype fp8 --rows 10223617 --workdir "$W/serve" --json
+  stage serve 300 $PY bench/serve.py --device cuda --dtype fp8 --rows $ROWS --workdir "$W/serve" --json
 fi
 
 echo "=== summary (t=$(( $(date +%s) - T0 ))s)"
-python3 - "$OUT" <<'EOF'
+$PY - "$OUT" <<'EOF'
 import json, os, sys
 out = sys.argv[1]
 def load(name):

@@ -12,14 +12,9 @@ import pytest
 from rowcache.cli import main
 from rowcache.tools.trace import Trace
 
-CONFIG = {
-    "vocab_size": 300,
-    "hidden_size": 8,
-    "emb_neighbor_num": 3,
-    "emb_split_num": 2,
-    "ngram_vocab_size_ratio": 3,
-    "eos_token_id": 2,
-}
+from .tiny import TINY_CONFIG
+
+CONFIG = TINY_CONFIG
 
 
 def err_line(capsys) -> str:

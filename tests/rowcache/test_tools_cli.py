@@ -13,6 +13,8 @@ from rowcache.errors import ConfigError
 from rowcache.tools.mrc import miss_ratio_curve
 from rowcache.tools.trace import Trace
 
+from .tiny import TINY_CONFIG
+
 
 def run(argv, capsys):
     parser = argparse.ArgumentParser(prog="rowcache")
@@ -25,14 +27,7 @@ def run(argv, capsys):
 
 @pytest.fixture
 def workdir(tmp_path, rng):
-    cfg = {
-        "vocab_size": 300,
-        "hidden_size": 8,
-        "emb_neighbor_num": 3,
-        "emb_split_num": 2,
-        "ngram_vocab_size_ratio": 3,
-        "eos_token_id": 2,
-    }
+    cfg = dict(TINY_CONFIG)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     lines = [
         json.dumps((rng.zipf(1.3, int(rng.integers(5, 80))) % 300).tolist()) for _ in range(120)

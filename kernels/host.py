@@ -92,6 +92,8 @@ def hash_packed(
     T, N = multipliers.shape
     n = int(seq_lens.sum())
     if native is not None:
+        c = np.ascontiguousarray  # the buffer protocol wants C-contiguous int64 vectors
+        tokens, ctx_lens, seq_lens = c(tokens, _I64), c(ctx_lens, _I64), c(seq_lens, _I64)
         out = np.empty((T, n), dtype=_I64)
         native.hash_packed(
             tokens, ctx_lens, seq_lens, multipliers, rows, N, offsets, eos, 1 << 62, out

@@ -2,7 +2,7 @@
  *
  * hash_packed: LongCat n-gram ids of the embedded positions of a packed batch
  *   (docs/ngram-spec.md), with an optional per-table offset added (global ids of a
- *   shared arena), plus the vocabulary range check of every token.
+ *   shared arena). Tokens come checked (embed.batch.NgramBatch checks them once).
  * lru_hits: the all-hits path of NgramRowCache.resolve: map ids to slots, and when
  *   every row is resident, pin and touch the call's unique slots in ascending row
  *   order (the cache's tie rule) in the LRU log.
@@ -51,15 +51,14 @@ static void release(Buf *bufs, int n) {
 #define PF 16 /* software prefetch distance (iterations) of the random-access loops */
 
 /* hash_packed(tokens i64[L], ctx_lens i64[S], seq_lens i64[S], mult i64[T, N],
- *             rows i64[T], offsets i64[T] | None, eos, vocab, out i64[T, n]) -> int
- * Returns -1, or the first token position outside [0, vocab) (nothing written). */
+ *             rows i64[T], N, offsets i64[T] | None, eos, out i64[T, n]) -> None */
 static PyObject *hash_packed(PyObject *self, PyObject *args) {
     PyObject *o_tok, *o_ctx, *o_seq, *o_mult, *o_rows, *o_off, *o_out;
-    long long eos, vocab;
+    long long eos;
     Py_ssize_t N;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOOnOLLO", &o_tok, &o_ctx, &o_seq, &o_mult, &o_rows, &N, &o_off,
-                          &eos, &vocab, &o_out)) {
+    if (!PyArg_ParseTuple(args, "OOOOOnOLO", &o_tok, &o_ctx, &o_seq, &o_mult, &o_rows, &N, &o_off,
+                          &eos, &o_out)) {
         return NULL;
     }
     Buf b[7];
@@ -99,15 +98,8 @@ static PyObject *hash_packed(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "hash_packed: lengths do not match tokens/out");
         return NULL;
     }
-    Py_ssize_t bad = -1;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t p = 0; p < L; p++) {
-        if ((uint64_t)tok[p] >= (uint64_t)vocab) {
-            bad = p;
-            break;
-        }
-    }
-    if (bad < 0) {
+    {
         Py_ssize_t begin = 0, r = 0;
         int64_t xs[16];
         for (Py_ssize_t s = 0; s < S; s++) {
@@ -136,7 +128,7 @@ static PyObject *hash_packed(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     release(b, 7);
-    return PyLong_FromSsize_t(bad);
+    Py_RETURN_NONE;
 }
 
 /* LSD radix sort of n non-negative int32 keys (< 2**31) in a, using tmp[n]. */

@@ -95,9 +95,7 @@ def hash_packed(
         c = np.ascontiguousarray  # the buffer protocol wants C-contiguous int64 vectors
         tokens, ctx_lens, seq_lens = c(tokens, _I64), c(ctx_lens, _I64), c(seq_lens, _I64)
         out = np.empty((T, n), dtype=_I64)
-        native.hash_packed(
-            tokens, ctx_lens, seq_lens, multipliers, rows, N, offsets, eos, 1 << 62, out
-        )
+        native.hash_packed(tokens, ctx_lens, seq_lens, multipliers, rows, N, offsets, eos, out)
         return out
     begin = np.zeros(ctx_lens.shape[0], dtype=_I64)
     np.cumsum(ctx_lens[:-1], out=begin[1:])

@@ -98,7 +98,7 @@ class LruLog(CacheState):
         self._pinned += fresh
         self._touch(slots_u)
 
-    def _choose_victims(self, need: int) -> tuple[np.ndarray, int, int]:
+    def _choose_victims(self, need: int, masked: bool = False) -> tuple[np.ndarray, int, int]:
         """The ``need`` least recently used unpinned slots, none reserved by a prefetch
         (the call's hits are pinned for the duration by the caller). Returns the
         victims, the new log head (the first live entry passed over, else just past
@@ -117,7 +117,7 @@ class LruLog(CacheState):
             s = self._log[pos:stop]
             live = self._log_pos[s] == np.arange(pos, stop, dtype=np.int32)
             ok = live & (self._last_used[s] != self._batch)
-            if self._n_busy:
+            if masked or self._n_busy:  # slots reserved by prefetches (or by the caller)
                 ok &= ~self._busy[s]
             cand = np.flatnonzero(ok)[: need - got]
             end = stop  # the part of this window the victims span

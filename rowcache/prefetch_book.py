@@ -94,11 +94,9 @@ class PrefetchBook(CacheState):
             missing = missing[: missing.size - dropped]
         victims = np.empty(0, dtype=np.int32)
         if missing.size:
-            saved = self._n_busy
-            self._n_busy += 1  # _choose_victims must look at the mask
-            victims, new_head, end = self._choose_victims(int(missing.size))
-            self._n_busy = saved
-            if saved and self._passed_busy(end):  # LRU reaches a slot in flight
+            # masked: the call's resident rows are marked busy for the choice
+            victims, new_head, end = self._choose_victims(int(missing.size), masked=True)
+            if self._n_busy and self._passed_busy(end):  # LRU reaches a slot in flight
                 busy[hit] = was_busy
                 self._wait_jobs(self._jobs)
                 return self._prefetch(rows_u)

@@ -24,12 +24,13 @@ from kernels._cuda import is_device_array, require_cupy
 from kernels.ngram import StackedTables, TokenRangeError, ngram_hash
 from kernels.reference import BF16
 from rowcache.errors import ConfigError
+from rowcache.prefetch import PrefetchHandle
 
 from .batch import NgramBatch
 from .cached_groups import CachedGroups
 from .dims import NgramDims
 from .layer_inputs import check_gemm_splits, check_tables, stack_projs
-from .lookahead import StepPrefetch, prefetch_step
+from .lookahead import prefetch_step
 from .staging import GEMM_SPLITS, GEMM_SPLITS_MAX, Staging
 from .step_composed import ComposedStep
 from .step_fused import FusedStep
@@ -269,7 +270,7 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep):
             batch = NgramBatch(self.dims, tokens, ctx_lens, seq_lens)
         return self._run(batch, overlay=overlay, seq_slots=seq_slots, active=active, out=out)
 
-    def prefetch(self, ctx_tokens: Any, seq_len: int | None = None) -> StepPrefetch:
+    def prefetch(self, ctx_tokens: Any, seq_len: int | None = None) -> PrefetchHandle:
         """Start reading the cached rows that :meth:`embed` of these arguments will
         need (the next prefill chunk, draft tokens); returns at once.
 
@@ -283,13 +284,13 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep):
         L = len(ctx_tokens) if seq_len is None else seq_len
         return prefetch_step(self, NgramBatch.single(self.dims, ctx_tokens, L))
 
-    def prefetch_batch(self, contexts: Sequence[Any], seq_lens: Sequence[int]) -> StepPrefetch:
+    def prefetch_batch(self, contexts: Sequence[Any], seq_lens: Sequence[int]) -> PrefetchHandle:
         """:meth:`prefetch` of a coming :meth:`embed_batch` (same arguments)."""
         return prefetch_step(self, NgramBatch.from_contexts(self.dims, contexts, seq_lens))
 
     def prefetch_packed(
         self, tokens: Any, ctx_lens: Any = None, seq_lens: Any = None
-    ) -> StepPrefetch:
+    ) -> PrefetchHandle:
         """:meth:`prefetch` of a coming :meth:`embed_packed` (same arguments: an
         ``NgramBatch``, or packed tokens with ``ctx_lens`` and ``seq_lens``)."""
         if isinstance(tokens, NgramBatch):

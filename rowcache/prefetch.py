@@ -42,6 +42,12 @@ class PrefetchHandle:
         self.rows = rows
         self.dropped = dropped
 
+    @classmethod
+    def merge(cls, handles: list[PrefetchHandle]) -> PrefetchHandle:
+        """One handle over several (a step's prefetches, one per cache)."""
+        jobs = [j for h in handles for j in h._jobs]
+        return cls(jobs, sum(h.rows for h in handles), sum(h.dropped for h in handles))
+
     def done(self) -> bool:
         """True once every read of this prefetch has finished (or failed)."""
         return all(j.event.is_set() for j in self._jobs)

@@ -97,7 +97,23 @@ def _embedding(dims: NgramDims, device: str, cached: bool, store_dir: str) -> Ng
     return NgramEmbedding(dims, word, tabs, projs)
 
 
-def step_times(dims: NgramDims, device: str, reps: int, prefill: int, tmp: str) -> list[dict]:
+def _profile(label: str, fn: Callable[[], Any], calls: int = 200, top: int = 14) -> None:
+    """cProfile of ``calls`` synchronized calls of ``fn``, top functions by own time, to stderr."""
+    import cProfile
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        fn()
+    pr.disable()
+    print(f"--- profile: {label} ({calls} calls)", file=sys.stderr)
+    pstats.Stats(pr, stream=sys.stderr).sort_stats("tottime").print_stats(top)
+
+
+def step_times(
+    dims: NgramDims, device: str, reps: int, prefill: int, tmp: str, profile: bool = False
+) -> list[dict]:
     rng = np.random.default_rng(1)
     keep = dims.max_ngram - 1
     shapes = [
@@ -138,6 +154,9 @@ def step_times(dims: NgramDims, device: str, reps: int, prefill: int, tmp: str) 
             want_bits = (want.get() if device == "cuda" else want).view(np.int16)
             assert np.array_equal(bits, want_bits), f"{variant} {name}: module != direct"
             t_dir, t_mod = _time_pair(device, direct, module, reps)
+            if profile:  # where the module's time goes, beside the direct call's
+                for lab, fn in (("module", module), ("direct", direct)):
+                    _profile(f"{variant} {name} {lab}", lambda f=fn: (f(), _sync(device)))
             rows.append(
                 {
                     "variant": variant,
@@ -217,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, help="timed repetitions (default 50, --quick 5)")
     p.add_argument("--steps", type=int, help="greedy tokens per sequence (default 64, --quick 4)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--profile", action="store_true", help="cProfile each step (stderr)")
     a = p.parse_args(argv)
     dims = NgramDims(
         vocab_size=a.vocab or (1000 if a.quick else 131072),
@@ -229,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     reps = a.reps or (5 if a.quick else 50)
     prefill = 256 if a.quick else 2048
     with tempfile.TemporaryDirectory() as tmp:
-        steps = step_times(dims, a.device, reps, prefill, tmp)
+        steps = step_times(dims, a.device, reps, prefill, tmp, a.profile)
         greedy = greedy_rates(a.device, a.steps or (4 if a.quick else 64), 4, a.quick, tmp)
     rep = {
         "device": a.device,

@@ -2,8 +2,8 @@
 
 Owns :class:`TorchNgramEmbedding` (the reference ``ngram_embeddings`` module's
 ``forward(input_ids, ngram_context)`` over an :class:`NgramEmbedding`: tensors in and
-out without copies, numpy views on the CPU, DLPack and torch's current stream on the
-GPU; padded batches packed so that each row is embedded as if alone) and
+out without copies, numpy views on the CPU, cupy views of the tensors' device memory
+on torch's current stream on the GPU; padded batches packed so that each row is embedded as if alone) and
 :class:`TorchStaticStep` (a fixed-shape resident GPU step that a ``torch.cuda.graph``
 capture can hold). Importing this module imports torch; ``import embed`` does not.
 Does not hash, gather or cache (``embed.layer``) nor read checkpoints (``embed.checkpoint``).
@@ -31,6 +31,25 @@ _D2H = 2  # cudaMemcpyDeviceToHost
 def _host_bf16(t: torch.Tensor) -> np.ndarray:
     """A CPU bf16 tensor as an ml_dtypes bfloat16 array over the same memory."""
     return t.view(torch.int16).numpy().view(BF16)
+
+
+def _cupy_view(t: torch.Tensor) -> Any:
+    """A cupy array over a contiguous CUDA tensor's memory (no copy; the tensor is kept
+    alive as the memory's owner).
+
+    The zero-copy exchange DLPack would make, without its stream handshake: the
+    embedding runs on torch's current stream itself, so there is no other stream to
+    order against, and ``Tensor.__dlpack__``'s per-call event and ``ExternalStream``
+    cost ~100 us a tensor on the H200 host (bench/torch_step.py --profile).
+    """
+    import cupy as cp
+
+    if not t.is_contiguous():  # cannot happen: callers pass fresh or .contiguous() tensors
+        raise ConfigError("internal: a cupy view needs a contiguous tensor")
+    dtype = {torch.int64: np.int64, torch.int16: np.int16, torch.int32: np.int32}[t.dtype]
+    nbytes = t.numel() * t.element_size()
+    mem = cp.cuda.UnownedMemory(t.data_ptr(), nbytes, t, t.device.index)
+    return cp.ndarray(tuple(t.shape), dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
 
 
 def _ints(name: str, t: Any, device: torch.device, ndim: int) -> torch.Tensor:
@@ -198,11 +217,11 @@ class TorchNgramEmbedding(torch.nn.Module):
             import cupy as cp
 
             def dev_bf16(t: torch.Tensor) -> Any:
-                return cp.from_dlpack(t.view(torch.int16)).view(BF16)
+                return _cupy_view(t.view(torch.int16)).view(BF16)
 
             out = torch.empty((B, L, D), dtype=torch.bfloat16, device=input_ids.device)
             with cp.cuda.Device(input_ids.device.index), self._stream(input_ids.device):
-                self._run(plan, out, seq_slot, active, dev_bf16, cp.from_dlpack)
+                self._run(plan, out, seq_slot, active, dev_bf16, _cupy_view)
         return out
 
     def _plan(self, ids: torch.Tensor, ctx: Any, mask: torch.Tensor | None) -> _Plan:

@@ -4,8 +4,9 @@ Owns :func:`hash_packed` (LongCat ids of the embedded positions of a packed batc
 optionally with per-table offsets added: the global ids of a shared arena) and its
 NumPy reference :func:`hash_positions_reference`, plus the loader of the native
 module ``kernels._host`` (``kernels/_host.c``), which also holds the row cache's
-all-hits path (``rowcache.cache`` calls it; its reference is the cache's Python
-path). Without the native module the references run, with the same results.
+LRU bookkeeping: the all-hits path, the miss path's plan and commit, compaction
+(``rowcache.lru`` and ``rowcache.fault`` call them; their reference is the cache's
+Python path). Without the native module the references run, with the same results.
 """
 
 from __future__ import annotations

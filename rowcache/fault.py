@@ -2,9 +2,11 @@
 
 Owns the mixin :class:`FaultPath`: the cache's readers (its own, and the prefetch
 jobs'), a resolve with misses (victims, reads into a staging buffer, the scatter
-into the arena, the maps committed only after the reads succeeded), and on the GPU
-the arena's set-up, the pinned staging buffer and the ring of pinned buffers that
-carries slots to the device (:data:`OUT_RING`). The LRU log is ``rowcache.lru``.
+into the arena, the maps committed only after the reads succeeded: natively, one C
+call before the read and one after, ``kernels/_host.c``; the Python path is their
+reference), and on the GPU the arena's set-up, the pinned staging buffer and the
+ring of pinned buffers that carries slots to the device (:data:`OUT_RING`). The LRU
+log is ``rowcache.lru``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from .cache_state import CacheState
 from .errors import ArenaExhaustedError
 from .lru import _sorted_unique
 from .reader import RowReader
+from .store import check_row_ids
 
 OUT_RING = 8  # pinned buffers for int32 arrays on their way to the device (slots, map updates)
 
@@ -37,6 +40,8 @@ class FaultPath(CacheState):
     scales: Any
     _reader: RowReader
     _part_array: np.ndarray
+    _part_misses: np.ndarray
+    _scratch: np.ndarray
     _staging: Any
 
     def _value_dtype(self) -> Any:
@@ -129,6 +134,17 @@ class FaultPath(CacheState):
                 self._staging = np.empty((cap, rec), dtype=np.uint8)
         return self._staging
 
+    def _host_lib(self) -> Any:
+        raise NotImplementedError
+
+    def _exhausted(self, n_miss: int, free_or_unpinned: int) -> ArenaExhaustedError:
+        return ArenaExhaustedError(
+            f"table {self.name!r}: this batch needs {n_miss} more slots but only "
+            f"{free_or_unpinned} of {self.num_slots} are free or unpinned "
+            f"({self._pinned} pinned by the batch); call end_batch() more often, split the "
+            "batch, or give the cache more slots"
+        )
+
     def _resolve_unique(self, ids: np.ndarray) -> np.ndarray:
         """Resolve a checked batch; returns its slots (int32, input order)."""
         self._last_faults = 0
@@ -136,6 +152,10 @@ class FaultPath(CacheState):
             return np.empty(0, dtype=np.int32)
         if self._jobs or self._failed:
             self._settle(ids)  # prefetches this call needs: waited for, reaped, errors raised
+        native = self._host_lib()
+        if native is not None:
+            return self._resolve_native(native, ids)
+        # The Python path: the reference of _resolve_native (tests compare them).
         s = self._row_slot[ids]
         if int(s.min()) >= 0:  # every row resident: the hot path (no fault, no eviction)
             rows_u = _sorted_unique(ids)
@@ -155,12 +175,7 @@ class FaultPath(CacheState):
             self._wait_jobs(self._jobs)  # reserved slots count as free once their reads land
             return self._resolve_unique(ids)
         if n_miss > free_or_unpinned:
-            raise ArenaExhaustedError(
-                f"table {self.name!r}: this batch needs {n_miss} more slots but only "
-                f"{free_or_unpinned} of {self.num_slots} are free or unpinned "
-                f"({self._pinned} pinned by the batch); call end_batch() more often, split the "
-                "batch, or give the cache more slots"
-            )
+            raise self._exhausted(n_miss, free_or_unpinned)
         t0 = time.perf_counter()
         self._last_used[uhit] = self._batch  # pinned: the call's hits are no victims
         try:
@@ -196,6 +211,55 @@ class FaultPath(CacheState):
         self._count(ids.size, slots_u, n_miss)
         return self._row_slot[ids]
 
+    def _resolve_native(self, native: Any, ids: np.ndarray) -> np.ndarray:
+        """The path of :meth:`_resolve_unique` in two C calls around the read
+        (``kernels/_host.c``): ``lru_plan`` (dedup, victims, exhaustion; changes
+        nothing), :meth:`_fault`, ``lru_commit`` (maps, pins, log, part misses). Same
+        victims, log, maps, stats and errors as the Python path; a failed call changes
+        nothing."""
+        self._last_faults = 0
+        ids = np.ascontiguousarray(ids)
+        n = ids.size
+        if self._scratch.size < 2 * n:
+            self._scratch = np.empty(max(2 * n, 2 * self._scratch.size), dtype=np.int32)
+        work = np.empty(5 * n, dtype=np.int32)  # [uniq | slots | missing | victims | evicted]
+        t0 = time.perf_counter()
+        status, n_u, n_miss, fresh_hits, n_ev, head, end = native.lru_plan(
+            ids, self.rows, self._row_slot, self._slot_row, self._last_used, self._log,
+            self._log_pos, self._head, self._tail, self._batch,
+            self._busy if self._n_busy else None,
+            self.num_slots - self._pinned - self._n_busy, work, self._scratch,
+        )  # fmt: skip
+        if status == 1 and not self._n_busy:
+            raise self._exhausted(n_miss, self.num_slots - self._pinned - fresh_hits)
+        if status == 1 or (n_miss and self._n_busy and self._passed_busy(end)):
+            # reserved slots count as free once their reads land; and an LRU order that
+            # reaches a slot still in flight waits, as if it had landed
+            self._wait_jobs(self._jobs)
+            return self._resolve_unique(ids)
+        if status:
+            check_row_ids(ids, self.rows)  # status 2: raises RowRangeError
+            raise AssertionError("LRU log exhausted before finding enough victims")
+        if n_miss:  # raises before any change
+            self._fault(work[2 * n : 2 * n + n_miss], work[3 * n : 3 * n + n_miss],
+                        work[4 * n : 4 * n + n_ev])  # fmt: skip
+        out = np.empty(n, dtype=np.int32)
+        fresh, self._head, self._tail = native.lru_commit(
+            ids, work, n_u, n_miss, n_ev, self._row_slot, self._slot_row, self._last_used,
+            self._log, self._log_pos, head, self._tail, self._batch, self.row_offsets,
+            self._part_misses, out,
+        )  # fmt: skip
+        st = self._stats
+        st["lookups"] += n
+        st["misses"] += n_miss
+        st["hits"] += fresh - n_miss
+        st["evictions"] += n_ev
+        self._pinned += fresh
+        self._last_faults = n_miss + self._reaped_rows
+        if n_miss:
+            st["fault_seconds"] += time.perf_counter() - t0
+        return out
+
     def _read_parts(
         self, rows: np.ndarray, staging: np.ndarray, reader: RowReader | None = None
     ) -> tuple[int, int, int]:
@@ -204,7 +268,7 @@ class FaultPath(CacheState):
         reader = reader or self._reader
         # Global rows are sorted, so each part's rows are one contiguous run of them, and
         # the parts in order are the staging order: one read plan and one dispatch for all.
-        bounds = np.searchsorted(rows, self.row_offsets)
+        bounds = rows.searchsorted(self.row_offsets)  # (the method: no NumPy wrapper)
         _, rs = reader.read_runs(rows, bounds, self._part_array, self.row_offsets[:-1], out=staging)
         return rs.rows, rs.bytes_read, rs.read_ops
 

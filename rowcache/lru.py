@@ -4,7 +4,8 @@ Owns the mixin :class:`LruLog` over the cache's slot arrays (``_row_slot``,
 ``_slot_row``, ``_last_used``, ``_log``, ``_log_pos``, head and tail): the all-hits
 path in one C call (``kernels/_host.c``), counting and pinning a call's slots, the
 choice of victims, moving slots to the log's tail or head, compaction. Reads and
-writes no rows (``rowcache.fault``); the log's rules are in ``rowcache.cache``.
+writes no rows (``rowcache.fault``, also the native miss path: its C victim choice
+mirrors ``_choose_victims``); the log's rules are in ``rowcache.cache``.
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ class LruLog(CacheState):
         raise NotImplementedError
 
     def _hits_native(self, row_ids: Any) -> np.ndarray | None:
-        """The all-hits path in one C call (``kernels/_host.c``), or None where the
-        Python path must run: a miss, a bad id, prefetches to settle, no native module,
-        input that is not a contiguous int64 NumPy vector. Same state, same stats."""
+        """The all-hits path in one C call (``kernels/_host.c``); on a miss, the native
+        miss path (``FaultPath._resolve_native``); or None where the Python path must
+        run: a bad id, prefetches to settle, no native module, input that is not a
+        contiguous int64 NumPy vector. Same state, same stats."""
         native = self._host_lib()
         if (
             native is None
@@ -77,6 +79,9 @@ class LruLog(CacheState):
                 row_ids, self.rows, self._row_slot, self._last_used, self._log,
                 self._log_pos, self._tail, self._batch, out, self._scratch,
             )  # fmt: skip
+        if status == 1:  # a miss: the native miss path (the ids are checked and in range)
+            self._reaped_rows = 0
+            return self._resolve_native(native, row_ids)
         if status != 0:
             return None
         self._tail = tail

@@ -140,3 +140,63 @@ def test_lru_hits_native_equals_python_path(tmp_path_factory, seed):
         else:
             np.testing.assert_array_equal(u, v)
     store.close()
+
+
+def _lru_arrays(rows=20, slots=6):
+    row_slot = np.full(rows, -1, dtype=np.int32)
+    slot_row = np.full(slots, -1, dtype=np.int32)
+    last_used = np.full(slots, -1, dtype=np.int64)
+    log = np.zeros(2 * slots, dtype=np.int32)
+    log[:slots] = np.arange(slots, dtype=np.int32)
+    log_pos = np.arange(slots, dtype=np.int32)
+    return row_slot, slot_row, last_used, log, log_pos
+
+
+def test_lru_plan_and_commit_check_their_arguments_and_change_nothing_on_error():
+    if host.native is None:
+        pytest.skip("kernels._host not built")
+    nat = host.native
+    rs, sr, lu, log, lp = _lru_arrays()
+    ids = np.array([7, 3, 7, 12], dtype=np.int64)
+    work, scratch = np.empty(5 * ids.size, dtype=np.int32), np.empty(2 * ids.size, np.int32)
+    saved = [a.copy() for a in (rs, sr, lu, log, lp)]
+
+    def plan(**kw):
+        a = dict(ids=ids, rs=rs, sr=sr, lu=lu, log=log, lp=lp, busy=None, work=work)
+        a.update(kw)
+        return nat.lru_plan(a["ids"], 20, a["rs"], a["sr"], a["lu"], a["log"], a["lp"], 0, 6,
+                            0, a["busy"], 6, a["work"], scratch)  # fmt: skip
+
+    with pytest.raises(TypeError, match="ids"):
+        plan(ids=ids.astype(np.int32))
+    with pytest.raises(ValueError, match="shapes"):
+        plan(work=work[:-1])
+    with pytest.raises(ValueError, match="shapes"):
+        plan(busy=np.zeros(5, dtype=bool))
+    assert plan(ids=np.array([3, 20], dtype=np.int64))[:2] == (2, 1)  # ids[1] out of range
+    status, n_u, n_miss, fresh, n_ev, head, end = plan()
+    assert (status, n_u, n_miss, fresh, n_ev, head, end) == (0, 3, 3, 0, 0, 3, 3)
+    np.testing.assert_array_equal(work[:3], [3, 7, 12])  # unique rows, ascending
+    np.testing.assert_array_equal(work[8:11], [3, 7, 12])  # all missing
+    np.testing.assert_array_equal(work[12:15], [0, 1, 2])  # victims: the log's head
+    for a, b in zip((rs, sr, lu, log, lp), saved):
+        np.testing.assert_array_equal(a, b)  # the plan changes nothing
+    off, pm, out = (
+        np.array([0, 10, 20], dtype=np.int64),
+        np.zeros(2, np.int64),
+        np.empty(4, np.int32),
+    )
+    bad = work.copy()
+    bad[12] = 99  # a victim outside the arena
+    with pytest.raises(ValueError, match="out of range"):
+        nat.lru_commit(ids, bad, n_u, n_miss, n_ev, rs, sr, lu, log, lp, head, 6, 0, off, pm, out)
+    for a, b in zip((rs, sr, lu, log, lp, pm), [*saved, np.zeros(2, np.int64)]):
+        np.testing.assert_array_equal(a, b)  # a refused commit changes nothing
+    fresh, head, tail = nat.lru_commit(
+        ids, work, n_u, n_miss, n_ev, rs, sr, lu, log, lp, head, 6, 0, off, pm, out
+    )
+    assert (fresh, head, tail) == (3, 3, 9)  # entries before the head are stale
+    np.testing.assert_array_equal(out, [1, 0, 1, 2])
+    np.testing.assert_array_equal(pm, [2, 1])
+    np.testing.assert_array_equal(log[3:9], [3, 4, 5, 0, 1, 2])
+    np.testing.assert_array_equal(lu, [0, 0, 0, -1, -1, -1])  # pinned in batch 0

@@ -34,7 +34,8 @@ ext_modules = [
     Extension(
         "kernels._host",
         ["kernels/_host.c"],
-        extra_compile_args=["-O3", "-Wall", "-Wextra", "-std=c11"],
+        extra_compile_args=["-O3", "-Wall", "-Wextra", "-std=c11", "-pthread"],
+        extra_link_args=["-pthread"],
     ),
     Extension(
         "kernels._quantize",

@@ -16,9 +16,17 @@
  * tests/rowcache/test_miss_native.py. Arrays come in through the buffer protocol
  * (C-contiguous, checked item sizes); the GIL is released for the whole call. No
  * library beyond libc and Python.
+ *
+ * lru_hits takes an optional thread count: a large call (a prefill step's tens of
+ * thousands of ids) is split over that many threads of its own (pthreads, created and
+ * joined in the call), each with a contiguous part of the ids (the parts of a shared
+ * arena's step are its tables, whose global ids are disjoint ranges). Results are
+ * identical whatever the count. (The hash stays on one thread: at a 2,048-token
+ * prefill it takes ~110 us, and two threads made it slower on the dev machine.)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +62,81 @@ static void release(Buf *bufs, int n) {
 
 #define COUNT(b) ((b).view.len / (b).view.itemsize)
 #define PF 16 /* software prefetch distance (iterations) of the random-access loops */
+#define MAXT 16 /* threads of one call at most */
+
+/* Runs fn(arg + k * size) for k in [0, K): k >= 1 on threads of their own, k = 0 on the
+ * caller's; a thread that cannot be created runs its part on the caller's after. */
+static void parallel(int K, void *(*fn)(void *), char *arg, size_t size) {
+    pthread_t th[MAXT];
+    int made[MAXT] = {0};
+    for (int k = 1; k < K; k++) {
+        made[k] = pthread_create(&th[k], NULL, fn, arg + (size_t)k * size) == 0;
+    }
+    fn(arg);
+    for (int k = 1; k < K; k++) {
+        if (made[k]) {
+            pthread_join(th[k], NULL);
+        } else {
+            fn(arg + (size_t)k * size);
+        }
+    }
+}
+
+/* Threads for `work` items given `threads` wanted, at least `grain` items each. */
+static int split_count(int threads, Py_ssize_t work, Py_ssize_t grain) {
+    Py_ssize_t k = work / grain;
+    if (k > threads) {
+        k = threads;
+    }
+    if (k > MAXT) {
+        k = MAXT;
+    }
+    return k < 1 ? 1 : (int)k;
+}
+
+typedef struct {
+    const int64_t *tok, *ctx, *seq, *mult, *rows, *off;
+    int64_t *out;
+    Py_ssize_t S, N, n;
+    long long eos;
+    Py_ssize_t t0, t1; /* the tables to hash */
+} HashJob;
+
+/* The ids of tables [t0, t1) at every embedded position. */
+static void *hash_tables(void *arg) {
+    const HashJob *h = arg;
+    const int64_t *tok = h->tok, *ctx = h->ctx, *seq = h->seq, *mult = h->mult, *rows = h->rows;
+    const int64_t *off = h->off;
+    int64_t *out = h->out;
+    Py_ssize_t S = h->S, N = h->N, n = h->n;
+    long long eos = h->eos;
+    Py_ssize_t begin = 0, r = 0;
+    int64_t xs[16];
+    for (Py_ssize_t s = 0; s < S; s++) {
+        for (Py_ssize_t t = begin + ctx[s] - seq[s]; t < begin + ctx[s]; t++, r++) {
+            /* j = 0 always counts; j >= 1 until the sequence start or an EOS in t-j..t-1 */
+            xs[0] = tok[t];
+            int live = 1;
+            for (Py_ssize_t j = 1; j < N; j++) {
+                if (live && (t - j < begin || tok[t - j] == eos)) {
+                    live = 0; /* an EOS at t-j (or the start) stops terms >= j */
+                }
+                xs[j] = live ? tok[t - j] : 0;
+            }
+            for (Py_ssize_t i = h->t0; i < h->t1; i++) {
+                int64_t acc = 0;
+                const int64_t *m = mult + i * N;
+                for (Py_ssize_t j = 0; j < N; j++) {
+                    acc += m[j] * xs[j];
+                }
+                acc %= rows[i];
+                out[i * n + r] = off ? acc + off[i] : acc;
+            }
+        }
+        begin += ctx[s];
+    }
+    return NULL;
+}
 
 /* hash_packed(tokens i64[L], ctx_lens i64[S], seq_lens i64[S], mult i64[T, N],
  *             rows i64[T], N, offsets i64[T] | None, eos, out i64[T, n]) -> None */
@@ -62,8 +145,8 @@ static PyObject *hash_packed(PyObject *self, PyObject *args) {
     long long eos;
     Py_ssize_t N;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOOnOLO", &o_tok, &o_ctx, &o_seq, &o_mult, &o_rows, &N, &o_off,
-                          &eos, &o_out)) {
+    if (!PyArg_ParseTuple(args, "OOOOOnOLO", &o_tok, &o_ctx, &o_seq, &o_mult, &o_rows, &N,
+                          &o_off, &eos, &o_out)) {
         return NULL;
     }
     Buf b[7];
@@ -103,34 +186,9 @@ static PyObject *hash_packed(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "hash_packed: lengths do not match tokens/out");
         return NULL;
     }
+    HashJob job = {tok, ctx, seq, mult, rows, off, out, S, N, n, eos, 0, T};
     Py_BEGIN_ALLOW_THREADS
-    {
-        Py_ssize_t begin = 0, r = 0;
-        int64_t xs[16];
-        for (Py_ssize_t s = 0; s < S; s++) {
-            for (Py_ssize_t t = begin + ctx[s] - seq[s]; t < begin + ctx[s]; t++, r++) {
-                /* j = 0 always counts; j >= 1 until the sequence start or an EOS in t-j..t-1 */
-                xs[0] = tok[t];
-                int live = 1;
-                for (Py_ssize_t j = 1; j < N; j++) {
-                    if (live && (t - j < begin || tok[t - j] == eos)) {
-                        live = 0; /* an EOS at t-j (or the start) stops terms >= j */
-                    }
-                    xs[j] = live ? tok[t - j] : 0;
-                }
-                for (Py_ssize_t i = 0; i < T; i++) {
-                    int64_t acc = 0;
-                    const int64_t *m = mult + i * N;
-                    for (Py_ssize_t j = 0; j < N; j++) {
-                        acc += m[j] * xs[j];
-                    }
-                    acc %= rows[i];
-                    out[i * n + r] = off ? acc + off[i] : acc;
-                }
-            }
-            begin += ctx[s];
-        }
-    }
+    hash_tables(&job);
     Py_END_ALLOW_THREADS
     release(b, 7);
     Py_RETURN_NONE;
@@ -181,22 +239,123 @@ static void radix_sort(int32_t *a, int32_t *tmp, Py_ssize_t n) {
     }
 }
 
+#define HITS_GRAIN 4096 /* ids an lru_hits thread at least */
+
+typedef struct {
+    const int64_t *ids;
+    const int32_t *row_slot;
+    int64_t *last_used;
+    int32_t *log, *log_pos, *out, *scr;
+    Py_ssize_t n, S;
+    long long rows, batch;
+    Py_ssize_t lo, hi;      /* this part's ids */
+    int status;             /* 0, 1 (a miss) or 2 (ids[bad] out of range) */
+    Py_ssize_t bad, n_u;    /* first bad id; distinct ids of the part */
+    Py_ssize_t base, fresh; /* its first log position; slots newly pinned */
+} HitsPart;
+
+/* Phase 1 of a part: range check, slots of its ids, and its ids sorted (scr[lo:hi],
+ * scr[n + lo: n + hi] as the sort's buffer) with their distinct count. */
+static void *hits_scan(void *arg) {
+    HitsPart *h = arg;
+    const int64_t *ids = h->ids;
+    const int32_t *row_slot = h->row_slot;
+    Py_ssize_t lo = h->lo, hi = h->hi;
+    h->status = 0;
+    h->n_u = 0;
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        if ((uint64_t)ids[i] >= (uint64_t)h->rows) {
+            h->status = 2;
+            h->bad = i;
+            return NULL;
+        }
+    }
+    /* random reads of a table-sized map: prefetch a few iterations ahead */
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        if (i + PF < hi) {
+            __builtin_prefetch(&row_slot[ids[i + PF]]);
+        }
+        int32_t s = row_slot[ids[i]];
+        h->out[i] = s;
+        if (s < 0) {
+            h->status = 1;
+        }
+    }
+    if (h->status) {
+        return NULL;
+    }
+    int32_t *scr = h->scr + lo;
+    for (Py_ssize_t i = 0; i < hi - lo; i++) {
+        scr[i] = (int32_t)ids[lo + i];
+    }
+    radix_sort(scr, h->scr + h->n + lo, hi - lo);
+    Py_ssize_t n_u = hi > lo;
+    for (Py_ssize_t i = 1; i < hi - lo; i++) {
+        n_u += scr[i] != scr[i - 1];
+    }
+    h->n_u = n_u;
+    return NULL;
+}
+
+/* Phase 2 of a part: pin its distinct slots and log them from log[base], ascending. */
+static void *hits_touch(void *arg) {
+    HitsPart *h = arg;
+    const int32_t *row_slot = h->row_slot, *scr = h->scr + h->lo;
+    int64_t *last_used = h->last_used;
+    int32_t *log = h->log, *log_pos = h->log_pos;
+    Py_ssize_t m = h->hi - h->lo, c = h->base, fresh = 0, S = h->S;
+    long long batch = h->batch;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (i + PF < m) {
+            __builtin_prefetch(&row_slot[scr[i + PF]]);
+        }
+        if (i + PF / 2 < m) {
+            int32_t q = row_slot[scr[i + PF / 2]];
+            if (q >= 0 && q < S) {
+                __builtin_prefetch(&last_used[q], 1);
+                __builtin_prefetch(&log_pos[q], 1);
+            }
+        }
+        if (i > 0 && scr[i] == scr[i - 1]) {
+            continue;
+        }
+        int32_t s = row_slot[scr[i]];
+        if (s < 0 || s >= S) {
+            continue; /* cannot happen: checked by the scan */
+        }
+        if (last_used[s] != batch) {
+            fresh++;
+            last_used[s] = batch;
+        }
+        log[c] = s;
+        log_pos[s] = (int32_t)c;
+        c++;
+    }
+    h->fresh = fresh;
+    return NULL;
+}
+
 /* lru_hits(ids i64[n], rows, row_slot i32[R], last_used i64[S], log i32[C], log_pos i32[S],
- *          tail, batch, out i32[n], scratch i32[2n]) -> (status, a, b)
+ *          tail, batch, out i32[n], scratch i32[2n][, threads]) -> (status, a, b)
  * status 0: every row resident; out = slots; the unique slots were pinned (last_used =
  *   batch) and logged at tail in ascending row order; a = fresh (slots not used in this
  *   batch before), b = new tail.
  * status 1: a row is not resident; out = slots (-1 where missing); nothing changed.
  * status 2: ids[a] is outside [0, rows); nothing changed.
  * status 3: the log has no room at tail for the call's distinct slots; nothing changed
- *   (compact first). */
+ *   (compact first).
+ * threads (default 1): the ids are split into up to that many contiguous parts (each at
+ * least HITS_GRAIN ids), scanned and sorted in parallel; when the parts' sorted ids are
+ * disjoint ascending ranges (a shared arena's step: one part per table, or within one),
+ * they are logged in parallel too, else the whole call is sorted and logged by one. */
 static PyObject *lru_hits(PyObject *self, PyObject *args) {
     PyObject *o_ids, *o_rs, *o_lu, *o_log, *o_lp, *o_out, *o_scr;
     long long rows, batch;
     Py_ssize_t tail;
+    int threads = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OLOOOOnLOO", &o_ids, &rows, &o_rs, &o_lu, &o_log, &o_lp, &tail,
-                          &batch, &o_out, &o_scr)) {
+    if (!PyArg_ParseTuple(args, "OLOOOOnLOO|i", &o_ids, &rows, &o_rs, &o_lu, &o_log, &o_lp,
+                          &tail, &batch, &o_out, &o_scr, &threads)) {
         return NULL;
     }
     Buf b[7];
@@ -208,11 +367,6 @@ static PyObject *lru_hits(PyObject *self, PyObject *args) {
         release(b, 7);
         return NULL;
     }
-    const int64_t *ids = b[0].view.buf;
-    const int32_t *row_slot = b[1].view.buf;
-    int64_t *last_used = b[2].view.buf;
-    int32_t *log = b[3].view.buf, *log_pos = b[4].view.buf, *out = b[5].view.buf;
-    int32_t *scr = b[6].view.buf;
     Py_ssize_t n = COUNT(b[0]), R = COUNT(b[1]), S = COUNT(b[2]), cap = COUNT(b[3]);
     if (COUNT(b[4]) != S || COUNT(b[5]) < n || COUNT(b[6]) < 2 * n || rows > R || tail < 0 ||
         tail > cap) {
@@ -220,68 +374,52 @@ static PyObject *lru_hits(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "lru_hits: inconsistent shapes");
         return NULL;
     }
+    HitsPart part[MAXT];
+    int K = split_count(threads, n, HITS_GRAIN);
+    for (int k = 0; k < K; k++) {
+        part[k] = (HitsPart){b[0].view.buf, b[1].view.buf, b[2].view.buf, b[3].view.buf,
+                             b[4].view.buf, b[5].view.buf, b[6].view.buf, n, S, rows, batch,
+                             n * k / K, n * (k + 1) / K, 0, 0, 0, 0, 0};
+    }
     int status = 0;
     Py_ssize_t a = 0, c = tail;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if ((uint64_t)ids[i] >= (uint64_t)rows) {
-            status = 2;
-            a = i;
-            break;
+    parallel(K, hits_scan, (char *)part, sizeof part[0]);
+    for (int k = 0; k < K && status != 2; k++) {
+        if (part[k].status == 2) {
+            status = 2; /* the first bad id, as a serial scan finds it */
+            a = part[k].bad;
+        } else if (part[k].status == 1) {
+            status = 1;
+        }
+    }
+    if (status == 0 && K > 1) {
+        int32_t *scr = b[6].view.buf;
+        int disjoint = 1;
+        for (int k = 1; k < K; k++) {
+            disjoint &= scr[part[k].lo - 1] < scr[part[k].lo]; /* last of k-1 < first of k */
+        }
+        if (!disjoint) { /* one part over the whole call */
+            part[0].lo = 0;
+            part[0].hi = n;
+            K = 1;
+            hits_scan(&part[0]);
         }
     }
     if (status == 0) {
-        /* random reads of a table-sized map: prefetch a few iterations ahead */
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (i + PF < n) {
-                __builtin_prefetch(&row_slot[ids[i + PF]]);
-            }
-            int32_t s = row_slot[ids[i]];
-            out[i] = s;
-            if (s < 0) {
-                status = 1;
-            }
-        }
-    }
-    if (status == 0) {
-        for (Py_ssize_t i = 0; i < n; i++) {
-            scr[i] = (int32_t)ids[i];
-        }
-        radix_sort(scr, scr + n, n);
-        Py_ssize_t n_u = n > 0;
-        for (Py_ssize_t i = 1; i < n; i++) {
-            n_u += scr[i] != scr[i - 1];
+        Py_ssize_t n_u = 0;
+        for (int k = 0; k < K; k++) {
+            part[k].base = tail + n_u;
+            n_u += part[k].n_u;
         }
         if (tail + n_u > cap) { /* the Python path's test: room for the distinct slots */
             status = 3;
-        }
-    }
-    if (status == 0) {
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (i + PF < n) {
-                __builtin_prefetch(&row_slot[scr[i + PF]]);
+        } else {
+            parallel(K, hits_touch, (char *)part, sizeof part[0]);
+            for (int k = 0; k < K; k++) {
+                a += part[k].fresh;
             }
-            if (i + PF / 2 < n) {
-                int32_t q = row_slot[scr[i + PF / 2]];
-                if (q >= 0 && q < S) {
-                    __builtin_prefetch(&last_used[q], 1);
-                    __builtin_prefetch(&log_pos[q], 1);
-                }
-            }
-            if (i > 0 && scr[i] == scr[i - 1]) {
-                continue;
-            }
-            int32_t s = row_slot[scr[i]];
-            if (s < 0 || s >= S) {
-                continue; /* cannot happen: checked above */
-            }
-            if (last_used[s] != batch) {
-                a++;
-                last_used[s] = batch;
-            }
-            log[c] = s;
-            log_pos[s] = (int32_t)c;
-            c++;
+            c = tail + n_u;
         }
     }
     Py_END_ALLOW_THREADS

@@ -11,6 +11,7 @@ Python path). Without the native module the references run, with the same result
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,32 @@ except ImportError:  # pragma: no cover - exercised where no compiler was availa
     native: Any = None  # type: ignore[no-redef]
 
 _I64 = np.dtype(np.int64)
+
+
+def _host_threads() -> int:
+    """Threads a large all-hits resolve may use (``kernels._host.lru_hits``):
+    ``ROWCACHE_HOST_THREADS``, else the CPUs this process may run on, at most 8.
+    Decode-sized calls stay on the caller's thread: the C code splits only calls of
+    at least 2 x 4,096 ids (a prefill step's)."""
+    env = os.environ.get("ROWCACHE_HOST_THREADS")
+    if env is not None:
+        try:
+            k = int(env)
+        except ValueError:
+            raise ValueError(
+                f"ROWCACHE_HOST_THREADS={env!r}: give an integer in 1..16"
+            ) from None
+        if not 1 <= k <= 16:
+            raise ValueError(f"ROWCACHE_HOST_THREADS={env!r}: give an integer in 1..16")
+        return k
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus))
+
+
+HOST_THREADS = _host_threads()
 
 
 def hash_positions_reference(

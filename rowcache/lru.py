@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from kernels.host import HOST_THREADS
+
 from .cache_state import CacheState
 
 
@@ -72,12 +74,13 @@ class LruLog(CacheState):
             self._batch,
             out,
             self._scratch,
+            HOST_THREADS,
         )
         if status == 3:  # the log is full: compact (as _touch would), then once more
             self._compact()
             status, fresh, tail = native.lru_hits(
                 row_ids, self.rows, self._row_slot, self._last_used, self._log,
-                self._log_pos, self._tail, self._batch, out, self._scratch,
+                self._log_pos, self._tail, self._batch, out, self._scratch, HOST_THREADS,
             )  # fmt: skip
         if status == 1:  # a miss: the native miss path (the ids are checked and in range)
             self._reaped_rows = 0

@@ -200,3 +200,69 @@ def test_lru_plan_and_commit_check_their_arguments_and_change_nothing_on_error()
     np.testing.assert_array_equal(pm, [2, 1])
     np.testing.assert_array_equal(log[3:9], [3, 4, 5, 0, 1, 2])
     np.testing.assert_array_equal(lu, [0, 0, 0, -1, -1, -1])  # pinned in batch 0
+
+
+def _hits_arrays(rng, rows=120_000, slots=60_000, spare=30_000):
+    """A mapped arena: ``slots`` random rows of ``rows`` in random slots, a log with room."""
+    row_slot = np.full(rows, -1, dtype=np.int32)
+    mapped = rng.choice(rows, slots, replace=False)
+    row_slot[mapped] = rng.permutation(slots).astype(np.int32)
+    last_used = rng.integers(0, 3, slots).astype(np.int64)  # some already pinned (batch 2)
+    log = np.zeros(slots + spare, dtype=np.int32)
+    log[:slots] = rng.permutation(slots).astype(np.int32)
+    log_pos = np.empty(slots, dtype=np.int32)
+    log_pos[log[:slots]] = np.arange(slots, dtype=np.int32)
+    return row_slot, last_used, log, log_pos, np.sort(mapped)
+
+
+def _hits_call(ids, arrays, threads, tail):
+    row_slot, last_used, log, log_pos = (a.copy() for a in arrays[:4])
+    out = np.zeros(ids.size, dtype=np.int32)
+    scratch = np.zeros(2 * ids.size, dtype=np.int32)
+    res = host.native.lru_hits(
+        ids, row_slot.size, row_slot, last_used, log, log_pos, tail, 2, out, scratch, threads
+    )
+    return res, out, last_used, log, log_pos
+
+
+@pytest.mark.parametrize("case", ["blocks", "shuffled", "miss", "bad_late", "no_room"])
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_lru_hits_threads_equal_one_thread(case, threads):
+    """The parallel all-hits path (large calls split over threads) changes nothing: the
+    same status, slots, pins and log as one thread, for a shared arena's step (disjoint
+    ascending blocks: logged in parallel), for shuffled ids (one thread logs), and for a
+    miss, a bad id in a late part and a full log (all report and change nothing)."""
+    if host.native is None:
+        pytest.skip("kernels._host not built")
+    rng = np.random.default_rng(7)
+    arrays = _hits_arrays(rng)
+    mapped = arrays[4]
+    # 12 blocks of 2,048 ids, block k from the k-th twelfth of the mapped rows (duplicates in)
+    cuts = np.linspace(0, mapped.size, 13).astype(int)
+    ids = np.concatenate(
+        [rng.choice(mapped[cuts[k] : cuts[k + 1]], 2048) for k in range(12)]
+    ).astype(np.int64)
+    tail = mapped.size  # the log's live part is [0, slots)
+    if case == "shuffled":
+        ids = rng.permutation(ids)
+    elif case == "miss":
+        ids[5] = np.flatnonzero(arrays[0] < 0)[0]
+    elif case == "bad_late":
+        ids[3] = np.flatnonzero(arrays[0] < 0)[0]  # a miss early, a bad id late: status 2
+        ids[-7] = arrays[0].size + 5
+        ids[-3] = -1
+    elif case == "no_room":
+        tail = arrays[2].size - 100
+    one = _hits_call(ids, arrays, 1, tail)
+    many = _hits_call(ids, arrays, threads, tail)
+    assert one[0] == many[0]
+    want_status = {"blocks": 0, "shuffled": 0, "miss": 1, "bad_late": 2, "no_room": 3}[case]
+    assert one[0][0] == want_status
+    if case == "bad_late":
+        assert one[0][1] == ids.size - 7
+    for u, v in zip(one[1 + (want_status == 2) :], many[1 + (want_status == 2) :]):
+        np.testing.assert_array_equal(u, v)  # (out is undefined after a bad id)
+    if want_status:  # nothing changed
+        for u, v in zip(one[2:], arrays[1:4]):
+            np.testing.assert_array_equal(u, v)
+

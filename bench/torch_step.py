@@ -109,6 +109,31 @@ def _profile(label: str, fn: Callable[[], Any], calls: int = 200, top: int = 14)
     pr.disable()
     print(f"--- profile: {label} ({calls} calls)", file=sys.stderr)
     pstats.Stats(pr, stream=sys.stderr).sort_stats("tottime").print_stats(top)
+    pstats.Stats(pr, stream=sys.stderr).sort_stats("cumulative").print_stats(2 * top)
+
+
+def _pieces(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int = 300) -> None:
+    """Host microseconds of the module's own pieces (median; no synchronization)."""
+    from embed.torch_module import _cupy_view
+
+    dev = ids.device
+    packed = torch.cat([ctx, ids], 1).reshape(-1) if ctx is not None else ids.reshape(-1)
+    pieces = {
+        "plan (ids checks, torch.cat)": lambda: mod._plan(ids, ctx, None),
+        "torch.empty out": lambda: torch.empty((ids.shape[0], ids.shape[1], 3072),
+                                                dtype=torch.bfloat16, device=dev),
+        "torch.cuda.current_stream": lambda: torch.cuda.current_stream(dev),
+        "is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
+        "module._stream": lambda: mod._stream(dev),
+        "cupy view of tokens": lambda: _cupy_view(packed),
+    }  # fmt: skip
+    for name, fn in pieces.items():
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        print(f"    {name:32s} {np.median(ts) * 1e6:8.1f} us", file=sys.stderr)
 
 
 def step_times(
@@ -154,9 +179,11 @@ def step_times(
             want_bits = (want.get() if device == "cuda" else want).view(np.int16)
             assert np.array_equal(bits, want_bits), f"{variant} {name}: module != direct"
             t_dir, t_mod = _time_pair(device, direct, module, reps)
-            if profile:  # where the module's time goes, beside the direct call's
+            if profile and name == "decode x1":  # where the module's time goes
                 for lab, fn in (("module", module), ("direct", direct)):
                     _profile(f"{variant} {name} {lab}", lambda f=fn: (f(), _sync(device)))
+                if device == "cuda":
+                    _pieces(mod, ids, ctx)
             rows.append(
                 {
                     "variant": variant,

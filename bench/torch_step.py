@@ -97,7 +97,7 @@ def _embedding(dims: NgramDims, device: str, cached: bool, store_dir: str) -> Ng
     return NgramEmbedding(dims, word, tabs, projs)
 
 
-def _profile(label: str, fn: Callable[[], Any], calls: int = 200, top: int = 14) -> None:
+def _profile(label: str, fn: Callable[[], Any], calls: int = 200, top: int = 40) -> None:
     """cProfile of ``calls`` synchronized calls of ``fn``, top functions by own time, to stderr."""
     import cProfile
     import pstats

@@ -97,14 +97,12 @@ static int split_count(int threads, Py_ssize_t work, Py_ssize_t grain) {
 typedef struct {
     const int64_t *tok, *ctx, *seq, *mult, *rows, *off;
     int64_t *out;
-    Py_ssize_t S, N, n;
+    Py_ssize_t S, N, n, T;
     long long eos;
-    Py_ssize_t t0, t1; /* the tables to hash */
 } HashJob;
 
-/* The ids of tables [t0, t1) at every embedded position. */
-static void *hash_tables(void *arg) {
-    const HashJob *h = arg;
+/* The ids of every table at every embedded position. */
+static void hash_tables(const HashJob *h) {
     const int64_t *tok = h->tok, *ctx = h->ctx, *seq = h->seq, *mult = h->mult, *rows = h->rows;
     const int64_t *off = h->off;
     int64_t *out = h->out;
@@ -123,7 +121,7 @@ static void *hash_tables(void *arg) {
                 }
                 xs[j] = live ? tok[t - j] : 0;
             }
-            for (Py_ssize_t i = h->t0; i < h->t1; i++) {
+            for (Py_ssize_t i = 0; i < h->T; i++) {
                 int64_t acc = 0;
                 const int64_t *m = mult + i * N;
                 for (Py_ssize_t j = 0; j < N; j++) {
@@ -135,7 +133,6 @@ static void *hash_tables(void *arg) {
         }
         begin += ctx[s];
     }
-    return NULL;
 }
 
 /* hash_packed(tokens i64[L], ctx_lens i64[S], seq_lens i64[S], mult i64[T, N],
@@ -186,7 +183,7 @@ static PyObject *hash_packed(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "hash_packed: lengths do not match tokens/out");
         return NULL;
     }
-    HashJob job = {tok, ctx, seq, mult, rows, off, out, S, N, n, eos, 0, T};
+    HashJob job = {tok, ctx, seq, mult, rows, off, out, S, N, n, T, eos};
     Py_BEGIN_ALLOW_THREADS
     hash_tables(&job);
     Py_END_ALLOW_THREADS

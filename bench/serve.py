@@ -227,7 +227,9 @@ def phase_rows(series: dict[str, Any], floors: dict[str, np.ndarray], name: str)
         row["fault_over_floor"] = row["fault_ms_per_step"] / fl if fl else None
         # What the disk alone allows: each resident step plus its faults' floor (the
         # faster engine) read serially, or hidden behind the step by a perfect lookahead.
-        floor_s = np.min([f[idx] for f in floors.values()], axis=0) if floors else np.zeros(idx.size)
+        floor_s = (
+            np.min([f[idx] for f in floors.values()], axis=0) if floors else np.zeros(idx.size)
+        )
         res_s = np.array([r[0] for r in sel["resident"]])
         row["floor_bound_ratio"] = float(res_s.sum() / (res_s + floor_s).sum())
         row["floor_bound_overlap_ratio"] = float(res_s.sum() / np.maximum(res_s, floor_s).sum())

@@ -34,9 +34,7 @@ def _host_threads() -> int:
         try:
             k = int(env)
         except ValueError:
-            raise ValueError(
-                f"ROWCACHE_HOST_THREADS={env!r}: give an integer in 1..16"
-            ) from None
+            raise ValueError(f"ROWCACHE_HOST_THREADS={env!r}: give an integer in 1..16") from None
         if not 1 <= k <= 16:
             raise ValueError(f"ROWCACHE_HOST_THREADS={env!r}: give an integer in 1..16")
         return k

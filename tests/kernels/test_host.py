@@ -265,4 +265,3 @@ def test_lru_hits_threads_equal_one_thread(case, threads):
     if want_status:  # nothing changed
         for u, v in zip(one[2:], arrays[1:4]):
             np.testing.assert_array_equal(u, v)
-

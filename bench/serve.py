@@ -522,7 +522,8 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
         f"(ratio = cached tok/s / resident tok/s; floor = the same pages re-read by bench/floor.c, "
         f"queue depth {s['queue_depth']}; bound = the ratio if each step cost the resident step "
         "plus its faults' floor; la bound = with the floor hidden behind the step by a perfect "
-        f"lookahead; {s['seconds']:.0f} s in all)"
+        "lookahead; both estimates, the floor being re-read in a pass of its own; "
+        f"{s['seconds']:.0f} s in all)"
     )
 
 

@@ -3,7 +3,8 @@
 Owns :class:`TorchNgramEmbedding` (the reference ``ngram_embeddings`` module's
 ``forward(input_ids, ngram_context)`` over an :class:`NgramEmbedding`: tensors in and
 out without copies, numpy views on the CPU, cupy views of the tensors' device memory
-on torch's current stream on the GPU; padded batches packed so that each row is embedded as if alone) and
+on torch's current stream on the GPU; padded batches packed so that each row is
+embedded as if alone) and
 :class:`TorchStaticStep` (a fixed-shape resident GPU step that a ``torch.cuda.graph``
 capture can hold). Importing this module imports torch; ``import embed`` does not.
 Does not hash, gather or cache (``embed.layer``) nor read checkpoints (``embed.checkpoint``).
@@ -39,8 +40,9 @@ def _cupy_view(t: torch.Tensor) -> Any:
 
     The zero-copy exchange DLPack would make, without its stream handshake: the
     embedding runs on torch's current stream itself, so there is no other stream to
-    order against, and ``Tensor.__dlpack__``'s per-call event and ``ExternalStream``
-    cost ~100 us a tensor on the H200 host (bench/torch_step.py --profile).
+    order against, and ``cupy.from_dlpack`` of a torch tensor (``Tensor.__dlpack__``'s
+    per-call ``ExternalStream`` and event) took ~65 us a tensor on the H200 host under
+    cProfile, this view 3-4 us (``bench/torch_step.py --profile``).
     """
     import cupy as cp
 

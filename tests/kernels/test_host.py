@@ -265,3 +265,33 @@ def test_lru_hits_threads_equal_one_thread(case, threads):
     if want_status:  # nothing changed
         for u, v in zip(one[2:], arrays[1:4]):
             np.testing.assert_array_equal(u, v)
+
+
+@pytest.mark.parametrize("n", [33, 3000, 5000, 20_000, 70_000])
+@pytest.mark.parametrize("rows", [1_000, 2**17 + 5, 2**24 + 3, 2**31 - 1])
+def test_lru_hits_logs_distinct_slots_in_row_order(n, rows):
+    """The radix sort (its passes depend on the call's largest id; small calls sort by
+    insertion) against NumPy: the call's distinct rows' slots are logged in ascending
+    row order, and every position gets its row's slot."""
+    if host.native is None:
+        pytest.skip("kernels._host not built")
+    rng = np.random.default_rng(n + rows)
+    mapped = np.unique(rng.integers(0, rows, min(n, 4000)))
+    mapped[-1] = rows - 1  # the largest id sets the sort's passes
+    S = mapped.size
+    row_slot = np.full(rows, -1, dtype=np.int32)
+    row_slot[mapped] = rng.permutation(S).astype(np.int32)
+    ids = rng.choice(mapped, n).astype(np.int64)
+    ids[0] = rows - 1
+    last_used = np.zeros(S, dtype=np.int64)
+    log = np.zeros(S + len(np.unique(ids)), dtype=np.int32)
+    log_pos = np.zeros(S, dtype=np.int32)
+    out = np.zeros(n, dtype=np.int32)
+    scratch = np.zeros(2 * n, dtype=np.int32)
+    status, fresh, tail = host.native.lru_hits(
+        ids, rows, row_slot, last_used, log, log_pos, 0, 1, out, scratch
+    )
+    want = row_slot[np.unique(ids)]
+    assert (status, fresh, tail) == (0, want.size, want.size)
+    np.testing.assert_array_equal(log[:tail], want)
+    np.testing.assert_array_equal(out, row_slot[ids])

@@ -53,36 +53,25 @@ def _sync(device: str) -> None:
 
 
 def _time_pair(
-    device: str, a: Callable[[], Any], b: Callable[[], Any], reps: int, warmup: int = 3
+    device: str, a: Callable[[], Any], b: Callable[[], Any], reps: int, block: int = 1
 ) -> tuple[float, float]:
-    """Median seconds of ``a`` and of ``b``, synchronized with the device, timed in
-    alternation so that drifting load (a shared machine) hits both alike."""
-    for _ in range(warmup):
+    """Median seconds of ``a`` and of ``b``, each call synchronized with the device.
+
+    ``block=1``: the two alternate call by call, so that drifting load (a shared machine)
+    hits both alike. ``block > 1``: they alternate in blocks of ``block`` timed calls, each
+    after one untimed call. A server calls one of them every step, never both in turn, and
+    interleaving them each call charges each with the other's effects on the host's
+    caches (measured: up to ~150 us a call more on the H200 host)."""
+    for _ in range(3):
         a()
         b()
     _sync(device)
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(reps):
         for fn, acc in ((a, times[0]), (b, times[1])):
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            acc.append(time.perf_counter() - t0)
-    return float(np.median(times[0])), float(np.median(times[1]))
-
-
-def _time_blocks(
-    device: str, a: Callable[[], Any], b: Callable[[], Any], reps: int, block: int = 10
-) -> tuple[float, float]:
-    """Median seconds of ``a`` and of ``b`` run in blocks of ``block`` consecutive calls
-    (each synchronized; blocks alternate): a server calls one of them every step, never
-    both in turn, and interleaving them each call charges each with the other's
-    effects on the host's caches (measured: up to ~150 us a call more on the H200 host)."""
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(reps):
-        for fn, acc in ((a, times[0]), (b, times[1])):
-            fn()
-            _sync(device)
+            if block > 1:
+                fn()
+                _sync(device)
             for _ in range(block):
                 t0 = time.perf_counter()
                 fn()
@@ -199,7 +188,7 @@ def step_times(
             want_bits = (want.get() if device == "cuda" else want).view(np.int16)
             assert np.array_equal(bits, want_bits), f"{variant} {name}: module != direct"
             t_dir, t_mod = _time_pair(device, direct, module, reps)
-            b_dir, b_mod = _time_blocks(device, direct, module, max(2, reps // 5))
+            b_dir, b_mod = _time_pair(device, direct, module, max(2, reps // 5), block=10)
             if profile and name == "decode x1":  # where the module's time goes
                 for lab, fn in (("module", module), ("direct", direct)):
                     _profile(f"{variant} {name} {lab}", lambda f=fn: (f(), _sync(device)))

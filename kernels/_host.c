@@ -236,6 +236,14 @@ static void radix_sort(int32_t *a, int32_t *tmp, Py_ssize_t n) {
     }
 }
 
+/* keys[0:n] = ids[0:n] (in range: < 2**31) as int32, sorted, with tmp[n] as the buffer. */
+static void sort_ids(const int64_t *ids, int32_t *keys, int32_t *tmp, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        keys[i] = (int32_t)ids[i];
+    }
+    radix_sort(keys, tmp, n);
+}
+
 #define HITS_GRAIN 4096 /* ids an lru_hits thread at least */
 
 typedef struct {
@@ -282,10 +290,7 @@ static void *hits_scan(void *arg) {
         return NULL;
     }
     int32_t *scr = h->scr + lo;
-    for (Py_ssize_t i = 0; i < hi - lo; i++) {
-        scr[i] = (int32_t)ids[lo + i];
-    }
-    radix_sort(scr, h->scr + h->n + lo, hi - lo);
+    sort_ids(ids + lo, scr, h->scr + h->n + lo, hi - lo);
     Py_ssize_t n_u = hi > lo;
     for (Py_ssize_t i = 1; i < hi - lo; i++) {
         n_u += scr[i] != scr[i - 1];
@@ -549,10 +554,7 @@ static PyObject *lru_plan(PyObject *self, PyObject *args) {
         }
     }
     if (status == 0) {
-        for (Py_ssize_t i = 0; i < n; i++) {
-            scr[i] = (int32_t)ids[i];
-        }
-        radix_sort(scr, scr + n, n);
+        sort_ids(ids, scr, scr + n, n);
         for (Py_ssize_t i = 0; i < n; i++) {
             if (i == 0 || scr[i] != scr[i - 1]) {
                 uniq[n_u++] = scr[i];

@@ -20,6 +20,7 @@ for s in $STAGES; do
     fault) stage ${FAULT_T:-130} fault python3 bench/fault.py --device cuda --dir /tmp/rowcache-fault --json ;;
     embed) toks; stage ${EMBED_T:-100} embed python3 bench/embed.py --tokens-npy /tmp/toks.npy --skip fp8,static --cached-ratio 2 --reps 10 ;;
     embed1) toks; ROWCACHE_HOST_THREADS=1 stage ${EMBED_T:-100} embed1 python3 bench/embed.py --tokens-npy /tmp/toks.npy --skip fp8,static --cached-ratio 2 --reps 10 ;;
+    ttests) stage ${TESTS_T:-120} ttests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x tests/embed/test_torch_module.py ;;
     torch) stage ${TORCH_T:-90} torch python3 bench/torch_step.py --reps 20 --steps 16 ${TORCH_ARGS:-} ;;
     profile) stage ${PROF_T:-90} profile python3 bench/step_profile.py --steps 100 --top 30 ;;
     profile_t1) ROWCACHE_HOST_THREADS=1 stage ${PROF_T:-90} profile_t1 python3 bench/step_profile.py --steps 100 --top 8 ;;

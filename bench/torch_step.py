@@ -121,28 +121,68 @@ def _profile(label: str, fn: Callable[[], Any], calls: int = 200, top: int = 40)
     pstats.Stats(pr, stream=sys.stderr).sort_stats("cumulative").print_stats(2 * top)
 
 
-def _pieces(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int = 300) -> None:
-    """Host microseconds of the module's own pieces (median; no synchronization)."""
-    from embed.torch_module import _cupy_view
+def _ablate(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int) -> None:
+    """Where the module's synchronized time goes (decode on the GPU): the direct call,
+    then the module's pieces added one at a time, timed in rotating blocks of 10 calls;
+    then a ``torch.profiler`` summary (CUDA runtime calls included) of the direct call
+    and of the module. To stderr."""
+    from embed.torch_module import _cupy_view, _raw_stream
 
-    dev = ids.device
-    packed = torch.cat([ctx, ids], 1).reshape(-1) if ctx is not None else ids.reshape(-1)
-    pieces = {
-        "plan (ids checks, torch.cat)": lambda: mod._plan(ids, ctx, None),
-        "torch.empty out": lambda: torch.empty((ids.shape[0], ids.shape[1], 3072),
-                                                dtype=torch.bfloat16, device=dev),
-        "torch.cuda.current_stream": lambda: torch.cuda.current_stream(dev),
-        "is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
-        "module._stream": lambda: mod._stream(dev),
-        "cupy view of tokens": lambda: _cupy_view(packed),
-    }  # fmt: skip
-    for name, fn in pieces.items():
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
+    emb, dev, D = mod.emb, ids.device, mod.dims.hidden_size
+    B, L = ids.shape
+    c = 0 if ctx is None else min(ctx.shape[1], mod.dims.max_ngram - 1)
+    packed = (torch.cat([ctx, ids], 1) if ctx is not None else ids).reshape(-1).contiguous()
+    view = _cupy_view(packed)
+    lens, news = np.full(B, packed.numel() // B), np.full(B, L)
+
+    def call(tokens: Any, out: Any = None) -> Any:
+        if B == 1:
+            return emb.embed(tokens, L, out=out)
+        return emb.embed_packed(tokens, lens, news, out=out)
+
+    def out_view() -> Any:  # the module's output: a torch tensor and its (kept) cupy view
+        return mod._views(torch.empty((B, L, D), dtype=torch.bfloat16, device=dev))
+
+    variants = {
+        "direct (cupy tokens, cupy out)": lambda: call(view),
+        "+ torch.empty out": lambda: call(view, out_view()),
+        "+ packed tokens (2 strided copies)": lambda: call(
+            mod._packed(ids, ctx, c, _raw_stream(dev.index)), out_view()
+        ),
+        "+ torch clone of tokens instead": lambda: call(_cupy_view(packed.clone()), out_view()),
+        "module forward": lambda: mod(ids, ctx),
+    }
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for fn in variants.values():
+        fn()
+    for _ in range(reps):
+        for name, fn in variants.items():
             fn()
-            ts.append(time.perf_counter() - t0)
-        print(f"    {name:32s} {np.median(ts) * 1e6:8.1f} us", file=sys.stderr)
+            torch.cuda.synchronize()
+            for _ in range(10):
+                t0 = time.perf_counter()
+                fn()
+                torch.cuda.synchronize()
+                times[name].append(time.perf_counter() - t0)
+    print(f"--- ablation, B={B} L={L} (median us, blocks of 10)", file=sys.stderr)
+    for name, ts in times.items():
+        print(f"    {name:34s} {np.median(ts) * 1e6:8.1f}", file=sys.stderr)
+    from torch.profiler import ProfilerActivity, profile
+
+    for name in ("direct (cupy tokens, cupy out)", "module forward"):
+        fn = variants[name]
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(50):
+                fn()
+                torch.cuda.synchronize()
+        print(f"--- torch.profiler: {name} (50 calls)", file=sys.stderr)
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+        print(table, file=sys.stderr)
+        trace = os.environ.get("TORCH_TRACE_DIR")
+        if trace:
+            os.makedirs(trace, exist_ok=True)
+            label = "direct" if name.startswith("direct") else "module"
+            prof.export_chrome_trace(os.path.join(trace, f"{mod.emb.tables[0].kind}-{label}.json"))
 
 
 def step_times(
@@ -193,7 +233,7 @@ def step_times(
                 for lab, fn in (("module", module), ("direct", direct)):
                     _profile(f"{variant} {name} {lab}", lambda f=fn: (f(), _sync(device)))
                 if device == "cuda":
-                    _pieces(mod, ids, ctx)
+                    _ablate(mod, ids, ctx, max(2, reps // 5))
             rows.append(
                 {
                     "variant": variant,
@@ -276,7 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, help="timed repetitions (default 50, --quick 5)")
     p.add_argument("--steps", type=int, help="greedy tokens per sequence (default 64, --quick 4)")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--profile", action="store_true", help="cProfile each step (stderr)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile decode x1; on the GPU also an ablation and torch.profiler (stderr)",
+    )
     a = p.parse_args(argv)
     dims = NgramDims(
         vocab_size=a.vocab or (1000 if a.quick else 131072),

@@ -13,6 +13,7 @@ Does not hash, gather or cache (``embed.layer``) nor read checkpoints (``embed.c
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -29,15 +30,11 @@ from .layer import NgramEmbedding
 _D2H = 2  # cudaMemcpyDeviceToHost
 
 
-def _host_bf16(t: torch.Tensor) -> np.ndarray:
-    """A CPU bf16 tensor as an ml_dtypes bfloat16 array over the same memory."""
-    return t.view(torch.int16).numpy().view(BF16)
+def _cupy_view(t: torch.Tensor, owner: Any = True) -> Any:
+    """A cupy array over a contiguous CUDA tensor's memory (no copy).
 
-
-def _cupy_view(t: torch.Tensor) -> Any:
-    """A cupy array over a contiguous CUDA tensor's memory (no copy; the tensor is kept
-    alive as the memory's owner).
-
+    ``owner=True`` keeps the tensor alive as the memory's owner; ``owner=None`` makes a
+    bare view (:class:`_Views`, whose caller holds the tensor while the view is used).
     The zero-copy exchange DLPack would make, without its stream handshake: the
     embedding runs on torch's current stream itself, so there is no other stream to
     order against, and ``cupy.from_dlpack`` of a torch tensor (``Tensor.__dlpack__``'s
@@ -48,22 +45,72 @@ def _cupy_view(t: torch.Tensor) -> Any:
 
     if not t.is_contiguous():  # cannot happen: callers pass fresh or .contiguous() tensors
         raise ConfigError("internal: a cupy view needs a contiguous tensor")
-    dtype = {torch.int64: np.int64, torch.int16: np.int16, torch.int32: np.int32}[t.dtype]
+    dtype = _NP_INTS[t.dtype]
     nbytes = t.numel() * t.element_size()
-    mem = cp.cuda.UnownedMemory(t.data_ptr(), nbytes, t, t.device.index)
+    mem = cp.cuda.UnownedMemory(t.data_ptr(), nbytes, t if owner is True else None, t.get_device())
     return cp.ndarray(tuple(t.shape), dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
 
 
-def _ints(name: str, t: Any, device: torch.device, ndim: int) -> torch.Tensor:
+_NP_INTS = {torch.int64: np.int64, torch.int16: np.int16, torch.int32: np.int32}
+_INT_DTYPES = frozenset(
+    {torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8}
+    | {getattr(torch, f"uint{b}") for b in (16, 32, 64) if hasattr(torch, f"uint{b}")}
+)
+_MAX_VIEWS = 64
+
+
+class _Views:
+    """Bare cupy views of CUDA tensors, kept by (address, shape, dtype).
+
+    torch's caching allocator hands a step's output and packed tokens the same blocks
+    step after step, so the same few views serve every call (a dict lookup, against
+    ~3 us to build one). A view owns nothing: it is only used while the caller holds
+    the tensor it was looked up for, which is what makes a stale entry harmless (its
+    address is looked up again only for a live tensor of the same size)."""
+
+    def __init__(self) -> None:
+        self._views: dict[tuple[int, tuple[int, ...], torch.dtype], Any] = {}
+
+    def __call__(self, t: torch.Tensor, shape: tuple[int, ...] | None = None) -> Any:
+        """The view of contiguous ``t`` (int64 tokens, or bf16 rows viewed as ml_dtypes
+        bfloat16 ``[rows, hidden]``), or of its memory as ``shape``."""
+        key = (t.data_ptr(), t.shape if shape is None else shape, t.dtype)
+        v = self._views.get(key)
+        if v is None:
+            if len(self._views) >= _MAX_VIEWS:
+                self._views.clear()
+            if t.dtype == torch.bfloat16:
+                v = _cupy_view(t.view(torch.int16), owner=None).view(BF16)
+                v = v.reshape(-1, t.shape[-1])
+            else:
+                v = _cupy_view(t, owner=None)
+            if shape is not None:
+                v = v.reshape(shape)
+            self._views[key] = v
+        return v
+
+
+def _ints(name: str, t: Any, device: torch.device | None, ndim: int) -> torch.Tensor:
+    """``t`` as int64 token ids, checked: a tensor of integers, ``ndim``-D, on ``device``
+    (None: not checked)."""
     if not isinstance(t, torch.Tensor):
         raise ConfigError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise ConfigError(f"{name} must hold integer token ids (int64), got {t.dtype}")
+    dt = t.dtype
+    if dt not in _INT_DTYPES:
+        raise ConfigError(f"{name} must hold integer token ids (int64), got {dt}")
     if t.dim() != ndim:
         raise ConfigError(f"{name} must be {ndim}-D, got shape {list(t.shape)}")
-    if t.device != device:
+    if device is not None and t.device != device:
         raise ConfigError(f"{name} is on {t.device}, input_ids on {device}: put them on one device")
-    return t if t.dtype == torch.int64 else t.to(torch.int64)
+    return t if dt is torch.int64 else t.to(torch.int64)
+
+
+def _raw_stream(index: int) -> int:
+    """torch's current CUDA stream on device ``index``, as a ``cudaStream_t`` int."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what torch's own kernels use
+    if raw is not None:
+        return int(raw(index))
+    return int(torch.cuda.current_stream(index).cuda_stream)
 
 
 class _Plan(NamedTuple):
@@ -110,7 +157,12 @@ class TorchNgramEmbedding(torch.nn.Module):
         self.dims = emb.dims
         self.overlay = overlay
         self._device = torch.device(emb.device)
-        self._streams: dict[int, Any] = {}
+        self._cuda = self._device.type == "cuda"
+        self._streams: dict[int, Any] = {}  # torch's raw stream -> cupy's view of it
+        self._views = _Views()
+        self._tok_bufs: dict[int, Any] = {}  # torch's raw stream -> packed-token buffer
+        self._tok_views: dict[tuple[int, int], Any] = {}
+        self._lens: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
     @classmethod
     def from_pretrained(
@@ -192,55 +244,80 @@ class TorchNgramEmbedding(torch.nn.Module):
             ``(E0[x] + sum_i W_i E_i[id_i]) / (1 + T)``, bit-identical to
             ``NgramEmbedding.embed`` of each row's context.
         """
-        device = self._device
-        if not isinstance(input_ids, torch.Tensor) or input_ids.device.type != device.type:
+        cuda = self._cuda
+        if not isinstance(input_ids, torch.Tensor) or input_ids.is_cuda != cuda:
             where = input_ids.device if isinstance(input_ids, torch.Tensor) else "not a tensor"
             raise ConfigError(
-                f"input_ids ({where}) must be a tensor on the embedding's device {device}"
+                f"input_ids ({where}) must be a tensor on the embedding's device {self._device}"
             )
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if cuda and torch.cuda.is_current_stream_capturing():
             raise ConfigError(
                 "TorchNgramEmbedding.forward is not capturable (it sizes its work on the host "
                 "and may fault rows in): capture TorchNgramEmbedding.static_step(...) instead"
             )
-        input_ids = _ints("input_ids", input_ids, input_ids.device, 2)
+        input_ids = _ints("input_ids", input_ids, None, 2)
         B, L = input_ids.shape
-        if seq_slot is not None or active != -1:
-            if self.overlay is None:
-                raise ConfigError(
-                    "seq_slot/active route an overlay: build the module with overlay="
+        if (seq_slot is not None or active != -1) and self.overlay is None:
+            raise ConfigError("seq_slot/active route an overlay: build the module with overlay=")
+        if not cuda:
+            plan = self._plan(input_ids, ngram_context, attention_mask, None)
+            D = self.dims.hidden_size
+            host = np.empty((B, L, D), dtype=np.int16)
+            out = torch.from_numpy(host).view(torch.bfloat16)
+            dest = host.reshape(B * L, D).view(BF16) if plan.fill is None else None
+            self._run(plan, out, dest, seq_slot, active, None)
+            return out
+        import cupy as cp
+
+        index = input_ids.get_device()
+        if cp.cuda.runtime.getDevice() != index:
+            with cp.cuda.Device(index):
+                return self._forward_cuda(
+                    input_ids, ngram_context, attention_mask, seq_slot, active, index
                 )
-        plan = self._plan(input_ids, ngram_context, attention_mask)
-        D = self.dims.hidden_size
-        if device.type == "cpu":
-            out = torch.from_numpy(np.empty((B, L, D), dtype=np.int16)).view(torch.bfloat16)
-            self._run(plan, out, seq_slot, active, _host_bf16, None)
+        return self._forward_cuda(input_ids, ngram_context, attention_mask, seq_slot, active, index)
+
+    def _forward_cuda(
+        self,
+        ids: torch.Tensor,
+        ctx: Any,
+        mask: torch.Tensor | None,
+        seq_slot: Any,
+        active: int,
+        index: int,
+    ) -> torch.Tensor:
+        """:meth:`forward` on the GPU (cupy's current device is ``index``), on torch's
+        current stream (cupy's current stream already, or entered for the call)."""
+        import cupy as cp
+
+        raw = _raw_stream(index)
+        plan = self._plan(ids, ctx, mask, raw)
+        B, L = ids.shape
+        out = torch.empty((B, L, self.dims.hidden_size), dtype=torch.bfloat16, device=ids.device)
+        views = self._views
+        dest = views(out) if plan.fill is None else None
+        if cp.cuda.get_current_stream().ptr == raw:
+            self._run(plan, out, dest, seq_slot, active, views)
         else:
-            import cupy as cp
-
-            def dev_bf16(t: torch.Tensor) -> Any:
-                return _cupy_view(t.view(torch.int16)).view(BF16)
-
-            out = torch.empty((B, L, D), dtype=torch.bfloat16, device=input_ids.device)
-            with cp.cuda.Device(input_ids.device.index), self._stream(input_ids.device):
-                self._run(plan, out, seq_slot, active, dev_bf16, _cupy_view)
+            with self._stream(raw, index):
+                self._run(plan, out, dest, seq_slot, active, views)
         return out
 
-    def _plan(self, ids: torch.Tensor, ctx: Any, mask: torch.Tensor | None) -> _Plan:
+    def _plan(self, ids: torch.Tensor, ctx: Any, mask: torch.Tensor | None, raw: Any) -> _Plan:
         """The packed step of one forward: tokens, per-row lengths and, for padded
         rows, which output positions the packed rows fill. On the CPU the packing is
-        numpy on views of the tensors (cheaper per call than torch ops)."""
+        numpy on views of the tensors, on the GPU two strided copies on torch's stream
+        ``raw`` into a buffer of that stream (both cheaper per call than torch ops)."""
         B, L = ids.shape
         keep = self.dims.max_ngram - 1
-        cpu = ids.device.type == "cpu"
+        cpu = not self._cuda
         if isinstance(ctx, (list, tuple)):  # ragged contexts: one concatenation
             if len(ctx) != B:
                 raise ConfigError(f"ngram_context has {len(ctx)} rows, input_ids {B}")
             if mask is not None:
                 raise ConfigError("attention_mask goes with a [B, C] ngram_context, not a list")
-            rows = [
-                _ints(f"ngram_context[{b}]", c, ids.device, 1)[-keep:] for b, c in enumerate(ctx)
-            ]
+            dev = ids.device
+            rows = [_ints(f"ngram_context[{b}]", c, dev, 1)[-keep:] for b, c in enumerate(ctx)]
             clens = np.fromiter((r.shape[0] for r in rows), dtype=np.int64, count=B)
             tokens = torch.cat([t for b in range(B) for t in (rows[b], ids[b])])
             return _Plan(tokens.numpy() if cpu else tokens, clens + L, np.full(B, L), None)
@@ -252,24 +329,69 @@ class TorchNgramEmbedding(torch.nn.Module):
                     f"ngram_context has {ctx.shape[0]} rows, input_ids {B}: one context per row"
                 )
             c = min(int(ctx.shape[1]), keep)
-        x_ids = ids.numpy() if cpu else ids
+        valid = None if mask is None else self._valid(mask, B, L, c)
+        tokens: Any = None
+        if cpu:
+            x = ids.numpy()
+            tokens = x if c == 0 else np.concatenate([ctx.numpy()[:, -c:], x], axis=1)
+        elif valid is None:
+            tokens = self._packed(ids, ctx, c, raw)  # None: strides the copies cannot take
+        if tokens is None:
+            tokens = ids if c == 0 else torch.cat([ctx[:, ctx.shape[1] - c :], ids], dim=1)
+        if valid is not None:  # some token is padding: pack the real ones only
+            host = valid.cpu().numpy()
+            return _Plan(
+                tokens[host] if cpu else tokens[valid],
+                host.sum(axis=1, dtype=np.int64),
+                host[:, c:].sum(axis=1, dtype=np.int64),
+                valid[:, c:],
+            )
+        key = (B, (c << 40) | L)
+        lens = self._lens.get(key)
+        if lens is None:
+            if len(self._lens) >= 256:
+                self._lens.clear()
+            lens = (np.full(B, c + L), np.full(B, L))
+            for arr in lens:
+                arr.setflags(write=False)  # shared by every call of this shape
+            self._lens[key] = lens
+        return _Plan(tokens if tokens.ndim == 1 else tokens.reshape(-1), lens[0], lens[1], None)
+
+    def _packed(self, ids: torch.Tensor, ctx: Any, c: int, raw: int) -> Any:
+        """``[B, c + L]`` tokens (each row: its context's last ``c``, then its ids) as a
+        cupy array in this stream's token buffer, or None where a row's tokens are not
+        contiguous. Two 2-D device copies queued on stream ``raw`` replace ``torch.cat``
+        (about 50 us a call on the H200 host, measured by ``bench/torch_step.py
+        --profile``); the buffer is only rewritten in that stream's order, after the
+        previous step that read it."""
+        import cupy as cp
+
+        B, L = ids.shape
+        if L > 1 and ids.stride(1) != 1:
+            return None
         if c == 0:
-            full = x_ids
-        elif cpu:
-            full = np.concatenate([ctx.numpy()[:, ctx.shape[1] - c :], x_ids], axis=1)
-        else:
-            full = torch.cat([ctx[:, ctx.shape[1] - c :], ids], dim=1)
-        if mask is not None:
-            valid = self._valid(mask, B, L, c)
-            if valid is not None:  # some token is padding: pack the real ones only
-                host = valid.cpu().numpy()
-                return _Plan(
-                    full[host] if cpu else full[valid],
-                    host.sum(axis=1, dtype=np.int64),
-                    host[:, c:].sum(axis=1, dtype=np.int64),
-                    valid[:, c:],
-                )
-        return _Plan(full.reshape(-1), np.full(B, c + L), np.full(B, L), None)
+            return self._views(ids, (B * L,)) if ids.is_contiguous() else None
+        if c > 1 and ctx.stride(1) != 1:
+            return None
+        W, n = c + L, B * (c + L)
+        buf = self._tok_bufs.get(raw)
+        if buf is None or buf.size < n:
+            buf = cp.empty(max(n, 4096, 0 if buf is None else 2 * buf.size), dtype=np.int64)
+            self._tok_bufs[raw] = buf
+            self._tok_views.clear()
+        dst = buf.data.ptr
+        d2d = 3  # cudaMemcpyDeviceToDevice
+        spitch = (ctx.stride(0) if B > 1 else c) * 8
+        src = ctx.data_ptr() + (ctx.shape[1] - c) * 8
+        cp.cuda.runtime.memcpy2DAsync(dst, W * 8, src, spitch, c * 8, B, d2d, raw)
+        spitch = (ids.stride(0) if B > 1 else L) * 8
+        cp.cuda.runtime.memcpy2DAsync(
+            dst + c * 8, W * 8, ids.data_ptr(), spitch, L * 8, B, d2d, raw
+        )
+        view = self._tok_views.get((raw, n))
+        if view is None:
+            view = self._tok_views[(raw, n)] = buf[:n]
+        return view
 
     @staticmethod
     def _valid(mask: torch.Tensor, B: int, L: int, c: int) -> torch.Tensor | None:
@@ -291,27 +413,33 @@ class TorchNgramEmbedding(torch.nn.Module):
         return valid
 
     def _run(
-        self, plan: _Plan, out: torch.Tensor, seq_slot: Any, active: int, bf16: Any, xp: Any
+        self, plan: _Plan, out: torch.Tensor, dest: Any, seq_slot: Any, active: int, view: Any
     ) -> None:
+        """Embed the plan into ``out``: ``dest`` is the numpy/cupy view of its rows (None
+        for padded rows: packed rows are embedded into a scratch tensor, then scattered
+        to the real positions), ``view`` makes the tokens' view."""
         emb, fill, D = self.emb, plan.fill, out.shape[-1]
         B = out.shape[0]
         kw: dict[str, Any] = {}
         if self.overlay is not None:
             kw = {"overlay": self.overlay, "active": active, "seq_slots": self._slots(seq_slot, B)}
-        tokens = (
-            plan.tokens if isinstance(plan.tokens, np.ndarray) else xp(plan.tokens.contiguous())
-        )
-        dest = out.view(-1, D) if fill is None else out.new_empty((int(plan.seq_lens.sum()), D))
+        tokens = plan.tokens
+        if isinstance(tokens, torch.Tensor):
+            tokens = view(tokens.contiguous())
+        scratch = None
+        if dest is None:
+            scratch = out.new_empty((int(plan.seq_lens.sum()), D))
+            dest = view(scratch) if self._cuda else scratch.view(torch.int16).numpy().view(BF16)
         if B == 1 and fill is None:
             if "seq_slots" in kw:
                 kw["seq_slot"] = kw.pop("seq_slots")
-            emb.embed(tokens, int(plan.seq_lens[0]), out=bf16(dest), **kw)
+            emb.embed(tokens, int(plan.seq_lens[0]), out=dest, **kw)
         else:
             batch = NgramBatch(self.dims, tokens, plan.ctx_lens, plan.seq_lens)
-            emb.embed_packed(batch, out=bf16(dest), **kw)
+            emb.embed_packed(batch, out=dest, **kw)
         if fill is not None:
             out.zero_()
-            out[fill] = dest
+            out[fill] = scratch
 
     def _slots(self, seq_slot: Any, B: int) -> Any:
         """Adapter slots, one per row of the batch: host int32[B] (or None). The
@@ -330,20 +458,19 @@ class TorchNgramEmbedding(torch.nn.Module):
             )
         return arr.astype(np.int32)
 
-    def _stream(self, device: torch.device) -> Any:
-        """cupy's view of torch's current stream on ``device`` (one per stream, kept)."""
+    def _stream(self, raw: int, index: int) -> Any:
+        """cupy's view of torch's stream ``raw`` on device ``index`` (one per stream, kept)."""
         import cupy as cp
 
-        s = torch.cuda.current_stream(device)
-        ext = self._streams.get(s.cuda_stream)
+        ext = self._streams.get(raw)
         if ext is None:
-            # torch's default stream is the legacy null stream: cupy's own null stream
-            ext = (
-                cp.cuda.Stream.null
-                if s.cuda_stream == 0
-                else cp.cuda.ExternalStream(s.cuda_stream, device.index)
-            )
-            self._streams[s.cuda_stream] = ext
+            if raw == 0:  # torch's default stream is the legacy null stream: cupy's own
+                ext = cp.cuda.Stream.null
+            else:
+                with warnings.catch_warnings():  # cupy 14 deprecates it for a
+                    warnings.simplefilter("ignore")  # from_external whose form varies
+                    ext = cp.cuda.ExternalStream(raw, index)
+            self._streams[raw] = ext
         return ext
 
     # --- CUDA graphs ------------------------------------------------------------
@@ -431,11 +558,12 @@ class TorchStaticStep:
         packed[:, c:].copy_(input_ids)
         if self._multi:
             self._dev[B * (c + L) :].view(B, L).copy_(input_ids)
-        stream = self.module._stream(input_ids.device)
+        index = input_ids.get_device()
+        stream = self.module._stream(_raw_stream(index), index)
         cp.cuda.runtime.memcpyAsync(
             self._host.ctypes.data, self._dev.data_ptr(), self._dev.numel() * 8, _D2H, stream.ptr
         )
-        with cp.cuda.Device(input_ids.device.index), stream:
+        with cp.cuda.Device(index), stream:
             self._step.issue()
         self.runs += 1
         return self.out

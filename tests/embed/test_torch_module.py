@@ -353,6 +353,43 @@ def test_gpu_forward_equals_cpu_path_on_torch_stream(weights, rng, tmp_path, cac
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cached", [False, True])
+def test_gpu_forward_packing_strides_and_buffer_reuse(weights, rng, tmp_path, cached):
+    """The GPU packing (two strided device copies into a per-stream buffer, or
+    ``torch.cat`` where the strides do not allow it) gives the direct call's bits, for
+    contexts that are slices of a longer history, non-contiguous ids, short contexts,
+    no context, and back-to-back calls that reuse the buffer before any sync."""
+    import cupy as cp
+
+    emb = _gpu_emb(weights, cached, tmp_path)
+    mod = TorchNgramEmbedding(emb)
+
+    def direct(ids, ctx):
+        B, L = ids.shape
+        c = 0 if ctx is None else min(ctx.shape[1], KEEP)
+        full = ids if c == 0 else torch.cat([ctx[:, ctx.shape[1] - c :], ids], 1)
+        tok = cp.asarray(full.reshape(-1).cpu().numpy())
+        got = emb.embed_packed(tok, np.full(B, c + L), np.full(B, L))
+        return got.get()
+
+    hist = _ids(rng, (4, 40)).cuda()
+    wide = _ids(rng, (4, 12)).cuda()
+    cases = [
+        (_ids(rng, (1, 1)).cuda(), _ids(rng, (1, 7)).cuda()),  # decode x1
+        (_ids(rng, (4, 1)).cuda(), hist[:, 10:30]),  # context: a slice, row stride 40
+        (_ids(rng, (4, 3)).cuda(), hist[:, 5:7]),  # a short context: c = 2
+        (wide[:, ::3], hist[:, :9]),  # non-contiguous ids: the torch.cat path
+        (_ids(rng, (4, 5)).cuda(), hist[:, ::2]),  # non-contiguous context
+        (_ids(rng, (3, 6)).cuda(), None),  # no context
+        (hist[:, 20:21], hist[:, 17:20]),  # both slices of one history
+    ]
+    outs = [mod(ids, ctx) for ids, ctx in cases]  # queued back to back, one buffer
+    for (ids, ctx), out in zip(cases, outs):
+        want = direct(ids, ctx)
+        np.testing.assert_array_equal(_bits(out.reshape(-1, DIMS.hidden_size)), _bits(want))
+
+
+@pytest.mark.gpu
 def test_gpu_static_step_in_torch_cuda_graph(weights, rng):
     mod = TorchNgramEmbedding(_gpu_emb(weights))
     B, L = 4, 1

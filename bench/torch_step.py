@@ -121,11 +121,11 @@ def _profile(label: str, fn: Callable[[], Any], calls: int = 200, top: int = 40)
     pstats.Stats(pr, stream=sys.stderr).sort_stats("cumulative").print_stats(2 * top)
 
 
-def _ablate(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int) -> None:
-    """Where the module's synchronized time goes (decode on the GPU): the direct call,
-    then the module's pieces added one at a time, timed in rotating blocks of 10 calls;
-    then a ``torch.profiler`` summary (CUDA runtime calls included) of the direct call
-    and of the module. To stderr."""
+def _ablate(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int, tables: bool) -> None:
+    """Where the module's synchronized time goes on the GPU: the direct call, then the
+    module's pieces added one at a time, timed in rotating blocks of 10 calls; with
+    ``tables`` also a ``torch.profiler`` summary (CUDA runtime calls included) of the
+    direct call and of the module. To stderr."""
     from embed.torch_module import _cupy_view, _raw_stream
 
     emb, dev, D = mod.emb, ids.device, mod.dims.hidden_size
@@ -164,9 +164,12 @@ def _ablate(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int) ->
                 fn()
                 torch.cuda.synchronize()
                 times[name].append(time.perf_counter() - t0)
-    print(f"--- ablation, B={B} L={L} (median us, blocks of 10)", file=sys.stderr)
+    print(f"--- ablation, B={B} L={L} (us: median, 20th percentile; blocks of 10)", file=sys.stderr)
     for name, ts in times.items():
-        print(f"    {name:34s} {np.median(ts) * 1e6:8.1f}", file=sys.stderr)
+        med, p20 = np.median(ts) * 1e6, np.percentile(ts, 20) * 1e6
+        print(f"    {name:34s} {med:8.1f} {p20:8.1f}", file=sys.stderr)
+    if not tables:
+        return
     from torch.profiler import ProfilerActivity, profile
 
     for name in ("direct (cupy tokens, cupy out)", "module forward"):
@@ -232,8 +235,8 @@ def step_times(
             if profile and name == "decode x1":  # where the module's time goes
                 for lab, fn in (("module", module), ("direct", direct)):
                     _profile(f"{variant} {name} {lab}", lambda f=fn: (f(), _sync(device)))
-                if device == "cuda":
-                    _ablate(mod, ids, ctx, max(2, reps // 5))
+            if profile and device == "cuda":
+                _ablate(mod, ids, ctx, reps, tables=name == "decode x1")
             rows.append(
                 {
                     "variant": variant,

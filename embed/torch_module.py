@@ -100,17 +100,33 @@ def _ints(name: str, t: Any, device: torch.device | None, ndim: int) -> torch.Te
         raise ConfigError(f"{name} must hold integer token ids (int64), got {dt}")
     if t.dim() != ndim:
         raise ConfigError(f"{name} must be {ndim}-D, got shape {list(t.shape)}")
-    if device is not None and t.device != device:
-        raise ConfigError(f"{name} is on {t.device}, input_ids on {device}: put them on one device")
+    if device is not None and t.get_device() != (-1 if device.index is None else device.index):
+        if t.device != device:  # get_device: an int, not a device object, on the common path
+            raise ConfigError(
+                f"{name} is on {t.device}, input_ids on {device}: put them on one device"
+            )
     return t if dt is torch.int64 else t.to(torch.int64)
+
+
+# torch's current CUDA stream as a cudaStream_t int, and whether it is capturing: the
+# private calls torch's own kernels use (the public ones cost ~2-5 us more a call on the
+# H200 host), with the public ones where a torch build lacks them
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 
 
 def _raw_stream(index: int) -> int:
     """torch's current CUDA stream on device ``index``, as a ``cudaStream_t`` int."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what torch's own kernels use
-    if raw is not None:
-        return int(raw(index))
+    if _RAW_STREAM is not None:
+        return int(_RAW_STREAM(index))
     return int(torch.cuda.current_stream(index).cuda_stream)
+
+
+def _capturing() -> bool:
+    """Whether torch's current CUDA stream is capturing a graph."""
+    if _CAPTURING is not None:
+        return bool(_CAPTURING())
+    return torch.cuda.is_current_stream_capturing()
 
 
 class _Plan(NamedTuple):
@@ -250,7 +266,7 @@ class TorchNgramEmbedding(torch.nn.Module):
             raise ConfigError(
                 f"input_ids ({where}) must be a tensor on the embedding's device {self._device}"
             )
-        if cuda and torch.cuda.is_current_stream_capturing():
+        if cuda and _capturing():
             raise ConfigError(
                 "TorchNgramEmbedding.forward is not capturable (it sizes its work on the host "
                 "and may fault rows in): capture TorchNgramEmbedding.static_step(...) instead"
@@ -547,7 +563,7 @@ class TorchStaticStep:
             or ngram_context.shape[1] < c
         ):
             raise ConfigError(f"this step takes ngram_context [{B}, >= {c}] (CUDA int64)")
-        if self.runs == 0 and torch.cuda.is_current_stream_capturing():
+        if self.runs == 0 and _capturing():
             raise ConfigError(
                 "run a TorchStaticStep once before capturing it (compiles its kernels)"
             )

@@ -113,6 +113,7 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep):
         self._stacked: StackedTables | None = None
         self._word_stacked: StackedTables | None = None
         self.device_lookup = bool(device_lookup) and fused and self.device == "cuda"
+        self._resolve_first = False  # embed.step_fused: the last fused step faulted
         if fused and self.device == "cuda":
             self._stacked = StackedTables(
                 [t.arrays for t in self.tables], [self._map_of(t) for t in self.tables]

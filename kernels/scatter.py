@@ -193,6 +193,16 @@ class FaultCommit:
         self.words = row_bytes // self.vec
         self.record_bytes = record_bytes
         self.kernel = get_kernel(_SOURCE, f"fault_commit_{self.vec}")
+        # the launch's fixed arguments, packed once: raw pointers and int64 scalars are
+        # the cheapest arguments for cupy to pack (an ndarray argument builds a CArray)
+        self._table = np.uint64(table.data.ptr)
+        self._scales = np.uint64(scales.data.ptr if scales is not None else 0)
+        self._fixed = (
+            np.int64(self.words),
+            np.int64(record_bytes // self.vec),
+            np.int64(table.strides[0] // self.vec),
+            np.int64(table.shape[1]),
+        )
 
     def __call__(
         self, records_ptr: int, side_ptr: int, n: int, n_evicted: int, row_map: Any, stream: Any
@@ -203,21 +213,15 @@ class FaultCommit:
         if n == 0:
             return
         grid, block = row_launch(self.cupy, max(n, n_evicted), self.words)
+        args = (
+            np.uint64(records_ptr),
+            np.uint64(side_ptr),
+            self._table,
+            self._scales,
+            np.uint64(row_map.data.ptr if row_map is not None else 0),
+            np.int64(n),
+            np.int64(n_evicted),
+            *self._fixed,
+        )
         with stream:
-            self.kernel(
-                grid,
-                block,
-                (
-                    np.uint64(records_ptr),
-                    np.uint64(side_ptr),
-                    self.table,
-                    self.scales if self.scales is not None else np.uint64(0),
-                    row_map if row_map is not None else np.uint64(0),
-                    np.int64(n),
-                    np.int64(n_evicted),
-                    np.int64(self.words),
-                    np.int64(self.record_bytes // self.vec),
-                    np.int64(self.table.strides[0] // self.vec),
-                    np.int64(self.table.shape[1]),
-                ),
-            )
+            self.kernel(grid, block, args)

@@ -1021,3 +1021,38 @@ def test_layer_gpu_cached_with_overlay_and_faults_equals_resident(rng, tmp_path)
         assert faulted > 0 and shared.pinned == 0 and word_cache.pinned == 0
     finally:
         store.close()
+
+
+@pytest.mark.gpu
+def test_layer_gpu_cached_resolve_first_after_a_fault_equals_resident(rng, tmp_path):
+    """After a step that faulted, the fused step resolves first and runs its device part
+    once; after one that did not, the device part runs first again. Both orders occur on
+    a decode stream over a small arena, and every step equals the resident one."""
+    import cupy as cp
+
+    from embed.tables import CachedTable
+
+    store, shared, word_cache, word, tables, projs = _shared_cache_model(
+        rng, tmp_path, device="cuda", slots_frac=0.3
+    )
+    try:
+        resident = NgramEmbedding(DIMS, cp.asarray(word), [cp.asarray(t) for t in tables], projs)
+        cached = NgramEmbedding(
+            DIMS, CachedTable(word_cache), [CachedTable(shared, k) for k in range(4)], projs
+        )
+        assert cached._fused_ids and not cached._resolve_first
+        x = np.concatenate([_stream(rng, 30)] * 6)  # repeats: hits after the first pass
+        ctx_r, ctx_c = NgramContext(DIMS), NgramContext(DIMS)
+        orders, faulted = set(), []
+        for k in range(x.size):
+            orders.add(cached._resolve_first)
+            before = shared.stats().misses + word_cache.stats().misses
+            got = cached.embed(ctx_c.step(x[k : k + 1]), 1)
+            faulted.append(shared.stats().misses + word_cache.stats().misses > before)
+            assert cached._resolve_first == faulted[-1]
+            want = resident.embed(ctx_r.step(x[k : k + 1]), 1)
+            np.testing.assert_array_equal(_bits(cp.asnumpy(got)), _bits(cp.asnumpy(want)))
+        assert orders == {False, True} and any(faulted) and not all(faulted)
+        assert shared.pinned == 0 and word_cache.pinned == 0
+    finally:
+        store.close()

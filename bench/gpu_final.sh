@@ -2,7 +2,7 @@
 # One device call (H200) for the serving-path figures: the GPU tests, bench/serve.py,
 # bench/fault.py, bench/embed.py (cached vs resident; again with one host thread),
 # bench/torch_step.py and compute-sanitizer memcheck on the GPU kernels' tests; every stage
-# time-boxed, logs under $OUT, their tails last. STAGES picks and orders them, e.g.
+# time-boxed (demo, demo2: `rowcache demo --device cuda` twice), logs under $OUT, their tails last. STAGES picks and orders them, e.g.
 #   STAGES="tests fault torch" bash bench/gpu_final.sh
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -21,6 +21,8 @@ for s in $STAGES; do
     embed) toks; stage ${EMBED_T:-100} embed python3 bench/embed.py --tokens-npy /tmp/toks.npy --skip fp8,static --cached-ratio 2 --reps 10 ;;
     embed1) toks; ROWCACHE_HOST_THREADS=1 stage ${EMBED_T:-100} embed1 python3 bench/embed.py --tokens-npy /tmp/toks.npy --skip fp8,static --cached-ratio 2 --reps 10 ;;
     ttests) stage ${TESTS_T:-120} ttests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x tests/embed/test_torch_module.py ;;
+    demo) stage ${DEMO_T:-120} demo python3 -m rowcache.cli demo --device cuda ;;
+    demo2) stage ${DEMO_T:-120} demo2 python3 -m rowcache.cli demo --device cuda ;;
     torch) stage ${TORCH_T:-90} torch python3 bench/torch_step.py --reps 20 --steps 16 ${TORCH_ARGS:-} ;;
     profile) stage ${PROF_T:-90} profile python3 bench/step_profile.py --steps 100 --top 30 ;;
     profile_t1) ROWCACHE_HOST_THREADS=1 stage ${PROF_T:-90} profile_t1 python3 bench/step_profile.py --steps 100 --top 8 ;;

@@ -146,7 +146,7 @@ class CachedGroups:
                 else:
                     gid = host_ids + offsets[:, None]
             else:
-                if host_ids is None:
+                if host_ids is None and max(members) >= 0:  # not the word table's cache alone
                     host_ids = batch.host_ids(self._cached_rows)
                 parts = []
                 for m in members:  # members of one cache (<= T + 1), vectorized over rows

@@ -29,12 +29,14 @@ class GraphStep:
     _wcat: Any
     _groups: list[Any]
     _graphs: dict[tuple[int, int, bool], StaticStep]
+    _resolve_first: bool  # embed.step_fused: the last step faulted
 
     def _run_graph(self, batch: NgramBatch, out: Any) -> Any:
         """A step replayed from a CUDA graph per (tokens, rows, multi) shape: upload,
         hash + gathers (cached tables through their device maps) and the GEMM in the
         graph; cached rows resolved on the host meanwhile (the graph replayed again
-        after a fault); the scaled sum follows eagerly into a fresh output (or
+        after a fault; after a step that faulted, resolved first and replayed once);
+        the scaled sum follows eagerly into a fresh output (or
         ``out``), so results behave as on the eager path. The first call of a shape
         runs eagerly into the shape's own buffers (compiling the kernels, loading
         cuBLAS's), the second captures, later ones replay.
@@ -45,12 +47,18 @@ class GraphStep:
             step = self._graphs[key] = StaticStep(self, key, with_sum=False)
         step.load(batch)
         try:
-            if self._groups:
-                self._after_caches()
-            step.launch()
-            if self._verify_cached(batch):  # a cached row was not resident: run again
+            if self._resolve_first:  # the last step faulted (embed.step_fused): resolve first
+                self._resolve_first = self._verify_cached(batch)
                 self._after_caches()
                 step.launch()
+            else:
+                if self._groups:
+                    self._after_caches()
+                step.launch()
+                if self._verify_cached(batch):  # a cached row was not resident: run again
+                    self._resolve_first = True
+                    self._after_caches()
+                    step.launch()
             if out is None:
                 out = self._xp.empty((batch.n, self.dims.hidden_size), dtype=BF16)
             scale_sum(step.words, step.proj, float(1 + self.dims.num_tables), out=out)

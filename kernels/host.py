@@ -106,17 +106,20 @@ def hash_packed(
     rows: np.ndarray,
     eos: int,
     offsets: np.ndarray | None = None,
+    n: int | None = None,
 ) -> np.ndarray:
     """Ids of the last ``seq_lens[s]`` positions of each packed context: int64[T, n].
 
     ``tokens`` int64[L] (in range: the caller checked them), ``ctx_lens`` and
     ``seq_lens`` int64[S] (validated), ``multipliers`` int64[T, N], ``rows`` int64[T],
-    ``offsets`` int64[T] added to table ``i``'s ids when given. Look-back stops at
-    each sequence's start and at an EOS (``hash_positions_reference``'s rule); one C
-    pass with the native module, else the reference.
+    ``offsets`` int64[T] added to table ``i``'s ids when given, ``n`` ``sum(seq_lens)``
+    where the caller knows it. Look-back stops at each sequence's start and at an EOS
+    (``hash_positions_reference``'s rule); one C pass with the native module, else the
+    reference.
     """
     T, N = multipliers.shape
-    n = int(seq_lens.sum())
+    if n is None:
+        n = int(seq_lens.sum())
     if native is not None:
         c = np.ascontiguousarray  # the buffer protocol wants C-contiguous int64 vectors
         tokens, ctx_lens, seq_lens = c(tokens, _I64), c(ctx_lens, _I64), c(seq_lens, _I64)

@@ -1024,10 +1024,12 @@ def test_layer_gpu_cached_with_overlay_and_faults_equals_resident(rng, tmp_path)
 
 
 @pytest.mark.gpu
-def test_layer_gpu_cached_resolve_first_after_a_fault_equals_resident(rng, tmp_path):
-    """After a step that faulted, the fused step resolves first and runs its device part
-    once; after one that did not, the device part runs first again. Both orders occur on
-    a decode stream over a small arena, and every step equals the resident one."""
+@pytest.mark.parametrize("graphs", [False, True])
+def test_layer_gpu_cached_resolve_first_after_a_fault_equals_resident(rng, tmp_path, graphs):
+    """After a step that faulted, the fused step (eager, or replayed from a graph)
+    resolves first and runs its device part once; after one that did not, the device
+    part runs first again. Both orders occur on a decode stream over a small arena, and
+    every step equals the resident one."""
     import cupy as cp
 
     from embed.tables import CachedTable
@@ -1038,7 +1040,11 @@ def test_layer_gpu_cached_resolve_first_after_a_fault_equals_resident(rng, tmp_p
     try:
         resident = NgramEmbedding(DIMS, cp.asarray(word), [cp.asarray(t) for t in tables], projs)
         cached = NgramEmbedding(
-            DIMS, CachedTable(word_cache), [CachedTable(shared, k) for k in range(4)], projs
+            DIMS,
+            CachedTable(word_cache),
+            [CachedTable(shared, k) for k in range(4)],
+            projs,
+            cuda_graphs=graphs,
         )
         assert cached._fused_ids and not cached._resolve_first
         x = np.concatenate([_stream(rng, 30)] * 6)  # repeats: hits after the first pass

@@ -7,7 +7,8 @@ equals the resident-table output bit for bit, and measures hit rate, faults per
 token, tokens/s and memory) and the CLI subcommand that renders its report. Steps are
 given host token ids, as a server holds them; each prefill chunk's rows are prefetched
 (``NgramEmbedding.prefetch``) while the previous step is checked against the resident
-tables, so prefill faults overlap that work, as they would overlap a model's layers.
+tables, so prefill faults overlap that work, as they would overlap a model's layers. On
+the GPU both embeddings replay each step shape from a CUDA graph (``cuda_graphs``).
 ``embed`` is imported inside the functions: the package depends on rowcache, not
 the other way round.
 """
@@ -250,8 +251,13 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> DemoReport:
         else:
             resident_tables = [Bf16Table(xp.asarray(t)) for t in tables]
         word_dev = xp.asarray(word)
-        resident = NgramEmbedding(dims, word_dev, resident_tables, projs)
-        cached = NgramEmbedding(dims, word_dev, [CachedTable(shared, i) for i in range(T)], projs)
+        # on the GPU both replay each step shape from a CUDA graph, as a server would
+        # (cached: hash, gathers and GEMM in the graph, rows resolved on the host meanwhile)
+        graphs = cfg.device == "cuda"
+        resident = NgramEmbedding(dims, word_dev, resident_tables, projs, cuda_graphs=graphs)
+        cached = NgramEmbedding(
+            dims, word_dev, [CachedTable(shared, i) for i in range(T)], projs, cuda_graphs=graphs
+        )
         del tables
 
         def sync() -> None:

@@ -76,7 +76,9 @@ class _DeviceStep:
         # pinned buffers (cudaHostAlloc: with unified addressing the device reads them at
         # their host address): a step's first kernel reads its upload straight from them
         self.hosts = [cupyx.empty_pinned(max(words, 1), dtype=np.int64) for _ in range(ring)]
-        self._events: list[Any] = [None] * ring
+        # one event per buffer, re-recorded (a fresh event per step is one more CUDA call)
+        self._event_pool = [cp.cuda.Event(disable_timing=True) for _ in range(ring)]
+        self._events: list[Any] = [None] * ring  # the buffer's event while a copy reads it
         self._next = 0
         self.dev = cp.empty(max(words, 1), dtype=cp.int64)
         # ids are only materialized by the unfused step (graph steps hash and gather at once)
@@ -106,7 +108,9 @@ class _DeviceStep:
 
     def uploaded(self, stream: Any) -> None:
         """Mark the buffer just handed out as being read by work queued on ``stream``."""
-        self._events[self._next] = stream.record()
+        ev = self._event_pool[self._next]
+        ev.record(stream)
+        self._events[self._next] = ev
         self._next = (self._next + 1) % len(self.hosts)
 
     def wait(self) -> None:

@@ -90,10 +90,13 @@ class FaultPath(CacheState):
         self._staging = np.empty((0, rec), dtype=np.uint8)
         self._side = np.empty(0, dtype=np.int32)
         self._commit: Any = None  # kernels.scatter.FaultCommit over the staging buffer
-        self._copy_done = None
+        # events made once and re-recorded (a fresh one per record is one more CUDA call)
+        self._copy_event = cp.cuda.Event(disable_timing=True)
+        self._copy_done = None  # _copy_event once a fault's launch has recorded it
         self._out_ring: list[tuple[np.ndarray, Any]] = [
-            (np.empty(0, dtype=np.int32), None)
-        ] * OUT_RING
+            (np.empty(0, dtype=np.int32), None) for _ in range(OUT_RING)
+        ]
+        self._out_events = [cp.cuda.Event(disable_timing=True) for _ in range(OUT_RING)]
         self._out_next = 0
 
     def _pinned_host(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -305,7 +308,8 @@ class FaultPath(CacheState):
         side[2 * n : 2 * n + e] = evicted
         # one launch on the cache's stream reads records, slots and map updates in place
         self._commit(records.ctypes.data, side.ctypes.data, n, e, self._dev_map, self._stream)
-        self._copy_done = self._stream.record()  # the buffers are free once it has run
+        self._copy_event.record(self._stream)  # the buffers are free once it has run
+        self._copy_done = self._copy_event
 
     def _to_device(self, out: np.ndarray) -> Any:
         """``out`` as a new cupy array, copied asynchronously through a ring of pinned buffers.
@@ -328,5 +332,7 @@ class FaultPath(CacheState):
         dev = cp.empty(n, dtype=cp.int32)
         with self._stream:
             dev.set(buf[:n], stream=self._stream)
-            self._out_ring[k] = (buf, self._stream.record())
+            done = self._out_events[k]
+            done.record(self._stream)
+            self._out_ring[k] = (buf, done)
         return dev

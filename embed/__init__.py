@@ -43,13 +43,15 @@ __all__ = [
     "table_sources",
 ]
 
-_TORCH = ("TorchNgramEmbedding", "TorchStaticStep")
-
 
 def __getattr__(name: str) -> object:
     # torch is heavy and optional (the `torch` extra): import it only when asked for
-    if name in _TORCH:
-        from . import torch_module
+    if name == "TorchNgramEmbedding":
+        from .torch_module import TorchNgramEmbedding
 
-        return getattr(torch_module, name)
+        return TorchNgramEmbedding
+    if name == "TorchStaticStep":
+        from .torch_static import TorchStaticStep
+
+        return TorchStaticStep
     raise AttributeError(f"module 'embed' has no attribute {name!r}")

@@ -454,3 +454,15 @@ def test_mask_over_input_ids_only_keeps_the_whole_context(emb, rng):
     np.testing.assert_array_equal(_bits(out[0]), _bits(_row(emb, ctx[0], ids[0])))
     np.testing.assert_array_equal(_bits(out[1, 2:]), _bits(_row(emb, ctx[1], ids[1, 2:])))
     assert not out[1, :2].any()
+
+
+def test_static_step_checks_its_arguments_on_the_cpu(emb):
+    """``static_step`` (``embed.torch_static``) refuses bad shapes and a CPU embedding."""
+    mod = TorchNgramEmbedding(emb)
+    with pytest.raises(ConfigError, match="batch_size=0 must be an int >= 1"):
+        mod.static_step(0, 1)
+    with pytest.raises(ConfigError, match="context_len=-1"):
+        mod.static_step(1, 1, context_len=-1)
+    with pytest.raises(ConfigError, match="needs an embedding on cuda"):
+        mod.static_step(2, 1, context_len=3)
+    assert embed.TorchStaticStep.__module__ == "embed.torch_static"

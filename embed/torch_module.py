@@ -378,7 +378,9 @@ class TorchNgramEmbedding(torch.nn.Module):
         contiguous. Two 2-D device copies queued on stream ``raw`` replace ``torch.cat``
         (about 50 us a call on the H200 host, measured by ``bench/torch_step.py
         --profile``); the buffer is only rewritten in that stream's order, after the
-        previous step that read it."""
+        previous step that read it. (Buffers are kept by stream handle: a stream
+        destroyed with work pending whose handle a new stream reuses would share one;
+        torch's own streams come from pools and are never destroyed.)"""
         import cupy as cp
 
         B, L = ids.shape

@@ -50,6 +50,7 @@ def _cupy_view(t: torch.Tensor, owner: Any = True) -> Any:
     return cp.ndarray(tuple(t.shape), dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
 
 
+_D2D = 3  # cudaMemcpyDeviceToDevice
 _NP_INTS = {torch.int64: np.int64, torch.int16: np.int16, torch.int32: np.int32}
 _INT_DTYPES = frozenset(
     {torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8}
@@ -112,6 +113,28 @@ def _ints(name: str, t: Any, device: torch.device | None, ndim: int) -> torch.Te
 # H200 host), with the public ones where a torch build lacks them
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
+def _copyable_rows(ids: torch.Tensor, ctx: torch.Tensor, c: int) -> bool:
+    """Whether ``ctx[:, -c:]`` and ``ids`` can be packed row by row by 2-D copies: each
+    row's elements adjacent, and rows at least a row's width apart (an expanded tensor's
+    zero row stride is not)."""
+    B, L = ids.shape
+    if (L > 1 and ids.stride(1) != 1) or (c > 1 and ctx.stride(1) != 1):
+        return False
+    return B == 1 or (ids.stride(0) >= L and ctx.stride(0) >= c)
+
+
+def _row_copies(ids: torch.Tensor, ctx: torch.Tensor, c: int) -> list[tuple[int, int, int, int]]:
+    """The two 2-D copies that pack ``[ctx[:, -c:] | ids]`` rows (int64) into a
+    ``[B, c + L]`` buffer: ``(destination byte offset, source address, source row
+    pitch, row bytes)`` each, ``B`` rows (``_copyable_rows`` holds)."""
+    B, L = ids.shape
+    C = ctx.shape[1]
+    ctx_pitch = ctx.stride(0) * 8 if B > 1 else c * 8  # one row: any pitch >= its width
+    ids_pitch = ids.stride(0) * 8 if B > 1 else L * 8
+    first = ctx.data_ptr() + (C - c) * ctx.stride(1) * 8  # the row's c-th last element
+    return [(0, first, ctx_pitch, c * 8), (c * 8, ids.data_ptr(), ids_pitch, L * 8)]
 
 
 def _raw_stream(index: int) -> int:
@@ -384,11 +407,9 @@ class TorchNgramEmbedding(torch.nn.Module):
         import cupy as cp
 
         B, L = ids.shape
-        if L > 1 and ids.stride(1) != 1:
-            return None
         if c == 0:
             return self._views(ids, (B * L,)) if ids.is_contiguous() else None
-        if c > 1 and ctx.stride(1) != 1:
+        if not _copyable_rows(ids, ctx, c):
             return None
         W, n = c + L, B * (c + L)
         buf = self._tok_bufs.get(raw)
@@ -397,14 +418,8 @@ class TorchNgramEmbedding(torch.nn.Module):
             self._tok_bufs[raw] = buf
             self._tok_views.clear()
         dst = buf.data.ptr
-        d2d = 3  # cudaMemcpyDeviceToDevice
-        spitch = (ctx.stride(0) if B > 1 else c) * 8
-        src = ctx.data_ptr() + (ctx.shape[1] - c) * 8
-        cp.cuda.runtime.memcpy2DAsync(dst, W * 8, src, spitch, c * 8, B, d2d, raw)
-        spitch = (ids.stride(0) if B > 1 else L) * 8
-        cp.cuda.runtime.memcpy2DAsync(
-            dst + c * 8, W * 8, ids.data_ptr(), spitch, L * 8, B, d2d, raw
-        )
+        for off, src, spitch, width in _row_copies(ids, ctx, c):
+            cp.cuda.runtime.memcpy2DAsync(dst + off, W * 8, src, spitch, width, B, _D2D, raw)
         view = self._tok_views.get((raw, n))
         if view is None:
             view = self._tok_views[(raw, n)] = buf[:n]

@@ -254,7 +254,9 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep):
         tokens; from device tokens they are copied to the host (one sync). With
         ``device_lookup`` (GPU, fused, host tokens) the device gathers first through
         the caches' device maps and the host resolves meanwhile; a resolve that
-        faulted makes the device part run again. Otherwise the resolve comes first.
+        faulted makes the device part run again, and the next step then resolves
+        first and runs its device part once (until a step does not fault).
+        Otherwise the resolve comes first.
         Every cache's batch ends when this call returns: a later fault writes the
         arena in stream order after this step's gathers, so no step synchronizes
         the host with the device.

@@ -4,7 +4,8 @@ Owns the mixin :class:`FusedStep`: an ``NgramEmbedding`` step from host tokens o
 GPU when every table is resident or read through its cache's device map
 (``_fused_ids``): the upload read from pinned memory, the hash and every gather in one
 ``kernels.ngram.hash_gather`` launch, the overlay, GEMM and sum; cached rows resolved
-on the host meanwhile and the device part run again after a fault. Does not own the
+on the host meanwhile and the device part run again after a fault (and, the step
+after a fault, the resolve first and the device part once). Does not own the
 buffers (``embed.device_step``) nor graph replay (``embed.step_graph``).
 """
 

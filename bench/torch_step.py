@@ -140,8 +140,11 @@ def _ablate(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int, ta
             return emb.embed(tokens, L, out=out)
         return emb.embed_packed(tokens, lens, news, out=out)
 
+    held: list[torch.Tensor] = []  # the latest output tensor, alive while its view is used
+
     def out_view() -> Any:  # the module's output: a torch tensor and its (kept) cupy view
-        return mod._views(torch.empty((B, L, D), dtype=torch.bfloat16, device=dev))
+        held[:] = [torch.empty((B, L, D), dtype=torch.bfloat16, device=dev)]
+        return mod._views(held[0])
 
     variants = {
         "direct (cupy tokens, cupy out)": lambda: call(view),

@@ -25,26 +25,6 @@ from .reader import RowReader
 from .store import check_row_ids
 
 OUT_RING = 8  # pinned buffers for int32 arrays on their way to the device (slots, map updates)
-_ROW_LOOP = 3  # CPU faults of at most this many rows are written row by row (measured:
-# faster up to 3 rows, even at 4, slower from 8 on the dev machine)
-
-
-def _scatter_rows(
-    records: np.ndarray, slots: np.ndarray, table: np.ndarray, scales: np.ndarray | None
-) -> None:
-    """``scatter_records_reference`` for a few rows, one row at a time: for 1-3 rows
-    NumPy's fancy indexing costs more than the copies (one 512-byte row: 1.8 against
-    3.3 us on the dev machine)."""
-    d = table.shape[1]
-    if scales is None:
-        vals = records[:, : 2 * d].view(table.dtype)
-        for i, s in enumerate(slots.tolist()):
-            table[s] = vals[i]
-    else:
-        f32 = records[:, d : d + 4].copy().view("<f4")
-        for i, s in enumerate(slots.tolist()):
-            table[s] = records[i, :d]
-            scales[s] = f32[i, 0]
 
 
 class FaultPath(CacheState):
@@ -319,10 +299,7 @@ class FaultPath(CacheState):
         st["read_ops"] += ops
         records = staging[:n]
         if self.device == "cpu":
-            if n <= _ROW_LOOP:  # a decode step's few rows: index each (no fancy indexing)
-                _scatter_rows(records, victims, self.table, self.scales)
-            else:
-                scatter_records_reference(records, victims, self.table, self.scales)
+            scatter_records_reference(records, victims, self.table, self.scales)
             return
         e = int(evicted.size)
         side = self._side

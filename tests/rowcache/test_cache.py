@@ -369,29 +369,3 @@ def test_shared_cache_bad_table_lists(tmp_path, rng):
     s2 = rowcache.build_store(tmp_path / "w", {"a": x, "b": y}, progress=False)
     with pytest.raises(ConfigError, match="one width"):
         NgramRowCache(s2, ["a", "b"], slots=5)
-
-
-@pytest.mark.parametrize("fp8", [False, True])
-def test_cache_small_cpu_faults_written_row_by_row_equal_the_reference(rng, fp8):
-    """A CPU fault of at most a few rows writes them one at a time
-    (``rowcache.fault._scatter_rows``): the same arena bytes and scales as
-    ``scatter_records_reference``, for 0 to 8 rows, padded records included."""
-    from rowcache.fault import _ROW_LOOP, _scatter_rows  # any row count it may be given
-
-    d, S = 48, 20
-    for n in range(max(_ROW_LOOP, 8) + 1):
-        width = (d + 4 if fp8 else 2 * d) + 12  # a record and padding
-        records = rng.integers(0, 256, (n, width), dtype=np.uint8)
-        if fp8:  # finite scales (any bits would do: they are copied, not computed with)
-            scales_in = rng.standard_normal(n).astype("<f4")
-            records[:, d : d + 4] = scales_in.view(np.uint8).reshape(n, 4)
-        slots = rng.permutation(S)[:n].astype(np.int32)
-        dtype = np.uint8 if fp8 else ml_dtypes.bfloat16
-        got, want = np.zeros((S, d), dtype=dtype), np.zeros((S, d), dtype=dtype)
-        got_s = np.ones(S, np.float32) if fp8 else None
-        want_s = None if got_s is None else got_s.copy()
-        _scatter_rows(records, slots, got, got_s)
-        ref.scatter_records_reference(records, slots, want, want_s)
-        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
-        if fp8:
-            np.testing.assert_array_equal(got_s.view(np.uint32), want_s.view(np.uint32))

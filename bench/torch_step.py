@@ -1,8 +1,8 @@
 """The PyTorch adapter's cost: TorchNgramEmbedding against NgramEmbedding on the same tensors.
 
 Claim (issue 13): the module's step takes <= 1.1x a direct ``NgramEmbedding`` call on
-the same data (the adapter adds no copies of rows: numpy views on the CPU, DLPack and
-torch's stream on the GPU). Measured in one run, resident and cached (one shared
+the same data (the adapter adds no copies of rows: numpy views on the CPU, cupy views of
+the tensors' memory on torch's stream on the GPU). Measured in one run, resident and cached (one shared
 arena, warm: every row a hit), for decode x1 and x64 (one new token per row, a
 ``[B, 3]`` look-back) and a 2,048-token prefill: the module's step (``forward``: the
 torch-side packing, the output tensor, the call) and the baseline (``embed`` /

@@ -126,19 +126,19 @@ def _ablate(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int, ta
     module's pieces added one at a time, timed in rotating blocks of 10 calls; with
     ``tables`` also a ``torch.profiler`` summary (CUDA runtime calls included) of the
     direct call and of the module. To stderr."""
-    from embed.torch_module import _cupy_view, _raw_stream
+    from embed.torch_module import _cupy_view
 
     emb, dev, D = mod.emb, ids.device, mod.dims.hidden_size
     B, L = ids.shape
-    c = 0 if ctx is None else min(ctx.shape[1], mod.dims.max_ngram - 1)
-    packed = (torch.cat([ctx, ids], 1) if ctx is not None else ids).reshape(-1).contiguous()
-    view = _cupy_view(packed)
-    lens, news = np.full(B, packed.numel() // B), np.full(B, L)
+    rows = (_cupy_view(ids), None if ctx is None else _cupy_view(ctx))
+    packed = torch.cat([ctx[:, -mod.dims.max_ngram + 1 :], ids], 1) if ctx is not None else ids
+    packed = _cupy_view(packed.reshape(-1).contiguous())
+    lens, news = np.full(B, packed.size // B), np.full(B, L)
 
-    def call(tokens: Any, out: Any = None) -> Any:
+    def call_packed() -> Any:
         if B == 1:
-            return emb.embed(tokens, L, out=out)
-        return emb.embed_packed(tokens, lens, news, out=out)
+            return emb.embed(packed, L)
+        return emb.embed_packed(packed, lens, news)
 
     held: list[torch.Tensor] = []  # the latest output tensor, alive while its view is used
 
@@ -147,12 +147,9 @@ def _ablate(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int, ta
         return mod._views(held[0])
 
     variants = {
-        "direct (cupy tokens, cupy out)": lambda: call(view),
-        "+ torch.empty out": lambda: call(view, out_view()),
-        "+ packed tokens (2 strided copies)": lambda: call(
-            mod._packed(ids, ctx, c, _raw_stream(dev.index)), out_view()
-        ),
-        "+ torch clone of tokens instead": lambda: call(_cupy_view(packed.clone()), out_view()),
+        "packed tokens, embed/embed_packed": call_packed,
+        "direct embed_rows (cupy views)": lambda: emb.embed_rows(*rows),
+        "+ torch.empty out": lambda: emb.embed_rows(*rows, out=out_view()),
         "module forward": lambda: mod(ids, ctx),
     }
     times: dict[str, list[float]] = {k: [] for k in variants}
@@ -175,7 +172,7 @@ def _ablate(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int, ta
         return
     from torch.profiler import ProfilerActivity, profile
 
-    for name in ("direct (cupy tokens, cupy out)", "module forward"):
+    for name in ("direct embed_rows (cupy views)", "module forward"):
         fn = variants[name]
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(50):
@@ -215,13 +212,17 @@ def step_times(
                 import cupy as cp
 
                 view = cp.from_dlpack(packed)
+                rows_in = (cp.from_dlpack(ids), None if ctx is None else cp.from_dlpack(ctx))
             else:
                 view = packed.numpy()
+                rows_in = (ids.numpy(), None if ctx is None else ctx.numpy())
             lens, news = np.full(B, C + L), np.full(B, L)
             if B == 1:
-                direct: Callable[[], Any] = lambda v=view, n=L, e=emb: e.embed(v, n)  # noqa: E731
+                old: Callable[[], Any] = lambda v=view, n=L, e=emb: e.embed(v, n)  # noqa: E731
             else:
-                direct = lambda v=view, a=lens, b=news, e=emb: e.embed_packed(v, a, b)  # noqa: E731
+                old = lambda v=view, a=lens, b=news, e=emb: e.embed_packed(v, a, b)  # noqa: E731
+            # the direct call on the same tensors: embed_rows on views of ids and context
+            direct: Callable[[], Any] = lambda r=rows_in, e=emb: e.embed_rows(*r)  # noqa: E731
             module = lambda i=ids, c=ctx, m=mod: m(i, c)  # noqa: E731
             out = module()
             want = direct()
@@ -231,8 +232,10 @@ def step_times(
                 if device == "cuda"
                 else got.view(torch.int16).numpy()
             )
-            want_bits = (want.get() if device == "cuda" else want).view(np.int16)
-            assert np.array_equal(bits, want_bits), f"{variant} {name}: module != direct"
+            for ref in (want, old()):
+                ref_bits = (ref.get() if device == "cuda" else ref).view(np.int16)
+                assert np.array_equal(bits, ref_bits), f"{variant} {name}: module != direct"
+            t_old, t_new = _time_pair(device, old, direct, max(2, reps // 2))
             t_dir, t_mod = _time_pair(device, direct, module, reps)
             b_dir, b_mod = _time_pair(device, direct, module, max(2, reps // 5), block=10)
             if profile and name == "decode x1":  # where the module's time goes
@@ -245,6 +248,8 @@ def step_times(
                     "variant": variant,
                     "step": name,
                     "direct_us": t_dir * 1e6,
+                    "packed_us": t_old * 1e6,
+                    "rows_over_packed": t_new / t_old,
                     "module_us": t_mod * 1e6,
                     "ratio": t_mod / t_dir,
                     "direct_us_blocks": b_dir * 1e6,
@@ -364,14 +369,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':<24} {'calls interleaved':^29} {'blocks of 10 calls':^29}")
     print(
         f"{'variant':<9} {'step':<14} {'direct us':>10} {'module us':>10} {'ratio':>6}  "
-        f"{'direct us':>10} {'module us':>10} {'ratio':>6}"
+        f"{'direct us':>10} {'module us':>10} {'ratio':>6}  {'rows/packed':>11}"
     )
     for r in steps:
         print(
             f"{r['variant']:<9} {r['step']:<14} {r['direct_us']:>10.1f} {r['module_us']:>10.1f} "
             f"{r['ratio']:>6.2f}  {r['direct_us_blocks']:>10.1f} {r['module_us_blocks']:>10.1f} "
-            f"{r['ratio_blocks']:>6.2f}"
+            f"{r['ratio_blocks']:>6.2f}  {r['rows_over_packed']:>11.2f}"
         )
+    print(
+        "direct = NgramEmbedding.embed_rows on views of the same tensors; rows/packed = "
+        "embed_rows against embed/embed_packed of the same tokens packed beforehand"
+    )
     g = greedy
     print(
         f"greedy, tiny LongcatFlashForCausalLM, {g['batch']} x {g['prompt']} prompt tokens of "

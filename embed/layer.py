@@ -35,10 +35,11 @@ from .staging import GEMM_SPLITS, GEMM_SPLITS_MAX, Staging
 from .step_composed import ComposedStep
 from .step_fused import FusedStep
 from .step_graph import GraphStep, StaticStep
+from .step_rows import RowsStep
 from .tables import CachedTable
 
 
-class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep):
+class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, RowsStep):
     """LongCat n-gram embedding over any mix of table variants.
 
     Parameters
@@ -133,6 +134,9 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep):
         self._stack: Any = None
         self._proj: Any = None
         self._words: Any = None
+        self._rows_flag: Any = None  # embed.step_rows: the range flag and host packing
+        self._rows_seq = 0
+        self._rows_host: Any = None
 
     # --- public ---------------------------------------------------------------
     @property
@@ -272,6 +276,45 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep):
                 )
             batch = NgramBatch(self.dims, tokens, ctx_lens, seq_lens)
         return self._run(batch, overlay=overlay, seq_slots=seq_slots, active=active, out=out)
+
+    def embed_rows(
+        self,
+        ids: Any,
+        ctx: Any = None,
+        *,
+        overlay: Any = None,
+        seq_slots: Any = None,
+        active: int = -1,
+        out: Any = None,
+    ) -> Any:
+        """Embeddings of every token of ``ids[B, L]``, each row a sequence after its
+        context row: the layout of a serving engine's batch (``TorchNgramEmbedding``).
+
+        Parameters
+        ----------
+        ids : int[B, L] (numpy or cupy, any strides)
+            Output row ``b * L + l`` embeds ``ids[b, l]``.
+        ctx : int[B, C] (same array module), or None
+            The tokens before each row; only the last ``max_ngram - 1`` are its look-back.
+            None: no look-back (the sequences start here).
+        overlay, seq_slots, active, out : as in :meth:`embed_batch` (``out``
+            bfloat16[B * L, hidden_size]).
+
+        Returns
+        -------
+        bfloat16[B * L, hidden_size], bit-identical to :meth:`embed_packed` of the rows
+        ``[ctx[b, -c:] | ids[b]]`` (``c = min(C, max_ngram - 1)``).
+
+        Notes
+        -----
+        On the GPU with resident tables and no overlay the arrays are read in place:
+        one launch hashes, range-checks and gathers, then GEMM and sum, then one sync
+        reads the range check (a bad token raises, naming it, after ``out`` was
+        written). Otherwise the rows are packed on the host (on the GPU by two strided
+        device-to-host copies and a sync: a cached table's resolve needs the tokens on
+        the host) and embedded as by :meth:`embed_packed`.
+        """
+        return self._embed_rows(ids, ctx, out, overlay, seq_slots, active)
 
     def prefetch(self, ctx_tokens: Any, seq_len: int | None = None) -> PrefetchHandle:
         """Start reading the cached rows that :meth:`embed` of these arguments will

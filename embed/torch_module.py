@@ -30,7 +30,7 @@ from .layer import NgramEmbedding
 
 
 def _cupy_view(t: torch.Tensor, owner: Any = True) -> Any:
-    """A cupy array over a contiguous CUDA tensor's memory (no copy).
+    """A cupy array over a CUDA tensor's memory, at the tensor's strides (no copy).
 
     ``owner=True`` keeps the tensor alive as the memory's owner; ``owner=None`` makes a
     bare view (:class:`_Views`, whose caller holds the tensor while the view is used).
@@ -42,15 +42,19 @@ def _cupy_view(t: torch.Tensor, owner: Any = True) -> Any:
     """
     import cupy as cp
 
-    if not t.is_contiguous():  # cannot happen: callers pass fresh or .contiguous() tensors
-        raise ConfigError("internal: a cupy view needs a contiguous tensor")
     dtype = _NP_INTS[t.dtype]
-    nbytes = t.numel() * t.element_size()
-    mem = cp.cuda.UnownedMemory(t.data_ptr(), nbytes, t if owner is True else None, t.get_device())
-    return cp.ndarray(tuple(t.shape), dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
+    size = t.element_size()
+    # the bytes the view spans (torch strides are >= 0; an empty tensor spans none)
+    span = 0 if t.numel() == 0 else 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    mem = cp.cuda.UnownedMemory(
+        t.data_ptr(), span * size, t if owner is True else None, t.get_device()
+    )
+    strides = tuple(st * size for st in t.stride())
+    return cp.ndarray(
+        tuple(t.shape), dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0), strides=strides
+    )
 
 
-_D2D = 3  # cudaMemcpyDeviceToDevice
 _NP_INTS = {torch.int64: np.int64, torch.int16: np.int16, torch.int32: np.int32}
 _INT_DTYPES = frozenset(
     {torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8}
@@ -60,7 +64,7 @@ _MAX_VIEWS = 64
 
 
 class _Views:
-    """Bare cupy views of CUDA tensors, kept by (address, shape, dtype).
+    """Bare cupy views of CUDA tensors, kept by (address, shape, strides, dtype).
 
     torch's caching allocator hands a step's output and packed tokens the same blocks
     step after step, so the same few views serve every call (a dict lookup, against
@@ -69,12 +73,12 @@ class _Views:
     address is looked up again only for a live tensor of the same size)."""
 
     def __init__(self) -> None:
-        self._views: dict[tuple[int, tuple[int, ...], torch.dtype], Any] = {}
+        self._views: dict[tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype], Any] = {}
 
     def __call__(self, t: torch.Tensor, shape: tuple[int, ...] | None = None) -> Any:
-        """The view of contiguous ``t`` (int64 tokens, or bf16 rows viewed as ml_dtypes
-        bfloat16 ``[rows, hidden]``), or of its memory as ``shape``."""
-        key = (t.data_ptr(), t.shape if shape is None else shape, t.dtype)
+        """The view of ``t``: int64 tokens at their strides, or contiguous bf16 rows
+        viewed as ml_dtypes bfloat16 ``[rows, hidden]``; or of its memory as ``shape``."""
+        key = (t.data_ptr(), t.shape if shape is None else shape, t.stride(), t.dtype)
         v = self._views.get(key)
         if v is None:
             if len(self._views) >= _MAX_VIEWS:
@@ -113,28 +117,6 @@ def _ints(name: str, t: Any, device: torch.device | None, ndim: int) -> torch.Te
 # H200 host), with the public ones where a torch build lacks them
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
-
-
-def _copyable_rows(ids: torch.Tensor, ctx: torch.Tensor, c: int) -> bool:
-    """Whether ``ctx[:, -c:]`` and ``ids`` can be packed row by row by 2-D copies: each
-    row's elements adjacent, and rows at least a row's width apart (an expanded tensor's
-    zero row stride is not)."""
-    B, L = ids.shape
-    if (L > 1 and ids.stride(1) != 1) or (c > 1 and ctx.stride(1) != 1):
-        return False
-    return B == 1 or (ids.stride(0) >= L and ctx.stride(0) >= c)
-
-
-def _row_copies(ids: torch.Tensor, ctx: torch.Tensor, c: int) -> list[tuple[int, int, int, int]]:
-    """The two 2-D copies that pack ``[ctx[:, -c:] | ids]`` rows (int64) into a
-    ``[B, c + L]`` buffer: ``(destination byte offset, source address, source row
-    pitch, row bytes)`` each, ``B`` rows (``_copyable_rows`` holds)."""
-    B, L = ids.shape
-    C = ctx.shape[1]
-    ctx_pitch = ctx.stride(0) * 8 if B > 1 else c * 8  # one row: any pitch >= its width
-    ids_pitch = ids.stride(0) * 8 if B > 1 else L * 8
-    first = ctx.data_ptr() + (C - c) * ctx.stride(1) * 8  # the row's c-th last element
-    return [(0, first, ctx_pitch, c * 8), (c * 8, ids.data_ptr(), ids_pitch, L * 8)]
 
 
 def _raw_stream(index: int) -> int:
@@ -198,9 +180,6 @@ class TorchNgramEmbedding(torch.nn.Module):
         self._cuda = self._device.type == "cuda"
         self._streams: dict[int, Any] = {}  # torch's raw stream -> cupy's view of it
         self._views = _Views()
-        self._tok_bufs: dict[int, Any] = {}  # torch's raw stream -> packed-token buffer
-        self._tok_views: dict[tuple[int, int], Any] = {}
-        self._lens: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
     @classmethod
     def from_pretrained(
@@ -294,26 +273,45 @@ class TorchNgramEmbedding(torch.nn.Module):
                 "and may fault rows in): capture TorchNgramEmbedding.static_step(...) instead"
             )
         input_ids = _ints("input_ids", input_ids, None, 2)
-        B, L = input_ids.shape
         if (seq_slot is not None or active != -1) and self.overlay is None:
             raise ConfigError("seq_slot/active route an overlay: build the module with overlay=")
+        ctx = ngram_context
+        rows = attention_mask is None and not isinstance(ctx, (list, tuple))
+        if rows and ctx is not None:  # one [B, C] context: the rows step reads it in place
+            ctx = _ints("ngram_context", ctx, input_ids.device, 2)
+            if ctx.shape[0] != input_ids.shape[0]:
+                raise ConfigError(
+                    f"ngram_context has {ctx.shape[0]} rows, input_ids {input_ids.shape[0]}: "
+                    "one context per row"
+                )
         if not cuda:
-            plan = self._plan(input_ids, ngram_context, attention_mask, None)
-            D = self.dims.hidden_size
-            host = np.empty((B, L, D), dtype=np.int16)
-            out = torch.from_numpy(host).view(torch.bfloat16)
-            dest = host.reshape(B * L, D).view(BF16) if plan.fill is None else None
-            self._run(plan, out, dest, seq_slot, active, None)
-            return out
+            return self._forward_cpu(input_ids, ctx, attention_mask, seq_slot, active, rows)
         import cupy as cp
 
         index = input_ids.get_device()
         if cp.cuda.runtime.getDevice() != index:
             with cp.cuda.Device(index):
                 return self._forward_cuda(
-                    input_ids, ngram_context, attention_mask, seq_slot, active, index
+                    input_ids, ctx, attention_mask, seq_slot, active, rows, index
                 )
-        return self._forward_cuda(input_ids, ngram_context, attention_mask, seq_slot, active, index)
+        return self._forward_cuda(input_ids, ctx, attention_mask, seq_slot, active, rows, index)
+
+    def _forward_cpu(
+        self, ids: torch.Tensor, ctx: Any, mask: Any, seq_slot: Any, active: int, rows: bool
+    ) -> torch.Tensor:
+        """:meth:`forward` on the CPU: numpy views of the tensors, a numpy output."""
+        B, L = ids.shape
+        D = self.dims.hidden_size
+        host = np.empty((B, L, D), dtype=np.int16)
+        out = torch.from_numpy(host).view(torch.bfloat16)
+        dest = host.reshape(B * L, D).view(BF16)
+        if rows:
+            kw = self._overlay_kw(seq_slot, active, B)
+            self.emb.embed_rows(ids.numpy(), None if ctx is None else ctx.numpy(), out=dest, **kw)
+            return out
+        plan = self._plan(ids, ctx, mask)
+        self._run(plan, out, dest if plan.fill is None else None, seq_slot, active, None)
+        return out
 
     def _forward_cuda(
         self,
@@ -322,17 +320,29 @@ class TorchNgramEmbedding(torch.nn.Module):
         mask: torch.Tensor | None,
         seq_slot: Any,
         active: int,
+        rows: bool,
         index: int,
     ) -> torch.Tensor:
         """:meth:`forward` on the GPU (cupy's current device is ``index``), on torch's
-        current stream (cupy's current stream already, or entered for the call)."""
+        current stream (cupy's current stream already, or entered for the call): one
+        ``NgramEmbedding.embed_rows`` on cupy views of the tensors (no copy), or for
+        ragged contexts and masks the packed tokens of :meth:`_plan`."""
         import cupy as cp
 
         raw = _raw_stream(index)
-        plan = self._plan(ids, ctx, mask, raw)
         B, L = ids.shape
         out = torch.empty((B, L, self.dims.hidden_size), dtype=torch.bfloat16, device=ids.device)
         views = self._views
+        if rows:
+            kw = self._overlay_kw(seq_slot, active, B)
+            args = (views(ids), None if ctx is None else views(ctx))
+            if cp.cuda.get_current_stream().ptr == raw:
+                self.emb.embed_rows(*args, out=views(out), **kw)
+            else:
+                with self._stream(raw, index):
+                    self.emb.embed_rows(*args, out=views(out), **kw)
+            return out
+        plan = self._plan(ids, ctx, mask)
         dest = views(out) if plan.fill is None else None
         if cp.cuda.get_current_stream().ptr == raw:
             self._run(plan, out, dest, seq_slot, active, views)
@@ -341,11 +351,15 @@ class TorchNgramEmbedding(torch.nn.Module):
                 self._run(plan, out, dest, seq_slot, active, views)
         return out
 
-    def _plan(self, ids: torch.Tensor, ctx: Any, mask: torch.Tensor | None, raw: Any) -> _Plan:
-        """The packed step of one forward: tokens, per-row lengths and, for padded
-        rows, which output positions the packed rows fill. On the CPU the packing is
-        numpy on views of the tensors, on the GPU two strided copies on torch's stream
-        ``raw`` into a buffer of that stream (both cheaper per call than torch ops)."""
+    def _overlay_kw(self, seq_slot: Any, active: int, B: int) -> dict[str, Any]:
+        if self.overlay is None:
+            return {}
+        return {"overlay": self.overlay, "active": active, "seq_slots": self._slots(seq_slot, B)}
+
+    def _plan(self, ids: torch.Tensor, ctx: Any, mask: torch.Tensor | None) -> _Plan:
+        """The packed step of a forward with ragged contexts or a mask: tokens (numpy
+        on the CPU, a tensor on the GPU: ``torch.cat``), per-row lengths and, for padded
+        rows, which output positions the packed rows fill."""
         B, L = ids.shape
         keep = self.dims.max_ngram - 1
         cpu = not self._cuda
@@ -368,62 +382,17 @@ class TorchNgramEmbedding(torch.nn.Module):
                 )
             c = min(int(ctx.shape[1]), keep)
         valid = None if mask is None else self._valid(mask, B, L, c)
-        tokens: Any = None
-        if cpu:
-            x = ids.numpy()
-            tokens = x if c == 0 else np.concatenate([ctx.numpy()[:, -c:], x], axis=1)
-        elif valid is None:
-            tokens = self._packed(ids, ctx, c, raw)  # None: strides the copies cannot take
-        if tokens is None:
-            tokens = ids if c == 0 else torch.cat([ctx[:, ctx.shape[1] - c :], ids], dim=1)
+        tokens = ids if c == 0 else torch.cat([ctx[:, ctx.shape[1] - c :], ids], dim=1)
         if valid is not None:  # some token is padding: pack the real ones only
             host = valid.cpu().numpy()
             return _Plan(
-                tokens[host] if cpu else tokens[valid],
+                tokens.numpy()[host] if cpu else tokens[valid],
                 host.sum(axis=1, dtype=np.int64),
                 host[:, c:].sum(axis=1, dtype=np.int64),
                 valid[:, c:],
             )
-        key = (B, (c << 40) | L)
-        lens = self._lens.get(key)
-        if lens is None:
-            if len(self._lens) >= 256:
-                self._lens.clear()
-            lens = (np.full(B, c + L), np.full(B, L))
-            for arr in lens:
-                arr.setflags(write=False)  # shared by every call of this shape
-            self._lens[key] = lens
-        return _Plan(tokens if tokens.ndim == 1 else tokens.reshape(-1), lens[0], lens[1], None)
-
-    def _packed(self, ids: torch.Tensor, ctx: Any, c: int, raw: int) -> Any:
-        """``[B, c + L]`` tokens (each row: its context's last ``c``, then its ids) as a
-        cupy array in this stream's token buffer, or None where a row's tokens are not
-        contiguous. Two 2-D device copies queued on stream ``raw`` replace ``torch.cat``
-        (about 50 us a call on the H200 host, measured by ``bench/torch_step.py
-        --profile``); the buffer is only rewritten in that stream's order, after the
-        previous step that read it. (Buffers are kept by stream handle: a stream
-        destroyed with work pending whose handle a new stream reuses would share one;
-        torch's own streams come from pools and are never destroyed.)"""
-        import cupy as cp
-
-        B, L = ids.shape
-        if c == 0:
-            return self._views(ids, (B * L,)) if ids.is_contiguous() else None
-        if not _copyable_rows(ids, ctx, c):
-            return None
-        W, n = c + L, B * (c + L)
-        buf = self._tok_bufs.get(raw)
-        if buf is None or buf.size < n:
-            buf = cp.empty(max(n, 4096, 0 if buf is None else 2 * buf.size), dtype=np.int64)
-            self._tok_bufs[raw] = buf
-            self._tok_views.clear()
-        dst = buf.data.ptr
-        for off, src, spitch, width in _row_copies(ids, ctx, c):
-            cp.cuda.runtime.memcpy2DAsync(dst + off, W * 8, src, spitch, width, B, _D2D, raw)
-        view = self._tok_views.get((raw, n))
-        if view is None:
-            view = self._tok_views[(raw, n)] = buf[:n]
-        return view
+        tokens = tokens.reshape(-1)
+        return _Plan(tokens.numpy() if cpu else tokens, np.full(B, c + L), np.full(B, L), None)
 
     @staticmethod
     def _valid(mask: torch.Tensor, B: int, L: int, c: int) -> torch.Tensor | None:
@@ -450,11 +419,8 @@ class TorchNgramEmbedding(torch.nn.Module):
         """Embed the plan into ``out``: ``dest`` is the numpy/cupy view of its rows (None
         for padded rows: packed rows are embedded into a scratch tensor, then scattered
         to the real positions), ``view`` makes the tokens' view."""
-        emb, fill, D = self.emb, plan.fill, out.shape[-1]
-        B = out.shape[0]
-        kw: dict[str, Any] = {}
-        if self.overlay is not None:
-            kw = {"overlay": self.overlay, "active": active, "seq_slots": self._slots(seq_slot, B)}
+        fill, D = plan.fill, out.shape[-1]
+        kw = self._overlay_kw(seq_slot, active, out.shape[0])
         tokens = plan.tokens
         if isinstance(tokens, torch.Tensor):
             tokens = view(tokens.contiguous())
@@ -462,13 +428,8 @@ class TorchNgramEmbedding(torch.nn.Module):
         if dest is None:
             scratch = out.new_empty((int(plan.seq_lens.sum()), D))
             dest = view(scratch) if self._cuda else scratch.view(torch.int16).numpy().view(BF16)
-        if B == 1 and fill is None:
-            if "seq_slots" in kw:
-                kw["seq_slot"] = kw.pop("seq_slots")
-            emb.embed(tokens, int(plan.seq_lens[0]), out=dest, **kw)
-        else:
-            batch = NgramBatch(self.dims, tokens, plan.ctx_lens, plan.seq_lens)
-            emb.embed_packed(batch, out=dest, **kw)
+        batch = NgramBatch(self.dims, tokens, plan.ctx_lens, plan.seq_lens)
+        self.emb.embed_packed(batch, out=dest, **kw)
         if fill is not None:
             out.zero_()
             out[fill] = scratch

@@ -130,63 +130,126 @@ __device__ __forceinline__ long long ngram_lookup(unsigned long long map, long l
     return (long long)reinterpret_cast<const int*>(map)[off + id];
 }
 
-// Hash and gather in one launch (a step's id work without the ids ever written):
-// output row r embeds position t = positions[r] (has_starts) or off + r; for every
-// table i < T, out[r, i*d : (i+1)*d] = row ngram_id(t) of table i (look-back stopped
-// at starts[t] with has_starts, else at 0), and words[r, 0:D] = row tokens[t] of the
-// word table (wdata[0], wscales[0], wstride[0]). Bit-identical to ngram_hash, the
-// selection of positions, ngram_gather_stacked and the word table's gather. Tokens
-// are trusted to lie in [0, V) (checked on the host). Block (32, 8), one work item
-// per threadIdx.y row: (r, table i) for i < T, or (r, chunk c) of the word row, cut
-// into W chunks of wchunk elements (a multiple of 8) so that no warp copies a whole
-// D-wide row alone (a chain of dependent loads: the step's critical path).
+// The tokens of a hash + gather launch, packed: one int64 array, output row r embeds
+// position t = positions[r] (has_starts) or off + r, whose look-back stops at
+// starts[t] (has_starts) or 0. Tokens are trusted to lie in [0, V) (checked on the
+// host): id() and word() never return -1.
+struct NgramPackedTokens {
+    const long long* __restrict__ tokens;
+    const long long* __restrict__ starts;
+    const long long* __restrict__ positions;
+    long long off;
+    int has_starts;
+    __device__ __forceinline__ long long pos(long long r) const {
+        return has_starts ? positions[r] : off + r;
+    }
+    __device__ __forceinline__ long long word(long long r) const { return tokens[pos(r)]; }
+    __device__ __forceinline__ long long id(long long r, const long long* __restrict__ m, int N,
+                                            long long eos, long long rows) const {
+        const long long t = pos(r);
+        return ngram_id(tokens, t, has_starts ? starts[t] : 0, m, N, eos, rows);
+    }
+    __device__ __forceinline__ void check_context(long long) const {}
+};
+
+// The tokens of a hash + gather launch, as rows: output row r = b * L + l embeds
+// ids[b, l], after ctx[b, 0:c] and ids[b, 0:l] (its sequence; strides in elements, any
+// layout). Tokens are checked against [0, vocab): a bad one makes id() / word() -1
+// (the row is written as zeros) and sets *bad = seq (mapped pinned host memory, read
+// by the launcher's caller after the stream's work ran); check_context(r) checks the
+// c context tokens of row b once (l == 0), the ones a look-back stopped at an EOS
+// never reads included.
+struct NgramRowTokens {
+    const long long* __restrict__ ids;
+    long long is0, is1;
+    const long long* __restrict__ ctx;
+    long long cs0, cs1;
+    long long L;
+    int c;
+    long long vocab;
+    volatile long long* bad;
+    long long seq;
+    __device__ __forceinline__ long long at(long long b, long long p) const {
+        return p >= c ? ids[b * is0 + (p - c) * is1] : ctx[b * cs0 + p * cs1];
+    }
+    __device__ __forceinline__ bool ok(long long x) const {
+        if (x >= 0 && x < vocab) return true;
+        *bad = seq;
+        return false;
+    }
+    __device__ __forceinline__ long long word(long long r) const {
+        const long long b = r / L;
+        const long long x = ids[b * is0 + (r - b * L) * is1];
+        return ok(x) ? x : -1;
+    }
+    __device__ __forceinline__ long long id(long long r, const long long* __restrict__ m, int N,
+                                            long long eos, long long rows) const {
+        const long long b = r / L;
+        const long long t = c + (r - b * L);
+        long long x = at(b, t);
+        if (!ok(x)) return -1;
+        long long acc = x * m[0];
+        for (int j = 1; j < N && j <= t; ++j) {
+            x = at(b, t - j);
+            if (!ok(x)) return -1;
+            if (x == eos) break;
+            acc += x * m[j];
+        }
+        return acc % rows;
+    }
+    __device__ __forceinline__ void check_context(long long r) const {
+        const long long b = r / L;
+        if (r - b * L != 0) return;
+        for (int p = threadIdx.x; p < c; p += blockDim.x) ok(ctx[b * cs0 + p * cs1]);
+    }
+};
+
+// Hash and gather in one launch (a step's id work without the ids ever written): for
+// every output row r and table i < T, out[r, i*d : (i+1)*d] = row tok.id(r) of table
+// i, and words[r, 0:D] = row tok.word(r) of the word table (wdata[0], wscales[0],
+// wstride[0]). Bit-identical to ngram_hash, the selection of positions,
+// ngram_gather_stacked and the word table's gather. Block (32, 8), one work item per
+// threadIdx.y row: (r, table i) for i < T, or (r, chunk c) of the word row, cut into W
+// chunks of wchunk elements (a multiple of 8) so that no warp copies a whole D-wide
+// row alone (a chain of dependent loads: the step's critical path).
 // Row caches: where maps[i] (resp. wmap[0]) is not 0 it points at a row cache's device
 // row -> slot map (int32, -1: not resident) and the table's data is the cache's arena:
 // the row read is slot = map[moff[i] + row] (moff: the table's offset in a shared
-// cache); a row that is not resident is written as zeros (the caller resolves the
-// rows on the host and runs the step again when that faulted).
-extern "C" __global__ void ngram_hash_gather(const long long* __restrict__ tokens,
-                                             const long long* __restrict__ starts,
-                                             const long long* __restrict__ positions,
-                                             long long off, int has_starts,
-                                             const long long* __restrict__ mult,
-                                             const long long* __restrict__ rows, int N,
-                                             long long eos,
-                                             const unsigned long long* __restrict__ data,
-                                             const unsigned long long* __restrict__ scales,
-                                             const long long* __restrict__ stride,
-                                             __nv_bfloat16* __restrict__ out, long long n,
-                                             int T, int d, int vec,
-                                             const unsigned long long* __restrict__ wdata,
-                                             const unsigned long long* __restrict__ wscales,
-                                             const long long* __restrict__ wstride,
-                                             __nv_bfloat16* __restrict__ words, int D,
-                                             int wvec, int W, int wchunk,
-                                             const unsigned long long* __restrict__ maps,
-                                             const long long* __restrict__ moff,
-                                             const unsigned long long* __restrict__ wmap,
-                                             const long long* __restrict__ wmoff) {
+// cache); a row that is not resident (or whose tokens were bad, id -1) is written as
+// zeros (the caller resolves the rows on the host and runs the step again when that
+// faulted).
+template <class Tokens>
+__device__ __forceinline__ void ngram_hash_gather_body(
+    const Tokens& tok, const long long* __restrict__ mult, const long long* __restrict__ rows,
+    int N, long long eos, const unsigned long long* __restrict__ data,
+    const unsigned long long* __restrict__ scales, const long long* __restrict__ stride,
+    __nv_bfloat16* __restrict__ out, long long n, int T, int d, int vec,
+    const unsigned long long* __restrict__ wdata, const unsigned long long* __restrict__ wscales,
+    const long long* __restrict__ wstride, __nv_bfloat16* __restrict__ words, int D, int wvec,
+    int W, int wchunk, const unsigned long long* __restrict__ maps,
+    const long long* __restrict__ moff, const unsigned long long* __restrict__ wmap,
+    const long long* __restrict__ wmoff) {
     const long long items = n * (T + W);
     const long long step = (long long)gridDim.x * blockDim.y;
     for (long long item = (long long)blockIdx.x * blockDim.y + threadIdx.y; item < items;
          item += step) {
         const int i = (int)(item % (T + W));
         const long long r = item / (T + W);
-        const long long t = has_starts ? positions[r] : off + r;
         if (i >= T) {
             const int c0 = (i - T) * wchunk;
             const int len = min(wchunk, D - c0);
             __nv_bfloat16* dst = words + r * (long long)D + c0;
-            const long long row = ngram_lookup(wmap[0], wmoff[0], tokens[t]);
+            if (c0 == 0) tok.check_context(r);
+            const long long x = tok.word(r);
+            const long long row = x < 0 ? -1 : ngram_lookup(wmap[0], wmoff[0], x);
             if (row < 0) {
                 for (int c = threadIdx.x; c < len; c += blockDim.x) dst[c] = __float2bfloat16(0.f);
             } else {
                 ngram_copy_row(wdata[0], wscales[0], wstride[0], row, dst, len, wvec, c0);
             }
         } else {
-            const long long id = ngram_id(tokens, t, has_starts ? starts[t] : 0,
-                                          mult + (long long)i * N, N, eos, rows[i]);
-            const long long row = ngram_lookup(maps[i], moff[i], id);
+            const long long id = tok.id(r, mult + (long long)i * N, N, eos, rows[i]);
+            const long long row = id < 0 ? -1 : ngram_lookup(maps[i], moff[i], id);
             __nv_bfloat16* dst = out + r * ((long long)T * d) + (long long)i * d;
             if (row < 0) {
                 for (int c = threadIdx.x; c < d; c += blockDim.x) dst[c] = __float2bfloat16(0.f);
@@ -195,6 +258,44 @@ extern "C" __global__ void ngram_hash_gather(const long long* __restrict__ token
             }
         }
     }
+}
+
+#define NGRAM_HASH_GATHER_TAIL                                                                 \
+    const long long *__restrict__ mult, const long long *__restrict__ rows, int N,             \
+        long long eos, const unsigned long long *__restrict__ data,                           \
+        const unsigned long long *__restrict__ scales, const long long *__restrict__ stride,  \
+        __nv_bfloat16 *__restrict__ out, long long n, int T, int d, int vec,                  \
+        const unsigned long long *__restrict__ wdata,                                         \
+        const unsigned long long *__restrict__ wscales,                                       \
+        const long long *__restrict__ wstride, __nv_bfloat16 *__restrict__ words, int D,      \
+        int wvec, int W, int wchunk, const unsigned long long *__restrict__ maps,             \
+        const long long *__restrict__ moff, const unsigned long long *__restrict__ wmap,      \
+        const long long *__restrict__ wmoff
+#define NGRAM_HASH_GATHER_ARGS                                                                 \
+    mult, rows, N, eos, data, scales, stride, out, n, T, d, vec, wdata, wscales, wstride, words, \
+        D, wvec, W, wchunk, maps, moff, wmap, wmoff
+
+// Packed tokens (NgramPackedTokens).
+extern "C" __global__ void ngram_hash_gather(const long long* __restrict__ tokens,
+                                             const long long* __restrict__ starts,
+                                             const long long* __restrict__ positions,
+                                             long long off, int has_starts,
+                                             NGRAM_HASH_GATHER_TAIL) {
+    const NgramPackedTokens tok{tokens, starts, positions, off, has_starts};
+    ngram_hash_gather_body(tok, NGRAM_HASH_GATHER_ARGS);
+}
+
+// Row tokens (NgramRowTokens): n = B * L output rows.
+extern "C" __global__ void ngram_hash_gather_rows(const long long* __restrict__ ids,
+                                                  long long is0, long long is1,
+                                                  const long long* __restrict__ ctx,
+                                                  long long cs0, long long cs1, long long L,
+                                                  int c, long long vocab,
+                                                  unsigned long long bad, long long seq,
+                                                  NGRAM_HASH_GATHER_TAIL) {
+    const NgramRowTokens tok{ids, is0, is1, ctx, cs0, cs1, L, c, vocab,
+                             reinterpret_cast<volatile long long*>(bad), seq};
+    ngram_hash_gather_body(tok, NGRAM_HASH_GATHER_ARGS);
 }
 
 // dst[i] = src[i] for i < n int64 words, src in mapped pinned host memory: a step's

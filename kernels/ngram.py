@@ -348,7 +348,6 @@ def hash_gather(
     """
     n = int(out.shape[0])
     L = int(tokens.shape[0])
-    T = len(tables.tables)
     if positions is None:
         positions_arr = np.arange(L - n, L, dtype=np.int64)
     else:
@@ -358,58 +357,79 @@ def hash_gather(
             tokens, starts, positions_arr, multipliers, rows, eos, tables, out, word, words
         )
     require_cupy("hash_gather")
-    d, D = tables.dim, word.dim
-    if len(word.tables) != 1 or not word.device:
-        raise ConfigError("hash_gather: word must be a StackedTables of one GPU table")
-    if out.dtype != BF16 or out.shape != (n, T * d) or not out.flags.c_contiguous:
-        raise ConfigError(f"hash_gather: out must be C-contiguous bfloat16[{n}, {T * d}]")
-    if words.dtype != BF16 or words.shape != (n, D) or not words.flags.c_contiguous:
-        raise ConfigError(f"hash_gather: words must be C-contiguous bfloat16[{n}, {D}]")
     if (starts is None) != (positions is None):
         raise ConfigError("hash_gather: give starts and positions together, or neither")
     if n > L:
         raise ConfigError(f"hash_gather: {n} output rows but only {L} tokens")
+    items, tail = _gather_args("hash_gather", multipliers, rows, eos, tables, out, word, words)
     if n == 0:
         return out, words
     multi = starts is not None
-    # the word row in chunks as wide as a table row (a multiple of 8, at least 256)
-    wchunk = max(256, -(-d // 8) * 8)
-    W = -(-D // wchunk)
     get_kernel(_SOURCE, "ngram_hash_gather")(
-        *_item_launch(n * (T + W)),
+        *_item_launch(items),
         (
             tokens,
             starts if multi else tokens,
             positions if multi else tokens,
             np.int64(L - n),
             np.int32(multi),
-            multipliers,
-            rows,
-            np.int32(multipliers.shape[1]),
-            np.int64(eos),
-            tables._ptrs,
-            tables._scales,
-            tables._strides,
-            out,
-            np.int64(n),
-            np.int32(T),
-            np.int32(d),
-            np.int32(bool(tables.vec and out.data.ptr % 16 == 0)),
-            word._ptrs,
-            word._scales,
-            word._strides,
-            words,
-            np.int32(D),
-            np.int32(bool(word.vec and words.data.ptr % 16 == 0)),
-            np.int32(W),
-            np.int32(wchunk),
-            tables._maps,
-            tables._map_offsets,
-            word._maps,
-            word._map_offsets,
+            *tail,
         ),
     )
     return out, words
+
+
+def _gather_args(
+    name: str,
+    multipliers: Any,
+    rows: Any,
+    eos: int,
+    tables: StackedTables,
+    out: Any,
+    word: StackedTables,
+    words: Any,
+) -> tuple[int, tuple[Any, ...]]:
+    """The work items and the launch arguments after the tokens' of the hash + gather
+    kernels (``kernels/ngram.cu``'s ``NGRAM_HASH_GATHER_TAIL``), ``out``/``words``
+    checked: bfloat16[n, T*d] and bfloat16[n, D], C-contiguous, on the GPU."""
+    n, T = int(out.shape[0]), len(tables.tables)
+    d, D = tables.dim, word.dim
+    if len(word.tables) != 1 or not word.device:
+        raise ConfigError(f"{name}: word must be a StackedTables of one GPU table")
+    if out.dtype != BF16 or out.shape != (n, T * d) or not out.flags.c_contiguous:
+        raise ConfigError(f"{name}: out must be C-contiguous bfloat16[{n}, {T * d}]")
+    if words.dtype != BF16 or words.shape != (n, D) or not words.flags.c_contiguous:
+        raise ConfigError(f"{name}: words must be C-contiguous bfloat16[{n}, {D}]")
+    # the word row in chunks as wide as a table row (a multiple of 8, at least 256)
+    wchunk = max(256, -(-d // 8) * 8)
+    W = -(-D // wchunk)
+    tail = (
+        multipliers,
+        rows,
+        np.int32(multipliers.shape[1]),
+        np.int64(eos),
+        tables._ptrs,
+        tables._scales,
+        tables._strides,
+        out,
+        np.int64(n),
+        np.int32(T),
+        np.int32(d),
+        np.int32(bool(tables.vec and out.data.ptr % 16 == 0)),
+        word._ptrs,
+        word._scales,
+        word._strides,
+        words,
+        np.int32(D),
+        np.int32(bool(word.vec and words.data.ptr % 16 == 0)),
+        np.int32(W),
+        np.int32(wchunk),
+        tables._maps,
+        tables._map_offsets,
+        word._maps,
+        word._map_offsets,
+    )
+    return n * (T + W), tail
 
 
 def copy_from_mapped(src_ptr: int, dst: Any, n: int) -> None:

@@ -468,53 +468,20 @@ def test_static_step_checks_its_arguments_on_the_cpu(emb):
     assert embed.TorchStaticStep.__module__ == "embed.torch_static"
 
 
-def test_packing_takes_only_rows_a_2d_copy_can_read(rng):
-    """``_copyable_rows``, the GPU packing's stride test (pure torch metadata: on the
-    CPU here): contiguous rows at any row stride go by 2-D copies; strided columns and
-    expanded (zero-stride) rows go through ``torch.cat``."""
-    from embed.torch_module import _copyable_rows
-
+def test_forward_reads_any_layout_in_place(rng, emb):
+    """Strided, sliced and expanded (zero-stride) ids and contexts: the rows step reads
+    them at their strides and gives what contiguous copies give."""
+    mod = TorchNgramEmbedding(emb)
     hist = _ids(rng, (4, 40))
-    assert _copyable_rows(_ids(rng, (4, 1)), hist[:, 10:30], 3)
-    assert _copyable_rows(hist[:, 20:21], hist[:, 17:20], 3)  # both slices of one history
-    assert _copyable_rows(_ids(rng, (1, 1)), _ids(rng, (1, 7)), 3)
-    assert _copyable_rows(_ids(rng, (4, 5)), hist[:, ::2], 1)  # one context column: any stride
-    assert not _copyable_rows(_ids(rng, (4, 5)), hist[:, ::2], 3)
-    assert not _copyable_rows(_ids(rng, (4, 12))[:, ::3], hist[:, :9], 3)
-    assert not _copyable_rows(_ids(rng, (1, 1)).expand(4, 1), hist[:, :3], 3)
-    assert not _copyable_rows(_ids(rng, (4, 1)), _ids(rng, (1, 3)).expand(4, 3), 3)
-
-
-@pytest.mark.parametrize("keep", [1, 3])
-def test_packing_copies_give_torch_cat(rng, keep):
-    """``_row_copies`` (the GPU packing's two 2-D copies), carried out on host memory by
-    a byte-for-byte emulation of ``cudaMemcpy2D``: the same buffer as ``torch.cat`` of
-    each row's last ``keep`` context tokens and its ids, for every copyable layout."""
-    import ctypes
-
-    from embed.torch_module import _copyable_rows, _row_copies
-
-    hist = _ids(rng, (4, 40))
+    one = _ids(rng, (1, 1))
     cases = [
-        (_ids(rng, (1, 1)), _ids(rng, (1, 7))),
-        (_ids(rng, (4, 1)), hist[:, 10:30]),
-        (hist[:, 20:21], hist[:, 17:20]),
-        (_ids(rng, (4, 5)), hist[:, 5:7]),
-        (_ids(rng, (4, 2)), hist[:, ::2]),  # strided context columns: copyable for c = 1
-        (_ids(rng, (4, 3)), hist[:, 3:4]),
+        (hist[:, 20:21], hist[:, 17:20]),  # both slices of one history
+        (_ids(rng, (4, 12))[:, ::3], hist[:, ::2]),  # strided columns
+        (one.expand(4, 1), hist[:, :3]),  # an expanded row
+        (_ids(rng, (4, 1)), _ids(rng, (1, 3)).expand(4, 3)),
+        (_ids(rng, (3, 5)).t(), _ids(rng, (3, 5)).t()),  # transposed
     ]
-    copied = 0
     for ids, ctx in cases:
-        c = min(ctx.shape[1], keep)
-        if not _copyable_rows(ids, ctx, c):
-            continue
-        B, L = ids.shape
-        W = c + L
-        dst = np.zeros(B * W, dtype=np.int64)
-        for off, src, spitch, width in _row_copies(ids, ctx, c):
-            for r in range(B):
-                ctypes.memmove(dst.ctypes.data + off + r * W * 8, src + r * spitch, width)
-        want = torch.cat([ctx[:, ctx.shape[1] - c :], ids], 1).reshape(-1).numpy()
-        np.testing.assert_array_equal(dst, want)
-        copied += 1
-    assert copied >= 5
+        want = mod(ids.contiguous(), ctx.contiguous())
+        np.testing.assert_array_equal(_bits(mod(ids, ctx)), _bits(want))
+        np.testing.assert_array_equal(_bits(want[-1]), _bits(_row(emb, ctx[-1], ids[-1])))

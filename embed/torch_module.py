@@ -180,6 +180,14 @@ class TorchNgramEmbedding(torch.nn.Module):
         self._cuda = self._device.type == "cuda"
         self._streams: dict[int, Any] = {}  # torch's raw stream -> cupy's view of it
         self._views = _Views()
+        # checked int64 tensors by (address, shape, strides, dtype): (view, device index,
+        # rows, device), for _forward_known
+        self._known: dict[tuple[Any, ...], tuple[Any, int, int, torch.device]] = {}
+        self._cp: Any = None
+        if self._cuda:
+            import cupy
+
+            self._cp = cupy
 
     @classmethod
     def from_pretrained(
@@ -262,6 +270,16 @@ class TorchNgramEmbedding(torch.nn.Module):
             ``NgramEmbedding.embed`` of each row's context.
         """
         cuda = self._cuda
+        if (
+            cuda
+            and attention_mask is None
+            and seq_slot is None
+            and active == -1
+            and not isinstance(ngram_context, (list, tuple))
+        ):
+            out = self._forward_known(input_ids, ngram_context)
+            if out is not None:
+                return out
         if not isinstance(input_ids, torch.Tensor) or input_ids.is_cuda != cuda:
             where = input_ids.device if isinstance(input_ids, torch.Tensor) else "not a tensor"
             raise ConfigError(
@@ -295,6 +313,46 @@ class TorchNgramEmbedding(torch.nn.Module):
                     input_ids, ctx, attention_mask, seq_slot, active, rows, index
                 )
         return self._forward_cuda(input_ids, ctx, attention_mask, seq_slot, active, rows, index)
+
+    def _forward_known(self, ids: Any, ctx: Any) -> torch.Tensor | None:
+        """:meth:`forward`'s rows step when ``ids`` and ``ctx`` have the address, shape,
+        strides and dtype of tensors an earlier call checked (a server's step reuses
+        its buffers, so this is the common call): the checks are one dict lookup a
+        tensor. None when a tensor is new, or when the checks must run (capture, another
+        current device): then :meth:`forward` runs them."""
+        known = self._known
+        try:
+            a = known.get((ids.data_ptr(), ids.shape, ids.stride(), ids.dtype))
+            b = (
+                None
+                if ctx is None
+                else known.get((ctx.data_ptr(), ctx.shape, ctx.stride(), ctx.dtype))
+            )
+        except AttributeError:  # not tensors: forward names the argument
+            return None
+        if a is None or (ctx is not None and (b is None or b[1] != a[1] or b[2] != a[2])):
+            return None
+        index = a[1]
+        cp = self._cp
+        if _capturing() or cp.cuda.runtime.getDevice() != index:
+            return None
+        raw = _raw_stream(index)
+        B, L = a[2], a[0].shape[1]
+        out = torch.empty((B, L, self.dims.hidden_size), dtype=torch.bfloat16, device=a[3])
+        c = None if b is None else b[0]
+        if cp.cuda.get_current_stream().ptr == raw:
+            self.emb.embed_rows(a[0], c, out=self._views(out))
+        else:
+            with self._stream(raw, index):
+                self.emb.embed_rows(a[0], c, out=self._views(out))
+        return out
+
+    def _remember(self, t: torch.Tensor, view: Any, index: int) -> None:
+        """Record a checked int64 tensor's view for :meth:`_forward_known`."""
+        if len(self._known) >= _MAX_VIEWS:
+            self._known.clear()
+        key = (t.data_ptr(), t.shape, t.stride(), t.dtype)
+        self._known[key] = (view, index, int(t.shape[0]), t.device)
 
     def _forward_cpu(
         self, ids: torch.Tensor, ctx: Any, mask: Any, seq_slot: Any, active: int, rows: bool
@@ -336,6 +394,9 @@ class TorchNgramEmbedding(torch.nn.Module):
         if rows:
             kw = self._overlay_kw(seq_slot, active, B)
             args = (views(ids), None if ctx is None else views(ctx))
+            self._remember(ids, args[0], index)
+            if ctx is not None:
+                self._remember(ctx, args[1], index)
             if cp.cuda.get_current_stream().ptr == raw:
                 self.emb.embed_rows(*args, out=views(out), **kw)
             else:

@@ -354,11 +354,12 @@ def test_gpu_forward_equals_cpu_path_on_torch_stream(weights, rng, tmp_path, cac
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cached", [False, True])
-def test_gpu_forward_packing_strides_and_buffer_reuse(weights, rng, tmp_path, cached):
-    """The GPU packing (two strided device copies into a per-stream buffer, or
-    ``torch.cat`` where the strides do not allow it) gives the direct call's bits, for
-    contexts that are slices of a longer history, non-contiguous ids, short contexts,
-    no context, and back-to-back calls that reuse the buffer before any sync."""
+def test_gpu_forward_strides_and_known_tensors(weights, rng, tmp_path, cached):
+    """The GPU rows step (ids and context read in place at their strides) gives the
+    direct call's bits, for contexts that are slices of a longer history, non-contiguous
+    ids, short contexts, no context, expanded rows; and again for the same tensors with
+    new contents (the checked-tensor fast path: fresh contents read, a new dtype at
+    the same address checked again)."""
     import cupy as cp
 
     emb = _gpu_emb(weights, cached, tmp_path)
@@ -382,11 +383,27 @@ def test_gpu_forward_packing_strides_and_buffer_reuse(weights, rng, tmp_path, ca
         (_ids(rng, (4, 5)).cuda(), hist[:, ::2]),  # non-contiguous context
         (_ids(rng, (3, 6)).cuda(), None),  # no context
         (hist[:, 20:21], hist[:, 17:20]),  # both slices of one history
+        (_ids(rng, (1, 1)).cuda().expand(4, 1), hist[:, 3:6]),  # an expanded row
     ]
-    outs = [mod(ids, ctx) for ids, ctx in cases]  # queued back to back, one buffer
-    for (ids, ctx), out in zip(cases, outs):
-        want = direct(ids, ctx)
-        np.testing.assert_array_equal(_bits(out.reshape(-1, DIMS.hidden_size)), _bits(want))
+    for _ in range(2):  # the second pass: every tensor known, with new contents
+        outs = [mod(ids, ctx) for ids, ctx in cases]  # queued back to back
+        for (ids, ctx), out in zip(cases, outs):
+            want = direct(ids, ctx)
+            np.testing.assert_array_equal(_bits(out.reshape(-1, DIMS.hidden_size)), _bits(want))
+        for ids, _ in cases:
+            ids = ids[:1] if 0 in ids.stride() else ids  # an expanded row: its one element
+            ids.copy_(torch.randint(3, DIMS.vocab_size, ids.shape, device="cuda"))
+        hist.copy_(torch.randint(3, DIMS.vocab_size, hist.shape, device="cuda"))
+    ids, ctx = cases[1]
+    ids.copy_(torch.full_like(ids, DIMS.vocab_size))  # a known tensor, now out of range
+    with pytest.raises(ConfigError, match=r"input_ids\[0, 0\] = 1000 is outside"):
+        mod(ids, ctx)
+    narrow = ids.view(torch.int32)[:, :1]  # the same address, another dtype: checked again
+    narrow.fill_(5)
+    want = direct(narrow.to(torch.int64), ctx)
+    np.testing.assert_array_equal(
+        _bits(mod(narrow, ctx).reshape(-1, DIMS.hidden_size)), _bits(want)
+    )
 
 
 @pytest.mark.gpu

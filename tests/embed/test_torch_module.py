@@ -396,7 +396,7 @@ def test_gpu_forward_strides_and_known_tensors(weights, rng, tmp_path, cached):
         hist.copy_(torch.randint(3, DIMS.vocab_size, hist.shape, device="cuda"))
     ids, ctx = cases[1]
     ids.copy_(torch.full_like(ids, DIMS.vocab_size))  # a known tensor, now out of range
-    with pytest.raises(ConfigError, match=r"input_ids\[0, 0\] = 1000 is outside"):
+    with pytest.raises(ConfigError, match=rf"input_ids\[0, 0\] = {DIMS.vocab_size} is outside"):
         mod(ids, ctx)
     narrow = ids.view(torch.int32)[:, :1]  # the same address, another dtype: checked again
     narrow.fill_(5)

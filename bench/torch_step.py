@@ -126,7 +126,7 @@ def _ablate(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int, ta
     module's pieces added one at a time, timed in rotating blocks of 10 calls; with
     ``tables`` also a ``torch.profiler`` summary (CUDA runtime calls included) of the
     direct call and of the module. To stderr."""
-    from embed.torch_module import _cupy_view
+    from embed.torch_views import _cupy_view
 
     emb, dev, D = mod.emb, ids.device, mod.dims.hidden_size
     B, L = ids.shape

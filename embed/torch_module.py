@@ -2,9 +2,9 @@
 
 Owns :class:`TorchNgramEmbedding` (the reference ``ngram_embeddings`` module's
 ``forward(input_ids, ngram_context)`` over an :class:`NgramEmbedding`: tensors in and
-out without copies, numpy views on the CPU, cupy views of the tensors' device memory
-on torch's current stream on the GPU; padded batches packed so that each row is
-embedded as if alone) and
+out without copies, read in place by ``NgramEmbedding.embed_rows`` through numpy views
+on the CPU and cupy views (``embed.torch_views``) on torch's current stream on the GPU;
+ragged contexts and padded batches packed by ``embed.torch_packed``) and
 :meth:`TorchNgramEmbedding.static_step` (``embed.torch_static.TorchStaticStep``, a
 fixed-shape resident GPU step that a ``torch.cuda.graph`` capture can hold). Importing
 this module imports torch; ``import embed`` does not.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,123 +24,10 @@ import torch
 from kernels.reference import BF16
 from rowcache.errors import ConfigError
 
-from .batch import NgramBatch
+from . import torch_packed
 from .checkpoint import load_pretrained
 from .layer import NgramEmbedding
-
-
-def _cupy_view(t: torch.Tensor, owner: Any = True) -> Any:
-    """A cupy array over a CUDA tensor's memory, at the tensor's strides (no copy).
-
-    ``owner=True`` keeps the tensor alive as the memory's owner; ``owner=None`` makes a
-    bare view (:class:`_Views`, whose caller holds the tensor while the view is used).
-    The zero-copy exchange DLPack would make, without its stream handshake: the
-    embedding runs on torch's current stream itself, so there is no other stream to
-    order against, and ``cupy.from_dlpack`` of a torch tensor (``Tensor.__dlpack__``'s
-    per-call ``ExternalStream`` and event) took ~65 us a tensor on the H200 host under
-    cProfile, this view 3-4 us (``bench/torch_step.py --profile``).
-    """
-    import cupy as cp
-
-    dtype = _NP_INTS[t.dtype]
-    size = t.element_size()
-    # the bytes the view spans (torch strides are >= 0; an empty tensor spans none)
-    span = 0 if t.numel() == 0 else 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-    mem = cp.cuda.UnownedMemory(
-        t.data_ptr(), span * size, t if owner is True else None, t.get_device()
-    )
-    strides = tuple(st * size for st in t.stride())
-    return cp.ndarray(
-        tuple(t.shape), dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0), strides=strides
-    )
-
-
-_NP_INTS = {torch.int64: np.int64, torch.int16: np.int16, torch.int32: np.int32}
-_INT_DTYPES = frozenset(
-    {torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8}
-    | {getattr(torch, f"uint{b}") for b in (16, 32, 64) if hasattr(torch, f"uint{b}")}
-)
-_MAX_VIEWS = 64
-
-
-class _Views:
-    """Bare cupy views of CUDA tensors, kept by (address, shape, strides, dtype).
-
-    torch's caching allocator hands a step's output and packed tokens the same blocks
-    step after step, so the same few views serve every call (a dict lookup, against
-    ~3 us to build one). A view owns nothing: it is only used while the caller holds
-    the tensor it was looked up for, which is what makes a stale entry harmless (its
-    address is looked up again only for a live tensor of the same size)."""
-
-    def __init__(self) -> None:
-        self._views: dict[tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype], Any] = {}
-
-    def __call__(self, t: torch.Tensor, shape: tuple[int, ...] | None = None) -> Any:
-        """The view of ``t``: int64 tokens at their strides, or contiguous bf16 rows
-        viewed as ml_dtypes bfloat16 ``[rows, hidden]``; or of its memory as ``shape``."""
-        key = (t.data_ptr(), t.shape if shape is None else shape, t.stride(), t.dtype)
-        v = self._views.get(key)
-        if v is None:
-            if len(self._views) >= _MAX_VIEWS:
-                self._views.clear()
-            if t.dtype == torch.bfloat16:
-                v = _cupy_view(t.view(torch.int16), owner=None).view(BF16)
-                v = v.reshape(-1, t.shape[-1])
-            else:
-                v = _cupy_view(t, owner=None)
-            if shape is not None:
-                v = v.reshape(shape)
-            self._views[key] = v
-        return v
-
-
-def _ints(name: str, t: Any, device: torch.device | None, ndim: int) -> torch.Tensor:
-    """``t`` as int64 token ids, checked: a tensor of integers, ``ndim``-D, on ``device``
-    (None: not checked)."""
-    if not isinstance(t, torch.Tensor):
-        raise ConfigError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    dt = t.dtype
-    if dt not in _INT_DTYPES:
-        raise ConfigError(f"{name} must hold integer token ids (int64), got {dt}")
-    if t.dim() != ndim:
-        raise ConfigError(f"{name} must be {ndim}-D, got shape {list(t.shape)}")
-    if device is not None and t.get_device() != (-1 if device.index is None else device.index):
-        if t.device != device:  # get_device: an int, not a device object, on the common path
-            raise ConfigError(
-                f"{name} is on {t.device}, input_ids on {device}: put them on one device"
-            )
-    return t if dt is torch.int64 else t.to(torch.int64)
-
-
-# torch's current CUDA stream as a cudaStream_t int, and whether it is capturing: the
-# private calls torch's own kernels use (the public ones cost ~2-5 us more a call on the
-# H200 host), with the public ones where a torch build lacks them
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
-
-
-def _raw_stream(index: int) -> int:
-    """torch's current CUDA stream on device ``index``, as a ``cudaStream_t`` int."""
-    if _RAW_STREAM is not None:
-        return int(_RAW_STREAM(index))
-    return int(torch.cuda.current_stream(index).cuda_stream)
-
-
-def _capturing() -> bool:
-    """Whether torch's current CUDA stream is capturing a graph."""
-    if _CAPTURING is not None:
-        return bool(_CAPTURING())
-    return torch.cuda.is_current_stream_capturing()
-
-
-class _Plan(NamedTuple):
-    """One forward's packed input: ``tokens`` (numpy on the CPU, a tensor on the GPU),
-    ``ctx_lens``/``seq_lens`` int64[B] and, for padded rows, ``fill`` bool[B, L]."""
-
-    tokens: Any
-    ctx_lens: np.ndarray
-    seq_lens: np.ndarray
-    fill: torch.Tensor | None
+from .torch_views import _MAX_VIEWS, _capturing, _ints, _raw_stream, _Views
 
 
 class TorchNgramEmbedding(torch.nn.Module):
@@ -367,8 +254,9 @@ class TorchNgramEmbedding(torch.nn.Module):
             kw = self._overlay_kw(seq_slot, active, B)
             self.emb.embed_rows(ids.numpy(), None if ctx is None else ctx.numpy(), out=dest, **kw)
             return out
-        plan = self._plan(ids, ctx, mask)
-        self._run(plan, out, dest if plan.fill is None else None, seq_slot, active, None)
+        plan = torch_packed.plan(self.dims, ids, ctx, mask, cpu=not self._cuda)
+        kw = self._overlay_kw(seq_slot, active, B)
+        torch_packed.run(self.emb, plan, out, dest if plan.fill is None else None, None, kw)
         return out
 
     def _forward_cuda(
@@ -384,7 +272,7 @@ class TorchNgramEmbedding(torch.nn.Module):
         """:meth:`forward` on the GPU (cupy's current device is ``index``), on torch's
         current stream (cupy's current stream already, or entered for the call): one
         ``NgramEmbedding.embed_rows`` on cupy views of the tensors (no copy), or for
-        ragged contexts and masks the packed tokens of :meth:`_plan`."""
+        ragged contexts and masks the packed tokens of ``embed.torch_packed``."""
         import cupy as cp
 
         raw = _raw_stream(index)
@@ -403,97 +291,20 @@ class TorchNgramEmbedding(torch.nn.Module):
                 with self._stream(raw, index):
                     self.emb.embed_rows(*args, out=views(out), **kw)
             return out
-        plan = self._plan(ids, ctx, mask)
+        plan = torch_packed.plan(self.dims, ids, ctx, mask, cpu=not self._cuda)
         dest = views(out) if plan.fill is None else None
+        kw = self._overlay_kw(seq_slot, active, B)
         if cp.cuda.get_current_stream().ptr == raw:
-            self._run(plan, out, dest, seq_slot, active, views)
+            torch_packed.run(self.emb, plan, out, dest, views, kw)
         else:
             with self._stream(raw, index):
-                self._run(plan, out, dest, seq_slot, active, views)
+                torch_packed.run(self.emb, plan, out, dest, views, kw)
         return out
 
     def _overlay_kw(self, seq_slot: Any, active: int, B: int) -> dict[str, Any]:
         if self.overlay is None:
             return {}
         return {"overlay": self.overlay, "active": active, "seq_slots": self._slots(seq_slot, B)}
-
-    def _plan(self, ids: torch.Tensor, ctx: Any, mask: torch.Tensor | None) -> _Plan:
-        """The packed step of a forward with ragged contexts or a mask: tokens (numpy
-        on the CPU, a tensor on the GPU: ``torch.cat``), per-row lengths and, for padded
-        rows, which output positions the packed rows fill."""
-        B, L = ids.shape
-        keep = self.dims.max_ngram - 1
-        cpu = not self._cuda
-        if isinstance(ctx, (list, tuple)):  # ragged contexts: one concatenation
-            if len(ctx) != B:
-                raise ConfigError(f"ngram_context has {len(ctx)} rows, input_ids {B}")
-            if mask is not None:
-                raise ConfigError("attention_mask goes with a [B, C] ngram_context, not a list")
-            dev = ids.device
-            rows = [_ints(f"ngram_context[{b}]", c, dev, 1)[-keep:] for b, c in enumerate(ctx)]
-            clens = np.fromiter((r.shape[0] for r in rows), dtype=np.int64, count=B)
-            tokens = torch.cat([t for b in range(B) for t in (rows[b], ids[b])])
-            return _Plan(tokens.numpy() if cpu else tokens, clens + L, np.full(B, L), None)
-        c = 0
-        if ctx is not None:
-            ctx = _ints("ngram_context", ctx, ids.device, 2)
-            if ctx.shape[0] != B:
-                raise ConfigError(
-                    f"ngram_context has {ctx.shape[0]} rows, input_ids {B}: one context per row"
-                )
-            c = min(int(ctx.shape[1]), keep)
-        valid = None if mask is None else self._valid(mask, B, L, c)
-        tokens = ids if c == 0 else torch.cat([ctx[:, ctx.shape[1] - c :], ids], dim=1)
-        if valid is not None:  # some token is padding: pack the real ones only
-            host = valid.cpu().numpy()
-            return _Plan(
-                tokens.numpy()[host] if cpu else tokens[valid],
-                host.sum(axis=1, dtype=np.int64),
-                host[:, c:].sum(axis=1, dtype=np.int64),
-                valid[:, c:],
-            )
-        tokens = tokens.reshape(-1)
-        return _Plan(tokens.numpy() if cpu else tokens, np.full(B, c + L), np.full(B, L), None)
-
-    @staticmethod
-    def _valid(mask: torch.Tensor, B: int, L: int, c: int) -> torch.Tensor | None:
-        """``[B, c + L]`` bool of the real tokens, or None when all are real."""
-        if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.shape[0] != B:
-            shape = list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
-            raise ConfigError(f"attention_mask must be a [B={B}, W] tensor, got {shape}")
-        W = mask.shape[1]
-        if W != L and W < L + c:
-            raise ConfigError(
-                f"attention_mask has {W} columns: give {L} (input_ids only) or at least "
-                f"{L + c} (the context's last {c} tokens and input_ids)"
-            )
-        valid = (mask if W == L else mask[:, W - L - c :]).to(dtype=torch.bool)
-        if W == L and c:
-            valid = torch.cat([torch.ones((B, c), dtype=torch.bool, device=mask.device), valid], 1)
-        if bool(valid.all()):
-            return None
-        return valid
-
-    def _run(
-        self, plan: _Plan, out: torch.Tensor, dest: Any, seq_slot: Any, active: int, view: Any
-    ) -> None:
-        """Embed the plan into ``out``: ``dest`` is the numpy/cupy view of its rows (None
-        for padded rows: packed rows are embedded into a scratch tensor, then scattered
-        to the real positions), ``view`` makes the tokens' view."""
-        fill, D = plan.fill, out.shape[-1]
-        kw = self._overlay_kw(seq_slot, active, out.shape[0])
-        tokens = plan.tokens
-        if isinstance(tokens, torch.Tensor):
-            tokens = view(tokens.contiguous())
-        scratch = None
-        if dest is None:
-            scratch = out.new_empty((int(plan.seq_lens.sum()), D))
-            dest = view(scratch) if self._cuda else scratch.view(torch.int16).numpy().view(BF16)
-        batch = NgramBatch(self.dims, tokens, plan.ctx_lens, plan.seq_lens)
-        self.emb.embed_packed(batch, out=dest, **kw)
-        if fill is not None:
-            out.zero_()
-            out[fill] = scratch
 
     def _slots(self, seq_slot: Any, B: int) -> Any:
         """Adapter slots, one per row of the batch: host int32[B] (or None). The

@@ -15,7 +15,8 @@ import torch
 from rowcache.errors import ConfigError
 
 from .batch import NgramBatch
-from .torch_module import TorchNgramEmbedding, _capturing, _raw_stream
+from .torch_module import TorchNgramEmbedding
+from .torch_views import _capturing, _raw_stream
 
 _D2H = 2  # cudaMemcpyDeviceToHost
 

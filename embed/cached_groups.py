@@ -2,14 +2,15 @@
 
 Owns the mixin :class:`CachedGroups`: the groups of cached tables sharing one cache
 (``_groups``, ``_group_ids``), the host resolve of a step's rows (``_resolve``,
-``_resolve_host``), the check after a device-map gather (``_verify_cached``), the
+``_resolve_host``), the check after a device-map gather (``_verify_cached``) and its
+order against the device part (``_verified``), the
 stream order between a step and its caches' faults (``_after_caches``,
 ``_end_batches``) and each cached table's device map (``_map_of``). Does not gather.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ class CachedGroups:
     word: Any
     device_lookup: bool
     _xp: Any
+    _resolve_first: bool  # set by the layer (False): the last device-map step faulted
 
     def _group_caches(self) -> None:
         """Group the cached tables by cache: one resolve per cache and step.
@@ -90,6 +92,27 @@ class CachedGroups:
                     cache.stream.wait_event(done)
         for cache, *_ in self._groups:
             cache.end_batch()
+
+    def _verified(self, batch: NgramBatch, device_part: Callable[[], None]) -> None:
+        """Run ``device_part`` (a step's launches, reading cached tables through their
+        device maps) with ``batch``'s cached rows resolved on the host: after it, the
+        device part run again when that resolve faulted; or, the step after one that
+        faulted, before it (the device part once, in stream order after the faults). At
+        decode sizes a faulting step is usually followed by another, and the device
+        part's launches cost as much as the resolve; a step without a fault goes back
+        to the device-first order."""
+        if self._resolve_first:
+            self._resolve_first = self._verify_cached(batch)
+            self._after_caches()
+            device_part()
+            return
+        if self._groups:
+            self._after_caches()
+        device_part()
+        if self._verify_cached(batch):  # a cached row was not resident: run again
+            self._resolve_first = True
+            self._after_caches()
+            device_part()
 
     def _verify_cached(self, batch: NgramBatch) -> bool:
         """Resolve the step's cached rows on the host (pins them, keeps the LRU exact)

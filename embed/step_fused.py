@@ -34,7 +34,6 @@ class FusedStep:
     _stacked: Any
     _word_stacked: Any
     _groups: list[Any]
-    _resolve_first: bool  # set by the layer (False); the last fused step faulted
 
     def _step_fused(
         self,
@@ -50,10 +49,8 @@ class FusedStep:
         """One step into ``out``: upload, then the hash and every gather in one launch
         (cached tables through their caches' device maps), the overlay, GEMM and sum;
         then the cached rows are resolved on the host (pinned, LRU) while the device
-        works, and the device part runs again if that faulted. After a step that
-        faulted, the next resolves first and runs the device part once (in stream
-        order after the faults): at decode sizes a faulting step is usually followed
-        by another, and its device part's launches cost as much as the resolve."""
+        works, and the device part runs again if that faulted; after a step that
+        faulted, the resolve comes first (``CachedGroups._verified``)."""
         xp = self._xp
         n = batch.n
         try:
@@ -68,17 +65,7 @@ class FusedStep:
                 scale_sum(rows, proj, float(1 + self.dims.num_tables), out=out)
 
             try:
-                if self._resolve_first:  # the last step faulted: this one likely will too
-                    self._resolve_first = self._verify_cached(batch)
-                    self._after_caches()
-                    device_part()
-                else:
-                    self._after_caches()
-                    device_part()
-                    if self._verify_cached(batch):
-                        self._resolve_first = True
-                        self._after_caches()
-                        device_part()
+                self._verified(batch, device_part)
             finally:  # the pinned upload is free once the last part that reads it ran
                 buf.uploaded(xp.cuda.get_current_stream())
         finally:

@@ -29,7 +29,6 @@ class GraphStep:
     _wcat: Any
     _groups: list[Any]
     _graphs: dict[tuple[int, int, bool], StaticStep]
-    _resolve_first: bool  # embed.step_fused: the last step faulted
 
     def _run_graph(self, batch: NgramBatch, out: Any) -> Any:
         """A step replayed from a CUDA graph per (tokens, rows, multi) shape: upload,
@@ -47,18 +46,7 @@ class GraphStep:
             step = self._graphs[key] = StaticStep(self, key, with_sum=False)
         step.load(batch)
         try:
-            if self._resolve_first:  # the last step faulted (embed.step_fused): resolve first
-                self._resolve_first = self._verify_cached(batch)
-                self._after_caches()
-                step.launch()
-            else:
-                if self._groups:
-                    self._after_caches()
-                step.launch()
-                if self._verify_cached(batch):  # a cached row was not resident: run again
-                    self._resolve_first = True
-                    self._after_caches()
-                    step.launch()
+            self._verified(batch, step.launch)  # resolve after (or first, after a fault)
             if out is None:
                 out = self._xp.empty((batch.n, self.dims.hidden_size), dtype=BF16)
             scale_sum(step.words, step.proj, float(1 + self.dims.num_tables), out=out)

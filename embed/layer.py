@@ -392,12 +392,7 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
             return xp.empty((0, D), dtype=BF16) if out is None else out
         if self.cuda_graphs and self._fused_ids and overlay is None and not batch.on_device:
             return self._run_graph(batch, out)
-        self._reserve(n)
-        if out is None:
-            out = xp.empty((n, D), dtype=BF16)
-        stack, words = self._stack[:n], self._words[:n]
-        S = self._splits(n)
-        proj = self._proj[: S * n * D].reshape(S, n, D)
+        out, stack, words, proj = self._step_buffers(n, out)
         step = (
             self._step_fused
             if xp is not np and not batch.on_device and self._fused_ids

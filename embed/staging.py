@@ -70,6 +70,16 @@ class Staging:
         self._words = xp.empty((cap, D), dtype=BF16)
         self._cap = cap
 
+    def _step_buffers(self, n: int, out: Any) -> tuple[Any, Any, Any, Any]:
+        """An ``n``-row eager step's ``(out, stack, words, proj)``: ``out`` as given or
+        fresh, the rest views of the staging buffers (grown to ``n`` rows)."""
+        self._reserve(n)
+        D = self.dims.hidden_size
+        if out is None:
+            out = self._xp.empty((n, D), dtype=BF16)
+        S = self._splits(n)
+        return out, self._stack[:n], self._words[:n], self._proj[: S * n * D].reshape(S, n, D)
+
     def _tok_buffers(self, batch: NgramBatch) -> _DeviceStep:
         L, n = batch.length, batch.n
         buf = self._tok

@@ -108,15 +108,8 @@ class RowsStep:
         """Resident tables on the GPU: hash + range check + gathers in one launch over
         ``ids`` and ``ctx`` in place, GEMM and sum; then one sync to read the range flag
         (a bad token raises, naming it; ``out`` is then written but meaningless)."""
-        xp = self._xp
         B, L = (int(x) for x in ids.shape)
-        n, D = B * L, self.dims.hidden_size
-        self._reserve(n)
-        if out is None:
-            out = xp.empty((n, D), dtype=BF16)
-        stack, words = self._stack[:n], self._words[:n]
-        S = self._splits(n)
-        proj = self._proj[: S * n * D].reshape(S, n, D)
+        out, stack, words, proj = self._step_buffers(B * L, out)
         if self._rows_flag is None:
             import cupyx
 
@@ -141,7 +134,7 @@ class RowsStep:
         )
         gemm_bf16_f32_parts(stack, self._wcat, out=proj)
         scale_sum(words, proj, float(1 + self.dims.num_tables), out=out)
-        xp.cuda.get_current_stream().synchronize()
+        self._xp.cuda.get_current_stream().synchronize()
         if int(self._rows_flag[0]) == seq:
             self._bad_rows(ids.get(), None if ctx is None else ctx.get(), c)
         return out

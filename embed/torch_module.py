@@ -159,6 +159,7 @@ class TorchNgramEmbedding(torch.nn.Module):
         cuda = self._cuda
         if (
             cuda
+            and self.overlay is None
             and attention_mask is None
             and seq_slot is None
             and active == -1

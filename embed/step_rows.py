@@ -157,8 +157,10 @@ class RowsStep:
             self._rows_host = cupyx.empty_pinned(max(B * W, 4096), dtype=np.int64)
         host = self._rows_host
         stream = cp.cuda.get_current_stream()
-        parts = [(0, ids if ctx is None else ctx[:, ctx.shape[1] - c :], c), (c, ids, L)]
-        for col, a, width in parts[1:] if c == 0 else parts:
+        parts = [(c, ids, L)]
+        if c:
+            parts.insert(0, (0, ctx[:, ctx.shape[1] - c :], c))
+        for col, a, width in parts:
             if width == 0 or B == 0:
                 continue
             if not (a.strides[1] == 8 or width == 1) or not (B == 1 or a.strides[0] >= width * 8):

@@ -108,9 +108,9 @@ def hash_gather_rows(
     allocation, no sync.
     """
     require_cupy("hash_gather_rows")
-    B, L = (int(x) for x in ids.shape)
     if ids.ndim != 2 or ids.dtype != np.int64:
         raise ConfigError(f"hash_gather_rows: ids must be int64[B, L], got {ids.dtype}{ids.shape}")
+    B, L = (int(x) for x in ids.shape)
     C = 0 if ctx is None else int(ctx.shape[1])
     if ctx is not None and (ctx.ndim != 2 or ctx.dtype != np.int64 or int(ctx.shape[0]) != B):
         raise ConfigError(

@@ -278,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check-every", type=int, default=16, help="compare outputs every N steps")
     p.add_argument("--workdir", default=None, help="keep (and reuse) the store here")
     p.add_argument("--quick", action="store_true", help="tiny sizes (CPU unless --device)")
+    p.add_argument(
+        "--profile", action="store_true", help="cProfile the x1 server's cached series (stderr)"
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--save", default=None, help="also write the JSON report to this file")
     args = p.parse_args(argv)
@@ -391,6 +394,12 @@ def main(argv: list[str] | None = None) -> int:
                     else ("NgramRowCache.prefetch of the ids the bench hashes on the host")
                 )
                 got: list[Any] = []
+                prof = None
+                if args.profile and name == " x1" and variant == "cached":
+                    import cProfile
+
+                    prof = cProfile.Profile()
+                    prof.enable()
                 series[variant] = run_series(
                     emb_c,
                     steps,
@@ -403,6 +412,13 @@ def main(argv: list[str] | None = None) -> int:
                     record=misses if variant == "cached" else None,
                     check=(args.check_every, got),
                 )
+                if prof is not None:
+                    import pstats
+
+                    prof.disable()
+                    n_steps = len(steps)
+                    print(f"--- cProfile: server{name} {variant}, {n_steps} steps", file=sys.stderr)
+                    pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
                 for k, y in got:
                     checked += 1
                     mismatched += not np.array_equal(

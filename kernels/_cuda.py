@@ -83,3 +83,38 @@ def get_kernel(source_name: str, kernel_name: str, options: tuple[str, ...] = ()
 def launch_1d(n: int, block: int = 256) -> tuple[tuple[int], tuple[int]]:
     """Grid and block for one thread per element of ``n`` (grid at least 1)."""
     return ((max(1, (n + block - 1) // block),), (block,))
+
+
+class RawLaunch:
+    """One kernel launched by ``cuLaunchKernel`` on arguments kept packed.
+
+    cupy's ``RawKernel.__call__`` re-packs every argument on every launch (a CArray per
+    ndarray, a boxed scalar per number); on the GPU machine that is 10-20 µs a launch
+    of a dozen arguments (``bench/launch_cost.py``). A ``RawLaunch`` holds its arguments
+    in one int64 buffer, every parameter 8 bytes (device pointers and ``long long``
+    only): a hot launcher writes the arguments that change into :attr:`values` and
+    calls it. Not thread-safe: one caller at a time (the arguments are copied by the
+    driver at the launch, so a later launch may change them freely).
+    """
+
+    def __init__(self, kernel: Any, params: int) -> None:
+        import cupy
+
+        self._launch = cupy.cuda.driver.launchKernel
+        self._fn = kernel.kernel.ptr  # the CUfunction (compiled on first access)
+        self.values = np.zeros(params, dtype=np.int64)
+        base = self.values.ctypes.data
+        self._ptrs = np.arange(base, base + 8 * params, 8, dtype=np.uint64)
+        self._ptrs_at = self._ptrs.ctypes.data
+
+    def pack(self, args: tuple) -> None:
+        """Set every argument: ints (device addresses or scalars) in parameter order."""
+        if len(args) != self.values.size:
+            raise ValueError(f"{len(args)} arguments for a kernel of {self.values.size}")
+        self.values[:] = [int(x) for x in args]
+
+    def __call__(self, grid: tuple, block: tuple, stream_ptr: int) -> None:
+        g = (*grid, 1, 1)
+        b = (*block, 1, 1)
+        self._launch(self._fn, g[0], g[1], g[2], b[0], b[1], b[2], 0, stream_ptr,
+                     self._ptrs_at, 0)  # fmt: skip

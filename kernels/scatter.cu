@@ -66,8 +66,10 @@ SCATTER_ROWS(scatter_rows_1_i64, unsigned char, long long)
 // The whole GPU side of a fault in one launch (rowcache.cache): scatter_rows of the staged
 // records into their slots, then the row -> slot map's update, all read from pinned host
 // memory mapped into the device (no copies first). side = [slots (n) | rows (n) |
-// evicted rows (n_evicted)], int32. Specified by fault_commit_reference (kernels/scatter.py):
-//   table/scales as scatter_rows;  row_map[evicted[e]] = -1;  row_map[rows[r]] = slots[r]
+// evicted rows (n_evicted) | out (n_out)], int32. Specified by fault_commit_reference
+// (kernels/scatter.py):
+//   table/scales as scatter_rows;  row_map[evicted[e]] = -1;  row_map[rows[r]] = slots[r];
+//   out[i] = side[2 n + n_evicted + i] (a resolve's slots, in its input order; none: n_out 0)
 // Evicted rows and new rows are disjoint (a row evicted and faulted in by one call would
 // have been a hit), so the order of the map writes is moot.
 template <typename V>
@@ -76,19 +78,24 @@ __device__ __forceinline__ void fault_commit(const V* __restrict__ records,
                                              V* __restrict__ table,
                                              float* __restrict__ scales,
                                              int* __restrict__ row_map,
+                                             int* __restrict__ out,
                                              long long n,
                                              long long n_evicted,
+                                             long long n_out,
                                              long long words,
                                              long long records_stride,
                                              long long table_stride,
                                              long long scale_offset) {
     scatter_rows<V, int>(records, side, table, scales, n, words, records_stride, table_stride,
                          scale_offset);
+    const long long tid = ((long long)blockIdx.x * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+    const long long all = (long long)gridDim.x * blockDim.y * blockDim.x;
+    for (long long i = tid; i < n_out; i += all) {
+        out[i] = side[2 * n + n_evicted + i];
+    }
     if (row_map == nullptr) {
         return;
     }
-    const long long tid = ((long long)blockIdx.x * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
-    const long long all = (long long)gridDim.x * blockDim.y * blockDim.x;
     for (long long e = tid; e < n_evicted; e += all) {
         row_map[side[2 * n + e]] = -1;
     }
@@ -103,14 +110,16 @@ __device__ __forceinline__ void fault_commit(const V* __restrict__ records,
                                     V* __restrict__ table,                               \
                                     float* __restrict__ scales,                          \
                                     int* __restrict__ row_map,                           \
+                                    int* __restrict__ out,                               \
                                     long long n,                                         \
                                     long long n_evicted,                                 \
+                                    long long n_out,                                     \
                                     long long words,                                     \
                                     long long records_stride,                            \
                                     long long table_stride,                              \
                                     long long scale_offset) {                            \
-        fault_commit<V>(records, side, table, scales, row_map, n, n_evicted, words,      \
-                        records_stride, table_stride, scale_offset);                     \
+        fault_commit<V>(records, side, table, scales, row_map, out, n, n_evicted, n_out, \
+                        words, records_stride, table_stride, scale_offset);              \
     }
 
 FAULT_COMMIT(fault_commit_16, uint4)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ._cuda import get_kernel, is_device_array, require_cupy
+from ._cuda import RawLaunch, get_kernel, is_device_array, require_cupy
 from .errors import ConfigError
 from .gather import (
     check_array,
@@ -155,23 +155,29 @@ def fault_commit_reference(
     table: np.ndarray,
     scales: np.ndarray | None,
     row_map: np.ndarray | None,
+    out: np.ndarray | None = None,
 ) -> None:
     """What ``FaultCommit`` does on the GPU, in NumPy (the spec): ``side`` int32 is
-    ``[slots (n) | rows (n) | evicted rows (n_evicted)]``; the records go into their
-    slots (``scatter_records_reference``) and ``row_map`` (int32[rows], optional) maps
-    the evicted rows to -1 and the new rows to their slots."""
+    ``[slots (n) | rows (n) | evicted rows (n_evicted) | out (len(out))]``; the records
+    go into their slots (``scatter_records_reference``), ``row_map`` (int32[rows],
+    optional) maps the evicted rows to -1 and the new rows to their slots, and ``out``
+    (int32, optional: a resolve's slots in its input order) gets the last part."""
     n = records.shape[0]
     scatter_records_reference(records, side[:n], table, scales)
+    if out is not None:
+        out[:] = side[2 * n + n_evicted : 2 * n + n_evicted + out.shape[0]]
     if row_map is not None:
         row_map[side[2 * n : 2 * n + n_evicted]] = -1
         row_map[side[n : 2 * n]] = side[:n]
 
 
 class FaultCommit:
-    """The GPU side of a row-cache fault in ONE launch: records into their slots and
-    the device row -> slot map's update, read in place from pinned host memory mapped
-    into the device (``fault_commit`` in scatter.cu). Built once per arena (checks and
-    the kernel choice happen here, not per fault): the hot path is one launch.
+    """The GPU side of a row-cache fault in ONE launch: records into their slots, the
+    device row -> slot map's update and, optionally, the resolve's slots into a device
+    array, all read in place from pinned host memory mapped into the device
+    (``fault_commit`` in scatter.cu). Built once per arena (checks and the kernel choice
+    happen here, not per fault): the hot path is one ``cuLaunchKernel`` on arguments
+    packed once (``kernels._cuda.RawLaunch``).
 
     Parameters
     ----------
@@ -193,35 +199,37 @@ class FaultCommit:
         self.words = row_bytes // self.vec
         self.record_bytes = record_bytes
         self.kernel = get_kernel(_SOURCE, f"fault_commit_{self.vec}")
-        # the launch's fixed arguments, packed once: raw pointers and int64 scalars are
-        # the cheapest arguments for cupy to pack (an ndarray argument builds a CArray)
-        self._table = np.uint64(table.data.ptr)
-        self._scales = np.uint64(scales.data.ptr if scales is not None else 0)
-        self._fixed = (
-            np.int64(self.words),
-            np.int64(record_bytes // self.vec),
-            np.int64(table.strides[0] // self.vec),
-            np.int64(table.shape[1]),
-        )
+        # records, side, table, scales, row_map, out, n, n_evicted, n_out, then 4 fixed
+        self._launch = RawLaunch(self.kernel, 13)
+        self._launch.pack((
+            0, 0, table.data.ptr, scales.data.ptr if scales is not None else 0, 0, 0, 0, 0, 0,
+            self.words, record_bytes // self.vec, table.strides[0] // self.vec,
+            table.shape[1],
+        ))  # fmt: skip
 
     def __call__(
-        self, records_ptr: int, side_ptr: int, n: int, n_evicted: int, row_map: Any, stream: Any
+        self,
+        records_ptr: int,
+        side_ptr: int,
+        n: int,
+        n_evicted: int,
+        row_map: Any,
+        stream: Any,
+        out: Any = None,
     ) -> None:
         """Launch on ``stream``: ``n`` records at ``records_ptr`` (rows of
-        ``record_bytes``), ``side_ptr`` int32 ``[slots | rows | evicted]`` (both device
-        addresses of mapped pinned memory), ``row_map`` cupy int32[rows] or None."""
+        ``record_bytes``), ``side_ptr`` int32 ``[slots | rows | evicted | out]`` (both
+        device addresses of mapped pinned memory), ``row_map`` cupy int32[rows] or None,
+        ``out`` a contiguous cupy int32 array (or None) that gets the side's last part."""
         if n == 0:
             return
         grid, block = row_launch(self.cupy, max(n, n_evicted), self.words)
-        args = (
-            np.uint64(records_ptr),
-            np.uint64(side_ptr),
-            self._table,
-            self._scales,
-            np.uint64(row_map.data.ptr if row_map is not None else 0),
-            np.int64(n),
-            np.int64(n_evicted),
-            *self._fixed,
-        )
-        with stream:
-            self.kernel(grid, block, args)
+        v = self._launch.values
+        v[0] = records_ptr
+        v[1] = side_ptr
+        v[4] = row_map.data.ptr if row_map is not None else 0
+        v[5] = out.data.ptr if out is not None else 0
+        v[6] = n
+        v[7] = n_evicted
+        v[8] = out.size if out is not None else 0
+        self._launch(grid, block, stream.ptr)

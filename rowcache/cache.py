@@ -265,12 +265,13 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         CorruptDataError : a read failed (nothing is mapped; the cache stays usable).
         """
         with self._lock:
-            out = self._hits_native(row_ids)
+            cuda = self.device == "cuda"
+            out = self._hits_native(row_ids, cuda)  # a fault's launch may carry the slots
             if out is None:
                 ids = check_row_ids(row_ids, self.rows)
                 self._reaped_rows = 0
                 out = self._resolve_unique(ids)
-            if self.device == "cuda":
+            if cuda and type(out) is np.ndarray:
                 return self._to_device(out)
         return out
 

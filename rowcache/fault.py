@@ -129,13 +129,20 @@ class FaultPath(CacheState):
                 import kernels.scatter
 
                 self._staging = self._pinned_host((cap, rec), np.uint8)
-                self._side = self._pinned_host((3 * cap,), np.int32)
                 self._commit = kernels.scatter.FaultCommit(
                     self.table, self.scales, rec, self._staging.ctypes.data
                 )
             else:
                 self._staging = np.empty((cap, rec), dtype=np.uint8)
         return self._staging
+
+    def _side_ints(self, n: int) -> np.ndarray:
+        """The fault launch's pinned int32 side buffer, at least ``n`` long (GPU path;
+        call only after the staging buffer's last copy has left it, as ``_fault_read``
+        does)."""
+        if self._side.size < n:
+            self._side = self._pinned_host((max(n, 2 * self._side.size, 1024),), np.int32)
+        return self._side
 
     def _host_lib(self) -> Any:
         raise NotImplementedError
@@ -214,12 +221,13 @@ class FaultPath(CacheState):
         self._count(ids.size, slots_u, n_miss)
         return self._row_slot[ids]
 
-    def _resolve_native(self, native: Any, ids: np.ndarray) -> np.ndarray:
+    def _resolve_native(self, native: Any, ids: np.ndarray, device_out: bool = False) -> Any:
         """The path of :meth:`_resolve_unique` in two C calls around the read
         (``kernels/_host.c``): ``lru_plan`` (dedup, victims, exhaustion; changes
-        nothing), :meth:`_fault`, ``lru_commit`` (maps, pins, log, part misses). Same
-        victims, log, maps, stats and errors as the Python path; a failed call changes
-        nothing."""
+        nothing), :meth:`_fault_read`, ``lru_commit`` (maps, pins, log, part misses),
+        then on the GPU the fault's one launch. Same victims, log, maps, stats and errors
+        as the Python path; a failed call changes nothing. With ``device_out`` (GPU) a
+        call that faulted returns its slots as a cupy array, written by that launch."""
         self._last_faults = 0
         ids = np.ascontiguousarray(ids)
         n = ids.size
@@ -243,10 +251,20 @@ class FaultPath(CacheState):
         if status:
             check_row_ids(ids, self.rows)  # status 2: raises RowRangeError
             raise AssertionError("LRU log exhausted before finding enough victims")
+        missing = work[2 * n : 2 * n + n_miss]
+        gpu = bool(n_miss) and self.device == "cuda"
         if n_miss:  # raises before any change
-            self._fault(work[2 * n : 2 * n + n_miss], work[3 * n : 3 * n + n_miss],
-                        work[4 * n : 4 * n + n_ev])  # fmt: skip
-        out = np.empty(n, dtype=np.int32)
+            records = self._fault_read(missing)
+            if self.device == "cpu":
+                scatter_records_reference(records, work[3 * n : 3 * n + n_miss], self.table,
+                                          self.scales)  # fmt: skip
+        if gpu:  # the launch's side buffer: [victims | rows | evicted (| out)]
+            e0 = 2 * n_miss + n_ev
+            side = self._side_ints(e0 + (n if device_out else 0))
+            side[:n_miss] = work[3 * n : 3 * n + n_miss]
+            side[n_miss : 2 * n_miss] = missing
+            side[2 * n_miss : e0] = work[4 * n : 4 * n + n_ev]
+        out = side[e0 : e0 + n] if gpu and device_out else np.empty(n, dtype=np.int32)
         fresh, self._head, self._tail = native.lru_commit(
             ids, work, n_u, n_miss, n_ev, self._row_slot, self._slot_row, self._last_used,
             self._log, self._log_pos, head, self._tail, self._batch, self.row_offsets,
@@ -259,6 +277,10 @@ class FaultPath(CacheState):
         st["evictions"] += n_ev
         self._pinned += fresh
         self._last_faults = n_miss + self._reaped_rows
+        if gpu:  # after the commit, so that the launch can carry the slots (out) too
+            dev = self._xp.empty(n, dtype=np.int32) if device_out else None
+            self._fault_launch(n_miss, n_ev, dev)
+            out = out if dev is None else dev
         if n_miss:
             st["fault_seconds"] += time.perf_counter() - t0
         return out
@@ -278,36 +300,49 @@ class FaultPath(CacheState):
     def _prefetch_reader(self) -> RowReader:
         """The reader prefetch jobs use: a POSIX reader of their own (its own ring and
         buffers: a native batch runs one at a time per reader, so a demand fault never
-        queues behind a prefetch); kvikio's reader is shared (thread-safe)."""
+        queues behind a prefetch; it sleeps on its reads, ``spin_us=0``); kvikio's
+        reader is shared (thread-safe)."""
         r = self._reader
-        if type(r) is RowReader:
-            return self.store.new_reader(**r.options())
+        if type(r) is RowReader:  # it sleeps on its reads: no core spent polling for them
+            return self.store.new_reader(**r.options(spin_us=0))
         return r
 
     def _fault(self, rows: np.ndarray, victims: np.ndarray, evicted: np.ndarray) -> None:
         """Read ``rows`` (sorted, unique) and write them into ``victims``' arena rows; on
         the GPU the device map's update (``evicted`` rows unmapped, ``rows`` mapped) goes
-        in the same launch, after the reads succeeded."""
+        in the same launch, after the reads succeeded (the Python path's order)."""
+        records = self._fault_read(rows)
+        if self.device == "cpu":
+            scatter_records_reference(records, victims, self.table, self.scales)
+            return
+        n, e = rows.size, evicted.size
+        side = self._side_ints(2 * n + e)
+        side[:n] = victims
+        side[n : 2 * n] = rows
+        side[2 * n : 2 * n + e] = evicted
+        self._fault_launch(n, e, None)
+
+    def _fault_read(self, rows: np.ndarray) -> np.ndarray:
+        """Read ``rows`` (sorted, unique) into the staging buffer; returns their records.
+        Raises before any change (a failed read maps nothing)."""
         n = rows.size
         st = self._stats
         if self.device == "cuda" and self._copy_done is not None:
-            self._copy_done.synchronize()  # the staging buffer's last copy has left it
+            self._copy_done.synchronize()  # the staging and side buffers' last launch ran
         staging = self._staging_rows(n)
         rows_read, nbytes, ops = self._read_parts(rows, staging)
         st["rows_read"] += rows_read
         st["bytes_read"] += nbytes
         st["read_ops"] += ops
-        records = staging[:n]
-        if self.device == "cpu":
-            scatter_records_reference(records, victims, self.table, self.scales)
-            return
-        e = int(evicted.size)
-        side = self._side
-        side[:n] = victims
-        side[n : 2 * n] = rows
-        side[2 * n : 2 * n + e] = evicted
-        # one launch on the cache's stream reads records, slots and map updates in place
-        self._commit(records.ctypes.data, side.ctypes.data, n, e, self._dev_map, self._stream)
+        return staging[:n]
+
+    def _fault_launch(self, n: int, e: int, out: Any) -> None:
+        """The GPU side of a fault whose ``n`` records are staged and whose side buffer
+        holds ``[victims (n) | rows (n) | evicted (e) (| out)]``: one launch on the
+        cache's stream writes the records, updates the device map and fills ``out``
+        (a cupy int32 array, or None)."""
+        self._commit(self._staging.ctypes.data, self._side.ctypes.data, n, e, self._dev_map,
+                     self._stream, out)  # fmt: skip
         self._copy_event.record(self._stream)  # the buffers are free once it has run
         self._copy_done = self._copy_event
 

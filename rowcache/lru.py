@@ -42,11 +42,12 @@ class LruLog(CacheState):
     def _host_lib(self) -> Any:
         raise NotImplementedError
 
-    def _hits_native(self, row_ids: Any) -> np.ndarray | None:
+    def _hits_native(self, row_ids: Any, device_out: bool = False) -> Any:
         """The all-hits path in one C call (``kernels/_host.c``); on a miss, the native
         miss path (``FaultPath._resolve_native``); or None where the Python path must
         run: a bad id, prefetches to settle, no native module, input that is not a
-        contiguous int64 NumPy vector. Same state, same stats."""
+        contiguous int64 NumPy vector. Same state, same stats. ``device_out``: a call
+        that faulted may return its slots as a cupy array (``_resolve_native``)."""
         native = self._host_lib()
         if (
             native is None
@@ -84,7 +85,7 @@ class LruLog(CacheState):
             )  # fmt: skip
         if status == 1:  # a miss: the native miss path (the ids are checked and in range)
             self._reaped_rows = 0
-            return self._resolve_native(native, row_ids)
+            return self._resolve_native(native, row_ids, device_out)
         if status != 0:
             return None
         self._tail = tail

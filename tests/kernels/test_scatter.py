@@ -246,9 +246,10 @@ def test_scatter_records_gpu_empty_and_mixed_devices(rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("n, n_evicted", [(1, 0), (7, 3), (300, 300)])
-def test_fault_commit_gpu_equals_reference(rng, fp8, n, n_evicted):
-    """One launch: records from mapped pinned memory into slots, plus the row map update."""
+@pytest.mark.parametrize("n, n_evicted, n_out", [(1, 0, 0), (1, 0, 12), (7, 3, 0), (300, 300, 5000)])
+def test_fault_commit_gpu_equals_reference(rng, fp8, n, n_evicted, n_out):
+    """One launch: records from mapped pinned memory into slots, the row map update and
+    a resolve's slots (``out``) copied from the side buffer; nothing written past them."""
     import cupy as cp
 
     from kernels.scatter import FaultCommit, fault_commit_reference
@@ -272,20 +273,26 @@ def test_fault_commit_gpu_equals_reference(rng, fp8, n, n_evicted):
     records[:] = rng.integers(0, 255, (n, rec), dtype=np.uint8)
     if fp8:  # finite scales in the records
         records[:, d : d + 4] = rng.random((n, 1), dtype=np.float32).view(np.uint8)
-    m2, side = pinned((2 * n + n_evicted,), np.int32)
+    m2, side = pinned((2 * n + n_evicted + n_out,), np.int32)
     rows = rng.choice(R, n + n_evicted, replace=False).astype(np.int32)
     side[:n] = rng.choice(S, n, replace=False)
     side[n : 2 * n] = rows[:n]
-    side[2 * n :] = rows[n:]
+    side[2 * n : 2 * n + n_evicted] = rows[n:]
+    side[2 * n + n_evicted :] = rng.integers(0, S, n_out)
     row_map = cp.asarray(rng.integers(-1, S, R).astype(np.int32))
     want_t, want_s, want_m = table.get(), None if scales is None else scales.get(), row_map.get()
-    fault_commit_reference(records.copy(), side.copy(), n_evicted, want_t, want_s, want_m)
+    want_o = np.full(n_out + 8, -7, dtype=np.int32)
+    ref_out = want_o[:n_out] if n_out else None
+    fault_commit_reference(records.copy(), side.copy(), n_evicted, want_t, want_s, want_m, ref_out)
     commit = FaultCommit(table, scales, rec, records.ctypes.data)
     stream = cp.cuda.Stream()
-    commit(records.ctypes.data, side.ctypes.data, n, n_evicted, row_map, stream)
+    out = cp.full(n_out + 8, -7, dtype=cp.int32)
+    commit(records.ctypes.data, side.ctypes.data, n, n_evicted, row_map, stream,
+           out[:n_out] if n_out else None)  # fmt: skip
     stream.synchronize()
     np.testing.assert_array_equal(table.get().view(np.uint8), want_t.view(np.uint8))
     np.testing.assert_array_equal(row_map.get(), want_m)
+    np.testing.assert_array_equal(out.get(), want_o)
     if fp8:
         np.testing.assert_array_equal(scales.get(), want_s)
     del m1, m2

@@ -116,6 +116,7 @@ def read_case(draw):
             "max_extent": draw(st.sampled_from([PAGE, 3 * PAGE, 1 << 20])),
             "direct": draw(st.booleans()),
             "checked": draw(st.booleans()),
+            "spin_us": draw(st.sampled_from([0, 1, 100])),  # polling or sleeping: same reads
         },
     )
 
@@ -416,3 +417,18 @@ def test_read_records_misuse_is_a_named_config_error(tmp_path):
         with pytest.raises(ConfigError, match=what):
             s.reader.read_records(0, bad)
     s.close()
+
+
+@pytest.mark.parametrize("bad", [-1, 100_001, 1.5, True, "10"])
+def test_spin_us_is_checked(stores, bad):
+    with pytest.raises(ConfigError, match="spin_us"):
+        make_reader(stores[0], spin_us=bad)
+
+
+def test_options_carry_spin_us_and_prefetch_reader_sleeps(stores):
+    r = make_reader(stores[0], spin_us=7)
+    assert r.options()["spin_us"] == 7
+    assert r.options(spin_us=0)["spin_us"] == 0
+    cache = NgramRowCache(stores[0], "t0", slots=64)
+    assert cache._reader.spin_us > 0 and cache._prefetch_reader().spin_us == 0
+

@@ -1,0 +1,96 @@
+"""Host cost of the CUDA calls a small step is made of (GPU machine), median µs a call.
+
+Not a claim of its own: the measurement behind the fault path's and the rows step's
+launch choices. Times, on one stream, 4,000 calls each (rotating blocks, median of
+blocks): a cupy ``RawKernel`` call with the fault commit's 11 arguments, the same
+kernel through ``kernels._cuda.RawLaunch`` (``cuLaunchKernel`` on arguments packed
+once), a 256-byte host-to-device ``ndarray.set``, ``cupy.empty``, an event record,
+and, where torch is installed, ``torch.empty`` on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--calls", type=int, default=4000)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    import cupy as cp
+
+    from kernels._cuda import RawLaunch, get_kernel
+
+    k = get_kernel("scatter.cu", "fault_commit_16")
+    table = cp.zeros((1024, 256), dtype=cp.uint16)
+    rec = cp.zeros((4, 512), dtype=cp.uint8)
+    side = cp.zeros(64, dtype=cp.int32)
+    row_map = cp.full(4096, -1, dtype=cp.int32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    args = (np.uint64(rec.data.ptr), np.uint64(side.data.ptr), np.uint64(table.data.ptr),
+            np.uint64(0), np.uint64(row_map.data.ptr), np.int64(0), np.int64(0),
+            np.int64(32), np.int64(32), np.int64(32), np.int64(256))  # fmt: skip
+    raw = RawLaunch(k, 11)
+    raw.pack(args)
+    host = np.zeros(64, dtype=np.int32)
+    import cupyx
+
+    pinned = cupyx.empty_pinned(64, dtype=np.int32)
+    dev = cp.zeros(64, dtype=cp.int32)
+    ev = cp.cuda.Event(disable_timing=True)
+
+    def cupy_call():
+        with stream:
+            k((1,), (32, 8), args)
+
+    def raw_call():
+        raw.values[5] = 0
+        raw((1,), (32, 8), stream.ptr)
+
+    def copy_set():
+        dev.set(pinned, stream=stream)
+
+    def empty():
+        cp.empty(64, dtype=cp.int32)
+
+    def record():
+        ev.record(stream)
+
+    cases = {"cupy kernel call (11 args)": cupy_call, "RawLaunch (11 args)": raw_call,
+             "ndarray.set 256 B": copy_set, "cupy.empty": empty, "event record": record}  # fmt: skip
+    try:
+        import torch
+
+        cases["torch.empty (cuda)"] = lambda: torch.empty((1, 1, 3072), dtype=torch.bfloat16,
+                                                          device="cuda")  # fmt: skip
+    except Exception:
+        pass
+    del host
+    blocks = {name: [] for name in cases}
+    per = 200
+    for _ in range(a.calls // per):
+        for name, f in cases.items():
+            t0 = time.perf_counter()
+            for _ in range(per):
+                f()
+            blocks[name].append((time.perf_counter() - t0) / per * 1e6)
+            stream.synchronize()
+    res = {name: float(np.median(v)) for name, v in blocks.items()}
+    if a.json:
+        print(json.dumps(res))
+    for name, v in res.items():
+        print(f"{name:30s} {v:7.2f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

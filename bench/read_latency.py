@@ -4,7 +4,7 @@ Not a claim of its own: whether a k = 1 fault's read costs more than the disk's 
 because of rowcache's reader or because of where it runs. Builds one table's store
 (``--rows`` 512-byte rows, O_DIRECT reads of fresh pages each time), then times blocks
 of ``--reads`` single-row reads by: the native reader's ``read_runs`` (``rowcache._rcio``,
-io_uring), ``RowReader.read_runs`` (its Python wrapper), ``os.preadv`` of the page, and
+io_uring), ``RowReader.read_runs`` (its Python wrapper; both with ``--spin-us``), ``os.preadv`` of the page, and
 ``bench/floor.c`` (io_uring and a pread thread, its own process, same kind of pages).
 """
 
@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reads", type=int, default=300)
     p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--dir", default=None)
+    p.add_argument("--spin-us", type=int, default=None, help="the reader's spin_us (default: its own)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     work = a.dir or tempfile.mkdtemp(prefix="rowcache-readlat-")
@@ -43,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     store = rowcache.RowStore.open(spath)
     files = store_files(store)
     shard_files = [[r.file for r in recs] for recs in store.shards]
+    spin = {} if a.spin_us is None else {"spin_us": a.spin_us}
     reader = RowReader(spath, store.tables, shard_files, queue_depth=64, direct=True,
-                       verify_pages=False, engine="uring")  # fmt: skip
+                       verify_pages=False, engine="uring", **spin)  # fmt: skip
     reader.read_parts([(0, np.arange(store.tables[0].shards, dtype=np.int64)
                         * store.tables[0].rows_per_shard)])  # fmt: skip
     native = reader._native

@@ -260,11 +260,15 @@ static int64_t now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-/* spin_ns > 0: after submitting, wait for the next completion by polling the completion
- * ring for up to spin_ns before sleeping in io_uring_enter. A sleeping caller pays the
- * wake-up on every completion (~5-13 us a read on the measured machines, and the code
- * after it runs on a cooled core); polling keeps the core awake while reads are this short. */
+/* spin_ns > 0 and a batch of one wave (n <= qd): after submitting, wait for the next
+ * completion by polling the completion ring for up to spin_ns before sleeping in
+ * io_uring_enter. A sleeping caller pays the wake-up on every completion (~5-16 us a
+ * read on the measured machines, and the code after it runs on a cooled core). A longer
+ * batch sleeps: completions that arrive while the caller runs in user space each kick it
+ * into the kernel, and a k = 192 batch at queue depth 64 read slower polling than
+ * sleeping (bench/ab_fault.sh, H200, RESULTS.md). */
 static int uring_run(uring_t *u, batch_t *b, int qd, int64_t spin_ns) {
+    if (b->n > qd) spin_ns = 0;
     Py_ssize_t next = 0, done = 0, nres = 0;
     int inflight = 0;
     for (Py_ssize_t i = 0; i < b->n; i++) b->got[i] = b->err[i] = 0;

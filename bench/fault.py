@@ -87,7 +87,7 @@ def parts_of(cache, rows: np.ndarray) -> list[tuple[int, np.ndarray]]:
 def time_steps(cache, step_rows: list[np.ndarray], sync) -> tuple[np.ndarray, np.ndarray]:
     """Microseconds of each step's ``resolve`` and of the reader call inside it."""
     reader = cache._reader
-    inner = type(reader).read_runs
+    inner = type(reader).read_batch
     io = [0.0]
 
     def timed(*a, **kw):
@@ -97,7 +97,7 @@ def time_steps(cache, step_rows: list[np.ndarray], sync) -> tuple[np.ndarray, np
         finally:
             io[0] += time.perf_counter() - t0
 
-    reader.read_runs = timed
+    reader.read_batch = timed
     us, io_us = [], []
     try:
         for rows in step_rows:
@@ -110,7 +110,7 @@ def time_steps(cache, step_rows: list[np.ndarray], sync) -> tuple[np.ndarray, np
             io_us.append(io[0] * 1e6)
             assert cache.last_faults == rows.size
     finally:
-        del reader.read_runs
+        del reader.read_batch
     return np.array(us), np.array(io_us)
 
 

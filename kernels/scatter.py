@@ -201,6 +201,8 @@ class FaultCommit:
         self.kernel = get_kernel(_SOURCE, f"fault_commit_{self.vec}")
         # records, side, table, scales, row_map, out, n, n_evicted, n_out, then 4 fixed
         self._launch = RawLaunch(self.kernel, 13)
+        # row_launch's shape for this arena, found once: blocks = min(ceil(rows / ty), cap)
+        (self._max_grid,), self._block = row_launch(cupy, 1 << 40, self.words)
         self._launch.pack((
             0, 0, table.data.ptr, scales.data.ptr if scales is not None else 0, 0, 0, 0, 0, 0,
             self.words, record_bytes // self.vec, table.strides[0] // self.vec,
@@ -223,7 +225,8 @@ class FaultCommit:
         ``out`` a contiguous cupy int32 array (or None) that gets the side's last part."""
         if n == 0:
             return
-        grid, block = row_launch(self.cupy, max(n, n_evicted), self.words)
+        ty = self._block[1]
+        grid = (max(1, min(-(-max(n, n_evicted) // ty), self._max_grid)),)
         v = self._launch.values
         v[0] = records_ptr
         v[1] = side_ptr
@@ -232,4 +235,4 @@ class FaultCommit:
         v[6] = n
         v[7] = n_evicted
         v[8] = out.size if out is not None else 0
-        self._launch(grid, block, stream.ptr)
+        self._launch(grid, self._block, stream.ptr)

@@ -169,6 +169,7 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
                 )
         rows = np.array([p.rows for p in self.parts], dtype=np.int64)
         self.row_offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        self._part_bases = np.ascontiguousarray(self.row_offsets[:-1])  # each part's first row
         self.rows = int(self.row_offsets[-1])
         if self.rows >= 2**31:
             raise ConfigError(

@@ -40,6 +40,7 @@ class FaultPath(CacheState):
     scales: Any
     _reader: RowReader
     _part_array: np.ndarray
+    _part_bases: np.ndarray
     _part_misses: np.ndarray
     _scratch: np.ndarray
     _staging: Any
@@ -293,9 +294,10 @@ class FaultPath(CacheState):
         reader = reader or self._reader
         # Global rows are sorted, so each part's rows are one contiguous run of them, and
         # the parts in order are the staging order: one read plan and one dispatch for all.
+        rows = rows if rows.dtype == np.int64 else rows.astype(np.int64)  # the plan's int32
         bounds = rows.searchsorted(self.row_offsets)  # (the method: no NumPy wrapper)
-        _, rs = reader.read_runs(rows, bounds, self._part_array, self.row_offsets[:-1], out=staging)
-        return rs.rows, rs.bytes_read, rs.read_ops
+        return reader.read_batch(rows, bounds, self._part_array, self._part_bases,
+                                 staging[: rows.size])  # fmt: skip
 
     def _prefetch_reader(self) -> RowReader:
         """The reader prefetch jobs use: a POSIX reader of their own (its own ring and

@@ -504,6 +504,31 @@ class RowReader:
         self._execute(plan, fds, out, rec)
         return out, ReadStats(n, int(plan.file.size), plan.total)
 
+    def read_batch(
+        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        out: np.ndarray,
+    ) -> tuple[int, int, int]:  # fmt: skip
+        """:meth:`read_runs` for a caller whose arrays are in its form already (the row
+        cache's fault path): ``rows`` and ``bounds`` int64, ``tables`` int32, ``bases``
+        int64, ``out`` uint8 ``[n, record_bytes]`` C-contiguous. Returns (rows, bytes,
+        read ops). A batch that reads cleanly is one native call with no Python checks;
+        anything else (the Python engine, a shard not opened yet, a failed read or page
+        check, a bad row) runs :meth:`read_runs`, which opens files or raises the named
+        error. The same records, stats and errors as :meth:`read_runs`."""
+        native = self._native
+        if (
+            native is not None
+            and self._native_pid == os.getpid()
+            and os.preadv is _PREADV
+            and self._native_path
+        ):
+            st, reads, nbytes = native.read_runs(rows, bounds, tables, bases, out,
+                                                 self.verify_pages)[:3]  # fmt: skip
+            if st == 0:
+                return rows.size, nbytes, reads
+        _, rs = self.read_runs(rows, bounds, tables, bases, out=out)
+        return rs.rows, rs.bytes_read, rs.read_ops
+
     def _read_native(
         self,
         rows: np.ndarray,

@@ -166,7 +166,7 @@ def test_miss_native_failed_read_changes_nothing(store, native, monkeypatch):
     def fail(*args, **kwargs):
         raise CorruptDataError("injected: short read")
 
-    monkeypatch.setattr(c._reader, "read_runs", fail)
+    monkeypatch.setattr(c._reader, "read_batch", fail)
     with pytest.raises(CorruptDataError, match="injected"):
         c.resolve(np.array([4, 5, 80, 81, 130, 5], dtype=np.int64))  # hits and misses
     after = _state(c)

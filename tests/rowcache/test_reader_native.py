@@ -315,13 +315,13 @@ def test_one_fault_batch_for_all_parts_of_a_shared_arena(tmp_path, engine):
     store, tabs = fresh_store(tmp_path)
     cache = cache_on(store, engine)
     calls = []
-    real = cache._reader.read_runs
+    real = cache._reader.read_batch
 
-    def spy(rows, bounds, tables, bases, out=None):
+    def spy(rows, bounds, tables, bases, out):
         calls.append(int(np.count_nonzero(np.diff(bounds))))  # parts with rows
         return real(rows, bounds, tables, bases, out)
 
-    cache._reader.read_runs = spy
+    cache._reader.read_batch = spy
     rng = np.random.default_rng(5)
     per = [np.sort(rng.choice(2000, 40, replace=False)) for _ in range(3)]
     ids = np.concatenate([cache.global_ids(k, per[k]) for k in range(3)])
@@ -431,4 +431,30 @@ def test_options_carry_spin_us_and_prefetch_reader_sleeps(stores):
     assert r.options(spin_us=0)["spin_us"] == 0
     cache = NgramRowCache(stores[0], "t0", slots=64)
     assert cache._reader.spin_us > 0 and cache._prefetch_reader().spin_us == 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_read_batch_equals_read_runs_and_falls_back_for_errors(tmp_path, engine):
+    """read_batch (the fault path's entry): the same records and stats as read_runs; a
+    shard not opened yet and a bad row go through read_runs' handling."""
+    store, tabs = fresh_store(tmp_path)
+    r = make_reader(store, engine=engine)
+    rows = np.array([3, 700, 1999, 2000, 2001], dtype=np.int64)  # t0: 3, 700; t2: 5, 6, 7
+    bounds = np.array([0, 2, 2, 5], dtype=np.int64)
+    tables = np.arange(3, dtype=np.int32)
+    bases = np.array([0, 0, 1994], dtype=np.int64)
+    rec = store.tables[0].record_bytes
+    out = np.zeros((5, rec), np.uint8)
+    got = r.read_batch(rows, bounds, tables, bases, out)  # first use: opens its shards
+    want, rs = make_reader(store, engine="python").read_runs(rows, bounds, tables, bases)
+    np.testing.assert_array_equal(out, want)
+    assert got == (rs.rows, rs.bytes_read, rs.read_ops)
+    out[:] = 0
+    assert r.read_batch(rows, bounds, tables, bases, out) == got  # the native fast path
+    np.testing.assert_array_equal(out, want)
+    if engine == "python":  # (its callers check rows; the native engines check them too)
+        return
+    with pytest.raises(RowRangeError, match="out of range"):
+        r.read_batch(np.array([5000], np.int64), np.array([0, 1]), tables[:1], bases[:1],
+                     out[:1])  # fmt: skip
 

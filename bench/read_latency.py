@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -33,8 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--dir", default=None)
     p.add_argument("--spin-us", type=int, default=None, help="the reader's spin_us (default: its own)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, for the test suite")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
+    if a.quick:
+        a.rows, a.reads, a.blocks = 20_000, 20, 2
     work = a.dir or tempfile.mkdtemp(prefix="rowcache-readlat-")
     os.makedirs(work, exist_ok=True)
     spath = os.path.join(work, "store")
@@ -95,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
             res[f"floor_{mode}"].append(float(np.median(floor_us(exe, mode, 1, files, steps, True))))
     os.close(fd)
     reader.close()
+    store.close()
+    if not a.dir:
+        shutil.rmtree(work, ignore_errors=True)
     summary = {k: {"blocks": [round(x, 1) for x in v], "median": round(float(np.median(v)), 1)}
                for k, v in res.items()}  # fmt: skip
     print(json.dumps(summary) if a.json else "\n".join(

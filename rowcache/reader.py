@@ -115,7 +115,7 @@ class RowReader:
         sleep). A caller that sleeps pays a wake-up per completion; on the H200 machine
         polling took one cold 4 KiB read from 39 to 34 us, on the dev machine from 47 to
         35 us (``bench/read_latency.py``), and a k = 1 fault step from 154-166 to 95-115
-        us (``bench/ab_fault.sh``). Longer batches always sleep (polling read them
+        us (``bench/ab.sh fault``). Longer batches always sleep (polling read them
         slower). It costs the caller's core while it polls, so background readers
         (prefetch) keep 0.
 

@@ -74,6 +74,23 @@ def test_bench_fault_quick_measures_the_floor_in_the_same_run():
         assert row["ratio"] == pytest.approx(row["checked_ms"] / row["floor_ms"], rel=1e-6)
 
 
+def test_bench_read_latency_quick_times_every_way():
+    rep = json.loads(run("read_latency.py", "--json"))
+    assert set(rep) == {"native", "read_runs", "preadv", "floor_uring", "floor_threads"}
+    for way, r in rep.items():
+        assert len(r["blocks"]) == 2 and all(x > 0 for x in r["blocks"]), way
+
+
+@pytest.mark.gpu
+def test_bench_launch_cost_on_the_gpu():
+    pytest.importorskip("cupy")
+    proc = subprocess.run([sys.executable, str(BENCH / "launch_cost.py"), "--calls", "400",
+                           "--json"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout.splitlines()[0])
+    assert rep["RawLaunch (11 args)"] > 0 and rep["cupy kernel call (11 args)"] > 0
+
+
 def test_bench_serve_quick_ratios_from_printed_figures():
     rep = json.loads(run("serve.py", "--json"))
     s = rep["settings"]

@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reads", type=int, default=300)
     p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--dir", default=None)
-    p.add_argument("--spin-us", type=int, default=None, help="the reader's spin_us (default: its own)")
+    p.add_argument(
+        "--spin-us", type=int, default=None, help="the reader's spin_us (default: its own)"
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes, for the test suite")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
@@ -96,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         plans = [reader.plan_parts([(0, r)]) for r in rows_of(a.reads)]
         steps = [(pl.file, pl.start, pl.length) for pl in plans]
         for mode in ("uring", "threads"):
-            res[f"floor_{mode}"].append(float(np.median(floor_us(exe, mode, 1, files, steps, True))))
+            res[f"floor_{mode}"].append(
+                float(np.median(floor_us(exe, mode, 1, files, steps, True)))
+            )
     os.close(fd)
     reader.close()
     store.close()
@@ -104,8 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     summary = {k: {"blocks": [round(x, 1) for x in v], "median": round(float(np.median(v)), 1)}
                for k, v in res.items()}  # fmt: skip
-    print(json.dumps(summary) if a.json else "\n".join(
-        f"{k:14s} {v['median']:7.1f} us  blocks {v['blocks']}" for k, v in summary.items()))
+    print(
+        json.dumps(summary)
+        if a.json
+        else "\n".join(
+            f"{k:14s} {v['median']:7.1f} us  blocks {v['blocks']}" for k, v in summary.items()
+        )
+    )
     return 0
 
 

@@ -246,7 +246,9 @@ def test_scatter_records_gpu_empty_and_mixed_devices(rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("n, n_evicted, n_out", [(1, 0, 0), (1, 0, 12), (7, 3, 0), (300, 300, 5000)])
+@pytest.mark.parametrize(
+    "n, n_evicted, n_out", [(1, 0, 0), (1, 0, 12), (7, 3, 0), (300, 300, 5000)]
+)
 def test_fault_commit_gpu_equals_reference(rng, fp8, n, n_evicted, n_out):
     """One launch: records from mapped pinned memory into slots, the row map update and
     a resolve's slots (``out``) copied from the side buffer; nothing written past them."""

@@ -437,7 +437,7 @@ def test_options_carry_spin_us_and_prefetch_reader_sleeps(stores):
 def test_read_batch_equals_read_runs_and_falls_back_for_errors(tmp_path, engine):
     """read_batch (the fault path's entry): the same records and stats as read_runs; a
     shard not opened yet and a bad row go through read_runs' handling."""
-    store, tabs = fresh_store(tmp_path)
+    store, _ = fresh_store(tmp_path)
     r = make_reader(store, engine=engine)
     rows = np.array([3, 700, 1999, 2000, 2001], dtype=np.int64)  # t0: 3, 700; t2: 5, 6, 7
     bounds = np.array([0, 2, 2, 5], dtype=np.int64)
@@ -457,4 +457,3 @@ def test_read_batch_equals_read_runs_and_falls_back_for_errors(tmp_path, engine)
     with pytest.raises(RowRangeError, match="out of range"):
         r.read_batch(np.array([5000], np.int64), np.array([0, 1]), tables[:1], bases[:1],
                      out[:1])  # fmt: skip
-

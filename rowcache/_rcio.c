@@ -252,21 +252,29 @@ fail: {
 }
 }
 
-/* Returns 0, or -errno when io_uring_enter itself fails (reads may then still be in flight:
- * the caller must never reuse `buf`). */
 static int64_t now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-/* spin_ns > 0 and a batch of one wave (n <= qd): after submitting, wait for the next
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Runs batch b with min(n, qd) reads in flight. Returns 0, or -errno when io_uring_enter
+ * itself fails (reads may then still be in flight: the caller must never reuse `buf`).
+ * spin_ns > 0 and a batch of one wave (n <= qd): after submitting, wait for the next
  * completion by polling the completion ring for up to spin_ns before sleeping in
  * io_uring_enter. A sleeping caller pays the wake-up on every completion (~5-16 us a
  * read on the measured machines, and the code after it runs on a cooled core). A longer
  * batch sleeps: completions that arrive while the caller runs in user space each kick it
  * into the kernel, and a k = 192 batch at queue depth 64 read slower polling than
- * sleeping (bench/ab_fault.sh, H200, RESULTS.md). */
+ * sleeping (bench/ab.sh fault, H200, RESULTS.md). */
 static int uring_run(uring_t *u, batch_t *b, int qd, int64_t spin_ns) {
     if (b->n > qd) spin_ns = 0;
     Py_ssize_t next = 0, done = 0, nres = 0;
@@ -299,7 +307,7 @@ static int uring_run(uring_t *u, batch_t *b, int qd, int64_t spin_ns) {
             int64_t t0 = now_ns();
             while (__atomic_load_n(u->cq_tail, __ATOMIC_ACQUIRE) == *u->cq_head &&
                    now_ns() - t0 < spin_ns)
-                __builtin_ia32_pause();
+                cpu_relax();
             wait = __atomic_load_n(u->cq_tail, __ATOMIC_ACQUIRE) == *u->cq_head;
             pending = tail - __atomic_load_n(u->sq_head, __ATOMIC_ACQUIRE);
         }

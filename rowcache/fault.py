@@ -227,8 +227,10 @@ class FaultPath(CacheState):
         (``kernels/_host.c``): ``lru_plan`` (dedup, victims, exhaustion; changes
         nothing), :meth:`_fault_read`, ``lru_commit`` (maps, pins, log, part misses),
         then on the GPU the fault's one launch. Same victims, log, maps, stats and errors
-        as the Python path; a failed call changes nothing. With ``device_out`` (GPU) a
-        call that faulted returns its slots as a cupy array, written by that launch."""
+        as the Python path; a failed call changes nothing (but for a failed launch, after
+        the commit: a device that refuses a launch is unusable anyway). With
+        ``device_out`` (GPU) a call that faulted returns its slots as a cupy array,
+        written by that launch."""
         self._last_faults = 0
         ids = np.ascontiguousarray(ids)
         n = ids.size

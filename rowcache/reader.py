@@ -94,12 +94,11 @@ class RowReader(PythonEngine):
         that measure what the checks cost, never for serving.
     spin_us : io_uring only, batches of at most ``queue_depth`` reads: wait for each
         completion by polling for up to this many microseconds before sleeping (0: always
-        sleep). A caller that sleeps pays a wake-up per completion; on the H200 machine
-        polling took one cold 4 KiB read from 39 to 34 us, on the dev machine from 47 to
-        35 us (``bench/read_latency.py``), and a k = 1 fault step from 154-166 to 95-115
-        us (``bench/ab.sh fault``). Longer batches always sleep (polling read them
-        slower). It costs the caller's core while it polls, so background readers
-        (prefetch) keep 0.
+        sleep). A caller that sleeps pays a wake-up per completion: on the H200 machine
+        polling took one cold 4 KiB read from 37-39 to 34 us, on the dev machine from
+        46-47 to 33-37 us (``bench/read_latency.py``; ``bench/RESULTS.md``, sixth
+        session). Longer batches always sleep (polling read them slower). It costs the
+        caller's core while it polls, so background readers (prefetch) keep 0.
 
     Thread safety: one reader may be used from several threads; each thread has its own
     read buffer, native batches run one at a time, file descriptors are opened under a lock.

@@ -43,7 +43,6 @@ def main(argv: list[str] | None = None) -> int:
             np.int64(0), np.int64(32), np.int64(32), np.int64(32), np.int64(256))  # fmt: skip
     raw = RawLaunch(k, len(args))
     raw.pack(args)
-    host = np.zeros(64, dtype=np.int32)
     import cupyx
 
     pinned = cupyx.empty_pinned(64, dtype=np.int32)
@@ -76,7 +75,6 @@ def main(argv: list[str] | None = None) -> int:
                                                           device="cuda")  # fmt: skip
     except Exception:
         pass
-    del host
     blocks = {name: [] for name in cases}
     per = 200
     for _ in range(a.calls // per):

@@ -76,14 +76,7 @@ class RowsStep:
                 raise ConfigError("ids and ctx must both be numpy or both be cupy arrays")
         c = 0 if ctx is None else min(int(ctx.shape[1]), self.dims.max_ngram - 1)
         n, D = B * L, self.dims.hidden_size
-        if (
-            is_device_array(ids)
-            and overlay is None
-            and not self._groups
-            and self._stacked is not None
-            and self._word_stacked is not None
-            and n > 0
-        ):
+        if is_device_array(ids) and overlay is None and self._rows_in_place and n > 0:
             if out is not None and (
                 out.shape != (n, D) or out.dtype != BF16 or not is_device_array(out)
             ):
@@ -91,6 +84,21 @@ class RowsStep:
                     f"out must be bfloat16[{n}, {D}] on the GPU, got {out.dtype}{list(out.shape)}"
                 )
             return self._step_rows(ids, ctx, c, out)
+        return self._rows_checked(ids, ctx, c, out, overlay, seq_slots, active)
+
+    @property
+    def _rows_in_place(self) -> bool:
+        """Every table resident and stacked on the GPU: :meth:`_step_rows` reads the rows
+        in place."""
+        return not self._groups and self._stacked is not None and self._word_stacked is not None
+
+    def _rows_checked(
+        self, ids: Any, ctx: Any, c: int, out: Any, overlay: Any, seq_slots: Any, active: int
+    ) -> Any:
+        """The packed-batch path of checked rows (int64 ``ids[B, L]``, ``ctx[B, >= c]`` or
+        None, one array module; ``out`` None or of the step's shape): tokens packed on
+        the host, range-checked, and embedded as an ``NgramBatch``."""
+        B, L = (int(x) for x in ids.shape)
         if is_device_array(ids):
             tokens = self._rows_to_host(ids, ctx, c)
         else:

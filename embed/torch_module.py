@@ -226,14 +226,32 @@ class TorchNgramEmbedding(torch.nn.Module):
             return None
         raw = _raw_stream(index)
         B, L = a[2], a[0].shape[1]
+        if B * L == 0:
+            return None
         out = torch.empty((B, L, self.dims.hidden_size), dtype=torch.bfloat16, device=a[3])
-        c = None if b is None else b[0]
+        # the tensors were checked when remembered: the embedding's step without its checks
+        emb, view = self.emb, self._views(out)
+        if b is None:
+            c, cv = 0, None
+        else:
+            cv = b[0]
+            c = min(int(cv.shape[1]), self.dims.max_ngram - 1)
         if cp.cuda.get_current_stream().ptr == raw:
-            self.emb.embed_rows(a[0], c, out=self._views(out))
+            self._rows_step(emb, a[0], cv, c, view)
         else:
             with self._stream(raw, index):
-                self.emb.embed_rows(a[0], c, out=self._views(out))
+                self._rows_step(emb, a[0], cv, c, view)
         return out
+
+    @staticmethod
+    def _rows_step(emb: NgramEmbedding, ids: Any, ctx: Any, c: int, out: Any) -> None:
+        """``emb.embed_rows(ids, ctx, out=out)`` of checked cupy views (int64, ``B * L > 0``
+        rows, ``c`` look-back columns, ``out`` bfloat16[B * L, hidden]): its in-place step
+        or its packed path, without re-checking them."""
+        if emb._rows_in_place:
+            emb._step_rows(ids, ctx, c, out)
+        else:
+            emb._rows_checked(ids, ctx, c, out, None, None, -1)
 
     def _remember(self, t: torch.Tensor, view: Any, index: int) -> None:
         """Record a checked int64 tensor's view for :meth:`_forward_known`."""

@@ -17,12 +17,12 @@
  * (C-contiguous, checked item sizes); the GIL is released for the whole call. No
  * library beyond libc and Python.
  *
- * lru_hits takes an optional thread count: a large call (a prefill step's tens of
- * thousands of ids) is split over that many threads of its own (pthreads, created and
- * joined in the call), each with a contiguous part of the ids (the parts of a shared
- * arena's step are its tables, whose global ids are disjoint ranges). Results are
- * identical whatever the count. (The hash stays on one thread: at a 2,048-token
- * prefill it takes ~110 us, and two threads made it slower on the dev machine.)
+ * lru_hits and hash_packed take an optional thread count: a large call (a prefill
+ * step's tens of thousands of ids) is split over up to that many threads (the caller's
+ * and the workers of kernels/_pool.h, kept between calls). lru_hits gives each a
+ * contiguous part of the ids (the parts of a shared arena's step are its tables, whose
+ * global ids are disjoint ranges); hash_packed gives each a run of tables. Results are
+ * identical whatever the count.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,6 +30,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "_pool.h" /* parallel(): the worker threads kept between calls */
 
 typedef struct {
     Py_buffer view;
@@ -62,26 +64,6 @@ static void release(Buf *bufs, int n) {
 
 #define COUNT(b) ((b).view.len / (b).view.itemsize)
 #define PF 16 /* software prefetch distance (iterations) of the random-access loops */
-#define MAXT 16 /* threads of one call at most */
-
-/* Runs fn(arg + k * size) for k in [0, K): k >= 1 on threads of their own, k = 0 on the
- * caller's; a thread that cannot be created runs its part on the caller's after. */
-static void parallel(int K, void *(*fn)(void *), char *arg, size_t size) {
-    pthread_t th[MAXT];
-    int made[MAXT] = {0};
-    for (int k = 1; k < K; k++) {
-        made[k] = pthread_create(&th[k], NULL, fn, arg + (size_t)k * size) == 0;
-    }
-    fn(arg);
-    for (int k = 1; k < K; k++) {
-        if (made[k]) {
-            pthread_join(th[k], NULL);
-        } else {
-            fn(arg + (size_t)k * size);
-        }
-    }
-}
-
 /* Threads for `work` items given `threads` wanted, at least `grain` items each. */
 static int split_count(int threads, Py_ssize_t work, Py_ssize_t grain) {
     Py_ssize_t k = work / grain;
@@ -99,10 +81,14 @@ typedef struct {
     int64_t *out;
     Py_ssize_t S, N, n, T;
     long long eos;
+    Py_ssize_t t0, t1; /* this part's tables */
 } HashJob;
 
-/* The ids of every table at every embedded position. */
-static void hash_tables(const HashJob *h) {
+#define HASH_GRAIN 4096 /* ids (positions x tables) a hash_packed thread at least */
+
+/* The ids of tables [t0, t1) at every embedded position. */
+static void *hash_tables(void *arg) {
+    const HashJob *h = arg;
     const int64_t *tok = h->tok, *ctx = h->ctx, *seq = h->seq, *mult = h->mult, *rows = h->rows;
     const int64_t *off = h->off;
     int64_t *out = h->out;
@@ -121,7 +107,7 @@ static void hash_tables(const HashJob *h) {
                 }
                 xs[j] = live ? tok[t - j] : 0;
             }
-            for (Py_ssize_t i = 0; i < h->T; i++) {
+            for (Py_ssize_t i = h->t0; i < h->t1; i++) {
                 int64_t acc = 0;
                 const int64_t *m = mult + i * N;
                 for (Py_ssize_t j = 0; j < N; j++) {
@@ -133,17 +119,21 @@ static void hash_tables(const HashJob *h) {
         }
         begin += ctx[s];
     }
+    return NULL;
 }
 
 /* hash_packed(tokens i64[L], ctx_lens i64[S], seq_lens i64[S], mult i64[T, N],
- *             rows i64[T], N, offsets i64[T] | None, eos, out i64[T, n]) -> None */
+ *             rows i64[T], N, offsets i64[T] | None, eos, out i64[T, n][, threads]) -> None
+ * threads (default 1): the tables are split into up to that many runs (each at least
+ * HASH_GRAIN ids), hashed in parallel. */
 static PyObject *hash_packed(PyObject *self, PyObject *args) {
     PyObject *o_tok, *o_ctx, *o_seq, *o_mult, *o_rows, *o_off, *o_out;
     long long eos;
     Py_ssize_t N;
+    int threads = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOOnOLO", &o_tok, &o_ctx, &o_seq, &o_mult, &o_rows, &N,
-                          &o_off, &eos, &o_out)) {
+    if (!PyArg_ParseTuple(args, "OOOOOnOLO|i", &o_tok, &o_ctx, &o_seq, &o_mult, &o_rows, &N,
+                          &o_off, &eos, &o_out, &threads)) {
         return NULL;
     }
     Buf b[7];
@@ -183,9 +173,14 @@ static PyObject *hash_packed(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "hash_packed: lengths do not match tokens/out");
         return NULL;
     }
-    HashJob job = {tok, ctx, seq, mult, rows, off, out, S, N, n, T, eos};
+    HashJob job[MAXT];
+    int K = split_count(threads < T ? threads : (int)T, n * T, HASH_GRAIN);
+    for (int k = 0; k < K; k++) {
+        job[k] = (HashJob){tok, ctx, seq, mult, rows, off, out, S, N, n, T, eos,
+                           T * k / K, T * (k + 1) / K};
+    }
     Py_BEGIN_ALLOW_THREADS
-    hash_tables(&job);
+    parallel(K, hash_tables, (char *)job, sizeof job[0]);
     Py_END_ALLOW_THREADS
     release(b, 7);
     Py_RETURN_NONE;

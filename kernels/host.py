@@ -25,8 +25,9 @@ _I64 = np.dtype(np.int64)
 
 
 def _host_threads() -> int:
-    """Threads a large all-hits resolve may use (``kernels._host.lru_hits``):
-    ``ROWCACHE_HOST_THREADS``, else the CPUs this process may run on, at most 8.
+    """Threads a large all-hits resolve or host hash may use (``kernels._host.lru_hits``,
+    ``hash_packed``): ``ROWCACHE_HOST_THREADS``, else the CPUs this process may run on,
+    at most 8.
     Decode-sized calls stay on the caller's thread: the C code splits only calls of
     at least 2 x 4,096 ids (a prefill step's)."""
     env = os.environ.get("ROWCACHE_HOST_THREADS")
@@ -107,15 +108,17 @@ def hash_packed(
     eos: int,
     offsets: np.ndarray | None = None,
     n: int | None = None,
+    threads: int | None = None,
 ) -> np.ndarray:
     """Ids of the last ``seq_lens[s]`` positions of each packed context: int64[T, n].
 
     ``tokens`` int64[L] (in range: the caller checked them), ``ctx_lens`` and
     ``seq_lens`` int64[S] (validated), ``multipliers`` int64[T, N], ``rows`` int64[T],
     ``offsets`` int64[T] added to table ``i``'s ids when given, ``n`` ``sum(seq_lens)``
-    where the caller knows it. Look-back stops at each sequence's start and at an EOS
-    (``hash_positions_reference``'s rule); one C pass with the native module, else the
-    reference.
+    where the caller knows it, ``threads`` the native call's at most (default
+    :data:`HOST_THREADS`; it splits only calls of at least 2 x 4,096 ids, by tables).
+    Look-back stops at each sequence's start and at an EOS (``hash_positions_reference``'s
+    rule); one C call with the native module, else the reference.
     """
     T, N = multipliers.shape
     if n is None:
@@ -124,7 +127,8 @@ def hash_packed(
         c = np.ascontiguousarray  # the buffer protocol wants C-contiguous int64 vectors
         tokens, ctx_lens, seq_lens = c(tokens, _I64), c(ctx_lens, _I64), c(seq_lens, _I64)
         out = np.empty((T, n), dtype=_I64)
-        native.hash_packed(tokens, ctx_lens, seq_lens, multipliers, rows, N, offsets, eos, out)
+        k = HOST_THREADS if threads is None else threads
+        native.hash_packed(tokens, ctx_lens, seq_lens, multipliers, rows, N, offsets, eos, out, k)
         return out
     begin = np.zeros(ctx_lens.shape[0], dtype=_I64)
     np.cumsum(ctx_lens[:-1], out=begin[1:])

@@ -74,6 +74,75 @@ def test_hash_packed_native_equals_references(lens, seed, offsets):
         host.native = saved
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3, 8, 16])
+def test_hash_packed_threads_equal_reference(threads):
+    """A prefill-sized call split over the pool's threads (runs of tables) gives the
+    reference's ids, offsets added, whatever the count; a call too small to split too."""
+    if host.native is None:
+        pytest.skip("kernels._host not built")
+    rng = np.random.default_rng(threads)
+    ctx_lens = np.array([2048, 700, 3, 1500], dtype=np.int64)
+    seq_lens = np.array([2048, 650, 3, 1], dtype=np.int64)
+    tokens = rng.integers(0, DIMS.vocab_size, int(ctx_lens.sum())).astype(np.int64)
+    tokens[rng.random(tokens.size) < 0.1] = DIMS.eos_token_id
+    mult, rows = DIMS.table_subset(np.arange(DIMS.num_tables))
+    off = np.cumsum(rows) - rows
+    want = _hash_reference_all(tokens, ctx_lens, seq_lens, mult, rows, DIMS.eos_token_id)
+    got = host.hash_packed(
+        tokens, ctx_lens, seq_lens, mult, rows, DIMS.eos_token_id, off, threads=threads
+    )
+    np.testing.assert_array_equal(got, want + off[:, None])
+    nine, five = np.array([9], dtype=np.int64), np.array([5], dtype=np.int64)
+    small = host.hash_packed(tokens[:9], nine, five, mult, rows, DIMS.eos_token_id, threads=threads)
+    want = _hash_reference_all(tokens[:9], nine, five, mult, rows, DIMS.eos_token_id)
+    np.testing.assert_array_equal(small, want)
+
+
+def test_pool_serves_concurrent_callers_and_a_forked_child():
+    """Python threads calling the parallel kernels at once (the GIL released: one job
+    runs on the pool, the others on their own threads) all get exact results; and a
+    child forked after the pool started its workers gets exact results too (its pool
+    restarts)."""
+    if host.native is None:
+        pytest.skip("kernels._host not built")
+    import os
+    import threading
+
+    rng = np.random.default_rng(3)
+    ctx_lens = np.array([3000, 2000], dtype=np.int64)
+    tokens = rng.integers(0, DIMS.vocab_size, int(ctx_lens.sum())).astype(np.int64)
+    mult, rows = DIMS.table_subset(np.arange(DIMS.num_tables))
+    want = _hash_reference_all(tokens, ctx_lens, ctx_lens, mult, rows, DIMS.eos_token_id)
+    bad: list[str] = []
+
+    def worker() -> None:
+        for _ in range(20):
+            got = host.hash_packed(tokens, ctx_lens, ctx_lens, mult, rows, DIMS.eos_token_id,
+                                   threads=4)  # fmt: skip
+            if not np.array_equal(got, want):
+                bad.append("thread")
+
+    ts = [threading.Thread(target=worker) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not bad
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 only when its pooled calls are exact
+        ok = all(
+            np.array_equal(
+                host.hash_packed(tokens, ctx_lens, ctx_lens, mult, rows, DIMS.eos_token_id,
+                                 threads=4),  # fmt: skip
+                want,
+            )
+            for _ in range(5)
+        )
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def _state(c):
     live = c._log[c._head : c._tail]
     valid = c._log_pos[live] == np.arange(c._head, c._tail)

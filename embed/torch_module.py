@@ -27,7 +27,7 @@ from rowcache.errors import ConfigError
 from . import torch_packed
 from .checkpoint import load_pretrained
 from .layer import NgramEmbedding
-from .torch_views import _MAX_VIEWS, _capturing, _ints, _raw_stream, _Views
+from .torch_views import _CAPTURING, _MAX_VIEWS, _RAW_STREAM, _capturing, _ints, _raw_stream, _Views
 
 
 class TorchNgramEmbedding(torch.nn.Module):
@@ -67,9 +67,10 @@ class TorchNgramEmbedding(torch.nn.Module):
         self._cuda = self._device.type == "cuda"
         self._streams: dict[int, Any] = {}  # torch's raw stream -> cupy's view of it
         self._views = _Views()
-        # checked int64 tensors by (address, shape, strides, dtype): (view, device index,
-        # rows, device), for _forward_known
-        self._known: dict[tuple[Any, ...], tuple[Any, int, int, torch.device]] = {}
+        # checked int64 [B, W] tensors by (address, shape, strides, dtype): (view, device
+        # index, B, device, B * W, the output's shape as ids, look-back columns as a
+        # context), for _forward_known
+        self._known: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._cp: Any = None
         if self._cuda:
             import cupy
@@ -221,26 +222,19 @@ class TorchNgramEmbedding(torch.nn.Module):
         if a is None or (ctx is not None and (b is None or b[1] != a[1] or b[2] != a[2])):
             return None
         index = a[1]
-        cp = self._cp
-        if _capturing() or cp.cuda.runtime.getDevice() != index:
-            return None
-        raw = _raw_stream(index)
-        B, L = a[2], a[0].shape[1]
-        if B * L == 0:
-            return None
-        out = torch.empty((B, L, self.dims.hidden_size), dtype=torch.bfloat16, device=a[3])
+        capturing = _CAPTURING() if _CAPTURING else _capturing()
+        if a[4] == 0 or capturing or self._cp.cuda.runtime.getDevice() != index:
+            return None  # (no rows, capturing, or another device: forward's checks say)
+        raw = _RAW_STREAM(index) if _RAW_STREAM else _raw_stream(index)
+        out = torch.empty(a[5], dtype=torch.bfloat16, device=a[3])
         # the tensors were checked when remembered: the embedding's step without its checks
-        emb, view = self.emb, self._views(out)
-        if b is None:
-            c, cv = 0, None
-        else:
-            cv = b[0]
-            c = min(int(cv.shape[1]), self.dims.max_ngram - 1)
-        if cp.cuda.get_current_stream().ptr == raw:
-            self._rows_step(emb, a[0], cv, c, view)
+        view = self._views.rows(out)
+        cv, c = (None, 0) if b is None else (b[0], b[6])
+        if self._cp.cuda.get_current_stream().ptr == raw:
+            self._rows_step(self.emb, a[0], cv, c, view)
         else:
             with self._stream(raw, index):
-                self._rows_step(emb, a[0], cv, c, view)
+                self._rows_step(self.emb, a[0], cv, c, view)
         return out
 
     @staticmethod

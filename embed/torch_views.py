@@ -62,6 +62,18 @@ class _Views:
 
     def __init__(self) -> None:
         self._views: dict[tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype], Any] = {}
+        self._rows: dict[tuple[int, torch.Size], Any] = {}
+
+    def rows(self, t: torch.Tensor) -> Any:
+        """The ``[rows, hidden]`` view of a contiguous bfloat16 tensor (a step's output,
+        made by the caller), kept by address and shape only."""
+        key = (t.data_ptr(), t.shape)
+        v = self._rows.get(key)
+        if v is None:
+            if len(self._rows) >= _MAX_VIEWS:
+                self._rows.clear()
+            v = self._rows[key] = self(t)
+        return v
 
     def __call__(self, t: torch.Tensor, shape: tuple[int, ...] | None = None) -> Any:
         """The view of ``t``: int64 tokens at their strides, or contiguous bf16 rows

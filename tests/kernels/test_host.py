@@ -107,6 +107,7 @@ def test_pool_serves_concurrent_callers_and_a_forked_child():
         pytest.skip("kernels._host not built")
     import os
     import threading
+    import warnings
 
     rng = np.random.default_rng(3)
     ctx_lens = np.array([3000, 2000], dtype=np.int64)
@@ -128,19 +129,44 @@ def test_pool_serves_concurrent_callers_and_a_forked_child():
     for t in ts:
         t.join()
     assert not bad
-    pid = os.fork()
+    with warnings.catch_warnings():  # Python 3.12 warns of fork in a threaded process:
+        warnings.simplefilter("ignore", DeprecationWarning)  # that is what this tests
+        pid = os.fork()
     if pid == 0:  # the child: exit code 0 only when its pooled calls are exact
-        ok = all(
-            np.array_equal(
-                host.hash_packed(tokens, ctx_lens, ctx_lens, mult, rows, DIMS.eos_token_id,
-                                 threads=4),  # fmt: skip
-                want,
-            )
-            for _ in range(5)
-        )
-        os._exit(0 if ok else 1)
+        eos = DIMS.eos_token_id
+        runs = [host.hash_packed(tokens, ctx_lens, ctx_lens, mult, rows, eos, threads=4)
+                for _ in range(5)]  # fmt: skip
+        os._exit(0 if all(np.array_equal(r, want) for r in runs) else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+@pytest.mark.parametrize("head", [0, 12_345])
+def test_lru_compact_threads_equal_one_thread(threads, head):
+    """The parallel compaction (count, copy out, store back) leaves the whole log and
+    log_pos byte for byte as the serial one: live entries (log_pos[slot] == position) in
+    order at the front, stale entries (an older position of a slot, a slot out of range)
+    dropped, the rest of the log as it was."""
+    if host.native is None:
+        pytest.skip("kernels._host not built")
+    rng = np.random.default_rng(threads + head)
+    S, C = 400_000, 1_300_000
+    log = rng.integers(-2, S + 3, C).astype(np.int32)  # stale, and some out of range
+    tail = C - 1000
+    log_pos = np.full(S, -1, dtype=np.int32)
+    live = rng.choice(np.arange(head, tail), S // 2, replace=False)
+    slots = rng.choice(S, live.size, replace=False).astype(np.int32)
+    log[live] = slots
+    log_pos[slots] = live
+    one = (log.copy(), log_pos.copy())
+    many = (log.copy(), log_pos.copy())
+    k1 = host.native.lru_compact(*one, head, tail, 1)
+    k2 = host.native.lru_compact(*many, head, tail, threads)
+    assert k1 == k2 == live.size
+    np.testing.assert_array_equal(one[0], many[0])
+    np.testing.assert_array_equal(one[1], many[1])
+    np.testing.assert_array_equal(one[0][:k1], slots[np.argsort(live)])
 
 
 def _state(c):

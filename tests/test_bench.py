@@ -81,6 +81,13 @@ def test_bench_read_latency_quick_times_every_way():
         assert len(r["blocks"]) == 2 and all(x > 0 for x in r["blocks"]), way
 
 
+def test_bench_host_threads_quick_times_each_count():
+    rep = json.loads(run("host_threads.py", "--json", "--threads", "1,2"))
+    assert [r["threads"] for r in rep["results"]] == [1, 2]
+    for r in rep["results"]:
+        assert r["hash_us"] > 0 and r["lru_hits_us"] > 0 and r["lru_compact_us"] > 0
+
+
 @pytest.mark.gpu
 def test_bench_launch_cost_on_the_gpu():
     pytest.importorskip("cupy")

@@ -443,107 +443,14 @@ static Py_ssize_t compact_log(int32_t *log, int32_t *log_pos, Py_ssize_t S, Py_s
     return k;
 }
 
-#define COMPACT_GRAIN (1 << 18) /* log entries a compaction thread at least */
-
-typedef struct {
-    int32_t *log, *log_pos, *tmp;
-    Py_ssize_t S, lo, hi; /* this part's log positions (phases 1, 2) or new ones (3) */
-    Py_ssize_t live, dst; /* its live entries; where they go */
-} CompactPart;
-
-static inline int entry_live(const CompactPart *c, Py_ssize_t p) {
-    int32_t s = c->log[p];
-    return s >= 0 && s < c->S && c->log_pos[s] == (int32_t)p;
-}
-
-/* Phase 1: count the part's live entries. */
-static void *compact_count(void *arg) {
-    CompactPart *c = arg;
-    Py_ssize_t k = 0;
-    for (Py_ssize_t p = c->lo; p < c->hi; p++) {
-        if (p + PF < c->hi && c->log[p + PF] >= 0 && c->log[p + PF] < c->S) {
-            __builtin_prefetch(&c->log_pos[c->log[p + PF]]);
-        }
-        k += entry_live(c, p);
-    }
-    c->live = k;
-    return NULL;
-}
-
-/* Phase 2: copy them, in order, to tmp[dst:] (log_pos is only read: every phase-2 part
- * tests entries against it). */
-static void *compact_copy(void *arg) {
-    CompactPart *c = arg;
-    Py_ssize_t k = c->dst;
-    for (Py_ssize_t p = c->lo; p < c->hi; p++) {
-        if (p + PF < c->hi && c->log[p + PF] >= 0 && c->log[p + PF] < c->S) {
-            __builtin_prefetch(&c->log_pos[c->log[p + PF]]);
-        }
-        if (entry_live(c, p)) {
-            c->tmp[k++] = c->log[p];
-        }
-    }
-    return NULL;
-}
-
-/* Phase 3: log[k] = tmp[k] and log_pos[tmp[k]] = k over the part's new positions (after
- * every phase-2 part: their reads of log and log_pos are done). */
-static void *compact_store(void *arg) {
-    CompactPart *c = arg;
-    for (Py_ssize_t k = c->lo; k < c->hi; k++) {
-        if (k + PF < c->hi) {
-            __builtin_prefetch(&c->log_pos[c->tmp[k + PF]], 1);
-        }
-        c->log[k] = c->tmp[k];
-        c->log_pos[c->tmp[k]] = (int32_t)k;
-    }
-    return NULL;
-}
-
-/* compact_log's result (the whole log and log_pos, byte for byte) on K threads, through
- * a buffer of the live entries; -1 where that buffer cannot be had. */
-static Py_ssize_t compact_parallel(int32_t *log, int32_t *log_pos, Py_ssize_t S,
-                                   Py_ssize_t head, Py_ssize_t tail, int K) {
-    CompactPart part[MAXT];
-    Py_ssize_t n = tail - head;
-    for (int k = 0; k < K; k++) {
-        part[k] = (CompactPart){log, log_pos, NULL, S, head + n * k / K, head + n * (k + 1) / K,
-                                0, 0};
-    }
-    parallel(K, compact_count, (char *)part, sizeof part[0]);
-    Py_ssize_t live = 0;
-    for (int k = 0; k < K; k++) {
-        part[k].dst = live;
-        live += part[k].live;
-    }
-    int32_t *tmp = malloc((size_t)(live > 0 ? live : 1) * sizeof *tmp);
-    if (tmp == NULL) {
-        return -1;
-    }
-    for (int k = 0; k < K; k++) {
-        part[k].tmp = tmp;
-    }
-    parallel(K, compact_copy, (char *)part, sizeof part[0]);
-    for (int k = 0; k < K; k++) {
-        part[k].lo = live * k / K;
-        part[k].hi = live * (k + 1) / K;
-    }
-    parallel(K, compact_store, (char *)part, sizeof part[0]);
-    free(tmp);
-    return live;
-}
-
-/* lru_compact(log i32[C], log_pos i32[S], head, tail[, threads]) -> new tail
+/* lru_compact(log i32[C], log_pos i32[S], head, tail) -> new tail
  * Moves the live entries of log[head:tail] (log_pos[slot] == position) to the front, in
- * order, and points log_pos at their new positions: NgramRowCache._compact's loop.
- * threads (default 1): a long log (at least 2 x COMPACT_GRAIN entries) is compacted in
- * three parallel passes (count, copy out, store back) with the same result. */
+ * order, and points log_pos at their new positions: NgramRowCache._compact's loop. */
 static PyObject *lru_compact(PyObject *self, PyObject *args) {
     PyObject *o_log, *o_lp;
     Py_ssize_t head, tail;
-    int threads = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOnn|i", &o_log, &o_lp, &head, &tail, &threads)) {
+    if (!PyArg_ParseTuple(args, "OOnn", &o_log, &o_lp, &head, &tail)) {
         return NULL;
     }
     Buf b[2];
@@ -559,15 +466,9 @@ static PyObject *lru_compact(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "lru_compact: bad head/tail");
         return NULL;
     }
-    Py_ssize_t k = -1;
-    int K = split_count(threads, tail - head, COMPACT_GRAIN);
+    Py_ssize_t k = 0;
     Py_BEGIN_ALLOW_THREADS
-    if (K > 1) {
-        k = compact_parallel(log, log_pos, S, head, tail, K);
-    }
-    if (k < 0) {
-        k = compact_log(log, log_pos, S, head, tail);
-    }
+    k = compact_log(log, log_pos, S, head, tail);
     Py_END_ALLOW_THREADS
     release(b, 2);
     return PyLong_FromSsize_t(k);

@@ -141,34 +141,6 @@ def test_pool_serves_concurrent_callers_and_a_forked_child():
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-@pytest.mark.parametrize("threads", [2, 3, 8])
-@pytest.mark.parametrize("head", [0, 12_345])
-def test_lru_compact_threads_equal_one_thread(threads, head):
-    """The parallel compaction (count, copy out, store back) leaves the whole log and
-    log_pos byte for byte as the serial one: live entries (log_pos[slot] == position) in
-    order at the front, stale entries (an older position of a slot, a slot out of range)
-    dropped, the rest of the log as it was."""
-    if host.native is None:
-        pytest.skip("kernels._host not built")
-    rng = np.random.default_rng(threads + head)
-    S, C = 400_000, 1_300_000
-    log = rng.integers(-2, S + 3, C).astype(np.int32)  # stale, and some out of range
-    tail = C - 1000
-    log_pos = np.full(S, -1, dtype=np.int32)
-    live = rng.choice(np.arange(head, tail), S // 2, replace=False)
-    slots = rng.choice(S, live.size, replace=False).astype(np.int32)
-    log[live] = slots
-    log_pos[slots] = live
-    one = (log.copy(), log_pos.copy())
-    many = (log.copy(), log_pos.copy())
-    k1 = host.native.lru_compact(*one, head, tail, 1)
-    k2 = host.native.lru_compact(*many, head, tail, threads)
-    assert k1 == k2 == live.size
-    np.testing.assert_array_equal(one[0], many[0])
-    np.testing.assert_array_equal(one[1], many[1])
-    np.testing.assert_array_equal(one[0][:k1], slots[np.argsort(live)])
-
-
 def _state(c):
     live = c._log[c._head : c._tail]
     valid = c._log_pos[live] == np.arange(c._head, c._tail)

@@ -40,6 +40,8 @@ class CachedGroups:
         """
         entries = [(i, t) for i, t in enumerate(self.tables) if isinstance(t, CachedTable)]
         self._cached_rows = np.array([i for i, _ in entries], dtype=np.int64)
+        # the host hash's table selection: None when every n-gram table is cached
+        self._hashed_tables = None if len(entries) == len(self.tables) else self._cached_rows
         self._cached_list = [i for i, _ in entries]
         self._cached_pos = {i: k for k, (i, _) in enumerate(entries)}
         rows = self._cached_list
@@ -165,12 +167,12 @@ class CachedGroups:
         for cache, members, offsets, pos in self._groups:
             if members == self._cached_list:  # one cache holds every cached n-gram table
                 if host_ids is None:  # hashed straight into global ids: one C pass
-                    gid = batch.host_ids(self._cached_rows, offsets)
+                    gid = batch.host_ids(self._hashed_tables, offsets)
                 else:
                     gid = host_ids + offsets[:, None]
             else:
                 if host_ids is None and max(members) >= 0:  # not the word table's cache alone
-                    host_ids = batch.host_ids(self._cached_rows)
+                    host_ids = batch.host_ids(self._hashed_tables)
                 parts = []
                 for m in members:  # members of one cache (<= T + 1), vectorized over rows
                     if m < 0:

@@ -252,7 +252,10 @@ class TorchNgramEmbedding(torch.nn.Module):
         if len(self._known) >= _MAX_VIEWS:
             self._known.clear()
         key = (t.data_ptr(), t.shape, t.stride(), t.dtype)
-        self._known[key] = (view, index, int(t.shape[0]), t.device)
+        B, W = (int(x) for x in t.shape)
+        # as ids: B * W rows and the output's shape; as a context: its look-back columns
+        D, c = self.dims.hidden_size, min(W, self.dims.max_ngram - 1)
+        self._known[key] = (view, index, B, t.device, B * W, (B, W, D), c)
 
     def _forward_cpu(
         self, ids: torch.Tensor, ctx: Any, mask: Any, seq_slot: Any, active: int, rows: bool

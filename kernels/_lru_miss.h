@@ -1,0 +1,282 @@
+/* kernels/_lru_miss.h: the miss path of NgramRowCache.resolve in kernels._host (included
+ * once, by _host.c, after the helpers it uses: Buf, get_buf, release, COUNT, PF, sort_ids,
+ * compact_log).
+ *
+ * lru_plan: dedup, exhaustion test and victims of a resolve with misses, changing nothing;
+ * lru_commit: once the reads succeeded, the maps, pins, LRU log and per-part miss counts.
+ * Their reference is NgramRowCache's Python path (rowcache/fault.py, rowcache/lru.py);
+ * tests/rowcache/test_miss_native.py compares the two.
+ */
+#ifndef ROWCACHE_LRU_MISS_H
+#define ROWCACHE_LRU_MISS_H
+
+/* True when the ascending a[0:n] holds v. */
+static int sorted_has(const int32_t *a, Py_ssize_t n, int32_t v) {
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (a[mid] < v) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo < n && a[lo] == v;
+}
+
+/* lru_plan(ids i64[n], rows, row_slot i32[R], slot_row i32[S], last_used i64[S], log i32[C],
+ *          log_pos i32[S], head, tail, batch, busy u8[S] | None, avail, work i32[5n],
+ *          scratch i32[2n]) -> (status, n_u, n_miss, fresh_hits, n_ev, new_head, end)
+ * The first half of a resolve with misses (NgramRowCache._resolve_unique's Python path up
+ * to its read); changes no state. work is [uniq | slots | missing | victims | evicted], n
+ * each: the call's n_u distinct rows ascending, their slots (-1: missing), the n_miss
+ * missing rows ascending, their victims (LruLog._choose_victims: the first live log
+ * entries from head whose slot is not pinned (last_used != batch), not busy and not a hit
+ * of this call) and the n_ev rows mapped in those victims (slot_row >= 0, victim order).
+ * fresh_hits: hit slots not yet used in this batch; avail: slots neither pinned nor busy.
+ * new_head: the first live entry passed over before the last victim, else end = just past
+ * the last victim (new_head = end = head when nothing is missing).
+ * status 0: planned. status 1: n_miss > avail - fresh_hits (the arena is exhausted).
+ * status 2: ids[n_u] is outside [0, rows). status 3: the log ended before n_miss victims
+ * (cannot happen after the availability test). */
+static PyObject *lru_plan(PyObject *self, PyObject *args) {
+    PyObject *o_ids, *o_rs, *o_sr, *o_lu, *o_log, *o_lp, *o_busy, *o_work, *o_scr;
+    long long rows, batch;
+    Py_ssize_t head, tail, avail;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OLOOOOOnnLOnOO", &o_ids, &rows, &o_rs, &o_sr, &o_lu, &o_log,
+                          &o_lp, &head, &tail, &batch, &o_busy, &avail, &o_work, &o_scr)) {
+        return NULL;
+    }
+    Buf b[9];
+    memset(b, 0, sizeof b);
+    int has_busy = o_busy != Py_None;
+    if (get_buf(o_ids, &b[0], 8, 0, "ids") || get_buf(o_rs, &b[1], 4, 0, "row_slot") ||
+        get_buf(o_sr, &b[2], 4, 0, "slot_row") || get_buf(o_lu, &b[3], 8, 0, "last_used") ||
+        get_buf(o_log, &b[4], 4, 0, "log") || get_buf(o_lp, &b[5], 4, 0, "log_pos") ||
+        (has_busy && get_buf(o_busy, &b[6], 1, 0, "busy")) ||
+        get_buf(o_work, &b[7], 4, 1, "work") || get_buf(o_scr, &b[8], 4, 1, "scratch")) {
+        release(b, 9);
+        return NULL;
+    }
+    const int64_t *ids = b[0].view.buf, *last_used = b[3].view.buf;
+    const int32_t *row_slot = b[1].view.buf, *slot_row = b[2].view.buf;
+    const int32_t *log = b[4].view.buf, *log_pos = b[5].view.buf;
+    const uint8_t *busy = has_busy ? b[6].view.buf : NULL;
+    int32_t *work = b[7].view.buf, *scr = b[8].view.buf;
+    Py_ssize_t n = COUNT(b[0]), R = COUNT(b[1]), S = COUNT(b[3]), cap = COUNT(b[4]);
+    if (COUNT(b[2]) != S || COUNT(b[5]) != S || (has_busy && COUNT(b[6]) != S) ||
+        COUNT(b[7]) < 5 * n || COUNT(b[8]) < 2 * n || rows > R || rows > INT32_MAX ||
+        head < 0 || head > tail || tail > cap) {
+        release(b, 9);
+        PyErr_SetString(PyExc_ValueError, "lru_plan: inconsistent shapes");
+        return NULL;
+    }
+    int32_t *uniq = work, *slots = work + n, *missing = work + 2 * n, *victims = work + 3 * n;
+    int32_t *evicted = work + 4 * n;
+    int status = 0;
+    Py_ssize_t n_u = 0, n_miss = 0, fresh = 0, n_ev = 0, new_head = head, end = head;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if ((uint64_t)ids[i] >= (uint64_t)rows) {
+            status = 2;
+            n_u = i;
+            break;
+        }
+    }
+    if (status == 0) {
+        sort_ids(ids, scr, scr + n, n);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i == 0 || scr[i] != scr[i - 1]) {
+                uniq[n_u++] = scr[i];
+            }
+        }
+        for (Py_ssize_t j = 0; j < n_u; j++) {
+            if (j + PF < n_u) {
+                __builtin_prefetch(&row_slot[uniq[j + PF]]);
+            }
+            int32_t s = row_slot[uniq[j]];
+            slots[j] = s;
+            if (s < 0 || s >= S) {
+                slots[j] = -1;
+                missing[n_miss++] = uniq[j];
+            } else if (last_used[s] != batch) {
+                fresh++;
+            }
+        }
+        if (n_miss > 0 && n_miss > avail - fresh) {
+            status = 1;
+        }
+    }
+    if (status == 0 && n_miss > 0) {
+        Py_ssize_t got = 0, first_kept = -1, p = head;
+        for (; got < n_miss; p++) {
+            if (p >= tail) {
+                status = 3;
+                break;
+            }
+            if (p + PF < tail) {
+                int32_t q = log[p + PF];
+                if (q >= 0 && q < S) {
+                    __builtin_prefetch(&log_pos[q]);
+                    __builtin_prefetch(&last_used[q]);
+                    __builtin_prefetch(&slot_row[q]);
+                }
+            }
+            int32_t s = log[p];
+            if (s < 0 || s >= S || log_pos[s] != (int32_t)p) {
+                continue; /* stale: the slot has a newer entry */
+            }
+            int ok = last_used[s] != batch && !(busy && busy[s]);
+            if (ok && fresh > 0) { /* a hit of this call is pinned by it: no victim */
+                int32_t r = slot_row[s];
+                ok = !(r >= 0 && r < R && sorted_has(uniq, n_u, r) && row_slot[r] == s);
+            }
+            if (ok) {
+                victims[got++] = s;
+            } else if (first_kept < 0) {
+                first_kept = p; /* pinned, busy or hit: stays in the log */
+            }
+        }
+        if (status == 0) {
+            end = p; /* just past the last victim */
+            new_head = first_kept >= 0 ? first_kept : end;
+            for (Py_ssize_t j = 0; j < n_miss; j++) {
+                int32_t r = slot_row[victims[j]];
+                if (r >= 0) {
+                    evicted[n_ev++] = r;
+                }
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 9);
+    return Py_BuildValue("(innnnnn)", status, n_u, n_miss, fresh, n_ev, new_head, end);
+}
+
+/* lru_commit(ids i64[n], work i32[5n], n_u, n_miss, n_ev, row_slot i32[R], slot_row i32[S],
+ *            last_used i64[S], log i32[C], log_pos i32[S], head, tail, batch,
+ *            row_offsets i64[P + 1], part_misses i64[P], out i32[n]) -> (fresh, head, tail)
+ * The second half, once the missing rows' reads succeeded: with work and head (its
+ * new_head) from lru_plan, unmaps the evicted rows, maps the missing rows to their
+ * victims, pins the call's slots (last_used = batch) and logs them at tail in ascending
+ * row order (compacting the log first when it lacks room for n_u entries, as
+ * LruLog._log_slots), adds each part's misses (parts: row_offsets) to part_misses, and
+ * writes the slots of ids to out. fresh: slots not used in this batch before (victims
+ * included). Arguments are checked before anything changes. */
+static PyObject *lru_commit(PyObject *self, PyObject *args) {
+    PyObject *o_ids, *o_work, *o_rs, *o_sr, *o_lu, *o_log, *o_lp, *o_off, *o_pm, *o_out;
+    Py_ssize_t n_u, n_miss, n_ev, head, tail;
+    long long batch;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOnnnOOOOOnnLOOO", &o_ids, &o_work, &n_u, &n_miss, &n_ev, &o_rs,
+                          &o_sr, &o_lu, &o_log, &o_lp, &head, &tail, &batch, &o_off, &o_pm,
+                          &o_out)) {
+        return NULL;
+    }
+    Buf b[10];
+    memset(b, 0, sizeof b);
+    if (get_buf(o_ids, &b[0], 8, 0, "ids") || get_buf(o_work, &b[1], 4, 1, "work") ||
+        get_buf(o_rs, &b[2], 4, 1, "row_slot") || get_buf(o_sr, &b[3], 4, 1, "slot_row") ||
+        get_buf(o_lu, &b[4], 8, 1, "last_used") || get_buf(o_log, &b[5], 4, 1, "log") ||
+        get_buf(o_lp, &b[6], 4, 1, "log_pos") || get_buf(o_off, &b[7], 8, 0, "row_offsets") ||
+        get_buf(o_pm, &b[8], 8, 1, "part_misses") || get_buf(o_out, &b[9], 4, 1, "out")) {
+        release(b, 10);
+        return NULL;
+    }
+    const int64_t *ids = b[0].view.buf, *off = b[7].view.buf;
+    int32_t *work = b[1].view.buf, *row_slot = b[2].view.buf, *slot_row = b[3].view.buf;
+    int64_t *last_used = b[4].view.buf, *part_misses = b[8].view.buf;
+    int32_t *log = b[5].view.buf, *log_pos = b[6].view.buf, *out = b[9].view.buf;
+    Py_ssize_t n = COUNT(b[0]), R = COUNT(b[2]), S = COUNT(b[4]), cap = COUNT(b[5]);
+    Py_ssize_t P = COUNT(b[8]);
+    /* S + n_u <= cap: after a compaction (at most S live entries) the call's entries fit */
+    if (COUNT(b[1]) < 5 * n || COUNT(b[3]) != S || COUNT(b[6]) != S || COUNT(b[9]) < n ||
+        P < 1 || COUNT(b[7]) != P + 1 || n_ev < 0 || n_ev > n_miss || n_miss > n_u || n_u > n ||
+        n_u > S || S + n_u > cap || head < 0 || head > tail || tail > cap) {
+        release(b, 10);
+        PyErr_SetString(PyExc_ValueError, "lru_commit: inconsistent shapes");
+        return NULL;
+    }
+    int32_t *uniq = work, *slots = work + n, *missing = work + 2 * n, *victims = work + 3 * n;
+    int32_t *evicted = work + 4 * n;
+    int bad = 0;
+    Py_ssize_t fresh = 0;
+    Py_BEGIN_ALLOW_THREADS
+    /* every index in range and the plan consistent (its missing rows are the unique rows
+     * without a slot), or nothing changes */
+    for (Py_ssize_t i = 0; i < n && !bad; i++) {
+        bad = (uint64_t)ids[i] >= (uint64_t)R;
+    }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t j = 0; j < n_u && !bad; j++) {
+        if ((uint32_t)uniq[j] >= (uint64_t)R || (j > 0 && uniq[j] <= uniq[j - 1])) {
+            bad = 1;
+        } else if (slots[j] < 0) {
+            bad = m >= n_miss || missing[m] != uniq[j];
+            m++;
+        } else {
+            bad = slots[j] >= S;
+        }
+    }
+    bad = bad || m != n_miss;
+    for (Py_ssize_t j = 0; j < n_miss && !bad; j++) {
+        bad = (uint32_t)victims[j] >= (uint64_t)S;
+    }
+    for (Py_ssize_t j = 0; j < n_ev && !bad; j++) {
+        bad = (uint32_t)evicted[j] >= (uint64_t)R;
+    }
+    if (!bad) {
+        for (Py_ssize_t j = 0; j < n_ev; j++) {
+            row_slot[evicted[j]] = -1;
+        }
+        for (Py_ssize_t j = 0, k = 0; j < n_u; j++) {
+            if (slots[j] < 0) {
+                int32_t s = victims[k++];
+                row_slot[uniq[j]] = s;
+                slot_row[s] = uniq[j];
+                slots[j] = s;
+            }
+        }
+        if (tail + n_u > cap) { /* first: the slots' old entries are still live, and kept */
+            tail = compact_log(log, log_pos, S, head, tail);
+            head = 0;
+        }
+        for (Py_ssize_t j = 0; j < n_u; j++) {
+            if (j + PF < n_u) {
+                __builtin_prefetch(&last_used[slots[j + PF]], 1);
+                __builtin_prefetch(&log_pos[slots[j + PF]], 1);
+            }
+            int32_t s = slots[j];
+            if (last_used[s] != batch) {
+                fresh++;
+                last_used[s] = batch;
+            }
+            log[tail] = s;
+            log_pos[s] = (int32_t)tail;
+            tail++;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i + PF < n) {
+                __builtin_prefetch(&row_slot[ids[i + PF]]);
+            }
+            out[i] = row_slot[ids[i]];
+        }
+        /* missing rows ascending: each part's misses are one run */
+        for (Py_ssize_t j = 0, p = 0; j < n_miss; j++) {
+            while (p < P - 1 && missing[j] >= off[p + 1]) {
+                p++;
+            }
+            part_misses[p]++;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 10);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "lru_commit: a row or slot out of range, or not lru_plan's work");
+        return NULL;
+    }
+    return Py_BuildValue("(nnn)", fresh, head, tail);
+}
+
+#endif

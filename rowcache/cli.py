@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "rowcache.commands_store",
     "rowcache.demo",
     "rowcache.commands_tools",
+    "rowcache.commands_tune",
 ]
 
 EXIT_ERROR = 2

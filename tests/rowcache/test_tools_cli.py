@@ -1,4 +1,4 @@
-"""`rowcache trace/profile/tune/bench-io` through an argparse parser with their register()."""
+"""`rowcache trace/profile/tune/bench-io` through an argparse parser with their register()s."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from rowcache import commands_tools
+from rowcache import commands_tools, commands_tune
 from rowcache.errors import ConfigError
 from rowcache.tools.mrc import miss_ratio_curve
 from rowcache.tools.trace import Trace
@@ -20,6 +20,7 @@ def run(argv, capsys):
     parser = argparse.ArgumentParser(prog="rowcache")
     sub = parser.add_subparsers(dest="command", required=True)
     commands_tools.register(sub)
+    commands_tune.register(sub)
     args = parser.parse_args(argv)
     code = args.func(args)
     return code, capsys.readouterr().out
@@ -139,10 +140,10 @@ def test_cli_errors_name_the_argument(workdir, capsys):
 def test_through_rowcache_main(workdir, capsys, monkeypatch):
     from rowcache import cli
 
-    if "rowcache.commands_tools" not in cli.COMMAND_MODULES:
-        monkeypatch.setattr(
-            cli, "COMMAND_MODULES", [*cli.COMMAND_MODULES, "rowcache.commands_tools"]
-        )
+    missing = [m for m in ("rowcache.commands_tools", "rowcache.commands_tune")
+               if m not in cli.COMMAND_MODULES]  # fmt: skip
+    if missing:
+        monkeypatch.setattr(cli, "COMMAND_MODULES", [*cli.COMMAND_MODULES, *missing])
     prof = {
         "tokens": 10,
         "record_bytes": 4,

@@ -131,6 +131,7 @@ def _ablate(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int, ta
     emb, dev, D = mod.emb, ids.device, mod.dims.hidden_size
     B, L = ids.shape
     rows = (_cupy_view(ids), None if ctx is None else _cupy_view(ctx))
+    bare = (mod._views(ids), None if ctx is None else mod._views(ctx))  # as forward() reads them
     packed = torch.cat([ctx[:, -mod.dims.max_ngram + 1 :], ids], 1) if ctx is not None else ids
     packed = _cupy_view(packed.reshape(-1).contiguous())
     lens, news = np.full(B, packed.size // B), np.full(B, L)
@@ -146,10 +147,17 @@ def _ablate(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int, ta
         held[:] = [torch.empty((B, L, D), dtype=torch.bfloat16, device=dev)]
         return mod._views(held[0])
 
+    def known() -> Any:  # the module's known-tensor step without nn.Module and forward()
+        got = mod._forward_known(ids, ctx)
+        assert got is not None, "the tensors should be known by now"
+        return got
+
     variants = {
         "packed tokens, embed/embed_packed": call_packed,
         "direct embed_rows (cupy views)": lambda: emb.embed_rows(*rows),
+        "direct embed_rows (module's views)": lambda: emb.embed_rows(*bare),
         "+ torch.empty out": lambda: emb.embed_rows(*rows, out=out_view()),
+        "module _forward_known": known,
         "module forward": lambda: mod(ids, ctx),
     }
     times: dict[str, list[float]] = {k: [] for k in variants}

@@ -20,6 +20,7 @@
 #define ROWCACHE_POOL_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <time.h>
 
@@ -121,6 +122,11 @@ static void pool_grow(int want) {
     if (!registered) {
         registered = pthread_atfork(NULL, NULL, pool_after_fork) == 0;
     }
+    /* workers block every signal (they inherit the mask they are made with): signals go to
+     * the process's own threads, where Python handles them */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
     while (pool.workers < want && pool.workers < MAXT - 1) {
         pthread_t th;
         pthread_attr_t attr;
@@ -129,10 +135,11 @@ static void pool_grow(int want) {
         int ok = pthread_create(&th, &attr, pool_worker, NULL) == 0;
         pthread_attr_destroy(&attr);
         if (!ok) {
-            return;
+            break;
         }
         pool.workers++;
     }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 /* Runs fn(arg + k * size) for k in [0, K): on the caller's thread and the pool's

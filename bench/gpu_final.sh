@@ -30,6 +30,7 @@ for s in $STAGES; do
     profile_t1) ROWCACHE_HOST_THREADS=1 stage ${PROF_T:-90} profile_t1 python3 bench/step_profile.py --steps 100 --top 8 ;;
     profileg) stage ${PROF_T:-90} profileg python3 bench/step_profile.py --graphs --steps 100 --top 30 ;;
     launch) stage ${PROF_T:-60} launch python3 bench/launch_cost.py ;;
+    host) stage ${PROF_T:-60} host python3 bench/host_threads.py ;;
     profile1) stage ${PROF_T:-60} profile1 python3 bench/step_profile.py --faults 1 --steps 200 --top 25 ;;
     sanitizer) stage ${SAN_T:-70} sanitizer compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_scatter.py tests/kernels/test_gather.py tests/kernels/test_quantize.py tests/kernels/test_overlay_kernels.py tests/embed/test_ids.py -k "not 70_000" ;;
     *) echo "unknown stage $s" ;;

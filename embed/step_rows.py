@@ -86,6 +86,15 @@ class RowsStep:
             return self._step_rows(ids, ctx, c, out)
         return self._rows_checked(ids, ctx, c, out, overlay, seq_slots, active)
 
+    def _rows_known(self, ids: Any, ctx: Any, c: int, out: Any) -> Any:
+        """:meth:`_embed_rows` of arrays it checked before (cupy int64 ``ids[B, L]``, ``B * L
+        > 0``, ``ctx`` with ``c`` look-back columns or None, ``out`` bfloat16[B * L, hidden]
+        on the GPU; no overlay), without checking them again: ``TorchNgramEmbedding``'s
+        step for tensors it has seen."""
+        if self._rows_in_place:
+            return self._step_rows(ids, ctx, c, out)
+        return self._rows_checked(ids, ctx, c, out, None, None, -1)
+
     @property
     def _rows_in_place(self) -> bool:
         """Every table resident and stacked on the GPU: :meth:`_step_rows` reads the rows

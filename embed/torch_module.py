@@ -27,7 +27,7 @@ from rowcache.errors import ConfigError
 from . import torch_packed
 from .checkpoint import load_pretrained
 from .layer import NgramEmbedding
-from .torch_views import _CAPTURING, _MAX_VIEWS, _RAW_STREAM, _capturing, _ints, _raw_stream, _Views
+from .torch_views import _MAX_VIEWS, _capturing, _ints, _raw_stream, _Views
 
 
 class TorchNgramEmbedding(torch.nn.Module):
@@ -222,30 +222,19 @@ class TorchNgramEmbedding(torch.nn.Module):
         if a is None or (ctx is not None and (b is None or b[1] != a[1] or b[2] != a[2])):
             return None
         index = a[1]
-        capturing = _CAPTURING() if _CAPTURING else _capturing()
-        if a[4] == 0 or capturing or self._cp.cuda.runtime.getDevice() != index:
+        if a[4] == 0 or _capturing() or self._cp.cuda.runtime.getDevice() != index:
             return None  # (no rows, capturing, or another device: forward's checks say)
-        raw = _RAW_STREAM(index) if _RAW_STREAM else _raw_stream(index)
+        raw = _raw_stream(index)
         out = torch.empty(a[5], dtype=torch.bfloat16, device=a[3])
         # the tensors were checked when remembered: the embedding's step without its checks
         view = self._views.rows(out)
         cv, c = (None, 0) if b is None else (b[0], b[6])
         if self._cp.cuda.get_current_stream().ptr == raw:
-            self._rows_step(self.emb, a[0], cv, c, view)
+            self.emb._rows_known(a[0], cv, c, view)
         else:
             with self._stream(raw, index):
-                self._rows_step(self.emb, a[0], cv, c, view)
+                self.emb._rows_known(a[0], cv, c, view)
         return out
-
-    @staticmethod
-    def _rows_step(emb: NgramEmbedding, ids: Any, ctx: Any, c: int, out: Any) -> None:
-        """``emb.embed_rows(ids, ctx, out=out)`` of checked cupy views (int64, ``B * L > 0``
-        rows, ``c`` look-back columns, ``out`` bfloat16[B * L, hidden]): its in-place step
-        or its packed path, without re-checking them."""
-        if emb._rows_in_place:
-            emb._step_rows(ids, ctx, c, out)
-        else:
-            emb._rows_checked(ids, ctx, c, out, None, None, -1)
 
     def _remember(self, t: torch.Tensor, view: Any, index: int) -> None:
         """Record a checked int64 tensor's view for :meth:`_forward_known`."""

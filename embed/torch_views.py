@@ -43,6 +43,11 @@ def _cupy_view(t: torch.Tensor, owner: Any = True) -> Any:
     )
 
 
+def _bf16_rows(t: torch.Tensor) -> Any:
+    """A bare ml_dtypes-bfloat16 cupy view ``[rows, last dim]`` of a contiguous bf16 tensor."""
+    return _cupy_view(t.view(torch.int16), owner=None).view(BF16).reshape(-1, t.shape[-1])
+
+
 _NP_INTS = {torch.int64: np.int64, torch.int16: np.int16, torch.int32: np.int32}
 _INT_DTYPES = frozenset(
     {torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8}
@@ -72,7 +77,7 @@ class _Views:
         if v is None:
             if len(self._rows) >= _MAX_VIEWS:
                 self._rows.clear()
-            v = self._rows[key] = self(t)
+            v = self._rows[key] = _bf16_rows(t)
         return v
 
     def __call__(self, t: torch.Tensor, shape: tuple[int, ...] | None = None) -> Any:
@@ -84,8 +89,7 @@ class _Views:
             if len(self._views) >= _MAX_VIEWS:
                 self._views.clear()
             if t.dtype == torch.bfloat16:
-                v = _cupy_view(t.view(torch.int16), owner=None).view(BF16)
-                v = v.reshape(-1, t.shape[-1])
+                v = _bf16_rows(t)
             else:
                 v = _cupy_view(t, owner=None)
             if shape is not None:

@@ -34,7 +34,7 @@ ext_modules = [
     Extension(
         "kernels._host",
         ["kernels/_host.c"],
-        depends=["kernels/_pool.h", "kernels/_lru_miss.h"],
+        depends=["kernels/_pool.h", "kernels/_lru_miss.h", "kernels/_touch.h"],
         extra_compile_args=["-O3", "-Wall", "-Wextra", "-std=c11", "-pthread"],
         extra_link_args=["-pthread"],
     ),

@@ -147,6 +147,13 @@ def _ablate(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int, ta
         held[:] = [torch.empty((B, L, D), dtype=torch.bfloat16, device=dev)]
         return mod._views(held[0])
 
+    def cp_out() -> Any:  # an output from cupy's pool, as embed_rows makes its own
+        import cupy as cp
+
+        from kernels.reference import BF16
+
+        return cp.empty((B * L, D), dtype=BF16)
+
     def known() -> Any:  # the module's known-tensor step without nn.Module and forward()
         got = mod._forward_known(ids, ctx)
         assert got is not None, "the tensors should be known by now"
@@ -156,7 +163,9 @@ def _ablate(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int, ta
         "packed tokens, embed/embed_packed": call_packed,
         "direct embed_rows (cupy views)": lambda: emb.embed_rows(*rows),
         "direct embed_rows (module's views)": lambda: emb.embed_rows(*bare),
+        "+ cupy.empty out": lambda: emb.embed_rows(*rows, out=cp_out()),
         "+ torch.empty out": lambda: emb.embed_rows(*rows, out=out_view()),
+        "torch.empty alone": lambda: torch.empty((B, L, D), dtype=torch.bfloat16, device=dev),
         "module _forward_known": known,
         "module forward": lambda: mod(ids, ctx),
     }

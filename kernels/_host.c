@@ -252,6 +252,7 @@ typedef struct {
     int status;             /* 0, 1 (a miss) or 2 (ids[bad] out of range) */
     Py_ssize_t bad, n_u;    /* first bad id; distinct ids of the part */
     Py_ssize_t base, fresh; /* its first log position; slots newly pinned */
+    int keys_only;          /* the scan of lru_scan: keys copied for a later sort */
 } HitsPart;
 
 /* Phase 1 of a part: range check, slots of its ids, and its ids sorted (scr[lo:hi],
@@ -285,6 +286,12 @@ static void *hits_scan(void *arg) {
         return NULL;
     }
     int32_t *scr = h->scr + lo;
+    if (h->keys_only) { /* the deferred touch sorts them (kernels/_touch.h) */
+        for (Py_ssize_t i = lo; i < hi; i++) {
+            h->scr[i] = (int32_t)ids[i];
+        }
+        return NULL;
+    }
     sort_ids(ids + lo, scr, h->scr + h->n + lo, hi - lo);
     Py_ssize_t n_u = hi > lo;
     for (Py_ssize_t i = 1; i < hi - lo; i++) {
@@ -376,7 +383,7 @@ static PyObject *lru_hits(PyObject *self, PyObject *args) {
     for (int k = 0; k < K; k++) {
         part[k] = (HitsPart){b[0].view.buf, b[1].view.buf, b[2].view.buf, b[3].view.buf,
                              b[4].view.buf, b[5].view.buf, b[6].view.buf, n, S, rows, batch,
-                             n * k / K, n * (k + 1) / K, 0, 0, 0, 0, 0};
+                             n * k / K, n * (k + 1) / K, 0, 0, 0, 0, 0, 0};
     }
     int status = 0;
     Py_ssize_t a = 0, c = tail;
@@ -475,6 +482,7 @@ static PyObject *lru_compact(PyObject *self, PyObject *args) {
 }
 
 #include "_lru_miss.h" /* lru_plan, lru_commit: the miss path */
+#include "_touch.h"    /* lru_scan, lru_touch_start, lru_touch_wait: the deferred touch */
 
 static PyMethodDef methods[] = {
     {"lru_compact", lru_compact, METH_VARARGS, "Compact NgramRowCache's LRU log in place."},
@@ -482,6 +490,9 @@ static PyMethodDef methods[] = {
     {"lru_hits", lru_hits, METH_VARARGS, "The all-hits path of NgramRowCache.resolve."},
     {"lru_plan", lru_plan, METH_VARARGS, "Victims of a resolve with misses (changes nothing)."},
     {"lru_commit", lru_commit, METH_VARARGS, "Commit a planned resolve once its reads succeeded."},
+    {"lru_scan", lru_scan, METH_VARARGS, "lru_hits' scan alone: slots, misses, keys."},
+    {"lru_touch_start", lru_touch_start, METH_VARARGS, "lru_hits' touch on a background thread."},
+    {"lru_touch_wait", lru_touch_wait, METH_VARARGS, "Wait for a touch started by lru_touch_start."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -29,7 +29,6 @@ full: O(1) amortized per access, no O(slots) scan per fault.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
@@ -44,7 +43,7 @@ from .device_map import DeviceMap
 from .errors import ConfigError
 from .fault import OUT_RING, FaultPath  # noqa: F401  (OUT_RING: read here before the split)
 from .format import TableInfo
-from .lru import LruLog, _sorted_unique  # noqa: F401  (_sorted_unique: likewise)
+from .lru import DEFER_MIN, LruLog, SettlingLock, _sorted_unique  # noqa: F401  (_sorted_unique: likewise)
 from .prefetch import PrefetchBuffers, PrefetchJob
 from .prefetch_book import PrefetchBook
 from .store import RowStore, check_row_ids
@@ -221,7 +220,9 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         self._pinned = 0
         self._last_faults = 0
         self._dev_map: Any = None
-        self._lock = threading.RLock()
+        self._lock = SettlingLock(self)
+        self._touching = None  # a deferred touch in flight (rowcache.lru)
+        self._defer_min = DEFER_MIN
         self._stats: dict[str, Any] = dict.fromkeys((f.name for f in fields(CacheStats)), 0)
         self._stats["fault_seconds"] = 0.0
         self._stats["prefetch_wait_seconds"] = 0.0
@@ -302,8 +303,10 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
 
     def end_batch(self) -> None:
         """Unpin every slot pinned since the last ``end_batch``; the next batch begins."""
-        with self._lock:
+        with self._lock.raw:  # a deferred touch may go on: it pins for its own batch
             if self._jobs:
+                if self._touching is not None:
+                    self._finish_touch()
                 self._reap()
             # A slot is pinned while its last use is the current batch: moving to the
             # next batch unpins every slot at once.
@@ -362,7 +365,8 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
     @property
     def pinned(self) -> int:
         """Number of slots pinned by the current batch."""
-        return self._pinned
+        with self._lock:
+            return self._pinned
 
     def overhead_bytes(self) -> dict[str, int]:
         """Host bookkeeping bytes: per-slot arrays and the per-table row map."""

@@ -10,6 +10,9 @@ mirrors ``_choose_victims``); the log's rules are in ``rowcache.cache``.
 
 from __future__ import annotations
 
+import os
+import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -17,6 +20,37 @@ import numpy as np
 from kernels.host import HOST_THREADS
 
 from .cache_state import CacheState
+
+# An all-hits call of at least this many ids returns after its scan and leaves the
+# touch (sort, pin, log: ~90 % of its C time) to a background thread, which the cache's
+# next locked call waits for (kernels/_touch.h); on hosts of at least 4 cores only.
+DEFER_MIN = 2048 if (os.cpu_count() or 1) >= 4 else 1 << 62
+
+
+class SettlingLock:
+    """The cache's lock (re-entrant): entering it first finishes a deferred touch, so
+    no method sees the LRU state before the touch it is owed. ``raw`` is the bare lock,
+    for the methods that do not read that state (``end_batch`` needs only the batch)."""
+
+    __slots__ = ("_cache", "raw")
+
+    def __init__(self, cache: Any) -> None:
+        self.raw = threading.RLock()
+        self._cache = weakref.ref(cache)  # no cycle: the cache's arrays go with it
+
+    def __enter__(self) -> SettlingLock:
+        self.raw.acquire()
+        c = self._cache()
+        if c is not None and c._touching is not None:
+            try:
+                c._finish_touch()
+            except BaseException:
+                self.raw.release()
+                raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.raw.release()
 
 
 def _sorted_unique(a: np.ndarray) -> np.ndarray:
@@ -38,9 +72,32 @@ class LruLog(CacheState):
     or None), looked up where tests swap them."""
 
     _scratch: np.ndarray
+    _touching: tuple[Any, int] | None  # a deferred touch: (handle or result, its batch)
+    _defer_min: int  # ids from which an all-hits call defers its touch (DEFER_MIN)
 
     def _host_lib(self) -> Any:
         raise NotImplementedError
+
+    def __del__(self) -> None:
+        # a touch still in flight holds the arrays (and a slot of the C side): finish it
+        if getattr(self, "_touching", None) is not None:
+            try:
+                self._finish_touch()
+            except Exception:
+                pass
+
+    def _finish_touch(self) -> None:
+        """Wait for the deferred touch (``kernels/_touch.h``) and take in its result:
+        the log's bounds, the hits it counted, and its pins while its batch lasts."""
+        handle, batch = self._touching
+        self._touching = None
+        res = handle if type(handle) is tuple else self._host_lib().lru_touch_wait(handle)
+        status, fresh, self._head, self._tail = res
+        if status:
+            raise AssertionError("the LRU log had no room for a touch after compaction")
+        self._stats["hits"] += fresh
+        if batch == self._batch:
+            self._pinned += fresh
 
     def _hits_native(self, row_ids: Any, device_out: bool = False) -> Any:
         """The all-hits path in one C call (``kernels/_host.c``); on a miss, the native
@@ -64,6 +121,22 @@ class LruLog(CacheState):
         if self._scratch.size < 2 * n:
             self._scratch = np.empty(max(2 * n, 2 * self._scratch.size), dtype=np.int32)
         out = np.empty(n, dtype=np.int32)
+        if n >= self._defer_min:
+            status, _ = native.lru_scan(row_ids, self.rows, self._row_slot, out, self._scratch,
+                                        HOST_THREADS)  # fmt: skip
+            if status == 0:  # every row resident: the touch goes on in the background
+                handle = native.lru_touch_start(
+                    self._row_slot, self._last_used, self._log, self._log_pos, self._scratch,
+                    n, self._head, self._tail, self._batch, HOST_THREADS,
+                )  # fmt: skip
+                self._touching = (handle, self._batch)
+                self._stats["lookups"] += n
+                self._last_faults = 0
+                return out
+            if status == 1:
+                self._reaped_rows = 0
+                return self._resolve_native(native, row_ids, device_out)
+            return None
         status, fresh, tail = native.lru_hits(
             row_ids,
             self.rows,

@@ -34,8 +34,10 @@ class PrefetchBook(CacheState):
         :meth:`device_map`, in stream order after their arena writes); returns the
         rows still in flight. Every other method does this too; a caller that reads
         the device map before resolving calls it first."""
-        with self._lock:
+        with self._lock.raw:  # a deferred touch may go on, unless prefetches need reaping
             if self._jobs:
+                if self._touching is not None:
+                    self._finish_touch()
                 self._reap()
             return self._n_busy
 

@@ -1,0 +1,321 @@
+/* kernels/_touch.h: the deferred touch of an all-hits resolve (included once, by _host.c,
+ * after HitsPart, hits_scan, hits_touch, radix_sort, compact_log and parallel()).
+ *
+ * Of lru_hits' time on a large call, the scan (range check, the map's lookups) is about
+ * a tenth; the rest is the touch: sorting the ids, pinning and logging the distinct
+ * slots. Only the scan decides what the caller gets back (the slots, or a miss), so a
+ * large all-hits call can return after it and leave the touch to a background thread:
+ *
+ * lru_scan(ids i64[n], rows, row_slot i32[R], out i32[n], scratch i32[2n][, threads])
+ *     -> (status, a)
+ *   status 0: every row resident; out = slots; scratch[:n] = the ids as int32 keys (the
+ *   touch's input). 1: a row is not resident (out = slots, -1 where missing). 2: ids[a]
+ *   is outside [0, rows). Changes no cache state.
+ * lru_touch_start(row_slot, last_used i64[S], log i32[C], log_pos i32[S], scratch, n,
+ *                 head, tail, batch[, threads]) -> handle (an int)
+ *   lru_hits' status-0 work on the keys of lru_scan, run by the toucher thread: sort,
+ *   pin the distinct slots (last_used = batch) and log them from tail in ascending row
+ *   order, the log compacted first when it has no room. The arrays are held (buffer
+ *   views) until the wait; the caller must not read or write them before it. When
+ *   MAX_TOUCH touches are pending, the call runs the touch itself and returns its
+ *   result tuple instead of a handle.
+ * lru_touch_wait(handle) -> (status, fresh, head, tail)
+ *   Waits for the touch (GIL released) and releases its arrays. status 0, or 3: no room
+ *   in the log even after compaction (cannot happen with C >= 2 S; nothing logged).
+ *
+ * The result is the state lru_hits would leave (tests/kernels/test_touch.py). One
+ * toucher thread runs the touches in the order they were started (its parallel parts
+ * on kernels/_pool.h's workers); fork() waits until it is idle, and the child starts
+ * its own on first need.
+ */
+#ifndef ROWCACHE_TOUCH_H
+#define ROWCACHE_TOUCH_H
+
+#define MAX_TOUCH 32 /* touches pending at once (more: run by their caller) */
+
+typedef struct {
+    Buf b[5]; /* row_slot, last_used, log, log_pos, scratch */
+    Py_ssize_t n, head, tail, fresh;
+    long long batch;
+    int threads, status;
+    int state; /* 0 free, 1 queued or running, 2 done */
+} TouchJob;
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;
+    TouchJob jobs[MAX_TOUCH];
+    int queue[MAX_TOUCH]; /* job indices, oldest first, from qhead */
+    int qhead, qlen, running, started;
+} touch = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER};
+
+/* Sorts one part's keys (scr[lo:hi], with scr[n + lo: n + hi] as the buffer) and counts
+ * its distinct keys. */
+static void *hits_sort(void *arg) {
+    HitsPart *h = arg;
+    Py_ssize_t m = h->hi - h->lo;
+    int32_t *scr = h->scr + h->lo;
+    radix_sort(scr, h->scr + h->n + h->lo, m);
+    Py_ssize_t n_u = m > 0;
+    for (Py_ssize_t i = 1; i < m; i++) {
+        n_u += scr[i] != scr[i - 1];
+    }
+    h->n_u = n_u;
+    return NULL;
+}
+
+/* lru_hits' work after its scan, on lru_scan's keys (GIL not needed). */
+static void touch_run(TouchJob *j) {
+    int32_t *row_slot = j->b[0].view.buf, *log = j->b[2].view.buf, *log_pos = j->b[3].view.buf;
+    int32_t *scr = j->b[4].view.buf;
+    int64_t *last_used = j->b[1].view.buf;
+    Py_ssize_t n = j->n, S = COUNT(j->b[1]), cap = COUNT(j->b[2]);
+    HitsPart part[MAXT];
+    int K = split_count(j->threads, n, HITS_GRAIN);
+    for (int k = 0; k < K; k++) {
+        part[k] = (HitsPart){NULL, row_slot, last_used, log, log_pos, NULL, scr, n, S, 0,
+                             j->batch, n * k / K, n * (k + 1) / K, 0, 0, 0, 0, 0, 0};
+    }
+    parallel(K, hits_sort, (char *)part, sizeof part[0]);
+    int disjoint = 1;
+    for (int k = 1; k < K; k++) {
+        disjoint &= scr[part[k].lo - 1] < scr[part[k].lo]; /* last of k-1 < first of k */
+    }
+    if (!disjoint) { /* one part over the whole call, as lru_hits does */
+        part[0].lo = 0;
+        part[0].hi = n;
+        K = 1;
+        hits_sort(&part[0]);
+    }
+    Py_ssize_t n_u = 0;
+    for (int k = 0; k < K; k++) {
+        n_u += part[k].n_u;
+    }
+    j->status = 0;
+    j->fresh = 0;
+    if (j->tail + n_u > cap) { /* lru_hits' status 3, which the caller answers by compacting */
+        j->tail = compact_log(log, log_pos, S, j->head, j->tail);
+        j->head = 0;
+        if (j->tail + n_u > cap) {
+            j->status = 3;
+            return;
+        }
+    }
+    Py_ssize_t base = j->tail;
+    for (int k = 0; k < K; k++) {
+        part[k].base = base;
+        base += part[k].n_u;
+    }
+    parallel(K, hits_touch, (char *)part, sizeof part[0]);
+    for (int k = 0; k < K; k++) {
+        j->fresh += part[k].fresh;
+    }
+    j->tail = base;
+}
+
+static void *toucher(void *unused) {
+    (void)unused;
+    pthread_mutex_lock(&touch.mu);
+    for (;;) {
+        while (touch.qlen == 0) {
+            pthread_cond_wait(&touch.work, &touch.mu);
+        }
+        TouchJob *j = &touch.jobs[touch.queue[touch.qhead]];
+        touch.qhead = (touch.qhead + 1) % MAX_TOUCH;
+        touch.qlen--;
+        touch.running = 1;
+        pthread_mutex_unlock(&touch.mu);
+        touch_run(j);
+        pthread_mutex_lock(&touch.mu);
+        j->state = 2;
+        touch.running = 0;
+        pthread_cond_broadcast(&touch.done);
+    }
+    return NULL;
+}
+
+/* fork(): the parent waits until no touch is queued or running (the child has no
+ * toucher, and its arrays must hold a finished touch); the child starts afresh. */
+static void touch_prepare(void) {
+    pthread_mutex_lock(&touch.mu);
+    while (touch.qlen || touch.running) {
+        pthread_cond_wait(&touch.done, &touch.mu);
+    }
+}
+
+static void touch_parent(void) { pthread_mutex_unlock(&touch.mu); }
+
+static void touch_child(void) {
+    pthread_mutex_init(&touch.mu, NULL);
+    pthread_cond_init(&touch.work, NULL);
+    pthread_cond_init(&touch.done, NULL);
+    touch.started = 0;
+}
+
+/* Starts the toucher (under touch.mu); 0 when the system refuses a thread. */
+static int touch_start_thread(void) {
+    if (touch.started) {
+        return 1;
+    }
+    static int registered = 0;
+    if (!registered) {
+        registered = pthread_atfork(touch_prepare, touch_parent, touch_child) == 0;
+    }
+    sigset_t all, old; /* as the pool's workers: every signal blocked */
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    touch.started = pthread_create(&th, &attr, toucher, NULL) == 0;
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return touch.started;
+}
+
+static PyObject *lru_scan(PyObject *self, PyObject *args) {
+    PyObject *o_ids, *o_rs, *o_out, *o_scr;
+    long long rows;
+    int threads = 1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OLOOO|i", &o_ids, &rows, &o_rs, &o_out, &o_scr, &threads)) {
+        return NULL;
+    }
+    Buf b[4];
+    memset(b, 0, sizeof b);
+    if (get_buf(o_ids, &b[0], 8, 0, "ids") || get_buf(o_rs, &b[1], 4, 0, "row_slot") ||
+        get_buf(o_out, &b[2], 4, 1, "out") || get_buf(o_scr, &b[3], 4, 1, "scratch")) {
+        release(b, 4);
+        return NULL;
+    }
+    Py_ssize_t n = COUNT(b[0]);
+    if (COUNT(b[2]) < n || COUNT(b[3]) < 2 * n || rows > COUNT(b[1])) {
+        release(b, 4);
+        PyErr_SetString(PyExc_ValueError, "lru_scan: inconsistent shapes");
+        return NULL;
+    }
+    HitsPart part[MAXT];
+    int K = split_count(threads, n, HITS_GRAIN);
+    for (int k = 0; k < K; k++) {
+        part[k] = (HitsPart){b[0].view.buf, b[1].view.buf, NULL, NULL, NULL, b[2].view.buf,
+                             b[3].view.buf, n, 0, rows, 0, n * k / K, n * (k + 1) / K,
+                             0, 0, 0, 0, 0, 1};
+    }
+    int status = 0;
+    Py_ssize_t a = 0;
+    Py_BEGIN_ALLOW_THREADS
+    parallel(K, hits_scan, (char *)part, sizeof part[0]);
+    Py_END_ALLOW_THREADS
+    for (int k = 0; k < K && status != 2; k++) {
+        if (part[k].status == 2) {
+            status = 2; /* the first bad id, as a serial scan finds it */
+            a = part[k].bad;
+        } else if (part[k].status == 1) {
+            status = 1;
+        }
+    }
+    release(b, 4);
+    return Py_BuildValue("(in)", status, a);
+}
+
+static PyObject *touch_result(TouchJob *j) {
+    return Py_BuildValue("(innn)", j->status, j->fresh, j->head, j->tail);
+}
+
+static PyObject *lru_touch_start(PyObject *self, PyObject *args) {
+    PyObject *o[5];
+    Py_ssize_t n, head, tail;
+    long long batch;
+    int threads = 1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOnnnL|i", &o[0], &o[1], &o[2], &o[3], &o[4], &n, &head,
+                          &tail, &batch, &threads)) {
+        return NULL;
+    }
+    TouchJob job;
+    memset(&job, 0, sizeof job);
+    static const char *names[5] = {"row_slot", "last_used", "log", "log_pos", "scratch"};
+    static const Py_ssize_t sizes[5] = {4, 8, 4, 4, 4};
+    for (int i = 0; i < 5; i++) {
+        if (get_buf(o[i], &job.b[i], sizes[i], i > 0, names[i])) {
+            release(job.b, 5);
+            return NULL;
+        }
+    }
+    Py_ssize_t S = COUNT(job.b[1]), cap = COUNT(job.b[2]);
+    if (COUNT(job.b[3]) != S || n < 1 || COUNT(job.b[4]) < 2 * n || head < 0 || head > tail ||
+        tail > cap) {
+        release(job.b, 5);
+        PyErr_SetString(PyExc_ValueError, "lru_touch_start: inconsistent shapes");
+        return NULL;
+    }
+    job.n = n;
+    job.head = head;
+    job.tail = tail;
+    job.batch = batch;
+    job.threads = threads;
+    job.state = 1;
+    int slot = -1;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&touch.mu);
+    if (touch.qlen < MAX_TOUCH && touch_start_thread()) {
+        for (int i = 0; i < MAX_TOUCH; i++) {
+            if (touch.jobs[i].state == 0) {
+                slot = i;
+                break;
+            }
+        }
+    }
+    if (slot >= 0) {
+        touch.jobs[slot] = job;
+        touch.queue[(touch.qhead + touch.qlen) % MAX_TOUCH] = slot;
+        touch.qlen++;
+        pthread_cond_signal(&touch.work);
+    }
+    pthread_mutex_unlock(&touch.mu);
+    if (slot < 0) { /* every slot pending (or no thread): the caller touches */
+        touch_run(&job);
+    }
+    Py_END_ALLOW_THREADS
+    if (slot >= 0) {
+        return PyLong_FromLong(slot);
+    }
+    PyObject *res = touch_result(&job);
+    release(job.b, 5);
+    return res;
+}
+
+static PyObject *lru_touch_wait(PyObject *self, PyObject *args) {
+    int slot;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "i", &slot)) {
+        return NULL;
+    }
+    if (slot < 0 || slot >= MAX_TOUCH) {
+        PyErr_Format(PyExc_ValueError, "lru_touch_wait: no touch %d", slot);
+        return NULL;
+    }
+    TouchJob *j = &touch.jobs[slot];
+    int state;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&touch.mu);
+    while (j->state == 1) {
+        pthread_cond_wait(&touch.done, &touch.mu);
+    }
+    state = j->state;
+    pthread_mutex_unlock(&touch.mu);
+    Py_END_ALLOW_THREADS
+    if (state != 2) {
+        PyErr_Format(PyExc_ValueError, "lru_touch_wait: no touch %d", slot);
+        return NULL;
+    }
+    PyObject *res = touch_result(j);
+    release(j->b, 5); /* under the GIL; the slot is then free */
+    pthread_mutex_lock(&touch.mu);
+    j->state = 0;
+    pthread_mutex_unlock(&touch.mu);
+    return res;
+}
+
+#endif

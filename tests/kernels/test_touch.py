@@ -1,0 +1,235 @@
+"""The deferred touch (kernels/_touch.h) against lru_hits, and a cache that defers its
+touches against one that does not (same slots, state, stats and errors)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kernels.host as host
+import rowcache
+from tests.kernels.test_host import _hits_arrays, _hits_call
+
+pytestmark = pytest.mark.skipif(host.native is None, reason="kernels._host not built")
+
+
+def _deferred_call(ids, arrays, threads, tail, head=0):
+    """lru_scan, then lru_touch_start and its wait, on copies of ``arrays``."""
+    nat = host.native
+    row_slot, last_used, log, log_pos = (a.copy() for a in arrays[:4])
+    out = np.zeros(ids.size, dtype=np.int32)
+    scratch = np.zeros(2 * ids.size, dtype=np.int32)
+    status, bad = nat.lru_scan(ids, row_slot.size, row_slot, out, scratch, threads)
+    if status:
+        return (status, bad), out, last_used, log, log_pos
+    h = nat.lru_touch_start(row_slot, last_used, log, log_pos, scratch, ids.size, head, tail, 2,
+                            threads)  # fmt: skip
+    res = h if type(h) is tuple else nat.lru_touch_wait(h)
+    return res, out, last_used, log, log_pos
+
+
+@pytest.mark.parametrize("case", ["blocks", "shuffled", "miss", "bad_late", "full_log"])
+@pytest.mark.parametrize("threads", [1, 3, 8])
+def test_scan_and_deferred_touch_equal_lru_hits(case, threads):
+    """The same slots, status, pins and LRU log as one lru_hits call: a shared arena's
+    step (disjoint blocks), shuffled ids (one part logs), a miss and a bad id (the scan
+    reports them and nothing changes), and a log with no room (the touch compacts it
+    first, as the cache does when lru_hits answers 3)."""
+    rng = np.random.default_rng(11)
+    arrays = _hits_arrays(rng)
+    mapped = arrays[4]
+    cuts = np.linspace(0, mapped.size, 13).astype(int)
+    ids = np.concatenate(
+        [rng.choice(mapped[cuts[k] : cuts[k + 1]], 2048) for k in range(12)]
+    ).astype(np.int64)
+    tail = mapped.size
+    if case == "shuffled":
+        ids = rng.permutation(ids)
+    elif case == "miss":
+        ids[5] = np.flatnonzero(arrays[0] < 0)[0]
+    elif case == "bad_late":
+        ids[3] = np.flatnonzero(arrays[0] < 0)[0]
+        ids[-7] = arrays[0].size + 5
+    elif case == "full_log":  # live entries at the end of a full log, stale ones before
+        log, log_pos = arrays[2], arrays[3]
+        S, C = log_pos.size, log.size
+        log[:] = rng.integers(0, S, C).astype(np.int32)
+        log[C - S :] = rng.permutation(S).astype(np.int32)
+        log_pos[log[C - S :]] = np.arange(C - S, C, dtype=np.int32)
+        tail = C
+    got = _deferred_call(ids, arrays, threads, tail)
+    if case in ("miss", "bad_late"):
+        want = _hits_call(ids, arrays, 1, tail)
+        assert got[0] == ((1, 0) if case == "miss" else (2, ids.size - 7))
+        assert want[0][0] == got[0][0]
+        if case == "miss":
+            np.testing.assert_array_equal(got[1], want[1])
+        for u, v in zip(got[2:], arrays[1:4]):
+            np.testing.assert_array_equal(u, v)  # the scan changed nothing
+        return
+    if case == "full_log":
+        compacted = _hits_call(ids, arrays, 1, tail)
+        assert compacted[0][0] == 3  # lru_hits leaves the compaction to its caller
+        ref = [a.copy() for a in arrays[:4]]
+        new_tail = host.native.lru_compact(ref[2], ref[3], 0, tail)
+        want = _hits_call(ids, (*ref, mapped), 1, new_tail)
+        assert got[0] == (0, want[0][1], 0, want[0][2])
+    else:
+        want = _hits_call(ids, arrays, 1, tail)
+        assert got[0] == (0, want[0][1], 0, want[0][2])
+    for u, v in zip(got[1:], want[1:]):
+        np.testing.assert_array_equal(u, v)
+
+
+def test_touch_arguments_are_checked_and_many_pending_touches_finish():
+    nat = host.native
+    rng = np.random.default_rng(3)
+    row_slot, last_used, log, log_pos, mapped = _hits_arrays(rng, 5000, 2000, 2000)
+    scratch = np.zeros(64, dtype=np.int32)
+    with pytest.raises(ValueError, match="shapes"):
+        nat.lru_touch_start(row_slot, last_used, log, log_pos, scratch, 33, 0, 2000, 1)
+    with pytest.raises(TypeError, match="last_used"):
+        nat.lru_touch_start(row_slot, log, log, log_pos, scratch, 4, 0, 2000, 1)
+    with pytest.raises(ValueError, match="no touch"):
+        nat.lru_touch_wait(99)
+    # more touches pending than the C side holds (32): the later ones run in the call
+    arrays = [(a.copy(), b.copy(), c.copy()) for a, b, c in [(last_used, log, log_pos)] * 40]
+    handles, want = [], []
+    for lu, lg, lp in arrays:
+        ids = np.sort(rng.choice(mapped, 30)).astype(np.int64)
+        out, scr = np.empty(30, np.int32), np.empty(60, np.int32)
+        assert nat.lru_scan(ids, row_slot.size, row_slot, out, scr)[0] == 0
+        handles.append(nat.lru_touch_start(row_slot, lu, lg, lp, scr, 30, 0, 2000, 2))
+        ref = _hits_call(ids, (row_slot, last_used, log, log_pos), 1, 2000)
+        want.append(ref)
+    assert sum(type(h) is tuple for h in handles) >= 8  # ran by their callers
+    for h, (lu, lg, lp), ref in zip(handles, arrays, want):
+        res = h if type(h) is tuple else nat.lru_touch_wait(h)
+        assert res == (0, ref[0][1], 0, ref[0][2])
+        np.testing.assert_array_equal(lu, ref[2])
+        np.testing.assert_array_equal(lg, ref[3])
+        np.testing.assert_array_equal(lp, ref[4])
+
+
+def _state(c):
+    s = c.stats()  # settles a deferred touch
+    live = c._log[c._head : c._tail]
+    valid = c._log_pos[live] == np.arange(c._head, c._tail)
+    return (
+        c._row_slot.copy(),
+        c._slot_row.copy(),
+        (c._last_used == c._batch).copy(),
+        live[valid].copy(),
+        dataclasses.replace(s, fault_seconds=0.0, prefetch_wait_seconds=0.0),
+        c.pinned,
+    )
+
+
+def _run(store, ops, defer_min):
+    c = rowcache.NgramRowCache(store, "t", slots=300)
+    c._defer_min = defer_min
+    outs, states = [], []
+    for kind, arg in ops:
+        try:
+            if kind == "end":
+                c.end_batch()
+            elif kind == "prefetch":
+                c.prefetch(arg).wait()
+            elif kind == "resolve":
+                outs.append(c.resolve(arg))
+            else:
+                outs.append(c.resolve_host(arg))
+        except (rowcache.errors.RowRangeError, rowcache.ArenaExhaustedError) as e:
+            outs.append(type(e).__name__)
+        if kind != "end" or len(states) % 3 == 0:  # some end_batch calls go unobserved
+            states.append(_state(c))
+    return outs, states
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31))
+def test_a_cache_that_defers_its_touches_equals_one_that_does_not(tmp_path_factory, seed):
+    """Model-based: resolve, resolve_host, prefetch and end_batch interleaved, with every
+    all-hits call deferring its touch (``_defer_min = 1``) against none deferring: the
+    same slots, errors, maps, pins, LRU order and stats after every call."""
+    rng = np.random.default_rng(seed)
+    path = tmp_path_factory.mktemp("s") / "store"
+    x = rng.standard_normal((1000, 8)).astype(np.float32).astype(ml_dtypes.bfloat16)
+    store = rowcache.build_store(path, {"t": x}, progress=False)
+    ops = []
+    for _ in range(50):
+        r = rng.random()
+        if r < 0.25:
+            ops.append(("end", None))
+        elif r < 0.3:
+            ops.append(("resolve_host", np.array([5, 1000], dtype=np.int64)))
+        elif r < 0.36:
+            ops.append(("prefetch", rng.integers(0, 1000, 20).astype(np.int64)))
+        else:  # a hot set: most calls hit every row; some need more slots than there are
+            n = int(rng.integers(1, 400 if r > 0.97 else 120))
+            ids = rng.integers(0, 1000 if r < 0.45 else 150, n).astype(np.int64)
+            ops.append(("resolve" if r < 0.6 else "resolve_host", ids))
+    a_out, a_states = _run(store, ops, 1)
+    b_out, b_states = _run(store, ops, 1 << 62)
+    for u, v in zip(a_out, b_out):
+        if isinstance(u, str):
+            assert u == v
+        else:
+            np.testing.assert_array_equal(u, v)
+    for a, b in zip(a_states, b_states):
+        for u, v in zip(a, b):
+            if isinstance(u, np.ndarray):
+                np.testing.assert_array_equal(u, v)
+            else:
+                assert u == v
+    store.close()
+
+
+def test_threads_and_a_forked_child_see_finished_touches(tmp_path):
+    """Calls from several threads each wait for the touch before them; a child forked
+    while touches are pending sees them finished."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4000, 8)).astype(np.float32).astype(ml_dtypes.bfloat16)
+    store = rowcache.build_store(tmp_path / "s", {"t": x}, progress=False)
+    c = rowcache.NgramRowCache(store, "t", slots=4000)
+    c._defer_min = 1
+    c.resolve_host(np.arange(4000, dtype=np.int64))
+    c.end_batch()
+    errors = []
+
+    def work(seed):
+        r = np.random.default_rng(seed)
+        try:
+            for _ in range(50):
+                ids = r.integers(0, 4000, 3000).astype(np.int64)
+                np.testing.assert_array_equal(c._slot_row[c.resolve_host(ids)], ids)
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+    c.resolve_host(rng.integers(0, 4000, 3000).astype(np.int64))  # pending at the fork
+    pid = os.fork()
+    if pid == 0:  # the child: the touch is finished and its own calls work
+        try:
+            s = c.stats()
+            ok = s.hits + s.misses <= s.lookups and c._touching is None
+            c.resolve_host(np.arange(100, dtype=np.int64))
+            c.stats()
+            os._exit(0 if ok else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    store.close()

@@ -5,7 +5,7 @@ launch choices. Times, on one stream, 4,000 calls each (rotating blocks, median 
 blocks): a cupy ``RawKernel`` call with the fault commit's 13 arguments, the same
 kernel through ``kernels._cuda.RawLaunch`` (``cuLaunchKernel`` on arguments packed
 once), a 256-byte host-to-device ``ndarray.set``, ``cupy.empty``, an event record,
-and, where torch is installed, ``torch.empty`` on the GPU.
+and, where torch is installed, ``torch.empty`` on the GPU (four ways) and ``torch.ones``.
 """
 
 from __future__ import annotations
@@ -71,8 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
 
-        cases["torch.empty (cuda)"] = lambda: torch.empty((1, 1, 3072), dtype=torch.bfloat16,
+        tdev = torch.device("cuda", torch.cuda.current_device())
+        proto = torch.empty(1, dtype=torch.bfloat16, device=tdev)
+        shape = (1, 1, 3072)
+        cases["torch.empty (cuda)"] = lambda: torch.empty(shape, dtype=torch.bfloat16,
                                                           device="cuda")  # fmt: skip
+        cases["torch.empty (device object)"] = lambda: torch.empty(
+            shape, dtype=torch.bfloat16, device=tdev
+        )
+        cases["Tensor.new_empty"] = lambda: proto.new_empty(shape)
+        cases["torch.empty_like"] = lambda: torch.empty_like(proto)
+        cases["torch.ones(1) (alloc + a fill)"] = lambda: torch.ones(1, device=tdev)
     except Exception:
         pass
     blocks = {name: [] for name in cases}

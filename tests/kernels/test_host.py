@@ -195,18 +195,24 @@ def test_lru_hits_native_equals_python_path(tmp_path_factory, seed):
             ops.append(hot.astype(np.int64))
     a_states, a_out = _replay(store, ops, host.native)
     b_states, b_out = _replay(store, ops, None)
-    for a, b in zip(a_states, b_states):
+    assert_same_runs(a_states, b_states, a_out, b_out)
+    store.close()
+
+
+def assert_same_runs(a_states, b_states, a_out, b_out):
+    """Two replays agree: every state tuple (arrays and values) and every call's result
+    (slots, or an error's message)."""
+    for a, b in zip(a_states, b_states, strict=True):
         for u, v in zip(a, b):
             if isinstance(u, np.ndarray):
                 np.testing.assert_array_equal(u, v)
             else:
                 assert u == v
-    for u, v in zip(a_out, b_out):
+    for u, v in zip(a_out, b_out, strict=True):
         if isinstance(u, str):
             assert u == v
         else:
             np.testing.assert_array_equal(u, v)
-    store.close()
 
 
 def _lru_arrays(rows=20, slots=6):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import kernels.host as host
 import rowcache
-from tests.kernels.test_host import _hits_arrays, _hits_call
+from tests.kernels.test_host import _hits_arrays, _hits_call, assert_same_runs
 
 pytestmark = pytest.mark.skipif(host.native is None, reason="kernels._host not built")
 
@@ -178,17 +178,7 @@ def test_a_cache_that_defers_its_touches_equals_one_that_does_not(tmp_path_facto
             ops.append(("resolve" if r < 0.6 else "resolve_host", ids))
     a_out, a_states = _run(store, ops, 1)
     b_out, b_states = _run(store, ops, 1 << 62)
-    for u, v in zip(a_out, b_out):
-        if isinstance(u, str):
-            assert u == v
-        else:
-            np.testing.assert_array_equal(u, v)
-    for a, b in zip(a_states, b_states):
-        for u, v in zip(a, b):
-            if isinstance(u, np.ndarray):
-                np.testing.assert_array_equal(u, v)
-            else:
-                assert u == v
+    assert_same_runs(a_states, b_states, a_out, b_out)
     store.close()
 
 

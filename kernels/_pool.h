@@ -143,9 +143,12 @@ static void pool_grow(int want) {
 }
 
 /* Runs fn(arg + k * size) for k in [0, K): on the caller's thread and the pool's
- * workers, or all on the caller's when K == 1, the pool is busy or has no workers. */
-static void parallel(int K, void *(*fn)(void *), char *arg, size_t size) {
-    if (K > 1 && pthread_mutex_trylock(&pool.busy) == 0) {
+ * workers, or all on the caller's when K == 1, the pool has no workers, or it is busy
+ * and `wait` is 0. With `wait` (a background caller: kernels/_touch.h's toucher) a busy
+ * pool is waited for: the job in it is a step's short one, and running six parts alone
+ * took the toucher longer than the wait. */
+static void parallel_pool(int K, void *(*fn)(void *), char *arg, size_t size, int wait) {
+    if (K > 1 && (wait ? pthread_mutex_lock(&pool.busy) : pthread_mutex_trylock(&pool.busy)) == 0) {
         pool_grow(K - 1);
         if (pool.workers > 0) {
             pthread_mutex_lock(&pool.mu);
@@ -182,6 +185,11 @@ static void parallel(int K, void *(*fn)(void *), char *arg, size_t size) {
     for (int k = 0; k < K; k++) {
         fn(arg + (size_t)k * size);
     }
+}
+
+/* parallel_pool for a caller on the step's path: a busy pool is never waited for. */
+static void parallel(int K, void *(*fn)(void *), char *arg, size_t size) {
+    parallel_pool(K, fn, arg, size, 0);
 }
 
 #endif

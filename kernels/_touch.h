@@ -1,5 +1,5 @@
 /* kernels/_touch.h: the deferred touch of an all-hits resolve (included once, by _host.c,
- * after HitsPart, hits_scan, hits_touch, radix_sort, compact_log and parallel()).
+ * after HitsPart, hits_scan, hits_touch, radix_sort, compact_log and parallel_pool()).
  *
  * Of lru_hits' time on a large call, the scan (range check, the map's lookups) is about
  * a tenth; the rest is the touch: sorting the ids, pinning and logging the distinct
@@ -24,9 +24,9 @@
  *   in the log even after compaction (cannot happen with C >= 2 S; nothing logged).
  *
  * The result is the state lru_hits would leave (tests/kernels/test_touch.py). One
- * toucher thread runs the touches in the order they were started (its parallel parts
- * on kernels/_pool.h's workers); fork() waits until it is idle, and the child starts
- * its own on first need.
+ * toucher thread runs the touches in the order they were started, its parallel parts on
+ * kernels/_pool.h's workers (waiting for the pool while a step's call holds it); fork()
+ * waits until it is idle, and the child starts its own on first need.
  */
 #ifndef ROWCACHE_TOUCH_H
 #define ROWCACHE_TOUCH_H
@@ -64,8 +64,9 @@ static void *hits_sort(void *arg) {
     return NULL;
 }
 
-/* lru_hits' work after its scan, on lru_scan's keys (GIL not needed). */
-static void touch_run(TouchJob *j) {
+/* lru_hits' work after its scan, on lru_scan's keys (GIL not needed); `wait`: the toucher
+ * (a busy pool is waited for, parallel_pool), 0: the caller itself. */
+static void touch_run(TouchJob *j, int wait) {
     int32_t *row_slot = j->b[0].view.buf, *log = j->b[2].view.buf, *log_pos = j->b[3].view.buf;
     int32_t *scr = j->b[4].view.buf;
     int64_t *last_used = j->b[1].view.buf;
@@ -76,7 +77,7 @@ static void touch_run(TouchJob *j) {
         part[k] = (HitsPart){NULL, row_slot, last_used, log, log_pos, NULL, scr, n, S, 0,
                              j->batch, n * k / K, n * (k + 1) / K, 0, 0, 0, 0, 0, 0};
     }
-    parallel(K, hits_sort, (char *)part, sizeof part[0]);
+    parallel_pool(K, hits_sort, (char *)part, sizeof part[0], wait);
     int disjoint = 1;
     for (int k = 1; k < K; k++) {
         disjoint &= scr[part[k].lo - 1] < scr[part[k].lo]; /* last of k-1 < first of k */
@@ -106,7 +107,7 @@ static void touch_run(TouchJob *j) {
         part[k].base = base;
         base += part[k].n_u;
     }
-    parallel(K, hits_touch, (char *)part, sizeof part[0]);
+    parallel_pool(K, hits_touch, (char *)part, sizeof part[0], wait);
     for (int k = 0; k < K; k++) {
         j->fresh += part[k].fresh;
     }
@@ -125,7 +126,7 @@ static void *toucher(void *unused) {
         touch.qlen--;
         touch.running = 1;
         pthread_mutex_unlock(&touch.mu);
-        touch_run(j);
+        touch_run(j, 1);
         pthread_mutex_lock(&touch.mu);
         j->state = 2;
         touch.running = 0;
@@ -275,7 +276,7 @@ static PyObject *lru_touch_start(PyObject *self, PyObject *args) {
     }
     pthread_mutex_unlock(&touch.mu);
     if (slot < 0) { /* every slot pending (or no thread): the caller touches */
-        touch_run(&job);
+        touch_run(&job, 0);
     }
     Py_END_ALLOW_THREADS
     if (slot >= 0) {

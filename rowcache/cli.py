@@ -24,7 +24,7 @@ from .errors import RowCacheError
 # Modules that define register(subparsers); one line each.
 COMMAND_MODULES = [
     "rowcache.commands_store",
-    "rowcache.demo",
+    "rowcache.commands_demo",
     "rowcache.commands_tools",
     "rowcache.commands_tune",
 ]

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from rowcache.demo import DemoConfig, register, render, run_demo, text_files
+from rowcache.commands_demo import register, render
+from rowcache.demo import DemoConfig, run_demo, text_files
 from rowcache.errors import ConfigError
 
 TINY = {"hidden_size": 48, "ratio": 0.05, "max_tokens": 4000, "decode_tokens": 150, "chunk": 256}

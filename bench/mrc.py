@@ -39,14 +39,8 @@ from embed.dims import NgramDims
 from rowcache.tools.mrc import miss_ratio_curve
 from rowcache.tools.stack import batch_stack_distances, dedup_batches, lru_stack_distances
 from rowcache.tools.tokens import iter_requests
-from rowcache.tools.trace import (
-    ServerModel,
-    Trace,
-    _Writer,
-    build_trace,
-    schedule_request,
-    write_manifest,
-)
+from rowcache.tools.trace import ServerModel, Trace, schedule_request
+from rowcache.tools.trace_build import _Writer, build_trace, write_manifest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

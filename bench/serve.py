@@ -53,7 +53,8 @@ from rowcache.builder import build_store
 from rowcache.cache import NgramRowCache
 from rowcache.store import RowStore
 from rowcache.tools.profile import profile_trace
-from rowcache.tools.trace import ServerModel, build_trace
+from rowcache.tools.trace import ServerModel
+from rowcache.tools.trace_build import build_trace
 from rowcache.tools.tune import parse_bytes, tune
 
 FULL_ROWS = 10_223_617  # LongCat-Flash-Lite's table 0: 78 x 131,072 + 1

@@ -91,7 +91,8 @@ def _cmd_trace(args: argparse.Namespace) -> int:
         make_tokenizer,
         stdlib_files,
     )
-    from .tools.trace import ServerModel, build_trace
+    from .tools.trace import ServerModel
+    from .tools.trace_build import build_trace
 
     inputs = list(args.inputs)
     if args.stdlib:

@@ -17,7 +17,8 @@ from .profile import ProfileReport, profile_trace
 from .shards import Sample, sample_fixed_rate, sample_fixed_size, top_keys
 from .stack import batch_stack_distances, lru_stack_distances
 from .tokens import iter_requests, make_tokenizer
-from .trace import ServerModel, Trace, build_trace
+from .trace import ServerModel, Trace
+from .trace_build import build_trace
 from .tune import TuneReport, parse_bytes, tune
 
 __all__ = [

@@ -9,7 +9,8 @@ from embed.dims import NgramDims
 from rowcache.tools.mrc import miss_ratio_curve
 from rowcache.tools.parallel import SHARED, sample_trace
 from rowcache.tools.profile import profile_trace
-from rowcache.tools.trace import ServerModel, build_trace
+from rowcache.tools.trace import ServerModel
+from rowcache.tools.trace_build import build_trace
 
 
 @pytest.fixture

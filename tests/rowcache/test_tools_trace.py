@@ -11,7 +11,8 @@ from embed.dims import NgramDims
 from embed.ids import ngram_ids
 from rowcache.errors import ConfigError, FormatError
 from rowcache.tools.tokens import iter_requests, make_tokenizer
-from rowcache.tools.trace import ServerModel, Trace, build_trace
+from rowcache.tools.trace import ServerModel, Trace
+from rowcache.tools.trace_build import build_trace
 
 
 @pytest.fixture

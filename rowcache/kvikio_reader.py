@@ -21,7 +21,8 @@ from kernels._cuda import require_cupy
 
 from . import format as fmt
 from .errors import GpuUnavailableError
-from .reader import Plan, RowReader
+from .read_plan import Plan
+from .reader import RowReader
 
 
 def kvikio_module() -> Any:

@@ -1,6 +1,6 @@
 """The Python engine of :class:`rowcache.reader.RowReader`, and what a failed batch says.
 
-Owns the read plan's type (:class:`Plan`), the engine that runs a plan where the native
+Owns the engine that runs a read plan (``rowcache.read_plan``) where the native
 extension is not built or ``os.preadv`` is replaced (fault injection): threads of
 ``os.preadv``, the page checks by ``rowcache.checksum``, the records cut from the
 buffer; and the messages of a failed read or page check, naming shard, offset, table
@@ -12,33 +12,16 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 
 from . import format as fmt
 from .checksum import page_crcs as _page_crcs
 from .errors import CorruptDataError
+from .read_plan import ALIGN, Plan
 
-ALIGN = fmt.PAGE
 SHORT = -1  # err code of a read that hit the end of file before the bytes it needed
-
-
-class Plan(NamedTuple):
-    """One call's reads. Per extent: file id, offset, length (whole pages), bytes needed,
-    buffer offset. Per row in (file, offset) order: its extent, file offset, and its
-    index in the caller's order; ``src[i]``: buffer offset of the caller's row ``i``."""
-
-    file: np.ndarray
-    start: np.ndarray
-    length: np.ndarray
-    need: np.ndarray
-    pos: np.ndarray
-    total: int
-    row_ext: np.ndarray
-    row_off: np.ndarray
-    order: np.ndarray
-    src: np.ndarray
 
 
 class PythonEngine:

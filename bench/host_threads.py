@@ -62,7 +62,7 @@ def _time_threads(
     log[:S] = np.arange(S, dtype=np.int32)
     log_pos = np.arange(S, dtype=np.int32)
     out = np.empty(ids.size, dtype=np.int32)
-    scratch = np.empty(4 * ids.size, dtype=np.int32)  # lru_hits: 2n; a deferred touch: 4n
+    scratch = np.empty(2 * ids.size, dtype=np.int32)
     state = {"tail": S, "batch": 0}
     compact_us: list[float] = []
 

@@ -252,7 +252,7 @@ typedef struct {
     int status;             /* 0, 1 (a miss) or 2 (ids[bad] out of range) */
     Py_ssize_t bad, n_u;    /* first bad id; distinct ids of the part */
     Py_ssize_t base, fresh; /* its first log position; slots newly pinned */
-    int keys_only;          /* the scan of lru_scan: (id, slot) pairs kept for a later sort */
+    int keys_only;          /* the scan of lru_scan: keys copied for a later sort */
 } HitsPart;
 
 /* Phase 1 of a part: range check, slots of its ids, and its ids sorted (scr[lo:hi],
@@ -287,9 +287,8 @@ static void *hits_scan(void *arg) {
     }
     int32_t *scr = h->scr + lo;
     if (h->keys_only) { /* the deferred touch sorts them (kernels/_touch.h) */
-        uint64_t *pairs = (uint64_t *)h->scr;
         for (Py_ssize_t i = lo; i < hi; i++) {
-            pairs[i] = (uint64_t)ids[i] << 32 | (uint32_t)h->out[i];
+            h->scr[i] = (int32_t)ids[i];
         }
         return NULL;
     }

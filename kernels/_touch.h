@@ -6,15 +6,14 @@
  * slots. Only the scan decides what the caller gets back (the slots, or a miss), so a
  * large all-hits call can return after it and leave the touch to a background thread:
  *
- * lru_scan(ids i64[n], rows, row_slot i32[R], out i32[n], scratch i32[4n][, threads])
+ * lru_scan(ids i64[n], rows, row_slot i32[R], out i32[n], scratch i32[2n][, threads])
  *     -> (status, a)
- *   status 0: every row resident; out = slots; scratch[:2n] = n (id << 32 | slot) pairs
- *   (the touch's input: sorted by id, they bring their slots, so the touch does not read
- *   the map again). 1: a row is not resident (out = slots, -1 where missing). 2: ids[a]
+ *   status 0: every row resident; out = slots; scratch[:n] = the ids as int32 keys (the
+ *   touch's input). 1: a row is not resident (out = slots, -1 where missing). 2: ids[a]
  *   is outside [0, rows). Changes no cache state.
  * lru_touch_start(row_slot, last_used i64[S], log i32[C], log_pos i32[S], scratch, n,
  *                 head, tail, batch[, threads]) -> handle (an int)
- *   lru_hits' status-0 work on the pairs of lru_scan, run by the toucher thread: sort,
+ *   lru_hits' status-0 work on the keys of lru_scan, run by the toucher thread: sort,
  *   pin the distinct slots (last_used = batch) and log them from tail in ascending row
  *   order, the log compacted first when it has no room. The arrays are held (buffer
  *   views) until the wait; the caller must not read or write them before it. When
@@ -50,95 +49,26 @@ static struct {
     int qhead, qlen, running, started;
 } touch = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER};
 
-/* LSD radix sort of n (id << 32 | slot) pairs by id (ids < 2**31), using tmp[n]: stable,
- * so equal ids keep their (equal) slots together. */
-static void radix_sort_pairs(uint64_t *a, uint64_t *tmp, Py_ssize_t n) {
-    uint64_t max = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        max = a[i] > max ? a[i] : max;
-    }
-    max >>= 32;
-    size_t count[2048];
-    uint64_t *src = a, *dst = tmp;
-    for (int shift = 32; shift < 63 && (max >> (shift - 32)) > 0; shift += 11) {
-        memset(count, 0, sizeof count);
-        for (Py_ssize_t i = 0; i < n; i++) {
-            count[(src[i] >> shift) & 2047]++;
-        }
-        size_t sum = 0;
-        for (int k = 0; k < 2048; k++) {
-            size_t c = count[k];
-            count[k] = sum;
-            sum += c;
-        }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            dst[count[(src[i] >> shift) & 2047]++] = src[i];
-        }
-        uint64_t *t = src;
-        src = dst;
-        dst = t;
-    }
-    if (src != a) {
-        memcpy(a, src, (size_t)n * sizeof *a);
-    }
-}
-
-/* Sorts one part's pairs (pairs[lo:hi], with pairs[n + lo: n + hi] as the buffer) and
- * counts its distinct ids. */
+/* Sorts one part's keys (scr[lo:hi], with scr[n + lo: n + hi] as the buffer) and counts
+ * its distinct keys. */
 static void *hits_sort(void *arg) {
     HitsPart *h = arg;
     Py_ssize_t m = h->hi - h->lo;
-    uint64_t *p = (uint64_t *)h->scr + h->lo;
-    radix_sort_pairs(p, (uint64_t *)h->scr + h->n + h->lo, m);
+    int32_t *scr = h->scr + h->lo;
+    radix_sort(scr, h->scr + h->n + h->lo, m);
     Py_ssize_t n_u = m > 0;
     for (Py_ssize_t i = 1; i < m; i++) {
-        n_u += (p[i] >> 32) != (p[i - 1] >> 32);
+        n_u += scr[i] != scr[i - 1];
     }
     h->n_u = n_u;
     return NULL;
 }
 
-/* hits_touch on sorted pairs: the slots come with the ids, so the map is not read again. */
-static void *hits_touch_pairs(void *arg) {
-    HitsPart *h = arg;
-    const uint64_t *p = (const uint64_t *)h->scr + h->lo;
-    int64_t *last_used = h->last_used;
-    int32_t *log = h->log, *log_pos = h->log_pos;
-    Py_ssize_t m = h->hi - h->lo, c = h->base, fresh = 0, S = h->S;
-    long long batch = h->batch;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        if (i + PF < m) {
-            int32_t q = (int32_t)(uint32_t)p[i + PF];
-            if (q >= 0 && q < S) {
-                __builtin_prefetch(&last_used[q], 1);
-                __builtin_prefetch(&log_pos[q], 1);
-            }
-        }
-        if (i > 0 && (p[i] >> 32) == (p[i - 1] >> 32)) {
-            continue;
-        }
-        int32_t s = (int32_t)(uint32_t)p[i];
-        if (s < 0 || s >= S) {
-            continue; /* cannot happen: checked by the scan */
-        }
-        if (last_used[s] != batch) {
-            fresh++;
-            last_used[s] = batch;
-        }
-        log[c] = s;
-        log_pos[s] = (int32_t)c;
-        c++;
-    }
-    h->fresh = fresh;
-    return NULL;
-}
-
-/* lru_hits' work after its scan, on lru_scan's pairs (GIL not needed); `wait`: the toucher
+/* lru_hits' work after its scan, on lru_scan's keys (GIL not needed); `wait`: the toucher
  * (a busy pool is waited for, parallel_pool), 0: the caller itself. */
 static void touch_run(TouchJob *j, int wait) {
     int32_t *row_slot = j->b[0].view.buf, *log = j->b[2].view.buf, *log_pos = j->b[3].view.buf;
     int32_t *scr = j->b[4].view.buf;
-    const uint64_t *pairs = (const uint64_t *)scr;
     int64_t *last_used = j->b[1].view.buf;
     Py_ssize_t n = j->n, S = COUNT(j->b[1]), cap = COUNT(j->b[2]);
     HitsPart part[MAXT];
@@ -150,7 +80,7 @@ static void touch_run(TouchJob *j, int wait) {
     parallel_pool(K, hits_sort, (char *)part, sizeof part[0], wait);
     int disjoint = 1;
     for (int k = 1; k < K; k++) {
-        disjoint &= (pairs[part[k].lo - 1] >> 32) < (pairs[part[k].lo] >> 32); /* last < first */
+        disjoint &= scr[part[k].lo - 1] < scr[part[k].lo]; /* last of k-1 < first of k */
     }
     if (!disjoint) { /* one part over the whole call, as lru_hits does */
         part[0].lo = 0;
@@ -177,7 +107,7 @@ static void touch_run(TouchJob *j, int wait) {
         part[k].base = base;
         base += part[k].n_u;
     }
-    parallel_pool(K, hits_touch_pairs, (char *)part, sizeof part[0], wait);
+    parallel_pool(K, hits_touch, (char *)part, sizeof part[0], wait);
     for (int k = 0; k < K; k++) {
         j->fresh += part[k].fresh;
     }
@@ -261,7 +191,7 @@ static PyObject *lru_scan(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_ssize_t n = COUNT(b[0]);
-    if (COUNT(b[2]) < n || COUNT(b[3]) < 4 * n || rows > COUNT(b[1])) {
+    if (COUNT(b[2]) < n || COUNT(b[3]) < 2 * n || rows > COUNT(b[1])) {
         release(b, 4);
         PyErr_SetString(PyExc_ValueError, "lru_scan: inconsistent shapes");
         return NULL;
@@ -315,7 +245,7 @@ static PyObject *lru_touch_start(PyObject *self, PyObject *args) {
         }
     }
     Py_ssize_t S = COUNT(job.b[1]), cap = COUNT(job.b[2]);
-    if (COUNT(job.b[3]) != S || n < 1 || COUNT(job.b[4]) < 4 * n || head < 0 || head > tail ||
+    if (COUNT(job.b[3]) != S || n < 1 || COUNT(job.b[4]) < 2 * n || head < 0 || head > tail ||
         tail > cap) {
         release(job.b, 5);
         PyErr_SetString(PyExc_ValueError, "lru_touch_start: inconsistent shapes");

@@ -118,12 +118,10 @@ class LruLog(CacheState):
         ):
             return None
         n = row_ids.size
-        defer = n >= self._defer_min
-        need = (4 if defer else 2) * n  # a deferred touch sorts (id, slot) pairs
-        if self._scratch.size < need:
-            self._scratch = np.empty(max(need, 2 * self._scratch.size), dtype=np.int32)
+        if self._scratch.size < 2 * n:
+            self._scratch = np.empty(max(2 * n, 2 * self._scratch.size), dtype=np.int32)
         out = np.empty(n, dtype=np.int32)
-        if defer:
+        if n >= self._defer_min:
             status, _ = native.lru_scan(row_ids, self.rows, self._row_slot, out, self._scratch,
                                         HOST_THREADS)  # fmt: skip
             if status == 0:  # every row resident: the touch goes on in the background

@@ -25,7 +25,7 @@ def _deferred_call(ids, arrays, threads, tail, head=0):
     nat = host.native
     row_slot, last_used, log, log_pos = (a.copy() for a in arrays[:4])
     out = np.zeros(ids.size, dtype=np.int32)
-    scratch = np.zeros(4 * ids.size, dtype=np.int32)
+    scratch = np.zeros(2 * ids.size, dtype=np.int32)
     status, bad = nat.lru_scan(ids, row_slot.size, row_slot, out, scratch, threads)
     if status:
         return (status, bad), out, last_used, log, log_pos
@@ -104,7 +104,7 @@ def test_touch_arguments_are_checked_and_many_pending_touches_finish():
     handles, want = [], []
     for lu, lg, lp in arrays:
         ids = np.sort(rng.choice(mapped, 30)).astype(np.int64)
-        out, scr = np.empty(30, np.int32), np.empty(120, np.int32)
+        out, scr = np.empty(30, np.int32), np.empty(60, np.int32)
         assert nat.lru_scan(ids, row_slot.size, row_slot, out, scr)[0] == 0
         handles.append(nat.lru_touch_start(row_slot, lu, lg, lp, scr, 30, 0, 2000, 2))
         ref = _hits_call(ids, (row_slot, last_used, log, log_pos), 1, 2000)

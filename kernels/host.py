@@ -39,13 +39,18 @@ def _host_threads() -> int:
         if not 1 <= k <= 16:
             raise ValueError(f"ROWCACHE_HOST_THREADS={env!r}: give an integer in 1..16")
         return k
+    return max(1, min(8, USABLE_CPUS))
+
+
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; the CPU count off Linux)."""
     try:
-        cpus = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(8, cpus))
+        return os.cpu_count() or 1
 
 
+USABLE_CPUS = _usable_cpus()
 HOST_THREADS = _host_threads()
 
 

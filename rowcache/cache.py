@@ -27,12 +27,12 @@ sort of its ids, two gathers and two scatters. The log is compacted in place whe
 full: O(1) amortized per access, no O(slots) scan per fault.
 
 Deferred touch. An all-hits resolve of at least ``rowcache.lru.DEFER_MIN`` ids (a
-prefill step's; hosts of 4 cores or more) returns once its scan has found every row
-resident, and a background C thread pins and logs its slots (``kernels/_touch.h``: the
-sort and the log writes, ~90 % of the call). The cache's lock finishes that touch before
-any later call reads the state, so every call sees what it would have seen without
-the deferral (``end_batch`` and ``poll`` go on without waiting: the touch pins for its
-own batch).
+prefill step's; where the process may use 4 CPUs or more) returns once its scan has
+found every row resident, and a background C thread pins and logs its slots
+(``kernels/_touch.h``: the sort and the log writes, ~90 % of the call). The cache's lock
+finishes that touch before any later call reads the state, so every call sees what it
+would have seen without the deferral (``end_batch`` and ``poll`` go on without waiting:
+the touch pins for its own batch).
 """
 
 from __future__ import annotations

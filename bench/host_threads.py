@@ -96,32 +96,22 @@ def _time_threads(
         pending.append(native.lru_touch_start(row_slot, last_used, log, log_pos, scratch,
                                                ids.size, 0, state["tail"], state["batch"], k))  # fmt: skip
 
-    def deferred_step() -> None:
-        deferred()
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < 2e-3:  # the step's other work: the touch runs
-            pass
+    def finish() -> None:  # wait for the touch; take in the log's new tail
         h = pending.pop()
-        res = h if type(h) is tuple else native.lru_touch_wait(h)
-        state["tail"] = res[3]
+        state["tail"] = (h if type(h) is tuple else native.lru_touch_wait(h))[3]
 
     ts = []
     for _ in range(reps):
         t0 = time.perf_counter()
         deferred()
         ts.append(time.perf_counter() - t0)
-        t1 = time.perf_counter()
-        while time.perf_counter() - t1 < 2e-3:
+        while time.perf_counter() - t0 < 2e-3:  # the step's other work: the touch runs
             pass
-        h = pending.pop()
-        res = h if type(h) is tuple else native.lru_touch_wait(h)
-        state["tail"] = res[3]
-    deferred_step()
+        finish()
 
     def touch_now() -> None:  # the same, the touch waited for at once: the whole work
         deferred()
-        h = pending.pop()
-        state["tail"] = (h if type(h) is tuple else native.lru_touch_wait(h))[3]
+        finish()
 
     whole_us = _median_us(touch_now, reps)
     compact()

@@ -339,6 +339,20 @@ static void *hits_touch(void *arg) {
     return NULL;
 }
 
+/* The status of a scan split into K parts: 2 with *bad the first bad id (as a serial scan
+ * finds it), else 1 when a part has a miss, else 0. */
+static int scan_status(const HitsPart *part, int K, Py_ssize_t *bad) {
+    int status = 0;
+    for (int k = 0; k < K; k++) {
+        if (part[k].status == 2) {
+            *bad = part[k].bad;
+            return 2;
+        }
+        status |= part[k].status == 1;
+    }
+    return status;
+}
+
 /* lru_hits(ids i64[n], rows, row_slot i32[R], last_used i64[S], log i32[C], log_pos i32[S],
  *          tail, batch, out i32[n], scratch i32[2n][, threads]) -> (status, a, b)
  * status 0: every row resident; out = slots; the unique slots were pinned (last_used =
@@ -389,14 +403,7 @@ static PyObject *lru_hits(PyObject *self, PyObject *args) {
     Py_ssize_t a = 0, c = tail;
     Py_BEGIN_ALLOW_THREADS
     parallel(K, hits_scan, (char *)part, sizeof part[0]);
-    for (int k = 0; k < K && status != 2; k++) {
-        if (part[k].status == 2) {
-            status = 2; /* the first bad id, as a serial scan finds it */
-            a = part[k].bad;
-        } else if (part[k].status == 1) {
-            status = 1;
-        }
-    }
+    status = scan_status(part, K, &a);
     if (status == 0 && K > 1) {
         int32_t *scr = b[6].view.buf;
         int disjoint = 1;

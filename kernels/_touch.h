@@ -208,14 +208,7 @@ static PyObject *lru_scan(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     parallel(K, hits_scan, (char *)part, sizeof part[0]);
     Py_END_ALLOW_THREADS
-    for (int k = 0; k < K && status != 2; k++) {
-        if (part[k].status == 2) {
-            status = 2; /* the first bad id, as a serial scan finds it */
-            a = part[k].bad;
-        } else if (part[k].status == 1) {
-            status = 1;
-        }
-    }
+    status = scan_status(part, K, &a);
     release(b, 4);
     return Py_BuildValue("(in)", status, a);
 }

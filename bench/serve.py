@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _common import machine
 from _serve_floor import Floor
 from _serve_model import REST_MODELS, make_workload
-from _serve_steps import history_rows, load_requests, server_steps
+from _serve_steps import history_rows, load_requests, load_text, server_steps
 
 from embed.dims import NgramDims
 from embed.layer import NgramEmbedding
@@ -155,6 +155,23 @@ def arena_slots(args: Any, dims: NgramDims, reqs: list[Any], workdir: str) -> tu
     return slots, info | {"trace_step_tokens": np.bincount(trace.steps_array())}
 
 
+def warm_plan(
+    chunks: list[np.ndarray], servers: list[list[Any]], offsets: np.ndarray, slots: int
+) -> tuple[list[np.ndarray], str]:
+    """The prefetch calls that bring the history's rows in: its chunks in order, or,
+    where the arena holds every row that history and trace touch (so that no series
+    evicts and the order cannot change a fault), one sorted pass in dense pieces
+    (their pages merge into long reads)."""
+    if not chunks:
+        return [], "none"
+    hist = np.unique(np.concatenate(chunks))
+    trace = [np.unique(st.batch.host_ids() + offsets[:, None]) for sv in servers for st in sv]
+    if np.unique(np.concatenate([hist, *trace])).size > slots:
+        return chunks, "in the history's order"
+    pieces = np.array_split(hist, -(-hist.size // 1_000_000))
+    return pieces, "one sorted pass: the arena holds every row of history and trace"
+
+
 def prefetcher(emb: Any, cache: Any) -> Any:
     """``start(batch) -> handle``: the lookahead API of this tree, or None without one."""
     if hasattr(emb, "prefetch_packed"):
@@ -256,6 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="auto", help="rows per table, or auto (disk and memory)")
     p.add_argument("--dtype", choices=("bf16", "fp8"), default="fp8")
     p.add_argument("--tokens", type=int, default=400_000, help="stdlib tokens to serve")
+    p.add_argument("--tokens-npy", default=None, help="token ids to serve (--write-tokens)")
+    p.add_argument(
+        "--write-tokens",
+        default=None,
+        help="tokenize --history + --tokens tokens of the text into this .npy and exit",
+    )
     p.add_argument("--max-request", type=int, default=2048, help="tokens a request at most")
     p.add_argument("--chunk", type=int, default=512, help="prefill chunk tokens")
     p.add_argument("--decode", type=int, default=256, help="decode tokens a request")
@@ -328,8 +351,18 @@ def main(argv: list[str] | None = None) -> int:
         eos_token_id=2,
     )
     T, d, D = dims.num_tables, dims.table_dim, dims.hidden_size
+    if args.write_tokens:
+        toks, src = load_text(args.history + args.tokens, dims.vocab_size, dims.eos_token_id)
+        np.save(args.write_tokens, toks.astype(np.int32))
+        print(f"wrote {toks.size:,} tokens ({src}) to {args.write_tokens}")
+        return 0
     reqs, text, hist = load_requests(
-        args.tokens, dims.vocab_size, dims.eos_token_id, args.max_request, args.history
+        args.tokens,
+        dims.vocab_size,
+        dims.eos_token_id,
+        args.max_request,
+        args.history,
+        args.tokens_npy,
     )
     args.model = ServerModel(batch=64, chunk=args.chunk, decode=args.decode)
     steps64, tok64 = server_steps(dims, args.model, reqs)
@@ -373,8 +406,10 @@ def main(argv: list[str] | None = None) -> int:
 
         sizes = [dims.table_rows(i) for i in range(T)]  # the shared arena's global row ids
         layout = (np.r_[0, np.cumsum(sizes)], [store.table_index(str(i)) for i in range(T)])
-        warm_rows = history_rows(dims, hist, layout[0][:-1])
-        warmed: dict[str, Any] = {"tokens": sum(r.size for r in hist)}
+        warm_rows, order = warm_plan(
+            history_rows(dims, hist, layout[0][:-1]), [steps64, steps1], layout[0][:-1], slots
+        )
+        warmed: dict[str, Any] = {"tokens": sum(r.size for r in hist), "order": order}
 
         def new_cache() -> NgramRowCache:
             cache = NgramRowCache(
@@ -443,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
                     record=misses if variant == "cached" else None,
                     check=(args.check_every, got),
                 )
+                ev = cache.stats().evictions
+                warmed.setdefault("evictions", {})[f"{name.strip()} {variant}"] = ev
+                assert not (ev and order.startswith("one sorted")), "the arena evicted"
                 if prof is not None:
                     import pstats
 
@@ -536,7 +574,7 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
             f"history: each cached series starts with the rows of the {h['tokens']:,} tokens "
             f"before the trace prefetched into the arena ({h['rows_read']:,} rows, "
             f"{h['GB_read']:.2f} GB in {h['read_ops']:,} reads, {h['seconds']:.1f} s); "
-            f"{h['resident_rows']:,} rows resident at the start"
+            f"{h['resident_rows']:,} rows resident at the start; {h['order']}"
         )
     else:
         print("history: none (the server starts cold: --history)")

@@ -36,8 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--graphs", action="store_true", help="cuda_graphs=True")
     p.add_argument("--top", type=int, default=18)
-    p.add_argument("--faults", type=int, default=0, metavar="K",
-                   help="profile fault steps of K misses of a 25%% shared arena instead")
+    p.add_argument(
+        "--faults",
+        type=int,
+        default=0,
+        metavar="K",
+        help="profile fault steps of K misses of a 25%% shared arena instead",
+    )
     p.add_argument("--quick", action="store_true")
     a = p.parse_args(argv)
     if a.quick:

@@ -121,10 +121,15 @@ def test_bench_serve_quick_ratios_from_printed_figures():
 def test_bench_serve_quick_history_fills_the_arena_first():
     cold = json.loads(run("serve.py", "--json"))
     warm = json.loads(run("serve.py", "--json", "--history", "20000"))
-    assert cold["settings"]["history"] == {"tokens": 0}
+    assert (
+        cold["settings"]["history"]["tokens"] == 0
+        and cold["settings"]["history"]["order"] == "none"
+    )
     h = warm["settings"]["history"]
     assert 0 < h["tokens"] <= 20000 and h["rows_read"] > 0 and h["resident_rows"] > 0
     assert h["resident_rows"] <= warm["settings"]["arena"]["slots"]
+    # tune's arena holds every row here: one sorted pass, and no series evicts
+    assert h["order"].startswith("one sorted pass") and set(h["evictions"].values()) == {0}
     assert warm["settings"]["outputs_mismatched"] == 0
     rate = {
         r: {p["phase"]: p["hit_rate"] for p in rep["phases"]}

@@ -12,13 +12,16 @@
  *   touch's input). 1: a row is not resident (out = slots, -1 where missing). 2: ids[a]
  *   is outside [0, rows). Changes no cache state.
  * lru_touch_start(row_slot, last_used i64[S], log i32[C], log_pos i32[S], scratch, n,
- *                 head, tail, batch[, threads]) -> handle (an int)
+ *                 head, tail, batch[, threads[, after]]) -> handle (an int)
  *   lru_hits' status-0 work on the keys of lru_scan, run by the toucher thread: sort,
  *   pin the distinct slots (last_used = batch) and log them from tail in ascending row
  *   order, the log compacted first when it has no room. The arrays are held (buffer
- *   views) until the wait; the caller must not read or write them before it. When
- *   MAX_TOUCH touches are pending, the call runs the touch itself and returns its
- *   result tuple instead of a handle.
+ *   views) until the wait; the caller must not read or write them before it (but for
+ *   row_slot, which no touch writes). When MAX_TOUCH touches are pending, the call runs
+ *   the touch itself and returns its result tuple instead of a handle. `after`: the
+ *   handle of a touch of the same cache not yet waited for; this one runs after it and
+ *   starts from the log bounds it leaves (head and tail are then ignored), or gives its
+ *   status 3 without running when that one gave 3.
  * lru_touch_wait(handle) -> (status, fresh, head, tail)
  *   Waits for the touch (GIL released) and releases its arrays. status 0, or 3: no room
  *   in the log even after compaction (cannot happen with C >= 2 S; nothing logged).
@@ -39,6 +42,7 @@ typedef struct {
     long long batch;
     int threads, status;
     int state; /* 0 free, 1 queued or running, 2 done */
+    int after; /* a queued job: the job whose log bounds it starts from, or -1 */
 } TouchJob;
 
 static struct {
@@ -114,6 +118,14 @@ static void touch_run(TouchJob *j, int wait) {
     j->tail = base;
 }
 
+/* Job f starts from the log bounds of job j, which is done (under touch.mu). */
+static void chain_from(TouchJob *f, const TouchJob *j) {
+    f->head = j->head;
+    f->tail = j->tail;
+    f->status = j->status ? 3 : 0;
+    f->after = -1;
+}
+
 static void *toucher(void *unused) {
     (void)unused;
     pthread_mutex_lock(&touch.mu);
@@ -126,8 +138,18 @@ static void *toucher(void *unused) {
         touch.qlen--;
         touch.running = 1;
         pthread_mutex_unlock(&touch.mu);
-        touch_run(j, 1);
+        if (j->status == 0) { /* not a follower of a touch that failed */
+            touch_run(j, 1);
+        }
         pthread_mutex_lock(&touch.mu);
+        /* a job queued after this one starts from the log bounds it leaves: handed over
+         * before this one is done (and can be waited for, and its slot reused) */
+        for (int q = 0; q < touch.qlen; q++) {
+            TouchJob *f = &touch.jobs[touch.queue[(touch.qhead + q) % MAX_TOUCH]];
+            if (f->after == j - touch.jobs) {
+                chain_from(f, j);
+            }
+        }
         j->state = 2;
         touch.running = 0;
         pthread_cond_broadcast(&touch.done);
@@ -221,10 +243,14 @@ static PyObject *lru_touch_start(PyObject *self, PyObject *args) {
     PyObject *o[5];
     Py_ssize_t n, head, tail;
     long long batch;
-    int threads = 1;
+    int threads = 1, after = -1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOOnnnL|i", &o[0], &o[1], &o[2], &o[3], &o[4], &n, &head,
-                          &tail, &batch, &threads)) {
+    if (!PyArg_ParseTuple(args, "OOOOOnnnL|ii", &o[0], &o[1], &o[2], &o[3], &o[4], &n, &head,
+                          &tail, &batch, &threads, &after)) {
+        return NULL;
+    }
+    if (after < -1 || after >= MAX_TOUCH) {
+        PyErr_Format(PyExc_ValueError, "lru_touch_start: no touch %d to follow", after);
         return NULL;
     }
     TouchJob job;
@@ -250,10 +276,18 @@ static PyObject *lru_touch_start(PyObject *self, PyObject *args) {
     job.batch = batch;
     job.threads = threads;
     job.state = 1;
-    int slot = -1;
+    job.after = -1;
+    int slot = -1, bad = 0;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&touch.mu);
-    if (touch.qlen < MAX_TOUCH && touch_start_thread()) {
+    if (after >= 0 && touch.jobs[after].state == 0) {
+        bad = 1; /* nothing to follow: waited for already, or never started */
+    } else if (after >= 0 && touch.jobs[after].state == 2) {
+        chain_from(&job, &touch.jobs[after]);
+    } else if (after >= 0) {
+        job.after = after; /* handed over by the toucher when that one is done */
+    }
+    if (!bad && touch.qlen < MAX_TOUCH && touch_start_thread()) {
         for (int i = 0; i < MAX_TOUCH; i++) {
             if (touch.jobs[i].state == 0) {
                 slot = i;
@@ -267,11 +301,22 @@ static PyObject *lru_touch_start(PyObject *self, PyObject *args) {
         touch.qlen++;
         pthread_cond_signal(&touch.work);
     }
+    if (!bad && slot < 0 && job.after >= 0) { /* the caller touches: after that one */
+        while (touch.jobs[after].state == 1) {
+            pthread_cond_wait(&touch.done, &touch.mu);
+        }
+        chain_from(&job, &touch.jobs[after]);
+    }
     pthread_mutex_unlock(&touch.mu);
-    if (slot < 0) { /* every slot pending (or no thread): the caller touches */
+    if (!bad && slot < 0 && job.status == 0) { /* every slot pending (or no thread) */
         touch_run(&job, 0);
     }
     Py_END_ALLOW_THREADS
+    if (bad) {
+        release(job.b, 5);
+        PyErr_Format(PyExc_ValueError, "lru_touch_start: no touch %d to follow", after);
+        return NULL;
+    }
     if (slot >= 0) {
         return PyLong_FromLong(slot);
     }

@@ -229,7 +229,7 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         self._last_faults = 0
         self._dev_map: Any = None
         self._lock = SettlingLock(self)
-        self._touching = None  # a deferred touch in flight (rowcache.lru)
+        self._touching = []  # deferred touches in flight (rowcache.lru)
         self._defer_min = DEFER_MIN
         self._stats: dict[str, Any] = dict.fromkeys((f.name for f in fields(CacheStats)), 0)
         self._stats["fault_seconds"] = 0.0
@@ -244,6 +244,7 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         self._reaped_rows = 0
         self._n_busy = 0
         self._scratch = np.empty(0, dtype=np.int32)  # the native hit path's sort buffer
+        self._scratch2 = np.empty(0, dtype=np.int32)  # a queued touch's (rowcache.lru)
         self._part_misses = np.zeros(len(self.parts), dtype=np.int64)
 
         dim = self.dim
@@ -274,8 +275,12 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
             (nothing changes: maps, pins and stats are as before the call).
         CorruptDataError : a read failed (nothing is mapped; the cache stays usable).
         """
+        cuda = self.device == "cuda"
+        with self._lock.raw:  # behind a deferred touch: scanned without waiting for it
+            out = self._hits_queued(row_ids) if self._touching else None
+            if out is not None:
+                return self._to_device(out) if cuda else out
         with self._lock:
-            cuda = self.device == "cuda"
             out = self._hits_native(row_ids, cuda)  # a fault's launch may carry the slots
             if out is None:
                 ids = check_row_ids(row_ids, self.rows)
@@ -294,6 +299,10 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         on that stream (or wait on it). Pinned until :meth:`end_batch`, like
         :meth:`resolve`.
         """
+        with self._lock.raw:  # behind a deferred touch: scanned without waiting for it
+            out = self._hits_queued(row_ids) if self._touching else None
+            if out is not None:
+                return out
         with self._lock:
             out = self._hits_native(row_ids)
             if out is not None:
@@ -313,7 +322,7 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         """Unpin every slot pinned since the last ``end_batch``; the next batch begins."""
         with self._lock.raw:  # a deferred touch may go on: it pins for its own batch
             if self._jobs:
-                if self._touching is not None:
+                if self._touching:
                     self._finish_touch()
                 self._reap()
             # A slot is pinned while its last use is the current batch: moving to the

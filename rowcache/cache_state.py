@@ -39,4 +39,4 @@ class CacheState:
     _failed: list[tuple[np.ndarray, BaseException]]
     _last_faults: int
     _reaped_rows: int
-    _touching: Any  # a deferred touch in flight (rowcache.lru.LruLog._finish_touch)
+    _touching: Any  # deferred touches in flight (rowcache.lru.LruLog._finish_touch)

@@ -41,7 +41,7 @@ class SettlingLock:
     def __enter__(self) -> SettlingLock:
         self.raw.acquire()
         c = self._cache()
-        if c is not None and c._touching is not None:
+        if c is not None and c._touching:
             try:
                 c._finish_touch()
             except BaseException:
@@ -72,7 +72,9 @@ class LruLog(CacheState):
     or None), looked up where tests swap them."""
 
     _scratch: np.ndarray
-    _touching: tuple[Any, int] | None  # a deferred touch: (handle or result, its batch)
+    _scratch2: np.ndarray  # the keys of a touch queued behind one that holds _scratch
+    # deferred touches, oldest first: (handle or result, its batch, the scratch it holds)
+    _touching: list[tuple[Any, int, np.ndarray]]
     _defer_min: int  # ids from which an all-hits call defers its touch (DEFER_MIN)
 
     def _host_lib(self) -> Any:
@@ -80,24 +82,74 @@ class LruLog(CacheState):
 
     def __del__(self) -> None:
         # a touch still in flight holds the arrays (and a slot of the C side): finish it
-        if getattr(self, "_touching", None) is not None:
+        if getattr(self, "_touching", None):
             try:
                 self._finish_touch()
             except Exception:
                 pass
 
-    def _finish_touch(self) -> None:
-        """Wait for the deferred touch (``kernels/_touch.h``) and take in its result:
-        the log's bounds, the hits it counted, and its pins while its batch lasts."""
-        handle, batch = self._touching
-        self._touching = None
-        res = handle if type(handle) is tuple else self._host_lib().lru_touch_wait(handle)
-        status, fresh, self._head, self._tail = res
+    def _finish_touch(self, keep: int = 0) -> None:
+        """Wait for the deferred touches (``kernels/_touch.h``), oldest first, all but the
+        newest ``keep``, and take in their results: the log's bounds, the hits they
+        counted, and their pins while their batch lasts."""
+        while len(self._touching) > keep:
+            handle, batch, _ = self._touching.pop(0)
+            res = handle if type(handle) is tuple else self._host_lib().lru_touch_wait(handle)
+            status, fresh, self._head, self._tail = res
+            if status:
+                raise AssertionError("the LRU log had no room for a touch after compaction")
+            self._stats["hits"] += fresh
+            if batch == self._batch:
+                self._pinned += fresh
+
+    def _hits_queued(self, row_ids: Any) -> np.ndarray | None:
+        """With a deferred touch pending (under the bare lock): an all-hits call of at
+        least ``_defer_min`` ids scans the row map, which no touch writes, and queues its
+        own touch behind the pending one, instead of waiting for it (a step's host
+        resolve then overlaps the previous step's touch; at most two are pending, so a
+        call waits for the touch of two calls ago). None where the caller must settle
+        and take the usual path: a miss, a bad id, prefetches, a small call."""
+        native = self._host_lib()
+        if (
+            native is None
+            or type(row_ids) is not np.ndarray
+            or row_ids.dtype != np.int64
+            or row_ids.ndim != 1
+            or not row_ids.flags.c_contiguous
+            or row_ids.size < self._defer_min
+            or self._jobs
+            or self._failed
+        ):
+            return None
+        self._finish_touch(keep=1)
+        prev, _, held = self._touching[0]
+        if type(prev) is tuple:  # it ran in its caller: nothing to follow
+            return None
+        n = row_ids.size
+        scratch = self._scratch2 if held is self._scratch else self._scratch
+        if scratch.size < 2 * n:
+            scratch = np.empty(max(2 * n, 2 * scratch.size), dtype=np.int32)
+            if held is self._scratch:
+                self._scratch2 = scratch
+            else:
+                self._scratch = scratch
+        out = np.empty(n, dtype=np.int32)
+        status, _ = native.lru_scan(row_ids, self.rows, self._row_slot, out, scratch,
+                                    HOST_THREADS)  # fmt: skip
         if status:
-            raise AssertionError("the LRU log had no room for a touch after compaction")
-        self._stats["hits"] += fresh
-        if batch == self._batch:
-            self._pinned += fresh
+            return None
+        self._start_touch(native, scratch, n, prev)
+        return out
+
+    def _start_touch(self, native: Any, scratch: np.ndarray, n: int, after: int = -1) -> None:
+        """Hand the touch of an all-hits call (its keys in ``scratch``) to the toucher."""
+        handle = native.lru_touch_start(
+            self._row_slot, self._last_used, self._log, self._log_pos, scratch, n,
+            self._head, self._tail, self._batch, HOST_THREADS, after,
+        )  # fmt: skip
+        self._touching.append((handle, self._batch, scratch))
+        self._stats["lookups"] += n
+        self._last_faults = 0
 
     def _hits_native(self, row_ids: Any, device_out: bool = False) -> Any:
         """The all-hits path in one C call (``kernels/_host.c``); on a miss, the native
@@ -125,13 +177,7 @@ class LruLog(CacheState):
             status, _ = native.lru_scan(row_ids, self.rows, self._row_slot, out, self._scratch,
                                         HOST_THREADS)  # fmt: skip
             if status == 0:  # every row resident: the touch goes on in the background
-                handle = native.lru_touch_start(
-                    self._row_slot, self._last_used, self._log, self._log_pos, self._scratch,
-                    n, self._head, self._tail, self._batch, HOST_THREADS,
-                )  # fmt: skip
-                self._touching = (handle, self._batch)
-                self._stats["lookups"] += n
-                self._last_faults = 0
+                self._start_touch(native, self._scratch, n)
                 return out
             if status == 1:
                 self._reaped_rows = 0

@@ -36,7 +36,7 @@ class PrefetchBook(CacheState):
         the device map before resolving calls it first."""
         with self._lock.raw:  # a deferred touch may go on, unless prefetches need reaping
             if self._jobs:
-                if self._touching is not None:
+                if self._touching:
                     self._finish_touch()
                 self._reap()
             return self._n_busy

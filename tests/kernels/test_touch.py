@@ -118,6 +118,92 @@ def test_touch_arguments_are_checked_and_many_pending_touches_finish():
         np.testing.assert_array_equal(lp, ref[4])
 
 
+def _sequential(steps, arrays, tail):
+    """lru_hits call after call (compacting when it answers 3, as the cache does) on
+    copies of ``arrays``: per call (fresh, head, tail), and the arrays after the last."""
+    nat = host.native
+    row_slot, last_used, log, log_pos = (a.copy() for a in arrays[:4])
+    head, got = 0, []
+    for ids, batch in steps:
+        out, scr = np.empty(ids.size, np.int32), np.empty(2 * ids.size, np.int32)
+        args = (row_slot.size, row_slot, last_used, log, log_pos)
+        st_, fresh, t = nat.lru_hits(ids, *args, tail, batch, out, scr, 2)
+        if st_ == 3:
+            tail, head = nat.lru_compact(log, log_pos, head, tail), 0
+            st_, fresh, t = nat.lru_hits(ids, *args, tail, batch, out, scr, 2)
+        assert st_ == 0
+        tail = t
+        got.append((0, fresh, head, tail))
+    return got, (last_used, log, log_pos)
+
+
+@pytest.mark.parametrize("spare", [30_000, 9_000])  # 9,000: the log fills mid-chain
+@pytest.mark.parametrize("threads", [1, 4])
+def test_chained_touches_equal_lru_hits_in_turn(spare, threads):
+    """Touches started one behind another (``after``: each starts from the log bounds
+    the previous one leaves; its own head and tail are ignored), batches changing on the
+    way, waited for at the end: each result and the final pins and log are those of
+    lru_hits calls in turn. A chain over a log that fills compacts inside a touch."""
+    nat = host.native
+    rng = np.random.default_rng(5)
+    arrays = _hits_arrays(rng, spare=spare)
+    row_slot, mapped = arrays[0], arrays[4]
+    steps = [(rng.choice(mapped, 3000 + 500 * k).astype(np.int64), 2 + k // 2) for k in range(7)]
+    want, final = _sequential(steps, arrays, mapped.size)
+    last_used, log, log_pos = (a.copy() for a in arrays[1:4])
+    handles, keep = [], []
+    for k, (ids, batch) in enumerate(steps):
+        out, scr = np.empty(ids.size, np.int32), np.empty(2 * ids.size, np.int32)
+        assert nat.lru_scan(ids, row_slot.size, row_slot, out, scr, threads)[0] == 0
+        np.testing.assert_array_equal(out, row_slot[ids])
+        head, tail = (0, mapped.size) if k == 0 else (0, 0)  # ignored when following
+        after = handles[-1] if handles else -1
+        handles.append(nat.lru_touch_start(row_slot, last_used, log, log_pos, scr, ids.size,
+                                           head, tail, batch, threads, after))  # fmt: skip
+        keep.append(scr)
+    assert [nat.lru_touch_wait(h) for h in handles] == want
+    for u, v in zip((last_used, log, log_pos), final):
+        np.testing.assert_array_equal(u, v)
+    if spare == 9_000:
+        assert any(w[2] == 0 and k for k, w in enumerate(want))  # compacted mid-chain
+
+
+def test_chained_touch_arguments_and_a_follower_run_by_its_caller():
+    """``after`` names a pending touch (else ValueError, nothing held); with every C slot
+    pending, a follower runs in its caller once the touch it follows is done."""
+    nat = host.native
+    rng = np.random.default_rng(9)
+    arrays = _hits_arrays(rng, 5000, 2000, 2000)
+    row_slot, mapped = arrays[0], arrays[4]
+    ids = np.sort(rng.choice(mapped, 300)).astype(np.int64)
+    out, scr = np.empty(300, np.int32), np.empty(600, np.int32)
+    assert nat.lru_scan(ids, row_slot.size, row_slot, out, scr)[0] == 0
+    lu, lg, lp = (a.copy() for a in arrays[1:4])
+    for bad in (-2, 32, 5):  # 5: no such touch pending
+        with pytest.raises(ValueError, match="no touch"):
+            nat.lru_touch_start(row_slot, lu, lg, lp, scr, 300, 0, 2000, 2, 1, bad)
+    steps = [(ids, 2), (ids[::-1].copy(), 3)]
+    want, final = _sequential(steps, arrays, 2000)
+    fillers = []  # the other slots, held by touches of their own arrays
+    for _ in range(40):
+        a = [x.copy() for x in arrays[1:4]]
+        fs = np.empty(600, np.int32)
+        assert nat.lru_scan(ids, row_slot.size, row_slot, out, fs)[0] == 0
+        fillers.append((a, fs))
+    first = nat.lru_touch_start(row_slot, lu, lg, lp, scr, 300, 0, 2000, 2, 2)
+    fillers = [(nat.lru_touch_start(row_slot, *a, fs, 300, 0, 2000, 2), a) for a, fs in fillers]
+    s2 = np.empty(600, np.int32)
+    assert nat.lru_scan(steps[1][0], row_slot.size, row_slot, out, s2)[0] == 0
+    second = nat.lru_touch_start(row_slot, lu, lg, lp, s2, 300, 0, 0, 3, 2, first)
+    assert type(second) is tuple  # no slot free: run here, after the first
+    assert [nat.lru_touch_wait(first), second] == want
+    for u, v in zip((lu, lg, lp), final):
+        np.testing.assert_array_equal(u, v)
+    for h, _ in fillers:
+        if type(h) is not tuple:
+            nat.lru_touch_wait(h)
+
+
 def _state(c):
     s = c.stats()  # settles a deferred touch
     live = c._log[c._head : c._tail]
@@ -132,11 +218,13 @@ def _state(c):
     )
 
 
-def _run(store, ops, defer_min):
+def _run(store, ops, defer_min, every=1):
+    """``ops`` on a fresh cache; the state after every ``every``-th op (observing it
+    settles deferred touches: between observations they queue one behind another)."""
     c = rowcache.NgramRowCache(store, "t", slots=300)
     c._defer_min = defer_min
     outs, states = [], []
-    for kind, arg in ops:
+    for i, (kind, arg) in enumerate(ops):
         try:
             if kind == "end":
                 c.end_batch()
@@ -148,17 +236,21 @@ def _run(store, ops, defer_min):
                 outs.append(c.resolve_host(arg))
         except (rowcache.errors.RowRangeError, rowcache.ArenaExhaustedError) as e:
             outs.append(type(e).__name__)
+        if i % every:
+            continue
         if kind != "end" or len(states) % 3 == 0:  # some end_batch calls go unobserved
             states.append(_state(c))
+    states.append(_state(c))
     return outs, states
 
 
-@settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 2**31))
-def test_a_cache_that_defers_its_touches_equals_one_that_does_not(tmp_path_factory, seed):
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), every=st.sampled_from([1, 4]))
+def test_a_cache_that_defers_its_touches_equals_one_that_does_not(tmp_path_factory, seed, every):
     """Model-based: resolve, resolve_host, prefetch and end_batch interleaved, with every
     all-hits call deferring its touch (``_defer_min = 1``) against none deferring: the
-    same slots, errors, maps, pins, LRU order and stats after every call."""
+    same slots, errors, maps, pins, LRU order and stats after every call, or after every
+    4th (unobserved, touches queue behind one another: ``LruLog._hits_queued``)."""
     rng = np.random.default_rng(seed)
     path = tmp_path_factory.mktemp("s") / "store"
     x = rng.standard_normal((1000, 8)).astype(np.float32).astype(ml_dtypes.bfloat16)
@@ -176,8 +268,8 @@ def test_a_cache_that_defers_its_touches_equals_one_that_does_not(tmp_path_facto
             n = int(rng.integers(1, 400 if r > 0.97 else 120))
             ids = rng.integers(0, 1000 if r < 0.45 else 150, n).astype(np.int64)
             ops.append(("resolve" if r < 0.6 else "resolve_host", ids))
-    a_out, a_states = _run(store, ops, 1)
-    b_out, b_states = _run(store, ops, 1 << 62)
+    a_out, a_states = _run(store, ops, 1, every)
+    b_out, b_states = _run(store, ops, 1 << 62, every)
     assert_same_runs(a_states, b_states, a_out, b_out)
     store.close()
 
@@ -214,7 +306,7 @@ def test_threads_and_a_forked_child_see_finished_touches(tmp_path):
     if pid == 0:  # the child: the touch is finished and its own calls work
         try:
             s = c.stats()
-            ok = s.hits + s.misses <= s.lookups and c._touching is None
+            ok = s.hits + s.misses <= s.lookups and not c._touching
             c.resolve_host(np.arange(100, dtype=np.int64))
             c.stats()
             os._exit(0 if ok else 1)

@@ -102,13 +102,9 @@ class LruLog(CacheState):
             if batch == self._batch:
                 self._pinned += fresh
 
-    def _hits_queued(self, row_ids: Any) -> np.ndarray | None:
-        """With a deferred touch pending (under the bare lock): an all-hits call of at
-        least ``_defer_min`` ids scans the row map, which no touch writes, and queues its
-        own touch behind the pending one, instead of waiting for it (a step's host
-        resolve then overlaps the previous step's touch; at most two are pending, so a
-        call waits for the touch of two calls ago). None where the caller must settle
-        and take the usual path: a miss, a bad id, prefetches, a small call."""
+    def _native_for(self, row_ids: Any) -> Any:
+        """The native host kernels, where a call may use them: ``row_ids`` a contiguous
+        int64 NumPy vector and no prefetch to settle; else None."""
         native = self._host_lib()
         if (
             native is None
@@ -116,10 +112,21 @@ class LruLog(CacheState):
             or row_ids.dtype != np.int64
             or row_ids.ndim != 1
             or not row_ids.flags.c_contiguous
-            or row_ids.size < self._defer_min
             or self._jobs
             or self._failed
         ):
+            return None
+        return native
+
+    def _hits_queued(self, row_ids: Any) -> np.ndarray | None:
+        """With a deferred touch pending (under the bare lock): an all-hits call of at
+        least ``_defer_min`` ids scans the row map, which no touch writes, and queues its
+        own touch behind the pending one, instead of waiting for it (a step's host
+        resolve then overlaps the previous step's touch; at most two are pending, so a
+        call waits for the touch of two calls ago). None where the caller must settle
+        and take the usual path: a miss, a bad id, prefetches, a small call."""
+        native = self._native_for(row_ids)
+        if native is None or row_ids.size < self._defer_min:
             return None
         self._finish_touch(keep=1)
         prev, _, held = self._touching[0]
@@ -157,17 +164,8 @@ class LruLog(CacheState):
         run: a bad id, prefetches to settle, no native module, input that is not a
         contiguous int64 NumPy vector. Same state, same stats. ``device_out``: a call
         that faulted may return its slots as a cupy array (``_resolve_native``)."""
-        native = self._host_lib()
-        if (
-            native is None
-            or type(row_ids) is not np.ndarray
-            or row_ids.dtype != np.int64
-            or row_ids.ndim != 1
-            or not row_ids.flags.c_contiguous
-            or self._jobs
-            or self._failed
-            or row_ids.size == 0
-        ):
+        native = self._native_for(row_ids)
+        if native is None or row_ids.size == 0:
             return None
         n = row_ids.size
         if self._scratch.size < 2 * n:

@@ -25,6 +25,9 @@ from .dims import NgramDims
 from .ids import check_tokens
 
 _I64 = np.dtype(np.int64)
+# up to these many sequences / tokens are checked on Python ints: each NumPy call costs
+# ~1.5 us (a reduction) to ~7 us (an elementwise test and any), a list's min far less
+_FEW_SEQS, _FEW_TOKENS = 64, 32
 
 
 def _int_vector(name: str, value: Any, count: int | None) -> np.ndarray:
@@ -98,13 +101,23 @@ class NgramBatch:
         if S == 0:
             raise ConfigError("an NgramBatch needs at least one sequence (ctx_lens is empty)")
         self.seq_lens = _int_vector("seq_lens", seq_lens, S)
-        if int(self.ctx_lens.min()) < 0 or int(self.ctx_lens.sum()) != tokens.shape[0]:
+        small = S <= _FEW_SEQS
+        cl = self.ctx_lens.tolist() if small else self.ctx_lens
+        lo, total = (min(cl), sum(cl)) if small else (int(cl.min()), int(cl.sum()))
+        if lo < 0 or total != tokens.shape[0]:
             raise ConfigError(
                 f"ctx_lens must be >= 0 and sum to len(tokens)={tokens.shape[0]}, "
-                f"got sum {int(self.ctx_lens.sum())} (min {int(self.ctx_lens.min())})"
+                f"got sum {total} (min {lo})"
             )
-        bad = (self.seq_lens < 0) | (self.seq_lens > self.ctx_lens)
-        if bool(bad.any()):
+        if small:
+            sl = self.seq_lens.tolist()
+            ok = all(0 <= k <= c for k, c in zip(sl, cl))
+            n = sum(sl)
+        else:
+            ok = int(self.seq_lens.min()) >= 0 and not bool((self.seq_lens > cl).any())
+            n = int(self.seq_lens.sum())
+        if not ok:
+            bad = (self.seq_lens < 0) | (self.seq_lens > self.ctx_lens)
             s = int(np.flatnonzero(bad)[0])
             k, L = int(self.seq_lens[s]), int(self.ctx_lens[s])
             where = "ctx_tokens" if S == 1 and _names == "ctx_tokens" else f"{_names}[{s}]"
@@ -120,7 +133,7 @@ class NgramBatch:
             if not _checked:
                 self._check_range()
         self.num_seqs = S
-        self.n = int(self.seq_lens.sum())
+        self.n = n
         self.length = int(tokens.shape[0])
 
     @classmethod
@@ -191,8 +204,13 @@ class NgramBatch:
         tok = self.tokens
         if not tok.size:
             return
-        bad = (tok < 0) | (tok >= self.dims.vocab_size)
-        if bool(bad.any()):
+        if tok.size <= _FEW_TOKENS:
+            v = tok.tolist()
+            lo, hi = min(v), max(v)
+        else:
+            lo, hi = int(tok.min()), int(tok.max())
+        if lo < 0 or hi >= self.dims.vocab_size:
+            bad = (tok < 0) | (tok >= self.dims.vocab_size)
             p = int(np.flatnonzero(bad)[0])
             raise ConfigError(
                 f"{self.name_position(p)} = {int(tok[p])} is outside the vocabulary "

@@ -1062,3 +1062,39 @@ def test_layer_gpu_cached_resolve_first_after_a_fault_equals_resident(rng, tmp_p
         assert shared.pinned == 0 and word_cache.pinned == 0
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("S", [1, 3, 64, 65, 300])  # both sides of the few-sequence checks
+def test_batch_checks_on_ints_and_on_arrays_agree(S):
+    """NgramBatch checks lengths and tokens on Python ints for a few sequences / tokens
+    and by NumPy calls for many: the same batches pass, the same first bad one is named."""
+    from embed.batch import NgramBatch
+
+    rng = np.random.default_rng(S)
+    for trial in range(60):
+        ctx = rng.integers(0, 6, S)
+        seq = np.minimum(ctx, rng.integers(0, 3, S))
+        tok = rng.integers(0, DIMS.vocab_size, int(ctx.sum()))
+        kind = trial % 4
+        if kind == 1:  # a seq_len past its context, or negative
+            s = int(rng.integers(0, S))
+            seq[s] = ctx[s] + 1 if trial % 8 == 1 else -1
+        elif kind == 2 and tok.size:  # a token outside the vocabulary
+            tok[int(rng.integers(0, tok.size))] = DIMS.vocab_size + trial % 3
+        elif kind == 3 and tok.size:
+            tok[int(rng.integers(0, tok.size))] = -1
+        bad_seq = np.flatnonzero((seq < 0) | (seq > ctx))
+        bad_tok = np.flatnonzero((tok < 0) | (tok >= DIMS.vocab_size))
+        if bad_seq.size:
+            s = int(bad_seq[0])
+            with pytest.raises(ConfigError, match=rf"seq_len={seq[s]} for tokens\[{s}\] must"):
+                NgramBatch(DIMS, tok, ctx, seq)
+        elif bad_tok.size:
+            p = int(bad_tok[0])
+            with pytest.raises(ConfigError, match=rf"= {tok[p]} is outside the vocabulary"):
+                NgramBatch(DIMS, tok, ctx, seq)
+        else:
+            b = NgramBatch(DIMS, tok, ctx, seq)
+            assert (b.n, b.length, b.num_seqs) == (int(seq.sum()), tok.size, S)
+    with pytest.raises(ConfigError, match=rf"sum to len\(tokens\)={int(ctx.sum()) + 1}"):
+        NgramBatch(DIMS, np.r_[tok, 1], ctx, np.zeros(S, np.int64))

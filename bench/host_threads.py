@@ -5,7 +5,9 @@ At one prefill step's size (``--tokens`` positions x 12 tables of ``--rows`` row
 shared arena holding every row, its LRU log twice the arena) it times, per thread count,
 ``hash_packed`` (the step's global ids) and ``lru_hits`` (the exact-LRU touch of those
 ids), the deferred touch (the caller's part: ``lru_scan`` + ``lru_touch_start``; and with
-the touch waited for at once), and ``lru_compact`` (the log's compaction, serial: a prefill step needs one about
+the touch waited for at once), a modelled graph prefill step (hash, scan, touch start, and
+``--gpu-us`` of device work) whose scan waits for the previous step's touch or queues its
+touch behind it, and ``lru_compact`` (the log's compaction, serial: a prefill step needs one about
 every ``12 * rows / (12 * tokens)`` steps) with its cost shared out over those steps.
 One thread is the serial C code: the baseline of the same run.
 
@@ -48,6 +50,7 @@ def _time_threads(
     row_slot: np.ndarray,
     N: int,
     reps: int,
+    gpu_us: float,
 ) -> dict:
     """Median us of the hash and the touch on ``k`` threads (the touch repeated on one
     arena, compacting its log whenever it is full), and of those compactions."""
@@ -115,8 +118,37 @@ def _time_threads(
 
     whole_us = _median_us(touch_now, reps)
     compact()
+    scratches = [scratch, np.empty_like(scratch)]
+    chain: list[int] = []
+
+    def settle(keep: int) -> None:  # wait for the oldest touches, all but `keep`
+        while len(chain) > keep:
+            h = chain.pop(0)
+            state["tail"] = (h if type(h) is tuple else native.lru_touch_wait(h))[3]
+
+    def step(queued: bool, r: int) -> float:  # one graph-replayed prefill step, us
+        t0 = time.perf_counter()
+        native.hash_packed(tokens, lens, lens, mult, rows, N, offsets, 2, gids, k)
+        settle(1 if queued and chain and type(chain[-1]) is not tuple else 0)
+        s = scratches[r % 2]  # the pending touch holds the other one
+        assert native.lru_scan(ids, S, row_slot, out, s, k)[0] == 0
+        state["batch"] += 1
+        if not chain and state["tail"] + ids.size > log.size:
+            compact()  # a chained touch compacts by itself
+        after = chain[-1] if chain else -1
+        chain.append(native.lru_touch_start(row_slot, last_used, log, log_pos, s, ids.size,
+                                            0, state["tail"], state["batch"], k, after))  # fmt: skip
+        while time.perf_counter() - t0 < gpu_us * 1e-6:  # the device part it waits for
+            pass
+        return (time.perf_counter() - t0) * 1e6
+
+    piped = {}
+    for queued in (False, True):
+        piped[queued] = float(np.median([step(queued, r) for r in range(reps)]))
+        settle(0)
     return {"threads": k, "hash_us": hash_us, "lru_hits_us": hits_us,
             "deferred_us": float(np.median(ts)) * 1e6, "deferred_whole_us": whole_us,
+            "step_waiting_us": piped[False], "step_queued_us": piped[True],
             "lru_compact_us": float(np.median(compact_us))}  # fmt: skip
 
 
@@ -126,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=262_145, help="rows per table (12 tables)")
     p.add_argument("--reps", type=int, default=200)
     p.add_argument("--threads", default="1,2,4,8", help="comma list of thread counts")
+    p.add_argument(
+        "--gpu-us", type=float, default=125.0,
+        help="the device part of a modelled graph prefill step (the H200's, ~125 us)",
+    )  # fmt: skip
     p.add_argument("--quick", action="store_true", help="small sizes (the test runs this)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
@@ -149,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     lens = np.array([n], dtype=np.int64)
     S = T * a.rows
     row_slot = rng.permutation(S).astype(np.int32)  # every row mapped, slots shuffled
-    args = (tokens, lens, mult, rows, offsets, row_slot, N, a.reps)
+    args = (tokens, lens, mult, rows, offsets, row_slot, N, a.reps, a.gpu_us)
     results = [_time_threads(k, *args) for k in counts]
     if a.json:
         print(json.dumps({"tokens": n, "tables": T, "rows": a.rows, "results": results}))
@@ -159,15 +195,20 @@ def main(argv: list[str] | None = None) -> int:
           f"HOST_THREADS here {HOST_THREADS}; medians of {a.reps} (us)")  # fmt: skip
     every = S // (T * n)  # steps between compactions: the log's spare room / a step's touch
     print(f"{'threads':>7} {'hash_packed':>12} {'lru_hits':>10} {'deferred':>9} {'+ wait':>8}"
+          f" {'step, waits':>12} {'queued':>7}"
           f"   against {base['threads']} thread{'s' * (base['threads'] > 1)}")  # fmt: skip
     for r in results:
         print(f"{r['threads']:>7} {r['hash_us']:>12.1f} {r['lru_hits_us']:>10.1f} "
-              f"{r['deferred_us']:>9.1f} {r['deferred_whole_us']:>8.1f}   "
+              f"{r['deferred_us']:>9.1f} {r['deferred_whole_us']:>8.1f} "
+              f"{r['step_waiting_us']:>12.1f} {r['step_queued_us']:>7.1f}   "
               f"x{base['hash_us'] / r['hash_us']:.2f} hash, "
               f"x{base['lru_hits_us'] / r['lru_hits_us']:.2f} touch")  # fmt: skip
     comp = float(np.median([r["lru_compact_us"] for r in results]))
     print(f"lru_compact (serial): {comp:.0f} us every ~{every} steps, ~{comp / max(every, 1):.0f} "
           "us a step")  # fmt: skip
+    print(f"(step: a modelled graph prefill step: the hash, the scan and the touch's start, and "
+          f"{a.gpu_us:.0f} us of device work from its start; 'waits': the scan first waits for "
+          "the previous step's touch; 'queued': it queues its touch behind it)")  # fmt: skip
     return 0
 
 

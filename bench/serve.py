@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _common import machine
 from _serve_floor import Floor
 from _serve_model import REST_MODELS, make_workload
+from _serve_report import ROW_BYTES, phase_rows, render
 from _serve_steps import history_rows, load_requests, load_text, server_steps
 
 from embed.dims import NgramDims
@@ -62,8 +63,6 @@ from rowcache.tools.trace_build import build_trace
 from rowcache.tools.tune import parse_bytes, tune
 
 FULL_ROWS = 10_223_617  # LongCat-Flash-Lite's table 0: 78 x 131,072 + 1
-ROW_BYTES = {"bf16": 512.0, "fp8": 4096 / 15}  # stored bytes a row (rows never straddle a page)
-NO_PREFETCH = "n/a (no prefetch in this tree)"
 
 
 def log(msg: str) -> None:
@@ -216,53 +215,6 @@ def run_series(emb, steps, warm, rest, work, sync, cache, lookahead, record=None
     if handle is not None:
         handle.wait()
     return out
-
-
-def phase_rows(series: dict[str, Any], floors: dict[str, np.ndarray], name: str) -> list[dict]:
-    """Per phase of one server: tokens/s of each variant, ratios, hits, faults vs floor."""
-    rows = []
-    kinds = {"decode": "decode" + name, "prefill": "chunked prefill" + name}
-    for kind, label in kinds.items():
-        sel = {v: [r for r in recs if r[2] == kind] for v, recs in series.items()}
-        if not sel["resident"]:
-            continue
-        idx = np.array([i for i, r in enumerate(series["resident"]) if r[2] == kind])
-        tps = {
-            v: sum(r[1] for r in s) / sum(r[0] for r in s) if s else None for v, s in sel.items()
-        }
-        c = sel["cached"]
-        hits, misses = sum(r[3] for r in c), sum(r[4] for r in c)
-        row = {
-            "phase": label,
-            "steps": len(c),
-            "tokens_per_step": sum(r[1] for r in c) / len(c),
-            "resident_tok_s": tps["resident"],
-            "cached_tok_s": tps["cached"],
-            "ratio": tps["cached"] / tps["resident"],
-            "hit_rate": hits / (hits + misses) if hits + misses else 1.0,
-            "faults_per_token": misses / sum(r[1] for r in c),
-            "fault_ms_per_step": 1e3 * sum(r[5] for r in c) / len(c),
-        }
-        for mode, f in floors.items():
-            row[f"floor_{mode}_ms_per_step"] = 1e3 * float(f[idx].sum()) / len(c)
-        fl = row.get("floor_uring_ms_per_step")
-        row["fault_over_floor"] = row["fault_ms_per_step"] / fl if fl else None
-        # What the disk alone allows: each resident step plus its faults' floor (the
-        # faster engine) read serially, or hidden behind the step by a perfect lookahead.
-        floor_s = (
-            np.min([f[idx] for f in floors.values()], axis=0) if floors else np.zeros(idx.size)
-        )
-        res_s = np.array([r[0] for r in sel["resident"]])
-        row["floor_bound_ratio"] = float(res_s.sum() / (res_s + floor_s).sum())
-        row["floor_bound_overlap_ratio"] = float(res_s.sum() / np.maximum(res_s, floor_s).sum())
-        la = tps.get("lookahead")
-        row["lookahead_tok_s"] = la if la is not None else NO_PREFETCH
-        row["lookahead_ratio"] = la / tps["resident"] if la is not None else NO_PREFETCH
-        if la is not None:
-            h, m = sum(r[3] for r in sel["lookahead"]), sum(r[4] for r in sel["lookahead"])
-            row["lookahead_hit_rate"] = h / (h + m) if h + m else 1.0
-        rows.append(row)
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -544,83 +496,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if mismatched == 0 else 1
     render(settings, phases)
     return 0 if mismatched == 0 else 1
-
-
-def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
-    from _common import _fmt
-
-    s, a, r = settings, settings["arena"], settings["rest_model"]
-    rec = ROW_BYTES[s["dtype"]]
-    print(f"# bench/serve.py on {s['machine']}, device {s['device']}")
-    print(
-        f"tables: 12 x {s['rows_per_table']:,} x 256 {s['dtype']} ({s['rows_choice']}); "
-        f"store {s['store_GB']:.2f} GB, built in {s['store_build_s']:.0f} s"
-    )
-    print(
-        f"text: {s['text']}; {s['requests']} requests; server {s['server']}: "
-        f"{s['steps_x64']} steps (x64), {s['steps_x1']} (x1), timed: "
-        + ", ".join(f"{k} steps {lo}-{hi - 1}" for k, (lo, hi) in s["timed_steps"].items())
-        + f" (the first {s['warm_fraction']:.0%} fill the arena; the drain after the last "
-        "admission is not run)"
-    )
-    print(
-        f"arena: {a['slots']:,} slots ({a['slots'] * rec / 1e9:.2f} GB) shared by the 12 tables; "
-        f"rowcache tune, budget {a['budget_bytes'] / 1e9:.2f} GB, expected "
-        f"{a['expected_faults_per_token']:.2f} faults/token" + "".join(f"; {n}" for n in a["notes"])
-    )
-    h = s["history"]
-    if h["tokens"]:
-        print(
-            f"history: each cached series starts with the rows of the {h['tokens']:,} tokens "
-            f"before the trace prefetched into the arena ({h['rows_read']:,} rows, "
-            f"{h['GB_read']:.2f} GB in {h['read_ops']:,} reads, {h['seconds']:.1f} s); "
-            f"{h['resident_rows']:,} rows resident at the start; {h['order']}"
-        )
-    else:
-        print("history: none (the server starts cold: --history)")
-    print(
-        f"rest of model ({r['name']}): decode x1 {r['decode1_s'] * 1e3:.2f} ms, x64 "
-        f"{r['decode64_s'] * 1e3:.2f} ms, prefill at {r['flop_rate'] / 1e12:.0f} TFLOP/s"
-    )
-    ok = (
-        "yes, bit for bit"
-        if not s["outputs_mismatched"]
-        else f"NO: {s['outputs_mismatched']} differ"
-    )
-    print(f"cached == resident on {s['outputs_checked']} sampled steps: {ok}")
-    la = phases and isinstance(phases[0]["lookahead_tok_s"], str)
-    print(f"lookahead: {NO_PREFETCH if la else s['lookahead']}")
-    cols = [
-        ("phase", "phase"),
-        ("steps", "steps"),
-        ("tok/step", "tokens_per_step"),
-        ("resident tok/s", "resident_tok_s"),
-        ("cached tok/s", "cached_tok_s"),
-        ("ratio", "ratio"),
-        ("lookahead tok/s", "lookahead_tok_s"),
-        ("la ratio", "lookahead_ratio"),
-        ("hit rate", "hit_rate"),
-        ("la hit rate", "lookahead_hit_rate"),
-        ("faults/tok", "faults_per_token"),
-        ("fault ms/step", "fault_ms_per_step"),
-        ("floor uring ms", "floor_uring_ms_per_step"),
-        ("floor threads ms", "floor_threads_ms_per_step"),
-        ("fault/floor", "fault_over_floor"),
-        ("bound", "floor_bound_ratio"),
-        ("la bound", "floor_bound_overlap_ratio"),
-    ]
-    cells = [[_fmt(p.get(k)).replace(NO_PREFETCH, "n/a") for _, k in cols] for p in phases]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _) in enumerate(cols)]
-    print("  ".join(h.rjust(w) for (h, _), w in zip(cols, widths)))
-    for c in cells:
-        print("  ".join(x.rjust(w) for x, w in zip(c, widths)))
-    print(
-        f"(ratio = cached tok/s / resident tok/s; floor = the same pages re-read by bench/floor.c, "
-        f"queue depth {s['queue_depth']}; bound = the ratio if each step cost the resident step "
-        "plus its faults' floor; la bound = with the floor hidden behind the step by a perfect "
-        "lookahead; both estimates, the floor being re-read in a pass of its own; "
-        f"{s['seconds']:.0f} s in all)"
-    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,11 @@
 # bench/torch_step.py and compute-sanitizer memcheck on the GPU kernels' tests; every stage
 # time-boxed (demo, demo2: `rowcache demo --device cuda` twice), logs under $OUT, their tails last. STAGES picks and orders them, e.g.
 #   STAGES="tests fault torch" bash bench/gpu_final.sh
+# serve's table size and flags: SERVE_DTYPE, SERVE_ROWS, SERVE_ARGS, e.g. a server with history:
+#   STAGES=serve SERVE_DTYPE=fp8 SERVE_ROWS=10223617 SERVE_T=585 \
+#     SERVE_ARGS="--history 7800000 --tokens-npy .tok/serve-tokens.npy" bash bench/gpu_final.sh
+#   (.tok/serve-tokens.npy: `python bench/serve.py --history 7800000 --write-tokens ...` here,
+#   carried; the GPU machine's stdlib has ~2.8M tokens)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

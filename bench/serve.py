@@ -24,7 +24,9 @@ prefill chunk), chunked prefill (its steps with at least one chunk; they also ca
 other slots' decode tokens). The first ``--warm`` fraction of each server's steps runs
 untimed to fill the arena. ``--history N``: a server that has been serving: the text's first
 N tokens come before the trace, and each cached series starts with their rows prefetched
-into the arena in their order (untimed; the arena is tuned on history + trace). Without it
+into the arena (untimed; the arena is tuned on history + trace): in one sorted pass where
+the arena holds every row of history and trace (no series evicts, checked), else in the
+history's order. Without it
 the server starts cold, and at this trace's length nearly every fault is a row's first
 touch (bench/RESULTS.md). ``--quick``: tiny sizes on the CPU (what the test runs).
 """
@@ -271,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--save", default=None, help="also write the JSON report to this file")
     args = p.parse_args(argv)
+    if args.history < 0:
+        p.error(f"--history {args.history}: give a token count >= 0")
+    if args.tokens_npy is not None and not os.path.isfile(args.tokens_npy):
+        p.error(f"--tokens-npy {args.tokens_npy}: no such file (write one with --write-tokens)")
     if args.quick:
         args.device = args.device or "cpu"
         args.rows, args.tokens, args.b1_requests = "6000", 40_000, 2

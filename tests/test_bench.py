@@ -131,6 +131,11 @@ def test_bench_serve_quick_history_fills_the_arena_first():
     # tune's arena holds every row here: one sorted pass, and no series evicts
     assert h["order"].startswith("one sorted pass") and set(h["evictions"].values()) == {0}
     assert warm["settings"]["outputs_mismatched"] == 0
+    small = json.loads(run("serve.py", "--json", "--history", "20000", "--arena-bytes", "700e3"))
+    hs = small["settings"]["history"]
+    # an arena that cannot hold every row: the history in its order, and the series evict
+    assert hs["order"] == "in the history's order" and min(hs["evictions"].values()) > 0
+    assert hs["resident_rows"] == small["settings"]["arena"]["slots"]
     rate = {
         r: {p["phase"]: p["hit_rate"] for p in rep["phases"]}
         for r, rep in (("c", cold), ("w", warm))

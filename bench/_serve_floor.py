@@ -54,5 +54,36 @@ class Floor:
         plan = [(p[:, 0], p[:, 1], np.full(p.shape[0], PAGE, np.int64)) for p in steps]
         return floor_us(self.exe, mode, n, self.files, plan, self.direct) / 1e6
 
+    def reread_check(self, steps: list[np.ndarray], qd: int, seed: int = 0) -> dict[str, float]:
+        """Whether this disk serves re-reads faster than first reads (a VM whose virtual
+        disk caches beneath the guest: O_DIRECT does not bypass that). ``steps``: pages
+        (``pages()``'s) that this run has read already; the same count of other pages a
+        step, drawn from the same files and never read in this run, are read first, then
+        ``steps`` again (io_uring at ``qd``). Medians of ms a step."""
+        rng = np.random.default_rng(seed)
+        pages = [os.path.getsize(f) // PAGE for f in self.files]
+        weight = np.asarray(pages, np.float64) / sum(pages)
+        seen = np.concatenate(steps) if steps else np.zeros((0, 2), np.int64)
+        seen_key = np.unique(seen[:, 0] * (1 << 40) + seen[:, 1])
+        fresh = []
+        for p in steps:
+            f = rng.choice(len(self.files), p.shape[0], p=weight)
+            off = (rng.random(p.shape[0]) * np.asarray(pages)[f]).astype(np.int64) * PAGE
+            keep = ~np.isin(f * (1 << 40) + off, seen_key)
+            q = np.unique(np.stack([f[keep], off[keep]], axis=1), axis=0).astype(np.int64)
+            fresh.append(q)
+        n_fresh = [q.shape[0] for q in fresh]
+        if not steps or min(n_fresh) == 0:  # a store this run read whole: nothing fresh
+            return {"steps": 0}
+        first = self.run(fresh, "uring", qd)
+        again = self.run(steps, "uring", qd)
+        return {
+            "steps": len(steps),
+            "pages_per_step": float(np.mean([p.shape[0] for p in steps])),
+            "fresh_pages_per_step": float(np.mean(n_fresh)),
+            "fresh_ms_per_step": 1e3 * float(np.median(first)),
+            "reread_ms_per_step": 1e3 * float(np.median(again)),
+        }
+
     def close(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)

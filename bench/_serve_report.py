@@ -106,6 +106,22 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
     print(f"cached == resident on {s['outputs_checked']} sampled steps: {ok}")
     la = phases and isinstance(phases[0]["lookahead_tok_s"], str)
     print(f"lookahead: {NO_PREFETCH if la else s['lookahead']}")
+    rr = s.get("reread_check") or {}
+    if rr.get("steps"):
+        x = rr["fresh_ms_per_step"] / max(rr["reread_ms_per_step"], 1e-9)
+        print(
+            f"disk re-read check ({rr['steps']} x64 steps): {rr['fresh_pages_per_step']:.0f} "
+            f"pages never read in this run {rr['fresh_ms_per_step']:.3f} ms a step, this run's "
+            f"{rr['pages_per_step']:.0f} pages read again {rr['reread_ms_per_step']:.3f} ms (x{x:.2f})"
+            + (
+                "; re-reads are cheaper: this disk caches beneath the machine (a VM's host), so "
+                "the floor and the series after the first read partly cached pages"
+                if x > 1.5
+                else ""
+            )
+        )
+    else:
+        print("disk re-read check: not run (no page of the store was left unread)")
     cols = [
         ("phase", "phase"),
         ("steps", "steps"),

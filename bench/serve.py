@@ -265,6 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queue-depth", type=int, default=32, help="the cache's reads in flight")
     p.add_argument("--no-direct", action="store_true", help="page-cached reads, not O_DIRECT")
     p.add_argument("--check-every", type=int, default=16, help="compare outputs every N steps")
+    p.add_argument(
+        "--reread-steps",
+        type=int,
+        default=64,
+        help="x64 steps of the re-read check (fresh pages vs this run's pages read again)",
+    )
     p.add_argument("--workdir", default=None, help="keep (and reuse) the store here")
     p.add_argument("--quick", action="store_true", help="tiny sizes (CPU unless --device)")
     p.add_argument(
@@ -391,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             return cache
 
         servers, mismatched, checked, api = {}, 0, 0, ""
+        reread: dict[str, float] = {}
         timed = {}
         for name, steps, slots_n in ((" x64", steps64, 64), (" x1", steps1, 1)):
             # steady state: once the last request is admitted the slots drain (untimed)
@@ -455,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"server{name}: {variant} done")
             pg = [floor.pages(layout, m) for m in misses]
             floors = {mode: floor.run(pg, mode, args.queue_depth) for mode in ("uring", "threads")}
+            if name == " x64":  # do re-reads of this run's pages cost what first reads do?
+                some = [q for q in pg if q.shape[0]][-args.reread_steps :]
+                reread = floor.reread_check(some, args.queue_depth)
             servers[name] = phase_rows(series, floors, name)
             log(f"server{name}: floor done: " + json.dumps(servers[name], default=float))
         phases = [r for rows_ in servers.values() for r in rows_]
@@ -480,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
             "history": warmed,
             "queue_depth": args.queue_depth,
             "direct": not args.no_direct,
+            "reread_check": reread,
             "outputs_checked": checked,
             "outputs_mismatched": mismatched,
             "lookahead": "prefill chunks of step t+1 prefetched during step t (" + api + "); "

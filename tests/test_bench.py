@@ -173,3 +173,36 @@ def test_bench_fullsize_quick_reports_anonymous_peak_and_verifies(tmp_path):
     assert row["tables"] == 3 and row["verify_ok"] is True
     assert row["peak_RssAnon_MB"] >= row["RssAnon_before_MB"] > 0
     assert row["ratio_vs_plain"] == pytest.approx(row["source_GB_s"] / row["plain_write_GB_s"])
+
+
+def test_serve_floor_reread_check_reads_fresh_pages_then_the_run_s(tmp_path):
+    """bench/serve.py's re-read check: per step as many pages as the step read, none of
+    them read in the run, then the run's own pages again; both through bench/floor.c."""
+    import ml_dtypes
+    import numpy as np
+
+    import rowcache
+    from bench._serve_floor import Floor
+
+    x = np.random.default_rng(0).standard_normal((20_000, 256)).astype(ml_dtypes.bfloat16)
+    store = rowcache.build_store(tmp_path / "s", {"a": x, "b": x[:9000]}, progress=False)
+    floor = Floor(store, direct=False)
+    try:
+        layout = (np.array([0, 20_000, 29_000]), [0, 1])
+        rng = np.random.default_rng(1)
+        steps = [
+            floor.pages(layout, np.sort(rng.choice(29_000, 60, replace=False))) for _ in range(4)
+        ]
+        calls = []
+        run = floor.run
+        floor.run = lambda s, mode, n: calls.append(s) or run(s, mode, n)
+        rep = floor.reread_check(steps, 8)
+    finally:
+        floor.close()
+        store.close()
+    fresh, again = calls
+    assert again is steps and rep["steps"] == 4
+    seen = {tuple(p) for q in steps for p in q.tolist()}
+    assert all(not seen & {tuple(p) for p in q.tolist()} for q in fresh)
+    assert all(0 < a.shape[0] <= b.shape[0] for a, b in zip(fresh, steps))
+    assert rep["fresh_ms_per_step"] > 0 and rep["reread_ms_per_step"] > 0

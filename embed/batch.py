@@ -11,6 +11,7 @@ Does not gather rows or keep state between steps (``embed.context`` does).
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,7 +112,7 @@ class NgramBatch:
             )
         if small:
             sl = self.seq_lens.tolist()
-            ok = all(0 <= k <= c for k, c in zip(sl, cl))
+            ok = min(sl) >= 0 and all(map(operator.le, sl, cl))
             n = sum(sl)
         else:
             ok = int(self.seq_lens.min()) >= 0 and not bool((self.seq_lens > cl).any())

@@ -277,9 +277,9 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         """
         cuda = self.device == "cuda"
         with self._lock.raw:  # behind a deferred touch: scanned without waiting for it
-            out = self._hits_queued(row_ids) if self._touching else None
-            if out is not None:
-                return self._to_device(out) if cuda else out
+            out = self._hits_queued(row_ids, cuda) if self._touching else None
+            if out is not None:  # a fault's launch may have carried the slots already
+                return self._to_device(out) if cuda and type(out) is np.ndarray else out
         with self._lock:
             out = self._hits_native(row_ids, cuda)  # a fault's launch may carry the slots
             if out is None:

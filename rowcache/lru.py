@@ -118,13 +118,15 @@ class LruLog(CacheState):
             return None
         return native
 
-    def _hits_queued(self, row_ids: Any) -> np.ndarray | None:
+    def _hits_queued(self, row_ids: Any, device_out: bool = False) -> Any:
         """With a deferred touch pending (under the bare lock): an all-hits call of at
         least ``_defer_min`` ids scans the row map, which no touch writes, and queues its
         own touch behind the pending one, instead of waiting for it (a step's host
         resolve then overlaps the previous step's touch; at most two are pending, so a
-        call waits for the touch of two calls ago). None where the caller must settle
-        and take the usual path: a miss, a bad id, prefetches, a small call."""
+        call waits for the touch of two calls ago). A miss settles the touches and goes
+        to the native miss path with the ids scanned once (``device_out`` as for
+        ``_hits_native``). None where the caller must settle and take the usual path: a
+        bad id, prefetches, a small call."""
         native = self._native_for(row_ids)
         if native is None or row_ids.size < self._defer_min:
             return None
@@ -143,6 +145,10 @@ class LruLog(CacheState):
         out = np.empty(n, dtype=np.int32)
         status, _ = native.lru_scan(row_ids, self.rows, self._row_slot, out, scratch,
                                     HOST_THREADS)  # fmt: skip
+        if status == 1:  # a miss: nothing may run ahead of the fault
+            self._finish_touch()
+            self._reaped_rows = 0
+            return self._resolve_native(native, row_ids, device_out)
         if status:
             return None
         self._start_touch(native, scratch, n, prev)

@@ -34,6 +34,7 @@ for s in $STAGES; do
     profile) stage ${PROF_T:-90} profile python3 bench/step_profile.py --steps 100 --top 30 ;;
     profile_t1) ROWCACHE_HOST_THREADS=1 stage ${PROF_T:-90} profile_t1 python3 bench/step_profile.py --steps 100 --top 8 ;;
     profileg) stage ${PROF_T:-90} profileg python3 bench/step_profile.py --graphs --steps 100 --top 30 ;;
+    qd) stage ${QD_T:-120} qd python3 bench/queue_depth.py --dir /tmp/qd ${QD_ARGS:-} ;;
     launch) stage ${PROF_T:-60} launch python3 bench/launch_cost.py ;;
     host) stage ${PROF_T:-60} host python3 bench/host_threads.py ;;
     profile1) stage ${PROF_T:-60} profile1 python3 bench/step_profile.py --faults 1 --steps 200 --top 25 ;;

@@ -81,6 +81,15 @@ def test_bench_read_latency_quick_times_every_way():
         assert len(r["blocks"]) == 2 and all(x > 0 for x in r["blocks"]), way
 
 
+def test_bench_queue_depth_quick_reads_each_setting_once():
+    rep = json.loads(run("queue_depth.py", "--json"))
+    got = {(r["batch"], r["depth"], r["mode"]) for r in rep["results"]}
+    assert got == {(b, n, m) for b in (16, 64) for n in (4, 16) for m in ("uring", "threads")}
+    for r in rep["results"]:
+        assert r["us_per_batch"] > 0
+        assert r["reads_per_s"] == pytest.approx(r["batch"] / r["us_per_batch"] * 1e6)
+
+
 def test_bench_host_threads_quick_times_each_count():
     rep = json.loads(run("host_threads.py", "--json", "--threads", "1,2"))
     assert [r["threads"] for r in rep["results"]] == [1, 2]

@@ -58,6 +58,10 @@ def phase_rows(series: dict[str, Any], floors: dict[str, np.ndarray], name: str)
         if la is not None:
             h, m = sum(r[3] for r in sel["lookahead"]), sum(r[4] for r in sel["lookahead"])
             row["lookahead_hit_rate"] = h / (h + m) if h + m else 1.0
+        for v in sorted(k for k in sel if k.startswith("lookahead") and k != "lookahead"):
+            h, m = sum(r[3] for r in sel[v]), sum(r[4] for r in sel[v])
+            row[f"{v}_ratio"] = tps[v] / tps["resident"]
+            row[f"{v}_hit_rate"] = h / (h + m) if h + m else 1.0
         rows.append(row)
     return rows
 
@@ -133,6 +137,11 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
         ("la ratio", "lookahead_ratio"),
         ("hit rate", "hit_rate"),
         ("la hit rate", "lookahead_hit_rate"),
+        *(
+            (f"la{d} {what}", f"lookahead{d}_{key}")
+            for d in s.get("lookahead_steps", [1])[1:]
+            for what, key in (("ratio", "ratio"), ("hit rate", "hit_rate"))
+        ),
         ("faults/tok", "faults_per_token"),
         ("fault ms/step", "fault_ms_per_step"),
         ("floor uring ms", "floor_uring_ms_per_step"),
@@ -150,6 +159,6 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
         f"(ratio = cached tok/s / resident tok/s; floor = the same pages re-read by bench/floor.c, "
         f"queue depth {s['queue_depth']}; bound = the ratio if each step cost the resident step "
         "plus its faults' floor; la bound = with the floor hidden behind the step by a perfect "
-        "lookahead; both estimates, the floor being re-read in a pass of its own; "
+        "lookahead one step ahead; both estimates, the floor being re-read in a pass of its own; "
         f"{s['seconds']:.0f} s in all)"
     )

@@ -14,7 +14,9 @@ run, on the same steps:
   ``rowcache tune`` for a 121 GB machine (profile of the same trace; ``--arena-bytes``);
 - cached + lookahead: while step t runs, the rows of step t+1's prefill chunks are
   prefetched (their tokens are the prompt). Decode tokens of step t+1 are sampled at the
-  end of step t, so they are never prefetched;
+  end of step t, so they are never prefetched. ``--lookahead-steps 1,3`` adds a series
+  that prefetches three steps ahead (a server knows the prompts it has admitted; the 64-slot
+  server only);
 - the floor: the pages each cached step faulted, re-read by a native reader
   (``bench/floor.c``, bench/fault.py's, compiled here with gcc: io_uring at the cache's
   queue depth, and threads of blocking ``pread``), one batch a step.
@@ -34,6 +36,7 @@ touch (bench/RESULTS.md). ``--quick``: tiny sizes on the CPU (what the test runs
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -183,10 +186,14 @@ def prefetcher(emb: Any, cache: Any) -> Any:
 
 
 def run_series(emb, steps, warm, rest, work, sync, cache, lookahead, record=None, check=None):
-    """Per timed step: (seconds, tokens, kind, hits, misses, fault seconds)."""
+    """Per timed step: (seconds, tokens, kind, hits, misses, fault seconds). ``lookahead``:
+    0, or how many steps ahead prefill chunks are prefetched (a server knows the prompts
+    it has admitted and queued: step t prefetches the chunks of steps t+1..t+lookahead
+    not prefetched yet)."""
     out = []
     prefetch = prefetcher(emb, cache) if lookahead else None
-    handle = None
+    handles: collections.deque = collections.deque()  # (step index, handle), oldest first
+    ahead = 1  # the next step whose chunks are not prefetched yet
     for k, st in enumerate(steps):
         timed = k >= warm
         if record is not None and timed:  # the rows this step will fault (bench-only peek)
@@ -195,11 +202,13 @@ def run_series(emb, steps, warm, rest, work, sync, cache, lookahead, record=None
         s0 = cache.stats() if cache is not None else None
         t0 = time.perf_counter()
         y = emb.embed_packed(st.batch)
-        if handle is not None:
-            handle.wait()  # done by now (this step's embed needed its rows); surfaces errors
-        handle = None
-        if prefetch is not None and k + 1 < len(steps) and steps[k + 1].prefill is not None:
-            handle = prefetch(steps[k + 1].prefill)  # its reads run during the rest
+        while handles and handles[0][0] <= k:
+            handles.popleft()[1].wait()  # done by now (this embed needed them); errors surface
+        if prefetch is not None:
+            for j in range(max(ahead, k + 1), min(k + lookahead, len(steps) - 1) + 1):
+                if steps[j].prefill is not None:
+                    handles.append((j, prefetch(steps[j].prefill)))  # read during the rest
+            ahead = max(ahead, k + lookahead + 1)
         if timed:
             work(rest.seconds(st.tokens, st.prefill_tokens))
         sync()
@@ -214,8 +223,8 @@ def run_series(emb, steps, warm, rest, work, sync, cache, lookahead, record=None
                 else (s1.hits - s0.hits, s1.misses - s0.misses, s1.fault_seconds - s0.fault_seconds)
             )
             out.append((dt, st.tokens, st.kind, *f))
-    if handle is not None:
-        handle.wait()
+    for _, h in handles:
+        h.wait()
     return out
 
 
@@ -263,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--arena-bytes", default=None, help="arena budget instead of tune's")
     p.add_argument("--queue-depth", type=int, default=32, help="the cache's reads in flight")
+    p.add_argument(
+        "--lookahead-steps",
+        default="1",
+        help="steps ahead whose prefill chunks the lookahead series prefetch, one series\n"
+        "per entry (e.g. 1,3: a series one step ahead, then one three steps ahead)",
+    )
     p.add_argument("--no-direct", action="store_true", help="page-cached reads, not O_DIRECT")
     p.add_argument("--check-every", type=int, default=16, help="compare outputs every N steps")
     p.add_argument(
@@ -279,6 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--save", default=None, help="also write the JSON report to this file")
     args = p.parse_args(argv)
+    try:
+        depths = [int(x) for x in args.lookahead_steps.split(",")]
+    except ValueError:
+        depths = [0]
+    if min(depths) < 1 or len(set(depths)) != len(depths):
+        p.error(f"--lookahead-steps {args.lookahead_steps!r}: give distinct integers >= 1, e.g. 1,3")
     if args.history < 0:
         p.error(f"--history {args.history}: give a token count >= 0")
     if args.tokens_npy is not None and not os.path.isfile(args.tokens_npy):
@@ -414,10 +435,13 @@ def main(argv: list[str] | None = None) -> int:
             ref_h = {k: (y.get() if xp is not np else y).view(np.uint16) for k, y in ref}
             log(f"server{name}: resident done ({len(steps)} steps)")
             misses: list[np.ndarray] = []
-            for variant in ("cached", "lookahead"):
+            variants = {"cached": 0, "lookahead": depths[0]}
+            if name == " x64":  # the one-slot server's prefill steps are too few to matter
+                variants.update((f"lookahead{d}", d) for d in depths[1:])
+            for variant, depth in variants.items():
                 cache = new_cache()
                 emb_c = NgramEmbedding(dims, word, [CachedTable(cache, i) for i in range(T)], projs)
-                if variant == "lookahead" and prefetcher(emb_c, cache) is None:
+                if depth and prefetcher(emb_c, cache) is None:
                     break
                 api = (
                     "NgramEmbedding.prefetch_packed"
@@ -439,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
                     work,
                     sync,
                     cache,
-                    variant == "lookahead",
+                    depth,
                     record=misses if variant == "cached" else None,
                     check=(args.check_every, got),
                 )
@@ -493,8 +517,12 @@ def main(argv: list[str] | None = None) -> int:
             "reread_check": reread,
             "outputs_checked": checked,
             "outputs_mismatched": mismatched,
-            "lookahead": "prefill chunks of step t+1 prefetched during step t (" + api + "); "
-            "decode tokens are sampled at the end of step t and never prefetched",
+            "lookahead": ("prefill chunks of step t+1" if depths[0] == 1
+                          else f"prefill chunks of steps t+1..t+{depths[0]}")
+            + " prefetched during step t (" + api + "); decode tokens are sampled at the end "
+            "of step t and never prefetched"
+            + "".join(f"; la{d}: steps t+1..t+{d}" for d in depths[1:]),  # fmt: skip
+            "lookahead_steps": depths,
             "seconds": time.perf_counter() - t_start,
         }
     finally:

@@ -33,10 +33,10 @@ class GraphStep:
     def _run_graph(self, batch: NgramBatch, out: Any) -> Any:
         """A step replayed from a CUDA graph per (tokens, rows, multi) shape: upload,
         hash + gathers (cached tables through their device maps) and the GEMM in the
-        graph; cached rows resolved on the host meanwhile (the graph replayed again
-        after a fault; after a step that faulted, resolved first and replayed once);
-        the scaled sum follows eagerly into a fresh output (or
-        ``out``), so results behave as on the eager path. The first call of a shape
+        graph, the scaled sum eagerly after it into a fresh output (or ``out``), so
+        results behave as on the eager path; cached rows resolved on the host once
+        both are queued (graph and sum run again after a fault; after a step that
+        faulted, resolved first and run once). The first call of a shape
         runs eagerly into the shape's own buffers (compiling the kernels, loading
         cuBLAS's), the second captures, later ones replay.
         """
@@ -45,11 +45,16 @@ class GraphStep:
         if step is None:
             step = self._graphs[key] = StaticStep(self, key, with_sum=False)
         step.load(batch)
+        if out is None:
+            out = self._xp.empty((batch.n, self.dims.hidden_size), dtype=BF16)
+        scale = float(1 + self.dims.num_tables)
+
+        def device_part() -> None:  # the sum queued before the host resolve, as eagerly
+            step.launch()
+            scale_sum(step.words, step.proj, scale, out=out)
+
         try:
-            self._verified(batch, step.launch)  # resolve after (or first, after a fault)
-            if out is None:
-                out = self._xp.empty((batch.n, self.dims.hidden_size), dtype=BF16)
-            scale_sum(step.words, step.proj, float(1 + self.dims.num_tables), out=out)
+            self._verified(batch, device_part)  # resolve after (or first, after a fault)
         finally:
             self._end_batches()
         return out

@@ -108,8 +108,9 @@ def test_bench_launch_cost_on_the_gpu():
 
 
 def test_bench_serve_quick_ratios_from_printed_figures():
-    rep = json.loads(run("serve.py", "--json"))
+    rep = json.loads(run("serve.py", "--json", "--lookahead-steps", "1,3"))
     s = rep["settings"]
+    assert s["lookahead_steps"] == [1, 3]
     assert s["outputs_checked"] > 0 and s["outputs_mismatched"] == 0
     phases = {p["phase"]: p for p in rep["phases"]}
     assert {"decode x64", "chunked prefill x64", "decode x1"} <= set(phases)
@@ -125,6 +126,19 @@ def test_bench_serve_quick_ratios_from_printed_figures():
         else:
             want = p["lookahead_tok_s"] / p["resident_tok_s"]
             assert p["lookahead_ratio"] == pytest.approx(want, rel=1e-9)
+            if not p["phase"].endswith("x64"):  # depths beyond the first: x64 server only
+                assert "lookahead3_ratio" not in p
+                continue
+            assert p["lookahead3_ratio"] > 0 and 0 <= p["lookahead3_hit_rate"] <= 1
+            if p["phase"].startswith("chunked prefill"):  # prompts prefetched: fewer faults
+                assert p["lookahead3_hit_rate"] > p["hit_rate"]
+
+
+def test_bench_serve_lookahead_steps_are_checked():
+    for bad in ("0", "1,1", "x"):
+        proc = subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick",
+                               "--lookahead-steps", bad], capture_output=True, text=True)  # fmt: skip
+        assert proc.returncode == 2 and "--lookahead-steps" in proc.stderr, bad
 
 
 def test_bench_serve_quick_history_fills_the_arena_first():

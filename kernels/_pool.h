@@ -10,11 +10,18 @@
  * lru_hits call comes microseconds later), then sleep on a condition variable; the
  * caller polls for its job's last part the same way before it sleeps.
  *
- * One job runs at a time: a call that finds the pool busy (another Python thread's call,
- * the GIL being released) runs its parts on its own thread, in order. Parts are handed
- * out under the pool's mutex (a few per job, each tens of microseconds of work), so a
- * worker late for one job cannot take a part of the next. After fork() the child has no
- * workers: the pool is reset there (pthread_atfork) and restarts on first need.
+ * There are two pools: the step's (`parallel`: the calls a step makes, on its path) and
+ * the toucher's (kernels/_touch.h: the deferred touch of an earlier step), so that a
+ * touch in the background and the step's own hash and scan run side by side instead of
+ * taking turns: sharing one pool, the toucher waited for the step's jobs, and a graph
+ * prefill step then waited for touches that took as long as the step's whole host part.
+ *
+ * One job runs at a time in a pool: a step's call that finds it busy (another Python
+ * thread's call, the GIL being released) runs its parts on its own thread, in order.
+ * Parts are handed out under the pool's mutex (a few per job, each tens of microseconds
+ * of work), so a worker late for one job cannot take a part of the next. After fork()
+ * the child has no workers: the pools are reset there (pthread_atfork) and restart on
+ * first need.
  */
 #ifndef ROWCACHE_POOL_H
 #define ROWCACHE_POOL_H
@@ -41,7 +48,7 @@ static long long pool_now_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static struct {
+typedef struct {
     pthread_mutex_t busy; /* held by the one running job's caller */
     pthread_mutex_t mu;   /* guards the fields below */
     pthread_cond_t work, done;
@@ -53,71 +60,80 @@ static struct {
     int K, next;          /* parts, the next to hand out */
     atomic_int left;      /* parts not finished */
     int sleeping;         /* workers waiting on `work` */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-          PTHREAD_COND_INITIALIZER, 0, 0, NULL, NULL, 0, 0, 0, 0, 0};
+} Pool;
+
+#define POOL_INIT                                                                          \
+    {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,        \
+     PTHREAD_COND_INITIALIZER, 0, 0, NULL, NULL, 0, 0, 0, 0, 0}
+
+enum { POOL_STEP, POOL_TOUCH };
+static Pool pools[2] = {POOL_INIT, POOL_INIT};
 
 /* Runs the parts of job `gen` that are still to hand out; returns when none is left. */
-static void pool_run(unsigned long gen) {
+static void pool_run(Pool *p, unsigned long gen) {
     for (;;) {
-        pthread_mutex_lock(&pool.mu);
-        if (atomic_load(&pool.gen) != gen || pool.next >= pool.K) {
-            pthread_mutex_unlock(&pool.mu);
+        pthread_mutex_lock(&p->mu);
+        if (atomic_load(&p->gen) != gen || p->next >= p->K) {
+            pthread_mutex_unlock(&p->mu);
             return;
         }
-        int k = pool.next++;
-        void *(*fn)(void *) = pool.fn;
-        char *arg = pool.arg + (size_t)k * pool.size;
-        pthread_mutex_unlock(&pool.mu);
+        int k = p->next++;
+        void *(*fn)(void *) = p->fn;
+        char *arg = p->arg + (size_t)k * p->size;
+        pthread_mutex_unlock(&p->mu);
         fn(arg);
-        if (atomic_fetch_sub(&pool.left, 1) == 1) { /* the last part: wake the caller */
-            pthread_mutex_lock(&pool.mu);
-            pthread_cond_signal(&pool.done);
-            pthread_mutex_unlock(&pool.mu);
+        if (atomic_fetch_sub(&p->left, 1) == 1) { /* the last part: wake the caller */
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
         }
     }
 }
 
-static void *pool_worker(void *unused) {
-    (void)unused;
-    unsigned long seen = atomic_load(&pool.gen);
+static void *pool_worker(void *arg) {
+    Pool *p = arg;
+    unsigned long seen = atomic_load(&p->gen);
     for (;;) {
         long long until = pool_now_ns() + POOL_SPIN_NS;
         unsigned long g;
         int polls = 0;
-        while ((g = atomic_load(&pool.gen)) == seen) {
+        while ((g = atomic_load(&p->gen)) == seen) {
             pool_relax();
             if (++polls % 256 == 0 && pool_now_ns() > until) {
                 break;
             }
         }
         if (g == seen) {
-            pthread_mutex_lock(&pool.mu);
-            pool.sleeping++;
-            while ((g = atomic_load(&pool.gen)) == seen) {
-                pthread_cond_wait(&pool.work, &pool.mu);
+            pthread_mutex_lock(&p->mu);
+            p->sleeping++;
+            while ((g = atomic_load(&p->gen)) == seen) {
+                pthread_cond_wait(&p->work, &p->mu);
             }
-            pool.sleeping--;
-            pthread_mutex_unlock(&pool.mu);
+            p->sleeping--;
+            pthread_mutex_unlock(&p->mu);
         }
         seen = g;
-        pool_run(g);
+        pool_run(p, g);
     }
     return NULL;
 }
 
 static void pool_after_fork(void) {
-    pthread_mutex_init(&pool.busy, NULL);
-    pthread_mutex_init(&pool.mu, NULL);
-    pthread_cond_init(&pool.work, NULL);
-    pthread_cond_init(&pool.done, NULL);
-    pool.workers = 0;
-    pool.sleeping = 0;
-    pool.K = pool.next = 0;
-    atomic_store(&pool.left, 0);
+    for (int i = 0; i < 2; i++) {
+        Pool *p = &pools[i];
+        pthread_mutex_init(&p->busy, NULL);
+        pthread_mutex_init(&p->mu, NULL);
+        pthread_cond_init(&p->work, NULL);
+        pthread_cond_init(&p->done, NULL);
+        p->workers = 0;
+        p->sleeping = 0;
+        p->K = p->next = 0;
+        atomic_store(&p->left, 0);
+    }
 }
 
-/* Starts workers until there are `want` (at most MAXT - 1); fewer if the system refuses. */
-static void pool_grow(int want) {
+/* Starts p's workers until there are `want` (at most MAXT - 1); fewer if the system refuses. */
+static void pool_grow(Pool *p, int want) {
     static int registered = 0;
     if (!registered) {
         registered = pthread_atfork(NULL, NULL, pool_after_fork) == 0;
@@ -127,69 +143,67 @@ static void pool_grow(int want) {
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
-    while (pool.workers < want && pool.workers < MAXT - 1) {
+    while (p->workers < want && p->workers < MAXT - 1) {
         pthread_t th;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        int ok = pthread_create(&th, &attr, pool_worker, NULL) == 0;
+        int ok = pthread_create(&th, &attr, pool_worker, p) == 0;
         pthread_attr_destroy(&attr);
         if (!ok) {
             break;
         }
-        pool.workers++;
+        p->workers++;
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
-/* Runs fn(arg + k * size) for k in [0, K): on the caller's thread and the pool's
- * workers, or all on the caller's when K == 1, the pool has no workers, or it is busy
- * and `wait` is 0. With `wait` (a background caller: kernels/_touch.h's toucher) a busy
- * pool is waited for: the job in it is a step's short one, and running six parts alone
- * took the toucher longer than the wait. */
-static void parallel_pool(int K, void *(*fn)(void *), char *arg, size_t size, int wait) {
-    if (K > 1 && (wait ? pthread_mutex_lock(&pool.busy) : pthread_mutex_trylock(&pool.busy)) == 0) {
-        pool_grow(K - 1);
-        if (pool.workers > 0) {
-            pthread_mutex_lock(&pool.mu);
-            pool.fn = fn;
-            pool.arg = arg;
-            pool.size = size;
-            pool.K = K;
-            pool.next = 0;
-            atomic_store(&pool.left, K);
-            unsigned long gen = atomic_load(&pool.gen) + 1;
-            atomic_store(&pool.gen, gen);
-            if (pool.sleeping) {
-                pthread_cond_broadcast(&pool.work);
+/* Runs fn(arg + k * size) for k in [0, K): on the caller's thread and pool p's workers,
+ * or all on the caller's when K == 1, the pool has no workers, or it is busy and `wait`
+ * is 0. With `wait` a busy pool is waited for. */
+static void parallel_on(Pool *p, int K, void *(*fn)(void *), char *arg, size_t size, int wait) {
+    if (K > 1 && (wait ? pthread_mutex_lock(&p->busy) : pthread_mutex_trylock(&p->busy)) == 0) {
+        pool_grow(p, K - 1);
+        if (p->workers > 0) {
+            pthread_mutex_lock(&p->mu);
+            p->fn = fn;
+            p->arg = arg;
+            p->size = size;
+            p->K = K;
+            p->next = 0;
+            atomic_store(&p->left, K);
+            unsigned long gen = atomic_load(&p->gen) + 1;
+            atomic_store(&p->gen, gen);
+            if (p->sleeping) {
+                pthread_cond_broadcast(&p->work);
             }
-            pthread_mutex_unlock(&pool.mu);
-            pool_run(gen);
+            pthread_mutex_unlock(&p->mu);
+            pool_run(p, gen);
             long long until = pool_now_ns() + POOL_SPIN_NS;
-            for (int polls = 1; atomic_load(&pool.left) > 0; polls++) {
+            for (int polls = 1; atomic_load(&p->left) > 0; polls++) {
                 pool_relax();
                 if (polls % 256 == 0 && pool_now_ns() > until) {
                     break;
                 }
             }
-            pthread_mutex_lock(&pool.mu);
-            while (atomic_load(&pool.left) > 0) {
-                pthread_cond_wait(&pool.done, &pool.mu);
+            pthread_mutex_lock(&p->mu);
+            while (atomic_load(&p->left) > 0) {
+                pthread_cond_wait(&p->done, &p->mu);
             }
-            pthread_mutex_unlock(&pool.mu);
-            pthread_mutex_unlock(&pool.busy);
+            pthread_mutex_unlock(&p->mu);
+            pthread_mutex_unlock(&p->busy);
             return;
         }
-        pthread_mutex_unlock(&pool.busy);
+        pthread_mutex_unlock(&p->busy);
     }
     for (int k = 0; k < K; k++) {
         fn(arg + (size_t)k * size);
     }
 }
 
-/* parallel_pool for a caller on the step's path: a busy pool is never waited for. */
+/* A call on the step's path: the step's pool, never waited for when busy. */
 static void parallel(int K, void *(*fn)(void *), char *arg, size_t size) {
-    parallel_pool(K, fn, arg, size, 0);
+    parallel_on(&pools[POOL_STEP], K, fn, arg, size, 0);
 }
 
 #endif

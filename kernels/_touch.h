@@ -1,5 +1,5 @@
 /* kernels/_touch.h: the deferred touch of an all-hits resolve (included once, by _host.c,
- * after HitsPart, hits_scan, hits_touch, radix_sort, compact_log and parallel_pool()).
+ * after HitsPart, hits_scan, hits_touch, radix_sort, compact_log and parallel_on()).
  *
  * Of lru_hits' time on a large call, the scan (range check, the map's lookups) is about
  * a tenth; the rest is the touch: sorting the ids, pinning and logging the distinct
@@ -28,7 +28,7 @@
  *
  * The result is the state lru_hits would leave (tests/kernels/test_touch.py). One
  * toucher thread runs the touches in the order they were started, its parallel parts on
- * kernels/_pool.h's workers (waiting for the pool while a step's call holds it); fork()
+ * kernels/_pool.h's touch pool (the step's calls have a pool of their own); fork()
  * waits until it is idle, and the child starts its own on first need.
  */
 #ifndef ROWCACHE_TOUCH_H
@@ -68,8 +68,8 @@ static void *hits_sort(void *arg) {
     return NULL;
 }
 
-/* lru_hits' work after its scan, on lru_scan's keys (GIL not needed); `wait`: the toucher
- * (a busy pool is waited for, parallel_pool), 0: the caller itself. */
+/* lru_hits' work after its scan, on lru_scan's keys (GIL not needed); `wait`: the toucher,
+ * on the touch pool; 0: the caller itself, on the step's pool (not waited for if busy). */
 static void touch_run(TouchJob *j, int wait) {
     int32_t *row_slot = j->b[0].view.buf, *log = j->b[2].view.buf, *log_pos = j->b[3].view.buf;
     int32_t *scr = j->b[4].view.buf;
@@ -81,7 +81,8 @@ static void touch_run(TouchJob *j, int wait) {
         part[k] = (HitsPart){NULL, row_slot, last_used, log, log_pos, NULL, scr, n, S, 0,
                              j->batch, n * k / K, n * (k + 1) / K, 0, 0, 0, 0, 0, 0};
     }
-    parallel_pool(K, hits_sort, (char *)part, sizeof part[0], wait);
+    Pool *pool = &pools[wait ? POOL_TOUCH : POOL_STEP];
+    parallel_on(pool, K, hits_sort, (char *)part, sizeof part[0], wait);
     int disjoint = 1;
     for (int k = 1; k < K; k++) {
         disjoint &= scr[part[k].lo - 1] < scr[part[k].lo]; /* last of k-1 < first of k */
@@ -111,7 +112,7 @@ static void touch_run(TouchJob *j, int wait) {
         part[k].base = base;
         base += part[k].n_u;
     }
-    parallel_pool(K, hits_touch, (char *)part, sizeof part[0], wait);
+    parallel_on(pool, K, hits_touch, (char *)part, sizeof part[0], wait);
     for (int k = 0; k < K; k++) {
         j->fresh += part[k].fresh;
     }

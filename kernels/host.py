@@ -52,6 +52,9 @@ def _usable_cpus() -> int:
 
 USABLE_CPUS = _usable_cpus()
 HOST_THREADS = _host_threads()
+# Threads of a deferred touch (kernels/_touch.h), on a pool of its own beside the step's:
+# the CPUs the step's HOST_THREADS leave, at least 2, at most HOST_THREADS.
+TOUCH_THREADS = min(HOST_THREADS, max(2, USABLE_CPUS - HOST_THREADS))
 
 
 def hash_positions_reference(

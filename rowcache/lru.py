@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.host import HOST_THREADS, USABLE_CPUS
+from kernels.host import HOST_THREADS, TOUCH_THREADS, USABLE_CPUS
 
 from .cache_state import CacheState
 
@@ -158,7 +158,7 @@ class LruLog(CacheState):
         """Hand the touch of an all-hits call (its keys in ``scratch``) to the toucher."""
         handle = native.lru_touch_start(
             self._row_slot, self._last_used, self._log, self._log_pos, scratch, n,
-            self._head, self._tail, self._batch, HOST_THREADS, after,
+            self._head, self._tail, self._batch, TOUCH_THREADS, after,
         )  # fmt: skip
         self._touching.append((handle, self._batch, scratch))
         self._stats["lookups"] += n

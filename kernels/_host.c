@@ -440,8 +440,8 @@ static PyObject *lru_hits(PyObject *self, PyObject *args) {
 
 /* Moves the live entries of log[head:tail] (log_pos[slot] == position) to the front, in
  * order, and points log_pos at their new positions; returns the new tail. */
-static Py_ssize_t compact_log(int32_t *log, int32_t *log_pos, Py_ssize_t S, Py_ssize_t head,
-                              Py_ssize_t tail) {
+static Py_ssize_t compact_serial(int32_t *log, int32_t *log_pos, Py_ssize_t S, Py_ssize_t head,
+                                 Py_ssize_t tail) {
     Py_ssize_t k = 0;
     for (Py_ssize_t p = head; p < tail; p++) {
         if (p + PF < tail && log[p + PF] >= 0 && log[p + PF] < S) {
@@ -457,14 +457,90 @@ static Py_ssize_t compact_log(int32_t *log, int32_t *log_pos, Py_ssize_t S, Py_s
     return k;
 }
 
-/* lru_compact(log i32[C], log_pos i32[S], head, tail) -> new tail
+#define COMPACT_GRAIN (1 << 18) /* log entries a compaction thread at least */
+
+typedef struct {
+    int32_t *log, *log_pos, *tmp; /* tmp: this part's live slots, in order */
+    Py_ssize_t S, lo, hi;         /* this part's log positions */
+    Py_ssize_t live, base;        /* its live entries; their first new position */
+} CompactPart;
+
+/* Phase 1 (reads only): the part's live slots, in log order, into its tmp. */
+static void *compact_gather(void *arg) {
+    CompactPart *c = arg;
+    const int32_t *log = c->log, *log_pos = c->log_pos;
+    Py_ssize_t S = c->S, hi = c->hi, n = 0;
+    for (Py_ssize_t p = c->lo; p < hi; p++) {
+        if (p + PF < hi && log[p + PF] >= 0 && log[p + PF] < S) {
+            __builtin_prefetch(&log_pos[log[p + PF]]);
+        }
+        int32_t s = log[p];
+        if (s >= 0 && s < S && log_pos[s] == (int32_t)p) {
+            c->tmp[n++] = s;
+        }
+    }
+    c->live = n;
+    return NULL;
+}
+
+/* Phase 2: the part's live slots written from log[base], log_pos pointed at them (the
+ * parts' ranges are disjoint and each slot has one live entry: no two parts write the
+ * same word, and no part reads the log). */
+static void *compact_scatter(void *arg) {
+    CompactPart *c = arg;
+    int32_t *log = c->log, *log_pos = c->log_pos;
+    const int32_t *tmp = c->tmp;
+    Py_ssize_t base = c->base, n = c->live;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + PF < n) {
+            __builtin_prefetch(&log_pos[tmp[i + PF]], 1);
+        }
+        log[base + i] = tmp[i];
+        log_pos[tmp[i]] = (int32_t)(base + i);
+    }
+    return NULL;
+}
+
+/* compact_serial's result, on up to `threads` threads of pool `pool` (waited for when
+ * busy with `wait`): the log is split into parts, each part's live slots gathered into
+ * a temporary buffer (tail - head int32: freed before returning), then written to their
+ * places. Serial where the log is short, one thread is asked for, or the buffer cannot be
+ * had. A full arena's log of 2 S entries took 16 ms serially on the H200 host for S =
+ * 3.1M (bench/host_threads.py), once every ~128 prefill steps: a stall of the toucher
+ * that the steps behind it waited out. */
+static Py_ssize_t compact_log(int32_t *log, int32_t *log_pos, Py_ssize_t S, Py_ssize_t head,
+                              Py_ssize_t tail, int threads, Pool *pool, int wait) {
+    int K = split_count(threads, tail - head, COMPACT_GRAIN);
+    int32_t *tmp = K > 1 ? malloc((size_t)(tail - head) * sizeof *tmp) : NULL;
+    if (tmp == NULL) {
+        return compact_serial(log, log_pos, S, head, tail);
+    }
+    CompactPart part[MAXT];
+    for (int k = 0; k < K; k++) {
+        Py_ssize_t lo = head + (tail - head) * k / K, hi = head + (tail - head) * (k + 1) / K;
+        part[k] = (CompactPart){log, log_pos, tmp + (lo - head), S, lo, hi, 0, 0};
+    }
+    parallel_on(pool, K, compact_gather, (char *)part, sizeof part[0], wait);
+    Py_ssize_t base = 0;
+    for (int k = 0; k < K; k++) {
+        part[k].base = base;
+        base += part[k].live;
+    }
+    parallel_on(pool, K, compact_scatter, (char *)part, sizeof part[0], wait);
+    free(tmp);
+    return base;
+}
+
+/* lru_compact(log i32[C], log_pos i32[S], head, tail[, threads]) -> new tail
  * Moves the live entries of log[head:tail] (log_pos[slot] == position) to the front, in
- * order, and points log_pos at their new positions: NgramRowCache._compact's loop. */
+ * order, and points log_pos at their new positions: NgramRowCache._compact's loop, on up
+ * to `threads` threads (default 1) of the step's pool. */
 static PyObject *lru_compact(PyObject *self, PyObject *args) {
     PyObject *o_log, *o_lp;
     Py_ssize_t head, tail;
+    int threads = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOnn", &o_log, &o_lp, &head, &tail)) {
+    if (!PyArg_ParseTuple(args, "OOnn|i", &o_log, &o_lp, &head, &tail, &threads)) {
         return NULL;
     }
     Buf b[2];
@@ -482,7 +558,7 @@ static PyObject *lru_compact(PyObject *self, PyObject *args) {
     }
     Py_ssize_t k = 0;
     Py_BEGIN_ALLOW_THREADS
-    k = compact_log(log, log_pos, S, head, tail);
+    k = compact_log(log, log_pos, S, head, tail, threads, &pools[POOL_STEP], 0);
     Py_END_ALLOW_THREADS
     release(b, 2);
     return PyLong_FromSsize_t(k);

@@ -239,7 +239,7 @@ static PyObject *lru_commit(PyObject *self, PyObject *args) {
             }
         }
         if (tail + n_u > cap) { /* first: the slots' old entries are still live, and kept */
-            tail = compact_log(log, log_pos, S, head, tail);
+            tail = compact_log(log, log_pos, S, head, tail, 1, &pools[POOL_STEP], 0);
             head = 0;
         }
         for (Py_ssize_t j = 0; j < n_u; j++) {

@@ -100,7 +100,7 @@ static void touch_run(TouchJob *j, int wait) {
     j->status = 0;
     j->fresh = 0;
     if (j->tail + n_u > cap) { /* lru_hits' status 3, which the caller answers by compacting */
-        j->tail = compact_log(log, log_pos, S, j->head, j->tail);
+        j->tail = compact_log(log, log_pos, S, j->head, j->tail, j->threads, pool, wait);
         j->head = 0;
         if (j->tail + n_u > cap) {
             j->status = 3;

@@ -303,7 +303,8 @@ class LruLog(CacheState):
     def _compact(self) -> None:
         native = self._host_lib()
         if native is not None:
-            self._tail = native.lru_compact(self._log, self._log_pos, self._head, self._tail)
+            self._tail = native.lru_compact(self._log, self._log_pos, self._head, self._tail,
+                                            HOST_THREADS)  # fmt: skip
             self._head = 0
             return
         live = self._log[self._head : self._tail]

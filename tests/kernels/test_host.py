@@ -368,3 +368,50 @@ def test_lru_hits_logs_distinct_slots_in_row_order(n, rows):
     assert (status, fresh, tail) == (0, want.size, want.size)
     np.testing.assert_array_equal(log[:tail], want)
     np.testing.assert_array_equal(out, row_slot[ids])
+
+
+def _compact_reference(log: np.ndarray, log_pos: np.ndarray, head: int, tail: int) -> int:
+    """The cache's Python compaction (``LruLog._compact`` without the native module)."""
+    S = log_pos.size
+    p = np.arange(head, tail)
+    s = log[head:tail]
+    ok = (s >= 0) & (s < S)
+    live = np.zeros(tail - head, dtype=bool)
+    live[ok] = log_pos[s[ok]] == p[ok]
+    keep = s[live]
+    log[: keep.size] = keep
+    log_pos[keep] = np.arange(keep.size, dtype=np.int32)
+    return int(keep.size)
+
+
+@pytest.mark.skipif(host.native is None, reason="no native module")
+@pytest.mark.parametrize("seed", range(4))
+def test_lru_compact_threads_equal_the_serial_pass_and_python(seed):
+    """A log long enough to be split (2 * 2**18 entries a part at least): every slot's one
+    live entry at a random position, stale entries, garbage (-1, >= S) and slots whose
+    log_pos points at another slot's entry (no live entry of their own), a random head;
+    parallel, serial and Python compactions leave the same log, log_pos and tail."""
+    rng = np.random.default_rng(seed)
+    S = int(rng.integers(300_000, 700_000))
+    C = 2 * S + int(rng.integers(0, 1 << 14))
+    log = rng.integers(0, S, C).astype(np.int32)
+    log[rng.random(C) < 0.01] = -1
+    log[rng.random(C) < 0.01] = S + 5
+    head = int(rng.integers(0, C // 8))
+    tail = C - int(rng.integers(0, C // 16))
+    live = np.sort(rng.choice(np.arange(head, tail), S, replace=False))
+    slots = rng.permutation(S).astype(np.int32)
+    log[live] = slots
+    log_pos = np.empty(S, dtype=np.int32)
+    log_pos[slots] = live
+    orphans = rng.choice(S, 50, replace=False)  # pointing at some other slot's entry
+    log_pos[orphans] = rng.choice(live, 50)
+    log_pos[orphans[:5]] = C + 7  # and out of the log
+    want = [log.copy(), log_pos.copy()]
+    want_tail = _compact_reference(*want, head, tail)
+    for threads in (1, 2, 5, 16):
+        got = [log.copy(), log_pos.copy()]
+        assert host.native.lru_compact(*got, head, tail, threads) == want_tail, threads
+        np.testing.assert_array_equal(got[0][:want_tail], want[0][:want_tail])
+        np.testing.assert_array_equal(got[0][want_tail:], log[want_tail:])  # untouched after
+        np.testing.assert_array_equal(got[1], want[1])

@@ -156,22 +156,25 @@ static PyObject *lru_plan(PyObject *self, PyObject *args) {
 
 /* lru_commit(ids i64[n], work i32[5n], n_u, n_miss, n_ev, row_slot i32[R], slot_row i32[S],
  *            last_used i64[S], log i32[C], log_pos i32[S], head, tail, batch,
- *            row_offsets i64[P + 1], part_misses i64[P], out i32[n]) -> (fresh, head, tail)
+ *            row_offsets i64[P + 1], part_misses i64[P], out i32[n][, threads])
+ *     -> (fresh, head, tail)
  * The second half, once the missing rows' reads succeeded: with work and head (its
  * new_head) from lru_plan, unmaps the evicted rows, maps the missing rows to their
  * victims, pins the call's slots (last_used = batch) and logs them at tail in ascending
  * row order (compacting the log first when it lacks room for n_u entries, as
  * LruLog._log_slots), adds each part's misses (parts: row_offsets) to part_misses, and
  * writes the slots of ids to out. fresh: slots not used in this batch before (victims
- * included). Arguments are checked before anything changes. */
+ * included). Arguments are checked before anything changes. threads (default 1): of the
+ * compaction, on the step's pool (compact_log). */
 static PyObject *lru_commit(PyObject *self, PyObject *args) {
     PyObject *o_ids, *o_work, *o_rs, *o_sr, *o_lu, *o_log, *o_lp, *o_off, *o_pm, *o_out;
     Py_ssize_t n_u, n_miss, n_ev, head, tail;
     long long batch;
+    int threads = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOnnnOOOOOnnLOOO", &o_ids, &o_work, &n_u, &n_miss, &n_ev, &o_rs,
-                          &o_sr, &o_lu, &o_log, &o_lp, &head, &tail, &batch, &o_off, &o_pm,
-                          &o_out)) {
+    if (!PyArg_ParseTuple(args, "OOnnnOOOOOnnLOOO|i", &o_ids, &o_work, &n_u, &n_miss, &n_ev,
+                          &o_rs, &o_sr, &o_lu, &o_log, &o_lp, &head, &tail, &batch, &o_off,
+                          &o_pm, &o_out, &threads)) {
         return NULL;
     }
     Buf b[10];
@@ -239,7 +242,7 @@ static PyObject *lru_commit(PyObject *self, PyObject *args) {
             }
         }
         if (tail + n_u > cap) { /* first: the slots' old entries are still live, and kept */
-            tail = compact_log(log, log_pos, S, head, tail, 1, &pools[POOL_STEP], 0);
+            tail = compact_log(log, log_pos, S, head, tail, threads, &pools[POOL_STEP], 0);
             head = 0;
         }
         for (Py_ssize_t j = 0; j < n_u; j++) {

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from kernels.host import HOST_THREADS
 from kernels.reference import scatter_records_reference
 
 from .cache_state import CacheState
@@ -271,7 +272,7 @@ class FaultPath(CacheState):
         fresh, self._head, self._tail = native.lru_commit(
             ids, work, n_u, n_miss, n_ev, self._row_slot, self._slot_row, self._last_used,
             self._log, self._log_pos, head, self._tail, self._batch, self.row_offsets,
-            self._part_misses, out,
+            self._part_misses, out, HOST_THREADS,
         )  # fmt: skip
         st = self._stats
         st["lookups"] += n

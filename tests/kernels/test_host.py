@@ -415,3 +415,39 @@ def test_lru_compact_threads_equal_the_serial_pass_and_python(seed):
         np.testing.assert_array_equal(got[0][:want_tail], want[0][:want_tail])
         np.testing.assert_array_equal(got[0][want_tail:], log[want_tail:])  # untouched after
         np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.skipif(host.native is None, reason="no native module")
+def test_lru_commit_compacts_a_full_log_on_threads_as_on_one():
+    """A miss that finds the log full compacts it first (lru_commit): on 4 threads of the
+    step's pool (a log long enough to be split) as on one, and the slots land the same."""
+    nat, rng = host.native, np.random.default_rng(11)
+    S, R = 300_000, 700_000
+    C = 2 * S
+    row_slot = np.full(R, -1, dtype=np.int32)
+    mapped = rng.choice(R, S, replace=False)
+    row_slot[mapped] = np.arange(S, dtype=np.int32)
+    slot_row = mapped.astype(np.int32)
+    last_used = np.full(S, -1, dtype=np.int64)
+    log = rng.integers(0, S, C).astype(np.int32)  # stale entries, then the live ones
+    live = np.sort(rng.choice(C, S, replace=False))
+    slots = rng.permutation(S).astype(np.int32)
+    log[live] = slots
+    log_pos = np.empty(S, dtype=np.int32)
+    log_pos[slots] = live
+    ids = np.setdiff1d(rng.choice(R, 64, replace=False), mapped)[:40].astype(np.int64)
+    n = ids.size
+    got = []
+    for threads in (1, 4):
+        rs, sr, lu, lg, lp = (a.copy() for a in (row_slot, slot_row, last_used, log, log_pos))
+        work, scratch = np.empty(5 * n, dtype=np.int32), np.empty(2 * n, dtype=np.int32)
+        status, n_u, n_miss, _, n_ev, head, _ = nat.lru_plan(
+            ids, R, rs, sr, lu, lg, lp, 0, C, 0, None, S, work, scratch)  # fmt: skip
+        assert (status, n_miss, n_ev) == (0, n, n)
+        off, pm, out = np.array([0, R], np.int64), np.zeros(1, np.int64), np.empty(n, np.int32)
+        res = nat.lru_commit(ids, work, n_u, n_miss, n_ev, rs, sr, lu, lg, lp, head, C, 0,
+                             off, pm, out, threads)  # fmt: skip
+        assert res[2] == S  # compacted: the S - n live entries past the victims, then n
+        got.append((res, out, rs, sr, lu, lg[: res[2]], lp))
+    for a, b in zip(*got):
+        np.testing.assert_array_equal(a, b)

@@ -15,9 +15,48 @@ ROW_BYTES = {"bf16": 512.0, "fp8": 4096 / 15}  # stored bytes a row (rows never 
 NO_PREFETCH = "n/a (no prefetch in this tree)"
 
 
+def lookahead_bound(
+    res_s: np.ndarray, floor_s: np.ndarray, prefill: np.ndarray, depth: int
+) -> np.ndarray:
+    """Seconds each step would take when prefill steps' faults are prefetched ``depth``
+    steps ahead and read at the floor (an estimate: optimistic, as the other bounds).
+
+    A model of the lookahead series: one disk reads the prefetches in the order they are
+    issued, each taking its step's floor; at the start of step t the prefetches of steps
+    t+1..t+depth not issued yet are issued; a prefill step starts once the step before it
+    has ended and its prefetch has been read; a decode step (never prefetched) adds its
+    own floor to its resident time. Demand reads and prefetches do not slow each other
+    here, and a prefill step's decode tokens count as prefetched."""
+    n = res_s.size
+    done = np.zeros(n)  # when each step's prefetch has been read
+    end = np.zeros(n)
+    disk = t = 0.0
+    ahead = 1
+    for k in range(n):
+        start = max(t, done[k]) if k and prefill[k] else t
+        for j in range(max(ahead, k + 1), min(k + depth, n - 1) + 1):
+            if prefill[j]:
+                disk = max(disk, start) + floor_s[j]
+                done[j] = disk
+        ahead = max(ahead, k + depth + 1)
+        demand = floor_s[k] if (k == 0 or not prefill[k]) else 0.0
+        end[k] = start + res_s[k] + demand
+        t = end[k]
+    return np.diff(end, prepend=0.0)
+
+
 def phase_rows(series: dict[str, Any], floors: dict[str, np.ndarray], name: str) -> list[dict]:
     """Per phase of one server: tokens/s of each variant, ratios, hits, faults vs floor."""
     rows = []
+    res_all = np.array([r[0] for r in series["resident"]])
+    is_prefill = np.array([r[2] == "prefill" for r in series["resident"]])
+    floor_all = np.min(list(floors.values()), axis=0) if floors else np.zeros(res_all.size)
+    depth_of = {
+        v: int(v[len("lookahead") :])
+        for v in series
+        if v.startswith("lookahead") and v != "lookahead"
+    }
+    modelled = {v: lookahead_bound(res_all, floor_all, is_prefill, d) for v, d in depth_of.items()}
     kinds = {"decode": "decode" + name, "prefill": "chunked prefill" + name}
     for kind, label in kinds.items():
         sel = {v: [r for r in recs if r[2] == kind] for v, recs in series.items()}
@@ -58,10 +97,11 @@ def phase_rows(series: dict[str, Any], floors: dict[str, np.ndarray], name: str)
         if la is not None:
             h, m = sum(r[3] for r in sel["lookahead"]), sum(r[4] for r in sel["lookahead"])
             row["lookahead_hit_rate"] = h / (h + m) if h + m else 1.0
-        for v in sorted(k for k in sel if k.startswith("lookahead") and k != "lookahead"):
+        for v in sorted(depth_of):
             h, m = sum(r[3] for r in sel[v]), sum(r[4] for r in sel[v])
             row[f"{v}_ratio"] = tps[v] / tps["resident"]
             row[f"{v}_hit_rate"] = h / (h + m) if h + m else 1.0
+            row[f"{v}_bound"] = float(res_all[idx].sum() / modelled[v][idx].sum())
         rows.append(row)
     return rows
 
@@ -140,7 +180,7 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
         *(
             (f"la{d} {what}", f"lookahead{d}_{key}")
             for d in s.get("lookahead_steps", [1])[1:]
-            for what, key in (("ratio", "ratio"), ("hit rate", "hit_rate"))
+            for what, key in (("ratio", "ratio"), ("hit rate", "hit_rate"), ("bound", "bound"))
         ),
         ("faults/tok", "faults_per_token"),
         ("fault ms/step", "fault_ms_per_step"),
@@ -159,6 +199,8 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
         f"(ratio = cached tok/s / resident tok/s; floor = the same pages re-read by bench/floor.c, "
         f"queue depth {s['queue_depth']}; bound = the ratio if each step cost the resident step "
         "plus its faults' floor; la bound = with the floor hidden behind the step by a perfect "
-        "lookahead one step ahead; both estimates, the floor being re-read in a pass of its own; "
+        "lookahead one step ahead; laN bound = a model of prefetches N steps ahead read at the "
+        "floor by one disk (bench/_serve_report.lookahead_bound); all estimates, the floor being "
+        "re-read in a pass of its own; "
         f"{s['seconds']:.0f} s in all)"
     )

@@ -2,7 +2,7 @@
 # One device call (H200) for the serving-path figures: the GPU tests, bench/serve.py,
 # bench/fault.py, bench/embed.py (cached vs resident; again with one host thread),
 # bench/torch_step.py and compute-sanitizer memcheck on the GPU kernels' tests; every stage
-# time-boxed (demo, demo2: `rowcache demo --device cuda` twice), logs under $OUT, their tails last. STAGES picks and orders them, e.g.
+# time-boxed (demo, demo2: `rowcache demo --device cuda` twice; qd: bench/queue_depth.py), logs under $OUT, their tails last. STAGES picks and orders them, e.g.
 #   STAGES="tests fault torch" bash bench/gpu_final.sh
 # serve's table size and flags: SERVE_DTYPE, SERVE_ROWS, SERVE_ARGS, e.g. a server with history:
 #   STAGES=serve SERVE_DTYPE=fp8 SERVE_ROWS=10223617 SERVE_T=585 \

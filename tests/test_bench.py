@@ -229,3 +229,25 @@ def test_serve_floor_reread_check_reads_fresh_pages_then_the_run_s(tmp_path):
     assert all(not seen & {tuple(p) for p in q.tolist()} for q in fresh)
     assert all(0 < a.shape[0] <= b.shape[0] for a, b in zip(fresh, steps))
     assert rep["fresh_ms_per_step"] > 0 and rep["reread_ms_per_step"] > 0
+
+
+def test_serve_lookahead_bound_models_prefetches_ahead():
+    sys.path.insert(0, str(BENCH))
+    from _serve_report import lookahead_bound
+
+    import numpy as np
+
+    res = np.full(8, 1.0)
+    pre = np.array([True] * 8)
+    # every prefetch shorter than the step before it: hidden at any depth (but step 0's)
+    assert lookahead_bound(res, np.full(8, 0.5), pre, 1).tolist() == [1.5] + [1.0] * 7
+    # one slow read: one step ahead waits for it; three ahead spread it over quiet steps
+    floor = np.array([0, 0, 0, 0, 2.5, 0, 0, 0.0])
+    one, three = lookahead_bound(res, floor, pre, 1), lookahead_bound(res, floor, pre, 3)
+    assert one.sum() == pytest.approx(8 + 1.5) and three.sum() == pytest.approx(8.0)
+    # decode steps are never prefetched: their floor adds to their step
+    dec = np.array([True, False, True, False, True, False, True, False])
+    assert lookahead_bound(res, np.full(8, 0.25), dec, 4)[1::2].tolist() == [1.25] * 4
+    # a disk slower than the steps: never faster than its 7 reads, deeper never slower
+    slow = [lookahead_bound(res, np.full(8, 2.0), pre, d).sum() for d in (1, 2, 7)]
+    assert slow == sorted(slow, reverse=True) and min(slow) >= 2.0 * 7 + 1.0

@@ -300,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         depths = [0]
     if min(depths) < 1 or len(set(depths)) != len(depths):
-        p.error(f"--lookahead-steps {args.lookahead_steps!r}: give distinct integers >= 1, e.g. 1,3")
+        p.error(
+            f"--lookahead-steps {args.lookahead_steps!r}: give distinct integers >= 1, e.g. 1,3"
+        )
     if args.history < 0:
         p.error(f"--history {args.history}: give a token count >= 0")
     if args.tokens_npy is not None and not os.path.isfile(args.tokens_npy):
@@ -518,11 +520,16 @@ def main(argv: list[str] | None = None) -> int:
             "reread_check": reread,
             "outputs_checked": checked,
             "outputs_mismatched": mismatched,
-            "lookahead": ("prefill chunks of step t+1" if depths[0] == 1
-                          else f"prefill chunks of steps t+1..t+{depths[0]}")
-            + " prefetched during step t (" + api + "); decode tokens are sampled at the end "
+            "lookahead": (
+                "prefill chunks of step t+1"
+                if depths[0] == 1
+                else f"prefill chunks of steps t+1..t+{depths[0]}"
+            )
+            + " prefetched during step t ("
+            + api
+            + "); decode tokens are sampled at the end "
             "of step t and never prefetched"
-            + "".join(f"; la{d}: steps t+1..t+{d}" for d in depths[1:]),  # fmt: skip
+            + "".join(f"; la{d}: steps t+1..t+{d}" for d in depths[1:]),
             "lookahead_steps": depths,
             "seconds": time.perf_counter() - t_start,
         }

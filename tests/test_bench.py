@@ -233,9 +233,8 @@ def test_serve_floor_reread_check_reads_fresh_pages_then_the_run_s(tmp_path):
 
 def test_serve_lookahead_bound_models_prefetches_ahead():
     sys.path.insert(0, str(BENCH))
-    from _serve_report import lookahead_bound
-
     import numpy as np
+    from _serve_report import lookahead_bound
 
     res = np.full(8, 1.0)
     pre = np.array([True] * 8)

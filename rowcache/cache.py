@@ -24,12 +24,14 @@ Pinning. A batch pins every slot it resolved until ``end_batch``: a slot is pinn
 exactly when its batch of last use is the current batch, so ``end_batch`` unpins
 them all in O(1) and a resolve whose rows are all resident (the hot path) costs one
 sort of its ids, two gathers and two scatters. The log is compacted in place when
-full: O(1) amortized per access, no O(slots) scan per fault.
+full: O(1) amortized per access, no O(slots) scan per fault (in C, split over the host
+threads for a long log).
 
 Deferred touch. An all-hits resolve of at least ``rowcache.lru.DEFER_MIN`` ids (a
 prefill step's; where the process may use 4 CPUs or more) returns once its scan has
 found every row resident, and a background C thread pins and logs its slots
-(``kernels/_touch.h``: the sort and the log writes, ~90 % of the call). The cache's lock
+(``kernels/_touch.h``: the sort and the log writes, ~90 % of the call; on a worker pool of
+its own, ``kernels.host.TOUCH_THREADS``). The cache's lock
 finishes that touch before any later call reads the state, so every call sees what it
 would have seen without the deferral (``end_batch`` and ``poll`` go on without waiting:
 the touch pins for its own batch).

@@ -55,8 +55,12 @@ for name in ("a1", "b1", "a2", "b2"):
         continue
     if sys.argv[2] == "serve":
         for p in d["phases"]:
+            deep = "".join(f" / la{k[9:-6]} {v:.3f}" for k, v in p.items()
+                           if k.startswith("lookahead") and k.endswith("_ratio") and k[9:-6].isdigit())
+            la = p["lookahead_ratio"]
             rows.setdefault(p["phase"], {})[name] = (
-                f"{p['ratio']:.3f} / la {p['lookahead_ratio']:.3f} / fault {p['fault_ms_per_step']:.3f} ms")
+                f"{p['ratio']:.3f} / la {la if isinstance(la, str) else f'{la:.3f}'}{deep}"
+                f" / fault {p['fault_ms_per_step']:.3f} ms")
     else:
         for r in d["results"]:
             rows.setdefault(f"k={r['k']}", {})[name] = (

@@ -43,15 +43,22 @@ def build_floor(work: str) -> str:
 
 
 def floor_us(
-    exe: str, mode: str, n: int, files: list[str], steps: list[tuple], direct: bool
+    exe: str,
+    mode: str,
+    n: int,
+    files: list[str],
+    steps: list[tuple],
+    direct: bool,
+    gap_us: int = 0,
 ) -> np.ndarray:
-    """Microseconds of each step of reads ``(file ids, offsets, lengths)`` by the C floor."""
+    """Microseconds of each step of reads ``(file ids, offsets, lengths)`` by the C floor
+    (``gap_us``: it sleeps that long before each step, untimed)."""
     lines = [str(len(files)), *files, str(len(steps))]
     for f, off, ln in steps:
         lines.append(str(len(f)))
         lines += [f"{a} {b} {c}" for a, b, c in zip(f.tolist(), off.tolist(), ln.tolist())]
     out = subprocess.run(
-        [exe, mode, str(n), "direct" if direct else "buffered"],
+        [exe, mode, str(n), "direct" if direct else "buffered", str(int(gap_us))],
         input="\n".join(lines) + "\n",
         capture_output=True,
         text=True,

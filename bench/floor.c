@@ -1,8 +1,10 @@
 /* The disk's floor for bench/fault.py: steps of positional reads issued with no Python.
  *
- * Usage: floor MODE N [direct|buffered] < plan
+ * Usage: floor MODE N [direct|buffered] [GAP_US] < plan
  *   MODE threads: N persistent threads of blocking pread, a barrier after each step;
  *   MODE uring:   one io_uring (raw system calls), N reads in flight.
+ *   GAP_US: the process sleeps this long before each step (a server's faults come after
+ *   the rest of its step, not back to back); default 0.
  * plan (text): nfiles, then one path a line; nsteps, then per step: nreads and
  * nreads lines "file offset length". Prints one line per step: microseconds.
  * Build: gcc -O2 -pthread floor.c -o floor
@@ -103,9 +105,10 @@ static void ring_step(struct ring *r, rd_t *rd, long n, int qd) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3) { fprintf(stderr, "usage: floor threads|uring N [direct|buffered] < plan\n"); return 2; }
+    if (argc < 3) { fprintf(stderr, "usage: floor threads|uring N [direct|buffered] [gap_us] < plan\n"); return 2; }
     int uring = !strcmp(argv[1], "uring"), n = atoi(argv[2]);
     int direct = argc < 4 || strcmp(argv[3], "buffered");
+    long gap_us = argc < 5 ? 0 : atol(argv[4]);
     int nf, ns;
     if (scanf("%d", &nf) != 1) die("plan");
     int *fds = calloc(nf, sizeof(int));
@@ -145,6 +148,10 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n; i++) pthread_create(&th[i], NULL, worker, (void *)(intptr_t)i);
     }
     for (int s = 0; s < ns; s++) {
+        if (gap_us > 0) {
+            struct timespec g = {gap_us / 1000000, (gap_us % 1000000) * 1000};
+            nanosleep(&g, NULL);
+        }
         double t0 = now();
         if (uring) ring_step(&r, R + start[s], start[s + 1] - start[s], n);
         else {

@@ -83,8 +83,15 @@ def test_bench_read_latency_quick_times_every_way():
 
 def test_bench_queue_depth_quick_reads_each_setting_once():
     rep = json.loads(run("queue_depth.py", "--json"))
-    got = {(r["batch"], r["depth"], r["mode"]) for r in rep["results"]}
-    assert got == {(b, n, m) for b in (16, 64) for n in (4, 16) for m in ("uring", "threads")}
+    got = [(r["batch"], r["depth"], r["mode"], r["gap_us"]) for r in rep["results"]]
+    assert len(got) == len(set(got)) == 16
+    assert set(got) == {
+        (b, n, m, g)
+        for b in (16, 64)
+        for n in (4, 16)
+        for m in ("uring", "threads")
+        for g in (0, 100)
+    }
     for r in rep["results"]:
         assert r["us_per_batch"] > 0
         assert r["reads_per_s"] == pytest.approx(r["batch"] / r["us_per_batch"] * 1e6)

@@ -101,10 +101,12 @@ def phase_rows(series: dict[str, Any], floors: dict[str, np.ndarray], name: str)
         if la is not None:
             h, m = sum(r[3] for r in sel["lookahead"]), sum(r[4] for r in sel["lookahead"])
             row["lookahead_hit_rate"] = h / (h + m) if h + m else 1.0
+            row["lookahead_wait_ms_per_step"] = 1e3 * sum(r[6] for r in sel["lookahead"]) / len(c)
         for v in sorted(depth_of):
             h, m = sum(r[3] for r in sel[v]), sum(r[4] for r in sel[v])
             row[f"{v}_ratio"] = tps[v] / tps["resident"]
             row[f"{v}_hit_rate"] = h / (h + m) if h + m else 1.0
+            row[f"{v}_wait_ms_per_step"] = 1e3 * sum(r[6] for r in sel[v]) / len(c)
             row[f"{v}_bound"] = float(res_all[idx].sum() / modelled[v][idx].sum())
         rows.append(row)
     return rows

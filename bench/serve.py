@@ -186,10 +186,15 @@ def prefetcher(emb: Any, cache: Any) -> Any:
 
 
 def run_series(emb, steps, warm, rest, work, sync, cache, lookahead, record=None, check=None):
-    """Per timed step: (seconds, tokens, kind, hits, misses, fault seconds). ``lookahead``:
+    """Per timed step: (seconds, tokens, kind, hits, misses, fault seconds, seconds its
+    resolves waited for prefetches in flight). ``lookahead``:
     0, or how many steps ahead prefill chunks are prefetched (a server knows the prompts
     it has admitted and queued: step t prefetches the chunks of steps t+1..t+lookahead
     not prefetched yet)."""
+    # A server queues its step's GPU work, then prepares what comes next while it runs: on
+    # the GPU the rest of the model (a queued kernel) goes before the prefetch calls' host
+    # work; on the CPU the rest blocks the host thread, so the prefetches are issued first.
+    queued_work = getattr(work, "queued", False)
     out = []
     prefetch = prefetcher(emb, cache) if lookahead else None
     handles: collections.deque = collections.deque()  # (step index, handle), oldest first
@@ -204,12 +209,14 @@ def run_series(emb, steps, warm, rest, work, sync, cache, lookahead, record=None
         y = emb.embed_packed(st.batch)
         while handles and handles[0][0] <= k:
             handles.popleft()[1].wait()  # done by now (this embed needed them); errors surface
+        if timed and queued_work:  # the GPU's rest of the model is queued before the
+            work(rest.seconds(st.tokens, st.prefill_tokens))  # host's prefetch calls
         if prefetch is not None:
             for j in range(max(ahead, k + 1), min(k + lookahead, len(steps) - 1) + 1):
                 if steps[j].prefill is not None:
                     handles.append((j, prefetch(steps[j].prefill)))  # read during the rest
             ahead = max(ahead, k + lookahead + 1)
-        if timed:
+        if timed and not queued_work:  # the host's rest of the model blocks its thread
             work(rest.seconds(st.tokens, st.prefill_tokens))
         sync()
         dt = time.perf_counter() - t0
@@ -218,9 +225,14 @@ def run_series(emb, steps, warm, rest, work, sync, cache, lookahead, record=None
         if timed:
             s1 = cache.stats() if cache is not None else None
             f = (
-                (0, 0, 0.0)
+                (0, 0, 0.0, 0.0)
                 if s0 is None
-                else (s1.hits - s0.hits, s1.misses - s0.misses, s1.fault_seconds - s0.fault_seconds)
+                else (
+                    s1.hits - s0.hits,
+                    s1.misses - s0.misses,
+                    s1.fault_seconds - s0.fault_seconds,
+                    s1.prefetch_wait_seconds - s0.prefetch_wait_seconds,
+                )
             )
             out.append((dt, st.tokens, st.kind, *f))
     for _, h in handles:

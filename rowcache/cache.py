@@ -39,6 +39,8 @@ the touch pins for its own batch).
 
 from __future__ import annotations
 
+import collections
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
@@ -243,6 +245,9 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         self._failed: list[tuple[np.ndarray, BaseException]] = []
         self._pf_pool: ThreadPoolExecutor | None = None
         self._pf_buffers: PrefetchBuffers | None = None
+        self._steal_buffers: PrefetchBuffers | None = None
+        self._pf_queue: collections.deque[PrefetchJob] = collections.deque()
+        self._pf_qlock = threading.Lock()
         self._reaped_rows = 0
         self._n_busy = 0
         self._scratch = np.empty(0, dtype=np.int32)  # the native hit path's sort buffer

@@ -9,9 +9,11 @@ arena rows and its own buffers, so it never needs that lock.
 
 Semantics (also in ``NgramRowCache.prefetch``): at the call, the rows are logged
 most recently used and unpinned, their victims evicted and their slots reserved;
-the read runs meanwhile; a ``resolve`` that needs a reserved slot (or would pass
-over one while choosing victims, or finds too few free slots without them) waits
-for the jobs in flight, so LRU order, exhaustion and fault counts are exactly as
+the read runs meanwhile, in pieces (``rowcache.prefetch_book.PIECE_ROWS``); a
+``resolve`` that needs a row of a piece not started reads that row itself, and one that
+needs a reserved slot of a piece in flight (or would pass over one while choosing
+victims, or finds too few free slots without them) waits for the pieces in flight,
+so LRU order, exhaustion and fault counts are exactly as
 if the prefetch had completed at its call. A failed read maps nothing; the
 ``resolve`` that next needs one of its rows raises the read's error.
 """
@@ -48,9 +50,13 @@ class PrefetchHandle:
         jobs = [j for h in handles for j in h._jobs]
         return cls(jobs, sum(h.rows for h in handles), sum(h.dropped for h in handles))
 
+    def _all_jobs(self) -> list[PrefetchJob]:
+        """The jobs and the jobs that took rows over from them (``PrefetchJob.taken``)."""
+        return [k for j in self._jobs for k in (j, *j.taken)]
+
     def done(self) -> bool:
         """True once every read of this prefetch has finished (or failed)."""
-        return all(j.event.is_set() for j in self._jobs)
+        return all(j.event.is_set() for j in self._all_jobs())
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the reads have finished; False if ``timeout`` (s) passed first.
@@ -58,7 +64,7 @@ class PrefetchHandle:
         Never raises the reads' errors: those are raised by the ``resolve`` that
         needs a failed row (see :meth:`exception`)."""
         end = None if timeout is None else time.monotonic() + timeout
-        for j in self._jobs:
+        for j in self._all_jobs():
             left = None if end is None else max(0.0, end - time.monotonic())
             if not j.event.wait(left):
                 return False
@@ -66,7 +72,7 @@ class PrefetchHandle:
 
     def exception(self) -> BaseException | None:
         """The first read error of this prefetch once done, else None."""
-        for j in self._jobs:
+        for j in self._all_jobs():
             if j.event.is_set() and j.error is not None:
                 return j.error
         return None
@@ -77,12 +83,15 @@ class PrefetchHandle:
 
 
 class PrefetchJob:
-    """One prefetch's reads: ``rows`` (global ids, ascending) into ``slots``.
+    """One piece of a prefetch's reads: ``rows`` (global ids, ascending) into ``slots``.
 
     ``run`` executes in the cache's prefetch thread; ``event`` is set when it has
     finished, with ``error`` set on failure and ``read`` holding ``(rows, bytes,
     ops)`` read. On the GPU, the arena writes are enqueued on the cache's stream
     before ``event`` is set, so work issued on that stream after a wait sees them.
+    ``started``: the prefetch thread has taken it from the queue. Until then a resolve
+    that needs some of its rows takes them over (``rowcache.prefetch_book``): they leave
+    ``rows`` and ``slots`` for a job of their own, run at once and listed in ``taken``.
     """
 
     def __init__(self, rows: np.ndarray, slots: np.ndarray) -> None:
@@ -92,6 +101,8 @@ class PrefetchJob:
         self.error: BaseException | None = None
         self.read = (0, 0, 0)
         self.seconds = 0.0
+        self.started = False
+        self.taken: list[PrefetchJob] = []
 
     def run(self, cache: Any, buffers: Any) -> None:
         t0 = time.perf_counter()

@@ -9,6 +9,8 @@ prefetch's error once. The job itself (reads into its own buffers, the scatter) 
 
 from __future__ import annotations
 
+import collections
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,6 +23,13 @@ from .lru import _sorted_unique
 from .prefetch import PrefetchBuffers, PrefetchHandle, PrefetchJob
 from .store import check_row_ids
 
+PIECE_ROWS = 1024
+"""A prefetch's rows are read in pieces of this many (one native batch each, in call
+order), so a resolve that needs a row still in flight waits for one piece, and the rows of
+pieces still queued it reads itself. The H200 disk read 1,024 fresh random pages a batch
+at 95-107k reads/s at queue depth 64, 4,096 at 85-111k (bench/queue_depth.py,
+bench/RESULTS.md, tenth session)."""
+
 
 class PrefetchBook(CacheState):
     """Prefetch bookkeeping of :class:`rowcache.cache.NgramRowCache` (a mixin)."""
@@ -28,6 +37,10 @@ class PrefetchBook(CacheState):
     _jobs: list[PrefetchJob]
     _pf_pool: ThreadPoolExecutor | None
     _pf_buffers: PrefetchBuffers | None
+    _steal_buffers: PrefetchBuffers | None  # a resolve's own, for rows it takes over
+    _pf_queue: collections.deque[PrefetchJob]  # pieces not started, in call order
+    _pf_qlock: threading.Lock
+    _reader: Any
 
     def poll(self) -> int:
         """Commit the prefetches whose reads have finished (their rows appear in
@@ -58,8 +71,10 @@ class PrefetchBook(CacheState):
         batch holds, and missing rows beyond the free or unpinned slots are dropped
         (``handle.dropped``), so a prefetch never raises ``ArenaExhaustedError``. Rows
         already resident or in flight are not read again. Their reads run in the
-        cache's prefetch thread meanwhile. A later :meth:`resolve` waits only for jobs
-        still in flight that it needs (a row of theirs, or their slots as victims,
+        cache's prefetch thread meanwhile, in pieces of :data:`PIECE_ROWS` rows, in
+        call order. A later :meth:`resolve` that needs rows of a piece not started yet
+        reads those rows itself (once: they leave the piece); otherwise it waits only
+        for pieces in flight that it needs (a row of theirs, or their slots as victims,
         or their slots to avoid exhaustion), so the LRU order, the exhaustion rule and
         every fault count are exactly those of a prefetch that completed at its call.
         A failed read maps nothing (its slots are left free), and the
@@ -121,13 +136,61 @@ class PrefetchBook(CacheState):
         self._log_slots(order.astype(np.int32, copy=False))
         if not missing.size:
             return PrefetchHandle([], 0, dropped)
-        job = PrefetchJob(missing, victims)
-        self._jobs.append(job)
         if self._pf_pool is None:
             self._pf_pool = ThreadPoolExecutor(1, thread_name_prefix="rowcache-prefetch")
             self._pf_buffers = PrefetchBuffers(self._prefetch_reader())
-        self._pf_pool.submit(job.run, self, self._pf_buffers)
-        return PrefetchHandle([job], int(missing.size), dropped)
+        jobs = [
+            PrefetchJob(missing[i : i + PIECE_ROWS], victims[i : i + PIECE_ROWS])
+            for i in range(0, missing.size, PIECE_ROWS)
+        ]
+        self._jobs.extend(jobs)
+        with self._pf_qlock:
+            self._pf_queue.extend(jobs)
+        for _ in jobs:
+            self._pf_pool.submit(self._run_next_piece)
+        return PrefetchHandle(jobs, int(missing.size), dropped)
+
+    def _run_next_piece(self) -> None:
+        """The prefetch thread: read the queue's first piece (none left when resolves
+        took every row of the pieces still queued)."""
+        with self._pf_qlock:
+            if not self._pf_queue:
+                return
+            job = self._pf_queue.popleft()
+            job.started = True
+        assert self._pf_buffers is not None
+        job.run(self, self._pf_buffers)
+
+    def _take_over(self, needed: np.ndarray) -> list[PrefetchJob]:
+        """The rows of queued pieces whose reserved slots are in ``needed``, read now by
+        the calling resolve with the demand reader (not after every piece queued before
+        them), as one job; returns the started pieces holding others of ``needed``,
+        which the caller waits for. Under the cache lock."""
+        rows, slots, origin = [], [], []
+        own = None
+        with self._pf_qlock:
+            for job in self._pf_queue:
+                m = np.isin(job.slots, needed)
+                if m.any():
+                    rows.append(job.rows[m])
+                    slots.append(job.slots[m])
+                    origin.append(job)
+                    job.rows, job.slots = job.rows[~m], job.slots[~m]
+            if rows:
+                r, sl = np.concatenate(rows), np.concatenate(slots)
+                order = np.argsort(r, kind="stable")
+                own = PrefetchJob(r[order], sl[order])
+                for job in origin:  # their handles wait for it too (before any is done)
+                    job.taken.append(own)
+                    if not job.rows.size:  # nothing left to read: done
+                        self._pf_queue.remove(job)
+                        job.event.set()
+        if own is not None:
+            self._jobs.append(own)
+            if self._steal_buffers is None:
+                self._steal_buffers = PrefetchBuffers(self._reader)
+            own.run(self, self._steal_buffers)
+        return [j for j in self._jobs if j.started and np.isin(j.slots, needed).any()]
 
     def _busy_mask(self) -> np.ndarray:
         """bool[slots]: slots reserved by a prefetch in flight (made on first prefetch)."""
@@ -179,8 +242,11 @@ class PrefetchBook(CacheState):
             s = self._row_slot[ids]
             s = s[s >= 0]
             needed = s[self._busy[s]]
-            if needed.size:
-                self._wait_jobs([j for j in self._jobs if np.isin(j.slots, needed).any()])
+            if needed.size:  # rows of queued pieces read now; started ones waited for
+                t0 = time.perf_counter()
+                started = self._take_over(needed)
+                self._stats["prefetch_wait_seconds"] += time.perf_counter() - t0
+                self._wait_jobs(started)
         first: tuple[int, BaseException] | None = None
         left: list[tuple[np.ndarray, BaseException]] = []
         for rows, err in self._failed:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 
 import numpy as np
 import pytest
 
+import rowcache.prefetch_book as prefetch_book
 from rowcache import NgramRowCache
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
 
@@ -53,25 +53,29 @@ class RefPrefetchLRU(RefLRU):
 
 class Slow:
     """Wraps ``cache._read_parts``: prefetch-thread reads sleep a little (so resolves
-    meet them in flight) and fail as planned: one flag per started prefetch, in order."""
+    meet them in flight), and a prefetch asked to fail fails every read of its rows
+    (it is waited for at once, so no resolve takes its rows over first)."""
 
     def __init__(self, cache, rng):
         self.real = cache._read_parts
         self.rng = rng
-        self.plan: deque[bool] = deque()
+        self.failing = np.zeros(0, dtype=np.int64)
         cache._read_parts = self
 
     def prefetch(self, cache, ids, fail):
-        self.plan.append(fail)
+        if fail:  # the rows this prefetch will read: those neither resident nor in flight
+            u = np.unique(np.asarray(ids, dtype=np.int64))
+            self.failing = u[cache._row_slot[u] < 0]
         h = cache.prefetch(ids)
-        if not h.rows:  # no read started: its flag is not consumed
-            self.plan.pop()
+        if fail:
+            h.wait()
+            self.failing = self.failing[:0]
         return h
 
     def __call__(self, rows, staging, reader=None):
         if threading.current_thread().name.startswith("rowcache-prefetch"):
             time.sleep(float(self.rng.uniform(0, 0.003)))
-            if self.plan.popleft():
+            if np.isin(rows, self.failing).any():
                 raise CorruptDataError("injected: read of shard failed")
         return self.real(rows, staging, reader)
 
@@ -81,8 +85,10 @@ def _check_stats(cache, lru):
     assert (s.misses, s.hits, s.evictions) == (lru.faults, lru.hits, lru.evictions)
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
-def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype):
+@pytest.mark.parametrize("dtype,piece", [("bf16", 1024), ("fp8", 1024), ("bf16", 7)])
+def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype, piece, monkeypatch):
+    """(piece 7: prefetches read in many pieces, so resolves take rows of queued ones over)"""
+    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", piece)
     store, _ = make_store(tmp_path, rng, dtype=dtype)
     slots = 120
     cache = NgramRowCache(store, "t", slots=slots)
@@ -133,6 +139,8 @@ def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype):
         h.wait()
     s = cache.stats()
     assert s.prefetched > 0 and s.rows_read == s.misses + s.prefetched
+    if piece < 100:  # resolves did take rows of queued pieces over
+        assert cache._steal_buffers is not None
 
 
 def test_prefetch_never_takes_pinned_slots_nor_exhausts_the_batch(tmp_path, rng):
@@ -202,3 +210,84 @@ def test_prefetch_shared_arena_rows_of_every_part(tmp_path, rng):
     np.testing.assert_array_equal(
         cache.table[got[: k0.size]].view(np.uint16), xs[names[0]][k0].view(np.uint16)
     )
+
+
+class Gate:
+    """Wraps ``cache._read_parts``: prefetch-thread reads wait for ``open``; reads by any
+    other thread (a resolve taking rows over) of rows in ``fail`` raise."""
+
+    def __init__(self, cache):
+        self.real = cache._read_parts
+        self.open = threading.Event()
+        self.started = threading.Event()
+        self.fail = np.zeros(0, dtype=np.int64)
+        self.caller_reads: list[np.ndarray] = []
+        cache._read_parts = self
+
+    def __call__(self, rows, staging, reader=None):
+        if threading.current_thread().name.startswith("rowcache-prefetch"):
+            self.started.set()
+            assert self.open.wait(10)
+        else:
+            self.caller_reads.append(rows.copy())
+            if np.isin(rows, self.fail).any():
+                raise CorruptDataError("injected: read of shard failed")
+        return self.real(rows, staging, reader)
+
+
+def test_resolve_reads_rows_of_queued_pieces_itself(tmp_path, rng, monkeypatch):
+    """A resolve that needs rows of prefetch pieces still queued reads just those rows
+    (not after the piece in flight and every piece before them); each row is read once,
+    and the handle is done only when every piece, and the rows taken over, are."""
+    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
+    store, x = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=200)
+    gate = Gate(cache)
+    ids = np.arange(100, 164)  # 8 pieces of 8 rows
+    h = cache.prefetch(ids)
+    assert h.rows == 64 and gate.started.wait(10)  # piece 0 in flight, held
+    want = np.array([141, 150, 143, 100 + 47])  # rows of pieces 5 and 6, queued
+    got = cache.resolve(want)  # does not wait for piece 0
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[want].view(np.uint16))
+    assert [r.tolist() for r in gate.caller_reads] == [[141, 143, 147, 150]]
+    assert not h.done() and not h.wait(timeout=0.01)
+    s = cache.stats()
+    assert (s.misses, s.hits, s.prefetched, s.rows_read) == (0, 4, 4, 4)
+    gate.open.set()
+    assert h.wait(10) and h.done() and h.exception() is None
+    got = cache.resolve(ids)
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[ids].view(np.uint16))
+    s = cache.stats()
+    assert (s.misses, s.hits, s.prefetched, s.rows_read) == (0, 64, 64, 64)  # once a batch
+    cache.end_batch()
+    check_invariants_no_ref(cache)
+
+
+def test_rows_taken_over_that_fail_map_nothing_and_raise_once(tmp_path, rng, monkeypatch):
+    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 4)
+    store, x = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=100)
+    gate = Gate(cache)
+    h = cache.prefetch(np.arange(0, 16))
+    assert gate.started.wait(10)
+    gate.fail = np.array([9])
+    with pytest.raises(CorruptDataError, match="prefetch of row 9"):
+        cache.resolve([9, 50])
+    row_slot, _ = cache.slot_map()
+    assert row_slot[9] == -1 and row_slot[50] == -1  # the call changed nothing else
+    assert isinstance(h.exception(), CorruptDataError)  # the handle shows the failure
+    gate.fail = gate.fail[:0]
+    got = cache.resolve([9, 50])  # raised once; now an ordinary fault
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[[9, 50]].view(np.uint16))
+    gate.open.set()
+    assert h.wait(10)
+    got = cache.resolve(np.arange(16))
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[:16].view(np.uint16))
+    s = cache.stats()  # only the needed row was taken over: its piece read 8, 10, 11
+    assert (s.misses, s.prefetched, s.rows_read) == (2, 15, 17)
+
+
+def check_invariants_no_ref(cache):
+    row_slot, slot_row = cache.slot_map()
+    mapped = np.flatnonzero(row_slot >= 0)
+    assert np.array_equal(slot_row[row_slot[mapped]], mapped)

@@ -126,3 +126,46 @@ def test_gpu_prefetch_next_chunk_equals_resident(rng, tmp_path, graphs, wait):
         _chunked_prefill_with_lookahead(rng, resident, cached, [shared, word_cache], wait)
     finally:
         store.close()
+
+
+def _slow_prefetch_thread(cache, seconds=0.002):
+    """Prefetch-thread reads of ``cache`` sleep first, so steps meet pieces still queued."""
+    import threading
+    import time
+
+    real = cache._read_parts
+
+    def slow(rows, staging, reader=None):
+        if threading.current_thread().name.startswith("rowcache-prefetch"):
+            time.sleep(seconds)
+        return real(rows, staging, reader)
+
+    cache._read_parts = slow
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param("cuda", marks=pytest.mark.gpu),
+        pytest.param("cuda-graphs", marks=pytest.mark.gpu),
+    ],
+)
+def test_steps_take_over_rows_of_queued_pieces_and_equal_resident(
+    rng, tmp_path, device, monkeypatch
+):
+    """Prefetches read in pieces of 8 rows, slowly: each step reads the rows of pieces not
+    started yet itself; outputs stay bit for bit those of resident tables, and no row is
+    faulted (every one was prefetched)."""
+    import rowcache.prefetch_book as prefetch_book
+
+    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
+    dev = "cuda" if device.startswith("cuda") else "cpu"
+    kw = {"cuda_graphs": True} if device == "cuda-graphs" else {}
+    store, shared, word_cache, resident, cached = _models(rng, tmp_path, device=dev, **kw)
+    try:
+        _slow_prefetch_thread(shared)
+        _chunked_prefill_with_lookahead(rng, resident, cached, [shared, word_cache], False)
+        assert shared._steal_buffers is not None  # some step did take rows over
+    finally:
+        store.close()

@@ -77,8 +77,9 @@ class CacheStats:
     include page padding and coalesced neighbours; prefetches' reads included).
     ``fault_seconds``: wall time spent in the demand fault path. ``batches``:
     ``end_batch`` calls. ``prefetched``: rows read by completed prefetches (a later
-    ``resolve`` of such a row is a hit). ``prefetch_wait_seconds``: time resolves
-    spent waiting for prefetches still in flight.
+    ``resolve`` of such a row is a hit; rows a resolve took over from a piece not
+    started count here too). ``prefetch_wait_seconds``: time resolves spent waiting
+    for prefetches still in flight, or reading the rows they took over.
     """
 
     lookups: int = 0

@@ -143,7 +143,11 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
     the CUDA stream that was current when it was built. Gathers issued on that same
     stream (the usual case) are ordered after both, and a later fault cannot
     overwrite a slot before earlier gathers on it have run. Work on other streams
-    must wait on that stream first.
+    must wait on that stream first. Prefetches copy and write their rows on a stream
+    of their own: it waits for the cache's stream as it was at the last ``end_batch``
+    (an evicted slot's gathers were issued before it), not for what was queued after
+    (the rest of a model's step), and the cache's stream waits for those writes before
+    the rows are used (``poll``, or the ``resolve`` that needs them).
     """
 
     def __init__(
@@ -247,6 +251,7 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         self._pf_pool: ThreadPoolExecutor | None = None
         self._pf_buffers: PrefetchBuffers | None = None
         self._steal_buffers: PrefetchBuffers | None = None
+        self._batch_done: Any = None
         self._pf_queue: collections.deque[PrefetchJob] = collections.deque()
         self._pf_qlock = threading.Lock()
         self._reaped_rows = 0
@@ -336,6 +341,8 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
             # A slot is pinned while its last use is the current batch: moving to the
             # next batch unpins every slot at once.
             self._pinned = 0
+            if self._pf_pool is not None and self.device == "cuda":
+                self._record_batch_done()  # later prefetches may overwrite this batch's slots
             self._batch += 1
             self._stats["batches"] += 1
 

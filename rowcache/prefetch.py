@@ -92,11 +92,17 @@ class PrefetchJob:
     ``started``: the prefetch thread has taken it from the queue. Until then a resolve
     that needs some of its rows takes them over (``rowcache.prefetch_book``): they leave
     ``rows`` and ``slots`` for a job of their own, run at once and listed in ``taken``.
+    On the GPU, ``after`` is the event of the cache's stream that the job's arena writes
+    wait for (recorded at the last ``end_batch``: every gather of an earlier batch, which
+    may read the victims, was issued before it), and ``landed`` the event of the
+    prefetch stream after them, which the cache's stream waits for when the job is reaped.
     """
 
-    def __init__(self, rows: np.ndarray, slots: np.ndarray) -> None:
+    def __init__(self, rows: np.ndarray, slots: np.ndarray, after: Any = None) -> None:
         self.rows = rows
         self.slots = slots
+        self.after = after
+        self.landed: Any = None
         self.event = threading.Event()
         self.error: BaseException | None = None
         self.read = (0, 0, 0)
@@ -107,7 +113,7 @@ class PrefetchJob:
     def run(self, cache: Any, buffers: Any) -> None:
         t0 = time.perf_counter()
         try:
-            self.read = buffers.fill(cache, self.rows, self.slots)
+            self.read = buffers.fill(cache, self)
         except BaseException as e:
             self.error = e
         finally:
@@ -116,23 +122,32 @@ class PrefetchJob:
 
 
 class PrefetchBuffers:
-    """The prefetch thread's own staging (host, pinned on the GPU) and reader.
+    """A prefetch thread's (or a resolve's) own staging (host, pinned on the GPU) and reader.
 
-    One instance per cache, used by one thread at a time (the cache's prefetch
-    executor has one worker), so a job never waits for the demand path's buffers.
+    Used by one thread at a time (the cache's prefetch executor has one worker; a
+    resolve holds the cache's lock), so a job never waits for the demand path's buffers.
+    ``own_stream`` (GPU): the copies and arena writes go on a stream of their own, not
+    the cache's, so they do not queue behind the work that the caller put on the cache's
+    stream after the step's gathers (the rest of the model, a step ahead): they wait only
+    for ``job.after``. Otherwise they go on the cache's stream (a resolve's take-over,
+    whose rows the resolve's own gathers read next).
     """
 
-    def __init__(self, reader: Any) -> None:
+    def __init__(self, reader: Any, own_stream: bool = False) -> None:
         self.reader = reader
+        self.own_stream = own_stream
+        self.stream: Any = None
         self.staging = np.empty((0, 0), dtype=np.uint8)
         self.dev_staging: Any = None
         self.copy_done: Any = None
 
-    def fill(self, cache: Any, rows: np.ndarray, slots: np.ndarray) -> tuple[int, int, int]:
-        """Read ``rows`` and write them into arena ``slots``; returns (rows, bytes, ops)."""
+    def fill(self, cache: Any, job: PrefetchJob) -> tuple[int, int, int]:
+        """Read the job's rows and write them into its arena slots; returns (rows,
+        bytes, ops)."""
+        rows, slots = job.rows, job.slots
         n = rows.size
         if cache.device == "cuda":
-            return self._fill_gpu(cache, rows, slots, n)
+            return self._fill_gpu(cache, job, n)
         staging = self._host(cache, n)
         read = cache._read_parts(rows, staging, self.reader)
         from kernels.reference import scatter_records_reference
@@ -153,9 +168,7 @@ class PrefetchBuffers:
                 self.staging = np.empty((cap, rec), dtype=np.uint8)
         return self.staging
 
-    def _fill_gpu(
-        self, cache: Any, rows: np.ndarray, slots: np.ndarray, n: int
-    ) -> tuple[int, int, int]:
+    def _fill_gpu(self, cache: Any, job: PrefetchJob, n: int) -> tuple[int, int, int]:
         cp = cache._xp
         import kernels.scatter
 
@@ -163,11 +176,18 @@ class PrefetchBuffers:
             if self.copy_done is not None:
                 self.copy_done.synchronize()  # the staging buffer's last copy has left it
             staging = self._host(cache, n, pinned=True)
-            read = cache._read_parts(rows, staging, self.reader)
-            stream = cache._stream
+            read = cache._read_parts(job.rows, staging, self.reader)
+            if self.own_stream and self.stream is None:
+                self.stream = cp.cuda.Stream(non_blocking=True)
+            stream = self.stream if self.own_stream else cache._stream
             dev = self.dev_staging[:n]
             with stream:
                 dev.set(staging[:n], stream=stream)
                 self.copy_done = stream.record()
-                kernels.scatter.scatter_records(dev, cp.asarray(slots), cache.table, cache.scales)
+                slots = cp.asarray(job.slots)
+                if self.own_stream and job.after is not None:
+                    stream.wait_event(job.after)  # earlier batches' gathers of the victims
+                kernels.scatter.scatter_records(dev, slots, cache.table, cache.scales)
+                if self.own_stream:
+                    job.landed = stream.record()
         return read

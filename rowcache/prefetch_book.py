@@ -38,9 +38,11 @@ class PrefetchBook(CacheState):
     _pf_pool: ThreadPoolExecutor | None
     _pf_buffers: PrefetchBuffers | None
     _steal_buffers: PrefetchBuffers | None  # a resolve's own, for rows it takes over
+    _batch_done: Any  # GPU: the cache stream's event at the last end_batch (see PrefetchJob)
     _pf_queue: collections.deque[PrefetchJob]  # pieces not started, in call order
     _pf_qlock: threading.Lock
     _reader: Any
+    _stream: Any  # GPU: the cache's stream (rowcache.fault)
 
     def poll(self) -> int:
         """Commit the prefetches whose reads have finished (their rows appear in
@@ -138,9 +140,12 @@ class PrefetchBook(CacheState):
             return PrefetchHandle([], 0, dropped)
         if self._pf_pool is None:
             self._pf_pool = ThreadPoolExecutor(1, thread_name_prefix="rowcache-prefetch")
-            self._pf_buffers = PrefetchBuffers(self._prefetch_reader())
+            self._pf_buffers = PrefetchBuffers(self._prefetch_reader(), own_stream=True)
+            if self.device == "cuda":  # until the next end_batch: everything queued so far
+                self._record_batch_done()
+        after = self._batch_done
         jobs = [
-            PrefetchJob(missing[i : i + PIECE_ROWS], victims[i : i + PIECE_ROWS])
+            PrefetchJob(missing[i : i + PIECE_ROWS], victims[i : i + PIECE_ROWS], after)
             for i in range(0, missing.size, PIECE_ROWS)
         ]
         self._jobs.extend(jobs)
@@ -160,6 +165,14 @@ class PrefetchBook(CacheState):
             job.started = True
         assert self._pf_buffers is not None
         job.run(self, self._pf_buffers)
+
+    def _record_batch_done(self) -> None:
+        """GPU: the event after which a prefetch may overwrite victims (an unpinned
+        slot's gathers were all issued before the last ``end_batch``, on this stream)."""
+        cp = self._xp
+        ev = cp.cuda.Event(block=False, disable_timing=True)
+        ev.record(self._stream)
+        self._batch_done = ev
 
     def _take_over(self, needed: np.ndarray) -> list[PrefetchJob]:
         """The rows of queued pieces whose reserved slots are in ``needed``, read now by
@@ -214,6 +227,8 @@ class PrefetchBook(CacheState):
                 self._log_front(job.slots)  # free slots are taken first, as at the start
                 self._failed.append((job.rows, job.error))
                 continue
+            if job.landed is not None:  # its arena writes, on the prefetch stream, first
+                self._stream.wait_event(job.landed)
             rows, nbytes, ops = job.read
             st = self._stats
             st["rows_read"] += rows

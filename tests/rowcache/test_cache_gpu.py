@@ -112,3 +112,75 @@ def test_gpu_device_map_mirrors_host_map(tmp_path, rng, arena):
     assert faulted > 0 and cache.stats().evictions > 0
     cache.resolve_host(np.flatnonzero(cache.slot_map()[0] >= 0)[:5])
     assert cache.last_faults == 0
+
+
+_SPIN = r"""
+extern "C" __global__ void spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"""
+
+
+def _spin(cp, seconds):
+    """Occupy the current stream for ``seconds`` (returns at once on the host)."""
+    cp.RawKernel(_SPIN, "spin")((1,), (1,), (np.uint64(int(seconds * 1e9)),))
+
+
+def test_gpu_prefetch_pieces_do_not_queue_behind_the_cache_streams_work(tmp_path, rng, monkeypatch):
+    """Work queued on the cache's stream after end_batch (a model's rest of the step)
+    does not hold a prefetch's pieces back: they go on a stream of their own, and the rows
+    are right when the cache's stream gathers them."""
+    import cupy as cp
+
+    import rowcache.prefetch_book as prefetch_book
+
+    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 16)
+    store, _ = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=600, device="cuda")
+    cache.resolve(np.arange(10))
+    cache.end_batch()
+    cache.prefetch(np.arange(10, 20)).wait()  # the prefetch stream exists
+    cache.end_batch()
+    with cache.stream:
+        _spin(cp, 1.5)
+    ids = rng.choice(np.arange(100, 3000), 128, replace=False)
+    h = cache.prefetch(ids)
+    assert h.rows == 128
+    assert h.wait(timeout=1.0), "the prefetch's 8 pieces waited for the spin on the cache stream"
+    with cache.stream:
+        rows = kernels.batched_embed(cache.resolve(ids), cache.table)
+    assert cache.last_faults == 128 and cache.stats().misses == 10 + 128
+    np.testing.assert_array_equal(
+        cp.asnumpy(rows).view(np.uint16), expected(store, ids).view(np.uint16)
+    )
+
+
+def test_gpu_prefetch_waits_for_earlier_batches_gathers_of_its_victims(tmp_path, rng):
+    """A prefetch on its own stream never overwrites a slot before a gather of an earlier
+    batch, still queued behind other work on the cache's stream, has read it."""
+    import cupy as cp
+
+    store, _ = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=64, device="cuda")
+    cache.prefetch(np.arange(64)).wait()
+    cache.end_batch()
+    old = np.arange(64)
+    with cache.stream:
+        slots = cache.resolve(old)
+        _spin(cp, 1.0)  # the gather of the old rows runs only after this
+        got = kernels.batched_embed(slots, cache.table)
+    cache.end_batch()  # their slots are unpinned: the next prefetch evicts every one
+    new = np.arange(1000, 1064)
+    h = cache.prefetch(new)
+    assert h.rows == 64 and h.dropped == 0
+    h.wait()
+    np.testing.assert_array_equal(
+        cp.asnumpy(got).view(np.uint16), expected(store, old).view(np.uint16)
+    )
+    with cache.stream:
+        rows = kernels.batched_embed(cache.resolve(new), cache.table)
+    np.testing.assert_array_equal(
+        cp.asnumpy(rows).view(np.uint16), expected(store, new).view(np.uint16)
+    )

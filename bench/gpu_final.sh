@@ -9,6 +9,9 @@
 #     SERVE_ARGS="--history 7800000 --tokens-npy .tok/serve-tokens.npy" bash bench/gpu_final.sh
 #   (.tok/serve-tokens.npy: `python bench/serve.py --history 7800000 --write-tokens ...` here,
 #   carried; the GPU machine's stdlib has ~2.8M tokens)
+# .whl (carried) holds what the GPU machine lacks: ../shared/tools/gpu-wheels.sh's wheels plus
+#   crc32c and tqdm (`pip download --no-deps --only-binary=:all: --python-version 3.12
+#   --platform manylinux2014_x86_64 -d .whl crc32c tqdm`).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -22,7 +25,7 @@ for s in $STAGES; do
   case $s in
     tests) stage ${TESTS_T:-240} tests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x ;;
     serve) stage ${SERVE_T:-200} serve python3 bench/serve.py --device cuda --dtype ${SERVE_DTYPE:-bf16} --rows ${SERVE_ROWS:-2000000} --workdir /tmp/serve --save "$OUT/serve.json" ${SERVE_ARGS:-} ;;
-    fault) stage ${FAULT_T:-130} fault python3 bench/fault.py --device cuda --dir /tmp/rowcache-fault --json ;;
+    fault) stage ${FAULT_T:-130} fault python3 bench/fault.py --device cuda --dir /tmp/rowcache-fault --json ${FAULT_ARGS:-} ;;
     embed) toks; stage ${EMBED_T:-100} embed python3 bench/embed.py --tokens-npy /tmp/toks.npy --skip fp8,static --cached-ratio 2 --reps 10 ;;
     embed1) toks; ROWCACHE_HOST_THREADS=1 stage ${EMBED_T:-100} embed1 python3 bench/embed.py --tokens-npy /tmp/toks.npy --skip fp8,static --cached-ratio 2 --reps 10 ;;
     rtests) stage ${TESTS_T:-120} rtests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x tests/embed/test_rows.py tests/embed/test_layer.py -k "rows or hash_gather or gpu_cached" ;;

@@ -43,6 +43,7 @@ class PrefetchBook(CacheState):
     _pf_qlock: threading.Lock
     _reader: Any
     _stream: Any  # GPU: the cache's stream (rowcache.fault)
+    _device_id: int
 
     def poll(self) -> int:
         """Commit the prefetches whose reads have finished (their rows appear in
@@ -170,8 +171,9 @@ class PrefetchBook(CacheState):
         """GPU: the event after which a prefetch may overwrite victims (an unpinned
         slot's gathers were all issued before the last ``end_batch``, on this stream)."""
         cp = self._xp
-        ev = cp.cuda.Event(block=False, disable_timing=True)
-        ev.record(self._stream)
+        with cp.cuda.Device(self._device_id):  # the event on the stream's device
+            ev = cp.cuda.Event(block=False, disable_timing=True)
+            ev.record(self._stream)
         self._batch_done = ev
 
     def _take_over(self, needed: np.ndarray) -> list[PrefetchJob]:

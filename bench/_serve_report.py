@@ -95,6 +95,7 @@ def phase_rows(series: dict[str, Any], floors: dict[str, np.ndarray], name: str)
         res_s = np.array([r[0] for r in sel["resident"]])
         row["floor_bound_ratio"] = float(res_s.sum() / (res_s + floor_s).sum())
         row["floor_bound_overlap_ratio"] = float(res_s.sum() / np.maximum(res_s, floor_s).sum())
+        row.update(_step_split(sel["resident"], c))
         la = tps.get("lookahead")
         row["lookahead_tok_s"] = la if la is not None else NO_PREFETCH
         row["lookahead_ratio"] = la / tps["resident"] if la is not None else NO_PREFETCH
@@ -102,6 +103,11 @@ def phase_rows(series: dict[str, Any], floors: dict[str, np.ndarray], name: str)
             h, m = sum(r[3] for r in sel["lookahead"]), sum(r[4] for r in sel["lookahead"])
             row["lookahead_hit_rate"] = h / (h + m) if h + m else 1.0
             row["lookahead_wait_ms_per_step"] = 1e3 * sum(r[6] for r in sel["lookahead"]) / len(c)
+        if "nocheck" in sel:  # the ablation of the residency check (--ablate-check)
+            row["nocheck_ratio"] = tps["nocheck"] / tps["resident"]
+            row.update(
+                {f"nocheck_{k}": v for k, v in _step_split(sel["resident"], sel["nocheck"]).items()}
+            )
         for v in sorted(depth_of):
             h, m = sum(r[3] for r in sel[v]), sum(r[4] for r in sel[v])
             row[f"{v}_ratio"] = tps[v] / tps["resident"]
@@ -110,6 +116,26 @@ def phase_rows(series: dict[str, Any], floors: dict[str, np.ndarray], name: str)
             row[f"{v}_bound"] = float(res_all[idx].sum() / modelled[v][idx].sum())
         rows.append(row)
     return rows
+
+
+def _step_split(res: list[Any], cached: list[Any]) -> dict[str, Any]:
+    """Where the cached series' extra time is: ms a step of the resident and cached series
+    on the steps the cached series faulted in and on those it did not, and the ms a step
+    the embedding call held the host thread (both series; the rest of the step is the
+    device's, waited for at the step's end)."""
+    if not cached or len(res) != len(cached):
+        return {}
+    r = np.array([x[0] for x in res]) * 1e3
+    c = np.array([x[0] for x in cached]) * 1e3
+    faulted = np.array([x[4] > 0 for x in cached])
+    out: dict[str, Any] = {"faulting_steps": float(faulted.mean())}
+    for tag, m in (("faulting", faulted), ("hit_only", ~faulted)):
+        out[f"{tag}_resident_ms"] = float(r[m].mean()) if m.any() else None
+        out[f"{tag}_cached_ms"] = float(c[m].mean()) if m.any() else None
+    if len(res[0]) > 7:
+        out["embed_call_resident_ms"] = float(np.mean([x[7] for x in res]) * 1e3)
+        out["embed_call_cached_ms"] = float(np.mean([x[7] for x in cached]) * 1e3)
+    return out
 
 
 def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
@@ -188,6 +214,7 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
             for d in s.get("lookahead_steps", [1])[1:]
             for what, key in (("ratio", "ratio"), ("hit rate", "hit_rate"), ("bound", "bound"))
         ),
+        *((("no-check ratio", "nocheck_ratio"),) if "nocheck_ratio" in phases[0] else ()),
         ("faults/tok", "faults_per_token"),
         ("fault ms/step", "fault_ms_per_step"),
         ("floor uring ms", "floor_uring_ms_per_step"),
@@ -201,6 +228,24 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
     print("  ".join(h.rjust(w) for (h, _), w in zip(cols, widths)))
     for c in cells:
         print("  ".join(x.rjust(w) for x, w in zip(c, widths)))
+    split = [p for p in phases if p.get("faulting_steps") is not None]
+    if split:
+        print(
+            "ms a step (resident / cached), on the steps the cached series faulted in and on "
+            "the others; and the embedding call's time on the host thread:"
+        )
+        for p in split:
+            f = [_fmt(p.get(k)) for k in ("faulting_resident_ms", "faulting_cached_ms",
+                                          "hit_only_resident_ms", "hit_only_cached_ms",
+                                          "embed_call_resident_ms", "embed_call_cached_ms")]  # fmt: skip
+            print(
+                f"  {p['phase']}: faulting {p['faulting_steps']:.0%} of steps: {f[0]} / {f[1]}; "
+                f"the others: {f[2]} / {f[3]}; embedding call {f[4]} / {f[5]}"
+            )
+            if p.get("nocheck_faulting_steps") is not None:
+                g = [_fmt(p.get("nocheck_" + k)) for k in ("faulting_cached_ms", "hit_only_cached_ms",
+                                                           "embed_call_cached_ms")]  # fmt: skip
+                print(f"    no check: faulting {g[0]}, the others {g[1]}, embedding call {g[2]}")
     print(
         f"(ratio = cached tok/s / resident tok/s; floor = the same pages re-read by bench/floor.c, "
         f"queue depth {s['queue_depth']}; bound = the ratio if each step cost the resident step "

@@ -55,6 +55,7 @@ from _serve_model import REST_MODELS, make_workload
 from _serve_report import ROW_BYTES, phase_rows, render
 from _serve_steps import history_rows, load_requests, load_text, server_steps
 
+import embed.cached_groups as cached_groups
 from embed.dims import NgramDims
 from embed.layer import NgramEmbedding
 from embed.tables import Bf16Table, CachedTable, Fp8Table
@@ -187,7 +188,8 @@ def prefetcher(emb: Any, cache: Any) -> Any:
 
 def run_series(emb, steps, warm, rest, work, sync, cache, lookahead, record=None, check=None):
     """Per timed step: (seconds, tokens, kind, hits, misses, fault seconds, seconds its
-    resolves waited for prefetches in flight). ``lookahead``:
+    resolves waited for prefetches in flight, seconds the embedding call held the host
+    thread). ``lookahead``:
     0, or how many steps ahead prefill chunks are prefetched (a server knows the prompts
     it has admitted and queued: step t prefetches the chunks of steps t+1..t+lookahead
     not prefetched yet)."""
@@ -207,6 +209,7 @@ def run_series(emb, steps, warm, rest, work, sync, cache, lookahead, record=None
         s0 = cache.stats() if cache is not None else None
         t0 = time.perf_counter()
         y = emb.embed_packed(st.batch)
+        t_embed = time.perf_counter() - t0
         while handles and handles[0][0] <= k:
             handles.popleft()[1].wait()  # done by now (this embed needed them); errors surface
         if timed and queued_work:  # the GPU's rest of the model is queued before the
@@ -234,7 +237,7 @@ def run_series(emb, steps, warm, rest, work, sync, cache, lookahead, record=None
                     s1.prefetch_wait_seconds - s0.prefetch_wait_seconds,
                 )
             )
-            out.append((dt, st.tokens, st.kind, *f))
+            out.append((dt, st.tokens, st.kind, *f, t_embed))
     for _, h in handles:
         h.wait()
     return out
@@ -258,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=512, help="prefill chunk tokens")
     p.add_argument("--decode", type=int, default=256, help="decode tokens a request")
     p.add_argument("--b1-requests", type=int, default=4, help="requests of the decode x1 server")
+    p.add_argument(
+        "--servers",
+        default="x64,x1",
+        help="which servers run: x64 (64 slots), x1 (one slot), or both (default)",
+    )
     p.add_argument(
         "--warm", type=float, default=0.3, help="untimed fraction of each server's steps"
     )
@@ -304,6 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--profile", action="store_true", help="cProfile the x1 server's cached series (stderr)"
     )
+    p.add_argument(
+        "--ablate-check",
+        action="store_true",
+        help="also run each server cached with no residency check before a step's device\n"
+        "part (embed.cached_groups.CHECK_TOKENS = 0: the device part first, run again\n"
+        "after a fault): series 'nocheck'",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--save", default=None, help="also write the JSON report to this file")
     args = p.parse_args(argv)
@@ -315,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(
             f"--lookahead-steps {args.lookahead_steps!r}: give distinct integers >= 1, e.g. 1,3"
         )
+    servers_on = args.servers.split(",")
+    if not servers_on or set(servers_on) - {"x64", "x1"} or len(set(servers_on)) != len(servers_on):
+        p.error(f"--servers {args.servers!r}: give x64, x1 or x64,x1")
     if args.history < 0:
         p.error(f"--history {args.history}: give a token count >= 0")
     if args.tokens_npy is not None and not os.path.isfile(args.tokens_npy):
@@ -339,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     rest = REST_MODELS[args.rest or ("h200" if xp is not np else "unified-121GB")]
     rest = rest.scaled(args.rest_scale) if args.rest_scale != 1 else rest
     t_start = time.perf_counter()
+    check_tokens = cached_groups.CHECK_TOKENS
     rows, rows_why = pick_rows(args, xp)
     ld = NgramDims.longcat_flash_lite()
     hidden = 96 if args.quick else ld.hidden_size
@@ -436,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
         reread: dict[str, float] = {}
         timed = {}
         for name, steps, slots_n in ((" x64", steps64, 64), (" x1", steps1, 1)):
+            if name.strip() not in servers_on:
+                continue
             # steady state: once the last request is admitted the slots drain (untimed)
             full = [k for k, st in enumerate(steps) if st.batch.num_seqs == slots_n]
             steps = steps[: full[-1] + 1 if full else len(steps)]
@@ -453,7 +474,11 @@ def main(argv: list[str] | None = None) -> int:
             variants = {"cached": 0, "lookahead": depths[0]}
             if name == " x64":  # the one-slot server's prefill steps are too few to matter
                 variants.update((f"lookahead{d}", d) for d in depths[1:])
+            if args.ablate_check:
+                variants["nocheck"] = 0
             for variant, depth in variants.items():
+                if variant == "nocheck":  # every eager step of this tree's order before it
+                    cached_groups.CHECK_TOKENS = 0  # checked whether it would fault
                 cache = new_cache()
                 emb_c = NgramEmbedding(dims, word, [CachedTable(cache, i) for i in range(T)], projs)
                 if depth and prefetcher(emb_c, cache) is None:
@@ -482,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
                     record=misses if variant == "cached" else None,
                     check=(args.check_every, got),
                 )
+                cached_groups.CHECK_TOKENS = check_tokens
                 ev = cache.stats().evictions
                 warmed.setdefault("evictions", {})[f"{name.strip()} {variant}"] = ev
                 assert not (ev and order.startswith("one sorted")), "the arena evicted"

@@ -18,6 +18,11 @@ import numpy as np
 from .batch import NgramBatch
 from .tables import CachedTable
 
+# An eager fused step of at most this many tokens checks before its device part whether
+# its resolve would fault (hash + scan: a few µs at decode sizes), and then resolves
+# first. Larger steps would delay the device by their host hash (~60 µs at 2,048 tokens).
+CHECK_TOKENS = 256
+
 
 class CachedGroups:
     """Cached-table orchestration of :class:`embed.layer.NgramEmbedding` (a mixin over
@@ -27,7 +32,7 @@ class CachedGroups:
     word: Any
     device_lookup: bool
     _xp: Any
-    _resolve_first: bool  # set by the layer (False): the last device-map step faulted
+    _resolve_first: bool  # set by the layer (False): the last larger device-map step faulted
 
     def _group_caches(self) -> None:
         """Group the cached tables by cache: one resolve per cache and step.
@@ -95,36 +100,51 @@ class CachedGroups:
         for cache, *_ in self._groups:
             cache.end_batch()
 
-    def _verified(self, batch: NgramBatch, device_part: Callable[[], None]) -> None:
+    def _verified(
+        self, batch: NgramBatch, device_part: Callable[[], None], check: bool = False
+    ) -> None:
         """Run ``device_part`` (a step's launches, reading cached tables through their
-        device maps) with ``batch``'s cached rows resolved on the host: after it, the
-        device part run again when that resolve faulted; or, the step after one that
-        faulted, before it (the device part once, in stream order after the faults). At
-        decode sizes a faulting step is usually followed by another, and the device
-        part's launches cost as much as the resolve; a step without a fault goes back
-        to the device-first order."""
-        if self._resolve_first:
-            self._resolve_first = self._verify_cached(batch)
+        device maps) with ``batch``'s cached rows resolved on the host.
+
+        ``check`` (the eager step, whose launches cost the host ~0.3 ms) and a step of at
+        most ``CHECK_TOKENS`` tokens: the step hashes its rows first and asks its caches
+        whether a resolve would fault (``NgramRowCache.holds_all``, a few µs); if so it
+        resolves first and runs its device part once, in stream order after the
+        faults; if not, the device part goes first and the resolve (pins, LRU) runs
+        while the device works. Otherwise (a graph replay, which costs the host about
+        what the check does, or a larger step, whose host hash would delay the device)
+        the device part goes first and runs again after a resolve that faulted, and the
+        step after one that faulted resolves first (a faulting step is usually followed
+        by another) until one does not. Either way the rows are hashed once."""
+        groups = None
+        check = check and batch.n <= CHECK_TOKENS
+        first = self._resolve_first
+        if not first and check and self._groups:
+            groups = list(self._group_ids(batch, None))
+            first = not all(cache.holds_all(gid.ravel()) for cache, _, gid, _ in groups)
+        if first:
+            self._resolve_first = self._verify_cached(batch, groups) and not check
             self._after_caches()
             device_part()
             return
         if self._groups:
             self._after_caches()
         device_part()
-        if self._verify_cached(batch):  # a cached row was not resident: run again
-            self._resolve_first = True
+        if self._verify_cached(batch, groups):  # a cached row was not resident: run again
+            self._resolve_first = not check
             self._after_caches()
             device_part()
 
-    def _verify_cached(self, batch: NgramBatch) -> bool:
+    def _verify_cached(self, batch: NgramBatch, groups: list[Any] | None = None) -> bool:
         """Resolve the step's cached rows on the host (pins them, keeps the LRU exact)
         after the device gathered them through the caches' device maps. True when a
         resolve faulted rows in: the device part must run again (in stream order after
-        the faults' writes and the maps' updates)."""
+        the faults' writes and the maps' updates). ``groups``: the batch's
+        ``_group_ids`` when already hashed."""
         if not self._groups:
             return False
         faulted = False
-        for cache, _, gid, _ in self._group_ids(batch, None):  # the device has the slots
+        for cache, _, gid, _ in groups or self._group_ids(batch, None):
             cache.resolve_host(gid.ravel())
             faulted = faulted or cache.last_faults > 0
         return faulted

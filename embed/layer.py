@@ -257,10 +257,12 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         as ``row_offsets[k] + ids_k``), their ids hashed on the host from host
         tokens; from device tokens they are copied to the host (one sync). With
         ``device_lookup`` (GPU, fused, host tokens) the device gathers first through
-        the caches' device maps and the host resolves meanwhile; a resolve that
-        faulted makes the device part run again, and the next step then resolves
-        first and runs its device part once (until a step does not fault).
-        Otherwise the resolve comes first.
+        the caches' device maps and the host resolves meanwhile; an eager step of at
+        most ``embed.cached_groups.CHECK_TOKENS`` tokens that would fault
+        (``NgramRowCache.holds_all``, asked first) resolves first instead and runs
+        its device part once. In a larger step, or one replayed from a graph, a
+        resolve that faulted makes the device part run again, and the next step then resolves first (until a step
+        does not fault). Otherwise the resolve comes first.
         Every cache's batch ends when this call returns: a later fault writes the
         arena in stream order after this step's gathers, so no step synchronizes
         the host with the device.

@@ -4,8 +4,8 @@ Owns the mixin :class:`FusedStep`: an ``NgramEmbedding`` step from host tokens o
 GPU when every table is resident or read through its cache's device map
 (``_fused_ids``): the upload read from pinned memory, the hash and every gather in one
 ``kernels.ngram.hash_gather`` launch, the overlay, GEMM and sum; cached rows resolved
-on the host meanwhile and the device part run again after a fault (and, the step
-after a fault, the resolve first and the device part once). Does not own the
+on the host meanwhile; a step that would fault resolves first (``CachedGroups._verified``
+says when, and what a larger step does). Does not own the
 buffers (``embed.device_step``) nor graph replay (``embed.step_graph``).
 """
 
@@ -49,8 +49,8 @@ class FusedStep:
         """One step into ``out``: upload, then the hash and every gather in one launch
         (cached tables through their caches' device maps), the overlay, GEMM and sum;
         then the cached rows are resolved on the host (pinned, LRU) while the device
-        works, and the device part runs again if that faulted; after a step that
-        faulted, the resolve comes first (``CachedGroups._verified``)."""
+        works; or, for a step that would fault, the resolve first and the device part
+        once (``CachedGroups._verified``)."""
         xp = self._xp
         n = batch.n
         try:
@@ -65,7 +65,7 @@ class FusedStep:
                 scale_sum(rows, proj, float(1 + self.dims.num_tables), out=out)
 
             try:
-                self._verified(batch, device_part)
+                self._verified(batch, device_part, check=True)
             finally:  # the pinned upload is free once the last part that reads it ran
                 buf.uploaded(xp.cuda.get_current_stream())
         finally:

@@ -19,6 +19,7 @@ import numpy as np
 from kernels.host import HOST_THREADS, TOUCH_THREADS, USABLE_CPUS
 
 from .cache_state import CacheState
+from .store import check_row_ids
 
 # An all-hits call of at least this many ids returns after its scan and leaves the
 # touch (sort, pin, log: ~90 % of its C time) to a background thread, which the cache's
@@ -163,6 +164,24 @@ class LruLog(CacheState):
         self._touching.append((handle, self._batch, scratch))
         self._stats["lookups"] += n
         self._last_faults = 0
+
+    def holds_all(self, row_ids: Any) -> bool:
+        """True when a :meth:`resolve` of ``row_ids`` would neither fault, wait nor commit
+        a prefetch (its ``last_faults`` would be 0): every row is resident and shown in
+        the device map, none belongs to a prefetch not yet committed (in flight, or
+        landed and not yet reaped by a call such as :meth:`poll`; so none whose failed
+        read a resolve would raise). Changes nothing (no touch, pin, count or commit).
+
+        For callers that pick an order by it: ``NgramEmbedding`` resolves a small step
+        first when this is False, rather than gathering through the device map and
+        running its device part again after the fault. Raises as :meth:`resolve` does
+        for ids outside the table."""
+        ids = check_row_ids(row_ids, self.rows)
+        with self._lock.raw:  # a deferred touch changes no mapping: no need to wait for it
+            s = self._row_slot[ids]  # a failed prefetch's rows: busy, then unmapped
+            if s.size and int(s.min()) < 0:
+                return False
+            return not (self._n_busy and bool(self._busy[s].any()))
 
     def _hits_native(self, row_ids: Any, device_out: bool = False) -> Any:
         """The all-hits path in one C call (``kernels/_host.c``); on a miss, the native

@@ -148,6 +148,25 @@ def test_bench_serve_lookahead_steps_are_checked():
         assert proc.returncode == 2 and "--lookahead-steps" in proc.stderr, bad
 
 
+def test_bench_serve_quick_one_server_and_its_step_split():
+    rep = json.loads(run("serve.py", "--json", "--servers", "x1"))
+    phases = {p["phase"]: p for p in rep["phases"]}
+    assert set(phases) == {"decode x1", "chunked prefill x1", "all steps x1"}
+    assert list(rep["settings"]["timed_steps"]) == ["x1"]
+    for p in phases.values():  # the faulting / hit-only split covers every step
+        f = p["faulting_steps"]
+        assert 0 <= f <= 1 and p["embed_call_cached_ms"] > 0 and p["embed_call_resident_ms"] > 0
+        parts = [(f, "faulting"), (1 - f, "hit_only")]
+        for key in ("resident", "cached"):
+            mean = sum(w * p[f"{tag}_{key}_ms"] for w, tag in parts if w > 0)
+            tps = p[f"{key}_tok_s"]
+            assert mean == pytest.approx(1e3 * p["tokens_per_step"] / tps, rel=1e-6)
+    for bad in ("x2", "x1,x1", ""):
+        proc = subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick",
+                               "--servers", bad], capture_output=True, text=True)  # fmt: skip
+        assert proc.returncode == 2 and "--servers" in proc.stderr, bad
+
+
 def test_bench_serve_quick_history_fills_the_arena_first():
     cold = json.loads(run("serve.py", "--json"))
     warm = json.loads(run("serve.py", "--json", "--history", "20000"))

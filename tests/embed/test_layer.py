@@ -1025,15 +1025,23 @@ def test_layer_gpu_cached_with_overlay_and_faults_equals_resident(rng, tmp_path)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [False, True])
-def test_layer_gpu_cached_resolve_first_after_a_fault_equals_resident(rng, tmp_path, graphs):
-    """After a step that faulted, the fused step (eager, or replayed from a graph)
-    resolves first and runs its device part once; after one that did not, the device
-    part runs first again. Both orders occur on a decode stream over a small arena, and
-    every step equals the resident one."""
+@pytest.mark.parametrize("check", [True, False])
+def test_layer_gpu_cached_step_order_equals_resident(rng, tmp_path, graphs, check, monkeypatch):
+    """The fused step's order (eager, or replayed from a graph), on a decode stream over a
+    small arena where some steps fault and some do not; every step equals the resident one.
+    check (an eager step of at most CHECK_TOKENS tokens): it asks its caches first, so a
+    step that faults resolves first and every step runs its device part once. Without the
+    check (a graph replay; or CHECK_TOKENS = 0, as for larger steps): after a step that
+    faulted, the step resolves first and runs its device part once; after one that did
+    not, the device part runs first, and again when the resolve faulted."""
     import cupy as cp
 
+    import embed.cached_groups as cached_groups
     from embed.tables import CachedTable
 
+    if not check:
+        monkeypatch.setattr(cached_groups, "CHECK_TOKENS", 0)
+    check = check and not graphs
     store, shared, word_cache, word, tables, projs = _shared_cache_model(
         rng, tmp_path, device="cuda", slots_frac=0.3
     )
@@ -1047,18 +1055,37 @@ def test_layer_gpu_cached_resolve_first_after_a_fault_equals_resident(rng, tmp_p
             cuda_graphs=graphs,
         )
         assert cached._fused_ids and not cached._resolve_first
+        runs: list[int] = []
+        real = cached._verified
+
+        def counted(batch, device_part):
+            runs.append(0)
+
+            def part():
+                runs[-1] += 1
+                device_part()
+
+            real(batch, part)
+
+        monkeypatch.setattr(cached, "_verified", counted)
         x = np.concatenate([_stream(rng, 30)] * 6)  # repeats: hits after the first pass
         ctx_r, ctx_c = NgramContext(DIMS), NgramContext(DIMS)
         orders, faulted = set(), []
         for k in range(x.size):
-            orders.add(cached._resolve_first)
+            first = cached._resolve_first
+            orders.add(first)
             before = shared.stats().misses + word_cache.stats().misses
             got = cached.embed(ctx_c.step(x[k : k + 1]), 1)
             faulted.append(shared.stats().misses + word_cache.stats().misses > before)
-            assert cached._resolve_first == faulted[-1]
+            if check:
+                assert runs[-1] == 1 and not cached._resolve_first
+            else:
+                assert cached._resolve_first == faulted[-1]
+                assert runs[-1] == (2 if faulted[-1] and not first else 1)
             want = resident.embed(ctx_r.step(x[k : k + 1]), 1)
             np.testing.assert_array_equal(_bits(cp.asnumpy(got)), _bits(cp.asnumpy(want)))
-        assert orders == {False, True} and any(faulted) and not all(faulted)
+        assert orders == ({False} if check else {False, True})
+        assert any(faulted) and not all(faulted)
         assert shared.pinned == 0 and word_cache.pinned == 0
     finally:
         store.close()

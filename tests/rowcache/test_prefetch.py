@@ -291,3 +291,56 @@ def check_invariants_no_ref(cache):
     row_slot, slot_row = cache.slot_map()
     mapped = np.flatnonzero(row_slot >= 0)
     assert np.array_equal(slot_row[row_slot[mapped]], mapped)
+
+
+def test_holds_all_says_whether_a_resolve_would_fault_or_wait(tmp_path, rng):
+    """``holds_all`` is True exactly when a resolve of the rows would neither fault, wait
+    nor commit a prefetch: resident rows yes; a missing row, a row of a prefetch in
+    flight or landed but not committed, or of a failed prefetch no; bad ids raise as
+    resolve does; it changes no state or count."""
+    from rowcache.errors import RowRangeError
+
+    store, _ = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=100)
+    assert cache.holds_all(np.zeros(0, dtype=np.int64))
+    cache.resolve([3, 4, 5])
+    cache.end_batch()
+    before, maps = cache.stats(), cache.slot_map()
+    assert cache.holds_all([5, 3, 3]) and not cache.holds_all([3, 6])
+    with pytest.raises(RowRangeError, match=r"row_ids\[1\]"):
+        cache.holds_all([3, store.tables[0].rows])
+    with pytest.raises(RowRangeError):
+        cache.holds_all([-1])
+    assert cache.stats() == before
+    for a, b in zip(cache.slot_map(), maps):
+        np.testing.assert_array_equal(a, b)
+    gate = Gate(cache)
+    h = cache.prefetch([20, 21])
+    assert gate.started.wait(10)
+    assert not cache.holds_all([3, 20]) and cache.holds_all([3, 4])  # 20 is in flight
+    gate.open.set()
+    assert h.wait(10)
+    assert not cache.holds_all([20])  # landed, not yet committed: a resolve would commit it
+    cache.poll()
+    assert cache.holds_all([3, 20, 21])
+    gate.open.clear()
+    gate.fail = np.array([30])
+    gate.open.set()
+    real = gate.real
+
+    def failing(rows, staging, reader=None):
+        if np.isin(rows, [30]).any():
+            raise CorruptDataError("injected: read of shard failed")
+        return real(rows, staging, reader)
+
+    cache._read_parts = failing
+    h = cache.prefetch([30])
+    h.wait(10)
+    assert h.exception() is not None
+    assert not cache.holds_all([30]) and cache.holds_all([3])  # 30's error is owed
+    cache.poll()
+    assert not cache.holds_all([30]) and cache.holds_all([3])
+    with pytest.raises(CorruptDataError):
+        cache.resolve([30])
+    cache.end_batch()
+    assert cache.holds_all([3, 4, 5])

@@ -49,10 +49,12 @@ class Floor:
             return np.zeros((0, 2), np.int64)
         return np.unique(np.concatenate(out), axis=0).astype(np.int64)
 
-    def run(self, steps: list[np.ndarray], mode: str, n: int) -> np.ndarray:
-        """Seconds of each step's pages read as one batch (``mode`` threads|uring, ``n``)."""
+    def run(self, steps: list[np.ndarray], mode: str, n: int, gap_us: float = 0) -> np.ndarray:
+        """Seconds of each step's pages read as one batch (``mode`` threads|uring, ``n``);
+        ``gap_us``: the reader sleeps that long before each batch, as a server's disk
+        idles during the rest of its step (untimed)."""
         plan = [(p[:, 0], p[:, 1], np.full(p.shape[0], PAGE, np.int64)) for p in steps]
-        return floor_us(self.exe, mode, n, self.files, plan, self.direct) / 1e6
+        return floor_us(self.exe, mode, n, self.files, plan, self.direct, gap_us=int(gap_us)) / 1e6
 
     def reread_check(self, steps: list[np.ndarray], qd: int, seed: int = 0) -> dict[str, float]:
         """Whether this disk serves re-reads faster than first reads (a VM whose virtual

@@ -45,8 +45,15 @@ def lookahead_bound(
     return np.diff(end, prepend=0.0)
 
 
-def phase_rows(series: dict[str, Any], floors: dict[str, np.ndarray], name: str) -> list[dict]:
-    """Per phase of one server: tokens/s of each variant, ratios, hits, faults vs floor."""
+def phase_rows(
+    series: dict[str, Any],
+    floors: dict[str, np.ndarray],
+    name: str,
+    idle_floor: np.ndarray | None = None,
+) -> list[dict]:
+    """Per phase of one server: tokens/s of each variant, ratios, hits, faults vs floor
+    (``floors``: seconds a step of each engine read back to back; ``idle_floor``: io_uring's
+    after the idle of a decode step, reported beside them, not used in the bounds)."""
     rows = []
     res_all = np.array([r[0] for r in series["resident"]])
     is_prefill = np.array([r[2] == "prefill" for r in series["resident"]])
@@ -87,6 +94,10 @@ def phase_rows(series: dict[str, Any], floors: dict[str, np.ndarray], name: str)
             row[f"floor_{mode}_ms_per_step"] = 1e3 * float(f[idx].sum()) / len(c)
         fl = row.get("floor_uring_ms_per_step")
         row["fault_over_floor"] = row["fault_ms_per_step"] / fl if fl else None
+        if idle_floor is not None:
+            fi = 1e3 * float(idle_floor[idx].sum()) / len(c)
+            row["floor_uring_idle_ms_per_step"] = fi
+            row["fault_over_idle_floor"] = row["fault_ms_per_step"] / fi if fi else None
         # What the disk alone allows: each resident step plus its faults' floor (the
         # faster engine) read serially, or hidden behind the step by a perfect lookahead.
         floor_s = (
@@ -220,6 +231,8 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
         ("floor uring ms", "floor_uring_ms_per_step"),
         ("floor threads ms", "floor_threads_ms_per_step"),
         ("fault/floor", "fault_over_floor"),
+        ("floor after idle ms", "floor_uring_idle_ms_per_step"),
+        ("fault/idle floor", "fault_over_idle_floor"),
         ("bound", "floor_bound_ratio"),
         ("la bound", "floor_bound_overlap_ratio"),
     ]
@@ -248,7 +261,8 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
                 print(f"    no check: faulting {g[0]}, the others {g[1]}, embedding call {g[2]}")
     print(
         f"(ratio = cached tok/s / resident tok/s; floor = the same pages re-read by bench/floor.c, "
-        f"queue depth {s['queue_depth']}; bound = the ratio if each step cost the resident step "
+        f"queue depth {s['queue_depth']}, one step's pages after another's; floor after idle = "
+        "io_uring's after sleeping a decode step's rest of the model before each step's pages; bound = the ratio if each step cost the resident step "
         "plus its faults' floor; la bound = with the floor hidden behind the step by a perfect "
         "lookahead one step ahead; laN bound = a model of prefetches N steps ahead read at the "
         "floor by one disk (bench/_serve_report.lookahead_bound); all estimates, the floor being "

@@ -527,10 +527,14 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"server{name}: {variant} done")
             pg = [floor.pages(layout, m) for m in misses]
             floors = {mode: floor.run(pg, mode, args.queue_depth) for mode in ("uring", "threads")}
+            # the same reads after the idle of the server's decode step (a small batch after
+            # ~1 ms idle reads 2-3x slower than back to back on the H200 VM: RESULTS.md)
+            idle_s = rest.decode64_s if name == " x64" else rest.decode1_s
+            idle = floor.run(pg, "uring", args.queue_depth, gap_us=idle_s * 1e6)
             if name == " x64":  # do re-reads of this run's pages cost what first reads do?
                 some = [q for q in pg if q.shape[0]][-args.reread_steps :]
                 reread = floor.reread_check(some, args.queue_depth)
-            servers[name] = phase_rows(series, floors, name)
+            servers[name] = phase_rows(series, floors, name, idle)
             log(f"server{name}: floor done: " + json.dumps(servers[name], default=float))
         phases = [r for rows_ in servers.values() for r in rows_]
         settings = {

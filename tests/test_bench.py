@@ -154,6 +154,7 @@ def test_bench_serve_quick_one_server_and_its_step_split():
     assert set(phases) == {"decode x1", "chunked prefill x1", "all steps x1"}
     assert list(rep["settings"]["timed_steps"]) == ["x1"]
     for p in phases.values():  # the faulting / hit-only split covers every step
+        assert p["floor_uring_idle_ms_per_step"] > 0 and p["fault_over_idle_floor"] > 0
         f = p["faulting_steps"]
         assert 0 <= f <= 1 and p["embed_call_cached_ms"] > 0 and p["embed_call_resident_ms"] > 0
         parts = [(f, "faulting"), (1 - f, "hit_only")]

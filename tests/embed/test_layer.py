@@ -1058,14 +1058,14 @@ def test_layer_gpu_cached_step_order_equals_resident(rng, tmp_path, graphs, chec
         runs: list[int] = []
         real = cached._verified
 
-        def counted(batch, device_part):
+        def counted(batch, device_part, **kw):
             runs.append(0)
 
             def part():
                 runs[-1] += 1
                 device_part()
 
-            real(batch, part)
+            real(batch, part, **kw)
 
         monkeypatch.setattr(cached, "_verified", counted)
         x = np.concatenate([_stream(rng, 30)] * 6)  # repeats: hits after the first pass

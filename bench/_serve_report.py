@@ -116,9 +116,9 @@ def phase_rows(
             row["lookahead_wait_ms_per_step"] = 1e3 * sum(r[6] for r in sel["lookahead"]) / len(c)
         if "nocheck" in sel:  # the ablation of the residency check (--ablate-check)
             row["nocheck_ratio"] = tps["nocheck"] / tps["resident"]
-            row.update(
-                {f"nocheck_{k}": v for k, v in _step_split(sel["resident"], sel["nocheck"]).items()}
-            )
+        for v in sel:  # the other series' step split too (JSON; decode work is the same)
+            if v not in ("resident", "cached"):
+                row.update({f"{v}_{k}": x for k, x in _step_split(sel["resident"], sel[v]).items()})
         for v in sorted(depth_of):
             h, m = sum(r[3] for r in sel[v]), sum(r[4] for r in sel[v])
             row[f"{v}_ratio"] = tps[v] / tps["resident"]
@@ -255,10 +255,11 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
                 f"  {p['phase']}: faulting {p['faulting_steps']:.0%} of steps: {f[0]} / {f[1]}; "
                 f"the others: {f[2]} / {f[3]}; embedding call {f[4]} / {f[5]}"
             )
-            if p.get("nocheck_faulting_steps") is not None:
-                g = [_fmt(p.get("nocheck_" + k)) for k in ("faulting_cached_ms", "hit_only_cached_ms",
+            for v in ("lookahead", "nocheck"):
+                if p.get(f"{v}_faulting_steps") is not None:
+                    g = [_fmt(p.get(f"{v}_{k}")) for k in ("faulting_cached_ms", "hit_only_cached_ms",
                                                            "embed_call_cached_ms")]  # fmt: skip
-                print(f"    no check: faulting {g[0]}, the others {g[1]}, embedding call {g[2]}")
+                    print(f"    {v}: faulting {g[0]}, the others {g[1]}, embedding call {g[2]}")
     print(
         f"(ratio = cached tok/s / resident tok/s; floor = the same pages re-read by bench/floor.c, "
         f"queue depth {s['queue_depth']}, one step's pages after another's; floor after idle = "

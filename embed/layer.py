@@ -261,8 +261,9 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         most ``embed.cached_groups.CHECK_TOKENS`` tokens that would fault
         (``NgramRowCache.holds_all``, asked first) resolves first instead and runs
         its device part once. In a larger step, or one replayed from a graph, a
-        resolve that faulted makes the device part run again, and the next step then resolves first (until a step
-        does not fault). Otherwise the resolve comes first.
+        resolve that faulted makes the device part run again, and the next step
+        then resolves first (until a step does not fault). Otherwise the resolve
+        comes first.
         Every cache's batch ends when this call returns: a later fault writes the
         arena in stream order after this step's gathers, so no step synchronizes
         the host with the device.

@@ -4,8 +4,8 @@ Owns the mixin :class:`FusedStep`: an ``NgramEmbedding`` step from host tokens o
 GPU when every table is resident or read through its cache's device map
 (``_fused_ids``): the upload read from pinned memory, the hash and every gather in one
 ``kernels.ngram.hash_gather`` launch, the overlay, GEMM and sum; cached rows resolved
-on the host meanwhile; a step that would fault resolves first (``CachedGroups._verified``
-says when, and what a larger step does). Does not own the
+on the host meanwhile; a small step that would fault resolves first
+(``CachedGroups._verified`` says when, and what a larger step does). Does not own the
 buffers (``embed.device_step``) nor graph replay (``embed.step_graph``).
 """
 

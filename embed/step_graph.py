@@ -36,9 +36,9 @@ class GraphStep:
         graph, the scaled sum eagerly after it into a fresh output (or ``out``), so
         results behave as on the eager path; cached rows resolved on the host once
         both are queued (graph and sum run again after a fault; after a step that
-        faulted, resolved first and run once: ``CachedGroups._verified``). The first call of a shape
-        runs eagerly into the shape's own buffers (compiling the kernels, loading
-        cuBLAS's), the second captures, later ones replay.
+        faulted, resolved first and run once: ``CachedGroups._verified``). The first
+        call of a shape runs eagerly into the shape's own buffers (compiling the
+        kernels, loading cuBLAS's), the second captures, later ones replay.
         """
         key = (batch.length, batch.n, batch.num_seqs > 1)
         step = self._graphs.get(key)

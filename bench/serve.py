@@ -477,8 +477,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.ablate_check:
                 variants["nocheck"] = 0
             for variant, depth in variants.items():
-                if variant == "nocheck":  # every eager step of this tree's order before it
-                    cached_groups.CHECK_TOKENS = 0  # checked whether it would fault
+                if variant == "nocheck":  # the order before the check: the device part
+                    cached_groups.CHECK_TOKENS = 0  # first, and again after a fault
                 cache = new_cache()
                 emb_c = NgramEmbedding(dims, word, [CachedTable(cache, i) for i in range(T)], projs)
                 if depth and prefetcher(emb_c, cache) is None:

@@ -263,8 +263,8 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
     print(
         f"(ratio = cached tok/s / resident tok/s; floor = the same pages re-read by bench/floor.c, "
         f"queue depth {s['queue_depth']}, one step's pages after another's; floor after idle = "
-        "io_uring's after sleeping a decode step's rest of the model before each step's pages; bound = the ratio if each step cost the resident step "
-        "plus its faults' floor; la bound = with the floor hidden behind the step by a perfect "
+        "io_uring's after sleeping a decode step's rest of the model before each step's "
+        "pages; bound = the ratio if each step cost the resident step plus its faults' floor; la bound = with the floor hidden behind the step by a perfect "
         "lookahead one step ahead; laN bound = a model of prefetches N steps ahead read at the "
         "floor by one disk (bench/_serve_report.lookahead_bound); all estimates, the floor being "
         "re-read in a pass of its own. Prefetches read during other steps slow those: with "

@@ -207,10 +207,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['step_queued_mean_us']:>7.1f} {r['lru_compact_us']:>8.0f}   "
               f"x{base['hash_us'] / r['hash_us']:.2f} hash, "
               f"x{base['lru_hits_us'] / r['lru_hits_us']:.2f} touch")  # fmt: skip
-    print(
-        f"compact: lru_compact of the full log on as many threads, needed every ~{every} "
-        "steps (the queued step's mean includes the compactions its touches ran)"
-    )
+    print(f"compact: lru_compact of the full log on as many threads, needed every ~{every} "
+          "steps (the queued step's mean includes the compactions its touches ran)")
     print(f"(step: a modelled graph prefill step: the hash, the scan and the touch's start, and "
           f"{a.gpu_us:.0f} us of device work from its start; 'waits': the scan first waits for "
           "the previous step's touch; 'queued': it queues its touch behind it)")  # fmt: skip

@@ -176,6 +176,22 @@ class LruLog(CacheState):
         first when this is False, rather than gathering through the device map and
         running its device part again after the fault. Raises as :meth:`resolve` does
         for ids outside the table."""
+        native = self._host_lib()
+        if (
+            native is not None
+            and type(row_ids) is np.ndarray
+            and row_ids.dtype == np.int64
+            and row_ids.ndim == 1
+            and row_ids.flags.c_contiguous
+        ):  # one C scan of the row map (~1 µs for a decode step's ids; numpy's ~10)
+            n = row_ids.size
+            scratch = np.empty(2 * n, dtype=np.int32)  # not the cache's: a touch may hold it
+            with self._lock.raw:
+                if not self._n_busy:  # else the rows' busy flags matter: numpy below
+                    status, _ = native.lru_scan(row_ids, self.rows, self._row_slot,
+                                                np.empty(n, dtype=np.int32), scratch, 1)  # fmt: skip
+                    if status < 2:  # 2: a bad id, raised below
+                        return status == 0
         ids = check_row_ids(row_ids, self.rows)
         with self._lock.raw:  # a deferred touch changes no mapping: no need to wait for it
             s = self._row_slot[ids]  # a failed prefetch's rows: busy, then unmapped

@@ -293,36 +293,44 @@ def check_invariants_no_ref(cache):
     assert np.array_equal(slot_row[row_slot[mapped]], mapped)
 
 
-def test_holds_all_says_whether_a_resolve_would_fault_or_wait(tmp_path, rng):
+@pytest.mark.parametrize("native", [True, False])
+def test_holds_all_says_whether_a_resolve_would_fault_or_wait(tmp_path, rng, native):
     """``holds_all`` is True exactly when a resolve of the rows would neither fault, wait
     nor commit a prefetch: resident rows yes; a missing row, a row of a prefetch in
     flight or landed but not committed, or of a failed prefetch no; bad ids raise as
-    resolve does; it changes no state or count."""
+    resolve does; it changes no state or count. ``native``: int64 arrays through the C
+    scan (no prefetch busy), else the NumPy path."""
+    from kernels import host
     from rowcache.errors import RowRangeError
 
     store, _ = make_store(tmp_path, rng)
     cache = NgramRowCache(store, "t", slots=100)
-    assert cache.holds_all(np.zeros(0, dtype=np.int64))
+    cache._host_lib = lambda: host.native if native else None  # type: ignore[method-assign]
+
+    def holds(ids):
+        return cache.holds_all(np.asarray(ids, dtype=np.int64) if native else ids)
+
+    assert holds(np.zeros(0, dtype=np.int64))
     cache.resolve([3, 4, 5])
     cache.end_batch()
     before, maps = cache.stats(), cache.slot_map()
-    assert cache.holds_all([5, 3, 3]) and not cache.holds_all([3, 6])
+    assert holds([5, 3, 3]) and not holds([3, 6])
     with pytest.raises(RowRangeError, match=r"row_ids\[1\]"):
-        cache.holds_all([3, store.tables[0].rows])
+        holds([3, store.tables[0].rows])
     with pytest.raises(RowRangeError):
-        cache.holds_all([-1])
+        holds([-1])
     assert cache.stats() == before
     for a, b in zip(cache.slot_map(), maps):
         np.testing.assert_array_equal(a, b)
     gate = Gate(cache)
     h = cache.prefetch([20, 21])
     assert gate.started.wait(10)
-    assert not cache.holds_all([3, 20]) and cache.holds_all([3, 4])  # 20 is in flight
+    assert not holds([3, 20]) and holds([3, 4])  # 20 is in flight
     gate.open.set()
     assert h.wait(10)
-    assert not cache.holds_all([20])  # landed, not yet committed: a resolve would commit it
+    assert not holds([20])  # landed, not yet committed: a resolve would commit it
     cache.poll()
-    assert cache.holds_all([3, 20, 21])
+    assert holds([3, 20, 21])
     real = gate.real  # the cache's own read, behind a failure of row 30
 
     def failing(rows, staging, reader=None):
@@ -334,10 +342,10 @@ def test_holds_all_says_whether_a_resolve_would_fault_or_wait(tmp_path, rng):
     h = cache.prefetch([30])
     h.wait(10)
     assert h.exception() is not None
-    assert not cache.holds_all([30]) and cache.holds_all([3])  # 30's error is owed
+    assert not holds([30]) and holds([3])  # 30's error is owed
     cache.poll()
-    assert not cache.holds_all([30]) and cache.holds_all([3])
+    assert not holds([30]) and holds([3])
     with pytest.raises(CorruptDataError):
         cache.resolve([30])
     cache.end_batch()
-    assert cache.holds_all([3, 4, 5])
+    assert holds([3, 4, 5])

@@ -185,6 +185,11 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
         f"rest of model ({r['name']}): decode x1 {r['decode1_s'] * 1e3:.2f} ms, x64 "
         f"{r['decode64_s'] * 1e3:.2f} ms, prefill at {r['flop_rate'] / 1e12:.0f} TFLOP/s"
     )
+    if s.get("decode_graphs"):
+        print(
+            "decode steps (no prefill chunk) replayed from CUDA graphs in every series "
+            "(--decode-graphs); prefill steps eager"
+        )
     ok = (
         "yes, bit for bit"
         if not s["outputs_mismatched"]

@@ -186,13 +186,16 @@ def prefetcher(emb: Any, cache: Any) -> Any:
     return None
 
 
-def run_series(emb, steps, warm, rest, work, sync, cache, lookahead, record=None, check=None):
+def run_series(
+    emb, steps, warm, rest, work, sync, cache, lookahead, record=None, check=None, graphs=None
+):
     """Per timed step: (seconds, tokens, kind, hits, misses, fault seconds, seconds its
     resolves waited for prefetches in flight, seconds the embedding call held the host
     thread). ``lookahead``:
     0, or how many steps ahead prefill chunks are prefetched (a server knows the prompts
     it has admitted and queued: step t prefetches the chunks of steps t+1..t+lookahead
-    not prefetched yet)."""
+    not prefetched yet). ``graphs``: the embedding (``cuda_graphs=True``, same tables)
+    of the steps without a prefill chunk, as a server that captures its decode step."""
     # A server queues its step's GPU work, then prepares what comes next while it runs: on
     # the GPU the rest of the model (a queued kernel) goes before the prefetch calls' host
     # work; on the CPU the rest blocks the host thread, so the prefetches are issued first.
@@ -208,7 +211,7 @@ def run_series(emb, steps, warm, rest, work, sync, cache, lookahead, record=None
             record.append(g[cache._row_slot[g] < 0])
         s0 = cache.stats() if cache is not None else None
         t0 = time.perf_counter()
-        y = emb.embed_packed(st.batch)
+        y = (emb if graphs is None or st.prefill is not None else graphs).embed_packed(st.batch)
         t_embed = time.perf_counter() - t0
         while handles and handles[0][0] <= k:
             handles.popleft()[1].wait()  # done by now (this embed needed them); errors surface
@@ -319,6 +322,13 @@ def main(argv: list[str] | None = None) -> int:
         "part (embed.cached_groups.CHECK_TOKENS = 0: the device part first, run again\n"
         "after a fault): series 'nocheck'",
     )
+    p.add_argument(
+        "--decode-graphs",
+        action="store_true",
+        help="every series embeds its steps without a prefill chunk through CUDA graphs\n"
+        "(NgramEmbedding(cuda_graphs=True) over the same tables and cache), as a server\n"
+        "that captures its decode step; prefill steps stay eager",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--save", default=None, help="also write the JSON report to this file")
     args = p.parse_args(argv)
@@ -350,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
             args.device = "cuda" if cupy.cuda.is_available() else "cpu"
         except ImportError:
             args.device = "cpu"
+    if args.decode_graphs and args.device != "cuda":
+        p.error(f"--decode-graphs needs --device cuda (CUDA graphs), not {args.device}")
     xp: Any = np
     if args.device == "cuda":
         import cupy as xp
@@ -420,6 +432,12 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(T)
         ]
         emb_r = NgramEmbedding(dims, word, resident, projs)
+
+        def graphed(tables: list[Any]) -> Any:  # the decode steps' embedding, or None
+            if not args.decode_graphs:
+                return None
+            return NgramEmbedding(dims, word, tables, projs, cuda_graphs=True)
+
         work = make_workload(args.device)
         floor = Floor(store, direct=not args.no_direct)
 
@@ -465,7 +483,16 @@ def main(argv: list[str] | None = None) -> int:
             ref: list[Any] = []
             series = {
                 "resident": run_series(
-                    emb_r, steps, warm, rest, work, sync, None, False, check=(args.check_every, ref)
+                    emb_r,
+                    steps,
+                    warm,
+                    rest,
+                    work,
+                    sync,
+                    None,
+                    False,
+                    check=(args.check_every, ref),
+                    graphs=graphed(resident),
                 )
             }
             ref_h = {k: (y.get() if xp is not np else y).view(np.uint16) for k, y in ref}
@@ -480,7 +507,8 @@ def main(argv: list[str] | None = None) -> int:
                 if variant == "nocheck":  # the order before the check: the device part
                     cached_groups.CHECK_TOKENS = 0  # first, and again after a fault
                 cache = new_cache()
-                emb_c = NgramEmbedding(dims, word, [CachedTable(cache, i) for i in range(T)], projs)
+                ctabs = [CachedTable(cache, i) for i in range(T)]
+                emb_c = NgramEmbedding(dims, word, ctabs, projs)
                 if depth and prefetcher(emb_c, cache) is None:
                     break
                 api = (
@@ -506,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
                     depth,
                     record=misses if variant == "cached" else None,
                     check=(args.check_every, got),
+                    graphs=graphed(ctabs),
                 )
                 cached_groups.CHECK_TOKENS = check_tokens
                 ev = cache.stats().evictions
@@ -523,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
                     mismatched += not np.array_equal(
                         (y.get() if xp is not np else y).view(np.uint16), ref_h[k]
                     )
-                del emb_c, cache, got
+                del emb_c, ctabs, cache, got
                 log(f"server{name}: {variant} done")
             pg = [floor.pages(layout, m) for m in misses]
             floors = {mode: floor.run(pg, mode, args.queue_depth) for mode in ("uring", "threads")}
@@ -559,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
             "history": warmed,
             "queue_depth": args.queue_depth,
             "direct": not args.no_direct,
+            "decode_graphs": args.decode_graphs,
             "reread_check": reread,
             "outputs_checked": checked,
             "outputs_mismatched": mismatched,

@@ -162,6 +162,9 @@ def test_bench_serve_quick_one_server_and_its_step_split():
             mean = sum(w * p[f"{tag}_{key}_ms"] for w, tag in parts if w > 0)
             tps = p[f"{key}_tok_s"]
             assert mean == pytest.approx(1e3 * p["tokens_per_step"] / tps, rel=1e-6)
+    proc = subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick",
+                           "--decode-graphs"], capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and "--decode-graphs needs --device cuda" in proc.stderr
     for bad in ("x2", "x1,x1", ""):
         proc = subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick",
                                "--servers", bad], capture_output=True, text=True)  # fmt: skip
@@ -195,9 +198,13 @@ def test_bench_serve_quick_history_fills_the_arena_first():
 
 
 @pytest.mark.gpu
-def test_bench_serve_quick_on_the_gpu():
-    rep = json.loads(run("serve.py", "--device", "cuda", "--json"))
+@pytest.mark.parametrize("graphs", [False, True])
+def test_bench_serve_quick_on_the_gpu(graphs):
+    """Cached == resident on the sampled steps, eager and with the decode steps replayed
+    from CUDA graphs (``--decode-graphs``)."""
+    rep = json.loads(run("serve.py", "--device", "cuda", "--json", *["--decode-graphs"] * graphs))
     assert rep["settings"]["device"] == "cuda" and rep["settings"]["outputs_mismatched"] == 0
+    assert rep["settings"]["decode_graphs"] is graphs and rep["settings"]["outputs_checked"] > 0
     for p in rep["phases"]:
         assert p["ratio"] == pytest.approx(p["cached_tok_s"] / p["resident_tok_s"], rel=1e-9)
 

@@ -105,7 +105,7 @@ static void ring_step(struct ring *r, rd_t *rd, long n, int qd) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3) { fprintf(stderr, "usage: floor threads|uring N [direct|buffered] [gap_us] < plan\n"); return 2; }
+    if (argc < 3) { fprintf(stderr, "usage: floor threads|uring N [direct|buffered] [gap_us: < 0 spins] < plan\n"); return 2; }
     int uring = !strcmp(argv[1], "uring"), n = atoi(argv[2]);
     int direct = argc < 4 || strcmp(argv[3], "buffered");
     long gap_us = argc < 5 ? 0 : atol(argv[4]);
@@ -151,6 +151,10 @@ int main(int argc, char **argv) {
         if (gap_us > 0) {
             struct timespec g = {gap_us / 1000000, (gap_us % 1000000) * 1000};
             nanosleep(&g, NULL);
+        } else if (gap_us < 0) { /* busy for -gap_us: idle disk, busy CPU */
+            double until = now() - (double)gap_us;
+            while (now() < until) {
+            }
         }
         double t0 = now();
         if (uring) ring_step(&r, R + start[s], start[s + 1] - start[s], n);

@@ -114,8 +114,9 @@ def phase_rows(
             h, m = sum(r[3] for r in sel["lookahead"]), sum(r[4] for r in sel["lookahead"])
             row["lookahead_hit_rate"] = h / (h + m) if h + m else 1.0
             row["lookahead_wait_ms_per_step"] = 1e3 * sum(r[6] for r in sel["lookahead"]) / len(c)
-        if "nocheck" in sel:  # the ablation of the residency check (--ablate-check)
-            row["nocheck_ratio"] = tps["nocheck"] / tps["resident"]
+        for v in ("nocheck", "again"):  # --ablate-check, --repeat-cached
+            if v in sel:
+                row[f"{v}_ratio"] = tps[v] / tps["resident"]
         for v in sel:  # the other series' step split too (JSON; decode work is the same)
             if v not in ("resident", "cached"):
                 row.update({f"{v}_{k}": x for k, x in _step_split(sel["resident"], sel[v]).items()})
@@ -231,6 +232,7 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
             for what, key in (("ratio", "ratio"), ("hit rate", "hit_rate"), ("bound", "bound"))
         ),
         *((("no-check ratio", "nocheck_ratio"),) if "nocheck_ratio" in phases[0] else ()),
+        *((("again ratio", "again_ratio"),) if "again_ratio" in phases[0] else ()),
         ("faults/tok", "faults_per_token"),
         ("fault ms/step", "fault_ms_per_step"),
         ("floor uring ms", "floor_uring_ms_per_step"),
@@ -260,7 +262,7 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
                 f"  {p['phase']}: faulting {p['faulting_steps']:.0%} of steps: {f[0]} / {f[1]}; "
                 f"the others: {f[2]} / {f[3]}; embedding call {f[4]} / {f[5]}"
             )
-            for v in ("lookahead", "nocheck"):
+            for v in ("lookahead", "nocheck", "again"):
                 if p.get(f"{v}_faulting_steps") is not None:
                     g = [_fmt(p.get(f"{v}_{k}")) for k in ("faulting_cached_ms", "hit_only_cached_ms",
                                                            "embed_call_cached_ms")]  # fmt: skip

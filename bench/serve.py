@@ -323,6 +323,13 @@ def main(argv: list[str] | None = None) -> int:
         "after a fault): series 'nocheck'",
     )
     p.add_argument(
+        "--repeat-cached",
+        action="store_true",
+        help="run the cached series once more, last (series 'again'): the same steps and\n"
+        "pages, so its ratio against the first shows the noise between series and the\n"
+        "speed of pages read a second time",
+    )
+    p.add_argument(
         "--decode-graphs",
         action="store_true",
         help="every series embeds its steps without a prefill chunk through CUDA graphs\n"
@@ -503,6 +510,8 @@ def main(argv: list[str] | None = None) -> int:
                 variants.update((f"lookahead{d}", d) for d in depths[1:])
             if args.ablate_check:
                 variants["nocheck"] = 0
+            if args.repeat_cached:
+                variants["again"] = 0
             for variant, depth in variants.items():
                 if variant == "nocheck":  # the order before the check: the device part
                     cached_groups.CHECK_TOKENS = 0  # first, and again after a fault

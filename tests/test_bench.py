@@ -149,9 +149,11 @@ def test_bench_serve_lookahead_steps_are_checked():
 
 
 def test_bench_serve_quick_one_server_and_its_step_split():
-    rep = json.loads(run("serve.py", "--json", "--servers", "x1"))
+    rep = json.loads(run("serve.py", "--json", "--servers", "x1", "--repeat-cached"))
     phases = {p["phase"]: p for p in rep["phases"]}
     assert set(phases) == {"decode x1", "chunked prefill x1", "all steps x1"}
+    for p in phases.values():  # the cached series again, last: the same steps and faults
+        assert p["again_ratio"] > 0 and p["again_faulting_steps"] == p["faulting_steps"]
     assert list(rep["settings"]["timed_steps"]) == ["x1"]
     for p in phases.values():  # the faulting / hit-only split covers every step
         assert p["floor_uring_idle_ms_per_step"] > 0 and p["fault_over_idle_floor"] > 0

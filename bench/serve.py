@@ -36,7 +36,6 @@ touch (bench/RESULTS.md). ``--quick``: tiny sizes on the CPU (what the test runs
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import shutil
@@ -53,9 +52,9 @@ from _common import machine
 from _serve_floor import Floor
 from _serve_model import REST_MODELS, make_workload
 from _serve_report import ROW_BYTES, phase_rows, render
+from _serve_series import Series, interleave, prefetcher
 from _serve_steps import history_rows, load_requests, load_text, server_steps
 
-import embed.cached_groups as cached_groups
 from embed.dims import NgramDims
 from embed.layer import NgramEmbedding
 from embed.tables import Bf16Table, CachedTable, Fp8Table
@@ -177,75 +176,6 @@ def warm_plan(
     return pieces, "one sorted pass: the arena holds every row of history and trace"
 
 
-def prefetcher(emb: Any, cache: Any) -> Any:
-    """``start(batch) -> handle``: the lookahead API of this tree, or None without one."""
-    if hasattr(emb, "prefetch_packed"):
-        return emb.prefetch_packed
-    if cache is not None and hasattr(cache, "prefetch"):  # the cache's API; ids hashed here
-        return lambda b: cache.prefetch((b.host_ids() + cache.row_offsets[:-1, None]).ravel())
-    return None
-
-
-def run_series(
-    emb, steps, warm, rest, work, sync, cache, lookahead, record=None, check=None, graphs=None
-):
-    """Per timed step: (seconds, tokens, kind, hits, misses, fault seconds, seconds its
-    resolves waited for prefetches in flight, seconds the embedding call held the host
-    thread). ``lookahead``:
-    0, or how many steps ahead prefill chunks are prefetched (a server knows the prompts
-    it has admitted and queued: step t prefetches the chunks of steps t+1..t+lookahead
-    not prefetched yet). ``graphs``: the embedding (``cuda_graphs=True``, same tables)
-    of the steps without a prefill chunk, as a server that captures its decode step."""
-    # A server queues its step's GPU work, then prepares what comes next while it runs: on
-    # the GPU the rest of the model (a queued kernel) goes before the prefetch calls' host
-    # work; on the CPU the rest blocks the host thread, so the prefetches are issued first.
-    queued_work = getattr(work, "queued", False)
-    out = []
-    prefetch = prefetcher(emb, cache) if lookahead else None
-    handles: collections.deque = collections.deque()  # (step index, handle), oldest first
-    ahead = 1  # the next step whose chunks are not prefetched yet
-    for k, st in enumerate(steps):
-        timed = k >= warm
-        if record is not None and timed:  # the rows this step will fault (bench-only peek)
-            g = np.unique((st.batch.host_ids() + cache.row_offsets[:-1, None]).ravel())
-            record.append(g[cache._row_slot[g] < 0])
-        s0 = cache.stats() if cache is not None else None
-        t0 = time.perf_counter()
-        y = (emb if graphs is None or st.prefill is not None else graphs).embed_packed(st.batch)
-        t_embed = time.perf_counter() - t0
-        while handles and handles[0][0] <= k:
-            handles.popleft()[1].wait()  # done by now (this embed needed them); errors surface
-        if timed and queued_work:  # the GPU's rest of the model is queued before the
-            work(rest.seconds(st.tokens, st.prefill_tokens))  # host's prefetch calls
-        if prefetch is not None:
-            for j in range(max(ahead, k + 1), min(k + lookahead, len(steps) - 1) + 1):
-                if steps[j].prefill is not None:
-                    handles.append((j, prefetch(steps[j].prefill)))  # read during the rest
-            ahead = max(ahead, k + lookahead + 1)
-        if timed and not queued_work:  # the host's rest of the model blocks its thread
-            work(rest.seconds(st.tokens, st.prefill_tokens))
-        sync()
-        dt = time.perf_counter() - t0
-        if check is not None and k % check[0] == 0:
-            check[1].append((k, y))
-        if timed:
-            s1 = cache.stats() if cache is not None else None
-            f = (
-                (0, 0, 0.0, 0.0)
-                if s0 is None
-                else (
-                    s1.hits - s0.hits,
-                    s1.misses - s0.misses,
-                    s1.fault_seconds - s0.fault_seconds,
-                    s1.prefetch_wait_seconds - s0.prefetch_wait_seconds,
-                )
-            )
-            out.append((dt, st.tokens, st.kind, *f, t_embed))
-    for _, h in handles:
-        h.wait()
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
@@ -323,6 +253,15 @@ def main(argv: list[str] | None = None) -> int:
         "after a fault): series 'nocheck'",
     )
     p.add_argument(
+        "--interleave",
+        type=int,
+        default=64,
+        metavar="STEPS",
+        help="run a server's series in turns of this many steps, the order rotating, so\n"
+        "that a shared machine's drift lands on every series alike (0: one series after\n"
+        "the other). A lookahead series waits for its prefetches at each turn's end",
+    )
+    p.add_argument(
         "--repeat-cached",
         action="store_true",
         help="run the cached series once more, last (series 'again'): the same steps and\n"
@@ -376,7 +315,6 @@ def main(argv: list[str] | None = None) -> int:
     rest = REST_MODELS[args.rest or ("h200" if xp is not np else "unified-121GB")]
     rest = rest.scaled(args.rest_scale) if args.rest_scale != 1 else rest
     t_start = time.perf_counter()
-    check_tokens = cached_groups.CHECK_TOKENS
     rows, rows_why = pick_rows(args, xp)
     ld = NgramDims.longcat_flash_lite()
     hidden = 96 if args.quick else ld.hidden_size
@@ -488,22 +426,12 @@ def main(argv: list[str] | None = None) -> int:
             warm = int(args.warm * len(steps))
             timed[name.strip()] = [warm, len(steps)]
             ref: list[Any] = []
-            series = {
-                "resident": run_series(
-                    emb_r,
-                    steps,
-                    warm,
-                    rest,
-                    work,
-                    sync,
-                    None,
-                    False,
-                    check=(args.check_every, ref),
-                    graphs=graphed(resident),
+            common = (steps, warm, rest, work, sync)
+            runs = {
+                "resident": Series(
+                    emb_r, *common, check=(args.check_every, ref), graphs=graphed(resident)
                 )
             }
-            ref_h = {k: (y.get() if xp is not np else y).view(np.uint16) for k, y in ref}
-            log(f"server{name}: resident done ({len(steps)} steps)")
             misses: list[np.ndarray] = []
             variants = {"cached": 0, "lookahead": depths[0]}
             if name == " x64":  # the one-slot server's prefill steps are too few to matter
@@ -512,10 +440,9 @@ def main(argv: list[str] | None = None) -> int:
                 variants["nocheck"] = 0
             if args.repeat_cached:
                 variants["again"] = 0
+            caches, outputs, prof = {}, {}, None
             for variant, depth in variants.items():
-                if variant == "nocheck":  # the order before the check: the device part
-                    cached_groups.CHECK_TOKENS = 0  # first, and again after a fault
-                cache = new_cache()
+                cache = caches[variant] = new_cache()
                 ctabs = [CachedTable(cache, i) for i in range(T)]
                 emb_c = NgramEmbedding(dims, word, ctabs, projs)
                 if depth and prefetcher(emb_c, cache) is None:
@@ -525,44 +452,43 @@ def main(argv: list[str] | None = None) -> int:
                     if hasattr(emb_c, "prefetch_packed")
                     else ("NgramRowCache.prefetch of the ids the bench hashes on the host")
                 )
-                got: list[Any] = []
-                prof = None
                 if args.profile and name == " x1" and variant == "cached":
                     import cProfile
 
                     prof = cProfile.Profile()
-                    prof.enable()
-                series[variant] = run_series(
+                outputs[variant] = []
+                runs[variant] = Series(
                     emb_c,
-                    steps,
-                    warm,
-                    rest,
-                    work,
-                    sync,
+                    *common,
                     cache,
                     depth,
                     record=misses if variant == "cached" else None,
-                    check=(args.check_every, got),
+                    check=(args.check_every, outputs[variant]),
                     graphs=graphed(ctabs),
+                    # the order before the check: the device part first, again after a fault
+                    check_tokens=0 if variant == "nocheck" else None,
+                    profile=prof if variant == "cached" else None,
                 )
-                cached_groups.CHECK_TOKENS = check_tokens
+            block = args.interleave if args.interleave > 0 else len(steps)
+            series = interleave(runs, len(steps), block)
+            log(f"server{name}: {', '.join(runs)} done ({len(steps)} steps, blocks of {block})")
+            ref_h = {k: (y.get() if xp is not np else y).view(np.uint16) for k, y in ref}
+            if prof is not None:
+                import pstats
+
+                print(f"--- cProfile: server{name} cached, {len(steps)} steps", file=sys.stderr)
+                pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+            for variant, cache in caches.items():
                 ev = cache.stats().evictions
                 warmed.setdefault("evictions", {})[f"{name.strip()} {variant}"] = ev
                 assert not (ev and order.startswith("one sorted")), "the arena evicted"
-                if prof is not None:
-                    import pstats
-
-                    prof.disable()
-                    n_steps = len(steps)
-                    print(f"--- cProfile: server{name} {variant}, {n_steps} steps", file=sys.stderr)
-                    pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+            for got in outputs.values():
                 for k, y in got:
                     checked += 1
                     mismatched += not np.array_equal(
                         (y.get() if xp is not np else y).view(np.uint16), ref_h[k]
                     )
-                del emb_c, ctabs, cache, got
-                log(f"server{name}: {variant} done")
+            del runs, caches, outputs, emb_c, ctabs, cache  # the arenas, before the next server
             pg = [floor.pages(layout, m) for m in misses]
             floors = {mode: floor.run(pg, mode, args.queue_depth) for mode in ("uring", "threads")}
             # the same reads after the idle of the server's decode step (a small batch after
@@ -598,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
             "queue_depth": args.queue_depth,
             "direct": not args.no_direct,
             "decode_graphs": args.decode_graphs,
+            "interleave": args.interleave,
             "reread_check": reread,
             "outputs_checked": checked,
             "outputs_mismatched": mismatched,

@@ -286,3 +286,38 @@ def test_serve_lookahead_bound_models_prefetches_ahead():
     # a disk slower than the steps: never faster than its 7 reads, deeper never slower
     slow = [lookahead_bound(res, np.full(8, 2.0), pre, d).sum() for d in (1, 2, 7)]
     assert slow == sorted(slow, reverse=True) and min(slow) >= 2.0 * 7 + 1.0
+
+
+def test_bench_serve_interleaved_series_keep_their_state():
+    """Series run in turns of 7 steps fault exactly what they fault one after the other
+    (each keeps its cache, prefetches and place between turns); outputs still equal."""
+    one = json.loads(run("serve.py", "--json", "--servers", "x1", "--interleave", "0"))
+    turns = json.loads(run("serve.py", "--json", "--servers", "x1", "--interleave", "7"))
+    assert turns["settings"]["interleave"] == 7 and turns["settings"]["outputs_mismatched"] == 0
+    for a, b in zip(one["phases"], turns["phases"], strict=True):
+        for key in ("steps", "hit_rate", "faults_per_token", "lookahead_hit_rate"):
+            assert a[key] == b[key], (a["phase"], key)
+
+
+def test_serve_interleave_rotates_the_series_and_settles_between_turns():
+    from bench._serve_series import interleave
+
+    calls = []
+
+    class Recorder:  # the scheduling alone: which series runs which steps, in what order
+        def __init__(self, name):
+            self.name = name
+
+        def run(self, lo, hi, settle=False):
+            calls.append((self.name, lo, hi, settle))
+
+        def finish(self):
+            return [self.name]
+
+    out = interleave({n: Recorder(n) for n in "abc"}, 10, 4)
+    assert out == {"a": ["a"], "b": ["b"], "c": ["c"]}
+    assert calls == [
+        ("a", 0, 4, True), ("b", 0, 4, True), ("c", 0, 4, True),
+        ("b", 4, 8, True), ("c", 4, 8, True), ("a", 4, 8, True),
+        ("c", 8, 12, False), ("a", 8, 12, False), ("b", 8, 12, False),
+    ]  # fmt: skip

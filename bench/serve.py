@@ -30,7 +30,9 @@ into the arena (untimed; the arena is tuned on history + trace): in one sorted p
 the arena holds every row of history and trace (no series evicts, checked), else in the
 history's order. Without it
 the server starts cold, and at this trace's length nearly every fault is a row's first
-touch (bench/RESULTS.md). ``--quick``: tiny sizes on the CPU (what the test runs).
+touch (bench/RESULTS.md). The series of a server take turns of ``--interleave`` steps
+(their order rotating), so that a shared machine's drift lands on all of them alike.
+``--quick``: tiny sizes on the CPU (what the test runs).
 """
 
 from __future__ import annotations
@@ -264,9 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--repeat-cached",
         action="store_true",
-        help="run the cached series once more, last (series 'again'): the same steps and\n"
-        "pages, so its ratio against the first shows the noise between series and the\n"
-        "speed of pages read a second time",
+        help="run the cached series once more (series 'again'): the same steps and pages,\n"
+        "so its ratio against the first shows the noise between series",
     )
     p.add_argument(
         "--decode-graphs",
@@ -306,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
             args.device = "cuda" if cupy.cuda.is_available() else "cpu"
         except ImportError:
             args.device = "cpu"
+    if args.interleave < 0:
+        p.error(f"--interleave {args.interleave}: give steps a turn, or 0 for none")
     if args.decode_graphs and args.device != "cuda":
         p.error(f"--decode-graphs needs --device cuda (CUDA graphs), not {args.device}")
     xp: Any = np

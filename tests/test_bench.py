@@ -167,6 +167,9 @@ def test_bench_serve_quick_one_server_and_its_step_split():
     proc = subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick",
                            "--decode-graphs"], capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 2 and "--decode-graphs needs --device cuda" in proc.stderr
+    proc = subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick",
+                           "--interleave", "-1"], capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and "--interleave -1" in proc.stderr
     for bad in ("x2", "x1,x1", ""):
         proc = subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick",
                                "--servers", bad], capture_output=True, text=True)  # fmt: skip

@@ -90,7 +90,15 @@ def pick_rows(args: Any, xp: Any) -> tuple[int, str]:
         where = os.path.dirname(where)
     free += shutil.disk_usage(where).free
     disk = int((0.9 * free - (1 << 30)) / (12 * ROW_BYTES[args.dtype]))
-    per_row = 12 * 256 * (2 if args.dtype == "bf16" else 1) * (2 if xp is np else 1.2)
+    # the resident tables, and every cached series' arena (alive at once: the series take
+    # turns), an arena at most the tables' size in RAM, ~0.2 of it in HBM (tune's budget)
+    arenas = 1 + len(args.lookahead_list) + args.ablate_check + args.repeat_cached
+    per_row = (
+        12
+        * 256
+        * (2 if args.dtype == "bf16" else 1)
+        * (1 + arenas if xp is np else 1 + 0.2 * arenas)
+    )
     if xp is np:  # resident tables in RAM next to the store's page cache
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") * 0.4
     else:  # resident tables in HBM next to the arena, word table and staging
@@ -287,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(
             f"--lookahead-steps {args.lookahead_steps!r}: give distinct integers >= 1, e.g. 1,3"
         )
+    args.lookahead_list = depths
     servers_on = args.servers.split(",")
     if not servers_on or set(servers_on) - {"x64", "x1"} or len(set(servers_on)) != len(servers_on):
         p.error(f"--servers {args.servers!r}: give x64, x1 or x64,x1")

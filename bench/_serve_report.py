@@ -267,6 +267,17 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
                     g = [_fmt(p.get(f"{v}_{k}")) for k in ("faulting_cached_ms", "hit_only_cached_ms",
                                                            "embed_call_cached_ms")]  # fmt: skip
                     print(f"    {v}: faulting {g[0]}, the others {g[1]}, embedding call {g[2]}")
+    for what, tl in (s.get("prefetch_timeline") or {}).items():
+        print(
+            f"prefetch thread, {what}: {tl['pieces']} pieces, {tl['rows']:,} rows "
+            f"({tl['rows_taken_over']:,} taken over by resolves); a piece reads "
+            f"{tl['read_ms_per_piece']:.2f} ms ({tl['rows_per_s_reading']:,.0f} rows/s) and "
+            f"writes {tl['write_ms_per_piece']:.2f} ms after queueing {tl['queued_ms_median']:.1f} "
+            f"ms (median); busy {tl['busy_share']:.0%} of the timed steps; prefill steps late: "
+            f"{tl['late_steps']} of {tl['prefill_steps']} (by {tl['late_ms_median_of_late']:.1f} "
+            f"ms, median), {tl['unread_share_at_start']:.0%} of a step's rows unread at its "
+            f"start; prefetch calls {tl['prefetch_calls_ms_per_step']:.3f} ms a step"
+        )
     print(
         f"(ratio = cached tok/s / resident tok/s; floor = the same pages re-read by bench/floor.c, "
         f"queue depth {s['queue_depth']}, one step's pages after another's; floor after idle = "

@@ -3,8 +3,9 @@ server's steps, each step = the embedding + the rest of the model, timed.
 
 Owns :func:`prefetcher` (the lookahead API of this tree), :class:`Series` (a series whose
 steps run in blocks, its state kept between them) and :func:`interleave` (every series of a
-server advanced block by block, in an order that rotates: a shared VM's drift over the
-minutes of a run lands on every series alike, not on whichever runs last).
+server advanced turn by turn, in an order that rotates: a shared VM's drift over the
+minutes of a run lands on every series alike, not on whichever runs last; :func:`turn_ends`
+puts the turns' ends where no prefetch is in flight).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ class Series:
 
     ``out``, per timed step: (seconds, tokens, kind, hits, misses, fault seconds, seconds
     its resolves waited for prefetches in flight, seconds the embedding call held the host
-    thread). ``lookahead``: 0, or how many steps ahead prefill chunks are prefetched (a
+    thread, ``perf_counter`` at its start, seconds of its prefetch calls). ``issued``: per
+    prefetch call of a timed step ``(step it was issued at, step it is for, handle)``
+    (:func:`prefetch_timeline`). ``lookahead``: 0, or how many steps ahead prefill chunks are prefetched (a
     server knows the prompts it has admitted and queued: step t prefetches the chunks of
     steps t+1..t+lookahead not prefetched yet). ``graphs``: the embedding
     (``cuda_graphs=True``, same tables) of the steps without a prefill chunk, as a server
@@ -70,6 +73,7 @@ class Series:
         self.handles: collections.deque = collections.deque()  # (step, handle), oldest first
         self.ahead = 1  # the next step whose chunks are not prefetched yet
         self.out: list[tuple] = []
+        self.issued: list[tuple[int, int, Any]] = []
 
     def run(self, lo: int, hi: int, settle: bool = False) -> None:
         """Steps ``lo .. hi - 1`` (in order, after the steps before ``lo``). ``settle``:
@@ -113,11 +117,15 @@ class Series:
             handles.popleft()[1].wait()  # done by now (this embed needed them); errors surface
         if timed and self.queued_work:  # the GPU's rest of the model is queued before the
             self.work(self.rest.seconds(st.tokens, st.prefill_tokens))  # prefetch calls
+        t_pf = time.perf_counter()
         if self.prefetch is not None:
             for j in range(max(self.ahead, k + 1), min(k + self.lookahead, len(steps) - 1) + 1):
                 if steps[j].prefill is not None:
                     handles.append((j, self.prefetch(steps[j].prefill)))  # read during the rest
+                    if timed:
+                        self.issued.append((k, j, handles[-1][1]))
             self.ahead = max(self.ahead, k + self.lookahead + 1)
+        t_pf = time.perf_counter() - t_pf
         if timed and not self.queued_work:  # the host's rest of the model blocks its thread
             self.work(self.rest.seconds(st.tokens, st.prefill_tokens))
         self.sync()
@@ -134,7 +142,7 @@ class Series:
                     s1.fault_seconds - s0.fault_seconds,
                     s1.prefetch_wait_seconds - s0.prefetch_wait_seconds,
                 )
-            self.out.append((dt, st.tokens, st.kind, *f, t_embed))
+            self.out.append((dt, st.tokens, st.kind, *f, t_embed, t0, t_pf))
 
     def finish(self) -> list[tuple]:
         """Wait for the prefetches still in flight; returns :attr:`out`."""
@@ -143,17 +151,79 @@ class Series:
         return self.out
 
 
-def interleave(series: dict[str, Series], n_steps: int, block: int) -> dict[str, list[tuple]]:
-    """Run every series over ``n_steps`` steps, ``block`` steps of one series at a time
-    (``block`` >= ``n_steps``: one series after the other, in order), the series' order
-    rotating by one each block. At a block's end a series with prefetches in flight waits
-    for them, and its last step pays the wait: interleaved, a lookahead series loses the
-    overlap across each block's end, and never gains reads done in another's time.
-    Returns each series' timed steps."""
+def prefetch_timeline(s: Series) -> dict[str, Any]:
+    """What a lookahead series' prefetch thread did (its jobs' ``times``): pieces and rows
+    read (and rows that resolves took over from pieces not started), ms a piece reading and
+    writing the arena, rows/s while reading, how long pieces queued, the thread's busy share of the series' timed steps, and per prefill step how
+    much of its own prefetch was still unread at its start and how late its last piece
+    landed (ms after the step's start; <= 0: on time)."""
+    own = [j for _, _, h in s.issued for j in h._jobs]
+    taken = [k for j in own for k in j.taken]
+    jobs = [j for j in own if j.times[1] and j.rows.size]
+    if not jobs:
+        return {}
+    t = np.array([j.times for j in jobs])
+    rows = np.array([j.rows.size for j in jobs])
+    start = {k: r[8] for k, r in zip(range(s.warm, s.warm + len(s.out)), s.out, strict=True)}
+    busy = float((t[:, 3] - t[:, 1]).sum())
+    timed = float(sum(r[0] for r in s.out))
+    late, unread = [], []
+    for _, j, h in s.issued:
+        js = [x for x in h._all_jobs() if x.times[1]]
+        if j not in start or not js:
+            continue
+        late.append(1e3 * (max(x.times[3] for x in js) - start[j]))
+        unread.append(sum(x.rows.size for x in js if x.times[3] > start[j]) / max(h.rows, 1))
+    late_a = np.array(late)
+    return {
+        "pieces": len(jobs),
+        "rows": int(rows.sum()),
+        "rows_taken_over": int(sum(k.rows.size for k in set(taken))),
+        "read_ms_per_piece": float(1e3 * (t[:, 2] - t[:, 1]).mean()),
+        "write_ms_per_piece": float(1e3 * (t[:, 3] - t[:, 2]).mean()),
+        "rows_per_s_reading": float(rows.sum() / (t[:, 2] - t[:, 1]).sum()),
+        "queued_ms_median": float(1e3 * np.median(t[:, 1] - t[:, 0])),
+        "busy_share": busy / timed if timed else None,
+        "prefill_steps": len(late),
+        "late_steps": int((late_a > 0).sum()) if late else 0,
+        "late_ms_median_of_late": float(np.median(late_a[late_a > 0]))
+        if (late_a > 0).any()
+        else 0.0,
+        "unread_share_at_start": float(np.mean(unread)) if unread else 0.0,
+        "prefetch_calls_ms_per_step": float(1e3 * np.mean([r[9] for r in s.out])),
+    }
+
+
+def turn_ends(n_steps: int, block: int, quiet: Any = None) -> list[int]:
+    """Where the turns of :func:`interleave` end: every ``block`` steps, or, given ``quiet``
+    (``quiet[k]``: no lookahead series has a prefetch in flight before step ``k``, i.e. no
+    prefill step within its depth), at the first quiet step from there on, up to a second
+    ``block`` later (a turn that ends there costs a lookahead series nothing)."""
+    ends, lo = [], 0
+    while lo < n_steps:
+        hi = min(lo + max(1, block), n_steps)
+        if quiet is not None and hi < n_steps:
+            ok = np.flatnonzero(np.asarray(quiet[hi : min(hi + block, n_steps)]))
+            hi += int(ok[0]) if ok.size else 0
+        ends.append(hi)
+        lo = hi
+    return ends
+
+
+def interleave(
+    series: dict[str, Series], n_steps: int, block: int, quiet: Any = None
+) -> dict[str, list[tuple]]:
+    """Run every series over ``n_steps`` steps, a turn of about ``block`` steps of one series
+    at a time (``block`` >= ``n_steps``: one series after the other, in order; ``quiet``:
+    :func:`turn_ends`), the series' order rotating by one each turn. At a turn's end a series
+    with prefetches in flight waits for them, and its last step pays the wait: interleaved,
+    a lookahead series loses the overlap across such a turn's end, and never gains reads
+    done in another's time. Returns each series' timed steps."""
     names = list(series)
-    block = max(1, block)
-    for b, lo in enumerate(range(0, n_steps, block)):
+    lo = 0
+    for b, hi in enumerate(turn_ends(n_steps, block, quiet)):
         r = b % len(names)
         for name in names[r:] + names[:r]:
-            series[name].run(lo, lo + block, settle=lo + block < n_steps)
+            series[name].run(lo, hi, settle=hi < n_steps)
+        lo = hi
     return {name: s.finish() for name, s in series.items()}

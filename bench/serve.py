@@ -31,7 +31,9 @@ the arena holds every row of history and trace (no series evicts, checked), else
 history's order. Without it
 the server starts cold, and at this trace's length nearly every fault is a row's first
 touch (bench/RESULTS.md). The series of a server take turns of ``--interleave`` steps
-(their order rotating), so that a shared machine's drift lands on all of them alike.
+(their order rotating), so that a shared machine's drift lands on all of them alike; a
+turn ends at the first step after that with no prefetch in flight, within as many steps
+again (else a lookahead series waits for its prefetches there, and pays the wait).
 ``--quick``: tiny sizes on the CPU (what the test runs).
 """
 
@@ -54,7 +56,7 @@ from _common import machine
 from _serve_floor import Floor
 from _serve_model import REST_MODELS, make_workload
 from _serve_report import ROW_BYTES, phase_rows, render
-from _serve_series import Series, interleave, prefetcher
+from _serve_series import Series, interleave, prefetch_timeline, prefetcher
 from _serve_steps import history_rows, load_requests, load_text, server_steps
 
 from embed.dims import NgramDims
@@ -269,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="STEPS",
         help="run a server's series in turns of this many steps, the order rotating, so\n"
         "that a shared machine's drift lands on every series alike (0: one series after\n"
-        "the other). A lookahead series waits for its prefetches at each turn's end",
+        "the other). A turn ends, within as many steps again, where no prefill step is\n"
+        "in a lookahead series' reach; else that series waits for its prefetches there",
     )
     p.add_argument(
         "--repeat-cached",
@@ -285,7 +288,12 @@ def main(argv: list[str] | None = None) -> int:
         "that captures its decode step; prefill steps stay eager",
     )
     p.add_argument("--json", action="store_true")
-    p.add_argument("--save", default=None, help="also write the JSON report to this file")
+    p.add_argument(
+        "--save",
+        default=None,
+        help="also write the JSON report to this file, with every timed step's record:\n"
+        "(s, tokens, kind, hits, misses, fault s, prefetch wait s, embed call s, start, prefetch calls s)",
+    )
     args = p.parse_args(argv)
     try:
         depths = [int(x) for x in args.lookahead_steps.split(",")]
@@ -428,7 +436,9 @@ def main(argv: list[str] | None = None) -> int:
 
         servers, mismatched, checked, api = {}, 0, 0, ""
         reread: dict[str, float] = {}
-        timed = {}
+        timed: dict[str, list[int]] = {}
+        timelines: dict[str, dict] = {}
+        records: dict[str, dict] = {}  # every timed step of every series (--save only)
         for name, steps, slots_n in ((" x64", steps64, 64), (" x1", steps1, 1)):
             if name.strip() not in servers_on:
                 continue
@@ -482,8 +492,16 @@ def main(argv: list[str] | None = None) -> int:
                     profile=prof if variant == "cached" else None,
                 )
             block = args.interleave if args.interleave > 0 else len(steps)
-            series = interleave(runs, len(steps), block)
+            # a turn ends where no lookahead series has a prefetch in flight, if one is near
+            deepest = max([d for v, d in variants.items() if v in runs] or [0])
+            pre = np.r_[[st.prefill is not None for st in steps], np.zeros(deepest, bool)]
+            quiet = ~np.lib.stride_tricks.sliding_window_view(pre, deepest).any(axis=1)
+            series = interleave(runs, len(steps), block, quiet if deepest else None)
             log(f"server{name}: {', '.join(runs)} done ({len(steps)} steps, blocks of {block})")
+            for v, r in runs.items():
+                if r.lookahead and (tl := prefetch_timeline(r)):
+                    timelines[f"{name.strip()} {v}"] = tl
+                    log(f"server{name} {v} prefetch thread: {json.dumps(tl)}")
             ref_h = {k: (y.get() if xp is not np else y).view(np.uint16) for k, y in ref}
             if prof is not None:
                 import pstats
@@ -511,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
                 some = [q for q in pg if q.shape[0]][-args.reread_steps :]
                 reread = floor.reread_check(some, args.queue_depth)
             servers[name] = phase_rows(series, floors, name, idle)
+            records[name.strip()] = {"floor_uring_s": floors["uring"].tolist(), **series}
             log(f"server{name}: floor done: " + json.dumps(servers[name], default=float))
         phases = [r for rows_ in servers.values() for r in rows_]
         settings = {
@@ -538,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
             "decode_graphs": args.decode_graphs,
             "interleave": args.interleave,
             "reread_check": reread,
+            "prefetch_timeline": timelines,
             "outputs_checked": checked,
             "outputs_mismatched": mismatched,
             "lookahead": (
@@ -563,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"bench": "serve", "settings": settings, "phases": phases}
     if args.save:
         with open(args.save, "w") as f:
-            json.dump(report, f, indent=1, default=float)
+            json.dump(report | {"step_records": records}, f, default=float)
     if args.json:
         print(json.dumps(report, indent=1, default=float))
         return 0 if mismatched == 0 else 1

@@ -96,6 +96,8 @@ class PrefetchJob:
     wait for (recorded at the last ``end_batch``: every gather of an earlier batch, which
     may read the victims, was issued before it), and ``landed`` the event of the
     prefetch stream after them, which the cache's stream waits for when the job is reaped.
+    ``times``: ``time.perf_counter()`` at its creation, start, end of its read and end (a
+    timeline for benchmarks; 0 until reached).
     """
 
     def __init__(self, rows: np.ndarray, slots: np.ndarray, after: Any = None) -> None:
@@ -107,17 +109,19 @@ class PrefetchJob:
         self.error: BaseException | None = None
         self.read = (0, 0, 0)
         self.seconds = 0.0
+        self.times = [time.perf_counter(), 0.0, 0.0, 0.0]
         self.started = False
         self.taken: list[PrefetchJob] = []
 
     def run(self, cache: Any, buffers: Any) -> None:
-        t0 = time.perf_counter()
+        t0 = self.times[1] = time.perf_counter()
         try:
             self.read = buffers.fill(cache, self)
         except BaseException as e:
             self.error = e
         finally:
-            self.seconds = time.perf_counter() - t0
+            self.times[3] = time.perf_counter()
+            self.seconds = self.times[3] - t0
             self.event.set()
 
 
@@ -150,6 +154,7 @@ class PrefetchBuffers:
             return self._fill_gpu(cache, job, n)
         staging = self._host(cache, n)
         read = cache._read_parts(rows, staging, self.reader)
+        job.times[2] = time.perf_counter()
         from kernels.reference import scatter_records_reference
 
         scatter_records_reference(staging[:n], slots, cache.table, cache.scales)
@@ -177,6 +182,7 @@ class PrefetchBuffers:
                 self.copy_done.synchronize()  # the staging buffer's last copy has left it
             staging = self._host(cache, n, pinned=True)
             read = cache._read_parts(job.rows, staging, self.reader)
+            job.times[2] = time.perf_counter()
             if self.own_stream and self.stream is None:
                 self.stream = cp.cuda.Stream(non_blocking=True)
             stream = self.stream if self.own_stream else cache._stream

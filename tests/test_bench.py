@@ -139,6 +139,14 @@ def test_bench_serve_quick_ratios_from_printed_figures():
             assert p["lookahead3_ratio"] > 0 and 0 <= p["lookahead3_hit_rate"] <= 1
             if p["phase"].startswith("chunked prefill"):  # prompts prefetched: fewer faults
                 assert p["lookahead3_hit_rate"] > p["hit_rate"]
+    # each lookahead series' prefetch thread, from its jobs' timestamps
+    tl = s["prefetch_timeline"]
+    assert {"x64 lookahead", "x64 lookahead3"} <= set(tl)
+    for t in tl.values():
+        assert t["pieces"] > 0 and t["rows"] > 0 and t["rows_per_s_reading"] > 0
+        assert t["read_ms_per_piece"] > 0 and t["write_ms_per_piece"] >= 0
+        assert 0 < t["busy_share"] < 1 and 0 <= t["unread_share_at_start"] <= 1
+        assert 0 <= t["late_steps"] <= t["prefill_steps"] > 0
 
 
 def test_bench_serve_lookahead_steps_are_checked():
@@ -322,5 +330,20 @@ def test_serve_interleave_rotates_the_series_and_settles_between_turns():
     assert calls == [
         ("a", 0, 4, True), ("b", 0, 4, True), ("c", 0, 4, True),
         ("b", 4, 8, True), ("c", 4, 8, True), ("a", 4, 8, True),
-        ("c", 8, 12, False), ("a", 8, 12, False), ("b", 8, 12, False),
+        ("c", 8, 10, False), ("a", 8, 10, False), ("b", 8, 10, False),
     ]  # fmt: skip
+
+
+def test_serve_turns_end_where_no_prefetch_is_in_flight():
+    import numpy as np
+
+    from bench._serve_series import turn_ends
+
+    assert turn_ends(10, 4) == [4, 8, 10]
+    quiet = np.ones(11, bool)
+    quiet[[4, 5, 9]] = False  # prefill steps within reach of steps 4, 5 and 9
+    assert turn_ends(10, 4, quiet) == [6, 10]  # pushed from 4 to 6; 10 is the end
+    assert turn_ends(20, 4, np.zeros(21, bool)) == [4, 8, 12, 16, 20]  # none quiet: as before
+    quiet = np.zeros(21, bool)
+    quiet[[7, 15]] = True
+    assert turn_ends(20, 4, quiet) == [7, 11, 15, 19, 20]  # within a second block, else 4

@@ -74,11 +74,13 @@ class Series:
         self.ahead = 1  # the next step whose chunks are not prefetched yet
         self.out: list[tuple] = []
         self.issued: list[tuple[int, int, Any]] = []
+        self.held = False  # the cache's prefetch queue held between turns (_hold)
 
     def run(self, lo: int, hi: int, settle: bool = False) -> None:
         """Steps ``lo .. hi - 1`` (in order, after the steps before ``lo``). ``settle``:
-        then wait for the prefetches in flight and add the wait to the last step's time
-        (another series runs next: its time must not read this one's rows)."""
+        another series runs next, and its time must neither read this one's rows nor be
+        slowed by them: hold the prefetches not started until this series runs again,
+        wait for those being read, and add the wait to the last step's time."""
         if self.check_tokens is not None:  # (imported here: bench/embed.py shadows the
             import embed.cached_groups as cached_groups  # package where bench/ is on the path)
 
@@ -87,11 +89,12 @@ class Series:
         if self.profile is not None:
             self.profile.enable()
         try:
+            self._release()
             for k in range(lo, min(hi, len(self.steps))):
                 self._step(k)
             if settle and self.handles:
                 t0 = time.perf_counter()
-                self.finish()
+                self._hold()
                 if self.out and hi - 1 >= self.warm:
                     dt, *more = self.out[-1]
                     self.out[-1] = (dt + time.perf_counter() - t0, *more)
@@ -144,8 +147,29 @@ class Series:
                 )
             self.out.append((dt, st.tokens, st.kind, *f, t_embed, t0, t_pf))
 
+    def _hold(self) -> None:
+        """At a turn's end: no prefetch piece starts until this series runs again, and the
+        pieces being read finish now (the caller charges the wait to the turn's last step).
+        The cache's prefetch thread takes pieces under ``_pf_qlock`` (a bench-only hold:
+        while other series run, this one's reads neither slow them nor advance)."""
+        cache = self.cache
+        if cache is None or not hasattr(cache, "_pf_qlock"):
+            self.finish()
+            return
+        cache._pf_qlock.acquire()
+        self.held = True
+        for job in list(cache._jobs):
+            if job.started:
+                job.event.wait()
+
+    def _release(self) -> None:
+        if self.held:
+            self.held = False
+            self.cache._pf_qlock.release()
+
     def finish(self) -> list[tuple]:
         """Wait for the prefetches still in flight; returns :attr:`out`."""
+        self._release()
         while self.handles:
             self.handles.popleft()[1].wait()
         return self.out
@@ -216,8 +240,8 @@ def interleave(
     """Run every series over ``n_steps`` steps, a turn of about ``block`` steps of one series
     at a time (``block`` >= ``n_steps``: one series after the other, in order; ``quiet``:
     :func:`turn_ends`), the series' order rotating by one each turn. At a turn's end a series
-    with prefetches in flight waits for them, and its last step pays the wait: interleaved,
-    a lookahead series loses the overlap across such a turn's end, and never gains reads
+    with prefetches in flight holds those not started until its next turn and waits for
+    those being read, and its last step pays the wait (``Series.run``): it never gains reads
     done in another's time. Returns each series' timed steps."""
     names = list(series)
     lo = 0

@@ -33,7 +33,8 @@ the server starts cold, and at this trace's length nearly every fault is a row's
 touch (bench/RESULTS.md). The series of a server take turns of ``--interleave`` steps
 (their order rotating), so that a shared machine's drift lands on all of them alike; a
 turn ends at the first step after that with no prefetch in flight, within as many steps
-again (else a lookahead series waits for its prefetches there, and pays the wait).
+again (else a lookahead series' prefetches not started wait for its next turn, and it
+waits for the pieces being read, paying that wait).
 ``--quick``: tiny sizes on the CPU (what the test runs).
 """
 
@@ -272,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         help="run a server's series in turns of this many steps, the order rotating, so\n"
         "that a shared machine's drift lands on every series alike (0: one series after\n"
         "the other). A turn ends, within as many steps again, where no prefill step is\n"
-        "in a lookahead series' reach; else that series waits for its prefetches there",
+        "in a lookahead series' reach; else that series' prefetches not started wait for\n"
+        "its next turn, and it pays the wait for the pieces being read",
     )
     p.add_argument(
         "--repeat-cached",

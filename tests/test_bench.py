@@ -347,3 +347,41 @@ def test_serve_turns_end_where_no_prefetch_is_in_flight():
     quiet = np.zeros(21, bool)
     quiet[[7, 15]] = True
     assert turn_ends(20, 4, quiet) == [7, 11, 15, 19, 20]  # within a second block, else 4
+
+
+def test_serve_series_holds_its_prefetches_between_turns(tmp_path, rng, monkeypatch):
+    """At a turn's end a lookahead series waits for the piece being read and no other
+    piece starts until its next turn (its reads neither slow nor gain from another's)."""
+    import threading
+    import time
+
+    import numpy as np
+
+    import rowcache.prefetch_book as prefetch_book
+    from bench._serve_series import Series
+    from rowcache import NgramRowCache
+    from tests.rowcache.test_cache import make_store
+
+    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
+    store, _ = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=200)
+    real, gate, started = cache._read_parts, threading.Event(), []
+
+    def gated(rows, staging, reader=None):
+        started.append(rows.size)
+        assert gate.wait(10)
+        return real(rows, staging, reader)
+
+    cache._read_parts = gated
+    s = Series(None, [], 0, None, None, None, cache)
+    h = cache.prefetch(np.arange(100, 164))  # 8 pieces of 8 rows
+    s.handles.append((1, h))
+    t0 = time.monotonic()
+    while not started and time.monotonic() - t0 < 10:
+        time.sleep(0.001)
+    threading.Timer(0.05, gate.set).start()
+    s._hold()  # returns once the piece in flight is read
+    time.sleep(0.05)
+    assert started == [8] and not h.done()
+    assert s.finish() == [] and h.done() and started == [8] * 8
+    store.close()

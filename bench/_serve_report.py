@@ -114,7 +114,7 @@ def phase_rows(
             h, m = sum(r[3] for r in sel["lookahead"]), sum(r[4] for r in sel["lookahead"])
             row["lookahead_hit_rate"] = h / (h + m) if h + m else 1.0
             row["lookahead_wait_ms_per_step"] = 1e3 * sum(r[6] for r in sel["lookahead"]) / len(c)
-        for v in ("nocheck", "again"):  # --ablate-check, --repeat-cached
+        for v in ("nocheck", "again", "noyield"):  # --ablate-check, --repeat-cached, -yield
             if v in sel:
                 row[f"{v}_ratio"] = tps[v] / tps["resident"]
         for v in sel:  # the other series' step split too (JSON; decode work is the same)
@@ -233,6 +233,7 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
         ),
         *((("no-check ratio", "nocheck_ratio"),) if "nocheck_ratio" in phases[0] else ()),
         *((("again ratio", "again_ratio"),) if "again_ratio" in phases[0] else ()),
+        *((("no-yield ratio", "noyield_ratio"),) if "noyield_ratio" in phases[0] else ()),
         ("faults/tok", "faults_per_token"),
         ("fault ms/step", "fault_ms_per_step"),
         ("floor uring ms", "floor_uring_ms_per_step"),
@@ -262,7 +263,7 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
                 f"  {p['phase']}: faulting {p['faulting_steps']:.0%} of steps: {f[0]} / {f[1]}; "
                 f"the others: {f[2]} / {f[3]}; embedding call {f[4]} / {f[5]}"
             )
-            for v in ("lookahead", "nocheck", "again"):
+            for v in ("lookahead", "nocheck", "again", "noyield"):
                 if p.get(f"{v}_faulting_steps") is not None:
                     g = [_fmt(p.get(f"{v}_{k}")) for k in ("faulting_cached_ms", "hit_only_cached_ms",
                                                            "embed_call_cached_ms")]  # fmt: skip

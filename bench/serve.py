@@ -96,6 +96,7 @@ def pick_rows(args: Any, xp: Any) -> tuple[int, str]:
     # the resident tables, and every cached series' arena (alive at once: the series take
     # turns), an arena at most the tables' size in RAM, ~0.2 of it in HBM (tune's budget)
     arenas = 1 + len(args.lookahead_list) + args.ablate_check + args.repeat_cached
+    arenas += args.ablate_yield
     per_row = (
         12
         * 256
@@ -259,6 +260,12 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", action="store_true", help="cProfile the x1 server's cached series (stderr)"
     )
     p.add_argument(
+        "--ablate-yield",
+        action="store_true",
+        help="also run the first lookahead series with a prefetch reader that does not\n"
+        "yield the disk to demand faults (RowReader(background=False)): series 'noyield'",
+    )
+    p.add_argument(
         "--ablate-check",
         action="store_true",
         help="also run each server cached with no residency check before a step's device\n"
@@ -415,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         warmed: dict[str, Any] = {"tokens": sum(r.size for r in hist), "order": order}
 
-        def new_cache() -> NgramRowCache:
+        def new_cache(yield_disk: bool = True) -> NgramRowCache:
             cache = NgramRowCache(
                 store,
                 [str(i) for i in range(T)],
@@ -424,6 +431,11 @@ def main(argv: list[str] | None = None) -> int:
                 queue_depth=args.queue_depth,
                 direct=not args.no_direct,
             )
+            if not yield_disk:  # --ablate-yield: a prefetch reader that does not yield
+                own = cache._prefetch_reader()
+                if getattr(own, "background", False):
+                    opts = own.options(background=False)
+                    cache._prefetch_reader = lambda: store.new_reader(**opts)
             if warm_rows:  # the history's rows, in its order (untimed)
                 t0 = time.perf_counter()
                 for rows_ in warm_rows:
@@ -464,9 +476,11 @@ def main(argv: list[str] | None = None) -> int:
                 variants["nocheck"] = 0
             if args.repeat_cached:
                 variants["again"] = 0
+            if args.ablate_yield:
+                variants["noyield"] = depths[0]
             caches, outputs, prof = {}, {}, None
             for variant, depth in variants.items():
-                cache = caches[variant] = new_cache()
+                cache = caches[variant] = new_cache(yield_disk=variant != "noyield")
                 ctabs = [CachedTable(cache, i) for i in range(T)]
                 emb_c = NgramEmbedding(dims, word, ctabs, projs)
                 if depth and prefetcher(emb_c, cache) is None:

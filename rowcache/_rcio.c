@@ -22,6 +22,21 @@
 
 #define PAGE 4096
 #define RETRIES 1000 /* EINTR/EAGAIN retries of one read before it counts as failed */
+#define YIELD_NS 20000 /* a background batch with nothing in flight rechecks this often */
+
+/* Foreground batches (any Reader of the process made without `background`) reading now.
+ * A background Reader (prefetch) submits no new read while it is > 0: its reads already in
+ * flight finish, and the demand fault gets the disk's queue to itself. */
+static int demand_batches;
+
+static int demand_reading(int background) {
+    return background && __atomic_load_n(&demand_batches, __ATOMIC_ACQUIRE) > 0;
+}
+
+static void yield_pause(void) {
+    struct timespec t = {0, YIELD_NS};
+    nanosleep(&t, NULL);
+}
 
 /* ---- CRC32C (Castagnoli, reflected 0x82F63B78; crc32c(data, 0) of the crc32c package) ---- */
 static uint32_t crc_table[256];
@@ -122,13 +137,14 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t go, done;
     pthread_t *th;
-    int nth, tickets, busy, stop;
+    int nth, tickets, busy, stop, background;
     batch_t *b;
     Py_ssize_t next;
 } pool_t;
 
 static void pool_share(pool_t *p, batch_t *b) {
     for (;;) {
+        while (demand_reading(p->background)) yield_pause();
         Py_ssize_t i = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
         if (i >= b->n) return;
         pread_one(b, i);
@@ -274,15 +290,22 @@ static inline void cpu_relax(void) {
  * read on the measured machines, and the code after it runs on a cooled core). A longer
  * batch sleeps: completions that arrive while the caller runs in user space each kick it
  * into the kernel, and a k = 192 batch at queue depth 64 read slower polling than
- * sleeping (bench/ab.sh fault, H200, RESULTS.md). */
-static int uring_run(uring_t *u, batch_t *b, int qd, int64_t spin_ns) {
+ * sleeping (bench/ab.sh fault, H200, RESULTS.md). A background batch submits nothing
+ * while a foreground batch reads (demand_batches): it reaps what it has in flight and
+ * waits. */
+static int uring_run(uring_t *u, batch_t *b, int qd, int64_t spin_ns, int background) {
     if (b->n > qd) spin_ns = 0;
     Py_ssize_t next = 0, done = 0, nres = 0;
     int inflight = 0;
     for (Py_ssize_t i = 0; i < b->n; i++) b->got[i] = b->err[i] = 0;
     while (done < b->n) {
         unsigned tail = *u->sq_tail, mask = *u->sq_mask;
-        while (inflight < qd && (nres || next < b->n)) {
+        int paused = demand_reading(background);
+        if (paused && !inflight) { /* nothing of ours in flight: wait out the demand batch */
+            yield_pause();
+            continue;
+        }
+        while (!paused && inflight < qd && (nres || next < b->n)) {
             Py_ssize_t i = nres ? u->resub[--nres] : next++;
             unsigned idx = tail & mask;
             struct io_uring_sqe *s = &u->sqes[idx];
@@ -353,7 +376,7 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    int qd, use_uring, broken, have_layout, direct;
+    int qd, use_uring, broken, have_layout, direct, background;
     int64_t merge_gap, max_extent, spin_ns;
     Py_buffer lay[NL]; /* held for the reader's life; fds is Python's, updated in place */
     uring_t ring;
@@ -368,10 +391,11 @@ typedef struct {
 } Reader;
 
 static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"queue_depth", "engine", "spin_us", NULL};
-    int qd = 32, spin_us = 0;
+    static char *names[] = {"queue_depth", "engine", "spin_us", "background", NULL};
+    int qd = 32, spin_us = 0, background = 0;
     const char *engine = "auto";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|isi", names, &qd, &engine, &spin_us)) return -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|isip", names, &qd, &engine, &spin_us, &background))
+        return -1;
     if (qd < 1 || qd > 1024) {
         PyErr_Format(PyExc_ValueError, "queue_depth=%d: give 1..1024", qd);
         return -1;
@@ -391,6 +415,7 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
         return -1;
     }
     self->qd = qd;
+    self->background = self->pool.background = background;
     self->ring.fd = -1;
     pthread_mutex_init(&self->lock, NULL);
     pthread_mutex_init(&self->pool.mu, NULL);
@@ -649,13 +674,15 @@ static PyObject *Reader_read_runs(Reader *self, PyObject *args) {
                      self->e_got, self->e_err, self->buf, self->direct,
                      npg ? self->p_crc : NULL, self->p_bad};
         int rc = 0;
+        if (!self->background) __atomic_add_fetch(&demand_batches, 1, __ATOMIC_RELEASE);
         if (self->use_uring && !self->broken) {
-            rc = uring_run(&self->ring, &b, self->qd, self->spin_ns);
+            rc = uring_run(&self->ring, &b, self->qd, self->spin_ns, self->background);
             /* Never reuse a ring (or buffer) that may hold reads in flight: threads from now. */
             if (rc) self->broken = 1, self->cap_buf = 0, st[0] = rc;
         } else {
             pool_run(&self->pool, &b, self->qd);
         }
+        if (!self->background) __atomic_sub_fetch(&demand_batches, 1, __ATOMIC_RELEASE);
         for (Py_ssize_t e = 0; e < E && !rc; e++)
             if (self->e_err[e] && !st[1]++)
                 st[0] = 1, st[3] = e, st[4] = efile[e], st[5] = self->e_off[e],
@@ -717,8 +744,9 @@ static PyTypeObject ReaderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rowcache._rcio.Reader",
     .tp_basicsize = sizeof(Reader),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Reader(queue_depth=32, engine='auto', spin_us=0): batches of reads, GIL released; "
-              "io_uring completions polled for up to spin_us before sleeping.",
+    .tp_doc = "Reader(queue_depth=32, engine='auto', spin_us=0, background=False): batches of "
+              "reads, GIL released; io_uring completions polled for up to spin_us before "
+              "sleeping; a background reader submits no read while a foreground batch reads.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Reader_init,
     .tp_dealloc = (destructor)Reader_dealloc,
@@ -764,7 +792,19 @@ static PyObject *py_page_crcs(PyObject *m, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* demand_hold(delta) -> int: add delta to the count of foreground batches reading (for
+ * tests of the background yield: a held count pauses every background reader) */
+static PyObject *py_demand_hold(PyObject *m, PyObject *args) {
+    (void)m;
+    int delta;
+    if (!PyArg_ParseTuple(args, "i", &delta)) return NULL;
+    return PyLong_FromLong(__atomic_add_fetch(&demand_batches, delta, __ATOMIC_ACQ_REL));
+}
+
 static PyMethodDef module_methods[] = {
+    {"demand_hold", py_demand_hold, METH_VARARGS,
+     "demand_hold(delta) -> int: add delta to the foreground batches reading (tests: a held "
+     "count pauses background readers)"},
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0, software=False) -> int (Castagnoli; software: the table path)"},
     {"page_crcs", py_page_crcs, METH_VARARGS,
      "page_crcs(data, out): out[j] = crc32c of 4096-byte page j of data (the last may be short)"},

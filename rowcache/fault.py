@@ -305,11 +305,12 @@ class FaultPath(CacheState):
     def _prefetch_reader(self) -> RowReader:
         """The reader prefetch jobs use: a POSIX reader of their own (its own ring and
         buffers: a native batch runs one at a time per reader, so a demand fault never
-        queues behind a prefetch; it sleeps on its reads, ``spin_us=0``); kvikio's
-        reader is shared (thread-safe)."""
+        waits for a prefetch's batch; ``background``: it submits no read while a demand
+        fault reads, so the fault's reads do not queue behind it on the disk either; it
+        sleeps on its reads, ``spin_us=0``); kvikio's reader is shared (thread-safe)."""
         r = self._reader
         if type(r) is RowReader:  # it sleeps on its reads: no core spent polling for them
-            return self.store.new_reader(**r.options(spin_us=0))
+            return self.store.new_reader(**r.options(spin_us=0, background=True))
         return r
 
     def _fault(self, rows: np.ndarray, victims: np.ndarray, evicted: np.ndarray) -> None:

@@ -100,6 +100,10 @@ class RowReader(ReadPlanner, PythonEngine):
         46-47 to 33-37 us (``bench/read_latency.py``; ``bench/RESULTS.md``, sixth
         session). Longer batches always sleep (polling read them slower). It costs the
         caller's core while it polls, so background readers (prefetch) keep 0.
+    background : native engines only: this reader yields the disk to demand reads. While
+        any other reader of the process that is not ``background`` runs a batch, this one
+        submits no new read (its reads in flight finish), so a step's fault does not queue
+        behind a prefetch's thousands of reads. The cache's prefetch reader sets it.
 
     Thread safety: one reader may be used from several threads; each thread has its own
     read buffer, native batches run one at a time, file descriptors are opened under a lock.
@@ -119,6 +123,7 @@ class RowReader(ReadPlanner, PythonEngine):
         page_crcs: list[list[np.ndarray]] | None = None,
         verify_pages: bool = True,
         spin_us: int = DEFAULT_SPIN_US,
+        background: bool = False,
     ) -> None:
         if (
             isinstance(queue_depth, bool)
@@ -152,6 +157,7 @@ class RowReader(ReadPlanner, PythonEngine):
         self.max_extent = max_extent
         self.verify_pages = verify_pages
         self.spin_us = spin_us
+        self.background = bool(background)
         self.page_crcs = page_crcs
         self._engine_asked = engine
         counts = np.array([len(f) for f in shard_files], dtype=np.int64)
@@ -186,6 +192,7 @@ class RowReader(ReadPlanner, PythonEngine):
             "page_crcs": self.page_crcs,
             "verify_pages": self.verify_pages,
             "spin_us": self.spin_us,
+            "background": self.background,
         }
         opts.update(changes)
         return opts
@@ -200,7 +207,7 @@ class RowReader(ReadPlanner, PythonEngine):
                 _LEAKED.append(self._native)
             kind = "auto" if self._engine_asked in ("auto", "python") else self._engine_asked
             try:
-                native = _rcio.Reader(self.queue_depth, kind, self.spin_us)
+                native = _rcio.Reader(self.queue_depth, kind, self.spin_us, self.background)
             except OSError as e:
                 raise ConfigError(
                     f"engine={self._engine_asked!r}: io_uring is unavailable here ({e})"

@@ -50,10 +50,14 @@ def phase_rows(
     floors: dict[str, np.ndarray],
     name: str,
     idle_floor: np.ndarray | None = None,
+    demand_floor: dict[str, np.ndarray] | None = None,
 ) -> list[dict]:
     """Per phase of one server: tokens/s of each variant, ratios, hits, faults vs floor
     (``floors``: seconds a step of each engine read back to back; ``idle_floor``: io_uring's
-    after the idle of a decode step, reported beside them, not used in the bounds)."""
+    after the idle of a decode step, reported beside them, not used in the bounds;
+    ``demand_floor``: per lookahead series, io_uring's seconds a step for the rows that
+    series faulted itself, giving ``{series}_demand_bound``: its ratio with every prefetch
+    on time and its own faults at the floor)."""
     rows = []
     res_all = np.array([r[0] for r in series["resident"]])
     is_prefill = np.array([r[2] == "prefill" for r in series["resident"]])
@@ -107,6 +111,8 @@ def phase_rows(
         row["floor_bound_ratio"] = float(res_s.sum() / (res_s + floor_s).sum())
         row["floor_bound_overlap_ratio"] = float(res_s.sum() / np.maximum(res_s, floor_s).sum())
         row.update(_step_split(sel["resident"], c))
+        for v, f in (demand_floor or {}).items():
+            row[f"{v}_demand_bound"] = float(res_s.sum() / (res_s + f[idx]).sum())
         la = tps.get("lookahead")
         row["lookahead_tok_s"] = la if la is not None else NO_PREFETCH
         row["lookahead_ratio"] = la / tps["resident"] if la is not None else NO_PREFETCH
@@ -227,9 +233,19 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
         ("hit rate", "hit_rate"),
         ("la hit rate", "lookahead_hit_rate"),
         *(
+            (("la demand bound", "lookahead_demand_bound"),)
+            if "lookahead_demand_bound" in phases[0]
+            else ()
+        ),
+        *(
             (f"la{d} {what}", f"lookahead{d}_{key}")
             for d in s.get("lookahead_steps", [1])[1:]
-            for what, key in (("ratio", "ratio"), ("hit rate", "hit_rate"), ("bound", "bound"))
+            for what, key in (
+                ("ratio", "ratio"),
+                ("hit rate", "hit_rate"),
+                ("bound", "bound"),
+                ("demand bound", "demand_bound"),
+            )
         ),
         *((("no-check ratio", "nocheck_ratio"),) if "nocheck_ratio" in phases[0] else ()),
         *((("again ratio", "again_ratio"),) if "again_ratio" in phases[0] else ()),
@@ -285,7 +301,9 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
         "io_uring's after sleeping a decode step's rest of the model before each step's "
         "pages; bound = the ratio if each step cost the resident step plus its faults' floor; la bound = with the floor hidden behind the step by a perfect "
         "lookahead one step ahead; laN bound = a model of prefetches N steps ahead read at the "
-        "floor by one disk (bench/_serve_report.lookahead_bound); all estimates, the floor being "
+        "floor by one disk (bench/_serve_report.lookahead_bound), which counts a prefill step's "
+        "decode tokens as prefetched; demand bound = every prefetch on time and the series' own "
+        "faults (its decode tokens) at the floor; all estimates, the floor being "
         "re-read in a pass of its own. Prefetches read during other steps slow those: with "
         "lookahead, compare the 'all steps' rows; "
         f"{s['seconds']:.0f} s in all)"

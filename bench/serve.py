@@ -241,10 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queue-depth", type=int, default=32, help="the cache's reads in flight")
     p.add_argument(
         "--lookahead-steps",
-        default="1,4",
+        default="1,64",
         help="steps ahead whose prefill chunks the lookahead series prefetch, one series\n"
-        "per entry (default 1,4: one step ahead, then four; 4 gave +0.17 in chunked\n"
-        "prefill at full size on the H200, bench/RESULTS.md)",
+        "per entry (default 1,64: one step ahead, then 64; at full size on the H200\n"
+        "chunked prefill gave 0.75-0.77 at 16, 0.83 at 32 and 64, and no prefill step\n"
+        "waited at 64: bench/RESULTS.md, fifteenth session)",
     )
     p.add_argument("--no-direct", action="store_true", help="page-cached reads, not O_DIRECT")
     p.add_argument("--check-every", type=int, default=16, help="compare outputs every N steps")
@@ -469,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             }
             misses: list[np.ndarray] = []
+            demand: dict[str, list[np.ndarray]] = {}  # a lookahead series' own faults
             variants = {"cached": 0, "lookahead": depths[0]}
             if name == " x64":  # the one-slot server's prefill steps are too few to matter
                 variants.update((f"lookahead{d}", d) for d in depths[1:])
@@ -480,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
                 variants["noyield"] = depths[0]
             caches, outputs, prof = {}, {}, None
             for variant, depth in variants.items():
+                if depth:
+                    demand[variant] = []
                 cache = caches[variant] = new_cache(yield_disk=variant != "noyield")
                 ctabs = [CachedTable(cache, i) for i in range(T)]
                 emb_c = NgramEmbedding(dims, word, ctabs, projs)
@@ -500,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
                     *common,
                     cache,
                     depth,
-                    record=misses if variant == "cached" else None,
+                    record=misses if variant == "cached" else demand.get(variant),
                     check=(args.check_every, outputs[variant]),
                     graphs=graphed(ctabs),
                     # the order before the check: the device part first, again after a fault
@@ -544,7 +548,14 @@ def main(argv: list[str] | None = None) -> int:
             if name == " x64":  # do re-reads of this run's pages cost what first reads do?
                 some = [q for q in pg if q.shape[0]][-args.reread_steps :]
                 reread = floor.reread_check(some, args.queue_depth)
-            servers[name] = phase_rows(series, floors, name, idle)
+            # what a lookahead series faulted itself (decode tokens, rows it prefetched too
+            # late to be in flight), at the floor: the ceiling of a perfect prefetch
+            demand_floor = {
+                v: floor.run([floor.pages(layout, m) for m in ms], "uring", args.queue_depth)
+                for v, ms in demand.items()
+                if len(ms) == len(misses)
+            }
+            servers[name] = phase_rows(series, floors, name, idle, demand_floor)
             records[name.strip()] = {"floor_uring_s": floors["uring"].tolist(), **series}
             log(f"server{name}: floor done: " + json.dumps(servers[name], default=float))
         phases = [r for rows_ in servers.values() for r in rows_]

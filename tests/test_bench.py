@@ -139,6 +139,9 @@ def test_bench_serve_quick_ratios_from_printed_figures():
             assert p["lookahead3_ratio"] > 0 and 0 <= p["lookahead3_hit_rate"] <= 1
             if p["phase"].startswith("chunked prefill"):  # prompts prefetched: fewer faults
                 assert p["lookahead3_hit_rate"] > p["hit_rate"]
+                # a perfect prefetch leaves the decode tokens' faults: a higher ceiling
+                assert p["lookahead3_demand_bound"] > p["floor_bound_ratio"]
+            assert 0 < p["lookahead_demand_bound"] <= 1 and 0 < p["lookahead3_demand_bound"] <= 1
     # each lookahead series' prefetch thread, from its jobs' timestamps
     tl = s["prefetch_timeline"]
     assert {"x64 lookahead", "x64 lookahead3"} <= set(tl)

@@ -33,9 +33,10 @@ class Series:
     its resolves waited for prefetches in flight, seconds the embedding call held the host
     thread, ``perf_counter`` at its start, seconds of its prefetch calls). ``issued``: per
     prefetch call of a timed step ``(step it was issued at, step it is for, handle)``
-    (:func:`prefetch_timeline`). ``lookahead``: 0, or how many steps ahead prefill chunks are prefetched (a
-    server knows the prompts it has admitted and queued: step t prefetches the chunks of
-    steps t+1..t+lookahead not prefetched yet). ``graphs``: the embedding
+    (:func:`prefetch_timeline`). ``lookahead``: 0, or how many steps ahead prefill chunks
+    are prefetched (a server knows the prompts it has admitted and queued: step t
+    prefetches the chunks of steps t+1..t+lookahead not prefetched yet). ``graphs``: the
+    embedding
     (``cuda_graphs=True``, same tables) of the steps without a prefill chunk, as a server
     that captures its decode step. ``record``: the rows each timed step will fault (a
     bench-only peek, untimed). ``check``: ``(every, list)``, every ``every``-th step's output
@@ -178,9 +179,10 @@ class Series:
 def prefetch_timeline(s: Series) -> dict[str, Any]:
     """What a lookahead series' prefetch thread did (its jobs' ``times``): pieces and rows
     read (and rows that resolves took over from pieces not started), ms a piece reading and
-    writing the arena, rows/s while reading, how long pieces queued, the thread's busy share of the series' timed steps, and per prefill step how
-    much of its own prefetch was still unread at its start and how late its last piece
-    landed (ms after the step's start; <= 0: on time)."""
+    writing the arena, rows/s while reading, how long pieces queued, the thread's busy
+    share of the series' timed steps, and per prefill step how much of its own prefetch
+    was still unread at its start and how late its last piece landed (ms after the step's
+    start; <= 0: on time)."""
     own = [j for _, _, h in s.issued for j in h._jobs]
     taken = [k for j in own for k in j.taken]
     jobs = [j for j in own if j.times[1] and j.rows.size]

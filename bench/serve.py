@@ -302,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         "--save",
         default=None,
         help="also write the JSON report to this file, with every timed step's record:\n"
-        "(s, tokens, kind, hits, misses, fault s, prefetch wait s, embed call s, start, prefetch calls s)",
+        "(s, tokens, kind, hits, misses, fault s, prefetch wait s, embed call s, start,\n"
+        "prefetch calls s)",
     )
     args = p.parse_args(argv)
     try:

@@ -388,3 +388,18 @@ def test_serve_series_holds_its_prefetches_between_turns(tmp_path, rng, monkeypa
     assert started == [8] and not h.done()
     assert s.finish() == [] and h.done() and started == [8] * 8
     store.close()
+
+
+def test_bench_contention_quick_reports_every_setting():
+    rep = json.loads(run("contention.py", "--json", "--bg", "none,8,8n"))
+    res = {x["background"]: x for x in rep["results"]}
+    assert list(res) == ["none", "8", "8n"]
+    assert res["none"]["bg_rows_per_s"] is None and res["8"]["bg_yields"]
+    assert not res["8n"]["bg_yields"] and res["8n"]["bg_queue_depth"] == 8
+    for x in res.values():
+        assert 0 < x["demand_ms_median"] <= x["demand_ms_p90"]
+    assert res["8"]["bg_rows_per_s"] > 0 and res["8n"]["bg_rows_per_s"] > 0
+    for bad in ("x", "0", "2000n"):
+        proc = subprocess.run([sys.executable, str(BENCH / "contention.py"), "--quick",
+                               "--bg", bad], capture_output=True, text=True)  # fmt: skip
+        assert proc.returncode == 2 and "--bg entry" in proc.stderr, bad

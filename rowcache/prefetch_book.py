@@ -82,9 +82,12 @@ class PrefetchBook(CacheState):
         every fault count are exactly those of a prefetch that completed at its call.
         A failed read maps nothing (its slots are left free), and the
         :meth:`resolve` that next needs one of its rows raises that read's error once
-        (a later call faults the row normally). On ``device="cuda"`` the arena writes
-        go on the cache's stream; the device map shows the rows from the first call
-        after their read completed.
+        (a later call faults the row normally). The prefetch thread's reader yields the
+        disk: it submits no new read while a demand read of the process runs
+        (``RowReader(background=True)``), so a step's faults do not queue behind a
+        prefetch's thousands of reads. On ``device="cuda"`` the arena writes go on the
+        prefetch thread's own stream (the class's "Streams" section); the device map
+        shows the rows from the first call after their read completed.
         """
         ids = check_row_ids(row_ids, self.rows)
         with self._lock:

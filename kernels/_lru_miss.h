@@ -26,7 +26,8 @@ static int sorted_has(const int32_t *a, Py_ssize_t n, int32_t v) {
 
 /* lru_plan(ids i64[n], rows, row_slot i32[R], slot_row i32[S], last_used i64[S], log i32[C],
  *          log_pos i32[S], head, tail, batch, busy u8[S] | None, avail, work i32[5n],
- *          scratch i32[2n]) -> (status, n_u, n_miss, fresh_hits, n_ev, new_head, end)
+ *          scratch i32[2n]) -> (status, n_u, n_miss, fresh_hits, n_ev, new_head, end,
+ *          passed_busy)
  * The first half of a resolve with misses (NgramRowCache._resolve_unique's Python path up
  * to its read); changes no state. work is [uniq | slots | missing | victims | evicted], n
  * each: the call's n_u distinct rows ascending, their slots (-1: missing), the n_miss
@@ -36,9 +37,13 @@ static int sorted_has(const int32_t *a, Py_ssize_t n, int32_t v) {
  * fresh_hits: hit slots not yet used in this batch; avail: slots neither pinned nor busy.
  * new_head: the first live entry passed over before the last victim, else end = just past
  * the last victim (new_head = end = head when nothing is missing).
+ * passed_busy: the victims' scan passed a live entry of a busy slot (one a prefetch in
+ * flight holds: NgramRowCache._passed_busy(end), found in the scan instead of over every
+ * job's slots).
  * status 0: planned. status 1: n_miss > avail - fresh_hits (the arena is exhausted).
  * status 2: ids[n_u] is outside [0, rows). status 3: the log ended before n_miss victims
- * (cannot happen after the availability test). */
+ * (cannot happen after the availability test). status 4: a row of the call is in a busy
+ * slot (its prefetch must be settled first; nothing else planned). */
 static PyObject *lru_plan(PyObject *self, PyObject *args) {
     PyObject *o_ids, *o_rs, *o_sr, *o_lu, *o_log, *o_lp, *o_busy, *o_work, *o_scr;
     long long rows, batch;
@@ -74,7 +79,7 @@ static PyObject *lru_plan(PyObject *self, PyObject *args) {
     }
     int32_t *uniq = work, *slots = work + n, *missing = work + 2 * n, *victims = work + 3 * n;
     int32_t *evicted = work + 4 * n;
-    int status = 0;
+    int status = 0, passed_busy = 0;
     Py_ssize_t n_u = 0, n_miss = 0, fresh = 0, n_ev = 0, new_head = head, end = head;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -100,11 +105,14 @@ static PyObject *lru_plan(PyObject *self, PyObject *args) {
             if (s < 0 || s >= S) {
                 slots[j] = -1;
                 missing[n_miss++] = uniq[j];
-            } else if (last_used[s] != batch) {
-                fresh++;
+            } else {
+                fresh += last_used[s] != batch;
+                if (busy && busy[s]) {
+                    status = 4;
+                }
             }
         }
-        if (n_miss > 0 && n_miss > avail - fresh) {
+        if (status == 0 && n_miss > 0 && n_miss > avail - fresh) {
             status = 1;
         }
     }
@@ -127,6 +135,7 @@ static PyObject *lru_plan(PyObject *self, PyObject *args) {
             if (s < 0 || s >= S || log_pos[s] != (int32_t)p) {
                 continue; /* stale: the slot has a newer entry */
             }
+            passed_busy |= busy && busy[s];
             int ok = last_used[s] != batch && !(busy && busy[s]);
             if (ok && fresh > 0) { /* a hit of this call is pinned by it: no victim */
                 int32_t r = slot_row[s];
@@ -151,7 +160,8 @@ static PyObject *lru_plan(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     release(b, 9);
-    return Py_BuildValue("(innnnnn)", status, n_u, n_miss, fresh, n_ev, new_head, end);
+    return Py_BuildValue("(innnnnni)", status, n_u, n_miss, fresh, n_ev, new_head, end,
+                         passed_busy);
 }
 
 /* lru_commit(ids i64[n], work i32[5n], n_u, n_miss, n_ev, row_slot i32[R], slot_row i32[S],

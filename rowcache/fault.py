@@ -162,10 +162,12 @@ class FaultPath(CacheState):
         self._last_faults = 0
         if ids.size == 0:
             return np.empty(0, dtype=np.int32)
-        if self._jobs or self._failed:
-            self._settle(ids)  # prefetches this call needs: waited for, reaped, errors raised
         native = self._host_lib()
-        if native is not None:
+        if self._jobs:
+            self._reap()
+        if self._failed or (self._jobs and native is None):
+            self._settle(ids)  # prefetches this call needs: waited for, reaped, errors raised
+        if native is not None:  # (it settles a row in flight itself: lru_plan's status 4)
             return self._resolve_native(native, ids)
         # The Python path: the reference of _resolve_native (tests compare them).
         s = self._row_slot[ids]
@@ -223,7 +225,9 @@ class FaultPath(CacheState):
         self._count(ids.size, slots_u, n_miss)
         return self._row_slot[ids]
 
-    def _resolve_native(self, native: Any, ids: np.ndarray, device_out: bool = False) -> Any:
+    def _resolve_native(
+        self, native: Any, ids: np.ndarray, device_out: bool = False, settled: bool = False
+    ) -> Any:
         """The path of :meth:`_resolve_unique` in two C calls around the read
         (``kernels/_host.c``): ``lru_plan`` (dedup, victims, exhaustion; changes
         nothing), :meth:`_fault_read`, ``lru_commit`` (maps, pins, log, part misses),
@@ -231,7 +235,10 @@ class FaultPath(CacheState):
         as the Python path; a failed call changes nothing (but for a failed launch, after
         the commit: a device that refuses a launch is unusable anyway). With
         ``device_out`` (GPU) a call that faulted returns its slots as a cupy array,
-        written by that launch."""
+        written by that launch. With prefetches in flight (finished ones reaped by the
+        caller), ``lru_plan`` tells whether a row of the call is in flight (then the call
+        settles those prefetches, ``_settle``, and plans again) and whether its victims'
+        scan passed a slot in flight (``_passed_busy``)."""
         self._last_faults = 0
         ids = np.ascontiguousarray(ids)
         n = ids.size
@@ -239,15 +246,20 @@ class FaultPath(CacheState):
             self._scratch = np.empty(max(2 * n, 2 * self._scratch.size), dtype=np.int32)
         work = np.empty(5 * n, dtype=np.int32)  # [uniq | slots | missing | victims | evicted]
         t0 = time.perf_counter()
-        status, n_u, n_miss, fresh_hits, n_ev, head, end = native.lru_plan(
+        status, n_u, n_miss, fresh_hits, n_ev, head, _end, passed_busy = native.lru_plan(
             ids, self.rows, self._row_slot, self._slot_row, self._last_used, self._log,
             self._log_pos, self._head, self._tail, self._batch,
             self._busy if self._n_busy else None,
             self.num_slots - self._pinned - self._n_busy, work, self._scratch,
         )  # fmt: skip
+        if status == 4:  # a row of the call is in flight: its prefetch first, then again
+            if settled:
+                raise AssertionError("a row of the call is still in flight after settling")
+            self._settle(ids)
+            return self._resolve_native(native, ids, device_out, settled=True)
         if status == 1 and not self._n_busy:
             raise self._exhausted(n_miss, self.num_slots - self._pinned - fresh_hits)
-        if status == 1 or (n_miss and self._n_busy and self._passed_busy(end)):
+        if status == 1 or (n_miss and self._n_busy and passed_busy):
             # reserved slots count as free once their reads land; and an LRU order that
             # reaches a slot still in flight waits, as if it had landed
             self._wait_jobs(self._jobs)

@@ -119,8 +119,8 @@ class PrefetchBook(CacheState):
         if missing.size:
             # masked: the call's resident rows are marked busy for the choice
             victims, new_head, end = self._choose_victims(int(missing.size), masked=True)
+            busy[hit] = was_busy  # (before the check: the call's own hits are not in flight)
             if self._n_busy and self._passed_busy(end):  # LRU reaches a slot in flight
-                busy[hit] = was_busy
                 self._wait_jobs(self._jobs)
                 return self._prefetch(rows_u)
             self._head = new_head
@@ -287,5 +287,12 @@ class PrefetchBook(CacheState):
 
     def _passed_busy(self, end: int) -> bool:
         """True when victims taken up to log position ``end`` skipped a slot that a
-        prefetch in flight holds (the LRU would have taken it had the read landed)."""
-        return any(bool((self._log_pos[j.slots] < end).any()) for j in self._jobs)
+        prefetch in flight holds (the LRU would have taken it had the read landed): a live
+        log entry of a busy slot before ``end``. Every entry before the head is stale, so
+        the scan is the victims' window, not every job's slots (``lru_plan`` tells the
+        native path the same)."""
+        if not self._n_busy or end <= self._head:
+            return False
+        s = self._log[self._head : end]
+        live = self._log_pos[s] == np.arange(self._head, end, dtype=np.int32)
+        return bool((live & self._busy[s]).any())

@@ -247,8 +247,8 @@ def test_lru_plan_and_commit_check_their_arguments_and_change_nothing_on_error()
     with pytest.raises(ValueError, match="shapes"):
         plan(busy=np.zeros(5, dtype=bool))
     assert plan(ids=np.array([3, 20], dtype=np.int64))[:2] == (2, 1)  # ids[1] out of range
-    status, n_u, n_miss, fresh, n_ev, head, end = plan()
-    assert (status, n_u, n_miss, fresh, n_ev, head, end) == (0, 3, 3, 0, 0, 3, 3)
+    status, n_u, n_miss, fresh, n_ev, head, end, passed = plan()
+    assert (status, n_u, n_miss, fresh, n_ev, head, end, passed) == (0, 3, 3, 0, 0, 3, 3, 0)
     np.testing.assert_array_equal(work[:3], [3, 7, 12])  # unique rows, ascending
     np.testing.assert_array_equal(work[8:11], [3, 7, 12])  # all missing
     np.testing.assert_array_equal(work[12:15], [0, 1, 2])  # victims: the log's head
@@ -273,6 +273,36 @@ def test_lru_plan_and_commit_check_their_arguments_and_change_nothing_on_error()
     np.testing.assert_array_equal(pm, [2, 1])
     np.testing.assert_array_equal(log[3:9], [3, 4, 5, 0, 1, 2])
     np.testing.assert_array_equal(lu, [0, 0, 0, -1, -1, -1])  # pinned in batch 0
+
+
+def test_lru_plan_says_when_its_victims_pass_a_busy_slot_or_a_row_is_in_flight():
+    """passed_busy = NgramRowCache._passed_busy(end): a live entry of a slot a prefetch
+    holds lies before the last victim; status 4: a row of the call is in such a slot."""
+    if host.native is None:
+        pytest.skip("kernels._host not built")
+    nat = host.native
+    rs, sr, lu, log, lp = _lru_arrays()  # 6 free slots, logged 0..5
+    ids = np.array([7, 3, 12], dtype=np.int64)
+    work, scratch = np.empty(15, dtype=np.int32), np.empty(6, np.int32)
+
+    def plan(busy, rs=rs, sr=sr):
+        return nat.lru_plan(ids, 20, rs, sr, lu, log, lp, 0, 6, 0, busy, 6, work, scratch)
+
+    busy = np.zeros(6, dtype=bool)
+    busy[1] = True  # in flight: not a victim, and passed over
+    r = plan(busy)
+    assert (r[0], r[2], r[6], r[7]) == (0, 3, 4, 1)
+    np.testing.assert_array_equal(work[9:12], [0, 2, 3])
+    busy[:] = False
+    busy[5] = True  # beyond the last victim: not passed
+    assert (plan(busy)[0], plan(busy)[7]) == (0, 0)
+    rs2, sr2 = rs.copy(), sr.copy()
+    rs2[3], sr2[4] = 4, 3  # row 3 mapped in slot 4, whose read is in flight
+    busy[4] = True
+    assert plan(busy, rs2, sr2)[:2] == (4, 3)
+    busy[4] = False  # landed and reaped: an ordinary hit
+    r = plan(busy, rs2, sr2)
+    assert (r[0], r[2], r[7]) == (0, 2, 0)
 
 
 def _hits_arrays(rng, rows=120_000, slots=60_000, spare=30_000):
@@ -441,7 +471,7 @@ def test_lru_commit_compacts_a_full_log_on_threads_as_on_one():
     for threads in (1, 4):
         rs, sr, lu, lg, lp = (a.copy() for a in (row_slot, slot_row, last_used, log, log_pos))
         work, scratch = np.empty(5 * n, dtype=np.int32), np.empty(2 * n, dtype=np.int32)
-        status, n_u, n_miss, _, n_ev, head, _ = nat.lru_plan(
+        status, n_u, n_miss, _, n_ev, head, _, _ = nat.lru_plan(
             ids, R, rs, sr, lu, lg, lp, 0, C, 0, None, S, work, scratch)  # fmt: skip
         assert (status, n_miss, n_ev) == (0, n, n)
         off, pm, out = np.array([0, R], np.int64), np.zeros(1, np.int64), np.empty(n, np.int32)

@@ -96,6 +96,7 @@ def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype, piece,
     lru = RefPrefetchLRU(slots)
     handles = []
     seen = {"exhausted": 0, "failed": 0, "dropped": 0}
+    at = np.random.default_rng(2)  # log positions to check _passed_busy at
     for _ in range(160):
         op = rng.choice(["resolve", "resolve", "prefetch", "end", "wait"])
         if op == "prefetch":
@@ -134,6 +135,10 @@ def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype, piece,
             handles.clear()
         _check_stats(cache, lru)
         check_invariants(cache, lru)
+        # _passed_busy scans the log's window: the same answer as over every job's slots
+        for end in {cache._head, cache._tail, int(at.integers(cache._head, cache._tail + 1))}:
+            by_jobs = any(bool((cache._log_pos[j.slots] < end).any()) for j in cache._jobs)
+            assert cache._passed_busy(end) == by_jobs, end
     assert seen["exhausted"] and seen["failed"] and seen["dropped"], seen
     for h in handles:
         h.wait()

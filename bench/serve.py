@@ -244,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         default="1,64",
         help="steps ahead whose prefill chunks the lookahead series prefetch, one series\n"
         "per entry (default 1,64: one step ahead, then 64; at full size on the H200\n"
-        "chunked prefill gave 0.75-0.77 at 16, 0.83 at 32 and 64, and no prefill step\n"
-        "waited at 64: bench/RESULTS.md, fifteenth session)",
+        "chunked prefill gave 0.75-0.77 at 16, 0.83 at 32, 0.80-0.83 at 64, where no\n"
+        "prefill step waited: bench/RESULTS.md, fifteenth session)",
     )
     p.add_argument("--no-direct", action="store_true", help="page-cached reads, not O_DIRECT")
     p.add_argument("--check-every", type=int, default=16, help="compare outputs every N steps")
@@ -515,9 +515,11 @@ def main(argv: list[str] | None = None) -> int:
             block = args.interleave if args.interleave > 0 else len(steps)
             # a turn ends where no lookahead series has a prefetch in flight, if one is near
             deepest = max([d for v, d in variants.items() if v in runs] or [0])
-            pre = np.r_[[st.prefill is not None for st in steps], np.zeros(deepest, bool)]
-            quiet = ~np.lib.stride_tricks.sliding_window_view(pre, deepest).any(axis=1)
-            series = interleave(runs, len(steps), block, quiet if deepest else None)
+            quiet = None
+            if deepest:  # quiet[k]: no prefill step in k .. k + deepest - 1
+                pre = np.r_[[st.prefill is not None for st in steps], np.zeros(deepest, bool)]
+                quiet = ~np.lib.stride_tricks.sliding_window_view(pre, deepest).any(axis=1)
+            series = interleave(runs, len(steps), block, quiet)
             log(f"server{name}: {', '.join(runs)} done ({len(steps)} steps, blocks of {block})")
             for v, r in runs.items():
                 if r.lookahead and (tl := prefetch_timeline(r)):

@@ -108,20 +108,18 @@ class PrefetchJob:
         self.event = threading.Event()
         self.error: BaseException | None = None
         self.read = (0, 0, 0)
-        self.seconds = 0.0
         self.times = [time.perf_counter(), 0.0, 0.0, 0.0]
         self.started = False
         self.taken: list[PrefetchJob] = []
 
     def run(self, cache: Any, buffers: Any) -> None:
-        t0 = self.times[1] = time.perf_counter()
+        self.times[1] = time.perf_counter()
         try:
             self.read = buffers.fill(cache, self)
         except BaseException as e:
             self.error = e
         finally:
             self.times[3] = time.perf_counter()
-            self.seconds = self.times[3] - t0
             self.event.set()
 
 

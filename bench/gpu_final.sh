@@ -2,7 +2,7 @@
 # One device call (H200) for the serving-path figures: the GPU tests, bench/serve.py,
 # bench/fault.py, bench/embed.py (cached vs resident; again with one host thread),
 # bench/torch_step.py and compute-sanitizer memcheck on the GPU kernels' tests; every stage
-# time-boxed (demo, demo2: `rowcache demo --device cuda` twice; qd: bench/queue_depth.py), logs under $OUT, their tails last. STAGES picks and orders them, e.g.
+# time-boxed (demo, demo2: `rowcache demo --device cuda` twice; qd: bench/queue_depth.py; contention: bench/contention.py), logs under $OUT, their tails last. STAGES picks and orders them, e.g.
 #   STAGES="tests fault torch" bash bench/gpu_final.sh
 # serve's table size and flags: SERVE_DTYPE, SERVE_ROWS, SERVE_ARGS, e.g. a server with history:
 #   STAGES=serve SERVE_DTYPE=fp8 SERVE_ROWS=10223617 SERVE_T=585 \
@@ -39,6 +39,7 @@ for s in $STAGES; do
     profile_t1) ROWCACHE_HOST_THREADS=1 stage ${PROF_T:-90} profile_t1 python3 bench/step_profile.py --steps 100 --top 8 ;;
     profileg) stage ${PROF_T:-90} profileg python3 bench/step_profile.py --graphs --steps 100 --top 30 ;;
     qd) stage ${QD_T:-120} qd python3 bench/queue_depth.py --dir /tmp/qd ${QD_ARGS:-} ;;
+    contention) stage ${CONT_T:-120} contention python3 bench/contention.py --dir /tmp/contention ${CONT_ARGS:-} ;;
     launch) stage ${PROF_T:-60} launch python3 bench/launch_cost.py ;;
     host) stage ${PROF_T:-60} host python3 bench/host_threads.py ;;
     profile1) stage ${PROF_T:-60} profile1 python3 bench/step_profile.py --faults 1 --steps 200 --top 25 ;;

@@ -153,6 +153,9 @@ def _step_split(res: list[Any], cached: list[Any]) -> dict[str, Any]:
     if len(res[0]) > 7:
         out["embed_call_resident_ms"] = float(np.mean([x[7] for x in res]) * 1e3)
         out["embed_call_cached_ms"] = float(np.mean([x[7] for x in cached]) * 1e3)
+    if len(cached[0]) > 10 and faulted.any():  # the demand fault's phases (rowcache.fault)
+        ph = np.array([x[10] for x in cached])[faulted].mean(axis=0) * 1e3
+        out["fault_phases_ms"] = dict(zip(("plan", "read", "commit", "launch"), map(float, ph)))
     return out
 
 
@@ -284,6 +287,13 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
                     g = [_fmt(p.get(f"{v}_{k}")) for k in ("faulting_cached_ms", "hit_only_cached_ms",
                                                            "embed_call_cached_ms")]  # fmt: skip
                     print(f"    {v}: faulting {g[0]}, the others {g[1]}, embedding call {g[2]}")
+            for v in ("", "lookahead_", "noyield_"):
+                ph = p.get(f"{v}fault_phases_ms")
+                if ph:
+                    print(
+                        f"    {v or 'cached_'}fault, ms a faulting step: "
+                        + ", ".join(f"{k} {x:.3f}" for k, x in ph.items())
+                    )
     for what, tl in (s.get("prefetch_timeline") or {}).items():
         print(
             f"prefetch thread, {what}: {tl['pieces']} pieces, {tl['rows']:,} rows "

@@ -112,6 +112,7 @@ class Series:
             g = np.unique((st.batch.host_ids() + cache.row_offsets[:-1, None]).ravel())
             self.record.append(g[cache._row_slot[g] < 0])
         s0 = cache.stats() if cache is not None else None
+        p0 = cache._fault_phases.copy() if cache is not None else None
         t0 = time.perf_counter()
         emb = self.emb if self.graphs is None or st.prefill is not None else self.graphs
         y = emb.embed_packed(st.batch)
@@ -146,7 +147,8 @@ class Series:
                     s1.fault_seconds - s0.fault_seconds,
                     s1.prefetch_wait_seconds - s0.prefetch_wait_seconds,
                 )
-            self.out.append((dt, st.tokens, st.kind, *f, t_embed, t0, t_pf))
+            ph = tuple(cache._fault_phases - p0) if cache is not None else (0.0,) * 4
+            self.out.append((dt, st.tokens, st.kind, *f, t_embed, t0, t_pf, ph))
 
     def _hold(self) -> None:
         """At a turn's end: no prefetch piece starts until this series runs again, and the

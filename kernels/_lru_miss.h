@@ -97,8 +97,17 @@ static PyObject *lru_plan(PyObject *self, PyObject *args) {
             }
         }
         for (Py_ssize_t j = 0; j < n_u; j++) {
+            if (j + 2 * PF < n_u) { /* two stages: the row's slot, then the slot's last use */
+                __builtin_prefetch(&row_slot[uniq[j + 2 * PF]]);
+            }
             if (j + PF < n_u) {
-                __builtin_prefetch(&row_slot[uniq[j + PF]]);
+                int32_t q = row_slot[uniq[j + PF]];
+                if (q >= 0 && q < S) {
+                    __builtin_prefetch(&last_used[q]);
+                    if (busy) {
+                        __builtin_prefetch(&busy[q]);
+                    }
+                }
             }
             int32_t s = row_slot[uniq[j]];
             slots[j] = s;

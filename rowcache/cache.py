@@ -243,6 +243,7 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         self._stats: dict[str, Any] = dict.fromkeys((f.name for f in fields(CacheStats)), 0)
         self._stats["fault_seconds"] = 0.0
         self._stats["prefetch_wait_seconds"] = 0.0
+        self._fault_phases = np.zeros(4)  # rowcache.fault: plan, read, commit, launch
         # Lookahead (rowcache.prefetch): jobs in flight or done but not yet reaped, the
         # slots they reserved, and failed prefetches' rows awaiting the resolve that raises.
         self._jobs: list[PrefetchJob] = []

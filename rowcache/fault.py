@@ -45,6 +45,9 @@ class FaultPath(CacheState):
     _part_misses: np.ndarray
     _scratch: np.ndarray
     _staging: Any
+    # seconds of the native demand faults' phases, summed (plan, read, commit, launch):
+    # where fault_seconds goes (bench/serve.py reports them); never reset
+    _fault_phases: np.ndarray
 
     def _value_dtype(self) -> Any:
         from .sources import BF16
@@ -269,8 +272,10 @@ class FaultPath(CacheState):
             raise AssertionError("LRU log exhausted before finding enough victims")
         missing = work[2 * n : 2 * n + n_miss]
         gpu = bool(n_miss) and self.device == "cuda"
+        t1 = t2 = time.perf_counter()
         if n_miss:  # raises before any change
             records = self._fault_read(missing)
+            t2 = time.perf_counter()
             if self.device == "cpu":
                 scatter_records_reference(records, work[3 * n : 3 * n + n_miss], self.table,
                                           self.scales)  # fmt: skip
@@ -293,12 +298,15 @@ class FaultPath(CacheState):
         st["evictions"] += n_ev
         self._pinned += fresh
         self._last_faults = n_miss + self._reaped_rows
+        t3 = time.perf_counter()
         if gpu:  # after the commit, so that the launch can carry the slots (out) too
             dev = self._xp.empty(n, dtype=np.int32) if device_out else None
             self._fault_launch(n_miss, n_ev, dev)
             out = out if dev is None else dev
         if n_miss:
-            st["fault_seconds"] += time.perf_counter() - t0
+            t4 = time.perf_counter()
+            st["fault_seconds"] += t4 - t0
+            self._fault_phases += (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
         return out
 
     def _read_parts(

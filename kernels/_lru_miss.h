@@ -24,10 +24,83 @@ static int sorted_has(const int32_t *a, Py_ssize_t n, int32_t v) {
     return lo < n && a[lo] == v;
 }
 
+#define PLAN_GRAIN 2048 /* ids an lru_plan / lru_commit thread at least */
+
+typedef struct {
+    const int64_t *ids;
+    const int32_t *row_slot;
+    const int64_t *last_used;
+    const uint8_t *busy;
+    int32_t *scr, *uniq, *slots, *missing; /* uniq, slots, missing: written from lo */
+    Py_ssize_t n, S, lo, hi;
+    long long rows, batch;
+    int status;                      /* 0, 2 (ids[bad] out of range) or 4 (a row busy) */
+    Py_ssize_t bad, n_u, n_miss, fresh;
+} PlanPart;
+
+/* One part of lru_plan's scan: range check, its ids sorted (scr[lo:hi], scr[n + lo:] as
+ * the sort's buffer) and deduplicated into uniq[lo:], their slots into slots[lo:] (-1:
+ * missing), the missing rows into missing[lo:], hit slots not yet used in this batch
+ * counted, a hit in a busy slot flagged (status 4). */
+static void *plan_scan(void *arg) {
+    PlanPart *h = arg;
+    const int64_t *ids = h->ids, *last_used = h->last_used;
+    const int32_t *row_slot = h->row_slot;
+    const uint8_t *busy = h->busy;
+    Py_ssize_t lo = h->lo, hi = h->hi, S = h->S;
+    h->status = 0;
+    h->n_u = h->n_miss = h->fresh = 0;
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        if ((uint64_t)ids[i] >= (uint64_t)h->rows) {
+            h->status = 2;
+            h->bad = i;
+            return NULL;
+        }
+    }
+    int32_t *scr = h->scr + lo, *uniq = h->uniq + lo, *slots = h->slots + lo;
+    int32_t *missing = h->missing + lo;
+    sort_ids(ids + lo, scr, h->scr + h->n + lo, hi - lo);
+    Py_ssize_t n_u = 0, n_miss = 0, fresh = 0;
+    for (Py_ssize_t i = 0; i < hi - lo; i++) {
+        if (i == 0 || scr[i] != scr[i - 1]) {
+            uniq[n_u++] = scr[i];
+        }
+    }
+    for (Py_ssize_t j = 0; j < n_u; j++) {
+        if (j + 2 * PF < n_u) { /* two stages: the row's slot, then the slot's last use */
+            __builtin_prefetch(&row_slot[uniq[j + 2 * PF]]);
+        }
+        if (j + PF < n_u) {
+            int32_t q = row_slot[uniq[j + PF]];
+            if (q >= 0 && q < S) {
+                __builtin_prefetch(&last_used[q]);
+                if (busy) {
+                    __builtin_prefetch(&busy[q]);
+                }
+            }
+        }
+        int32_t s = row_slot[uniq[j]];
+        slots[j] = s;
+        if (s < 0 || s >= S) {
+            slots[j] = -1;
+            missing[n_miss++] = uniq[j];
+        } else {
+            fresh += last_used[s] != h->batch;
+            if (busy && busy[s]) {
+                h->status = 4;
+            }
+        }
+    }
+    h->n_u = n_u;
+    h->n_miss = n_miss;
+    h->fresh = fresh;
+    return NULL;
+}
+
 /* lru_plan(ids i64[n], rows, row_slot i32[R], slot_row i32[S], last_used i64[S], log i32[C],
  *          log_pos i32[S], head, tail, batch, busy u8[S] | None, avail, work i32[5n],
- *          scratch i32[2n]) -> (status, n_u, n_miss, fresh_hits, n_ev, new_head, end,
- *          passed_busy)
+ *          scratch i32[2n][, threads]) -> (status, n_u, n_miss, fresh_hits, n_ev, new_head,
+ *          end, passed_busy)
  * The first half of a resolve with misses (NgramRowCache._resolve_unique's Python path up
  * to its read); changes no state. work is [uniq | slots | missing | victims | evicted], n
  * each: the call's n_u distinct rows ascending, their slots (-1: missing), the n_miss
@@ -43,14 +116,20 @@ static int sorted_has(const int32_t *a, Py_ssize_t n, int32_t v) {
  * status 0: planned. status 1: n_miss > avail - fresh_hits (the arena is exhausted).
  * status 2: ids[n_u] is outside [0, rows). status 3: the log ended before n_miss victims
  * (cannot happen after the availability test). status 4: a row of the call is in a busy
- * slot (its prefetch must be settled first; nothing else planned). */
+ * slot (its prefetch must be settled first; nothing else planned).
+ * threads (default 1): the scan (sort, dedup, the maps' lookups) runs in up to that many
+ * contiguous parts of the ids (each at least PLAN_GRAIN) on the step's pool; when the
+ * parts' sorted ids are not disjoint ascending ranges (a shared arena's step is: its ids
+ * come table by table), one part scans the whole call. The result does not depend on it. */
 static PyObject *lru_plan(PyObject *self, PyObject *args) {
     PyObject *o_ids, *o_rs, *o_sr, *o_lu, *o_log, *o_lp, *o_busy, *o_work, *o_scr;
     long long rows, batch;
     Py_ssize_t head, tail, avail;
+    int threads = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OLOOOOOnnLOnOO", &o_ids, &rows, &o_rs, &o_sr, &o_lu, &o_log,
-                          &o_lp, &head, &tail, &batch, &o_busy, &avail, &o_work, &o_scr)) {
+    if (!PyArg_ParseTuple(args, "OLOOOOOnnLOnOO|i", &o_ids, &rows, &o_rs, &o_sr, &o_lu, &o_log,
+                          &o_lp, &head, &tail, &batch, &o_busy, &avail, &o_work, &o_scr,
+                          &threads)) {
         return NULL;
     }
     Buf b[9];
@@ -81,45 +160,70 @@ static PyObject *lru_plan(PyObject *self, PyObject *args) {
     int32_t *evicted = work + 4 * n;
     int status = 0, passed_busy = 0;
     Py_ssize_t n_u = 0, n_miss = 0, fresh = 0, n_ev = 0, new_head = head, end = head;
+    PlanPart part[MAXT];
+    int K = split_count(threads, n, PLAN_GRAIN);
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if ((uint64_t)ids[i] >= (uint64_t)rows) {
+    if (K > 1) { /* parts end where every id before is below every id after (tables' ends) */
+        int32_t *sufmin = victims; /* victims and evicted: 2n, unused until the scan is done */
+        int64_t m = INT64_MAX, pmax = -1;
+        for (Py_ssize_t i = n - 1; i >= 0; i--) {
+            m = ids[i] < m ? ids[i] : m;
+            sufmin[i] = m > INT32_MAX ? INT32_MAX : (m < 0 ? -1 : (int32_t)m);
+        }
+        Py_ssize_t lo = 0;
+        int k = 0;
+        for (Py_ssize_t i = 1; i < n && k < K - 1; i++) {
+            pmax = ids[i - 1] > pmax ? ids[i - 1] : pmax;
+            if (i >= n * (k + 1) / K && pmax < sufmin[i] && i - lo >= PLAN_GRAIN / 2) {
+                part[k++].hi = i;
+                part[k].lo = lo = i;
+            }
+        }
+        part[0].lo = 0;
+        part[k].hi = n;
+        K = k + 1;
+    } else {
+        part[0].lo = 0;
+        part[0].hi = n;
+    }
+    for (int k = 0; k < K; k++) {
+        part[k] = (PlanPart){ids, row_slot, last_used, busy, scr, uniq, slots, missing, n, S,
+                             part[k].lo, part[k].hi, rows, batch, 0, 0, 0, 0, 0};
+    }
+    parallel(K, plan_scan, (char *)part, sizeof part[0]);
+    for (int k = 0; k < K && !status; k++) { /* the first bad id, as a serial scan finds it */
+        if (part[k].status == 2) {
             status = 2;
-            n_u = i;
-            break;
+            n_u = part[k].bad;
         }
     }
-    if (status == 0) {
-        sort_ids(ids, scr, scr + n, n);
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (i == 0 || scr[i] != scr[i - 1]) {
-                uniq[n_u++] = scr[i];
-            }
+    if (status == 0 && K > 1) {
+        int disjoint = 1;
+        for (int k = 1; k < K; k++) { /* the last of part k-1 < the first of part k */
+            disjoint &= part[k - 1].n_u == 0 || part[k].n_u == 0 ||
+                        uniq[part[k - 1].lo + part[k - 1].n_u - 1] < uniq[part[k].lo];
         }
-        for (Py_ssize_t j = 0; j < n_u; j++) {
-            if (j + 2 * PF < n_u) { /* two stages: the row's slot, then the slot's last use */
-                __builtin_prefetch(&row_slot[uniq[j + 2 * PF]]);
+        if (!disjoint) { /* one part over the whole call */
+            part[0].lo = 0;
+            part[0].hi = n;
+            K = 1;
+            plan_scan(&part[0]);
+        }
+    }
+    if (status == 0) { /* the parts' uniq, slots and missing made contiguous, in order */
+        for (int k = 0; k < K; k++) {
+            const PlanPart *h = &part[k];
+            if (h->lo != n_u) {
+                memmove(uniq + n_u, uniq + h->lo, (size_t)h->n_u * sizeof *uniq);
+                memmove(slots + n_u, slots + h->lo, (size_t)h->n_u * sizeof *slots);
             }
-            if (j + PF < n_u) {
-                int32_t q = row_slot[uniq[j + PF]];
-                if (q >= 0 && q < S) {
-                    __builtin_prefetch(&last_used[q]);
-                    if (busy) {
-                        __builtin_prefetch(&busy[q]);
-                    }
-                }
+            if (h->lo != n_miss) {
+                memmove(missing + n_miss, missing + h->lo, (size_t)h->n_miss * sizeof *missing);
             }
-            int32_t s = row_slot[uniq[j]];
-            slots[j] = s;
-            if (s < 0 || s >= S) {
-                slots[j] = -1;
-                missing[n_miss++] = uniq[j];
-            } else {
-                fresh += last_used[s] != batch;
-                if (busy && busy[s]) {
-                    status = 4;
-                }
-            }
+            n_u += h->n_u;
+            n_miss += h->n_miss;
+            fresh += h->fresh;
+            status = status ? status : h->status;
         }
         if (status == 0 && n_miss > 0 && n_miss > avail - fresh) {
             status = 1;
@@ -173,6 +277,50 @@ static PyObject *lru_plan(PyObject *self, PyObject *args) {
                          passed_busy);
 }
 
+typedef struct {
+    const int64_t *ids;
+    const int32_t *slots; /* the call's distinct slots, in ascending row order */
+    int32_t *row_slot, *log, *log_pos, *out;
+    int64_t *last_used;
+    Py_ssize_t j0, j1, i0, i1, tail; /* its distinct rows, its ids; the log from tail + j0 */
+    long long batch;
+    Py_ssize_t fresh;
+} CommitPart;
+
+/* One part of lru_commit's touch: pins its distinct slots and logs them at tail + j (j its
+ * rows' places in ascending row order), then writes the slots of its ids to out. */
+static void *commit_touch(void *arg) {
+    CommitPart *h = arg;
+    const int32_t *slots = h->slots;
+    int64_t *last_used = h->last_used;
+    int32_t *log = h->log, *log_pos = h->log_pos;
+    long long batch = h->batch;
+    Py_ssize_t fresh = 0;
+    for (Py_ssize_t j = h->j0; j < h->j1; j++) {
+        if (j + PF < h->j1) {
+            __builtin_prefetch(&last_used[slots[j + PF]], 1);
+            __builtin_prefetch(&log_pos[slots[j + PF]], 1);
+        }
+        int32_t s = slots[j];
+        if (last_used[s] != batch) {
+            fresh++;
+            last_used[s] = batch;
+        }
+        log[h->tail + j] = s;
+        log_pos[s] = (int32_t)(h->tail + j);
+    }
+    const int64_t *ids = h->ids;
+    const int32_t *row_slot = h->row_slot;
+    for (Py_ssize_t i = h->i0; i < h->i1; i++) {
+        if (i + PF < h->i1) {
+            __builtin_prefetch(&row_slot[ids[i + PF]]);
+        }
+        h->out[i] = row_slot[ids[i]];
+    }
+    h->fresh = fresh;
+    return NULL;
+}
+
 /* lru_commit(ids i64[n], work i32[5n], n_u, n_miss, n_ev, row_slot i32[R], slot_row i32[S],
  *            last_used i64[S], log i32[C], log_pos i32[S], head, tail, batch,
  *            row_offsets i64[P + 1], part_misses i64[P], out i32[n][, threads])
@@ -184,7 +332,8 @@ static PyObject *lru_plan(PyObject *self, PyObject *args) {
  * LruLog._log_slots), adds each part's misses (parts: row_offsets) to part_misses, and
  * writes the slots of ids to out. fresh: slots not used in this batch before (victims
  * included). Arguments are checked before anything changes. threads (default 1): of the
- * compaction, on the step's pool (compact_log). */
+ * compaction (compact_log), and of the pins, log entries and out (parts of at least
+ * PLAN_GRAIN distinct rows), on the step's pool. */
 static PyObject *lru_commit(PyObject *self, PyObject *args) {
     PyObject *o_ids, *o_work, *o_rs, *o_sr, *o_lu, *o_log, *o_lp, *o_off, *o_pm, *o_out;
     Py_ssize_t n_u, n_miss, n_ev, head, tail;
@@ -264,26 +413,19 @@ static PyObject *lru_commit(PyObject *self, PyObject *args) {
             tail = compact_log(log, log_pos, S, head, tail, threads, &pools[POOL_STEP], 0);
             head = 0;
         }
-        for (Py_ssize_t j = 0; j < n_u; j++) {
-            if (j + PF < n_u) {
-                __builtin_prefetch(&last_used[slots[j + PF]], 1);
-                __builtin_prefetch(&log_pos[slots[j + PF]], 1);
-            }
-            int32_t s = slots[j];
-            if (last_used[s] != batch) {
-                fresh++;
-                last_used[s] = batch;
-            }
-            log[tail] = s;
-            log_pos[s] = (int32_t)tail;
-            tail++;
+        /* the slots are distinct, and out is read after the maps changed: parts apart */
+        CommitPart part[MAXT];
+        int K = split_count(threads, n_u, PLAN_GRAIN);
+        for (int k = 0; k < K; k++) {
+            part[k] = (CommitPart){ids, slots, row_slot, log, log_pos, out, last_used,
+                                   n_u * k / K, n_u * (k + 1) / K, n * k / K, n * (k + 1) / K,
+                                   tail, batch, 0};
         }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (i + PF < n) {
-                __builtin_prefetch(&row_slot[ids[i + PF]]);
-            }
-            out[i] = row_slot[ids[i]];
+        parallel(K, commit_touch, (char *)part, sizeof part[0]);
+        for (int k = 0; k < K; k++) {
+            fresh += part[k].fresh;
         }
+        tail += n_u;
         /* missing rows ascending: each part's misses are one run */
         for (Py_ssize_t j = 0, p = 0; j < n_miss; j++) {
             while (p < P - 1 && missing[j] >= off[p + 1]) {

@@ -253,7 +253,7 @@ class FaultPath(CacheState):
             ids, self.rows, self._row_slot, self._slot_row, self._last_used, self._log,
             self._log_pos, self._head, self._tail, self._batch,
             self._busy if self._n_busy else None,
-            self.num_slots - self._pinned - self._n_busy, work, self._scratch,
+            self.num_slots - self._pinned - self._n_busy, work, self._scratch, HOST_THREADS,
         )  # fmt: skip
         if status == 4:  # a row of the call is in flight: its prefetch first, then again
             if settled:

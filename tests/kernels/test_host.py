@@ -481,3 +481,73 @@ def test_lru_commit_compacts_a_full_log_on_threads_as_on_one():
         got.append((res, out, rs, sr, lu, lg[: res[2]], lp))
     for a, b in zip(*got):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(host.native is None, reason="no native module")
+@pytest.mark.parametrize("layout", ["tables", "shuffled", "bad_id", "busy_hit", "few_tables"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lru_plan_and_commit_in_parts_as_on_one_thread(layout, seed):
+    """A large call (a prefill step's ids, table by table, duplicates and ~1 % misses)
+    planned and committed in parts on the step's pool (threads 2, 3, 5, 16) leaves exactly
+    what one thread does: status, counts, work, victims, head/tail, maps, pins, log and
+    slots. Ids not table by table (shuffled) take the one-part fallback; a bad id is
+    reported at its first position; a hit in a busy slot gives status 4."""
+    nat, rng = host.native, np.random.default_rng(seed)
+    T, per, N = 12, 5_000, 900  # tables, rows a table, ids a table
+    R, S = T * per, 30_000
+    C = 2 * S
+    row_slot = np.full(R, -1, dtype=np.int32)
+    mapped = rng.choice(R, 25_000, replace=False)
+    row_slot[mapped] = rng.permutation(S)[: mapped.size].astype(np.int32)
+    slot_row = np.full(S, -1, dtype=np.int32)
+    slot_row[row_slot[mapped]] = mapped
+    last_used = rng.integers(-1, 4, S).astype(np.int64)  # some pinned (batch 3)
+    log = np.concatenate([rng.permutation(S), rng.integers(0, S, S)]).astype(np.int32)
+    log_pos = np.empty(S, dtype=np.int32)
+    log_pos[log[:S]] = np.arange(S, dtype=np.int32)
+    tables = T if layout != "few_tables" else 3
+    ids = np.concatenate([
+        t * per + rng.choice(mapped[(mapped >= t * per) & (mapped < (t + 1) * per)] - t * per, N)
+        for t in range(tables)
+    ]).astype(np.int64)  # fmt: skip
+    miss = rng.integers(0, ids.size, ids.size // 100)
+    ids[miss] = ids[miss] // per * per + rng.integers(0, per, miss.size)
+    busy = None
+    if layout == "shuffled":
+        rng.shuffle(ids)
+    elif layout == "bad_id":
+        ids[rng.integers(ids.size // 2, ids.size, 2)] = R + 5
+    elif layout == "busy_hit":
+        busy = np.zeros(S, dtype=np.uint8)
+        busy[row_slot[ids[-3]]] = 1
+    n = ids.size
+    got = []
+    for threads in (1, 2, 3, 5, 16):
+        rs, sr, lu, lg, lp = (a.copy() for a in (row_slot, slot_row, last_used, log, log_pos))
+        work, scratch = np.zeros(5 * n, dtype=np.int32), np.empty(2 * n, dtype=np.int32)
+        plan = nat.lru_plan(ids, R, rs, sr, lu, lg, lp, 0, S, 3, busy, S - 2_000, work,
+                            scratch, threads)  # fmt: skip
+        status, n_u, n_miss, fresh, n_ev, head = plan[:6]
+        res = out = None
+        if status == 0:
+            assert n_miss > 0
+            off = np.arange(T + 1, dtype=np.int64) * per
+            pm, out = np.zeros(T, np.int64), np.empty(n, np.int32)
+            res = nat.lru_commit(ids, work, n_u, n_miss, n_ev, rs, sr, lu, lg, lp, head, S, 3,
+                                 off, pm, out, threads)  # fmt: skip
+            np.testing.assert_array_equal(out, rs[ids])
+        else:
+            assert status == {"bad_id": 2, "busy_hit": 4}[layout]
+            if status == 2:
+                assert n_u == int(np.flatnonzero(ids >= R)[0])
+        # what the plan says: uniq, slots, missing (victims, evicted: planned only at 0)
+        w = work.reshape(5, n)
+        kept = [w[0, :n_u], w[1, :n_u], w[2, :n_miss]] if status != 2 else []
+        kept += [w[3, :n_miss], w[4, :n_ev]] if status == 0 else []
+        got.append((plan, res, out, *kept, rs, sr, lu, lg, lp))
+    for k, other in enumerate(got[1:], 1):
+        for i, (a, b) in enumerate(zip(got[0], other)):
+            if isinstance(a, np.ndarray):
+                np.testing.assert_array_equal(a, b, err_msg=f"item {i}, threads #{k}")
+            else:
+                assert a == b, (i, k)

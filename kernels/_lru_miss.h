@@ -1,11 +1,13 @@
 /* kernels/_lru_miss.h: the miss path of NgramRowCache.resolve in kernels._host (included
  * once, by _host.c, after the helpers it uses: Buf, get_buf, release, COUNT, PF, sort_ids,
- * compact_log).
+ * compact_log, split_count and parallel (kernels/_pool.h: a large call's parts run on the
+ * step's pool).
  *
  * lru_plan: dedup, exhaustion test and victims of a resolve with misses, changing nothing;
  * lru_commit: once the reads succeeded, the maps, pins, LRU log and per-part miss counts.
  * Their reference is NgramRowCache's Python path (rowcache/fault.py, rowcache/lru.py);
- * tests/rowcache/test_miss_native.py compares the two.
+ * tests/rowcache/test_miss_native.py compares the two; tests/kernels/test_host.py compares
+ * a call in parts with the same call on one thread.
  */
 #ifndef ROWCACHE_LRU_MISS_H
 #define ROWCACHE_LRU_MISS_H

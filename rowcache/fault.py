@@ -45,7 +45,8 @@ class FaultPath(CacheState):
     _part_misses: np.ndarray
     _scratch: np.ndarray
     _staging: Any
-    # seconds of the native demand faults' phases, summed (plan, read, commit, launch):
+    # seconds of the native demand faults' phases, summed: plan (lru_plan), read, commit
+    # (the CPU path's scatter or the GPU launch's side buffer, and lru_commit), launch;
     # where fault_seconds goes (bench/serve.py reports them); never reset
     _fault_phases: np.ndarray
 

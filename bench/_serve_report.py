@@ -153,6 +153,11 @@ def _step_split(res: list[Any], cached: list[Any]) -> dict[str, Any]:
     if len(res[0]) > 7:
         out["embed_call_resident_ms"] = float(np.mean([x[7] for x in res]) * 1e3)
         out["embed_call_cached_ms"] = float(np.mean([x[7] for x in cached]) * 1e3)
+    if len(cached[0]) > 11:  # a step's latency: its time but a turn's end charged to it
+        for tag, x in (("resident", res), ("cached", cached)):
+            lat = np.array([v[0] - v[11] for v in x]) * 1e3
+            out[f"step_ms_p50_{tag}"] = float(np.percentile(lat, 50))
+            out[f"step_ms_p99_{tag}"] = float(np.percentile(lat, 99))
     if len(cached[0]) > 10 and faulted.any():  # the demand fault's phases (rowcache.fault)
         ph = np.array([x[10] for x in cached])[faulted].mean(axis=0) * 1e3
         out["fault_phases_ms"] = dict(zip(("plan", "read", "commit", "launch"), map(float, ph)))
@@ -287,6 +292,18 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
                     g = [_fmt(p.get(f"{v}_{k}")) for k in ("faulting_cached_ms", "hit_only_cached_ms",
                                                            "embed_call_cached_ms")]  # fmt: skip
                     print(f"    {v}: faulting {g[0]}, the others {g[1]}, embedding call {g[2]}")
+            lat = [(v, p.get(f"{v}step_ms_p50_cached"), p.get(f"{v}step_ms_p99_cached"))
+                   for v in ("", "lookahead_", "noyield_", "nocheck_", "again_")]  # fmt: skip
+            if lat[0][1] is not None:
+                print(
+                    f"    step latency ms, p50 / p99: resident {p['step_ms_p50_resident']:.2f} / "
+                    f"{p['step_ms_p99_resident']:.2f}; "
+                    + "; ".join(
+                        f"{v.rstrip('_') or 'cached'} {a:.2f} / {b:.2f}"
+                        for v, a, b in lat
+                        if a is not None
+                    )
+                )
             for v in ("", "lookahead_", "noyield_"):
                 ph = p.get(f"{v}fault_phases_ms")
                 if ph:

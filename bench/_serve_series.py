@@ -31,7 +31,9 @@ class Series:
 
     ``out``, per timed step: (seconds, tokens, kind, hits, misses, fault seconds, seconds
     its resolves waited for prefetches in flight, seconds the embedding call held the host
-    thread, ``perf_counter`` at its start, seconds of its prefetch calls). ``issued``: per
+    thread, ``perf_counter`` at its start, seconds of its prefetch calls, its demand faults'
+    phases (plan, read, commit, launch: ``NgramRowCache._fault_phases``), seconds of a turn's
+    end charged to it: in its seconds, not in its latency, see :meth:`run`). ``issued``: per
     prefetch call of a timed step ``(step it was issued at, step it is for, handle)``
     (:func:`prefetch_timeline`). ``lookahead``: 0, or how many steps ahead prefill chunks
     are prefetched (a server knows the prompts it has admitted and queued: step t
@@ -96,9 +98,10 @@ class Series:
             if settle and self.handles:
                 t0 = time.perf_counter()
                 self._hold()
-                if self.out and hi - 1 >= self.warm:
-                    dt, *more = self.out[-1]
-                    self.out[-1] = (dt + time.perf_counter() - t0, *more)
+                if self.out and hi - 1 >= self.warm:  # (and apart: not a step's latency)
+                    x = time.perf_counter() - t0
+                    dt, *more, charged = self.out[-1]
+                    self.out[-1] = (dt + x, *more, charged + x)
         finally:
             if self.profile is not None:
                 self.profile.disable()
@@ -148,7 +151,7 @@ class Series:
                     s1.prefetch_wait_seconds - s0.prefetch_wait_seconds,
                 )
             ph = tuple(cache._fault_phases - p0) if cache is not None else (0.0,) * 4
-            self.out.append((dt, st.tokens, st.kind, *f, t_embed, t0, t_pf, ph))
+            self.out.append((dt, st.tokens, st.kind, *f, t_embed, t0, t_pf, ph, 0.0))
 
     def _hold(self) -> None:
         """At a turn's end: no prefetch piece starts until this series runs again, and the

@@ -170,6 +170,10 @@ def test_bench_serve_quick_one_server_and_its_step_split():
         assert p["floor_uring_idle_ms_per_step"] > 0 and p["fault_over_idle_floor"] > 0
         f = p["faulting_steps"]
         assert 0 <= f <= 1 and p["embed_call_cached_ms"] > 0 and p["embed_call_resident_ms"] > 0
+        for key in ("resident", "cached", "again"):
+            pre = "" if key != "again" else "again_"
+            key = key if key != "again" else "cached"
+            assert 0 < p[f"{pre}step_ms_p50_{key}"] <= p[f"{pre}step_ms_p99_{key}"]
         parts = [(f, "faulting"), (1 - f, "hit_only")]
         for key in ("resident", "cached"):
             mean = sum(w * p[f"{tag}_{key}_ms"] for w, tag in parts if w > 0)
@@ -388,6 +392,23 @@ def test_serve_series_holds_its_prefetches_between_turns(tmp_path, rng, monkeypa
     assert started == [8] and not h.done()
     assert s.finish() == [] and h.done() and started == [8] * 8
     store.close()
+
+
+def test_serve_step_latency_leaves_out_a_turns_end_charged_to_a_step():
+    """A turn's end charged to a step (a lookahead series finishing its piece in flight,
+    ``Series.run``) is in the step's seconds, so in tokens/s, but not in its latency."""
+    sys.path.insert(0, str(BENCH))
+    from _serve_report import _step_split
+
+    rec = lambda dt, charged=0.0: (dt, 64, "decode", 9, 1, 0.001, 0.0, 0.002, 0.0, 0.0,
+                                   (0.0,) * 4, charged)  # fmt: skip
+    res = [rec(0.010) for _ in range(100)]
+    cached = [rec(0.012) for _ in range(99)] + [rec(0.512, charged=0.5)]
+    out = _step_split(res, cached)
+    assert out["step_ms_p99_cached"] == pytest.approx(12.0)
+    assert out["faulting_cached_ms"] == pytest.approx(17.0)  # the charge is in the time
+    cached[-1] = rec(0.512)  # not charged: a step that took that long
+    assert _step_split(res, cached)["step_ms_p99_cached"] > 12.0
 
 
 def test_bench_contention_quick_reports_every_setting():

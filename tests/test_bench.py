@@ -400,8 +400,9 @@ def test_serve_step_latency_leaves_out_a_turns_end_charged_to_a_step():
     sys.path.insert(0, str(BENCH))
     from _serve_report import _step_split
 
-    rec = lambda dt, charged=0.0: (dt, 64, "decode", 9, 1, 0.001, 0.0, 0.002, 0.0, 0.0,
-                                   (0.0,) * 4, charged)  # fmt: skip
+    def rec(dt, charged=0.0):  # a decode step's record, as Series.out holds it
+        return (dt, 64, "decode", 9, 1, 0.001, 0.0, 0.002, 0.0, 0.0, (0.0,) * 4, charged)
+
     res = [rec(0.010) for _ in range(100)]
     cached = [rec(0.012) for _ in range(99)] + [rec(0.512, charged=0.5)]
     out = _step_split(res, cached)

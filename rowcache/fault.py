@@ -26,6 +26,12 @@ from .reader import RowReader
 from .store import check_row_ids
 
 OUT_RING = 8  # pinned buffers for int32 arrays on their way to the device (slots, map updates)
+# Rows (all parts) from which the native miss path splits a large call's plan and commit over
+# HOST_THREADS: a row map of 64 MB or more outgrows the CPU's caches, its look-ups wait on
+# memory, and parts on several cores overlap those waits. Below it a part's work is about a
+# pool worker's wake-up, and the 2-CPU dev machine's serve run (6,000-row tables) planned and
+# committed a prefill step's call slower in parts (bench/RESULTS.md, sixteenth session).
+MISS_PARTS_MIN_ROWS = 1 << 24
 
 
 class FaultPath(CacheState):
@@ -254,7 +260,8 @@ class FaultPath(CacheState):
             ids, self.rows, self._row_slot, self._slot_row, self._last_used, self._log,
             self._log_pos, self._head, self._tail, self._batch,
             self._busy if self._n_busy else None,
-            self.num_slots - self._pinned - self._n_busy, work, self._scratch, HOST_THREADS,
+            self.num_slots - self._pinned - self._n_busy, work, self._scratch,
+            HOST_THREADS if self.rows >= MISS_PARTS_MIN_ROWS else 1,
         )  # fmt: skip
         if status == 4:  # a row of the call is in flight: its prefetch first, then again
             if settled:
@@ -290,7 +297,7 @@ class FaultPath(CacheState):
         fresh, self._head, self._tail = native.lru_commit(
             ids, work, n_u, n_miss, n_ev, self._row_slot, self._slot_row, self._last_used,
             self._log, self._log_pos, head, self._tail, self._batch, self.row_offsets,
-            self._part_misses, out, HOST_THREADS,
+            self._part_misses, out, HOST_THREADS if self.rows >= MISS_PARTS_MIN_ROWS else 1,
         )  # fmt: skip
         st = self._stats
         st["lookups"] += n

@@ -44,7 +44,8 @@ class Series:
     bench-only peek, untimed). ``check``: ``(every, list)``, every ``every``-th step's output
     appended as ``(step, output)``. ``check_tokens``: ``embed.cached_groups.CHECK_TOKENS``
     while this series runs (None: unchanged). ``profile``: a ``cProfile.Profile`` enabled
-    while this series runs.
+    during each step's host work (the embedding call and the prefetch calls, not the rest of
+    the model) of the steps of kind ``profile_kind`` ("decode", "prefill"; None: every step).
     """
 
     def __init__(
@@ -63,11 +64,12 @@ class Series:
         graphs: Any = None,
         check_tokens: int | None = None,
         profile: Any = None,
+        profile_kind: str | None = None,
     ) -> None:
         self.emb, self.steps, self.warm, self.rest = emb, steps, warm, rest
         self.work, self.sync, self.cache, self.lookahead = work, sync, cache, lookahead
         self.record, self.check, self.graphs = record, check, graphs
-        self.check_tokens, self.profile = check_tokens, profile
+        self.check_tokens, self.profile, self.profile_kind = check_tokens, profile, profile_kind
         # A server queues its step's GPU work, then prepares what comes next while it runs:
         # on the GPU the rest of the model (a queued kernel) goes before the prefetch calls'
         # host work; on the CPU the rest blocks the host thread, so the prefetches go first.
@@ -89,8 +91,6 @@ class Series:
 
             saved = cached_groups.CHECK_TOKENS
             cached_groups.CHECK_TOKENS = self.check_tokens
-        if self.profile is not None:
-            self.profile.enable()
         try:
             self._release()
             for k in range(lo, min(hi, len(self.steps))):
@@ -103,8 +103,6 @@ class Series:
                     dt, *more, charged = self.out[-1]
                     self.out[-1] = (dt + x, *more, charged + x)
         finally:
-            if self.profile is not None:
-                self.profile.disable()
             if self.check_tokens is not None:
                 cached_groups.CHECK_TOKENS = saved
 
@@ -118,6 +116,9 @@ class Series:
         p0 = cache._fault_phases.copy() if cache is not None else None
         t0 = time.perf_counter()
         emb = self.emb if self.graphs is None or st.prefill is not None else self.graphs
+        prof = self.profile if self.profile_kind in (None, st.kind) else None
+        if prof is not None:
+            prof.enable()
         y = emb.embed_packed(st.batch)
         t_embed = time.perf_counter() - t0
         handles = self.handles
@@ -134,6 +135,8 @@ class Series:
                         self.issued.append((k, j, handles[-1][1]))
             self.ahead = max(self.ahead, k + self.lookahead + 1)
         t_pf = time.perf_counter() - t_pf
+        if prof is not None:
+            prof.disable()
         if timed and not self.queued_work:  # the host's rest of the model blocks its thread
             self.work(self.rest.seconds(st.tokens, st.prefill_tokens))
         self.sync()

@@ -258,7 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", default=None, help="keep (and reuse) the store here")
     p.add_argument("--quick", action="store_true", help="tiny sizes (CPU unless --device)")
     p.add_argument(
-        "--profile", action="store_true", help="cProfile the x1 server's cached series (stderr)"
+        "--profile",
+        nargs="?",
+        const="x1:cached",
+        metavar="SERVER:SERIES[:KIND]",
+        help="cProfile one series' host work a step (the embedding and prefetch calls) to "
+        "stderr, e.g. x64:lookahead:prefill (KIND: decode or prefill; default every step); "
+        "alone: x1:cached",
     )
     p.add_argument(
         "--ablate-yield",
@@ -337,6 +343,23 @@ def main(argv: list[str] | None = None) -> int:
             args.device = "cpu"
     if args.interleave < 0:
         p.error(f"--interleave {args.interleave}: give steps a turn, or 0 for none")
+    if args.profile is not None:
+        parts = args.profile.split(":")
+        if (
+            len(parts) not in (2, 3)
+            or parts[0] not in servers_on
+            or parts[2:]
+            not in (
+                [],
+                ["decode"],
+                ["prefill"],
+            )
+        ):
+            p.error(
+                f"--profile {args.profile!r}: give SERVER:SERIES[:KIND], SERVER one of "
+                f"--servers ({args.servers}), KIND decode or prefill, e.g. x64:lookahead:prefill"
+            )
+        args.profile = (" " + parts[0], parts[1], parts[2] if len(parts) == 3 else None)
     if args.decode_graphs and args.device != "cuda":
         p.error(f"--decode-graphs needs --device cuda (CUDA graphs), not {args.device}")
     xp: Any = np
@@ -481,6 +504,11 @@ def main(argv: list[str] | None = None) -> int:
                 variants["again"] = 0
             if args.ablate_yield:
                 variants["noyield"] = depths[0]
+            if args.profile and args.profile[0] == name and args.profile[1] not in variants:
+                p.error(
+                    f"--profile: server{name} runs no series {args.profile[1]!r}; its series: "
+                    + ", ".join(variants)
+                )
             caches, outputs, prof = {}, {}, None
             for variant, depth in variants.items():
                 if depth:
@@ -495,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
                     if hasattr(emb_c, "prefetch_packed")
                     else ("NgramRowCache.prefetch of the ids the bench hashes on the host")
                 )
-                if args.profile and name == " x1" and variant == "cached":
+                if args.profile and args.profile[:2] == (name, variant):
                     import cProfile
 
                     prof = cProfile.Profile()
@@ -510,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
                     graphs=graphed(ctabs),
                     # the order before the check: the device part first, again after a fault
                     check_tokens=0 if variant == "nocheck" else None,
-                    profile=prof if variant == "cached" else None,
+                    profile=prof if args.profile and args.profile[:2] == (name, variant) else None,
+                    profile_kind=args.profile[2] if args.profile else None,
                 )
             block = args.interleave if args.interleave > 0 else len(steps)
             # a turn ends where no lookahead series has a prefetch in flight, if one is near
@@ -529,7 +558,12 @@ def main(argv: list[str] | None = None) -> int:
             if prof is not None:
                 import pstats
 
-                print(f"--- cProfile: server{name} cached, {len(steps)} steps", file=sys.stderr)
+                _, series_name, kind = args.profile
+                print(
+                    f"--- cProfile: server{name} {series_name}, {kind or 'every'} step's host "
+                    f"work, {len(steps)} steps",
+                    file=sys.stderr,
+                )
                 pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
             for variant, cache in caches.items():
                 ev = cache.stats().evictions

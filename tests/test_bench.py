@@ -159,6 +159,23 @@ def test_bench_serve_lookahead_steps_are_checked():
         assert proc.returncode == 2 and "--lookahead-steps" in proc.stderr, bad
 
 
+def test_bench_serve_profile_names_a_server_series_and_kind():
+    def serve(*a):
+        return subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick", *a],
+                              capture_output=True, text=True)  # fmt: skip
+
+    for bad in ("x2:cached", "x64", "x64:cached:both", "x1:cached:decode:x"):
+        proc = serve("--servers", "x64", "--profile", bad)
+        assert proc.returncode == 2 and "--profile" in proc.stderr, bad
+    proc = serve("--servers", "x64", "--profile", "x64:lookahed")
+    assert proc.returncode == 2 and "runs no series 'lookahed'" in proc.stderr
+    proc = serve("--servers", "x64", "--lookahead-steps", "2", "--profile",
+                 "x64:lookahead:prefill")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    head = "--- cProfile: server x64 lookahead, prefill step's host work"
+    assert head in proc.stderr and "function calls" in proc.stderr.split(head)[1]
+
+
 def test_bench_serve_quick_one_server_and_its_step_split():
     rep = json.loads(run("serve.py", "--json", "--servers", "x1", "--repeat-cached"))
     phases = {p["phase"]: p for p in rep["phases"]}

@@ -495,7 +495,6 @@ def test_lru_plan_and_commit_in_parts_as_on_one_thread(layout, seed):
     nat, rng = host.native, np.random.default_rng(seed)
     T, per, N = 12, 5_000, 900  # tables, rows a table, ids a table
     R, S = T * per, 30_000
-    C = 2 * S
     row_slot = np.full(R, -1, dtype=np.int32)
     mapped = rng.choice(R, 25_000, replace=False)
     row_slot[mapped] = rng.permutation(S)[: mapped.size].astype(np.int32)
@@ -527,7 +526,7 @@ def test_lru_plan_and_commit_in_parts_as_on_one_thread(layout, seed):
         work, scratch = np.zeros(5 * n, dtype=np.int32), np.empty(2 * n, dtype=np.int32)
         plan = nat.lru_plan(ids, R, rs, sr, lu, lg, lp, 0, S, 3, busy, S - 2_000, work,
                             scratch, threads)  # fmt: skip
-        status, n_u, n_miss, fresh, n_ev, head = plan[:6]
+        status, n_u, n_miss, _, n_ev, head = plan[:6]
         res = out = None
         if status == 0:
             assert n_miss > 0

@@ -3,7 +3,8 @@
 Owns running the reads of the rows of one or several tables (the parts of a shared
 arena's fault) as one batch: the plan (``rowcache.read_plan``: rows located in their
 shard files, widened to whole 4 KiB pages, sorted by (file, offset), nearby pages merged
-into one extent) runs in ``rowcache._rcio`` (io_uring, or a pool of ``pread`` threads;
+into one extent) runs in ``rowcache._rcio`` (``rowcache.read_native``: io_uring, or a
+pool of ``pread`` threads;
 min(reads, queue_depth) in flight; the GIL released), which also checks the CRC32C of
 every page read against the store's page checksums and cuts the records into the
 caller's buffer; and the reader's files, buffers and options. Where the extension is not
@@ -19,36 +20,18 @@ import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from . import format as fmt
-from .errors import ConfigError, CorruptDataError, RowRangeError
+from .errors import ConfigError, CorruptDataError
+from .read_native import _PREADV, NativeEngine, ReadStats, _rcio
 from .read_plan import ALIGN, ReadPlanner
 from .read_python import PythonEngine
 
-try:
-    from . import _rcio  # type: ignore[attr-defined]
-except ImportError:  # built by setup.py; without a compiler the Python engine runs
-    _rcio = None
-
 DEFAULT_MERGE_GAP = 16 << 10
 ENGINES = ("auto", "uring", "threads", "python")
-_PREADV = os.preadv
-_LEAKED: list[
-    Any
-] = []  # buffers a failed io_uring may still write into, native readers of a parent process
-
-
-@dataclass(frozen=True)
-class ReadStats:
-    """What one ``read_records``/``read_parts`` call did."""
-
-    rows: int
-    read_ops: int
-    bytes_read: int
 
 
 def _as(a: Any, dtype: np.dtype) -> np.ndarray:
@@ -69,7 +52,7 @@ def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
     return raw[shift : shift + nbytes]
 
 
-class RowReader(ReadPlanner, PythonEngine):
+class RowReader(ReadPlanner, PythonEngine, NativeEngine):
     """Reads store records of many rows, of one or several tables, at once.
 
     Parameters
@@ -198,39 +181,6 @@ class RowReader(ReadPlanner, PythonEngine):
         return opts
 
     # -- resources ---------------------------------------------------------
-    def _native_reader(self) -> Any:
-        """The process's ``_rcio.Reader`` (a new one after ``fork``: the parent's ring and
-        threads are not the child's; the old object is kept, never torn down, in the child)."""
-        pid = os.getpid()
-        if self._native is None or self._native_pid != pid:
-            if self._native is not None:
-                _LEAKED.append(self._native)
-            kind = "auto" if self._engine_asked in ("auto", "python") else self._engine_asked
-            try:
-                native = _rcio.Reader(self.queue_depth, kind, self.spin_us, self.background)
-            except OSError as e:
-                raise ConfigError(
-                    f"engine={self._engine_asked!r}: io_uring is unavailable here ({e})"
-                ) from e
-            tabs = self.tables
-            col = lambda f: np.array([f(t) for t in tabs], dtype=np.int64)  # noqa: E731
-            native.set_layout(
-                col(lambda t: t.rows),
-                col(lambda t: t.rows_per_page),
-                col(lambda t: t.pages_per_shard),
-                col(lambda t: t.page_bytes),
-                col(lambda t: t.record_bytes),
-                self._file_base,
-                self._fd_arr,
-                self._crc,
-                None if self._crc is None else self._crc_base,
-                self.merge_gap,
-                self.max_extent,
-                self.direct,
-            )
-            self._native, self._native_pid = native, pid
-        return self._native
-
     def missing_shard(self, t: int, s: int) -> CorruptDataError:
         return CorruptDataError(
             f"shard file {self.shard_files[t][s]} (table {self.tables[t].name!r}, "
@@ -424,73 +374,3 @@ class RowReader(ReadPlanner, PythonEngine):
         fds = self._fds_of(plan.file)  # a missing shard raises here, before any read
         self._execute(plan, fds, out, rec)
         return out, ReadStats(n, int(plan.file.size), plan.total)
-
-    def read_batch(
-        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
-        out: np.ndarray,
-    ) -> tuple[int, int, int]:  # fmt: skip
-        """:meth:`read_runs` for a caller whose arrays are in its form already (the row
-        cache's fault path): ``rows`` and ``bounds`` int64, ``tables`` int32, ``bases``
-        int64, ``out`` uint8 ``[n, record_bytes]`` C-contiguous. Returns (rows, bytes,
-        read ops). A batch that reads cleanly is one native call with no Python checks;
-        anything else (the Python engine, a shard not opened yet, a failed read or page
-        check, a bad row) runs :meth:`read_runs`, which opens files or raises the named
-        error. The same records, stats and errors as :meth:`read_runs`."""
-        native = self._native
-        if (
-            native is not None
-            and self._native_pid == os.getpid()
-            and os.preadv is _PREADV
-            and self._native_path
-        ):
-            st, reads, nbytes = native.read_runs(rows, bounds, tables, bases, out,
-                                                 self.verify_pages)[:3]  # fmt: skip
-            if st == 0:
-                return rows.size, nbytes, reads
-        _, rs = self.read_runs(rows, bounds, tables, bases, out=out)
-        return rs.rows, rs.bytes_read, rs.read_ops
-
-    def _read_native(
-        self,
-        rows: np.ndarray,
-        bounds: np.ndarray,
-        tables: np.ndarray,
-        bases: np.ndarray,
-        out: np.ndarray,
-    ) -> ReadStats:
-        """One ``_rcio`` call: locate, plan, read, check pages, cut (the GIL released)."""
-        native = self._native if self._native_pid == os.getpid() else self._native_reader()
-        verify = self.verify_pages
-        for _ in range(len(self._fd_arr) + 1):
-            try:
-                st, reads, nbytes, a, b, c, d, e, f = native.read_runs(
-                    rows, bounds, tables, bases, out, verify
-                )
-            except ValueError as ex:  # bounds not rising from 0 to n, say
-                raise ConfigError(f"{ex}: bounds must rise from 0 to {rows.size}") from ex
-            except OSError as ex:  # io_uring_enter failed: the engine falls back to threads
-                raise CorruptDataError(f"a read batch of {rows.size} rows failed: {ex}") from ex
-            if st != 3:
-                break
-            self._fd(int(self._file_table[b]), int(self._file_shard[b]))  # opens or raises
-        if st == 0:
-            return ReadStats(int(rows.size), reads, nbytes)
-        if st == 4:
-            k = int(np.searchsorted(bounds, a, side="right")) - 1
-            t = self.tables[int(tables[k])]
-            raise RowRangeError(
-                f"row {b} of table {t.name!r} is out of range (the table has {t.rows} rows)"
-            )
-        parts = [
-            (int(t), rows[bounds[k] : bounds[k + 1]] - bases[k])
-            for k, t in enumerate(tables.tolist())
-            if bounds[k] < bounds[k + 1]
-        ]
-        plan = self.plan_parts(parts)  # the same plan as C's: names the rows of extent a
-        if st == 1:
-            self._raise_read(plan, a, d, f, reads - 1)
-        self._raise_page(plan, a, c, d, e, f - 1)
-
-    @property
-    def _native_path(self) -> bool:
-        return type(self)._read_extents is RowReader._read_extents

@@ -1,0 +1,168 @@
+"""The native engine of :class:`rowcache.reader.RowReader`: ``rowcache._rcio``.
+
+Owns the process's ``_rcio.Reader`` (made on first use and again after ``fork``, given
+the reader's layout once: tables, shard files, page checksums, options) and a batch read
+in one call of it: locate, plan, read (io_uring, or ``pread`` threads), check pages, cut
+the records (mixin :class:`NativeEngine`; ``RowReader.read_runs`` and the row cache's
+fault path, ``read_batch``, come here). A failed batch's error is worded by the Python
+engine's messages (``rowcache.read_python``), on the same read plan.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import format as fmt
+from .errors import ConfigError, CorruptDataError, RowRangeError
+
+try:
+    from . import _rcio  # type: ignore[attr-defined]
+except ImportError:  # built by setup.py; without a compiler the Python engine runs
+    _rcio = None
+
+_PREADV = os.preadv  # as imported: a test that replaces os.preadv (faults) gets the Python engine
+_LEAKED: list[
+    Any
+] = []  # buffers a failed io_uring may still write into, native readers of a parent process
+
+
+@dataclass(frozen=True)
+class ReadStats:
+    """What one ``read_records``/``read_parts`` call did."""
+
+    rows: int
+    read_ops: int
+    bytes_read: int
+
+
+class NativeEngine:
+    """The native engine of a :class:`rowcache.reader.RowReader` (a mixin over its tables,
+    files, options and page checksums)."""
+
+    tables: list[fmt.TableInfo]
+    queue_depth: int
+    direct: bool
+    merge_gap: int
+    max_extent: int
+    verify_pages: bool
+    spin_us: int
+    background: bool
+    _engine_asked: str
+    _native: Any
+    _native_pid: int
+    _file_base: np.ndarray
+    _file_table: np.ndarray
+    _file_shard: np.ndarray
+    _fd_arr: np.ndarray
+    _crc: np.ndarray | None
+    _crc_base: np.ndarray
+
+    def _native_reader(self) -> Any:
+        """The process's ``_rcio.Reader`` (a new one after ``fork``: the parent's ring and
+        threads are not the child's; the old object is kept, never torn down, in the child)."""
+        pid = os.getpid()
+        if self._native is None or self._native_pid != pid:
+            if self._native is not None:
+                _LEAKED.append(self._native)
+            kind = "auto" if self._engine_asked in ("auto", "python") else self._engine_asked
+            try:
+                native = _rcio.Reader(self.queue_depth, kind, self.spin_us, self.background)
+            except OSError as e:
+                raise ConfigError(
+                    f"engine={self._engine_asked!r}: io_uring is unavailable here ({e})"
+                ) from e
+            tabs = self.tables
+            col = lambda f: np.array([f(t) for t in tabs], dtype=np.int64)  # noqa: E731
+            native.set_layout(
+                col(lambda t: t.rows),
+                col(lambda t: t.rows_per_page),
+                col(lambda t: t.pages_per_shard),
+                col(lambda t: t.page_bytes),
+                col(lambda t: t.record_bytes),
+                self._file_base,
+                self._fd_arr,
+                self._crc,
+                None if self._crc is None else self._crc_base,
+                self.merge_gap,
+                self.max_extent,
+                self.direct,
+            )
+            self._native, self._native_pid = native, pid
+        return self._native
+
+    def read_batch(
+        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        out: np.ndarray,
+    ) -> tuple[int, int, int]:  # fmt: skip
+        """:meth:`read_runs` for a caller whose arrays are in its form already (the row
+        cache's fault path): ``rows`` and ``bounds`` int64, ``tables`` int32, ``bases``
+        int64, ``out`` uint8 ``[n, record_bytes]`` C-contiguous. Returns (rows, bytes,
+        read ops). A batch that reads cleanly is one native call with no Python checks;
+        anything else (the Python engine, a shard not opened yet, a failed read or page
+        check, a bad row) runs :meth:`read_runs`, which opens files or raises the named
+        error. The same records, stats and errors as :meth:`read_runs`."""
+        native = self._native
+        if (
+            native is not None
+            and self._native_pid == os.getpid()
+            and os.preadv is _PREADV
+            and self._native_path
+        ):
+            st, reads, nbytes = native.read_runs(rows, bounds, tables, bases, out,
+                                                 self.verify_pages)[:3]  # fmt: skip
+            if st == 0:
+                return rows.size, nbytes, reads
+        _, rs = self.read_runs(rows, bounds, tables, bases, out=out)
+        return rs.rows, rs.bytes_read, rs.read_ops
+
+    def _read_native(
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
+        out: np.ndarray,
+    ) -> ReadStats:
+        """One ``_rcio`` call: locate, plan, read, check pages, cut (the GIL released)."""
+        native = self._native if self._native_pid == os.getpid() else self._native_reader()
+        verify = self.verify_pages
+        for _ in range(len(self._fd_arr) + 1):
+            try:
+                st, reads, nbytes, a, b, c, d, e, f = native.read_runs(
+                    rows, bounds, tables, bases, out, verify
+                )
+            except ValueError as ex:  # bounds not rising from 0 to n, say
+                raise ConfigError(f"{ex}: bounds must rise from 0 to {rows.size}") from ex
+            except OSError as ex:  # io_uring_enter failed: the engine falls back to threads
+                raise CorruptDataError(f"a read batch of {rows.size} rows failed: {ex}") from ex
+            if st != 3:
+                break
+            self._fd(int(self._file_table[b]), int(self._file_shard[b]))  # opens or raises
+        if st == 0:
+            return ReadStats(int(rows.size), reads, nbytes)
+        if st == 4:
+            k = int(np.searchsorted(bounds, a, side="right")) - 1
+            t = self.tables[int(tables[k])]
+            raise RowRangeError(
+                f"row {b} of table {t.name!r} is out of range (the table has {t.rows} rows)"
+            )
+        parts = [
+            (int(t), rows[bounds[k] : bounds[k + 1]] - bases[k])
+            for k, t in enumerate(tables.tolist())
+            if bounds[k] < bounds[k + 1]
+        ]
+        plan = self.plan_parts(parts)  # the same plan as C's: names the rows of extent a
+        if st == 1:
+            self._raise_read(plan, a, d, f, reads - 1)
+        self._raise_page(plan, a, c, d, e, f - 1)
+
+    @property
+    def _native_path(self) -> bool:
+        """False for a reader whose extents another engine reads (``KvikioRowReader``)."""
+        from .read_python import PythonEngine
+
+        return type(self)._read_extents is PythonEngine._read_extents

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+import kernels.host as host
+
 BENCH = pathlib.Path(__file__).resolve().parent.parent / "bench"
 
 
@@ -187,6 +189,10 @@ def test_bench_serve_quick_one_server_and_its_step_split():
         assert p["floor_uring_idle_ms_per_step"] > 0 and p["fault_over_idle_floor"] > 0
         f = p["faulting_steps"]
         assert 0 <= f <= 1 and p["embed_call_cached_ms"] > 0 and p["embed_call_resident_ms"] > 0
+        ph = p["fault_phases_ms"]  # the native miss path's phases: all of its fault time
+        assert set(ph) == {"plan", "read", "commit", "launch"} and min(ph.values()) >= 0
+        if host.native is not None:  # (the Python path times no phases)
+            assert sum(ph.values()) * f == pytest.approx(p["fault_ms_per_step"], rel=1e-6)
         for key in ("resident", "cached", "again"):
             pre = "" if key != "again" else "again_"
             key = key if key != "again" else "cached"

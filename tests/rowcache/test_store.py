@@ -259,7 +259,7 @@ def test_interrupted_build_leaves_nothing_that_opens(tmp_path, rng, monkeypatch)
     import rowcache.builder as b
 
     calls = {"n": 0}
-    real = b._to_records
+    real = b.to_records  # (rowcache.build_pages, as the builder names it)
 
     def failing(dtype, block):
         calls["n"] += 1
@@ -268,7 +268,7 @@ def test_interrupted_build_leaves_nothing_that_opens(tmp_path, rng, monkeypatch)
         return real(dtype, block)
 
     monkeypatch.setattr(b, "CHUNK_BYTES", 4096 * 4)
-    monkeypatch.setattr(b, "_to_records", failing)
+    monkeypatch.setattr(b, "to_records", failing)
     with pytest.raises(Boom):
         rowcache.build_store(tmp_path / "new", [x], progress=False)
     with pytest.raises(Boom):

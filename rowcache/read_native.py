@@ -18,6 +18,7 @@ import numpy as np
 
 from . import format as fmt
 from .errors import ConfigError, CorruptDataError, RowRangeError
+from .read_python import PythonEngine
 
 try:
     from . import _rcio  # type: ignore[attr-defined]
@@ -163,6 +164,4 @@ class NativeEngine:
     @property
     def _native_path(self) -> bool:
         """False for a reader whose extents another engine reads (``KvikioRowReader``)."""
-        from .read_python import PythonEngine
-
         return type(self)._read_extents is PythonEngine._read_extents

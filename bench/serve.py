@@ -345,16 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--interleave {args.interleave}: give steps a turn, or 0 for none")
     if args.profile is not None:
         parts = args.profile.split(":")
-        if (
-            len(parts) not in (2, 3)
-            or parts[0] not in servers_on
-            or parts[2:]
-            not in (
-                [],
-                ["decode"],
-                ["prefill"],
-            )
-        ):
+        kinds = ([], ["decode"], ["prefill"])  # none: every step
+        if len(parts) not in (2, 3) or parts[0] not in servers_on or parts[2:] not in kinds:
             p.error(
                 f"--profile {args.profile!r}: give SERVER:SERIES[:KIND], SERVER one of "
                 f"--servers ({args.servers}), KIND decode or prefill, e.g. x64:lookahead:prefill"

@@ -45,7 +45,7 @@ class Series:
     appended as ``(step, output)``. ``check_tokens``: ``embed.cached_groups.CHECK_TOKENS``
     while this series runs (None: unchanged). ``profile``: a ``cProfile.Profile`` enabled
     during each step's host work (the embedding call and the prefetch calls, not the rest of
-    the model) of the steps of kind ``profile_kind`` ("decode", "prefill"; None: every step).
+    the model) of the timed steps of kind ``profile_kind`` ("decode", "prefill"; None: every step).
     """
 
     def __init__(
@@ -116,7 +116,7 @@ class Series:
         p0 = cache._fault_phases.copy() if cache is not None else None
         t0 = time.perf_counter()
         emb = self.emb if self.graphs is None or st.prefill is not None else self.graphs
-        prof = self.profile if self.profile_kind in (None, st.kind) else None
+        prof = self.profile if timed and self.profile_kind in (None, st.kind) else None
         if prof is not None:
             prof.enable()
         y = emb.embed_packed(st.batch)

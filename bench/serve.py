@@ -552,11 +552,14 @@ def main(argv: list[str] | None = None) -> int:
 
                 _, series_name, kind = args.profile
                 print(
-                    f"--- cProfile: server{name} {series_name}, {kind or 'every'} step's host "
-                    f"work, {len(steps)} steps",
+                    f"--- cProfile: server{name} {series_name}, {kind or 'every'} timed step's "
+                    f"host work, {len(steps)} steps",
                     file=sys.stderr,
                 )
-                pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+                ps = pstats.Stats(prof, stream=sys.stderr)
+                ps.sort_stats("tottime").print_stats(30)
+                ps.sort_stats("cumulative").print_stats(40)
+                ps.print_callers(25)  # (the cumulative order's first 25)
             for variant, cache in caches.items():
                 ev = cache.stats().evictions
                 warmed.setdefault("evictions", {})[f"{name.strip()} {variant}"] = ev

@@ -13,6 +13,17 @@ import numpy as np
 
 ROW_BYTES = {"bf16": 512.0, "fp8": 4096 / 15}  # stored bytes a row (rows never straddle a page)
 NO_PREFETCH = "n/a (no prefetch in this tree)"
+ABLATION_LABELS = {"nocheck": "no-check", "again": "again", "noyield": "no-yield"}
+"""The ablation series (--ablate-check, --repeat-cached, --ablate-yield; --ablate-piece
+adds ``pieceROWS``) and their columns' names."""
+
+
+def ablations(names: Any) -> list[str]:
+    """The ablation series among ``names``, in a fixed order."""
+    names = list(names)
+    return [v for v in ABLATION_LABELS if v in names] + sorted(
+        v for v in names if v.startswith("piece") and v[5:].isdigit()
+    )
 
 
 def lookahead_bound(
@@ -120,9 +131,8 @@ def phase_rows(
             h, m = sum(r[3] for r in sel["lookahead"]), sum(r[4] for r in sel["lookahead"])
             row["lookahead_hit_rate"] = h / (h + m) if h + m else 1.0
             row["lookahead_wait_ms_per_step"] = 1e3 * sum(r[6] for r in sel["lookahead"]) / len(c)
-        for v in ("nocheck", "again", "noyield"):  # --ablate-check, --repeat-cached, -yield
-            if v in sel:
-                row[f"{v}_ratio"] = tps[v] / tps["resident"]
+        for v in ablations(sel):  # --ablate-check, --repeat-cached, -yield, -piece
+            row[f"{v}_ratio"] = tps[v] / tps["resident"]
         for v in sel:  # the other series' step split too (JSON; decode work is the same)
             if v not in ("resident", "cached"):
                 row.update({f"{v}_{k}": x for k, x in _step_split(sel["resident"], sel[v]).items()})
@@ -229,6 +239,7 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
         )
     else:
         print("disk re-read check: not run (no page of the store was left unread)")
+    abl = ablations(k[: -len("_ratio")] for k in phases[0] if k.endswith("_ratio"))
     cols = [
         ("phase", "phase"),
         ("steps", "steps"),
@@ -255,9 +266,7 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
                 ("demand bound", "demand_bound"),
             )
         ),
-        *((("no-check ratio", "nocheck_ratio"),) if "nocheck_ratio" in phases[0] else ()),
-        *((("again ratio", "again_ratio"),) if "again_ratio" in phases[0] else ()),
-        *((("no-yield ratio", "noyield_ratio"),) if "noyield_ratio" in phases[0] else ()),
+        *((f"{ABLATION_LABELS.get(v, v)} ratio", f"{v}_ratio") for v in abl),
         ("faults/tok", "faults_per_token"),
         ("fault ms/step", "fault_ms_per_step"),
         ("floor uring ms", "floor_uring_ms_per_step"),
@@ -287,13 +296,13 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
                 f"  {p['phase']}: faulting {p['faulting_steps']:.0%} of steps: {f[0]} / {f[1]}; "
                 f"the others: {f[2]} / {f[3]}; embedding call {f[4]} / {f[5]}"
             )
-            for v in ("lookahead", "nocheck", "again", "noyield"):
+            for v in ("lookahead", *abl):
                 if p.get(f"{v}_faulting_steps") is not None:
                     g = [_fmt(p.get(f"{v}_{k}")) for k in ("faulting_cached_ms", "hit_only_cached_ms",
                                                            "embed_call_cached_ms")]  # fmt: skip
                     print(f"    {v}: faulting {g[0]}, the others {g[1]}, embedding call {g[2]}")
             lat = [(v, p.get(f"{v}step_ms_p50_cached"), p.get(f"{v}step_ms_p99_cached"))
-                   for v in ("", "lookahead_", "noyield_", "nocheck_", "again_")]  # fmt: skip
+                   for v in ("", "lookahead_", *(f"{a}_" for a in abl))]  # fmt: skip
             if lat[0][1] is not None:
                 print(
                     f"    step latency ms, p50 / p99: resident {p['step_ms_p50_resident']:.2f} / "
@@ -304,7 +313,7 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
                         if a is not None
                     )
                 )
-            for v in ("", "lookahead_", "noyield_"):
+            for v in ("", "lookahead_", *(f"{a}_" for a in abl)):
                 ph = p.get(f"{v}fault_phases_ms")
                 if ph:
                     print(

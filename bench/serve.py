@@ -96,7 +96,7 @@ def pick_rows(args: Any, xp: Any) -> tuple[int, str]:
     # the resident tables, and every cached series' arena (alive at once: the series take
     # turns), an arena at most the tables' size in RAM, ~0.2 of it in HBM (tune's budget)
     arenas = 1 + len(args.lookahead_list) + args.ablate_check + args.repeat_cached
-    arenas += args.ablate_yield
+    arenas += args.ablate_yield + bool(args.ablate_piece)
     per_row = (
         12
         * 256
@@ -273,6 +273,14 @@ def main(argv: list[str] | None = None) -> int:
         "yield the disk to demand faults (RowReader(background=False)): series 'noyield'",
     )
     p.add_argument(
+        "--ablate-piece",
+        type=int,
+        default=0,
+        metavar="ROWS",
+        help="also run the first lookahead series with prefetches read in pieces of ROWS\n"
+        "rows (the cache's default: rowcache.prefetch_book.PIECE_ROWS): series 'pieceROWS'",
+    )
+    p.add_argument(
         "--ablate-check",
         action="store_true",
         help="also run each server cached with no residency check before a step's device\n"
@@ -341,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             args.device = "cuda" if cupy.cuda.is_available() else "cpu"
         except ImportError:
             args.device = "cpu"
+    if args.ablate_piece < 0:
+        p.error(f"--ablate-piece {args.ablate_piece}: give rows a piece (or 0: none)")
     if args.interleave < 0:
         p.error(f"--interleave {args.interleave}: give steps a turn, or 0 for none")
     if args.profile is not None:
@@ -496,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
                 variants["again"] = 0
             if args.ablate_yield:
                 variants["noyield"] = depths[0]
+            if args.ablate_piece:
+                variants[f"piece{args.ablate_piece}"] = depths[0]
             if args.profile and args.profile[0] == name and args.profile[1] not in variants:
                 p.error(
                     f"--profile: server{name} runs no series {args.profile[1]!r}; its series: "
@@ -506,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
                 if depth:
                     demand[variant] = []
                 cache = caches[variant] = new_cache(yield_disk=variant != "noyield")
+                if variant == f"piece{args.ablate_piece}":
+                    cache._piece_rows = args.ablate_piece
                 ctabs = [CachedTable(cache, i) for i in range(T)]
                 emb_c = NgramEmbedding(dims, word, ctabs, projs)
                 if depth and prefetcher(emb_c, cache) is None:

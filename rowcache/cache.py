@@ -255,6 +255,7 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         self._batch_done: Any = None
         self._pf_queue: collections.deque[PrefetchJob] = collections.deque()
         self._pf_qlock = threading.Lock()
+        self._piece_rows = 0  # 0: rowcache.prefetch_book.PIECE_ROWS
         self._reaped_rows = 0
         self._n_busy = 0
         self._scratch = np.empty(0, dtype=np.int32)  # the native hit path's sort buffer

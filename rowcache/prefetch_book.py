@@ -31,6 +31,14 @@ at 95-107k reads/s at queue depth 64, 4,096 at 85-111k (bench/queue_depth.py,
 bench/RESULTS.md, tenth session)."""
 
 
+def _member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """bool[len(values)]: which ``values`` are in ``sorted_set`` (sorted, unique, not
+    empty): one binary search a value; ``np.isin`` sorts both sides on every call."""
+    i = sorted_set.searchsorted(values)
+    i[i == sorted_set.size] = 0
+    return sorted_set[i] == values
+
+
 class PrefetchBook(CacheState):
     """Prefetch bookkeeping of :class:`rowcache.cache.NgramRowCache` (a mixin)."""
 
@@ -41,6 +49,7 @@ class PrefetchBook(CacheState):
     _batch_done: Any  # GPU: the cache stream's event at the last end_batch (see PrefetchJob)
     _pf_queue: collections.deque[PrefetchJob]  # pieces not started, in call order
     _pf_qlock: threading.Lock
+    _piece_rows: int  # 0: PIECE_ROWS; else a benchmark's ablation
     _reader: Any
     _stream: Any  # GPU: the cache's stream (rowcache.fault)
     _device_id: int
@@ -148,9 +157,10 @@ class PrefetchBook(CacheState):
             if self.device == "cuda":  # until the next end_batch: everything queued so far
                 self._record_batch_done()
         after = self._batch_done
+        piece = self._piece_rows or PIECE_ROWS
         jobs = [
-            PrefetchJob(missing[i : i + PIECE_ROWS], victims[i : i + PIECE_ROWS], after)
-            for i in range(0, missing.size, PIECE_ROWS)
+            PrefetchJob(missing[i : i + piece], victims[i : i + piece], after)
+            for i in range(0, missing.size, piece)
         ]
         self._jobs.extend(jobs)
         with self._pf_qlock:
@@ -186,9 +196,10 @@ class PrefetchBook(CacheState):
         which the caller waits for. Under the cache lock."""
         rows, slots, origin = [], [], []
         own = None
+        needed = np.unique(needed)  # sorted: each piece's slots are looked up in it
         with self._pf_qlock:
             for job in self._pf_queue:
-                m = np.isin(job.slots, needed)
+                m = _member(job.slots, needed)
                 if m.any():
                     rows.append(job.rows[m])
                     slots.append(job.slots[m])
@@ -208,7 +219,7 @@ class PrefetchBook(CacheState):
             if self._steal_buffers is None:
                 self._steal_buffers = PrefetchBuffers(self._reader)
             own.run(self, self._steal_buffers)
-        return [j for j in self._jobs if j.started and np.isin(j.slots, needed).any()]
+        return [j for j in self._jobs if j.started and _member(j.slots, needed).any()]
 
     def _busy_mask(self) -> np.ndarray:
         """bool[slots]: slots reserved by a prefetch in flight (made on first prefetch)."""
@@ -220,6 +231,7 @@ class PrefetchBook(CacheState):
         """Commit every finished prefetch: release its slots, count its reads, show its
         rows in the device map; a failed one unmaps its rows and leaves their slots free."""
         keep: list[PrefetchJob] = []
+        landed: list[PrefetchJob] = []
         for job in self._jobs:
             if not job.event.is_set():
                 keep.append(job)
@@ -241,9 +253,16 @@ class PrefetchBook(CacheState):
             st["read_ops"] += ops
             st["prefetched"] += int(job.rows.size)
             self._reaped_rows += int(job.rows.size)
-            if self._dev_map is not None:  # after the job's arena writes, in stream order
-                self._sync_device_map(job.rows[:0], job.rows, job.slots)
+            landed.append(job)
         self._jobs = keep
+        if self._dev_map is not None and landed:  # after the jobs' arena writes (waited
+            rows = landed[0].rows  # for above, in stream order): one upload, one scatter
+            if len(landed) > 1:
+                rows = np.concatenate([j.rows for j in landed])
+                slots = np.concatenate([j.slots for j in landed])
+            else:
+                slots = landed[0].slots
+            self._sync_device_map(rows[:0], rows, slots)
 
     def _wait_jobs(self, jobs: list[PrefetchJob]) -> None:
         t0 = time.perf_counter()

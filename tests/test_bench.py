@@ -174,8 +174,21 @@ def test_bench_serve_profile_names_a_server_series_and_kind():
     proc = serve("--servers", "x64", "--lookahead-steps", "2", "--profile",
                  "x64:lookahead:prefill")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    head = "--- cProfile: server x64 lookahead, prefill step's host work"
+    head = "--- cProfile: server x64 lookahead, prefill timed step's host work"
     assert head in proc.stderr and "function calls" in proc.stderr.split(head)[1]
+
+
+def test_bench_serve_ablate_piece_reads_the_same_prefetches_in_smaller_pieces():
+    rep = json.loads(run("serve.py", "--json", "--servers", "x64", "--lookahead-steps", "2",
+                         "--ablate-piece", "8"))  # fmt: skip
+    tl = rep["settings"]["prefetch_timeline"]
+    assert tl["x64 piece8"]["rows"] <= 8 * tl["x64 piece8"]["pieces"]
+    assert tl["x64 piece8"]["pieces"] > tl["x64 lookahead"]["pieces"]
+    for p in rep["phases"]:
+        assert p["piece8_ratio"] > 0 and p["piece8_step_ms_p99_cached"] > 0
+    proc = subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick",
+                           "--ablate-piece", "-1"], capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and "--ablate-piece -1" in proc.stderr
 
 
 def test_bench_serve_quick_one_server_and_its_step_split():

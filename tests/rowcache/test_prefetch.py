@@ -354,3 +354,12 @@ def test_holds_all_says_whether_a_resolve_would_fault_or_wait(tmp_path, rng, nat
         cache.resolve([30])
     cache.end_batch()
     assert holds([3, 4, 5])
+
+
+def test_member_is_isin_against_a_sorted_set(rng):
+    """``_take_over``'s membership test: np.isin, for any values against a sorted set."""
+    for n, k, hi in ((0, 1, 5), (1, 1, 3), (50, 1, 10), (1024, 7, 40), (1024, 300, 5000)):
+        values = rng.integers(-2, hi + 2, n).astype(np.int32)
+        s = np.unique(rng.integers(0, hi, k)).astype(np.int32)
+        got = prefetch_book._member(values, s)
+        assert got.dtype == bool and np.array_equal(got, np.isin(values, s)), (n, k, hi)

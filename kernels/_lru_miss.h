@@ -40,10 +40,17 @@ typedef struct {
     Py_ssize_t bad, n_u, n_miss, fresh;
 } PlanPart;
 
+/* busy[slot] (NgramRowCache._busy): 0, or the slot is reserved by a prefetch piece in
+ * flight, whose row is still being read (BUSY_READING) or was read into the slot by a
+ * resolve already (BUSY_READ: a hit; the piece writes the same bytes again). Neither is a
+ * victim; a scan passing either, but a pinned or this call's BUSY_READ slot, says so. */
+#define BUSY_READING 1
+#define BUSY_READ 2
+
 /* One part of lru_plan's scan: range check, its ids sorted (scr[lo:hi], scr[n + lo:] as
  * the sort's buffer) and deduplicated into uniq[lo:], their slots into slots[lo:] (-1:
  * missing), the missing rows into missing[lo:], hit slots not yet used in this batch
- * counted, a hit in a busy slot flagged (status 4). */
+ * counted, a hit in a BUSY_READING slot flagged (status 4). */
 static void *plan_scan(void *arg) {
     PlanPart *h = arg;
     const int64_t *ids = h->ids, *last_used = h->last_used;
@@ -88,7 +95,7 @@ static void *plan_scan(void *arg) {
             missing[n_miss++] = uniq[j];
         } else {
             fresh += last_used[s] != h->batch;
-            if (busy && busy[s]) {
+            if (busy && busy[s] == BUSY_READING) {
                 h->status = 4;
             }
         }
@@ -113,12 +120,12 @@ static void *plan_scan(void *arg) {
  * new_head: the first live entry passed over before the last victim, else end = just past
  * the last victim (new_head = end = head when nothing is missing).
  * passed_busy: the victims' scan passed a live entry of a busy slot (one a prefetch in
- * flight holds: NgramRowCache._passed_busy(end), found in the scan instead of over every
- * job's slots).
+ * flight holds; of a BUSY_READ slot, one neither pinned nor a hit of this call:
+ * NgramRowCache._passed_busy(end), found in the scan instead of over every job's slots).
  * status 0: planned. status 1: n_miss > avail - fresh_hits (the arena is exhausted).
  * status 2: ids[n_u] is outside [0, rows). status 3: the log ended before n_miss victims
- * (cannot happen after the availability test). status 4: a row of the call is in a busy
- * slot (its prefetch must be settled first; nothing else planned).
+ * (cannot happen after the availability test). status 4: a row of the call is in a
+ * BUSY_READING slot (its prefetch must be settled first; nothing else planned).
  * threads (default 1): the scan (sort, dedup, the maps' lookups) runs in up to that many
  * contiguous parts of the ids (each at least PLAN_GRAIN) on the step's pool; when the
  * parts' sorted ids are not disjoint ascending ranges (a shared arena's step is: its ids
@@ -250,12 +257,16 @@ static PyObject *lru_plan(PyObject *self, PyObject *args) {
             if (s < 0 || s >= S || log_pos[s] != (int32_t)p) {
                 continue; /* stale: the slot has a newer entry */
             }
-            passed_busy |= busy && busy[s];
-            int ok = last_used[s] != batch && !(busy && busy[s]);
-            if (ok && fresh > 0) { /* a hit of this call is pinned by it: no victim */
+            int b = busy ? busy[s] : 0;
+            int ok = last_used[s] != batch && !b;
+            if ((ok && fresh > 0) || (b == BUSY_READ && last_used[s] != batch)) {
+                /* a hit of this call is pinned by it: no victim, and no slot passed */
                 int32_t r = slot_row[s];
-                ok = !(r >= 0 && r < R && sorted_has(uniq, n_u, r) && row_slot[r] == s);
+                int hit = r >= 0 && r < R && sorted_has(uniq, n_u, r) && row_slot[r] == s;
+                ok = ok && !hit;
+                passed_busy |= b == BUSY_READ && !hit;
             }
+            passed_busy |= b == BUSY_READING;
             if (ok) {
                 victims[got++] = s;
             } else if (first_kept < 0) {

@@ -80,6 +80,9 @@ class CacheStats:
     ``resolve`` of such a row is a hit; rows a resolve took over from a piece not
     started count here too). ``prefetch_wait_seconds``: time resolves spent waiting
     for prefetches still in flight, or reading the rows they took over.
+    ``rows_reread``: rows read twice, in ``rows_read`` twice: a resolve that needed rows
+    of a prefetch piece being read read them itself rather than wait for the whole piece
+    (the piece reads them too).
     """
 
     lookups: int = 0
@@ -93,6 +96,7 @@ class CacheStats:
     batches: int = 0
     prefetched: int = 0
     prefetch_wait_seconds: float = 0.0
+    rows_reread: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -247,7 +251,7 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         # Lookahead (rowcache.prefetch): jobs in flight or done but not yet reaped, the
         # slots they reserved, and failed prefetches' rows awaiting the resolve that raises.
         self._jobs: list[PrefetchJob] = []
-        self._busy = np.zeros(0, dtype=bool)
+        self._busy = np.zeros(0, dtype=np.uint8)  # rowcache.cache_state.BUSY_READING
         self._failed: list[tuple[np.ndarray, BaseException]] = []
         self._pf_pool: ThreadPoolExecutor | None = None
         self._pf_buffers: PrefetchBuffers | None = None

@@ -12,6 +12,14 @@ from typing import Any
 
 import numpy as np
 
+BUSY_READING = 1
+"""``_busy[slot]``: reserved by a prefetch piece in flight whose row is still being read
+(a resolve of the row waits for it or reads it itself). 0: not reserved."""
+BUSY_READ = 2
+"""``_busy[slot]``: reserved by a prefetch piece in flight whose row a resolve has read
+into the slot already (a hit; the piece writes the same bytes again when it lands). Like
+``BUSY_READING`` no victim until the piece is reaped (``kernels/_lru_miss.h``)."""
+
 
 class CacheState:
     """Attributes of :class:`rowcache.cache.NgramRowCache` its mixins read and write."""
@@ -28,7 +36,7 @@ class CacheState:
     _batch: int
     _pinned: int
     _n_busy: int
-    _busy: np.ndarray
+    _busy: np.ndarray  # uint8[slots]: 0, BUSY_READING or BUSY_READ
     _stats: dict[str, Any]
     name: str
     device: str

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .cache_state import CacheState
+from .cache_state import BUSY_READING, CacheState
 from .errors import ConfigError
 
 
@@ -37,9 +37,9 @@ class DeviceMap(CacheState):
         with self._lock:
             if self._dev_map is None:
                 m = self._row_slot
-                if self._n_busy:  # rows whose prefetch is in flight are not mapped yet
+                if self._n_busy:  # rows whose prefetch is still reading are not mapped yet
                     m = m.copy()
-                    m[self._slot_row[np.flatnonzero(self._busy)]] = -1
+                    m[self._slot_row[np.flatnonzero(self._busy == BUSY_READING)]] = -1
                 with self._stream:
                     self._dev_map = self._xp.asarray(m)
             return self._dev_map

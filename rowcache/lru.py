@@ -285,7 +285,7 @@ class LruLog(CacheState):
             live = self._log_pos[s] == np.arange(pos, stop, dtype=np.int32)
             ok = live & (self._last_used[s] != self._batch)
             if masked or self._n_busy:  # slots reserved by prefetches (or by the caller)
-                ok &= ~self._busy[s]
+                ok &= self._busy[s] == 0
             cand = np.flatnonzero(ok)[: need - got]
             end = stop  # the part of this window the victims span
             if cand.size:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .cache_state import CacheState
+from .cache_state import BUSY_READ, BUSY_READING, CacheState
 from .errors import CorruptDataError
 from .lru import _sorted_unique
 from .prefetch import PrefetchBuffers, PrefetchHandle, PrefetchJob
@@ -85,13 +85,16 @@ class PrefetchBook(CacheState):
         already resident or in flight are not read again. Their reads run in the
         cache's prefetch thread meanwhile, in pieces of :data:`PIECE_ROWS` rows, in
         call order. A later :meth:`resolve` that needs rows of a piece not started yet
-        reads those rows itself (once: they leave the piece); otherwise it waits only
-        for pieces in flight that it needs (a row of theirs, or their slots as victims,
-        or their slots to avoid exhaustion), so the LRU order, the exhaustion rule and
-        every fault count are exactly those of a prefetch that completed at its call.
-        A failed read maps nothing (its slots are left free), and the
-        :meth:`resolve` that next needs one of its rows raises that read's error once
-        (a later call faults the row normally). The prefetch thread's reader yields the
+        reads those rows itself (once: they leave the piece); rows of a piece being read
+        it reads itself too, into the slots the piece reserved (the piece writes the
+        same bytes again, and its slots are no victims until it lands: those rows are
+        read twice, ``CacheStats.rows_reread``). It waits for pieces in flight only when
+        it needs their slots as victims or to avoid exhaustion (or when its own read of
+        their rows failed), so the LRU order, the exhaustion rule and every fault count
+        are exactly those of a prefetch that completed at its call. A failed read maps
+        nothing (its slots are left free), and the :meth:`resolve` that next needs one
+        of its rows raises that read's error once (a later call faults the row
+        normally); rows a resolve read itself stay mapped. The prefetch thread's reader yields the
         disk: it submits no new read while a demand read of the process runs
         (``RowReader(background=True)``), so a step's faults do not queue behind a
         prefetch's thousands of reads. On ``device="cuda"`` the arena writes go on the
@@ -113,8 +116,10 @@ class PrefetchBook(CacheState):
         busy = self._busy_mask()
         # resident rows (in flight or not) move to the tail, pins unchanged; not victims
         was_busy = busy[hit].copy()
-        busy[hit] = True
-        unpinned_hits = int(np.count_nonzero(~was_busy & (self._last_used[hit] != self._batch)))
+        busy[hit] = BUSY_READING
+        unpinned_hits = int(
+            np.count_nonzero((was_busy == 0) & (self._last_used[hit] != self._batch))
+        )
         avail = self.num_slots - self._pinned - self._n_busy - unpinned_hits
         missing = rows_u[miss]
         dropped = max(0, missing.size - max(avail, 0))
@@ -140,7 +145,7 @@ class PrefetchBook(CacheState):
             self._row_slot[evicted] = -1
             self._row_slot[missing] = victims
             self._slot_row[victims] = missing
-            busy[victims] = True
+            busy[victims] = BUSY_READING
             self._n_busy += int(victims.size)
             self._stats["evictions"] += int(evicted.size)
             if self._dev_map is not None and evicted.size:
@@ -190,13 +195,12 @@ class PrefetchBook(CacheState):
         self._batch_done = ev
 
     def _take_over(self, needed: np.ndarray) -> list[PrefetchJob]:
-        """The rows of queued pieces whose reserved slots are in ``needed``, read now by
-        the calling resolve with the demand reader (not after every piece queued before
-        them), as one job; returns the started pieces holding others of ``needed``,
-        which the caller waits for. Under the cache lock."""
+        """The rows of queued pieces whose reserved slots are in ``needed`` (sorted,
+        unique), read now by the calling resolve with the demand reader (not after every
+        piece queued before them), as one job; returns the started pieces holding others
+        of ``needed`` (:meth:`_read_in_flight`). Under the cache lock."""
         rows, slots, origin = [], [], []
         own = None
-        needed = np.unique(needed)  # sorted: each piece's slots are looked up in it
         with self._pf_qlock:
             for job in self._pf_queue:
                 m = _member(job.slots, needed)
@@ -221,10 +225,48 @@ class PrefetchBook(CacheState):
             own.run(self, self._steal_buffers)
         return [j for j in self._jobs if j.started and _member(j.slots, needed).any()]
 
+    def _read_in_flight(self, started: list[PrefetchJob], needed: np.ndarray) -> list[PrefetchJob]:
+        """The rows of pieces being read (``started``) whose reserved slots are in
+        ``needed`` (sorted, unique), read now by the calling resolve with the demand reader
+        into those slots, as one job: the resolve does not wait for the whole piece (a
+        1,024-row piece reads for ~11 ms on the H200's disk). The slots become
+        ``BUSY_READ``: hits, and still no victims until their piece lands and is reaped
+        (it writes the same bytes again). Their rows count as prefetched by their piece,
+        as before; the reads count in ``rows_read`` and ``rows_reread``. A failed read changes nothing: the
+        pieces are waited for instead. Returns the pieces the caller still waits for
+        (finished ones, to reap; all of them after a failed read). Under the cache lock."""
+        rows, slots = [], []
+        for job in started:
+            if not job.event.is_set():
+                m = _member(job.slots, needed)
+                rows.append(job.rows[m])
+                slots.append(job.slots[m])
+        if not rows:
+            return started
+        r, sl = np.concatenate(rows), np.concatenate(slots)
+        order = np.argsort(r, kind="stable")
+        own = PrefetchJob(r[order], sl[order])
+        if self._steal_buffers is None:
+            self._steal_buffers = PrefetchBuffers(self._reader)
+        own.run(self, self._steal_buffers)  # the arena writes on the cache's stream
+        if own.error is not None:
+            return started  # their pieces' own reads may still succeed
+        st = self._stats
+        n_rows, nbytes, ops = own.read
+        st["rows_read"] += n_rows
+        st["bytes_read"] += nbytes
+        st["read_ops"] += ops
+        st["rows_reread"] += int(own.rows.size)
+        self._busy[own.slots] = BUSY_READ
+        self._reaped_rows += int(own.rows.size)  # shown in the device map by this call
+        if self._dev_map is not None:  # after the arena writes, in stream order
+            self._sync_device_map(own.rows[:0], own.rows, own.slots)
+        return [j for j in started if j.event.is_set()]
+
     def _busy_mask(self) -> np.ndarray:
         """bool[slots]: slots reserved by a prefetch in flight (made on first prefetch)."""
         if self._busy.size != self.num_slots:
-            self._busy = np.zeros(self.num_slots, dtype=bool)
+            self._busy = np.zeros(self.num_slots, dtype=np.uint8)
         return self._busy
 
     def _reap(self) -> None:
@@ -236,13 +278,16 @@ class PrefetchBook(CacheState):
             if not job.event.is_set():
                 keep.append(job)
                 continue
-            self._busy[job.slots] = False
+            read = self._busy[job.slots] == BUSY_READ  # rows a resolve read itself
+            self._busy[job.slots] = 0
             self._n_busy -= int(job.slots.size)
-            if job.error is not None:
-                self._row_slot[job.rows] = -1
-                self._slot_row[job.slots] = -1
-                self._log_front(job.slots)  # free slots are taken first, as at the start
-                self._failed.append((job.rows, job.error))
+            if job.error is not None:  # (the rows a resolve read itself stay mapped)
+                rows, slots = job.rows[~read], job.slots[~read]
+                self._row_slot[rows] = -1
+                self._slot_row[slots] = -1
+                self._log_front(slots)  # free slots are taken first, as at the start
+                if rows.size:
+                    self._failed.append((rows, job.error))
                 continue
             if job.landed is not None:  # its arena writes, on the prefetch stream, first
                 self._stream.wait_event(job.landed)
@@ -252,7 +297,7 @@ class PrefetchBook(CacheState):
             st["bytes_read"] += nbytes
             st["read_ops"] += ops
             st["prefetched"] += int(job.rows.size)
-            self._reaped_rows += int(job.rows.size)
+            self._reaped_rows += int(job.rows.size) - int(np.count_nonzero(read))
             landed.append(job)
         self._jobs = keep
         if self._dev_map is not None and landed:  # after the jobs' arena writes (waited
@@ -272,18 +317,20 @@ class PrefetchBook(CacheState):
         self._reap()
 
     def _settle(self, ids: np.ndarray) -> None:
-        """Before a resolve of ``ids``: reap finished prefetches, wait for those in
-        flight that hold a row of ``ids``, and raise the error of a failed prefetch of
-        one of them (once; nothing else changes)."""
+        """Before a resolve of ``ids``: reap finished prefetches, read the rows of
+        ``ids`` that pieces in flight hold (:meth:`_take_over`, :meth:`_read_in_flight`;
+        waits for a piece only where that read failed), and raise the error of a failed
+        prefetch of one of them (once; nothing else changes)."""
         if self._jobs:
             self._reap()
         if self._jobs:
             s = self._row_slot[ids]
             s = s[s >= 0]
-            needed = s[self._busy[s]]
-            if needed.size:  # rows of queued pieces read now; started ones waited for
+            needed = s[self._busy[s] == BUSY_READING]
+            if needed.size:  # the rows of queued pieces and of pieces being read, read now
                 t0 = time.perf_counter()
-                started = self._take_over(needed)
+                needed = np.unique(needed)
+                started = self._read_in_flight(self._take_over(needed), needed)
                 self._stats["prefetch_wait_seconds"] += time.perf_counter() - t0
                 self._wait_jobs(started)
         first: tuple[int, BaseException] | None = None
@@ -314,4 +361,7 @@ class PrefetchBook(CacheState):
             return False
         s = self._log[self._head : end]
         live = self._log_pos[s] == np.arange(self._head, end, dtype=np.int32)
-        return bool((live & self._busy[s]).any())
+        b = self._busy[s]
+        # (a BUSY_READ slot pinned in this batch: a hit of it, no victim in any order)
+        passed = (b == BUSY_READING) | ((b == BUSY_READ) & (self._last_used[s] != self._batch))
+        return bool((live & passed).any())

@@ -303,6 +303,23 @@ def test_lru_plan_says_when_its_victims_pass_a_busy_slot_or_a_row_is_in_flight()
     busy[4] = False  # landed and reaped: an ordinary hit
     r = plan(busy, rs2, sr2)
     assert (r[0], r[2], r[7]) == (0, 2, 0)
+    # BUSY_READ (2): its piece in flight, its row read into the slot by a resolve already
+    busy = np.zeros(6, dtype=np.uint8)
+    busy[4] = 2  # row 3's slot, before the last victim: a hit, and not a passed slot
+    r = plan(busy, rs2, sr2)
+    assert (r[0], r[2], r[7]) == (0, 2, 0)
+    np.testing.assert_array_equal(work[9:11], [0, 1])  # (slot 4 is no victim)
+    busy[4], busy[1] = 0, 2  # an unpinned slot, no row of the call: passed, no victim
+    r = plan(busy, rs2, sr2)
+    assert (r[0], r[2], r[7]) == (0, 2, 1)
+    np.testing.assert_array_equal(work[9:11], [0, 2])
+    lu2 = lu.copy()
+    lu2[1] = 0  # pinned in this batch (batch 0): no victim, and a hit of it in any order
+    r = nat.lru_plan(ids, 20, rs2, sr2, lu2, log, lp, 0, 6, 0, busy, 6, work, scratch)
+    assert (r[0], r[2], r[7]) == (0, 2, 0)
+    np.testing.assert_array_equal(work[9:11], [0, 2])
+    busy[1], busy[4] = 0, 1  # BUSY_READING still: status 4 for a row of the call in it
+    assert plan(busy, rs2, sr2)[0] == 4
 
 
 def _hits_arrays(rng, rows=120_000, slots=60_000, spare=30_000):

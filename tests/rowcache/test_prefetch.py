@@ -11,6 +11,7 @@ import pytest
 
 import rowcache.prefetch_book as prefetch_book
 from rowcache import NgramRowCache
+from rowcache.cache_state import BUSY_READ
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
 
 from .test_cache import RefLRU, check_invariants, expected, gather, make_multi_store, make_store
@@ -80,6 +81,11 @@ class Slow:
         return self.real(rows, staging, reader)
 
 
+def read_pinned(cache, slots):
+    """Slots whose piece is in flight but whose rows a resolve read itself and pinned."""
+    return (cache._busy[slots] == BUSY_READ) & (cache._last_used[slots] == cache._batch)
+
+
 def _check_stats(cache, lru):
     s = cache.stats()
     assert (s.misses, s.hits, s.evictions) == (lru.faults, lru.hits, lru.evictions)
@@ -137,13 +143,17 @@ def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype, piece,
         check_invariants(cache, lru)
         # _passed_busy scans the log's window: the same answer as over every job's slots
         for end in {cache._head, cache._tail, int(at.integers(cache._head, cache._tail + 1))}:
-            by_jobs = any(bool((cache._log_pos[j.slots] < end).any()) for j in cache._jobs)
+            # (but a slot a resolve read itself and pinned: a hit in any order)
+            by_jobs = any(
+                bool(((cache._log_pos[j.slots] < end) & ~read_pinned(cache, j.slots)).any())
+                for j in cache._jobs
+            )
             assert cache._passed_busy(end) == by_jobs, end
     assert seen["exhausted"] and seen["failed"] and seen["dropped"], seen
     for h in handles:
         h.wait()
     s = cache.stats()
-    assert s.prefetched > 0 and s.rows_read == s.misses + s.prefetched
+    assert s.prefetched > 0 and s.rows_read == s.misses + s.prefetched + s.rows_reread
     if piece < 100:  # resolves did take rows of queued pieces over
         assert cache._steal_buffers is not None
 
@@ -172,16 +182,18 @@ def test_prefetch_then_resolve_faults_nothing_twice(tmp_path, rng):
     ids = rng.choice(3000, 150, replace=False)
     h = slow.prefetch(cache, np.concatenate([ids, ids[:20]]), False)
     assert h.rows == 150 and not h.exception()
-    got = cache.resolve(ids)  # waits for what is in flight
-    assert h.done()
-    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[ids].view(np.uint16))
-    s = cache.stats()
-    assert (s.misses, s.hits, s.prefetched, s.rows_read) == (0, 150, 150, 150)
+    got = cache.resolve(ids)  # reads the rows in flight itself (or took them over)
     assert cache.last_faults == 150  # the rows whose mapping this call completed
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[ids].view(np.uint16))
+    assert h.wait(10) and h.done()
+    cache.poll()
+    s = cache.stats()
+    assert (s.misses, s.hits, s.prefetched) == (0, 150, 150)
+    assert s.rows_read == 150 + s.rows_reread and s.rows_reread in (0, 150)
     again = cache.prefetch(ids)
     assert again.rows == 0 and again.done()
     cache.resolve(ids)
-    assert cache.last_faults == 0 and cache.stats().rows_read == 150
+    assert cache.last_faults == 0 and cache.stats().rows_read == s.rows_read
 
 
 def test_failed_prefetch_maps_nothing_and_raises_once_at_resolve(tmp_path, rng):
@@ -227,12 +239,15 @@ class Gate:
         self.started = threading.Event()
         self.fail = np.zeros(0, dtype=np.int64)
         self.caller_reads: list[np.ndarray] = []
+        self.fail_pieces = False  # the prefetch thread's reads of rows in ``fail`` raise too
         cache._read_parts = self
 
     def __call__(self, rows, staging, reader=None):
         if threading.current_thread().name.startswith("rowcache-prefetch"):
             self.started.set()
             assert self.open.wait(10)
+            if self.fail_pieces and np.isin(rows, self.fail).any():
+                raise CorruptDataError("injected: read of shard failed")
         else:
             self.caller_reads.append(rows.copy())
             if np.isin(rows, self.fail).any():
@@ -265,6 +280,93 @@ def test_resolve_reads_rows_of_queued_pieces_itself(tmp_path, rng, monkeypatch):
     s = cache.stats()
     assert (s.misses, s.hits, s.prefetched, s.rows_read) == (0, 64, 64, 64)  # once a batch
     cache.end_batch()
+    check_invariants_no_ref(cache)
+
+
+def test_resolve_reads_rows_of_a_piece_being_read_itself(tmp_path, rng, monkeypatch):
+    """A resolve that needs rows of the piece being read reads just those rows itself,
+    into the slots the piece reserved, and does not wait for the piece; the piece still
+    lands (the same bytes again), and only then are the slots victims again."""
+    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
+    store, x = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=40)
+    gate = Gate(cache)
+    ids = np.arange(100, 132)  # 4 pieces of 8 rows
+    h = cache.prefetch(ids)
+    assert gate.started.wait(10)  # piece 0 (rows 100..107) in flight, held
+    want = np.array([105, 101, 105])
+    got = cache.resolve(want)  # does not wait for piece 0
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[want].view(np.uint16))
+    assert [r.tolist() for r in gate.caller_reads] == [[101, 105]] and not h.done()
+    s = cache.stats()
+    assert (s.misses, s.hits, s.rows_read, s.rows_reread, s.prefetched) == (0, 2, 2, 2, 0)
+    assert cache.last_faults == 2  # shown in the device map by this call
+    cache.end_batch()
+    # 8 free slots left; 9 new rows need one more: the LRU's next victims are the unpinned
+    # slots of piece 0, read or not, so the resolve waits for the piece (as if it had
+    # landed at its call) rather than take a slot it still writes
+    threading.Timer(0.2, gate.open.set).start()
+    t0 = time.perf_counter()
+    got = cache.resolve(np.arange(500, 509))
+    assert time.perf_counter() - t0 > 0.15 and h.done()
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[500:509].view(np.uint16))
+    cache.end_batch()
+    got = cache.resolve(ids[8:])
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[ids[8:]].view(np.uint16))
+    s = cache.stats()
+    assert (s.misses, s.prefetched, s.rows_reread) == (9, 32, 2)
+    assert s.rows_read == s.misses + s.prefetched + s.rows_reread and s.evictions == 1
+    assert not cache._busy.any()
+    check_invariants_no_ref(cache)
+
+
+def test_rows_read_beside_a_piece_that_fails_stay_mapped(tmp_path, rng, monkeypatch):
+    """A piece that fails after a resolve read some of its rows itself: those rows stay
+    mapped (their read succeeded), the others map nothing and raise once."""
+    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
+    store, x = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=100)
+    gate = Gate(cache)
+    h = cache.prefetch(np.arange(0, 8))
+    assert gate.started.wait(10)
+    got = cache.resolve([2, 5])
+    gate.fail, gate.fail_pieces = np.arange(8), True
+    gate.open.set()
+    assert h.wait(10) and isinstance(h.exception(), CorruptDataError)
+    cache.end_batch()
+    cache.poll()
+    row_slot, _ = cache.slot_map()
+    assert (row_slot[[2, 5]] >= 0).all() and (row_slot[[0, 1, 3, 4, 6, 7]] == -1).all()
+    got = cache.resolve([5, 2])
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[[5, 2]].view(np.uint16))
+    with pytest.raises(CorruptDataError, match="prefetch of row 3 failed"):
+        cache.resolve([2, 3])
+    gate.fail = gate.fail[:0]
+    got = cache.resolve([2, 3])  # raised once; now an ordinary fault
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[[2, 3]].view(np.uint16))
+    s = cache.stats()
+    assert (s.misses, s.hits, s.prefetched, s.rows_reread) == (1, 4, 0, 2)
+    assert not cache._busy.any()
+    check_invariants_no_ref(cache)
+
+
+def test_a_failed_read_beside_a_piece_waits_for_the_piece(tmp_path, rng, monkeypatch):
+    """A resolve whose own read of a piece's rows fails changes nothing and waits for the
+    piece instead, whose read may still succeed."""
+    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
+    store, x = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=100)
+    gate = Gate(cache)
+    h = cache.prefetch(np.arange(0, 8))
+    assert gate.started.wait(10)
+    gate.fail = np.array([6])  # the resolve's own reads of row 6 fail
+    threading.Timer(0.2, gate.open.set).start()
+    t0 = time.perf_counter()
+    got = cache.resolve([6, 1])
+    assert time.perf_counter() - t0 > 0.15 and h.done() and h.exception() is None
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[[6, 1]].view(np.uint16))
+    s = cache.stats()
+    assert (s.misses, s.hits, s.prefetched, s.rows_reread, s.rows_read) == (0, 2, 8, 0, 8)
     check_invariants_no_ref(cache)
 
 

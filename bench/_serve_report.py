@@ -323,7 +323,8 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
     for what, tl in (s.get("prefetch_timeline") or {}).items():
         print(
             f"prefetch thread, {what}: {tl['pieces']} pieces, {tl['rows']:,} rows "
-            f"({tl['rows_taken_over']:,} taken over by resolves); a piece reads "
+            f"({tl['rows_taken_over']:,} taken over by resolves, "
+            f"{tl.get('rows_reread', 0):,} read again beside pieces being read); a piece reads "
             f"{tl['read_ms_per_piece']:.2f} ms ({tl['rows_per_s_reading']:,.0f} rows/s) and "
             f"writes {tl['write_ms_per_piece']:.2f} ms after queueing {tl['queued_ms_median']:.1f} "
             f"ms (median); busy {tl['busy_share']:.0%} of the timed steps; prefill steps late: "

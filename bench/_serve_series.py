@@ -79,6 +79,7 @@ class Series:
         self.ahead = 1  # the next step whose chunks are not prefetched yet
         self.out: list[tuple] = []
         self.issued: list[tuple[int, int, Any]] = []
+        self.reread = 0  # rows the timed steps' resolves read beside pieces being read
         self.held = False  # the cache's prefetch queue held between turns (_hold)
 
     def run(self, lo: int, hi: int, settle: bool = False) -> None:
@@ -147,6 +148,7 @@ class Series:
             f = (0, 0, 0.0, 0.0)
             if s0 is not None:
                 s1 = cache.stats()
+                self.reread += getattr(s1, "rows_reread", 0) - getattr(s0, "rows_reread", 0)
                 f = (
                     s1.hits - s0.hits,
                     s1.misses - s0.misses,
@@ -186,7 +188,8 @@ class Series:
 
 def prefetch_timeline(s: Series) -> dict[str, Any]:
     """What a lookahead series' prefetch thread did (its jobs' ``times``): pieces and rows
-    read (and rows that resolves took over from pieces not started), ms a piece reading and
+    read (and rows that resolves took over from pieces not started, or read again beside
+    pieces being read: the timed steps'), ms a piece reading and
     writing the arena, rows/s while reading, how long pieces queued, the thread's busy
     share of the series' timed steps, and per prefill step how much of its own prefetch
     was still unread at its start and how late its last piece landed (ms after the step's
@@ -213,6 +216,7 @@ def prefetch_timeline(s: Series) -> dict[str, Any]:
         "pieces": len(jobs),
         "rows": int(rows.sum()),
         "rows_taken_over": int(sum(k.rows.size for k in set(taken))),
+        "rows_reread": s.reread,
         "read_ms_per_piece": float(1e3 * (t[:, 2] - t[:, 1]).mean()),
         "write_ms_per_piece": float(1e3 * (t[:, 3] - t[:, 2]).mean()),
         "rows_per_s_reading": float(rows.sum() / (t[:, 2] - t[:, 1]).sum()),

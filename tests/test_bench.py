@@ -149,6 +149,7 @@ def test_bench_serve_quick_ratios_from_printed_figures():
     assert {"x64 lookahead", "x64 lookahead3"} <= set(tl)
     for t in tl.values():
         assert t["pieces"] > 0 and t["rows"] > 0 and t["rows_per_s_reading"] > 0
+        assert 0 <= t["rows_reread"] <= t["rows"]
         assert t["read_ms_per_piece"] > 0 and t["write_ms_per_piece"] >= 0
         assert 0 < t["busy_share"] < 1 and 0 <= t["unread_share_at_start"] <= 1
         assert 0 <= t["late_steps"] <= t["prefill_steps"] > 0

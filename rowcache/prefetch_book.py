@@ -94,8 +94,8 @@ class PrefetchBook(CacheState):
         are exactly those of a prefetch that completed at its call. A failed read maps
         nothing (its slots are left free), and the :meth:`resolve` that next needs one
         of its rows raises that read's error once (a later call faults the row
-        normally); rows a resolve read itself stay mapped. The prefetch thread's reader yields the
-        disk: it submits no new read while a demand read of the process runs
+        normally); rows a resolve read itself stay mapped. The prefetch thread's reader
+        yields the disk: it submits no new read while a demand read of the process runs
         (``RowReader(background=True)``), so a step's faults do not queue behind a
         prefetch's thousands of reads. On ``device="cuda"`` the arena writes go on the
         prefetch thread's own stream (the class's "Streams" section); the device map
@@ -232,9 +232,10 @@ class PrefetchBook(CacheState):
         1,024-row piece reads for ~11 ms on the H200's disk). The slots become
         ``BUSY_READ``: hits, and still no victims until their piece lands and is reaped
         (it writes the same bytes again). Their rows count as prefetched by their piece,
-        as before; the reads count in ``rows_read`` and ``rows_reread``. A failed read changes nothing: the
-        pieces are waited for instead. Returns the pieces the caller still waits for
-        (finished ones, to reap; all of them after a failed read). Under the cache lock."""
+        as before; the reads count in ``rows_read`` and ``rows_reread``. A failed read
+        changes nothing: the pieces are waited for instead. Returns the pieces the caller
+        still waits for (finished ones, to reap; all of them after a failed read). Under
+        the cache lock."""
         rows, slots = [], []
         for job in started:
             if not job.event.is_set():
@@ -264,7 +265,9 @@ class PrefetchBook(CacheState):
         return [j for j in started if j.event.is_set()]
 
     def _busy_mask(self) -> np.ndarray:
-        """bool[slots]: slots reserved by a prefetch in flight (made on first prefetch)."""
+        """uint8[slots]: 0, or the slot is reserved by a prefetch piece in flight
+        (``BUSY_READING`` / ``BUSY_READ``, ``rowcache.cache_state``; made on first
+        prefetch)."""
         if self._busy.size != self.num_slots:
             self._busy = np.zeros(self.num_slots, dtype=np.uint8)
         return self._busy

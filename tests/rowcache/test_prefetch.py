@@ -255,14 +255,20 @@ class Gate:
         return self.real(rows, staging, reader)
 
 
+def gated(tmp_path, rng, monkeypatch, slots, piece=8):
+    """A cache of ``slots`` over a fresh store, its prefetches read in pieces of ``piece``
+    rows through a :class:`Gate`; returns (x, cache, gate)."""
+    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", piece)
+    store, x = make_store(tmp_path, rng)
+    cache = NgramRowCache(store, "t", slots=slots)
+    return x, cache, Gate(cache)
+
+
 def test_resolve_reads_rows_of_queued_pieces_itself(tmp_path, rng, monkeypatch):
     """A resolve that needs rows of prefetch pieces still queued reads just those rows
     (not after the piece in flight and every piece before them); each row is read once,
     and the handle is done only when every piece, and the rows taken over, are."""
-    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
-    store, x = make_store(tmp_path, rng)
-    cache = NgramRowCache(store, "t", slots=200)
-    gate = Gate(cache)
+    x, cache, gate = gated(tmp_path, rng, monkeypatch, 200)
     ids = np.arange(100, 164)  # 8 pieces of 8 rows
     h = cache.prefetch(ids)
     assert h.rows == 64 and gate.started.wait(10)  # piece 0 in flight, held
@@ -287,10 +293,7 @@ def test_resolve_reads_rows_of_a_piece_being_read_itself(tmp_path, rng, monkeypa
     """A resolve that needs rows of the piece being read reads just those rows itself,
     into the slots the piece reserved, and does not wait for the piece; the piece still
     lands (the same bytes again), and only then are the slots victims again."""
-    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
-    store, x = make_store(tmp_path, rng)
-    cache = NgramRowCache(store, "t", slots=40)
-    gate = Gate(cache)
+    x, cache, gate = gated(tmp_path, rng, monkeypatch, 40)
     ids = np.arange(100, 132)  # 4 pieces of 8 rows
     h = cache.prefetch(ids)
     assert gate.started.wait(10)  # piece 0 (rows 100..107) in flight, held
@@ -323,10 +326,7 @@ def test_resolve_reads_rows_of_a_piece_being_read_itself(tmp_path, rng, monkeypa
 def test_rows_read_beside_a_piece_that_fails_stay_mapped(tmp_path, rng, monkeypatch):
     """A piece that fails after a resolve read some of its rows itself: those rows stay
     mapped (their read succeeded), the others map nothing and raise once."""
-    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
-    store, x = make_store(tmp_path, rng)
-    cache = NgramRowCache(store, "t", slots=100)
-    gate = Gate(cache)
+    x, cache, gate = gated(tmp_path, rng, monkeypatch, 100)
     h = cache.prefetch(np.arange(0, 8))
     assert gate.started.wait(10)
     got = cache.resolve([2, 5])
@@ -353,10 +353,7 @@ def test_rows_read_beside_a_piece_that_fails_stay_mapped(tmp_path, rng, monkeypa
 def test_a_failed_read_beside_a_piece_waits_for_the_piece(tmp_path, rng, monkeypatch):
     """A resolve whose own read of a piece's rows fails changes nothing and waits for the
     piece instead, whose read may still succeed."""
-    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
-    store, x = make_store(tmp_path, rng)
-    cache = NgramRowCache(store, "t", slots=100)
-    gate = Gate(cache)
+    x, cache, gate = gated(tmp_path, rng, monkeypatch, 100)
     h = cache.prefetch(np.arange(0, 8))
     assert gate.started.wait(10)
     gate.fail = np.array([6])  # the resolve's own reads of row 6 fail
@@ -371,10 +368,7 @@ def test_a_failed_read_beside_a_piece_waits_for_the_piece(tmp_path, rng, monkeyp
 
 
 def test_rows_taken_over_that_fail_map_nothing_and_raise_once(tmp_path, rng, monkeypatch):
-    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 4)
-    store, x = make_store(tmp_path, rng)
-    cache = NgramRowCache(store, "t", slots=100)
-    gate = Gate(cache)
+    x, cache, gate = gated(tmp_path, rng, monkeypatch, 100, piece=4)
     h = cache.prefetch(np.arange(0, 16))
     assert gate.started.wait(10)
     gate.fail = np.array([9])

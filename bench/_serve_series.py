@@ -189,9 +189,8 @@ class Series:
 def prefetch_timeline(s: Series) -> dict[str, Any]:
     """What a lookahead series' prefetch thread did (its jobs' ``times``): pieces and rows
     read (and rows that resolves took over from pieces not started, or read again beside
-    pieces being read: the timed steps'), ms a piece reading and
-    writing the arena, rows/s while reading, how long pieces queued, the thread's busy
-    share of the series' timed steps, and per prefill step how much of its own prefetch
+    pieces being read: the timed steps'), ms a piece reading and writing the arena, rows/s
+    while reading, how long pieces queued, the thread's busy share of the series' timed steps, and per prefill step how much of its own prefetch
     was still unread at its start and how late its last piece landed (ms after the step's
     start; <= 0: on time)."""
     own = [j for _, _, h in s.issued for j in h._jobs]

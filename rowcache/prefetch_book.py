@@ -39,6 +39,14 @@ def _member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
     return sorted_set[i] == values
 
 
+def _job_of(rows: list[np.ndarray], slots: list[np.ndarray]) -> PrefetchJob:
+    """One job of the rows (and their reserved slots) taken from several pieces, in
+    ascending row order (a read plan's order)."""
+    r, sl = np.concatenate(rows), np.concatenate(slots)
+    order = np.argsort(r, kind="stable")
+    return PrefetchJob(r[order], sl[order])
+
+
 class PrefetchBook(CacheState):
     """Prefetch bookkeeping of :class:`rowcache.cache.NgramRowCache` (a mixin)."""
 
@@ -210,9 +218,7 @@ class PrefetchBook(CacheState):
                     origin.append(job)
                     job.rows, job.slots = job.rows[~m], job.slots[~m]
             if rows:
-                r, sl = np.concatenate(rows), np.concatenate(slots)
-                order = np.argsort(r, kind="stable")
-                own = PrefetchJob(r[order], sl[order])
+                own = _job_of(rows, slots)
                 for job in origin:  # their handles wait for it too (before any is done)
                     job.taken.append(own)
                     if not job.rows.size:  # nothing left to read: done
@@ -220,9 +226,7 @@ class PrefetchBook(CacheState):
                         job.event.set()
         if own is not None:
             self._jobs.append(own)
-            if self._steal_buffers is None:
-                self._steal_buffers = PrefetchBuffers(self._reader)
-            own.run(self, self._steal_buffers)
+            self._read_now(own)
         return [j for j in self._jobs if j.started and _member(j.slots, needed).any()]
 
     def _read_in_flight(self, started: list[PrefetchJob], needed: np.ndarray) -> list[PrefetchJob]:
@@ -244,12 +248,8 @@ class PrefetchBook(CacheState):
                 slots.append(job.slots[m])
         if not rows:
             return started
-        r, sl = np.concatenate(rows), np.concatenate(slots)
-        order = np.argsort(r, kind="stable")
-        own = PrefetchJob(r[order], sl[order])
-        if self._steal_buffers is None:
-            self._steal_buffers = PrefetchBuffers(self._reader)
-        own.run(self, self._steal_buffers)  # the arena writes on the cache's stream
+        own = _job_of(rows, slots)
+        self._read_now(own)
         if own.error is not None:
             return started  # their pieces' own reads may still succeed
         st = self._stats
@@ -263,6 +263,13 @@ class PrefetchBook(CacheState):
         if self._dev_map is not None:  # after the arena writes, in stream order
             self._sync_device_map(own.rows[:0], own.rows, own.slots)
         return [j for j in started if j.event.is_set()]
+
+    def _read_now(self, job: PrefetchJob) -> None:
+        """Run ``job`` in the calling resolve: the demand reader, the resolve's own
+        buffers, the arena writes on the cache's stream (its gathers read them next)."""
+        if self._steal_buffers is None:
+            self._steal_buffers = PrefetchBuffers(self._reader)
+        job.run(self, self._steal_buffers)
 
     def _busy_mask(self) -> np.ndarray:
         """uint8[slots]: 0, or the slot is reserved by a prefetch piece in flight

@@ -13,9 +13,14 @@ import numpy as np
 
 ROW_BYTES = {"bf16": 512.0, "fp8": 4096 / 15}  # stored bytes a row (rows never straddle a page)
 NO_PREFETCH = "n/a (no prefetch in this tree)"
-ABLATION_LABELS = {"nocheck": "no-check", "again": "again", "noyield": "no-yield"}
-"""The ablation series (--ablate-check, --repeat-cached, --ablate-yield; --ablate-piece
-adds ``pieceROWS``) and their columns' names."""
+ABLATION_LABELS = {
+    "nocheck": "no-check",
+    "again": "again",
+    "noyield": "no-yield",
+    "unmerged": "unmerged",
+}
+"""The ablation series (--ablate-check, --repeat-cached, --ablate-yield, --ablate-merge;
+--ablate-piece adds ``pieceROWS``) and their columns' names."""
 
 
 def ablations(names: Any) -> list[str]:

@@ -80,6 +80,7 @@ class Series:
         self.out: list[tuple] = []
         self.issued: list[tuple[int, int, Any]] = []
         self.reread = 0  # rows the timed steps' resolves read beside pieces being read
+        self.taken = 0  # rows the timed steps' resolves took over from pieces not started
         self.held = False  # the cache's prefetch queue held between turns (_hold)
 
     def run(self, lo: int, hi: int, settle: bool = False) -> None:
@@ -114,6 +115,7 @@ class Series:
             g = np.unique((st.batch.host_ids() + cache.row_offsets[:-1, None]).ravel())
             self.record.append(g[cache._row_slot[g] < 0])
         s0 = cache.stats() if cache is not None else None
+        taken0 = getattr(cache, "_rows_taken", 0)
         p0 = cache._fault_phases.copy() if cache is not None else None
         t0 = time.perf_counter()
         emb = self.emb if self.graphs is None or st.prefill is not None else self.graphs
@@ -149,6 +151,7 @@ class Series:
             if s0 is not None:
                 s1 = cache.stats()
                 self.reread += getattr(s1, "rows_reread", 0) - getattr(s0, "rows_reread", 0)
+                self.taken += getattr(cache, "_rows_taken", 0) - taken0
                 f = (
                     s1.hits - s0.hits,
                     s1.misses - s0.misses,
@@ -194,7 +197,6 @@ def prefetch_timeline(s: Series) -> dict[str, Any]:
     was still unread at its start and how late its last piece landed (ms after the step's
     start; <= 0: on time)."""
     own = [j for _, _, h in s.issued for j in h._jobs]
-    taken = [k for j in own for k in j.taken]
     jobs = [j for j in own if j.times[1] and j.rows.size]
     if not jobs:
         return {}
@@ -214,7 +216,7 @@ def prefetch_timeline(s: Series) -> dict[str, Any]:
     return {
         "pieces": len(jobs),
         "rows": int(rows.sum()),
-        "rows_taken_over": int(sum(k.rows.size for k in set(taken))),
+        "rows_taken_over": s.taken,
         "rows_reread": s.reread,
         "read_ms_per_piece": float(1e3 * (t[:, 2] - t[:, 1]).mean()),
         "write_ms_per_piece": float(1e3 * (t[:, 3] - t[:, 2]).mean()),

@@ -96,7 +96,7 @@ def pick_rows(args: Any, xp: Any) -> tuple[int, str]:
     # the resident tables, and every cached series' arena (alive at once: the series take
     # turns), an arena at most the tables' size in RAM, ~0.2 of it in HBM (tune's budget)
     arenas = 1 + len(args.lookahead_list) + args.ablate_check + args.repeat_cached
-    arenas += args.ablate_yield + bool(args.ablate_piece)
+    arenas += args.ablate_yield + bool(args.ablate_piece) + args.ablate_merge
     per_row = (
         12
         * 256
@@ -279,6 +279,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="ROWS",
         help="also run the first lookahead series with prefetches read in pieces of ROWS\n"
         "rows (the cache's default: rowcache.prefetch_book.PIECE_ROWS): series 'pieceROWS'",
+    )
+    p.add_argument(
+        "--ablate-merge",
+        action="store_true",
+        help="also run the first lookahead series with a resolve that reads the rows it\n"
+        "needs of prefetch pieces in flight apart, before its own faults (not in their\n"
+        "read: NgramRowCache._merge_in_flight = False): series 'unmerged'",
     )
     p.add_argument(
         "--ablate-check",
@@ -508,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
                 variants["noyield"] = depths[0]
             if args.ablate_piece:
                 variants[f"piece{args.ablate_piece}"] = depths[0]
+            if args.ablate_merge:
+                variants["unmerged"] = depths[0]
             if args.profile and args.profile[0] == name and args.profile[1] not in variants:
                 p.error(
                     f"--profile: server{name} runs no series {args.profile[1]!r}; its series: "
@@ -520,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
                 cache = caches[variant] = new_cache(yield_disk=variant != "noyield")
                 if variant == f"piece{args.ablate_piece}":
                     cache._piece_rows = args.ablate_piece
+                cache._merge_in_flight = variant != "unmerged"
                 ctabs = [CachedTable(cache, i) for i in range(T)]
                 emb_c = NgramEmbedding(dims, word, ctabs, projs)
                 if depth and prefetcher(emb_c, cache) is None:

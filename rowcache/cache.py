@@ -260,6 +260,8 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         self._pf_queue: collections.deque[PrefetchJob] = collections.deque()
         self._pf_qlock = threading.Lock()
         self._piece_rows = 0  # 0: rowcache.prefetch_book.PIECE_ROWS
+        self._merge_in_flight = True  # False: a benchmark's ablation (_take_over, _read_in_flight)
+        self._rows_taken = 0
         self._reaped_rows = 0
         self._n_busy = 0
         self._scratch = np.empty(0, dtype=np.int32)  # the native hit path's sort buffer

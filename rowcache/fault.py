@@ -236,7 +236,12 @@ class FaultPath(CacheState):
         return self._row_slot[ids]
 
     def _resolve_native(
-        self, native: Any, ids: np.ndarray, device_out: bool = False, settled: bool = False
+        self,
+        native: Any,
+        ids: np.ndarray,
+        device_out: bool = False,
+        settled: bool = False,
+        claim: Any = None,
     ) -> Any:
         """The path of :meth:`_resolve_unique` in two C calls around the read
         (``kernels/_host.c``): ``lru_plan`` (dedup, victims, exhaustion; changes
@@ -246,9 +251,13 @@ class FaultPath(CacheState):
         the commit: a device that refuses a launch is unusable anyway). With
         ``device_out`` (GPU) a call that faulted returns its slots as a cupy array,
         written by that launch. With prefetches in flight (finished ones reaped by the
-        caller), ``lru_plan`` tells whether a row of the call is in flight (then the call
-        settles those prefetches, ``_settle``, and plans again) and whether its victims'
-        scan passed a slot in flight (``_passed_busy``)."""
+        caller), ``lru_plan`` tells whether a row of the call is in flight and whether
+        its victims' scan passed a slot in flight (``_passed_busy``). Rows in flight are
+        claimed (``_claim_in_flight``) and read in the call's own read, beside its
+        misses, into the slots their pieces reserved; where that read fails, or the
+        plan must wait for pieces, the claim is undone and the call settles those
+        prefetches as the Python path does (``_settle``: the rows read apart, or
+        waited for) and plans again."""
         self._last_faults = 0
         ids = np.ascontiguousarray(ids)
         n = ids.size
@@ -263,11 +272,15 @@ class FaultPath(CacheState):
             self.num_slots - self._pinned - self._n_busy, work, self._scratch,
             HOST_THREADS if self.rows >= MISS_PARTS_MIN_ROWS else 1,
         )  # fmt: skip
-        if status == 4:  # a row of the call is in flight: its prefetch first, then again
+        if claim is not None and (status or (n_miss and passed_busy)):
+            self._unclaim(claim)  # (a wait or an error below: nothing claimed)
+        if status == 4:  # a row of the call is in flight: read with the misses, or settled
             if settled:
                 raise AssertionError("a row of the call is still in flight after settling")
-            self._settle(ids)
-            return self._resolve_native(native, ids, device_out, settled=True)
+            claim = self._claim_in_flight(ids) if self._merge_in_flight else None
+            if claim is None:
+                self._settle(ids)
+            return self._resolve_native(native, ids, device_out, True, claim)
         if status == 1 and not self._n_busy:
             raise self._exhausted(n_miss, self.num_slots - self._pinned - fresh_hits)
         if status == 1 or (n_miss and self._n_busy and passed_busy):
@@ -278,40 +291,60 @@ class FaultPath(CacheState):
         if status:
             check_row_ids(ids, self.rows)  # status 2: raises RowRangeError
             raise AssertionError("LRU log exhausted before finding enough victims")
-        missing = work[2 * n : 2 * n + n_miss]
-        gpu = bool(n_miss) and self.device == "cuda"
+        # the rows read: the misses (into their victims) and the claimed rows in flight
+        # (into their reserved slots), ascending as one read plan
+        rows, slots = work[2 * n : 2 * n + n_miss], work[3 * n : 3 * n + n_miss]
+        if claim is not None:
+            rows = np.concatenate((rows, claim.rows.astype(np.int32, copy=False)))
+            order = np.argsort(rows, kind="stable")
+            rows, slots = rows[order], np.concatenate((slots, claim.slots))[order]
+        m = rows.size
+        gpu = bool(m) and self.device == "cuda"
         t1 = t2 = time.perf_counter()
-        if n_miss:  # raises before any change
-            records = self._fault_read(missing)
+        if m:  # raises before any change
+            try:
+                records = self._fault_read(rows)
+            except Exception:
+                if claim is None:
+                    raise
+                self._unclaim(claim)  # read apart, or waited for, as the Python path does
+                self._settle(ids)
+                return self._resolve_native(native, ids, device_out, settled=True)
             t2 = time.perf_counter()
             if self.device == "cpu":
-                scatter_records_reference(records, work[3 * n : 3 * n + n_miss], self.table,
-                                          self.scales)  # fmt: skip
-        if gpu:  # the launch's side buffer: [victims | rows | evicted (| out)]
-            e0 = 2 * n_miss + n_ev
+                scatter_records_reference(records, slots, self.table, self.scales)
+        if gpu:  # the launch's side buffer: [slots | rows | evicted (| out)]
+            e0 = 2 * m + n_ev
             side = self._side_ints(e0 + (n if device_out else 0))
-            side[:n_miss] = work[3 * n : 3 * n + n_miss]
-            side[n_miss : 2 * n_miss] = missing
-            side[2 * n_miss : e0] = work[4 * n : 4 * n + n_ev]
+            side[:m] = slots
+            side[m : 2 * m] = rows
+            side[2 * m : e0] = work[4 * n : 4 * n + n_ev]
         out = side[e0 : e0 + n] if gpu and device_out else np.empty(n, dtype=np.int32)
-        fresh, self._head, self._tail = native.lru_commit(
-            ids, work, n_u, n_miss, n_ev, self._row_slot, self._slot_row, self._last_used,
-            self._log, self._log_pos, head, self._tail, self._batch, self.row_offsets,
-            self._part_misses, out, HOST_THREADS if self.rows >= MISS_PARTS_MIN_ROWS else 1,
-        )  # fmt: skip
+        try:  # (it checks its arguments before any change)
+            fresh, self._head, self._tail = native.lru_commit(
+                ids, work, n_u, n_miss, n_ev, self._row_slot, self._slot_row, self._last_used,
+                self._log, self._log_pos, head, self._tail, self._batch, self.row_offsets,
+                self._part_misses, out, HOST_THREADS if self.rows >= MISS_PARTS_MIN_ROWS else 1,
+            )  # fmt: skip
+        except BaseException:
+            if claim is not None:
+                self._unclaim(claim)
+            raise
         st = self._stats
         st["lookups"] += n
         st["misses"] += n_miss
         st["hits"] += fresh - n_miss
         st["evictions"] += n_ev
         self._pinned += fresh
+        if claim is not None:
+            self._claimed(claim)
         self._last_faults = n_miss + self._reaped_rows
         t3 = time.perf_counter()
         if gpu:  # after the commit, so that the launch can carry the slots (out) too
             dev = self._xp.empty(n, dtype=np.int32) if device_out else None
-            self._fault_launch(n_miss, n_ev, dev)
+            self._fault_launch(m, n_ev, dev)
             out = out if dev is None else dev
-        if n_miss:
+        if m:
             t4 = time.perf_counter()
             st["fault_seconds"] += t4 - t0
             self._fault_phases += (t1 - t0, t2 - t1, t3 - t2, t4 - t3)

@@ -13,7 +13,7 @@ import collections
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -47,6 +47,16 @@ def _job_of(rows: list[np.ndarray], slots: list[np.ndarray]) -> PrefetchJob:
     return PrefetchJob(r[order], sl[order])
 
 
+class InFlightClaim(NamedTuple):
+    """Rows of prefetch pieces in flight that a resolve reads in its own demand read
+    (:meth:`PrefetchBook._claim_in_flight`): ``rows`` ascending, their reserved
+    ``slots``, and per piece holding some of them ``(piece, mask over its slots)``."""
+
+    rows: np.ndarray
+    slots: np.ndarray
+    parts: list[tuple[PrefetchJob, np.ndarray]]
+
+
 class PrefetchBook(CacheState):
     """Prefetch bookkeeping of :class:`rowcache.cache.NgramRowCache` (a mixin)."""
 
@@ -58,6 +68,8 @@ class PrefetchBook(CacheState):
     _pf_queue: collections.deque[PrefetchJob]  # pieces not started, in call order
     _pf_qlock: threading.Lock
     _piece_rows: int  # 0: PIECE_ROWS; else a benchmark's ablation
+    _merge_in_flight: bool  # a native resolve reads rows in flight in its demand read
+    _rows_taken: int  # rows resolves took over from pieces not started (benchmarks)
     _reader: Any
     _stream: Any  # GPU: the cache's stream (rowcache.fault)
     _device_id: int
@@ -225,6 +237,7 @@ class PrefetchBook(CacheState):
                         self._pf_queue.remove(job)
                         job.event.set()
         if own is not None:
+            self._rows_taken += int(own.rows.size)
             self._jobs.append(own)
             self._read_now(own)
         return [j for j in self._jobs if j.started and _member(j.slots, needed).any()]
@@ -263,6 +276,66 @@ class PrefetchBook(CacheState):
         if self._dev_map is not None:  # after the arena writes, in stream order
             self._sync_device_map(own.rows[:0], own.rows, own.slots)
         return [j for j in started if j.event.is_set()]
+
+    def _claim_in_flight(self, ids: np.ndarray) -> InFlightClaim | None:
+        """For a native resolve of ``ids`` whose plan found rows in flight: those rows
+        of every piece in flight (queued or being read) and their reserved slots, which
+        the resolve reads in its own demand read (one read a step, not one more before
+        it). Their slots are ``BUSY_READ`` meanwhile (hits of the plan); undo with
+        :meth:`_unclaim`, or after a successful read commit with :meth:`_claimed`. None
+        where :meth:`_settle` must run instead (a failed prefetch to raise). Under the
+        cache lock."""
+        if self._failed:
+            return None
+        s = self._row_slot[ids]
+        s = s[s >= 0]
+        needed = s[self._busy[s] == BUSY_READING]
+        if not needed.size:
+            return None
+        needed = np.unique(needed)
+        parts, rows, slots = [], [], []
+        for job in self._jobs:
+            m = _member(job.slots, needed)
+            if m.any():
+                parts.append((job, m))
+                rows.append(job.rows[m])
+                slots.append(job.slots[m])
+        claim = _job_of(rows, slots)
+        self._busy[claim.slots] = BUSY_READ
+        return InFlightClaim(claim.rows, claim.slots, parts)
+
+    def _unclaim(self, claim: InFlightClaim) -> None:
+        """A claim whose read did not happen: its slots are being read again."""
+        self._busy[claim.slots] = BUSY_READING
+
+    def _claimed(self, claim: InFlightClaim) -> None:
+        """The claim's rows were read into their slots by the resolve (and shown in the
+        device map by its launch): rows of pieces not started leave them (taken over:
+        their slots free of the piece, counted as prefetched); rows of pieces that have
+        started stay ``BUSY_READ`` until their piece is reaped (read twice,
+        ``rows_reread``), exactly as :meth:`_take_over` and :meth:`_read_in_flight`
+        leave them. Under the cache lock."""
+        taken = []
+        with self._pf_qlock:  # a piece starts under it: started or not, for certain
+            for job, m in claim.parts:
+                if job.started:
+                    continue
+                taken.append(job.slots[m])
+                job.rows, job.slots = job.rows[~m], job.slots[~m]
+                if not job.rows.size:  # nothing left to read: done
+                    self._pf_queue.remove(job)
+                    job.event.set()
+        n_taken = 0
+        if taken:
+            t = np.concatenate(taken)
+            n_taken = int(t.size)
+            self._busy[t] = 0
+            self._n_busy -= n_taken
+        st = self._stats
+        st["prefetched"] += n_taken
+        st["rows_reread"] += int(claim.rows.size) - n_taken
+        self._rows_taken += n_taken
+        self._reaped_rows += int(claim.rows.size)  # shown in the device map by this call
 
     def _read_now(self, job: PrefetchJob) -> None:
         """Run ``job`` in the calling resolve: the demand reader, the resolve's own

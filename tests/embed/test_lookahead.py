@@ -166,6 +166,6 @@ def test_steps_take_over_rows_of_queued_pieces_and_equal_resident(
     try:
         _slow_prefetch_thread(shared)
         _chunked_prefill_with_lookahead(rng, resident, cached, [shared, word_cache], False)
-        assert shared._steal_buffers is not None  # some step did take rows over
+        assert shared._rows_taken > 0  # some step did take rows over
     finally:
         store.close()

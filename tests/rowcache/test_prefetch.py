@@ -155,7 +155,7 @@ def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype, piece,
     s = cache.stats()
     assert s.prefetched > 0 and s.rows_read == s.misses + s.prefetched + s.rows_reread
     if piece < 100:  # resolves did take rows of queued pieces over
-        assert cache._steal_buffers is not None
+        assert cache._rows_taken > 0
 
 
 def test_prefetch_never_takes_pinned_slots_nor_exhausts_the_batch(tmp_path, rng):
@@ -319,6 +319,66 @@ def test_resolve_reads_rows_of_a_piece_being_read_itself(tmp_path, rng, monkeypa
     s = cache.stats()
     assert (s.misses, s.prefetched, s.rows_reread) == (9, 32, 2)
     assert s.rows_read == s.misses + s.prefetched + s.rows_reread and s.evictions == 1
+    assert not cache._busy.any()
+    check_invariants_no_ref(cache)
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_rows_in_flight_are_read_in_the_resolves_own_read(tmp_path, rng, monkeypatch, merge):
+    """A native resolve needing misses, rows of a piece being read and rows of a queued
+    piece reads them all in one read (``merge``; unmerged: the rows in flight apart,
+    first), into the victims and the reserved slots; the state after it is the same."""
+    x, cache, gate = gated(tmp_path, rng, monkeypatch, 60)
+    cache._merge_in_flight = merge
+    h = cache.prefetch(np.arange(100, 124))  # pieces 100.., 108.., 116..; the first held
+    assert gate.started.wait(10)
+    want = np.array([300, 103, 117, 300, 5, 103])
+    got = cache.resolve(want)
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[want].view(np.uint16))
+    reads = [r.tolist() for r in gate.caller_reads]
+    assert reads == ([[5, 103, 117, 300]] if merge else [[117], [103], [5, 300]])
+    s = cache.stats()
+    assert (s.misses, s.hits, s.prefetched, s.rows_reread, s.rows_read) == (2, 2, 1, 1, 4)
+    assert cache.last_faults == 4 and cache._rows_taken == 1
+    assert s.prefetch_wait_seconds == 0 or not merge
+    gate.open.set()
+    assert h.wait(10) and h.exception() is None
+    cache.end_batch()
+    got = cache.resolve(np.arange(100, 124))
+    np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[100:124].view(np.uint16))
+    s = cache.stats()
+    assert (s.misses, s.prefetched, s.rows_reread) == (2, 24, 1)
+    assert s.rows_read == s.misses + s.prefetched + s.rows_reread
+    assert not cache._busy.any() and cache._n_busy == 0
+    check_invariants_no_ref(cache)
+
+
+def test_a_failed_merged_read_changes_nothing_and_settles(tmp_path, rng, monkeypatch):
+    """The resolve's one read (its misses and rows in flight) fails on a missing row: the
+    rows in flight are read apart as before (their slots stay reserved by their piece
+    meanwhile), and the call raises the miss's read error with nothing else changed."""
+    x, cache, gate = gated(tmp_path, rng, monkeypatch, 60)
+    h = cache.prefetch(np.arange(100, 116))
+    assert gate.started.wait(10)
+    gate.fail = np.array([7])
+    before = cache.slot_map()[0].copy()
+    with pytest.raises(CorruptDataError, match="injected"):
+        cache.resolve([7, 103, 111])
+    reads = [r.tolist() for r in gate.caller_reads]
+    assert reads == [[7, 103, 111], [111], [103], [7]]  # one read; then apart, then the miss
+    row_slot = cache.slot_map()[0]
+    assert row_slot[7] == -1 and (row_slot[100:116] == before[100:116]).all()
+    assert (cache._busy[row_slot[[103, 111]]] == [2, 0]).all()  # read beside; taken over
+    s = cache.stats()
+    assert (s.misses, s.hits, s.rows_read, s.rows_reread, s.prefetched) == (0, 0, 2, 1, 1)
+    gate.fail = gate.fail[:0]
+    gate.open.set()
+    assert h.wait(10)
+    got = cache.resolve([7, 103, 111])
+    np.testing.assert_array_equal(
+        cache.table[got].view(np.uint16), x[[7, 103, 111]].view(np.uint16)
+    )
+    cache.end_batch()
     assert not cache._busy.any()
     check_invariants_no_ref(cache)
 

@@ -108,7 +108,8 @@ class PrefetchBook(CacheState):
         reads those rows itself (once: they leave the piece); rows of a piece being read
         it reads itself too, into the slots the piece reserved (the piece writes the
         same bytes again, and its slots are no victims until it lands: those rows are
-        read twice, ``CacheStats.rows_reread``). It waits for pieces in flight only when
+        read twice, ``CacheStats.rows_reread``). It reads them in the same read as its
+        own faults (one read plan), and apart only where that read fails. It waits for pieces in flight only when
         it needs their slots as victims or to avoid exhaustion (or when its own read of
         their rows failed), so the LRU order, the exhaustion rule and every fault count
         are exactly those of a prefetch that completed at its call. A failed read maps

@@ -20,14 +20,18 @@ ABLATION_LABELS = {
     "unmerged": "unmerged",
 }
 """The ablation series (--ablate-check, --repeat-cached, --ablate-yield, --ablate-merge;
---ablate-piece adds ``pieceROWS``) and their columns' names."""
+--ablate-piece adds ``pieceROWS``, --ablate-prefetch-qd ``pfqdQD``) and their columns'
+names."""
 
 
 def ablations(names: Any) -> list[str]:
     """The ablation series among ``names``, in a fixed order."""
     names = list(names)
     return [v for v in ABLATION_LABELS if v in names] + sorted(
-        v for v in names if v.startswith("piece") and v[5:].isdigit()
+        v
+        for v in names
+        for prefix in ("piece", "pfqd")
+        if v.startswith(prefix) and v[len(prefix) :].isdigit()
     )
 
 

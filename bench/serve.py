@@ -66,6 +66,7 @@ from embed.tables import Bf16Table, CachedTable, Fp8Table
 from kernels.reference import BF16
 from rowcache.builder import build_store
 from rowcache.cache import NgramRowCache
+from rowcache.reader import RowReader
 from rowcache.store import RowStore
 from rowcache.tools.profile import profile_trace
 from rowcache.tools.trace import ServerModel
@@ -97,6 +98,7 @@ def pick_rows(args: Any, xp: Any) -> tuple[int, str]:
     # turns), an arena at most the tables' size in RAM, ~0.2 of it in HBM (tune's budget)
     arenas = 1 + len(args.lookahead_list) + args.ablate_check + args.repeat_cached
     arenas += args.ablate_yield + bool(args.ablate_piece) + args.ablate_merge
+    arenas += bool(args.ablate_prefetch_qd)
     per_row = (
         12
         * 256
@@ -288,6 +290,14 @@ def main(argv: list[str] | None = None) -> int:
         "read: NgramRowCache._merge_in_flight = False): series 'unmerged'",
     )
     p.add_argument(
+        "--ablate-prefetch-qd",
+        type=int,
+        default=0,
+        metavar="QD",
+        help="also run the first lookahead series with a prefetch reader of queue depth\n"
+        "QD (the cache's: --queue-depth): series 'pfqdQD'",
+    )
+    p.add_argument(
         "--ablate-check",
         action="store_true",
         help="also run each server cached with no residency check before a step's device\n"
@@ -358,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
             args.device = "cpu"
     if args.ablate_piece < 0:
         p.error(f"--ablate-piece {args.ablate_piece}: give rows a piece (or 0: none)")
+    if not 0 <= args.ablate_prefetch_qd <= 1024:
+        p.error(f"--ablate-prefetch-qd {args.ablate_prefetch_qd}: give 1..1024 (or 0: none)")
     if args.interleave < 0:
         p.error(f"--interleave {args.interleave}: give steps a turn, or 0 for none")
     if args.profile is not None:
@@ -456,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         warmed: dict[str, Any] = {"tokens": sum(r.size for r in hist), "order": order}
 
-        def new_cache(yield_disk: bool = True) -> NgramRowCache:
+        def new_cache(yield_disk: bool = True, prefetch_qd: int = 0) -> NgramRowCache:
             cache = NgramRowCache(
                 store,
                 [str(i) for i in range(T)],
@@ -465,11 +477,15 @@ def main(argv: list[str] | None = None) -> int:
                 queue_depth=args.queue_depth,
                 direct=not args.no_direct,
             )
-            if not yield_disk:  # --ablate-yield: a prefetch reader that does not yield
-                own = cache._prefetch_reader()
-                if getattr(own, "background", False):
-                    opts = own.options(background=False)
-                    cache._prefetch_reader = lambda: store.new_reader(**opts)
+            own = cache._prefetch_reader()
+            if type(own) is RowReader and (not yield_disk or prefetch_qd):
+                # --ablate-yield: a prefetch reader that does not yield the disk;
+                # --ablate-prefetch-qd: one of that queue depth
+                opts = own.options(
+                    background=own.background and yield_disk,
+                    queue_depth=prefetch_qd or own.queue_depth,
+                )
+                cache._prefetch_reader = lambda: store.new_reader(**opts)
             if warm_rows:  # the history's rows, in its order (untimed)
                 t0 = time.perf_counter()
                 for rows_ in warm_rows:
@@ -517,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
                 variants[f"piece{args.ablate_piece}"] = depths[0]
             if args.ablate_merge:
                 variants["unmerged"] = depths[0]
+            if args.ablate_prefetch_qd:
+                variants[f"pfqd{args.ablate_prefetch_qd}"] = depths[0]
             if args.profile and args.profile[0] == name and args.profile[1] not in variants:
                 p.error(
                     f"--profile: server{name} runs no series {args.profile[1]!r}; its series: "
@@ -526,7 +544,8 @@ def main(argv: list[str] | None = None) -> int:
             for variant, depth in variants.items():
                 if depth:
                     demand[variant] = []
-                cache = caches[variant] = new_cache(yield_disk=variant != "noyield")
+                pf_qd = args.ablate_prefetch_qd if variant.startswith("pfqd") else 0
+                cache = caches[variant] = new_cache(variant != "noyield", pf_qd)
                 if variant == f"piece{args.ablate_piece}":
                     cache._piece_rows = args.ablate_piece
                 cache._merge_in_flight = variant != "unmerged"

@@ -374,6 +374,29 @@ typedef struct {
     Py_ssize_t i; /* index in the caller's order */
 } rowref_t;
 
+/* One batch's arguments, checked (read_runs and read_runs_start). */
+typedef struct {
+    Py_buffer v[5]; /* rows, bounds, tables, bases, out: held until the batch ends */
+    const int64_t *rows, *bounds, *bases;
+    const int32_t *tables;
+    uint8_t *out;
+    Py_ssize_t n, P;
+    int64_t rec;
+    int verify;
+} runargs_t;
+
+/* A batch run on the reader's own thread (read_runs_start .. read_runs_join). */
+typedef struct {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    int started, stop, state; /* state: 0 none, 1 running, 2 finished (not joined) */
+    runargs_t args;
+    Py_buffer ctlv;
+    int32_t *ctl, seq;
+    int64_t st[9];
+} async_t;
+
 typedef struct {
     PyObject_HEAD
     int qd, use_uring, broken, have_layout, direct, background;
@@ -388,6 +411,7 @@ typedef struct {
     uint32_t *p_crc;
     uint8_t *p_bad, *buf;
     Py_ssize_t cap_rows, cap_pages, cap_buf;
+    async_t async;
 } Reader;
 
 static int Reader_init(Reader *self, PyObject *args, PyObject *kw) {
@@ -445,7 +469,23 @@ static void scratch_free(Reader *s) {
     if (!s->broken) free(s->buf); /* a broken ring may still write into buf: leak it */
 }
 
+static void async_wait(async_t *j);
+static void runargs_release(runargs_t *a);
+
 static void Reader_dealloc(Reader *self) {
+    async_t *j = &self->async;
+    if (j->started) { /* a batch in flight writes into its buffers: wait, then stop */
+        Py_BEGIN_ALLOW_THREADS
+        async_wait(j);
+        Py_END_ALLOW_THREADS
+        pthread_mutex_lock(&j->mu);
+        j->stop = 1;
+        pthread_cond_broadcast(&j->go);
+        pthread_mutex_unlock(&j->mu);
+        pthread_join(j->th, NULL);
+        runargs_release(&j->args);
+        if (j->ctlv.obj) PyBuffer_Release(&j->ctlv);
+    }
     if (self->pool.th) {
         pthread_mutex_lock(&self->pool.mu);
         self->pool.stop = 1;
@@ -553,43 +593,58 @@ static int cmp_row(const void *a, const void *b) {
     return x->i < y->i ? -1 : x->i > y->i;
 }
 
-/* read_runs(rows int64[n], bounds int64[P+1], tables int32[P], bases int64[P], out, verify)
- * Rows bounds[k]..bounds[k+1] minus bases[k] are rows of table tables[k]. Returns
- * (status, reads, bytes, a, b, c, d, e, f): status 0 ok; 1 read failed (a extent, b file,
- * c offset, d got, e need, f errno or -1 short; `reads` failed in all); 2 bad page (a
- * extent, b file, c page offset, d crc seen, e stored, f bad pages in all); 3 file b is
- * not open (nothing read); 4 a row lies outside its table (a index, b row). */
-static PyObject *Reader_read_runs(Reader *self, PyObject *args) {
-    PyObject *o[5];
-    int verify;
-    if (!PyArg_ParseTuple(args, "OOOOOp", &o[0], &o[1], &o[2], &o[3], &o[4], &verify)) return NULL;
+
+static void runargs_release(runargs_t *a) {
+    for (int k = 0; k < 5; k++)
+        if (a->v[k].obj) PyBuffer_Release(&a->v[k]);
+    memset(a->v, 0, sizeof a->v);
+}
+
+/* Parse and check read_runs' arguments into a (its buffers held); 0, or -1 with an
+ * exception set and nothing held. */
+static int runargs_parse(Reader *self, PyObject *const *o, int verify, runargs_t *a) {
+    memset(a, 0, sizeof *a);
     if (!self->have_layout) {
         PyErr_SetString(PyExc_RuntimeError, "read_runs: call set_layout first");
-        return NULL;
+        return -1;
     }
-    Py_buffer v[5];
-    memset(v, 0, sizeof v);
-    PyObject *ret = NULL;
+    Py_buffer *v = a->v;
     Py_ssize_t P = PyObject_Length(o[2]);
     if (P < 0 || getbuf(o[0], &v[0], 8, -1, 0, "rows") || getbuf(o[1], &v[1], 8, P + 1, 0, "bounds") ||
         getbuf(o[2], &v[2], 4, P, 0, "tables") || getbuf(o[3], &v[3], 8, P, 0, "bases") ||
         getbuf(o[4], &v[4], 1, -1, 1, "out"))
-        goto out;
-    const int64_t *rows = v[0].buf, *bounds = v[1].buf, *bases = v[3].buf;
-    const int32_t *tables = v[2].buf;
-    Py_ssize_t n = v[0].len / 8, T = self->lay[L_ROWS].len / 8;
+        goto fail;
+    a->rows = v[0].buf, a->bounds = v[1].buf, a->bases = v[3].buf, a->tables = v[2].buf;
+    a->out = v[4].buf, a->n = v[0].len / 8, a->P = P, a->verify = verify;
+    Py_ssize_t T = self->lay[L_ROWS].len / 8;
     int64_t rec = -1;
-    if (P && (bounds[0] != 0 || bounds[P] != n)) goto bad_args;
+    if (P && (a->bounds[0] != 0 || a->bounds[P] != a->n)) goto bad_args;
     for (Py_ssize_t k = 0; k < P; k++) {
-        if (tables[k] < 0 || tables[k] >= T || bounds[k + 1] < bounds[k]) goto bad_args;
-        if (rec < 0) rec = L64(self, L_REC)[tables[k]];
-        if (L64(self, L_REC)[tables[k]] != rec) goto bad_args;
+        int32_t t = a->tables[k];
+        if (t < 0 || t >= T || a->bounds[k + 1] < a->bounds[k]) goto bad_args;
+        if (rec < 0) rec = L64(self, L_REC)[t];
+        if (L64(self, L_REC)[t] != rec) goto bad_args;
     }
-    if (n && v[4].len < n * rec) goto bad_args;
-    int checks = verify && self->lay[L_CRC].obj;
+    if (a->n && v[4].len < a->n * rec) goto bad_args;
+    a->rec = rec;
+    return 0;
+bad_args:
+    PyErr_SetString(PyExc_ValueError, "read_runs: bounds, tables or out do not fit the rows");
+fail:
+    runargs_release(a);
+    return -1;
+}
+
+/* Run one checked batch, without the GIL: st as read_runs returns it (st[0] < 0: -errno of
+ * a failed allocation or io_uring_enter). */
+static void run_batch(Reader *self, const runargs_t *a, int64_t st[9]) {
+    const int64_t *rows = a->rows, *bounds = a->bounds, *bases = a->bases;
+    const int32_t *tables = a->tables;
+    Py_ssize_t n = a->n, P = a->P;
+    int64_t rec = a->rec;
+    int checks = a->verify && self->lay[L_CRC].obj;
     const int32_t *fds = self->lay[L_FDS].buf;
-    int64_t st[9] = {0};
-    Py_BEGIN_ALLOW_THREADS
+    memset(st, 0, 9 * sizeof *st);
     pthread_mutex_lock(&self->lock);
     if (scratch(self, n)) st[0] = -ENOMEM;
     /* locate every row; sorted already when the parts come in file order */
@@ -700,7 +755,7 @@ static PyObject *Reader_read_runs(Reader *self, PyObject *args) {
         }
         if (!st[0] && st[8]) st[0] = 2;
         else if (!st[0]) {
-            uint8_t *dst = v[4].buf;
+            uint8_t *dst = a->out;
             for (Py_ssize_t i = 0; i < n; i++) memcpy(dst + i * rec, self->buf + self->src[i], (size_t)rec);
         }
     }
@@ -708,20 +763,132 @@ static PyObject *Reader_read_runs(Reader *self, PyObject *args) {
     st[2] = total;
     free(efile);
     pthread_mutex_unlock(&self->lock);
-    Py_END_ALLOW_THREADS
+}
+
+/* The result of a batch: the tuple, or OSError for st[0] < 0. */
+static PyObject *batch_result(const int64_t st[9]) {
     if (st[0] < 0) {
         errno = (int)-st[0];
         PyErr_SetFromErrnoWithFilename(PyExc_OSError, st[0] == -ENOMEM ? "read_runs" : "io_uring_enter");
-        goto out;
+        return NULL;
     }
-    ret = Py_BuildValue("LLLLLLLLL", st[0], st[1], st[2], st[3], st[4], st[5], st[6], st[7], st[8]);
-    goto out;
-bad_args:
-    PyErr_SetString(PyExc_ValueError, "read_runs: bounds, tables or out do not fit the rows");
-out:
-    for (int k = 0; k < 5; k++)
-        if (v[k].obj) PyBuffer_Release(&v[k]);
-    return ret;
+    return Py_BuildValue("LLLLLLLLL", st[0], st[1], st[2], st[3], st[4], st[5], st[6], st[7], st[8]);
+}
+
+/* read_runs(rows int64[n], bounds int64[P+1], tables int32[P], bases int64[P], out, verify)
+ * Rows bounds[k]..bounds[k+1] minus bases[k] are rows of table tables[k]. Returns
+ * (status, reads, bytes, a, b, c, d, e, f): status 0 ok; 1 read failed (a extent, b file,
+ * c offset, d got, e need, f errno or -1 short; `reads` failed in all); 2 bad page (a
+ * extent, b file, c page offset, d crc seen, e stored, f bad pages in all); 3 file b is
+ * not open (nothing read); 4 a row lies outside its table (a index, b row). */
+static PyObject *Reader_read_runs(Reader *self, PyObject *args) {
+    PyObject *o[5];
+    int verify;
+    if (!PyArg_ParseTuple(args, "OOOOOp", &o[0], &o[1], &o[2], &o[3], &o[4], &verify)) return NULL;
+    if (self->async.state == 1) {
+        PyErr_SetString(PyExc_RuntimeError, "read_runs: a batch started by read_runs_start is not joined");
+        return NULL;
+    }
+    runargs_t a;
+    if (runargs_parse(self, o, verify, &a)) return NULL;
+    int64_t st[9];
+    Py_BEGIN_ALLOW_THREADS
+    run_batch(self, &a, st);
+    Py_END_ALLOW_THREADS
+    runargs_release(&a);
+    return batch_result(st);
+}
+
+/* The reader's async worker: runs the batch read_runs_start handed it, then writes the
+ * caller's flag (ctl[1] = seq when the batch read cleanly, then ctl[0] = seq, each store
+ * released after the records it covers), then wakes read_runs_join. */
+static void *async_worker(void *arg) {
+    Reader *self = arg;
+    async_t *j = &self->async;
+    pthread_mutex_lock(&j->mu);
+    for (;;) {
+        while (j->state != 1 && !j->stop) pthread_cond_wait(&j->go, &j->mu);
+        if (j->stop) break;
+        pthread_mutex_unlock(&j->mu);
+        run_batch(self, &j->args, j->st);
+        if (j->ctl) {
+            __atomic_store_n(&j->ctl[1], j->st[0] == 0 ? j->seq : j->seq - 1, __ATOMIC_RELEASE);
+            __atomic_store_n(&j->ctl[0], j->seq, __ATOMIC_SEQ_CST);
+        }
+        pthread_mutex_lock(&j->mu);
+        j->state = 2;
+        pthread_cond_broadcast(&j->done);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return NULL;
+}
+
+/* read_runs_start(rows, bounds, tables, bases, out, verify, ctl, seq) -> None
+ * read_runs' batch, run on the reader's own thread while the caller goes on; the buffers
+ * are held until read_runs_join. ctl (int32[2], e.g. pinned memory a GPU polls) or None:
+ * when the batch ends, ctl[1] = seq if it read cleanly (else seq - 1), then ctl[0] = seq. */
+static PyObject *Reader_read_runs_start(Reader *self, PyObject *args) {
+    PyObject *o[5], *o_ctl;
+    int verify, seq;
+    if (!PyArg_ParseTuple(args, "OOOOOpOi", &o[0], &o[1], &o[2], &o[3], &o[4], &verify, &o_ctl, &seq))
+        return NULL;
+    async_t *j = &self->async;
+    if (j->state != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "read_runs_start: the last batch started is not joined");
+        return NULL;
+    }
+    Py_buffer cv;
+    memset(&cv, 0, sizeof cv);
+    if (o_ctl != Py_None && getbuf(o_ctl, &cv, 4, 2, 1, "ctl")) return NULL;
+    if (runargs_parse(self, o, verify, &j->args)) {
+        if (cv.obj) PyBuffer_Release(&cv);
+        return NULL;
+    }
+    if (!j->started) {
+        pthread_mutex_init(&j->mu, NULL);
+        pthread_cond_init(&j->go, NULL);
+        pthread_cond_init(&j->done, NULL);
+        if (pthread_create(&j->th, NULL, async_worker, self)) {
+            runargs_release(&j->args);
+            if (cv.obj) PyBuffer_Release(&cv);
+            PyErr_SetString(PyExc_OSError, "read_runs_start: cannot start the reader's thread");
+            return NULL;
+        }
+        j->started = 1;
+    }
+    j->ctlv = cv;
+    j->ctl = cv.obj ? cv.buf : NULL;
+    j->seq = seq;
+    pthread_mutex_lock(&j->mu);
+    j->state = 1;
+    pthread_cond_signal(&j->go);
+    pthread_mutex_unlock(&j->mu);
+    Py_RETURN_NONE;
+}
+
+/* Wait for the batch read_runs_start started (the GIL released); release its buffers. */
+static void async_wait(async_t *j) {
+    pthread_mutex_lock(&j->mu);
+    while (j->state == 1) pthread_cond_wait(&j->done, &j->mu);
+    pthread_mutex_unlock(&j->mu);
+}
+
+/* read_runs_join() -> read_runs' result for the batch read_runs_start started */
+static PyObject *Reader_read_runs_join(Reader *self, PyObject *noargs) {
+    (void)noargs;
+    async_t *j = &self->async;
+    if (j->state == 0) {
+        PyErr_SetString(PyExc_RuntimeError, "read_runs_join: no batch was started");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    async_wait(j);
+    Py_END_ALLOW_THREADS
+    j->state = 0;
+    runargs_release(&j->args);
+    if (j->ctlv.obj) PyBuffer_Release(&j->ctlv);
+    j->ctl = NULL;
+    return batch_result(j->st);
 }
 
 static PyObject *Reader_engine(Reader *self, void *closure) {
@@ -730,6 +897,12 @@ static PyObject *Reader_engine(Reader *self, void *closure) {
 }
 
 static PyMethodDef Reader_methods[] = {
+    {"read_runs_start", (PyCFunction)Reader_read_runs_start, METH_VARARGS,
+     "read_runs_start(rows, bounds, tables, bases, out, verify, ctl, seq): read_runs' batch "
+     "on the reader's own thread; ctl int32[2] or None: ctl[1] = seq if clean (else seq - 1), "
+     "then ctl[0] = seq, when it ends"},
+    {"read_runs_join", (PyCFunction)Reader_read_runs_join, METH_NOARGS,
+     "read_runs_join() -> read_runs' result of the batch read_runs_start started"},
     {"set_layout", (PyCFunction)Reader_set_layout, METH_VARARGS,
      "set_layout(rows, rows_per_page, pages_per_shard, page_bytes, record_bytes, file_base, "
      "fds, crc, crc_base, merge_gap, max_extent, direct)"},

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -55,10 +55,13 @@ class NativeEngine:
     _engine_asked: str
     _native: Any
     _native_pid: int
+    _opened_all: bool
+    _started: Any
     _file_base: np.ndarray
     _file_table: np.ndarray
     _file_shard: np.ndarray
     _fd_arr: np.ndarray
+    _fd: Any
     _crc: np.ndarray | None
     _crc_base: np.ndarray
 
@@ -120,6 +123,57 @@ class NativeEngine:
         _, rs = self.read_runs(rows, bounds, tables, bases, out=out)
         return rs.rows, rs.bytes_read, rs.read_ops
 
+    def read_batch_start(
+        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        out: np.ndarray, ctl: np.ndarray | None, seq: int,
+    ) -> bool:  # fmt: skip
+        """Start :meth:`read_batch`'s batch on the native reader's own thread and return at
+        once (True); False, having started nothing, where it cannot run there (the Python
+        engine, another engine's reader, a shard file not opened yet: :meth:`read_batch`
+        then). When the batch ends the thread writes ``ctl`` (int32[2], e.g. pinned memory
+        a GPU polls, or None): ``ctl[1] = seq`` if it read cleanly (else ``seq - 1``), then
+        ``ctl[0] = seq``. The caller keeps ``out`` and the arrays alive and calls
+        :meth:`read_batch_join` before any other read of this reader's."""
+        native = self._native
+        if (
+            native is None
+            or self._native_pid != os.getpid()
+            or os.preadv is not _PREADV
+            or not self._native_path
+            or not self._all_open()
+        ):
+            return False
+        native.read_runs_start(rows, bounds, tables, bases, out, self.verify_pages, ctl, seq)
+        self._started = (rows, bounds, tables, bases)
+        return True
+
+    def read_batch_join(self) -> tuple[int, int, int]:
+        """Wait for the batch :meth:`read_batch_start` started; returns (rows, bytes, read
+        ops), or raises the error :meth:`read_batch` would have raised (its ``ctl`` told
+        the caller's GPU so already)."""
+        rows, bounds, tables, bases = self._started
+        self._started = None
+        try:
+            res = self._native.read_runs_join()
+        except OSError as ex:  # io_uring_enter failed: later batches use threads
+            raise CorruptDataError(f"a read batch of {rows.size} rows failed: {ex}") from ex
+        if res[0] == 0:
+            return rows.size, res[2], res[1]
+        self._raise_status(rows, bounds, tables, bases, res)
+
+    def _all_open(self) -> bool:
+        """Every shard file of the store is open (a native batch then never stops for
+        one): opened here the first time (False if one cannot be: a batch that needs it
+        raises its error)."""
+        if not self._opened_all:
+            try:
+                for f in np.flatnonzero(self._fd_arr < 0).tolist():  # once a file, once
+                    self._fd(int(self._file_table[f]), int(self._file_shard[f]))
+            except (OSError, CorruptDataError, ConfigError):
+                return False
+            self._opened_all = True
+        return True
+
     def _read_native(
         self,
         rows: np.ndarray,
@@ -145,6 +199,17 @@ class NativeEngine:
             self._fd(int(self._file_table[b]), int(self._file_shard[b]))  # opens or raises
         if st == 0:
             return ReadStats(int(rows.size), reads, nbytes)
+        self._raise_status(rows, bounds, tables, bases, (st, reads, nbytes, a, b, c, d, e, f))
+
+    def _raise_status(
+        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        res: tuple[int, ...],
+    ) -> NoReturn:  # fmt: skip
+        """Raise the named error of a native batch's failed result ``res``."""
+        st, reads, _, a, b, c, d, e, f = res
+        if st == 3:  # (a batch started apart checks that every file is open first)
+            t, sh = int(self._file_table[b]), int(self._file_shard[b])
+            raise CorruptDataError(f"table {self.tables[t].name!r}: shard {sh} was not open")
         if st == 4:
             k = int(np.searchsorted(bounds, a, side="right")) - 1
             t = self.tables[int(tables[k])]

@@ -159,6 +159,8 @@ class RowReader(ReadPlanner, PythonEngine, NativeEngine):
             self._set_page_crcs(page_crcs)
         self._native: Any = None
         self._native_pid = 0
+        self._opened_all = False  # every shard file open (read_native's batches apart)
+        self._started: Any = None  # the arrays of a batch started apart, until joined
         self.engine = (
             "python" if engine == "python" or _rcio is None else self._native_reader().engine
         )
@@ -246,6 +248,7 @@ class RowReader(ReadPlanner, PythonEngine, NativeEngine):
                 os.close(fd)
             self._fds.clear()
             self._fd_arr[:] = -1
+            self._opened_all = False
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None

@@ -514,3 +514,55 @@ def test_read_batch_equals_read_runs_and_falls_back_for_errors(tmp_path, engine)
     with pytest.raises(RowRangeError, match="out of range"):
         r.read_batch(np.array([5000], np.int64), np.array([0, 1]), tables[:1], bases[:1],
                      out[:1])  # fmt: skip
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_batch_started_apart_reads_what_read_batch_reads_and_writes_its_flag(tmp_path, engine):
+    """read_batch_start / read_batch_join: the records and stats of read_batch, read on the
+    reader's own thread; the flag ``ctl`` says clean (``ctl[1] == seq``) only for a clean
+    batch, and a failed one raises read_batch's named error at the join. The Python
+    engine starts nothing (False): its caller reads as before."""
+    store, _ = fresh_store(tmp_path)
+    r = make_reader(store, engine=engine)
+    rng = np.random.default_rng(3)
+    rec = store.tables[0].record_bytes
+    tables = np.arange(3, dtype=np.int32)
+    ref = make_reader(store, engine="python")
+    ctl = np.zeros(2, np.int32)
+    for seq in range(1, 21):
+        parts = [np.unique(rng.integers(0, t.rows, rng.integers(0, 60))) for t in store.tables]
+        bases = np.array([0, 0, 0], dtype=np.int64)
+        bounds = np.concatenate([[0], np.cumsum([p.size for p in parts])]).astype(np.int64)
+        rows = np.concatenate(parts).astype(np.int64)
+        out = np.zeros((rows.size, rec), np.uint8)
+        started = r.read_batch_start(rows, bounds, tables, bases, out, ctl, seq)
+        assert started == (engine != "python")
+        if not started:
+            return
+        got = r.read_batch_join()
+        assert tuple(ctl) == (seq, seq)
+        want, rs = ref.read_runs(rows, bounds, tables, bases)
+        np.testing.assert_array_equal(out, want)
+        assert got == (rs.rows, rs.bytes_read, rs.read_ops)
+    with pytest.raises(RuntimeError, match="not joined"):  # one batch apart at a time
+        r.read_batch_start(rows, bounds, tables, bases, out, ctl, 30)
+        r.read_batch_start(rows, bounds, tables, bases, out, ctl, 31)
+    r.read_batch_join()
+    # a flipped byte: the flag says failed, and the join raises the page check's error
+    info = store.tables[1]
+    shard, off = info.locate(np.array([77]))
+    path = os.path.join(store.path, store.shards[1][int(shard[0])].file)
+    with open(path, "r+b") as f:
+        f.seek(int(off[0]) + 1)
+        b = f.read(1)
+        f.seek(int(off[0]) + 1)
+        f.write(bytes([b[0] ^ 0x10]))
+    rows = np.array([5, 77], dtype=np.int64)
+    bounds = np.array([0, 1, 2, 2], dtype=np.int64)
+    assert r.read_batch_start(rows, bounds, tables, bases, out[:2], ctl, 40)
+    with pytest.raises(CorruptDataError, match="checksum"):
+        r.read_batch_join()
+    assert ctl[0] == 40 and ctl[1] != 40
+    assert r.read_batch_start(rows[:1], np.array([0, 1, 1, 1]), tables, bases, out[:1], None, 0)
+    assert r.read_batch_join()[0] == 1  # no flag: fine too
+    r.close()

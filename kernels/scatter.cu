@@ -72,6 +72,25 @@ SCATTER_ROWS(scatter_rows_1_i64, unsigned char, long long)
 //   out[i] = side[2 n + n_evicted + i] (a resolve's slots, in its input order; none: n_out 0)
 // Evicted rows and new rows are disjoint (a row evicted and faulted in by one call would
 // have been a hit), so the order of the map writes is moot.
+// A deferred fault (rowcache.fault): its records are still being read by a host thread when
+// these launches are queued. fault_wait (one thread) holds the stream until the thread has
+// written ctl[0] = seq (pinned host memory mapped into the device, written after the
+// records), or timeout_ns passed; fault_commit with ctl then does nothing unless ctl[0] and
+// ctl[1] both say seq (the read was clean): no record, map or out written, so the caches
+// stay as they were and the host raises the read's error.
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+extern "C" __global__ void fault_wait(const volatile int* ctl, long long seq, long long timeout_ns) {
+    const unsigned long long t0 = global_ns();
+    while (ctl[0] != (int)seq && global_ns() - t0 < (unsigned long long)timeout_ns) {
+        __nanosleep(2000);
+    }
+}
+
 template <typename V>
 __device__ __forceinline__ void fault_commit(const V* __restrict__ records,
                                              const int* __restrict__ side,
@@ -85,7 +104,19 @@ __device__ __forceinline__ void fault_commit(const V* __restrict__ records,
                                              long long words,
                                              long long records_stride,
                                              long long table_stride,
-                                             long long scale_offset) {
+                                             long long scale_offset,
+                                             const volatile int* ctl,
+                                             long long seq) {
+    if (ctl != nullptr) {  // a deferred fault: only after a clean read (fault_wait)
+        __shared__ int clean;
+        if (threadIdx.x == 0 && threadIdx.y == 0) {
+            clean = ctl[0] == (int)seq && ctl[1] == (int)seq;
+        }
+        __syncthreads();
+        if (!clean) {
+            return;
+        }
+    }
     scatter_rows<V, int>(records, side, table, scales, n, words, records_stride, table_stride,
                          scale_offset);
     const long long tid = ((long long)blockIdx.x * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
@@ -117,9 +148,11 @@ __device__ __forceinline__ void fault_commit(const V* __restrict__ records,
                                     long long words,                                     \
                                     long long records_stride,                            \
                                     long long table_stride,                              \
-                                    long long scale_offset) {                            \
+                                    long long scale_offset,                              \
+                                    const volatile int* ctl,                             \
+                                    long long seq) {                                     \
         fault_commit<V>(records, side, table, scales, row_map, out, n, n_evicted, n_out, \
-                        words, records_stride, table_stride, scale_offset);              \
+                        words, records_stride, table_stride, scale_offset, ctl, seq);    \
     }
 
 FAULT_COMMIT(fault_commit_16, uint4)

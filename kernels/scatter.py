@@ -148,6 +148,11 @@ def scatter_records(records: Any, slots: Any, table: Any, scales: Any = None) ->
     )
 
 
+WAIT_TIMEOUT_NS = 30 * 10**9
+"""How long a deferred fault's ``fault_wait`` holds its stream for the host's read at most
+(a read still unfinished then is treated as failed: nothing is written)."""
+
+
 def fault_commit_reference(
     records: np.ndarray,
     side: np.ndarray,
@@ -199,14 +204,15 @@ class FaultCommit:
         self.words = row_bytes // self.vec
         self.record_bytes = record_bytes
         self.kernel = get_kernel(_SOURCE, f"fault_commit_{self.vec}")
-        # records, side, table, scales, row_map, out, n, n_evicted, n_out, then 4 fixed
-        self._launch = RawLaunch(self.kernel, 13)
+        # records, side, table, scales, row_map, out, n, n_evicted, n_out, 4 fixed, ctl, seq
+        self._launch = RawLaunch(self.kernel, 15)
+        self._wait: RawLaunch | None = None  # fault_wait, made on a deferred fault's first
         # row_launch's shape for this arena, found once: blocks = min(ceil(rows / ty), cap)
         (self._max_grid,), self._block = row_launch(cupy, 1 << 40, self.words)
         self._launch.pack((
             0, 0, table.data.ptr, scales.data.ptr if scales is not None else 0, 0, 0, 0, 0, 0,
             self.words, record_bytes // self.vec, table.strides[0] // self.vec,
-            table.shape[1],
+            table.shape[1], 0, 0,
         ))  # fmt: skip
 
     def __call__(
@@ -218,13 +224,28 @@ class FaultCommit:
         row_map: Any,
         stream: Any,
         out: Any = None,
+        ctl_ptr: int = 0,
+        seq: int = 0,
     ) -> None:
         """Launch on ``stream``: ``n`` records at ``records_ptr`` (rows of
         ``record_bytes``), ``side_ptr`` int32 ``[slots | rows | evicted | out]`` (both
         device addresses of mapped pinned memory), ``row_map`` cupy int32[rows] or None,
-        ``out`` a contiguous cupy int32 array (or None) that gets the side's last part."""
+        ``out`` a contiguous cupy int32 array (or None) that gets the side's last part.
+
+        ``ctl_ptr`` (a deferred fault, whose records a host thread is still reading): the
+        device address of mapped pinned int32[2] that the thread sets to ``(seq, seq)``
+        once the records are staged cleanly (``(seq, other)`` after a failed read,
+        ``_rcio.Reader.read_runs_start``). The stream waits for ``ctl[0] == seq`` (at most
+        :data:`WAIT_TIMEOUT_NS`), and the launch writes nothing unless the read was clean."""
         if n == 0:
             return
+        if ctl_ptr:
+            if self._wait is None:
+                self._wait = RawLaunch(get_kernel(_SOURCE, "fault_wait"), 3)
+                self._wait.values[2] = WAIT_TIMEOUT_NS
+            self._wait.values[0] = ctl_ptr
+            self._wait.values[1] = seq
+            self._wait((1,), (1,), stream.ptr)
         ty = self._block[1]
         grid = (max(1, min(-(-max(n, n_evicted) // ty), self._max_grid)),)
         v = self._launch.values
@@ -235,4 +256,6 @@ class FaultCommit:
         v[6] = n
         v[7] = n_evicted
         v[8] = out.size if out is not None else 0
+        v[13] = ctl_ptr
+        v[14] = seq
         self._launch(grid, self._block, stream.ptr)

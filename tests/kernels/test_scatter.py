@@ -298,3 +298,65 @@ def test_fault_commit_gpu_equals_reference(rng, fp8, n, n_evicted, n_out):
     if fp8:
         np.testing.assert_array_equal(scales.get(), want_s)
     del m1, m2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("clean", [True, False])
+def test_fault_commit_deferred_waits_for_the_flag_and_writes_only_after_a_clean_read(rng, clean):
+    """A deferred fault's launch (``ctl_ptr``): the stream holds until the host sets the
+    flag, the records staged after the launch are the ones written; a flag that says the
+    read failed leaves table, row map and out as they were."""
+    import time
+
+    import cupy as cp
+
+    from kernels.scatter import FaultCommit, fault_commit_reference
+
+    S, d, R, n, ev = 256, 64, 3000, 40, 5
+    table = cp.asarray(rng.integers(0, 255, (S, d), dtype=np.uint8))
+    scales = cp.asarray(rng.random(S, dtype=np.float32))
+    rec = d + 4
+
+    def pinned(shape, dtype):
+        mem = cp.cuda.PinnedMemory(int(np.prod(shape)) * np.dtype(dtype).itemsize, 2)
+        return mem, np.frombuffer(
+            cp.cuda.PinnedMemoryPointer(mem, 0), dtype, int(np.prod(shape))
+        ).reshape(shape)
+
+    m1, records = pinned((n, rec), np.uint8)
+    m2, side = pinned((2 * n + ev + n,), np.int32)
+    m3, ctl = pinned((2,), np.int32)
+    ctl[:] = 0
+    records[:] = 0
+    rows = rng.choice(R, n + ev, replace=False).astype(np.int32)
+    side[:n] = rng.choice(S, n, replace=False)
+    side[n : 2 * n] = rows[:n]
+    side[2 * n : 2 * n + ev] = rows[n:]
+    side[2 * n + ev :] = rng.integers(0, S, n)
+    row_map = cp.asarray(rng.integers(-1, S, R).astype(np.int32))
+    before = table.get(), scales.get(), row_map.get()
+    commit = FaultCommit(table, scales, rec, records.ctypes.data)
+    stream = cp.cuda.Stream(non_blocking=True)
+    out = cp.full(n, -7, dtype=cp.int32)
+    commit(records.ctypes.data, side.ctypes.data, n, ev, row_map, stream, out,
+           ctl_ptr=ctl.ctypes.data, seq=9)  # fmt: skip
+    done = stream.record()
+    time.sleep(0.05)
+    assert not done.done  # held by fault_wait
+    staged = rng.integers(0, 255, (n, rec), dtype=np.uint8)
+    staged[:, d : d + 4] = rng.random((n, 1), dtype=np.float32).view(np.uint8)
+    records[:] = staged  # the "read", after the launch
+    ctl[1] = 9 if clean else 8
+    ctl[0] = 9
+    stream.synchronize()
+    if clean:
+        want_t, want_s, want_m = before[0].copy(), before[1].copy(), before[2].copy()
+        want_o = np.empty(n, np.int32)
+        fault_commit_reference(staged, side.copy(), ev, want_t, want_s, want_m, want_o)
+    else:
+        want_t, want_s, want_m, want_o = *before, np.full(n, -7, np.int32)
+    np.testing.assert_array_equal(table.get(), want_t)
+    np.testing.assert_array_equal(scales.get(), want_s)
+    np.testing.assert_array_equal(row_map.get(), want_m)
+    np.testing.assert_array_equal(out.get(), want_o)
+    del m1, m2, m3

@@ -260,6 +260,10 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         self._pf_queue: collections.deque[PrefetchJob] = collections.deque()
         self._pf_qlock = threading.Lock()
         self._piece_rows = 0  # 0: rowcache.prefetch_book.PIECE_ROWS
+        self._defer = False
+        self._deferred = None
+        self._ctl = None
+        self._seq = 0
         self._merge_in_flight = True  # False: a benchmark's ablation (_take_over, _read_in_flight)
         self._rows_taken = 0
         self._reaped_rows = 0
@@ -298,7 +302,9 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         """
         cuda = self.device == "cuda"
         with self._lock.raw:  # behind a deferred touch: scanned without waiting for it
-            out = self._hits_queued(row_ids, cuda) if self._touching else None
+            out = (
+                self._hits_queued(row_ids, cuda) if self._touching and not self._deferred else None
+            )
             if out is not None:  # a fault's launch may have carried the slots already
                 return self._to_device(out) if cuda and type(out) is np.ndarray else out
         with self._lock:
@@ -321,7 +327,7 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         :meth:`resolve`.
         """
         with self._lock.raw:  # behind a deferred touch: scanned without waiting for it
-            out = self._hits_queued(row_ids) if self._touching else None
+            out = self._hits_queued(row_ids) if self._touching and not self._deferred else None
             if out is not None:
                 return out
         with self._lock:
@@ -331,6 +337,38 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
             ids = check_row_ids(row_ids, self.rows)
             self._reaped_rows = 0
             return self._resolve_unique(ids)
+
+    def resolve_deferred(self, row_ids: Any) -> int:
+        """:meth:`resolve` for a caller that reads the arena only through
+        :meth:`device_map`, in stream order on the cache's stream (``NgramEmbedding``'s
+        device-map steps): on ``device="cuda"`` a call that must read rows returns while
+        they are being read, instead of after. The read runs on the reader's own
+        thread; the cache's stream holds until it ends, then one launch writes the rows
+        and updates the device map, so the caller's launches queued after this call see
+        them. The host's side of the call (pins, LRU order, maps, stats) is committed by
+        the next call on the cache (:meth:`settle`, or any other), which first waits for
+        the read; if the read failed, that call raises its ``CorruptDataError`` and the
+        cache is exactly as before this call: the launch wrote nothing, so what the
+        caller computed from these rows in the meantime is invalid and must be dropped.
+        Returns :attr:`last_faults` (rows whose device-map entries the call changes).
+        On ``device="cpu"`` the rows are written into the arena by that next call, so a
+        caller reads them after it. Where the reader cannot read apart (the Python or
+        kvikio engine), and for a call without reads, it is :meth:`resolve_host`,
+        finished before it returns. Row ids and errors as :meth:`resolve`'s
+        (out-of-range ids and exhaustion raise at this call)."""
+        self._defer = True
+        try:
+            self.resolve_host(row_ids)
+        finally:
+            self._defer = False
+        return self._last_faults
+
+    def settle(self) -> None:
+        """Commit a :meth:`resolve_deferred` call whose read may still run: wait for the
+        read, then pin, log and map as :meth:`resolve` does; raises the read's error
+        (the cache as before that call). Every other method does this first too."""
+        with self._lock:
+            pass
 
     @property
     def last_faults(self) -> int:
@@ -342,6 +380,14 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
     def end_batch(self) -> None:
         """Unpin every slot pinned since the last ``end_batch``; the next batch begins."""
         with self._lock.raw:  # a deferred touch may go on: it pins for its own batch
+            try:
+                if self._deferred is not None:  # committed (pinned) in this batch, or raised
+                    self._finish_deferred()
+            finally:
+                self._end_batch()
+
+    def _end_batch(self) -> None:
+        with self._lock.raw:
             if self._jobs:
                 if self._touching:
                     self._finish_touch()

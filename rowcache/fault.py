@@ -12,7 +12,7 @@ log is ``rowcache.lru``.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,6 +34,29 @@ OUT_RING = 8  # pinned buffers for int32 arrays on their way to the device (slot
 MISS_PARTS_MIN_ROWS = 1 << 24
 
 
+DEFERRED = np.empty(0, dtype=np.int32)
+"""What a resolve whose read was deferred returns (its slots are known at the commit);
+``NgramRowCache.resolve_deferred`` drops it."""
+DEFERRED.flags.writeable = False
+
+
+class DeferredFault(NamedTuple):
+    """A native fault whose read runs on the reader's own thread while the caller goes on
+    (``NgramRowCache.resolve_deferred``): the plan to commit once the read is joined
+    (``FaultPath._finish_deferred``), the arrays the read holds, and its times."""
+
+    ids: np.ndarray
+    work: np.ndarray
+    n_u: int
+    n_miss: int
+    n_ev: int
+    head: int
+    claim: Any
+    held: tuple[np.ndarray, np.ndarray, np.ndarray]  # the read's rows, bounds, slots
+    reader: RowReader
+    times: tuple[float, float, float]  # plan start, read start, launched
+
+
 class FaultPath(CacheState):
     """Faults of :class:`rowcache.cache.NgramRowCache` (a mixin over its arrays,
     reader and arena)."""
@@ -53,8 +76,13 @@ class FaultPath(CacheState):
     _staging: Any
     # seconds of the native demand faults' phases, summed: plan (lru_plan), read, commit
     # (the CPU path's scatter or the GPU launch's side buffer, and lru_commit), launch;
-    # where fault_seconds goes (bench/serve.py reports them); never reset
+    # where fault_seconds goes (bench/serve.py reports them); never reset. A deferred
+    # fault's read is the time its join waited.
     _fault_phases: np.ndarray
+    _defer: bool  # resolve_deferred's call: a GPU fault's read may outlive the call
+    _deferred: DeferredFault | None  # such a fault, not yet committed
+    _ctl: Any  # pinned int32[2]: a deferred read's end, polled by the GPU (fault_wait)
+    _seq: int
 
     def _value_dtype(self) -> Any:
         from .sources import BF16
@@ -301,6 +329,9 @@ class FaultPath(CacheState):
         m = rows.size
         gpu = bool(m) and self.device == "cuda"
         t1 = t2 = time.perf_counter()
+        if m and self._defer and not device_out:
+            if self._start_deferred(ids, work, n_u, n_miss, n_ev, head, claim, rows, slots, t0):
+                return DEFERRED
         if m:  # raises before any change
             try:
                 records = self._fault_read(rows)
@@ -349,6 +380,96 @@ class FaultPath(CacheState):
             st["fault_seconds"] += t4 - t0
             self._fault_phases += (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
         return out
+
+    def _start_deferred(
+        self, ids: np.ndarray, work: np.ndarray, n_u: int, n_miss: int, n_ev: int, head: int,
+        claim: Any, rows: np.ndarray, slots: np.ndarray, t0: float,
+    ) -> bool:  # fmt: skip
+        """Start a planned fault's read (``rows`` into ``slots``) on the reader's own
+        thread; on the GPU, queue its launch behind ``fault_wait`` on the cache's stream:
+        the stream holds until the read ends, and the launch writes the records and the
+        device map's update only if the read was clean (on the CPU the records are
+        written when the read is joined). The host maps, pins, log and stats change only
+        when :meth:`_finish_deferred` joins the read (the next locked call). False where
+        the reader cannot read apart (nothing started)."""
+        reader = self._reader
+        m = rows.size
+        gpu = self.device == "cuda"
+        if gpu and self._copy_done is not None:
+            self._copy_done.synchronize()  # the staging and side buffers' last launch ran
+        staging = self._staging_rows(m)
+        if gpu and self._ctl is None:
+            self._ctl = self._pinned_host((2,), np.int32)
+            self._ctl[:] = 0
+        self._seq = self._seq % (1 << 30) + 1
+        rows64 = rows.astype(np.int64)
+        bounds = rows64.searchsorted(self.row_offsets)
+        t1 = time.perf_counter()
+        if not reader.read_batch_start(rows64, bounds, self._part_array, self._part_bases,
+                                       staging[:m], self._ctl if gpu else None, self._seq):  # fmt: skip
+            return False
+        try:
+            if gpu:  # (on the CPU the records are written at the join)
+                e0 = 2 * m + n_ev
+                side = self._side_ints(e0)
+                side[:m] = slots
+                side[m : 2 * m] = rows
+                side[2 * m : e0] = work[4 * len(ids) : 4 * len(ids) + n_ev]
+                self._fault_launch(m, n_ev, None, self._ctl.ctypes.data, self._seq)
+        except BaseException:
+            try:
+                reader.read_batch_join()
+            finally:
+                if claim is not None:
+                    self._unclaim(claim)
+            raise
+        held = (rows64, bounds, slots)
+        times = (t0, t1, time.perf_counter())
+        self._deferred = DeferredFault(ids, work, n_u, n_miss, n_ev, head, claim, held,
+                                       reader, times)  # fmt: skip
+        self._last_faults = n_miss + self._reaped_rows + (0 if claim is None else claim.rows.size)
+        return True
+
+    def _finish_deferred(self) -> None:
+        """Join a deferred fault's read and commit its plan (maps, pins, log, stats, the
+        rows it claimed from prefetches), as :meth:`_resolve_native` commits after its
+        read; a failed read commits nothing (its launch wrote nothing) and raises."""
+        d = self._deferred
+        self._deferred = None
+        t0, t1, t2 = d.times
+        t3 = time.perf_counter()
+        try:
+            n_rows, nbytes, ops = d.reader.read_batch_join()
+        except BaseException:
+            if d.claim is not None:
+                self._unclaim(d.claim)
+            self._last_faults = 0
+            raise
+        t4 = time.perf_counter()
+        st = self._stats
+        st["rows_read"] += n_rows
+        st["bytes_read"] += nbytes
+        st["read_ops"] += ops
+        if self.device == "cpu":  # (the GPU's launch has written them, in stream order)
+            m = d.held[0].size
+            scatter_records_reference(self._staging[:m], d.held[2], self.table, self.scales)
+        n = d.ids.size
+        fresh, self._head, self._tail = self._host_lib().lru_commit(
+            d.ids, d.work, d.n_u, d.n_miss, d.n_ev, self._row_slot, self._slot_row,
+            self._last_used, self._log, self._log_pos, d.head, self._tail, self._batch,
+            self.row_offsets, self._part_misses, np.empty(n, dtype=np.int32),
+            HOST_THREADS if self.rows >= MISS_PARTS_MIN_ROWS else 1,
+        )  # fmt: skip
+        st["lookups"] += n
+        st["misses"] += d.n_miss
+        st["hits"] += fresh - d.n_miss
+        st["evictions"] += d.n_ev
+        self._pinned += fresh
+        if d.claim is not None:
+            self._claimed(d.claim)
+        t5 = time.perf_counter()
+        st["fault_seconds"] += (t2 - t0) + (t5 - t3)  # the host's: plan, launch, join, commit
+        self._fault_phases += (t1 - t0, t4 - t3, t5 - t4, t2 - t1)
 
     def _read_parts(
         self, rows: np.ndarray, staging: np.ndarray, reader: RowReader | None = None
@@ -403,13 +524,14 @@ class FaultPath(CacheState):
         st["read_ops"] += ops
         return staging[:n]
 
-    def _fault_launch(self, n: int, e: int, out: Any) -> None:
-        """The GPU side of a fault whose ``n`` records are staged and whose side buffer
-        holds ``[victims (n) | rows (n) | evicted (e) (| out)]``: one launch on the
-        cache's stream writes the records, updates the device map and fills ``out``
-        (a cupy int32 array, or None)."""
+    def _fault_launch(self, n: int, e: int, out: Any, ctl: int = 0, seq: int = 0) -> None:
+        """The GPU side of a fault whose ``n`` records are staged (or, with ``ctl``, being
+        staged: ``kernels.scatter.FaultCommit``) and whose side buffer holds ``[victims
+        (n) | rows (n) | evicted (e) (| out)]``: one launch on the cache's stream writes
+        the records, updates the device map and fills ``out`` (a cupy int32 array, or
+        None)."""
         self._commit(self._staging.ctypes.data, self._side.ctypes.data, n, e, self._dev_map,
-                     self._stream, out)  # fmt: skip
+                     self._stream, out, ctl, seq)  # fmt: skip
         self._copy_event.record(self._stream)  # the buffers are free once it has run
         self._copy_done = self._copy_event
 

@@ -29,9 +29,11 @@ DEFER_MIN = 2048 if USABLE_CPUS >= 4 else 1 << 62
 
 
 class SettlingLock:
-    """The cache's lock (re-entrant): entering it first finishes a deferred touch, so
-    no method sees the LRU state before the touch it is owed. ``raw`` is the bare lock,
-    for the methods that do not read that state (``end_batch`` needs only the batch)."""
+    """The cache's lock (re-entrant): entering it first finishes a deferred fault
+    (``FaultPath._finish_deferred``: may raise its read's error) and a deferred touch, so
+    no method sees the LRU state before the commit and touch it is owed. ``raw`` is the
+    bare lock, for the methods that do not read that state (``end_batch`` needs only the
+    batch, and finishes a deferred fault itself)."""
 
     __slots__ = ("_cache", "raw")
 
@@ -42,9 +44,12 @@ class SettlingLock:
     def __enter__(self) -> SettlingLock:
         self.raw.acquire()
         c = self._cache()
-        if c is not None and c._touching:
+        if c is not None and (c._touching or c._deferred is not None):
             try:
-                c._finish_touch()
+                if c._deferred is not None:  # a deferred fault's read: joined, committed
+                    c._finish_deferred()
+                if c._touching:
+                    c._finish_touch()
             except BaseException:
                 self.raw.release()
                 raise
@@ -76,6 +81,7 @@ class LruLog(CacheState):
     _scratch2: np.ndarray  # the keys of a touch queued behind one that holds _scratch
     # deferred touches, oldest first: (handle or result, its batch, the scratch it holds)
     _touching: list[tuple[Any, int, np.ndarray]]
+    _deferred: Any  # rowcache.fault.DeferredFault | None
     _defer_min: int  # ids from which an all-hits call defers its touch (DEFER_MIN)
 
     def _host_lib(self) -> Any:
@@ -177,6 +183,9 @@ class LruLog(CacheState):
         running its device part again after the fault. Raises as :meth:`resolve` does
         for ids outside the table."""
         native = self._host_lib()
+        if self._deferred is not None:  # a deferred fault's commit first (it may raise)
+            with self._lock:
+                pass
         if (
             native is not None
             and type(row_ids) is np.ndarray

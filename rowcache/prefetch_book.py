@@ -68,6 +68,7 @@ class PrefetchBook(CacheState):
     _pf_queue: collections.deque[PrefetchJob]  # pieces not started, in call order
     _pf_qlock: threading.Lock
     _piece_rows: int  # 0: PIECE_ROWS; else a benchmark's ablation
+    _deferred: Any  # rowcache.fault.DeferredFault | None
     _merge_in_flight: bool  # a native resolve reads rows in flight in its demand read
     _rows_taken: int  # rows resolves took over from pieces not started (benchmarks)
     _reader: Any
@@ -79,6 +80,9 @@ class PrefetchBook(CacheState):
         :meth:`device_map`, in stream order after their arena writes); returns the
         rows still in flight. Every other method does this too; a caller that reads
         the device map before resolving calls it first."""
+        if self._deferred is not None:  # a deferred fault's commit first (it may raise)
+            with self._lock:
+                pass
         with self._lock.raw:  # a deferred touch may go on, unless prefetches need reaping
             if self._jobs:
                 if self._touching:

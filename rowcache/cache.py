@@ -346,10 +346,12 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         thread; the cache's stream holds until it ends, then one launch writes the rows
         and updates the device map, so the caller's launches queued after this call see
         them. The host's side of the call (pins, LRU order, maps, stats) is committed by
-        the next call on the cache (:meth:`settle`, or any other), which first waits for
-        the read; if the read failed, that call raises its ``CorruptDataError`` and the
-        cache is exactly as before this call: the launch wrote nothing, so what the
-        caller computed from these rows in the meantime is invalid and must be dropped.
+        the next call on the cache (:meth:`settle`, or any other but :meth:`poll` and
+        :meth:`end_batch`, which leave it pending: the commit then pins nothing, its
+        batch having ended), which first waits for the read; if the read failed, that
+        call raises its ``CorruptDataError`` and the cache is exactly as before this
+        call: the launch wrote nothing, so what the caller computed from these rows in
+        the meantime is invalid and must be dropped.
         Returns :attr:`last_faults` (rows whose device-map entries the call changes).
         On ``device="cpu"`` the rows are written into the arena by that next call, so a
         caller reads them after it. Where the reader cannot read apart (the Python or
@@ -380,15 +382,9 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
     def end_batch(self) -> None:
         """Unpin every slot pinned since the last ``end_batch``; the next batch begins."""
         with self._lock.raw:  # a deferred touch may go on: it pins for its own batch
-            try:
-                if self._deferred is not None:  # committed (pinned) in this batch, or raised
-                    self._finish_deferred()
-            finally:
-                self._end_batch()
-
-    def _end_batch(self) -> None:
-        with self._lock.raw:
-            if self._jobs:
+            # (a deferred fault goes on too: its commit pins for the batch of its call,
+            # i.e. not at all once that batch has ended; no reap before it)
+            if self._jobs and self._deferred is None:
                 if self._touching:
                     self._finish_touch()
                 self._reap()

@@ -55,6 +55,7 @@ class DeferredFault(NamedTuple):
     held: tuple[np.ndarray, np.ndarray, np.ndarray]  # the read's rows, bounds, slots
     reader: RowReader
     times: tuple[float, float, float]  # plan start, read start, launched
+    batch: int  # the batch of the call: its commit pins only while that batch lasts
 
 
 class FaultPath(CacheState):
@@ -426,7 +427,7 @@ class FaultPath(CacheState):
         held = (rows64, bounds, slots)
         times = (t0, t1, time.perf_counter())
         self._deferred = DeferredFault(ids, work, n_u, n_miss, n_ev, head, claim, held,
-                                       reader, times)  # fmt: skip
+                                       reader, times, self._batch)  # fmt: skip
         self._last_faults = n_miss + self._reaped_rows + (0 if claim is None else claim.rows.size)
         return True
 
@@ -456,7 +457,7 @@ class FaultPath(CacheState):
         n = d.ids.size
         fresh, self._head, self._tail = self._host_lib().lru_commit(
             d.ids, d.work, d.n_u, d.n_miss, d.n_ev, self._row_slot, self._slot_row,
-            self._last_used, self._log, self._log_pos, d.head, self._tail, self._batch,
+            self._last_used, self._log, self._log_pos, d.head, self._tail, d.batch,
             self.row_offsets, self._part_misses, np.empty(n, dtype=np.int32),
             HOST_THREADS if self.rows >= MISS_PARTS_MIN_ROWS else 1,
         )  # fmt: skip
@@ -464,7 +465,8 @@ class FaultPath(CacheState):
         st["misses"] += d.n_miss
         st["hits"] += fresh - d.n_miss
         st["evictions"] += d.n_ev
-        self._pinned += fresh
+        if d.batch == self._batch:  # (else the batch of the call has ended: no pins)
+            self._pinned += fresh
         if d.claim is not None:
             self._claimed(d.claim)
         t5 = time.perf_counter()

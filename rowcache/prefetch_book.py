@@ -79,12 +79,12 @@ class PrefetchBook(CacheState):
         """Commit the prefetches whose reads have finished (their rows appear in
         :meth:`device_map`, in stream order after their arena writes); returns the
         rows still in flight. Every other method does this too; a caller that reads
-        the device map before resolving calls it first."""
-        if self._deferred is not None:  # a deferred fault's commit first (it may raise)
-            with self._lock:
-                pass
+        the device map before resolving calls it first. With a :meth:`resolve_deferred`
+        call not yet settled it does nothing (that call's rows are in the device map
+        in stream order already)."""
         with self._lock.raw:  # a deferred touch may go on, unless prefetches need reaping
-            if self._jobs:
+            if self._jobs and self._deferred is None:  # (a deferred fault may claim rows of
+                # pieces that have landed: they are reaped after its commit)
                 if self._touching:
                     self._finish_touch()
                 self._reap()

@@ -31,6 +31,7 @@ class CachedGroups:
     tables: list[Any]
     word: Any
     device_lookup: bool
+    defer_reads: bool
     _xp: Any
     _resolve_first: bool  # set by the layer (False): the last larger device-map step faulted
 
@@ -145,9 +146,20 @@ class CachedGroups:
             return False
         faulted = False
         for cache, _, gid, _ in groups or self._group_ids(batch, None):
-            cache.resolve_host(gid.ravel())
+            if self.defer_reads:  # the read goes on behind the device part (in stream order)
+                cache.resolve_deferred(gid.ravel())
+            else:
+                cache.resolve_host(gid.ravel())
             faulted = faulted or cache.last_faults > 0
         return faulted
+
+    def settle(self) -> None:
+        """Commit the step's reads still running (``defer_reads``): wait for them; raises
+        a failed read's ``CorruptDataError`` (the caches as before the step, whose
+        output is invalid). A no-op otherwise. Call it after queuing the rest of the
+        step's work, before using its results."""
+        for cache, *_ in self._groups:
+            cache.settle()
 
     def _resolve(self, batch: NgramBatch, ids: Any, host_ids: Any) -> Any:
         """Arena slots replace the cached tables' rows of ``ids`` (in place). Returns

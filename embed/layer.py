@@ -76,7 +76,16 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         (``bench/RESULTS.md`` has no figure for it) as the host-resolve-first path
         the GPU tests compare the device-map path with, and for memory: it needs no
         device map.
-    gemm_splits : int, optional
+    defer_reads : bool
+        With ``device_lookup``: a step whose rows must be read from disk does not wait
+        for them. Its caches read them on their readers' threads
+        (``NgramRowCache.resolve_deferred``) while the step's launches, and the
+        caller's after it (the rest of the model), queue on the GPU behind the read.
+        The caches commit the step at their next call (:meth:`settle`, or the next
+        step), which raises a failed read's ``CorruptDataError``: the caches are then
+        as before the step, and its output (and all computed from it) is invalid, to
+        be dropped. Default off: a step returns once its rows are read, and raises
+        there.
         On the GPU, the projection GEMM runs as this many GEMMs over equal chunks of
         its inner dimension (``T*d``), summed by the scaled-sum kernel: a decode step's
         GEMM has few rows and one GEMM reads the weights on too few thread blocks.
@@ -99,6 +108,7 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         cuda_graphs: bool = False,
         gemm_splits: int | None = None,
         device_lookup: bool = True,
+        defer_reads: bool = False,
     ) -> None:
         if not isinstance(dims, NgramDims):
             raise ConfigError(f"dims must be an NgramDims, got {type(dims).__name__}")
@@ -114,6 +124,7 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         self._stacked: StackedTables | None = None
         self._word_stacked: StackedTables | None = None
         self.device_lookup = bool(device_lookup) and fused and self.device == "cuda"
+        self.defer_reads = bool(defer_reads) and self.device_lookup
         self._resolve_first = False  # embed.step_fused: the last fused step faulted
         if fused and self.device == "cuda":
             self._stacked = StackedTables(

@@ -1,0 +1,113 @@
+"""NgramEmbedding(defer_reads=True) on the GPU: a step returns while its rows are read, the
+GPU waits for them in stream order; outputs equal resident tables' bit for bit (eager,
+graphs, with prefetches), and a failed read is raised by ``settle`` with the caches as
+before the step."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from embed.context import NgramContext
+from rowcache.errors import CorruptDataError
+
+from .test_layer import DIMS, _bits, _stream
+from .test_lookahead import _models
+
+pytestmark = pytest.mark.gpu
+
+
+def _decode(rng, resident, cached, caches, steps=60, settle_every=1):
+    x = _stream(rng, steps + 8)
+    ctx_r, ctx_c = NgramContext(DIMS), NgramContext(DIMS)
+    deferred = 0
+    for k in range(steps):
+        got = cached.embed(ctx_c.step(x[k : k + 1]), 1)
+        deferred += any(c._deferred is not None for c in caches)
+        if k % settle_every == 0:
+            cached.settle()
+        want = resident.embed(ctx_r.step(x[k : k + 1]), 1)
+        np.testing.assert_array_equal(_bits(got.get()), _bits(want.get()))
+    return deferred
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("settle_every", [1, 3])
+def test_deferred_steps_equal_resident(rng, tmp_path, graphs, settle_every):
+    store, shared, word_cache, resident, cached = _models(
+        rng, tmp_path, device="cuda", cuda_graphs=graphs, defer_reads=True
+    )
+    try:
+        assert cached.defer_reads
+        deferred = _decode(rng, resident, cached, [shared, word_cache], settle_every=settle_every)
+        assert deferred > 5  # steps did return before their reads ended
+        cached.settle()
+        s = shared.stats()
+        assert s.misses > 0 and s.rows_read == s.misses + s.prefetched + s.rows_reread
+    finally:
+        store.close()
+
+
+def test_deferred_prefill_with_prefetches_equals_resident(rng, tmp_path):
+    """Chunks prefetched one ahead, the decode-like tail of each chunk faulted deferred."""
+    store, _, _, resident, cached = _models(rng, tmp_path, device="cuda", defer_reads=True)
+    try:
+        x = _stream(rng, 500)
+        ctx_r, ctx_c = NgramContext(DIMS), NgramContext(DIMS)
+        keep = DIMS.max_ngram - 1
+        chunks = [(0, 90), (90, 200), (200, 330), (330, 500)]
+        for k, (a, b) in enumerate(chunks):
+            got = cached.embed(ctx_c.step(x[a:b]), b - a)
+            if k + 1 < len(chunks):
+                na, nb = chunks[k + 1]
+                cached.prefetch(x[na - keep : nb - 20], nb - 20 - na)  # settles this step
+            cached.settle()
+            want = resident.embed(ctx_r.step(x[a:b]), b - a)
+            np.testing.assert_array_equal(_bits(got.get()), _bits(want.get()))
+    finally:
+        store.close()
+
+
+def test_a_failed_deferred_read_raises_at_settle_and_changes_nothing(rng, tmp_path):
+    store, shared, _, resident, cached = _models(rng, tmp_path, device="cuda", defer_reads=True)
+    try:
+        x = _stream(rng, 40)
+        ctx_c, ctx_r = NgramContext(DIMS), NgramContext(DIMS)
+        cached.embed(ctx_c.step(x[:20]), 20)  # warm: shards opened, some rows resident
+        cached.settle()
+        resident.embed(ctx_r.step(x[:20]), 20)
+        step = ctx_c.step(x[20:21])
+        ids = step.host_ids() + shared.row_offsets[:-1, None]  # the step's rows, global
+        row_slot, _ = shared.slot_map()
+        missing = [r for r in ids.ravel().tolist() if row_slot[r] < 0]
+        if not missing:
+            pytest.skip("this stream's next token faults nothing")
+        part = int(np.searchsorted(shared.row_offsets, missing[0], side="right")) - 1
+        row = missing[0] - int(shared.row_offsets[part])
+        t = store.table_index(f"t{part}")
+        shard, off = store.tables[t].locate(np.array([row]))
+        path = os.path.join(store.path, store.shards[t][int(shard[0])].file)
+        with open(path, "r+b") as f:
+            f.seek(int(off[0]))
+            b = f.read(1)
+            f.seek(int(off[0]))
+            f.write(bytes([b[0] ^ 0x20]))
+        map_before = shared.device_map().get()
+        before = shared.slot_map()
+        cached.embed(step, 1)  # returns: the read runs
+        with pytest.raises(CorruptDataError, match="checksum"):
+            cached.settle()
+        after = shared.slot_map()
+        np.testing.assert_array_equal(after[0], before[0])
+        np.testing.assert_array_equal(after[1], before[1])
+        np.testing.assert_array_equal(shared.device_map().get(), map_before)  # nothing written
+        with open(path, "r+b") as f:  # mended: the caches go on (the step was dropped)
+            f.seek(int(off[0]))
+            f.write(b)
+        got = cached.embed(ctx_c.step(x[21:22]), 1)
+        cached.settle()
+        assert got.shape[0] == 1
+    finally:
+        store.close()

@@ -18,8 +18,10 @@ ABLATION_LABELS = {
     "again": "again",
     "noyield": "no-yield",
     "unmerged": "unmerged",
+    "deferred": "deferred",
 }
-"""The ablation series (--ablate-check, --repeat-cached, --ablate-yield, --ablate-merge;
+"""The ablation series (--ablate-check, --repeat-cached, --ablate-yield, --ablate-merge,
+--deferred;
 --ablate-piece adds ``pieceROWS``, --ablate-prefetch-qd ``pfqdQD``) and their columns'
 names."""
 

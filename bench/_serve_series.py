@@ -138,6 +138,8 @@ class Series:
                         self.issued.append((k, j, handles[-1][1]))
             self.ahead = max(self.ahead, k + self.lookahead + 1)
         t_pf = time.perf_counter() - t_pf
+        if getattr(emb, "defer_reads", False):  # the step's reads, joined and committed
+            emb.settle()
         if prof is not None:
             prof.disable()
         if timed and not self.queued_work:  # the host's rest of the model blocks its thread

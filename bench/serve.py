@@ -98,7 +98,7 @@ def pick_rows(args: Any, xp: Any) -> tuple[int, str]:
     # turns), an arena at most the tables' size in RAM, ~0.2 of it in HBM (tune's budget)
     arenas = 1 + len(args.lookahead_list) + args.ablate_check + args.repeat_cached
     arenas += args.ablate_yield + bool(args.ablate_piece) + args.ablate_merge
-    arenas += bool(args.ablate_prefetch_qd)
+    arenas += bool(args.ablate_prefetch_qd) + args.deferred
     per_row = (
         12
         * 256
@@ -298,6 +298,13 @@ def main(argv: list[str] | None = None) -> int:
         "QD (the cache's: --queue-depth): series 'pfqdQD'",
     )
     p.add_argument(
+        "--deferred",
+        action="store_true",
+        help="also run the first lookahead series with steps that return while their\n"
+        "rows are read (NgramEmbedding(defer_reads=True); the step settles after its\n"
+        "rest of the model and prefetches are queued): series 'deferred'",
+    )
+    p.add_argument(
         "--ablate-check",
         action="store_true",
         help="also run each server cached with no residency check before a step's device\n"
@@ -453,10 +460,10 @@ def main(argv: list[str] | None = None) -> int:
         ]
         emb_r = NgramEmbedding(dims, word, resident, projs)
 
-        def graphed(tables: list[Any]) -> Any:  # the decode steps' embedding, or None
+        def graphed(tables: list[Any], **kw: Any) -> Any:  # the decode steps' embedding
             if not args.decode_graphs:
                 return None
-            return NgramEmbedding(dims, word, tables, projs, cuda_graphs=True)
+            return NgramEmbedding(dims, word, tables, projs, cuda_graphs=True, **kw)
 
         work = make_workload(args.device)
         floor = Floor(store, direct=not args.no_direct)
@@ -535,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
                 variants["unmerged"] = depths[0]
             if args.ablate_prefetch_qd:
                 variants[f"pfqd{args.ablate_prefetch_qd}"] = depths[0]
+            if args.deferred:
+                variants["deferred"] = depths[0]
             if args.profile and args.profile[0] == name and args.profile[1] not in variants:
                 p.error(
                     f"--profile: server{name} runs no series {args.profile[1]!r}; its series: "
@@ -550,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
                     cache._piece_rows = args.ablate_piece
                 cache._merge_in_flight = variant != "unmerged"
                 ctabs = [CachedTable(cache, i) for i in range(T)]
-                emb_c = NgramEmbedding(dims, word, ctabs, projs)
+                defer = {"defer_reads": True} if variant == "deferred" else {}
+                emb_c = NgramEmbedding(dims, word, ctabs, projs, **defer)
                 if depth and prefetcher(emb_c, cache) is None:
                     break
                 api = (
@@ -570,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
                     depth,
                     record=misses if variant == "cached" else demand.get(variant),
                     check=(args.check_every, outputs[variant]),
-                    graphs=graphed(ctabs),
+                    graphs=graphed(ctabs, **defer),
                     # the order before the check: the device part first, again after a fault
                     check_tokens=0 if variant == "nocheck" else None,
                     profile=prof if args.profile and args.profile[:2] == (name, variant) else None,

@@ -182,7 +182,7 @@ def test_bench_serve_profile_names_a_server_series_and_kind():
 def test_bench_serve_ablate_piece_reads_the_same_prefetches_in_smaller_pieces():
     rep = json.loads(run("serve.py", "--json", "--servers", "x64", "--lookahead-steps", "2",
                          "--ablate-piece", "8", "--ablate-merge",
-                         "--ablate-prefetch-qd", "4"))  # fmt: skip
+                         "--ablate-prefetch-qd", "4", "--deferred"))  # fmt: skip
     tl = rep["settings"]["prefetch_timeline"]
     assert tl["x64 piece8"]["rows"] <= 8 * tl["x64 piece8"]["pieces"]
     assert tl["x64 piece8"]["pieces"] > tl["x64 lookahead"]["pieces"]
@@ -190,7 +190,7 @@ def test_bench_serve_ablate_piece_reads_the_same_prefetches_in_smaller_pieces():
     for p in rep["phases"]:
         assert p["piece8_ratio"] > 0 and p["piece8_step_ms_p99_cached"] > 0
         assert p["unmerged_ratio"] > 0 and p["unmerged_step_ms_p99_cached"] > 0
-        assert p["pfqd4_ratio"] > 0
+        assert p["pfqd4_ratio"] > 0 and p["deferred_ratio"] > 0  # (CPU: not deferred)
     proc = subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick",
                            "--ablate-piece", "-1"], capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 2 and "--ablate-piece -1" in proc.stderr

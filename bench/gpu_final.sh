@@ -31,6 +31,7 @@ for s in $STAGES; do
     rtests) stage ${TESTS_T:-120} rtests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x tests/embed/test_rows.py tests/embed/test_layer.py -k "rows or hash_gather or gpu_cached" ;;
     sanrows) stage ${SAN_T:-120} sanrows compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m gpu -p no:cacheprovider tests/embed/test_rows.py -k "hash_gather_rows or False" ;;
     ptests) stage ${TESTS_T:-150} ptests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x tests/rowcache/test_cache_gpu.py tests/rowcache/test_prefetch.py tests/embed/test_lookahead.py ;;
+    dtests) stage ${TESTS_T:-150} dtests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x tests/embed/test_defer_reads.py tests/kernels/test_scatter.py tests/rowcache/test_deferred.py tests/rowcache/test_cache_gpu.py tests/rowcache/test_prefetch.py tests/embed/test_lookahead.py ;;
     ttests) stage ${TESTS_T:-120} ttests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x tests/embed/test_torch_module.py ;;
     demo) stage ${DEMO_T:-120} demo python3 -m rowcache.cli demo --device cuda ;;
     demo2) stage ${DEMO_T:-120} demo2 python3 -m rowcache.cli demo --device cuda ;;

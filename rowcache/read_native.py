@@ -129,14 +129,16 @@ class NativeEngine:
     ) -> bool:  # fmt: skip
         """Start :meth:`read_batch`'s batch on the native reader's own thread and return at
         once (True); False, having started nothing, where it cannot run there (the Python
-        engine, another engine's reader, a shard file not opened yet: :meth:`read_batch`
-        then). When the batch ends the thread writes ``ctl`` (int32[2], e.g. pinned memory
-        a GPU polls, or None): ``ctl[1] = seq`` if it read cleanly (else ``seq - 1``), then
-        ``ctl[0] = seq``. The caller keeps ``out`` and the arrays alive and calls
-        :meth:`read_batch_join` before any other read of this reader's."""
+        engine, another engine's reader, a shard file that cannot be opened, another
+        caller's batch still apart: :meth:`read_batch` then, which waits for that one).
+        When the batch ends the thread writes ``ctl`` (int32[2], e.g. pinned memory a GPU
+        polls, or None): ``ctl[1] = seq`` if it read cleanly (else ``seq - 1``), then
+        ``ctl[0] = seq``. The caller keeps ``out`` and the arrays alive until it calls
+        :meth:`read_batch_join`."""
         native = self._native
         if (
             native is None
+            or self._started is not None  # one batch apart at a time (another cache's)
             or self._native_pid != os.getpid()
             or os.preadv is not _PREADV
             or not self._native_path

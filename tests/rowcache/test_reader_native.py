@@ -544,10 +544,17 @@ def test_a_batch_started_apart_reads_what_read_batch_reads_and_writes_its_flag(t
         want, rs = ref.read_runs(rows, bounds, tables, bases)
         np.testing.assert_array_equal(out, want)
         assert got == (rs.rows, rs.bytes_read, rs.read_ops)
-    with pytest.raises(RuntimeError, match="not joined"):  # one batch apart at a time
-        r.read_batch_start(rows, bounds, tables, bases, out, ctl, 30)
-        r.read_batch_start(rows, bounds, tables, bases, out, ctl, 31)
-    r.read_batch_join()
+    # one batch apart at a time: a second caller reads in its own thread, after it
+    assert r.read_batch_start(rows, bounds, tables, bases, out, ctl, 30)
+    assert not r.read_batch_start(rows, bounds, tables, bases, out, ctl, 31)
+    out2 = np.zeros_like(out)
+    assert r.read_batch(rows, bounds, tables, bases, out2) == got
+    assert r.read_batch_join() == got and tuple(ctl) == (30, 30)
+    np.testing.assert_array_equal(out2, out)
+    with pytest.raises(RuntimeError, match="not joined"):  # (the native reader itself)
+        r._native.read_runs_start(rows, bounds, tables, bases, out, True, None, 32)
+        r._native.read_runs_start(rows, bounds, tables, bases, out, True, None, 33)
+    r._native.read_runs_join()
     # a flipped byte: the flag says failed, and the join raises the page check's error
     info = store.tables[1]
     shard, off = info.locate(np.array([77]))

@@ -263,6 +263,7 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
         self._defer = False
         self._deferred = None
         self._ctl = None
+        self._apart_reader = None
         self._seq = 0
         self._merge_in_flight = True  # False: a benchmark's ablation (_take_over, _read_in_flight)
         self._rows_taken = 0

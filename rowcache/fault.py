@@ -83,6 +83,7 @@ class FaultPath(CacheState):
     _defer: bool  # resolve_deferred's call: a GPU fault's read may outlive the call
     _deferred: DeferredFault | None  # such a fault, not yet committed
     _ctl: Any  # pinned int32[2]: a deferred read's end, polled by the GPU (fault_wait)
+    _apart_reader: RowReader | None  # where another cache reads apart on the shared reader
     _seq: int
 
     def _value_dtype(self) -> Any:
@@ -394,6 +395,10 @@ class FaultPath(CacheState):
         when :meth:`_finish_deferred` joins the read (the next locked call). False where
         the reader cannot read apart (nothing started)."""
         reader = self._reader
+        if reader._started is not None:  # another cache's read apart on the store's reader
+            if self._apart_reader is None:  # a sibling of its own (same files and checks)
+                self._apart_reader = self.store.new_reader(**reader.options())
+            reader = self._apart_reader
         m = rows.size
         gpu = self.device == "cuda"
         if gpu and self._copy_done is not None:

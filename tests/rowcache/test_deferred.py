@@ -150,3 +150,26 @@ def test_deferred_read_takes_rows_of_pieces_in_flight_too(tmp_path, rng, monkeyp
     got = cache.resolve(np.arange(100, 124))
     np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[100:124].view(np.uint16))
     assert not cache._busy.any() and cache._n_busy == 0
+
+
+def test_two_caches_on_one_store_both_read_apart(tmp_path, rng):
+    """Two caches over one store (one reader) deferring in turn: the second reads apart on
+    a sibling reader of its own; both commit what resolve_host would."""
+    store, tabs = make_multi_store(tmp_path, rng)
+    names = list(tabs)
+    a1, a2 = NgramRowCache(store, names[:2], slots=100), NgramRowCache(store, names[2:], slots=90)
+    b1, b2 = NgramRowCache(store, names[:2], slots=100), NgramRowCache(store, names[2:], slots=90)
+    for _ in range(12):
+        i1, i2 = rng.integers(0, 600, 30), rng.integers(0, 600, 25)
+        b1.resolve_host(i1)
+        b2.resolve_host(i2)
+        assert (a1.resolve_deferred(i1), a2.resolve_deferred(i2)) == (
+            b1.last_faults,
+            b2.last_faults,
+        )
+        assert a1._deferred is not None and a2._deferred is not None
+        for c in (a1, a2, b1, b2):
+            c.end_batch()
+        same_state(a1, b1)
+        same_state(a2, b2)
+    assert a2._apart_reader is not None and a1._apart_reader is None

@@ -4,7 +4,8 @@ Owns the cache's construction, its public calls (resolve, end_batch, stats, maps
 and its state: the host-side bookkeeping (row -> slot map, slot -> row map, per-slot
 batch of last use, an LRU log: 24 bytes per slot) and the stats. The pieces that work
 on that state are mixins: the LRU log and the native hit path (``rowcache.lru``), the
-fault path and GPU staging (``rowcache.fault``), the device map
+fault path and GPU staging (``rowcache.fault``), faults whose read outlives the call
+(``rowcache.deferred``: ``resolve_deferred``, ``settle``), the device map
 (``rowcache.device_map``), the prefetch bookkeeping (``rowcache.prefetch_book``; the
 jobs: ``rowcache.prefetch``). Rows are gathered from
 ``cache.table`` by the same kernels that gather from a resident table
@@ -51,6 +52,7 @@ import numpy as np
 from kernels._cuda import require_cupy
 from kernels.host import native as _native
 
+from .deferred import DeferredFaults
 from .device_map import DeviceMap
 from .errors import ConfigError
 from .fault import OUT_RING, FaultPath  # noqa: F401  (OUT_RING: read here before the split)
@@ -105,7 +107,7 @@ class CacheStats:
         return self.hits / total if total else 0.0
 
 
-class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
+class NgramRowCache(LruLog, FaultPath, DeferredFaults, DeviceMap, PrefetchBook):
     """A row-slot arena with LRU eviction and per-batch pinning over one table.
 
     Parameters
@@ -338,40 +340,6 @@ class NgramRowCache(LruLog, FaultPath, DeviceMap, PrefetchBook):
             ids = check_row_ids(row_ids, self.rows)
             self._reaped_rows = 0
             return self._resolve_unique(ids)
-
-    def resolve_deferred(self, row_ids: Any) -> int:
-        """:meth:`resolve` for a caller that reads the arena only through
-        :meth:`device_map`, in stream order on the cache's stream (``NgramEmbedding``'s
-        device-map steps): on ``device="cuda"`` a call that must read rows returns while
-        they are being read, instead of after. The read runs on the reader's own
-        thread; the cache's stream holds until it ends, then one launch writes the rows
-        and updates the device map, so the caller's launches queued after this call see
-        them. The host's side of the call (pins, LRU order, maps, stats) is committed by
-        the next call on the cache (:meth:`settle`, or any other but :meth:`poll` and
-        :meth:`end_batch`, which leave it pending: the commit then pins nothing, its
-        batch having ended), which first waits for the read; if the read failed, that
-        call raises its ``CorruptDataError`` and the cache is exactly as before this
-        call: the launch wrote nothing, so what the caller computed from these rows in
-        the meantime is invalid and must be dropped.
-        Returns :attr:`last_faults` (rows whose device-map entries the call changes).
-        On ``device="cpu"`` the rows are written into the arena by that next call, so a
-        caller reads them after it. Where the reader cannot read apart (the Python or
-        kvikio engine), and for a call without reads, it is :meth:`resolve_host`,
-        finished before it returns. Row ids and errors as :meth:`resolve`'s
-        (out-of-range ids and exhaustion raise at this call)."""
-        self._defer = True
-        try:
-            self.resolve_host(row_ids)
-        finally:
-            self._defer = False
-        return self._last_faults
-
-    def settle(self) -> None:
-        """Commit a :meth:`resolve_deferred` call whose read may still run: wait for the
-        read, then pin, log and map as :meth:`resolve` does; raises the read's error
-        (the cache as before that call). Every other method does this first too."""
-        with self._lock:
-            pass
 
     @property
     def last_faults(self) -> int:

@@ -12,7 +12,7 @@ log is ``rowcache.lru``.
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from kernels.host import HOST_THREADS
 from kernels.reference import scatter_records_reference
 
 from .cache_state import CacheState
+from .deferred import DEFERRED
 from .errors import ArenaExhaustedError
 from .lru import _sorted_unique
 from .reader import RowReader
@@ -32,30 +33,6 @@ OUT_RING = 8  # pinned buffers for int32 arrays on their way to the device (slot
 # pool worker's wake-up, and the 2-CPU dev machine's serve run (6,000-row tables) planned and
 # committed a prefill step's call slower in parts (bench/RESULTS.md, sixteenth session).
 MISS_PARTS_MIN_ROWS = 1 << 24
-
-
-DEFERRED = np.empty(0, dtype=np.int32)
-"""What a resolve whose read was deferred returns (its slots are known at the commit);
-``NgramRowCache.resolve_deferred`` drops it."""
-DEFERRED.flags.writeable = False
-
-
-class DeferredFault(NamedTuple):
-    """A native fault whose read runs on the reader's own thread while the caller goes on
-    (``NgramRowCache.resolve_deferred``): the plan to commit once the read is joined
-    (``FaultPath._finish_deferred``), the arrays the read holds, and its times."""
-
-    ids: np.ndarray
-    work: np.ndarray
-    n_u: int
-    n_miss: int
-    n_ev: int
-    head: int
-    claim: Any
-    held: tuple[np.ndarray, np.ndarray, np.ndarray]  # the read's rows, bounds, slots
-    reader: RowReader
-    times: tuple[float, float, float]  # plan start, read start, launched
-    batch: int  # the batch of the call: its commit pins only while that batch lasts
 
 
 class FaultPath(CacheState):
@@ -80,11 +57,12 @@ class FaultPath(CacheState):
     # where fault_seconds goes (bench/serve.py reports them); never reset. A deferred
     # fault's read is the time its join waited.
     _fault_phases: np.ndarray
-    _defer: bool  # resolve_deferred's call: a GPU fault's read may outlive the call
-    _deferred: DeferredFault | None  # such a fault, not yet committed
-    _ctl: Any  # pinned int32[2]: a deferred read's end, polled by the GPU (fault_wait)
-    _apart_reader: RowReader | None  # where another cache reads apart on the shared reader
-    _seq: int
+    _defer: bool  # resolve_deferred's call: a fault's read may outlive the call
+    _start_deferred: Any  # rowcache.deferred.DeferredFaults
+
+    def _miss_threads(self) -> int:
+        """Threads of the native miss path's plan and commit (MISS_PARTS_MIN_ROWS)."""
+        return HOST_THREADS if self.rows >= MISS_PARTS_MIN_ROWS else 1
 
     def _value_dtype(self) -> Any:
         from .sources import BF16
@@ -300,7 +278,7 @@ class FaultPath(CacheState):
             self._log_pos, self._head, self._tail, self._batch,
             self._busy if self._n_busy else None,
             self.num_slots - self._pinned - self._n_busy, work, self._scratch,
-            HOST_THREADS if self.rows >= MISS_PARTS_MIN_ROWS else 1,
+            self._miss_threads(),
         )  # fmt: skip
         if claim is not None and (status or (n_miss and passed_busy)):
             self._unclaim(claim)  # (a wait or an error below: nothing claimed)
@@ -357,7 +335,7 @@ class FaultPath(CacheState):
             fresh, self._head, self._tail = native.lru_commit(
                 ids, work, n_u, n_miss, n_ev, self._row_slot, self._slot_row, self._last_used,
                 self._log, self._log_pos, head, self._tail, self._batch, self.row_offsets,
-                self._part_misses, out, HOST_THREADS if self.rows >= MISS_PARTS_MIN_ROWS else 1,
+                self._part_misses, out, self._miss_threads(),
             )  # fmt: skip
         except BaseException:
             if claim is not None:
@@ -382,101 +360,6 @@ class FaultPath(CacheState):
             st["fault_seconds"] += t4 - t0
             self._fault_phases += (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
         return out
-
-    def _start_deferred(
-        self, ids: np.ndarray, work: np.ndarray, n_u: int, n_miss: int, n_ev: int, head: int,
-        claim: Any, rows: np.ndarray, slots: np.ndarray, t0: float,
-    ) -> bool:  # fmt: skip
-        """Start a planned fault's read (``rows`` into ``slots``) on the reader's own
-        thread; on the GPU, queue its launch behind ``fault_wait`` on the cache's stream:
-        the stream holds until the read ends, and the launch writes the records and the
-        device map's update only if the read was clean (on the CPU the records are
-        written when the read is joined). The host maps, pins, log and stats change only
-        when :meth:`_finish_deferred` joins the read (the next locked call). False where
-        the reader cannot read apart (nothing started)."""
-        reader = self._reader
-        if reader._started is not None:  # another cache's read apart on the store's reader
-            if self._apart_reader is None:  # a sibling of its own (same files and checks)
-                self._apart_reader = self.store.new_reader(**reader.options())
-            reader = self._apart_reader
-        m = rows.size
-        gpu = self.device == "cuda"
-        if gpu and self._copy_done is not None:
-            self._copy_done.synchronize()  # the staging and side buffers' last launch ran
-        staging = self._staging_rows(m)
-        if gpu and self._ctl is None:
-            self._ctl = self._pinned_host((2,), np.int32)
-            self._ctl[:] = 0
-        self._seq = self._seq % (1 << 30) + 1
-        rows64 = rows.astype(np.int64)
-        bounds = rows64.searchsorted(self.row_offsets)
-        t1 = time.perf_counter()
-        if not reader.read_batch_start(rows64, bounds, self._part_array, self._part_bases,
-                                       staging[:m], self._ctl if gpu else None, self._seq):  # fmt: skip
-            return False
-        try:
-            if gpu:  # (on the CPU the records are written at the join)
-                e0 = 2 * m + n_ev
-                side = self._side_ints(e0)
-                side[:m] = slots
-                side[m : 2 * m] = rows
-                side[2 * m : e0] = work[4 * len(ids) : 4 * len(ids) + n_ev]
-                self._fault_launch(m, n_ev, None, self._ctl.ctypes.data, self._seq)
-        except BaseException:
-            try:
-                reader.read_batch_join()
-            finally:
-                if claim is not None:
-                    self._unclaim(claim)
-            raise
-        held = (rows64, bounds, slots)
-        times = (t0, t1, time.perf_counter())
-        self._deferred = DeferredFault(ids, work, n_u, n_miss, n_ev, head, claim, held,
-                                       reader, times, self._batch)  # fmt: skip
-        self._last_faults = n_miss + self._reaped_rows + (0 if claim is None else claim.rows.size)
-        return True
-
-    def _finish_deferred(self) -> None:
-        """Join a deferred fault's read and commit its plan (maps, pins, log, stats, the
-        rows it claimed from prefetches), as :meth:`_resolve_native` commits after its
-        read; a failed read commits nothing (its launch wrote nothing) and raises."""
-        d = self._deferred
-        self._deferred = None
-        t0, t1, t2 = d.times
-        t3 = time.perf_counter()
-        try:
-            n_rows, nbytes, ops = d.reader.read_batch_join()
-        except BaseException:
-            if d.claim is not None:
-                self._unclaim(d.claim)
-            self._last_faults = 0
-            raise
-        t4 = time.perf_counter()
-        st = self._stats
-        st["rows_read"] += n_rows
-        st["bytes_read"] += nbytes
-        st["read_ops"] += ops
-        if self.device == "cpu":  # (the GPU's launch has written them, in stream order)
-            m = d.held[0].size
-            scatter_records_reference(self._staging[:m], d.held[2], self.table, self.scales)
-        n = d.ids.size
-        fresh, self._head, self._tail = self._host_lib().lru_commit(
-            d.ids, d.work, d.n_u, d.n_miss, d.n_ev, self._row_slot, self._slot_row,
-            self._last_used, self._log, self._log_pos, d.head, self._tail, d.batch,
-            self.row_offsets, self._part_misses, np.empty(n, dtype=np.int32),
-            HOST_THREADS if self.rows >= MISS_PARTS_MIN_ROWS else 1,
-        )  # fmt: skip
-        st["lookups"] += n
-        st["misses"] += d.n_miss
-        st["hits"] += fresh - d.n_miss
-        st["evictions"] += d.n_ev
-        if d.batch == self._batch:  # (else the batch of the call has ended: no pins)
-            self._pinned += fresh
-        if d.claim is not None:
-            self._claimed(d.claim)
-        t5 = time.perf_counter()
-        st["fault_seconds"] += (t2 - t0) + (t5 - t3)  # the host's: plan, launch, join, commit
-        self._fault_phases += (t1 - t0, t4 - t3, t5 - t4, t2 - t1)
 
     def _read_parts(
         self, rows: np.ndarray, staging: np.ndarray, reader: RowReader | None = None

@@ -30,7 +30,7 @@ DEFER_MIN = 2048 if USABLE_CPUS >= 4 else 1 << 62
 
 class SettlingLock:
     """The cache's lock (re-entrant): entering it first finishes a deferred fault
-    (``FaultPath._finish_deferred``: may raise its read's error) and a deferred touch, so
+    (``DeferredFaults._finish_deferred``: may raise its read's error) and a deferred touch, so
     no method sees the LRU state before the commit and touch it is owed. ``raw`` is the
     bare lock, for the methods that do not read that state (``end_batch`` needs only the
     batch, and finishes a deferred fault itself)."""
@@ -81,7 +81,7 @@ class LruLog(CacheState):
     _scratch2: np.ndarray  # the keys of a touch queued behind one that holds _scratch
     # deferred touches, oldest first: (handle or result, its batch, the scratch it holds)
     _touching: list[tuple[Any, int, np.ndarray]]
-    _deferred: Any  # rowcache.fault.DeferredFault | None
+    _deferred: Any  # rowcache.deferred.DeferredFault | None
     _defer_min: int  # ids from which an all-hits call defers its touch (DEFER_MIN)
 
     def _host_lib(self) -> Any:

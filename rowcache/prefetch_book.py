@@ -68,7 +68,7 @@ class PrefetchBook(CacheState):
     _pf_queue: collections.deque[PrefetchJob]  # pieces not started, in call order
     _pf_qlock: threading.Lock
     _piece_rows: int  # 0: PIECE_ROWS; else a benchmark's ablation
-    _deferred: Any  # rowcache.fault.DeferredFault | None
+    _deferred: Any  # rowcache.deferred.DeferredFault | None
     _merge_in_flight: bool  # a native resolve reads rows in flight in its demand read
     _rows_taken: int  # rows resolves took over from pieces not started (benchmarks)
     _reader: Any

@@ -2,7 +2,7 @@
 
 Not a claim of its own: the measurement behind the fault path's and the rows step's
 launch choices. Times, on one stream, 4,000 calls each (rotating blocks, median of
-blocks): a cupy ``RawKernel`` call with the fault commit's 13 arguments, the same
+blocks): a cupy ``RawKernel`` call with the fault commit's 15 arguments, the same
 kernel through ``kernels._cuda.RawLaunch`` (``cuLaunchKernel`` on arguments packed
 once), a 256-byte host-to-device ``ndarray.set``, ``cupy.empty``, an event record,
 and, where torch is installed, ``torch.empty`` on the GPU (four ways) and ``torch.ones``.
@@ -36,11 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     side = cp.zeros(64, dtype=cp.int32)
     row_map = cp.full(4096, -1, dtype=cp.int32)
     stream = cp.cuda.Stream(non_blocking=True)
-    # fault_commit's 13 parameters: records, side, table, scales, row_map, out, n, n_evicted,
-    # n_out, words, records stride, table stride, scale offset (n = 0: it writes nothing)
+    # fault_commit's 15 parameters: records, side, table, scales, row_map, out, n, n_evicted,
+    # n_out, words, records stride, table stride, scale offset, ctl, seq (n = 0: it writes
+    # nothing; ctl 0: not a deferred fault)
     args = (np.uint64(rec.data.ptr), np.uint64(side.data.ptr), np.uint64(table.data.ptr),
             np.uint64(0), np.uint64(row_map.data.ptr), np.uint64(0), np.int64(0), np.int64(0),
-            np.int64(0), np.int64(32), np.int64(32), np.int64(32), np.int64(256))  # fmt: skip
+            np.int64(0), np.int64(32), np.int64(32), np.int64(32), np.int64(256), np.uint64(0),
+            np.int64(0))  # fmt: skip
     raw = RawLaunch(k, len(args))
     raw.pack(args)
     import cupyx
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     def record():
         ev.record(stream)
 
-    cases = {"cupy kernel call (13 args)": cupy_call, "RawLaunch (13 args)": raw_call,
+    cases = {"cupy kernel call (15 args)": cupy_call, "RawLaunch (15 args)": raw_call,
              "ndarray.set 256 B": copy_set, "cupy.empty": empty, "event record": record}  # fmt: skip
     try:
         import torch

@@ -113,7 +113,7 @@ def test_bench_launch_cost_on_the_gpu():
                            "--json"], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     rep = json.loads(proc.stdout.splitlines()[0])
-    assert rep["RawLaunch (13 args)"] > 0 and rep["cupy kernel call (13 args)"] > 0
+    assert rep["RawLaunch (15 args)"] > 0 and rep["cupy kernel call (15 args)"] > 0
 
 
 def test_bench_serve_quick_ratios_from_printed_figures():

@@ -244,6 +244,13 @@ def test_scatter_records_gpu_empty_and_mixed_devices(rng):
         kernels.scatter_records(records, dest, dev_arena, scales)
 
 
+def _pinned(cp, shape, dtype):
+    """(memory, NumPy view) of pinned host memory mapped into the device (flag 2)."""
+    mem = cp.cuda.PinnedMemory(int(np.prod(shape)) * np.dtype(dtype).itemsize, 2)
+    view = np.frombuffer(cp.cuda.PinnedMemoryPointer(mem, 0), dtype, int(np.prod(shape)))
+    return mem, view.reshape(shape)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize(
@@ -265,17 +272,11 @@ def test_fault_commit_gpu_equals_reference(rng, fp8, n, n_evicted, n_out):
     )
     scales = cp.asarray(rng.random(S, dtype=np.float32)) if fp8 else None
 
-    def pinned(shape, dtype):
-        mem = cp.cuda.PinnedMemory(int(np.prod(shape)) * np.dtype(dtype).itemsize, 2)
-        return mem, np.frombuffer(
-            cp.cuda.PinnedMemoryPointer(mem, 0), dtype, int(np.prod(shape))
-        ).reshape(shape)
-
-    m1, records = pinned((n, rec), np.uint8)
+    m1, records = _pinned(cp, (n, rec), np.uint8)
     records[:] = rng.integers(0, 255, (n, rec), dtype=np.uint8)
     if fp8:  # finite scales in the records
         records[:, d : d + 4] = rng.random((n, 1), dtype=np.float32).view(np.uint8)
-    m2, side = pinned((2 * n + n_evicted + n_out,), np.int32)
+    m2, side = _pinned(cp, (2 * n + n_evicted + n_out,), np.int32)
     rows = rng.choice(R, n + n_evicted, replace=False).astype(np.int32)
     side[:n] = rng.choice(S, n, replace=False)
     side[n : 2 * n] = rows[:n]
@@ -317,15 +318,9 @@ def test_fault_commit_deferred_waits_for_the_flag_and_writes_only_after_a_clean_
     scales = cp.asarray(rng.random(S, dtype=np.float32))
     rec = d + 4
 
-    def pinned(shape, dtype):
-        mem = cp.cuda.PinnedMemory(int(np.prod(shape)) * np.dtype(dtype).itemsize, 2)
-        return mem, np.frombuffer(
-            cp.cuda.PinnedMemoryPointer(mem, 0), dtype, int(np.prod(shape))
-        ).reshape(shape)
-
-    m1, records = pinned((n, rec), np.uint8)
-    m2, side = pinned((2 * n + ev + n,), np.int32)
-    m3, ctl = pinned((2,), np.int32)
+    m1, records = _pinned(cp, (n, rec), np.uint8)
+    m2, side = _pinned(cp, (2 * n + ev + n,), np.int32)
+    m3, ctl = _pinned(cp, (2,), np.int32)
     ctl[:] = 0
     records[:] = 0
     rows = rng.choice(R, n + ev, replace=False).astype(np.int32)

@@ -284,9 +284,10 @@ def test_batch_distances_do_not_depend_on_access_order_within_the_trace(rng):
 
 
 def test_exact_pass_past_the_packed_limit_raises_config_error(rng, monkeypatch):
+    import rowcache.tools.inversions as inversions
     import rowcache.tools.stack as stack
 
-    monkeypatch.setattr(stack, "PACKED_LIMIT", 100)
+    monkeypatch.setattr(inversions, "PACKED_LIMIT", 100)
     assert stack.count_greater_before(rng.permutation(99)).size == 99
     with pytest.raises(ConfigError, match="shards"):
         stack.count_greater_before(rng.permutation(100))

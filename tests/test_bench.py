@@ -469,3 +469,14 @@ def test_bench_contention_quick_reports_every_setting():
         proc = subprocess.run([sys.executable, str(BENCH / "contention.py"), "--quick",
                                "--bg", bad], capture_output=True, text=True)  # fmt: skip
         assert proc.returncode == 2 and "--bg entry" in proc.stderr, bad
+
+
+def test_bench_read_apart_compares_the_two_read_paths():
+    rep = json.loads(run("read_apart.py", "--json", "--sizes", "1,40"))
+    assert [r["rows"] for r in rep["results"]] == [1, 40]
+    for r in rep["results"]:
+        assert r["inline_us"] > 0 and r["apart_us"] > 0 and 0 < r["start_us"] <= r["apart_us"]
+        assert r["apart_over_inline"] == pytest.approx(r["apart_us"] / r["inline_us"])
+    proc = subprocess.run([sys.executable, str(BENCH / "read_apart.py"), "--quick",
+                           "--sizes", "0"], capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and "--sizes" in proc.stderr

@@ -70,10 +70,9 @@ class DeferredFaults(CacheState):
     _side_ints: Any
     _fault_launch: Any
     _pinned_host: Any
-    _miss_threads: Any
     _host_lib: Any
     _unclaim: Any
-    _claimed: Any
+    _commit_plan: Any
 
     def resolve_deferred(self, row_ids: Any) -> int:
         """:meth:`resolve` for a caller that reads the arena only through
@@ -185,21 +184,8 @@ class DeferredFaults(CacheState):
         if self.device == "cpu":  # (the GPU's launch has written them, in stream order)
             m = d.held[0].size
             scatter_records_reference(self._staging[:m], d.held[2], self.table, self.scales)
-        n = d.ids.size
-        fresh, self._head, self._tail = self._host_lib().lru_commit(
-            d.ids, d.work, d.n_u, d.n_miss, d.n_ev, self._row_slot, self._slot_row,
-            self._last_used, self._log, self._log_pos, d.head, self._tail, d.batch,
-            self.row_offsets, self._part_misses, np.empty(n, dtype=np.int32),
-            self._miss_threads(),
-        )  # fmt: skip
-        st["lookups"] += n
-        st["misses"] += d.n_miss
-        st["hits"] += fresh - d.n_miss
-        st["evictions"] += d.n_ev
-        if d.batch == self._batch:  # (else the batch of the call has ended: no pins)
-            self._pinned += fresh
-        if d.claim is not None:
-            self._claimed(d.claim)
+        self._commit_plan(self._host_lib(), d.ids, d.work, d.n_u, d.n_miss, d.n_ev, d.head,
+                          d.claim, np.empty(d.ids.size, dtype=np.int32), d.batch)  # fmt: skip
         t5 = time.perf_counter()
         st["fault_seconds"] += (t2 - t0) + (t5 - t3)  # the host's: plan, launch, join, commit
         self._fault_phases += (t1 - t0, t4 - t3, t5 - t4, t2 - t1)

@@ -331,24 +331,7 @@ class FaultPath(CacheState):
             side[m : 2 * m] = rows
             side[2 * m : e0] = work[4 * n : 4 * n + n_ev]
         out = side[e0 : e0 + n] if gpu and device_out else np.empty(n, dtype=np.int32)
-        try:  # (it checks its arguments before any change)
-            fresh, self._head, self._tail = native.lru_commit(
-                ids, work, n_u, n_miss, n_ev, self._row_slot, self._slot_row, self._last_used,
-                self._log, self._log_pos, head, self._tail, self._batch, self.row_offsets,
-                self._part_misses, out, self._miss_threads(),
-            )  # fmt: skip
-        except BaseException:
-            if claim is not None:
-                self._unclaim(claim)
-            raise
-        st = self._stats
-        st["lookups"] += n
-        st["misses"] += n_miss
-        st["hits"] += fresh - n_miss
-        st["evictions"] += n_ev
-        self._pinned += fresh
-        if claim is not None:
-            self._claimed(claim)
+        self._commit_plan(native, ids, work, n_u, n_miss, n_ev, head, claim, out, self._batch)
         self._last_faults = n_miss + self._reaped_rows
         t3 = time.perf_counter()
         if gpu:  # after the commit, so that the launch can carry the slots (out) too
@@ -357,9 +340,37 @@ class FaultPath(CacheState):
             out = out if dev is None else dev
         if m:
             t4 = time.perf_counter()
-            st["fault_seconds"] += t4 - t0
+            self._stats["fault_seconds"] += t4 - t0
             self._fault_phases += (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
         return out
+
+    def _commit_plan(
+        self, native: Any, ids: np.ndarray, work: np.ndarray, n_u: int, n_miss: int, n_ev: int,
+        head: int, claim: Any, out: np.ndarray, batch: int,
+    ) -> None:  # fmt: skip
+        """Commit a plan whose reads succeeded (``lru_commit``: maps, pins, log, part
+        misses, ``out``), count it, pin its slots while ``batch`` (the batch of its call)
+        lasts, and settle the rows it claimed from prefetches in flight. A refused commit
+        (arguments that do not fit: nothing changed) undoes the claim."""
+        try:  # (it checks its arguments before any change)
+            fresh, self._head, self._tail = native.lru_commit(
+                ids, work, n_u, n_miss, n_ev, self._row_slot, self._slot_row, self._last_used,
+                self._log, self._log_pos, head, self._tail, batch, self.row_offsets,
+                self._part_misses, out, self._miss_threads(),
+            )  # fmt: skip
+        except BaseException:
+            if claim is not None:
+                self._unclaim(claim)
+            raise
+        st = self._stats
+        st["lookups"] += ids.size
+        st["misses"] += n_miss
+        st["hits"] += fresh - n_miss
+        st["evictions"] += n_ev
+        if batch == self._batch:  # (a deferred call's batch may have ended: no pins)
+            self._pinned += fresh
+        if claim is not None:
+            self._claimed(claim)
 
     def _read_parts(
         self, rows: np.ndarray, staging: np.ndarray, reader: RowReader | None = None

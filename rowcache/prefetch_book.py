@@ -292,12 +292,9 @@ class PrefetchBook(CacheState):
         cache lock."""
         if self._failed:
             return None
-        s = self._row_slot[ids]
-        s = s[s >= 0]
-        needed = s[self._busy[s] == BUSY_READING]
+        needed = self._needed_in_flight(ids)
         if not needed.size:
             return None
-        needed = np.unique(needed)
         parts, rows, slots = [], [], []
         for job in self._jobs:
             m = _member(job.slots, needed)
@@ -308,6 +305,12 @@ class PrefetchBook(CacheState):
         claim = _job_of(rows, slots)
         self._busy[claim.slots] = BUSY_READ
         return InFlightClaim(claim.rows, claim.slots, parts)
+
+    def _needed_in_flight(self, ids: np.ndarray) -> np.ndarray:
+        """The slots (sorted, unique) of the rows of ``ids`` still being read by pieces."""
+        s = self._row_slot[ids]
+        s = s[s >= 0]
+        return np.unique(s[self._busy[s] == BUSY_READING])
 
     def _unclaim(self, claim: InFlightClaim) -> None:
         """A claim whose read did not happen: its slots are being read again."""
@@ -412,12 +415,9 @@ class PrefetchBook(CacheState):
         if self._jobs:
             self._reap()
         if self._jobs:
-            s = self._row_slot[ids]
-            s = s[s >= 0]
-            needed = s[self._busy[s] == BUSY_READING]
+            needed = self._needed_in_flight(ids)
             if needed.size:  # the rows of queued pieces and of pieces being read, read now
                 t0 = time.perf_counter()
-                needed = np.unique(needed)
                 started = self._read_in_flight(self._take_over(needed), needed)
                 self._stats["prefetch_wait_seconds"] += time.perf_counter() - t0
                 self._wait_jobs(started)

@@ -157,9 +157,16 @@ class CachedGroups:
         """Commit the step's reads still running (``defer_reads``): wait for them; raises
         a failed read's ``CorruptDataError`` (the caches as before the step, whose
         output is invalid). A no-op otherwise. Call it after queuing the rest of the
-        step's work, before using its results."""
+        step's work, before using its results. Every cache is settled, the first
+        error raised after: no cache is left with a failed read pending."""
+        first: BaseException | None = None
         for cache, *_ in self._groups:
-            cache.settle()
+            try:
+                cache.settle()
+            except BaseException as e:
+                first = first or e
+        if first is not None:
+            raise first
 
     def _resolve(self, batch: NgramBatch, ids: Any, host_ids: Any) -> Any:
         """Arena slots replace the cached tables' rows of ``ids`` (in place). Returns

@@ -153,6 +153,7 @@ def load_ngram_embedding(
     table_dtype: str = "bf16",
     device: str = "cpu",
     caches: Mapping[int, Any] | None = None,
+    defer_reads: bool = False,
 ) -> NgramEmbedding:
     """An :class:`NgramEmbedding` from a LongCat-style checkpoint.
 
@@ -170,6 +171,9 @@ def load_ngram_embedding(
         Tables served by a row cache instead (e.g. built with
         ``rowcache.build_store(dir, table_sources(path))``); their store rows must
         have the checkpoint's shape. Their tensors are not read from the checkpoint.
+    defer_reads : bool
+        ``NgramEmbedding(defer_reads=...)``: a GPU step whose cached rows must be read
+        does not wait for them; :meth:`NgramEmbedding.settle` commits it.
 
     Returns
     -------
@@ -210,7 +214,7 @@ def load_ngram_embedding(
         w = ckpt.tensor(name)
         _check_shape(name, w, (D, d))
         projs.append(np.asarray(w))
-    return NgramEmbedding(dims, word_table, tables, projs)
+    return NgramEmbedding(dims, word_table, tables, projs, defer_reads=defer_reads)
 
 
 SHARED = "shared"  # the name `rowcache profile --shared` gives one arena over all tables
@@ -298,6 +302,7 @@ def load_pretrained(
     device: str = "cpu",
     dims: NgramDims | None = None,
     progress: bool = False,
+    defer_reads: bool = False,
 ) -> NgramEmbedding:
     """An :class:`NgramEmbedding` from a checkpoint, some tables behind row caches.
 
@@ -320,6 +325,9 @@ def load_pretrained(
     device : ``"cpu"`` or ``"cuda"``: the arenas, the resident tables, the projections.
     dims : NgramDims, optional (default from ``config.json``).
     progress : show the build's progress bar.
+    defer_reads : bool
+        ``NgramEmbedding(defer_reads=...)`` (cached tables on the GPU): a step whose rows
+        must be read returns before the read ends; ``settle()`` commits it.
 
     Returns
     -------
@@ -376,7 +384,9 @@ def load_pretrained(
         caches: dict[int, Any] = {i: CachedTable(one, part) for part, i in enumerate(chosen)}
     else:
         caches = {i: NgramRowCache(st, str(i), slots=slots[i], device=device) for i in chosen}
-    return load_ngram_embedding(ckpt, dims=dims, table_dtype=dtype, device=device, caches=caches)
+    return load_ngram_embedding(
+        ckpt, dims=dims, table_dtype=dtype, device=device, caches=caches, defer_reads=defer_reads
+    )
 
 
 __all__ = [

@@ -50,6 +50,13 @@ class TorchNgramEmbedding(torch.nn.Module):
     (the reference calls ``ngram_embeddings(input_ids, ngram_context=...)``), or
     compute ``inputs_embeds = mod(input_ids, ctx)`` and pass them to a base
     ``LongcatFlashForCausalLM``.
+
+    With an embedding built with ``defer_reads=True`` (cached tables on the GPU), a
+    forward whose rows must be read from disk returns before the read ends: its
+    output is written on torch's current stream once the rows arrive, so the rest of
+    the model can be queued behind it. Call :meth:`settle` after queuing the step's
+    work and before using its results (sampling): it commits the caches and raises a
+    failed read's ``CorruptDataError``, after which the step's outputs are invalid.
     """
 
     def __init__(self, emb: NgramEmbedding, *, overlay: Any = None) -> None:
@@ -90,6 +97,7 @@ class TorchNgramEmbedding(torch.nn.Module):
         device: str = "cpu",
         progress: bool = False,
         overlay: Any = None,
+        defer_reads: bool = False,
     ) -> TorchNgramEmbedding:
         """The module of a Hugging Face LongCat n-gram checkpoint directory.
 
@@ -99,7 +107,8 @@ class TorchNgramEmbedding(torch.nn.Module):
         checkpoint's safetensors on first use, reused after; default
         ``<path>/rowcache-<dtype>``), ``arena_bytes`` (the arenas' budget, split by
         rows) or ``tune`` (a ``rowcache tune --json`` report: slots per table),
-        ``dtype`` (``"bf16"`` or ``"fp8"``), ``device`` (``"cpu"`` or ``"cuda"``).
+        ``dtype`` (``"bf16"`` or ``"fp8"``), ``device`` (``"cpu"`` or ``"cuda"``),
+        ``defer_reads`` (a step does not wait for its rows' reads: see :meth:`settle`).
         """
         emb = load_pretrained(
             path,
@@ -110,8 +119,16 @@ class TorchNgramEmbedding(torch.nn.Module):
             dtype=dtype,
             device=device,
             progress=progress,
+            defer_reads=defer_reads,
         )
         return cls(emb, overlay=overlay)
+
+    def settle(self) -> None:
+        """Commit the last forward's reads still running (``defer_reads``): wait for
+        them on the host; raises a failed read's ``CorruptDataError`` (the caches as
+        before that forward, whose output and all computed from it must be dropped). A
+        no-op for an embedding that does not defer reads."""
+        self.emb.settle()
 
     @property
     def device(self) -> torch.device:

@@ -19,6 +19,28 @@ from .test_lookahead import _models
 pytestmark = pytest.mark.gpu
 
 
+def corrupt_tables(store, names):
+    """Flip a bit in every page of the shards of tables ``names``: any read of their rows
+    fails its page check. Returns the files' bytes, for :func:`restore`."""
+    saved = {}
+    for name in names:
+        for rec in store.shards[store.table_index(name)]:
+            path = os.path.join(store.path, rec.file)
+            with open(path, "rb") as f:
+                saved[path] = f.read()
+            bad = bytearray(saved[path])
+            bad[::4096] = bytes(b ^ 0x20 for b in bad[::4096])
+            with open(path, "wb") as f:
+                f.write(bad)
+    return saved
+
+
+def restore(saved):
+    for path, data in saved.items():
+        with open(path, "wb") as f:
+            f.write(data)
+
+
 def _decode(rng, resident, cached, caches, steps=60, settle_every=1):
     x = _stream(rng, steps + 8)
     ctx_r, ctx_c = NgramContext(DIMS), NgramContext(DIMS)
@@ -79,17 +101,7 @@ def test_a_failed_deferred_read_raises_at_settle_and_changes_nothing(rng, tmp_pa
         cached.embed(ctx_c.step(x[:20]), 20)  # warm: shards opened, some rows resident
         cached.settle()
         # every page of the n-gram tables' shards corrupted: any read of the shared cache fails
-        saved = {}
-        for k in range(4):
-            t = store.table_index(f"t{k}")
-            for rec in store.shards[t]:
-                path = os.path.join(store.path, rec.file)
-                with open(path, "rb") as f:
-                    saved[path] = f.read()
-                bad = bytearray(saved[path])
-                bad[::4096] = bytes(b ^ 0x20 for b in bad[::4096])
-                with open(path, "wb") as f:
-                    f.write(bad)
+        saved = corrupt_tables(store, [f"t{k}" for k in range(4)])
         map_before = shared.device_map().get()
         before = shared.slot_map(), shared.stats()
         window = ctx_c.step(x[20:21])
@@ -106,9 +118,7 @@ def test_a_failed_deferred_read_raises_at_settle_and_changes_nothing(rng, tmp_pa
             before[1].lookups,
         )
         np.testing.assert_array_equal(shared.device_map().get(), map_before)  # nothing written
-        for path, data in saved.items():  # mended: the caches go on (that step was dropped)
-            with open(path, "wb") as f:
-                f.write(data)
+        restore(saved)  # mended: the caches go on (that step was dropped)
         want = resident.embed(window, 1)
         got = cached.embed(window, 1)  # the dropped step again
         cached.settle()

@@ -313,6 +313,47 @@ def test_from_pretrained_fp8_store_and_bad_arguments(weights, rng, tmp_path):
         load_pretrained(path, dtype="f16")
 
 
+def test_from_pretrained_defer_reads_on_the_cpu_reads_at_once(weights, rng, tmp_path):
+    """defer_reads reaches the embedding; on the CPU a step reads its rows before it
+    returns (deferral is a GPU stream-order feature), so ``settle`` has nothing to do."""
+    path = _checkpoint(tmp_path, weights)
+    mod = TorchNgramEmbedding.from_pretrained(
+        path, cached="all", arena_bytes="8KiB", defer_reads=True
+    )
+    assert not mod.emb.defer_reads  # the CPU path: ignored, as NgramEmbedding documents
+    ref = TorchNgramEmbedding(NgramEmbedding(DIMS, *weights))
+    ids, ctx = _ids(rng, (2, 6)), _ids(rng, (2, 3))
+    out = mod(ids, ctx)
+    mod.settle()
+    np.testing.assert_array_equal(_bits(out), _bits(ref(ids, ctx)))
+    assert all(c._deferred is None for c in mod.emb.caches)
+
+
+def test_settle_settles_every_cache_and_raises_the_first_failure(weights, tmp_path):
+    """Reads deferred on several caches that all fail: one ``settle`` raises, and leaves
+    no cache with a failed read pending (each as before its call)."""
+    from rowcache.errors import CorruptDataError
+
+    from .test_defer_reads import corrupt_tables, restore
+
+    path = _checkpoint(tmp_path, weights)
+    mod = TorchNgramEmbedding.from_pretrained(path, cached=[0, 2, 4], arena_bytes="8KiB")
+    caches = mod.emb.caches
+    assert len(caches) == 3
+    saved = corrupt_tables(caches[0].store, ["0", "2", "4"])
+    try:
+        for c in caches:
+            assert c.resolve_deferred(np.arange(5)) == 5
+            assert c._deferred is not None
+        with pytest.raises(CorruptDataError, match="checksum"):
+            mod.settle()
+        assert all(c._deferred is None for c in caches)
+        assert all(c.stats().misses == 0 and c.slot_map()[0].max() < 0 for c in caches)
+    finally:
+        restore(saved)
+    mod.settle()  # nothing pending: no error
+
+
 # --- GPU (skipped without one) ----------------------------------------------------
 def _gpu_emb(weights, cached=False, tmp_path=None):
     import cupy as cp
@@ -502,3 +543,57 @@ def test_forward_reads_any_layout_in_place(rng, emb):
         want = mod(ids.contiguous(), ctx.contiguous())
         np.testing.assert_array_equal(_bits(mod(ids, ctx)), _bits(want))
         np.testing.assert_array_equal(_bits(want[-1]), _bits(_row(emb, ctx[-1], ids[-1])))
+
+
+@pytest.mark.gpu
+def test_gpu_forward_defer_reads_settles_and_raises_a_failed_read(weights, rng, tmp_path):
+    """from_pretrained(defer_reads=True) on the GPU: decode forwards return while their
+    rows are read, their outputs (on torch's stream) equal the resident tables' bit for
+    bit once settled; a failed read raises at ``settle``, the caches unchanged, and the
+    dropped step done again equals resident."""
+    import cupy as cp
+
+    from rowcache.errors import CorruptDataError
+
+    from .test_defer_reads import corrupt_tables, restore
+
+    path = _checkpoint(tmp_path, weights)
+    mod = TorchNgramEmbedding.from_pretrained(
+        path, cached="all", arena_bytes="64KiB", device="cuda", defer_reads=True
+    )
+    assert mod.emb.defer_reads
+    res = _gpu_emb(weights)
+    caches = mod.emb.caches
+    B, D = 4, DIMS.hidden_size
+    hist = _ids(rng, (B, 80))
+
+    def step(k):
+        ids, ctx = hist[:, k : k + 1], hist[:, k - KEEP : k]
+        out = mod(ids.cuda(), ctx.cuda())
+        pending = any(c._deferred is not None for c in caches)
+        tok = cp.asarray(torch.cat([ctx, ids], 1).reshape(-1).numpy())
+        want = res.embed_packed(tok, np.full(B, KEEP + 1), np.full(B, 1)).get()
+        return out, want, pending
+
+    deferred = 0
+    for k in range(KEEP, 60):
+        out, want, pending = step(k)
+        deferred += pending
+        mod.settle()
+        np.testing.assert_array_equal(_bits(out.reshape(-1, D)), _bits(want))
+    assert deferred > 5  # forwards did return before their reads ended
+    store = caches[0].store
+    saved = corrupt_tables(store, [str(i) for i in range(DIMS.num_tables)])
+    before = [(c.slot_map(), c.stats()) for c in caches]
+    try:
+        step(60)
+        with pytest.raises(CorruptDataError, match="checksum"):
+            mod.settle()
+        for c, (maps, st) in zip(caches, before):
+            np.testing.assert_array_equal(c.slot_map()[0], maps[0])
+            assert (c.stats().misses, c.stats().rows_read) == (st.misses, st.rows_read)
+    finally:
+        restore(saved)
+    out, want, _ = step(60)  # the dropped step again
+    mod.settle()
+    np.testing.assert_array_equal(_bits(out.reshape(-1, D)), _bits(want))

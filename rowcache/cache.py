@@ -6,9 +6,9 @@ batch of last use, an LRU log: 24 bytes per slot) and the stats. The pieces that
 on that state are mixins: the LRU log and the native hit path (``rowcache.lru``), the
 fault path and GPU staging (``rowcache.fault``), faults whose read outlives the call
 (``rowcache.deferred``: ``resolve_deferred``, ``settle``), the device map
-(``rowcache.device_map``), the prefetch bookkeeping (``rowcache.prefetch_book``; the
-jobs: ``rowcache.prefetch``). Rows are gathered from
-``cache.table`` by the same kernels that gather from a resident table
+(``rowcache.device_map``), the prefetch bookkeeping (``rowcache.prefetch_book``; rows in
+flight that a resolve needs: ``rowcache.in_flight``; the jobs: ``rowcache.prefetch``). Rows
+are gathered from ``cache.table`` by the same kernels that gather from a resident table
 (``kernels.batched_embed`` / ``batched_embed_fp8``). Every step loops per batch,
 per extent or per call, never per row.
 

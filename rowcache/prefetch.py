@@ -91,7 +91,7 @@ class PrefetchJob:
     ops)`` read. On the GPU, the arena writes are enqueued on the cache's stream
     before ``event`` is set, so work issued on that stream after a wait sees them.
     ``started``: the prefetch thread has taken it from the queue. Until then a resolve
-    that needs some of its rows takes them over (``rowcache.prefetch_book``): they leave
+    that needs some of its rows takes them over (``rowcache.in_flight``): they leave
     ``rows`` and ``slots`` for a job of their own, run at once and listed in ``taken``.
     On the GPU, ``after`` is the event of the cache's stream that the job's arena writes
     wait for (recorded at the last ``end_batch``: every gather of an earlier batch, which

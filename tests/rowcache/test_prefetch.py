@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+import rowcache.in_flight as in_flight
 import rowcache.prefetch_book as prefetch_book
 from rowcache import NgramRowCache
 from rowcache.cache_state import BUSY_READ
@@ -517,5 +518,5 @@ def test_member_is_isin_against_a_sorted_set(rng):
     for n, k, hi in ((0, 1, 5), (1, 1, 3), (50, 1, 10), (1024, 7, 40), (1024, 300, 5000)):
         values = rng.integers(-2, hi + 2, n).astype(np.int32)
         s = np.unique(rng.integers(0, hi, k)).astype(np.int32)
-        got = prefetch_book._member(values, s)
+        got = in_flight._member(values, s)
         assert got.dtype == bool and np.array_equal(got, np.isin(values, s)), (n, k, hi)

@@ -4,13 +4,13 @@ Owns the cache's construction, its public calls (resolve, end_batch, stats, maps
 and its state: the host-side bookkeeping (row -> slot map, slot -> row map, per-slot
 batch of last use, an LRU log: 24 bytes per slot) and the stats. The pieces that work
 on that state are mixins: the LRU log and the native hit path (``rowcache.lru``), the
-fault path and GPU staging (``rowcache.fault``), faults whose read outlives the call
-(``rowcache.deferred``: ``resolve_deferred``, ``settle``), the device map
-(``rowcache.device_map``), the prefetch bookkeeping (``rowcache.prefetch_book``; rows in
-flight that a resolve needs: ``rowcache.in_flight``; the jobs: ``rowcache.prefetch``). Rows
-are gathered from ``cache.table`` by the same kernels that gather from a resident table
-(``kernels.batched_embed`` / ``batched_embed_fp8``). Every step loops per batch,
-per extent or per call, never per row.
+fault path (``rowcache.fault``; its buffers and GPU launch: ``rowcache.fault_buffers``),
+faults whose read outlives the call (``rowcache.deferred``: ``resolve_deferred``,
+``settle``), the device map (``rowcache.device_map``), the prefetch bookkeeping
+(``rowcache.prefetch_book``; rows in flight that a resolve needs: ``rowcache.in_flight``;
+the jobs: ``rowcache.prefetch``). Rows are gathered from ``cache.table`` by the same
+kernels that gather from a resident table (``kernels.batched_embed`` /
+``batched_embed_fp8``). Every step loops per batch, per extent or per call, never per row.
 
 LRU log. Recency is the batch in which a slot was last resolved. Each resolve
 appends its slots to a log (an int32 array) in ascending row-id order;
@@ -55,7 +55,7 @@ from kernels.host import native as _native
 from .deferred import DeferredFaults
 from .device_map import DeviceMap
 from .errors import ConfigError
-from .fault import OUT_RING, FaultPath  # noqa: F401  (OUT_RING: read here before the split)
+from .fault import FaultPath
 from .format import TableInfo
 from .lru import DEFER_MIN, LruLog, SettlingLock, _sorted_unique  # noqa: F401  (_sorted_unique: likewise)
 from .prefetch import PrefetchBuffers, PrefetchJob

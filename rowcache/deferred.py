@@ -47,7 +47,8 @@ class DeferredFault(NamedTuple):
 
 class DeferredFaults(CacheState):
     """Deferred faults of :class:`rowcache.cache.NgramRowCache` (a mixin over its
-    arrays, reader, staging and fault launch, ``rowcache.fault``)."""
+    arrays, reader, staging and fault launch: ``rowcache.fault``,
+    ``rowcache.fault_buffers``)."""
 
     store: Any
     table: Any

@@ -4,9 +4,8 @@ Owns the mixin :class:`FaultPath`: the cache's readers (its own, and the prefetc
 jobs'), a resolve with misses (victims, reads into a staging buffer, the scatter
 into the arena, the maps committed only after the reads succeeded: natively, one C
 call before the read and one after, ``kernels/_host.c``; the Python path is their
-reference), and on the GPU the arena's set-up, the pinned staging buffer and the
-ring of pinned buffers that carries slots to the device (:data:`OUT_RING`). The LRU
-log is ``rowcache.lru``.
+reference). Its buffers, the GPU arena's set-up and the fault launch are
+``rowcache.fault_buffers``; the LRU log is ``rowcache.lru``.
 """
 
 from __future__ import annotations
@@ -19,14 +18,13 @@ import numpy as np
 from kernels.host import HOST_THREADS
 from kernels.reference import scatter_records_reference
 
-from .cache_state import CacheState
 from .deferred import DEFERRED
 from .errors import ArenaExhaustedError
+from .fault_buffers import FaultBuffers
 from .lru import _sorted_unique
 from .reader import RowReader
 from .store import check_row_ids
 
-OUT_RING = 8  # pinned buffers for int32 arrays on their way to the device (slots, map updates)
 # Rows (all parts) from which the native miss path splits a large call's plan and commit over
 # HOST_THREADS: a row map of 64 MB or more outgrows the CPU's caches, its look-ups wait on
 # memory, and parts on several cores overlap those waits. Below it a part's work is about a
@@ -35,23 +33,17 @@ OUT_RING = 8  # pinned buffers for int32 arrays on their way to the device (slot
 MISS_PARTS_MIN_ROWS = 1 << 24
 
 
-class FaultPath(CacheState):
+class FaultPath(FaultBuffers):
     """Faults of :class:`rowcache.cache.NgramRowCache` (a mixin over its arrays,
     reader and arena)."""
 
     store: Any
-    dtype: str
-    record_bytes: int
     row_offsets: np.ndarray
-    arena_kind: str
-    table: Any
-    scales: Any
     _reader: RowReader
     _part_array: np.ndarray
     _part_bases: np.ndarray
     _part_misses: np.ndarray
     _scratch: np.ndarray
-    _staging: Any
     # seconds of the native demand faults' phases, summed: plan (lru_plan), read, commit
     # (the CPU path's scatter or the GPU launch's side buffer, and lru_commit), launch;
     # where fault_seconds goes (bench/serve.py reports them); never reset. A deferred
@@ -63,11 +55,6 @@ class FaultPath(CacheState):
     def _miss_threads(self) -> int:
         """Threads of the native miss path's plan and commit (MISS_PARTS_MIN_ROWS)."""
         return HOST_THREADS if self.rows >= MISS_PARTS_MIN_ROWS else 1
-
-    def _value_dtype(self) -> Any:
-        from .sources import BF16
-
-        return BF16 if self.dtype == "bf16" else np.uint8
 
     def _make_reader(
         self, reader: str, queue_depth: int | None, direct: bool | None
@@ -88,81 +75,6 @@ class FaultPath(CacheState):
         if qd == base.queue_depth and use_direct == base.direct:
             return base, "posix"
         return self.store.new_reader(**base.options(queue_depth=qd, direct=use_direct)), "posix"
-
-    def _init_gpu(self, S: int, dim: int, rec: int) -> None:
-        cp = self._xp
-        vdt = self._value_dtype()
-        nbytes = S * dim * np.dtype(vdt).itemsize
-        if self.arena_kind == "device":
-            self.table = cp.zeros((S, dim), dtype=vdt)
-            self.scales = cp.ones(S, dtype=cp.float32) if self.dtype == "fp8" else None
-        else:
-            self._host_mem: list[Any] = []
-            self.table = self._mapped_array((S, dim), vdt, nbytes)
-            self.table[...] = 0
-            if self.dtype == "fp8":
-                self.scales = self._mapped_array((S,), np.float32, S * 4)
-                self.scales[...] = 1
-            else:
-                self.scales = None
-        self._stream = cp.cuda.get_current_stream()
-        self._device_id = cp.cuda.Device().id
-        self._staging = np.empty((0, rec), dtype=np.uint8)
-        self._side = np.empty(0, dtype=np.int32)
-        self._commit: Any = None  # kernels.scatter.FaultCommit over the staging buffer
-        # events made once and re-recorded (a fresh one per record is one more CUDA call)
-        self._copy_event = cp.cuda.Event(disable_timing=True)
-        self._copy_done = None  # _copy_event once a fault's launch has recorded it
-        self._out_ring: list[tuple[np.ndarray, Any]] = [
-            (np.empty(0, dtype=np.int32), None) for _ in range(OUT_RING)
-        ]
-        self._out_events = [cp.cuda.Event(disable_timing=True) for _ in range(OUT_RING)]
-        self._out_next = 0
-
-    def _pinned_host(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        """A NumPy array over pinned host memory mapped into the device (with unified
-        addressing its host address is its device address)."""
-        cp = self._xp
-        nbytes = max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
-        mem = cp.cuda.PinnedMemory(nbytes, cp.cuda.runtime.hostAllocMapped)
-        if not hasattr(self, "_host_mem"):
-            self._host_mem = []
-        self._host_mem.append(mem)
-        ptr = cp.cuda.PinnedMemoryPointer(mem, 0)
-        return np.frombuffer(ptr, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
-
-    def _mapped_array(self, shape: tuple[int, ...], dtype: Any, nbytes: int) -> Any:
-        """A cupy array over pinned host memory mapped into the device (zero-copy)."""
-        cp = self._xp
-        mem = cp.cuda.PinnedMemory(max(nbytes, 1), cp.cuda.runtime.hostAllocMapped)
-        self._host_mem.append(mem)
-        um = cp.cuda.UnownedMemory(mem.ptr, max(nbytes, 1), mem)
-        return cp.ndarray(shape, dtype=dtype, memptr=cp.cuda.MemoryPointer(um, 0))
-
-    def _staging_rows(self, n: int) -> np.ndarray:
-        """Host staging buffer of at least ``n`` records (pinned on the GPU path)."""
-        if self._staging.shape[0] < n:
-            cap = max(n, 2 * self._staging.shape[0], 256)
-            rec = self.record_bytes
-            if self.device == "cuda":
-                # pinned and mapped into the device: the fault kernel reads it in place
-                import kernels.scatter
-
-                self._staging = self._pinned_host((cap, rec), np.uint8)
-                self._commit = kernels.scatter.FaultCommit(
-                    self.table, self.scales, rec, self._staging.ctypes.data
-                )
-            else:
-                self._staging = np.empty((cap, rec), dtype=np.uint8)
-        return self._staging
-
-    def _side_ints(self, n: int) -> np.ndarray:
-        """The fault launch's pinned int32 side buffer, at least ``n`` long (GPU path;
-        call only after the staging buffer's last copy has left it, as ``_fault_read``
-        does)."""
-        if self._side.size < n:
-            self._side = self._pinned_host((max(n, 2 * self._side.size, 1024),), np.int32)
-        return self._side
 
     def _host_lib(self) -> Any:
         raise NotImplementedError
@@ -424,40 +336,3 @@ class FaultPath(CacheState):
         st["bytes_read"] += nbytes
         st["read_ops"] += ops
         return staging[:n]
-
-    def _fault_launch(self, n: int, e: int, out: Any, ctl: int = 0, seq: int = 0) -> None:
-        """The GPU side of a fault whose ``n`` records are staged (or, with ``ctl``, being
-        staged: ``kernels.scatter.FaultCommit``) and whose side buffer holds ``[victims
-        (n) | rows (n) | evicted (e) (| out)]``: one launch on the cache's stream writes
-        the records, updates the device map and fills ``out`` (a cupy int32 array, or
-        None)."""
-        self._commit(self._staging.ctypes.data, self._side.ctypes.data, n, e, self._dev_map,
-                     self._stream, out, ctl, seq)  # fmt: skip
-        self._copy_event.record(self._stream)  # the buffers are free once it has run
-        self._copy_done = self._copy_event
-
-    def _to_device(self, out: np.ndarray) -> Any:
-        """``out`` as a new cupy array, copied asynchronously through a ring of pinned buffers.
-
-        A ring, so that a call waits only for the copy of the call ``OUT_RING`` calls
-        ago (long done), never for the stream's recent work.
-        """
-        cp = self._xp
-        n = out.size
-        k = self._out_next
-        self._out_next = (k + 1) % OUT_RING
-        buf, done = self._out_ring[k]
-        if done is not None:
-            done.synchronize()  # this buffer's previous copy has left it
-        if buf.size < n:
-            import cupyx
-
-            buf = cupyx.empty_pinned(max(n, 2 * buf.size, 1024), dtype=np.int32)
-        buf[:n] = out
-        dev = cp.empty(n, dtype=cp.int32)
-        with self._stream:
-            dev.set(buf[:n], stream=self._stream)
-            done = self._out_events[k]
-            done.record(self._stream)
-            self._out_ring[k] = (buf, done)
-        return dev

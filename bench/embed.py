@@ -49,8 +49,9 @@ from embed.context import NgramContext
 from embed.dims import NgramDims
 from embed.layer import NgramEmbedding
 from embed.tables import Bf16Table, CachedTable, Fp8Table
-from kernels.ngram import copy_from_mapped, gemm_bf16_f32, gemm_bf16_f32_parts, split_k
+from kernels.gemm import gemm_bf16_f32, gemm_bf16_f32_parts, split_k
 from kernels.reference import BF16
+from kernels.stacked import copy_from_mapped
 
 DECODE_BATCHES = (1, 64, 256)
 PREFILL = 2048
@@ -203,7 +204,7 @@ def bench_variant(
 
 def _step_parts(emb: NgramEmbedding, step: Any) -> dict[str, Callable[[], Any]]:
     """The three parts of a static step, each issuable (and capturable) on its own."""
-    from kernels.ngram import scale_sum
+    from kernels.gemm import scale_sum
 
     denom = float(1 + emb.dims.num_tables)
     sh = step.shape

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from kernels._cuda import is_device_array, require_cupy
-from kernels.ngram import StackedTables, TokenRangeError, ngram_hash
+from kernels.ngram import TokenRangeError, ngram_hash
 from kernels.reference import BF16
+from kernels.stacked import StackedTables
 from rowcache.errors import ConfigError
 from rowcache.prefetch import PrefetchHandle
 
@@ -53,7 +54,7 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         ``W_i`` in nn.Linear layout (``y = W_i @ e``), or one array ``[T, D, d]``.
 
     fused : bool
-        On the GPU, gather all T tables with one ``kernels.ngram.gather_stacked``
+        On the GPU, gather all T tables with one ``kernels.stacked.gather_stacked``
         launch (default) instead of one ``kernels.batched_embed[_fp8]`` launch per
         table; the two are bit-identical. Ignored on the CPU. Kept (not measured
         worse in ``bench/RESULTS.md``, which has no figure for it) as the per-table

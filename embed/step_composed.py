@@ -15,7 +15,7 @@ import numpy as np
 
 from kernels._cuda import get_kernel, launch_1d
 from kernels.gemm import gemm_bf16_f32_parts, scale_sum
-from kernels.ngram import gather_stacked
+from kernels.stacked import gather_stacked
 
 from .batch import NgramBatch
 from .device_step import _DeviceStep, _pack

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from kernels.gemm import gemm_bf16_f32_parts, scale_sum
-from kernels.ngram import copy_from_mapped, hash_gather
+from kernels.ngram import hash_gather
+from kernels.stacked import copy_from_mapped
 
 from .batch import NgramBatch
 from .device_step import _DeviceStep, _pack, _Shape, _words

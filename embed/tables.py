@@ -109,7 +109,7 @@ class Bf16Table:
 
     @property
     def arrays(self) -> tuple[Any, None]:
-        """``(rows, None)``: what ``kernels.ngram.StackedTables`` reads."""
+        """``(rows, None)``: what ``kernels.stacked.StackedTables`` reads."""
         return self.array, None
 
     def gather(self, ids: Any, out: Any = None) -> Any:
@@ -198,7 +198,7 @@ class Fp8Table:
 
     @property
     def arrays(self) -> tuple[Any, Any]:
-        """``(codes, scales)``: what ``kernels.ngram.StackedTables`` reads."""
+        """``(codes, scales)``: what ``kernels.stacked.StackedTables`` reads."""
         return self.codes, self.scales
 
     def gather(self, ids: Any, out: Any = None) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ._cuda import gpu_available
 from .gather import batched_embed, batched_embed_fp8
 from .gemm import gemm_bf16_f32, gemm_bf16_f32_parts, scale_sum
-from .ngram import StackedTables, gather_stacked, hash_gather, ngram_hash
+from .ngram import hash_gather, ngram_hash
 from .overlay import (
     embed_overlay_routed,
     embed_rowdiff,
@@ -18,6 +18,7 @@ from .overlay import (
 )
 from .quantize import quantize_fp8
 from .scatter import scatter_records
+from .stacked import StackedTables, gather_stacked
 
 __all__ = [
     "StackedTables",

@@ -1,7 +1,8 @@
 // N-gram embedding kernels: the LongCat hash of every (table, position) and the gather
 // of every table's row into one stacked [n, T*d] buffer (the final scaled sum of the
 // word row and the projected n-gram rows is kernels/gemm.cu).
-// Their NumPy references (the specification) are in kernels/ngram.py.
+// Their launchers and NumPy references (the specification) are in kernels/ngram.py (the
+// hash, hash + gather) and kernels/stacked.py (the stacked gather, copy_from_mapped).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 

@@ -16,7 +16,8 @@ import numpy as np
 
 from ._cuda import get_kernel, require_cupy
 from .errors import ConfigError
-from .ngram import StackedTables, _gather_args, _item_launch, hash_gather_reference
+from .ngram import hash_gather_reference
+from .stacked import StackedTables, _gather_args, _item_launch
 
 _SOURCE = "ngram.cu"
 

@@ -375,7 +375,7 @@ def test_bench_embed_quick_cpu(capsys):
 
 
 def test_gather_stacked_reference_matches_per_table(rng):
-    from kernels.ngram import StackedTables, gather_stacked
+    from kernels.stacked import StackedTables, gather_stacked
 
     word, tables, _ = _weights(rng)
     fp8 = Fp8Table.quantize(tables[1])
@@ -395,13 +395,8 @@ def test_layer_gpu_fused_equals_per_table_kernels(rng, tmp_path):
     import cupy as cp
 
     from embed.tables import CachedTable
-    from kernels.ngram import (
-        StackedTables,
-        gather_stacked,
-        gemm_bf16_f32,
-        scale_sum,
-        scale_sum_reference,
-    )
+    from kernels.gemm import gemm_bf16_f32, scale_sum, scale_sum_reference
+    from kernels.stacked import StackedTables, gather_stacked
     from rowcache.builder import build_store
     from rowcache.cache import NgramRowCache
 
@@ -804,7 +799,8 @@ def test_hash_gather_gpu_bitexact(rng, hidden, word_kind):
     import cupy as cp
 
     from embed.batch import NgramBatch
-    from kernels.ngram import StackedTables, hash_gather, hash_gather_reference
+    from kernels.ngram import hash_gather, hash_gather_reference
+    from kernels.stacked import StackedTables
 
     dims = NgramDims(
         vocab_size=1000, hidden_size=hidden, max_ngram=3, splits=2, ratio=2.5, eos_token_id=2
@@ -899,7 +895,7 @@ def test_static_step_replays_bit_identical_to_eager(rng):
 
 
 def test_gemm_splits_config_and_parts_reference(rng):
-    from kernels.ngram import gemm_bf16_f32_parts, scale_sum_reference, split_k
+    from kernels.gemm import gemm_bf16_f32_parts, scale_sum_reference, split_k
 
     word, tables, projs = _weights(rng)
     with pytest.raises(ConfigError, match="gemm_splits=5"):
@@ -921,7 +917,7 @@ def test_gemm_splits_config_and_parts_reference(rng):
 def test_gemm_parts_and_scale_sum_gpu(rng, splits):
     import cupy as cp
 
-    from kernels.ngram import gemm_bf16_f32_parts, scale_sum, scale_sum_reference
+    from kernels.gemm import gemm_bf16_f32_parts, scale_sum, scale_sum_reference
 
     n, k, m = 37, 256, 96
     a = (rng.standard_normal((n, k)) * 0.3).astype(np.float32).astype(BF16)
@@ -977,7 +973,7 @@ def test_copy_from_mapped_gpu(rng, n):
     import cupy as cp
     import cupyx
 
-    from kernels.ngram import copy_from_mapped
+    from kernels.stacked import copy_from_mapped
 
     host = cupyx.empty_pinned(n, dtype=np.int64)
     host[:] = rng.integers(-(2**62), 2**62, size=n)

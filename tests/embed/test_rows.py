@@ -7,9 +7,10 @@ import pytest
 
 from embed.layer import NgramEmbedding
 from embed.tables import Fp8Table
-from kernels.ngram import StackedTables, hash_gather_reference
+from kernels.ngram import hash_gather_reference
 from kernels.ngram_rows import first_bad_token, hash_gather_rows_reference, rows_packed
 from kernels.reference import BF16
+from kernels.stacked import StackedTables
 from rowcache.errors import ConfigError
 
 from .test_layer import DIMS, _bits, _cached_model, _weights

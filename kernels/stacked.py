@@ -137,24 +137,20 @@ def gather_stacked(ids: Any, tables: StackedTables, out: Any) -> Any:
     if n == 0:
         return out
     ld = ids.strides[0] // 8 if T > 1 else n
-    vec = bool(tables.vec and out.data.ptr % 16 == 0)
     get_kernel(_SOURCE, "ngram_gather_stacked")(
-        *_item_launch(n * T),
-        (
-            ids,
-            np.int64(ld),
-            np.int64(0),
-            tables._ptrs,
-            tables._scales,
-            tables._strides,
-            out,
-            np.int64(n),
-            np.int32(T),
-            np.int32(d),
-            np.int32(vec),
-        ),
+        *_item_launch(n * T), (ids, np.int64(ld), np.int64(0), *_stacked_args(tables, out))
     )
     return out
+
+
+def _stacked_args(tables: StackedTables, out: Any) -> tuple[Any, ...]:
+    """The launch arguments of ``tables`` and their stacked output ``out`` (n rows), as
+    the stacked gather and the hash + gather kernels take them: the tables' pointers,
+    scales and row strides, ``out``, n, T, d, and whether 16-byte words align."""
+    vec = bool(tables.vec and out.data.ptr % 16 == 0)
+    n, T = int(out.shape[0]), len(tables.tables)
+    return (tables._ptrs, tables._scales, tables._strides, out, np.int64(n), np.int32(T),
+            np.int32(tables.dim), np.int32(vec))  # fmt: skip
 
 
 def _gather_args(
@@ -186,14 +182,7 @@ def _gather_args(
         rows,
         np.int32(multipliers.shape[1]),
         np.int64(eos),
-        tables._ptrs,
-        tables._scales,
-        tables._strides,
-        out,
-        np.int64(n),
-        np.int32(T),
-        np.int32(d),
-        np.int32(bool(tables.vec and out.data.ptr % 16 == 0)),
+        *_stacked_args(tables, out),
         word._ptrs,
         word._scales,
         word._strides,

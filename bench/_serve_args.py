@@ -99,7 +99,7 @@ def parse(argv: list[str] | None, doc: str) -> tuple[argparse.ArgumentParser, ar
         default=0,
         metavar="ROWS",
         help="also run the first lookahead series with prefetches read in pieces of ROWS\n"
-        "rows (the cache's default: rowcache.prefetch_book.PIECE_ROWS): series 'pieceROWS'",
+        "rows (the cache's default: rowcache.cache.prefetch_book.PIECE_ROWS): series 'pieceROWS'",
     )
     p.add_argument(
         "--ablate-merge",
@@ -127,7 +127,7 @@ def parse(argv: list[str] | None, doc: str) -> tuple[argparse.ArgumentParser, ar
         "--ablate-check",
         action="store_true",
         help="also run each server cached with no residency check before a step's device\n"
-        "part (embed.cached_groups.CHECK_TOKENS = 0: the device part first, run again\n"
+        "part (rowcache.embed.step.cached_groups.CHECK_TOKENS = 0: the device part first, run again\n"
         "after a fault): series 'nocheck'",
     )
     p.add_argument(

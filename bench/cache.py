@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import kernels
+import rowcache.kernels
 import rowcache
 from bench._common import (
     drop_cache,
@@ -60,12 +60,12 @@ def hit_path(store, device: str, arena: str, sizes: list[int], repeat: int) -> l
             outbuf = cp.empty((n, info.dim), dtype=resident.dtype)
 
             def resident_gather(ids_dev=ids_dev, resident=resident, outbuf=outbuf):
-                kernels.batched_embed(ids_dev, resident, outbuf)
+                rowcache.kernels.batched_embed(ids_dev, resident, outbuf)
                 cp.cuda.get_current_stream().synchronize()
 
             def cached_gather(cache=cache, ids=ids, outbuf=outbuf):
                 slots = cache.resolve(ids)
-                kernels.batched_embed(slots, cache.table, outbuf)
+                rowcache.kernels.batched_embed(slots, cache.table, outbuf)
                 cp.cuda.get_current_stream().synchronize()
                 cache.end_batch()
 
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.exists(os.path.join(spath, "index.lmdb")):
         rowcache.build_store(spath, [src], progress=False)
     store = rowcache.RowStore.open(spath)
-    gpu = kernels.gpu_available()
+    gpu = rowcache.kernels.gpu_available()
     settings = {"rows": args.rows, "dim": args.dim, "queue_depth": args.threads, "gpu": gpu}
 
     hits = hit_path(store, "cpu", "host", [768, 24576], args.repeat)

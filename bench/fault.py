@@ -26,8 +26,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rowcache
 from bench._common import drop_cache, make_source, report, store_files
-from rowcache.checksum import page_crcs_of_file
-from rowcache.reader import RowReader
+from rowcache.io.checksum import page_crcs_of_file
+from rowcache.io.reader import RowReader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

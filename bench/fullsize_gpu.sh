@@ -37,7 +37,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 $PY setup.py -q build_ext --inplace 2>&1 | grep -v -i "warn" | tail -3
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 df -h "$W" | tail -1; nproc; free -g | sed -n 2p
-$PY -c "import kernels, rowcache.builder as b; print('fp8 engine:', b._fp8_engine())"
+$PY -c "import kernels, rowcache.store.builder as b; print('fp8 engine:', b._fp8_engine())"
 
 SRC=$W/src.npy
 OUT_KEEP=$OUT; OUT=$W  # the source's line stays out of $OUT

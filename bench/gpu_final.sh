@@ -17,7 +17,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 setup.py -q build_ext --inplace >/dev/null 2>&1
-python3 -c "import kernels._host, rowcache._rcio, kernels._quantize" || echo "NATIVE EXTENSIONS MISSING"
+python3 -c "import rowcache.kernels._host, rowcache.io._rcio, rowcache.kernels._quantize" || echo "NATIVE EXTENSIONS MISSING"
 stage() { local t=$1 name=$2; shift 2; echo "=== $name"; timeout "$t" "$@" >"$OUT/$name.log" 2>&1; echo "rc=$? ($name)"; }
 toks() { [ -f /tmp/toks.npy ] || python3 bench/embed.py --write-tokens /tmp/toks.npy >/dev/null; }
 STAGES=${STAGES:-"tests serve fault embed torch sanitizer"}
@@ -33,8 +33,8 @@ for s in $STAGES; do
     ptests) stage ${TESTS_T:-150} ptests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x tests/rowcache/test_cache_gpu.py tests/rowcache/test_prefetch.py tests/embed/test_lookahead.py ;;
     dtests) stage ${TESTS_T:-150} dtests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x tests/embed/test_defer_reads.py tests/kernels/test_scatter.py tests/rowcache/test_deferred.py tests/rowcache/test_cache_gpu.py tests/rowcache/test_prefetch.py tests/embed/test_lookahead.py ;;
     ttests) stage ${TESTS_T:-120} ttests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x tests/embed/test_torch_module.py ;;
-    demo) stage ${DEMO_T:-120} demo python3 -m rowcache.cli demo --device cuda ;;
-    demo2) stage ${DEMO_T:-120} demo2 python3 -m rowcache.cli demo --device cuda ;;
+    demo) stage ${DEMO_T:-120} demo python3 -m rowcache.cli.app demo --device cuda ;;
+    demo2) stage ${DEMO_T:-120} demo2 python3 -m rowcache.cli.app demo --device cuda ;;
     torch) stage ${TORCH_T:-90} torch python3 bench/torch_step.py --reps 20 --steps 16 ${TORCH_ARGS:-} ;;
     profile) stage ${PROF_T:-90} profile python3 bench/step_profile.py --steps 100 --top 30 ;;
     profile_t1) ROWCACHE_HOST_THREADS=1 stage ${PROF_T:-90} profile_t1 python3 bench/step_profile.py --steps 100 --top 8 ;;

@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kernels.host import HOST_THREADS, native
+from rowcache.kernels.host import HOST_THREADS, native
 
 
 def _median_us(fn, reps: int) -> float:
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     if not counts or any(not 1 <= k <= 16 for k in counts):
         p.error(f"--threads {a.threads!r}: give a comma list of integers in 1..16")
     if native is None:
-        print("kernels._host is not built: nothing to time (pip install -e .)", file=sys.stderr)
+        print("rowcache.kernels._host is not built: nothing to time (pip install -e .)", file=sys.stderr)
         return 1
     rng = np.random.default_rng(0)
     T, N, n = 12, 3, a.tokens

@@ -1,6 +1,6 @@
 """Gather kernels against fancy indexing: effective GB/s of batched_embed and batched_embed_fp8.
 
-Claim: on the GPU, ``kernels.batched_embed`` gathers bf16 rows at least as fast as
+Claim: on the GPU, ``rowcache.kernels.batched_embed`` gathers bf16 rows at least as fast as
 cupy's fancy index ``table[ids]`` measured in the same run, and ``batched_embed_fp8``
 (codes + scale in, dequantized bf16 out) is compared with both ``codes[ids]`` and the
 bf16 fancy index. Timing: CUDA events around each call, L2 flushed before each rep,
@@ -24,8 +24,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import kernels
-from kernels.reference import BF16
+import rowcache.kernels
+from rowcache.kernels.reference import BF16
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.device == "auto":
-        args.device = "gpu" if kernels.gpu_available() else "cpu"
+        args.device = "gpu" if rowcache.kernels.gpu_available() else "cpu"
     gpu = args.device == "gpu"
     if args.rows is None:
         args.rows = (
@@ -135,14 +135,14 @@ def run_gpu(args: argparse.Namespace) -> None:
     for n in args.batch:
         ids = gen.randint(0, rows, size=n, dtype=np.int64)
         out = cp.empty((n, d), dtype=BF16)
-        kernels.batched_embed(ids, table, out)
+        rowcache.kernels.batched_embed(ids, table, out)
         if not bool(cp.array_equal(out.view(cp.uint16), table_u16[ids])):
             raise SystemExit("batched_embed disagrees with table[ids]: not timing a wrong kernel")
         nb = _bytes(n, d)
-        t_bf16 = median_ms(lambda ids=ids, out=out: kernels.batched_embed(ids, table, out))
+        t_bf16 = median_ms(lambda ids=ids, out=out: rowcache.kernels.batched_embed(ids, table, out))
         t_take = median_ms(lambda ids=ids: table_u16[ids])
         t_fp8 = median_ms(
-            lambda ids=ids, out=out: kernels.batched_embed_fp8(ids, codes, scales, out)
+            lambda ids=ids, out=out: rowcache.kernels.batched_embed_fp8(ids, codes, scales, out)
         )
         t_codes = median_ms(lambda ids=ids: codes[ids])
         results += [
@@ -181,11 +181,11 @@ def run_cpu(args: argparse.Namespace) -> None:
         out = np.empty((n, d), dtype=BF16)
         nb = _bytes(n, d)
         t_bf16 = _cpu_median_ms(
-            lambda ids=ids, out=out: kernels.batched_embed(ids, table, out), args.reps, args.warmup
+            lambda ids=ids, out=out: rowcache.kernels.batched_embed(ids, table, out), args.reps, args.warmup
         )
         t_take = _cpu_median_ms(lambda ids=ids: table[ids], args.reps, args.warmup)
         t_fp8 = _cpu_median_ms(
-            lambda ids=ids, out=out: kernels.batched_embed_fp8(ids, codes, scales, out),
+            lambda ids=ids, out=out: rowcache.kernels.batched_embed_fp8(ids, codes, scales, out),
             args.reps,
             args.warmup,
         )
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         f"batches={args.batch} reps={args.reps} warmup={args.warmup}"
     )
     if args.device == "gpu":
-        if not kernels.gpu_available():
+        if not rowcache.kernels.gpu_available():
             print("--device gpu was asked for but no CUDA GPU is usable here", file=sys.stderr)
             return 2
         run_gpu(args)

@@ -3,7 +3,7 @@
 Not a claim of its own: the measurement behind the fault path's and the rows step's
 launch choices. Times, on one stream, 4,000 calls each (rotating blocks, median of
 blocks): a cupy ``RawKernel`` call with the fault commit's 15 arguments, the same
-kernel through ``kernels._cuda.RawLaunch`` (``cuLaunchKernel`` on arguments packed
+kernel through ``rowcache.kernels.loader.RawLaunch`` (``cuLaunchKernel`` on arguments packed
 once), a 256-byte host-to-device ``ndarray.set``, ``cupy.empty``, an event record,
 and, where torch is installed, ``torch.empty`` on the GPU (four ways) and ``torch.ones``.
 """
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     import cupy as cp
 
-    from kernels._cuda import RawLaunch, get_kernel
+    from rowcache.kernels.loader import RawLaunch, get_kernel
 
     k = get_kernel("scatter.cu", "fault_commit_16")
     table = cp.zeros((1024, 256), dtype=cp.uint16)

@@ -35,12 +35,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._common import report
-from embed.dims import NgramDims
+from rowcache.embed.ngram.dims import NgramDims
 from rowcache.tools.mrc import miss_ratio_curve
 from rowcache.tools.stack import batch_stack_distances, dedup_batches, lru_stack_distances
 from rowcache.tools.tokens import iter_requests
 from rowcache.tools.trace import ServerModel, Trace, schedule_request
-from rowcache.tools.trace_build import _Writer, build_trace, write_manifest
+from rowcache.tools.trace_build import TraceWriter, build_trace, write_manifest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -134,7 +134,7 @@ def write_synthetic_trace(
         shutil.rmtree(path)
     path.mkdir(parents=True)
     rng = np.random.default_rng(seed)
-    writer = _Writer(path, int(chunk_positions))
+    writer = TraceWriter(path, int(chunk_positions))
     free: list[tuple[int, int]] = [(0, s) for s in range(model.batch)]
     stride = np.int64(model.batch)
     pend: list[np.ndarray] = []

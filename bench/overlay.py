@@ -38,10 +38,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from embed.overlay import TokenOverlay
-from kernels import gpu_available
-from kernels.overlay import GEMM_MIN_ROWS, LMHEAD_TILES, MMA_CONFIGS
-from kernels.reference import BF16
+from rowcache.embed.overlay.overlay import TokenOverlay
+from rowcache.kernels import gpu_available
+from rowcache.kernels.overlay.routed import GEMM_MIN_ROWS, LMHEAD_TILES, MMA_CONFIGS
+from rowcache.kernels.reference import BF16
 
 TARGET = 0.05
 

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rowcache
-from rowcache.sources import BF16
+from rowcache.store.sources import BF16
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         store = rowcache.build_store(os.path.join(work, "s"), tabs, progress=False)
         r = store.reader
         if r.engine == "python":
-            p.error("the native reader is not built here (rowcache._rcio): nothing to compare")
+            p.error("the native reader is not built here (rowcache.io._rcio): nothing to compare")
         tables = np.arange(2, dtype=np.int32)
         bases = np.array([0, a.rows], dtype=np.int64)
         edges = np.array([0, a.rows, 2 * a.rows], dtype=np.int64)

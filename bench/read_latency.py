@@ -3,7 +3,7 @@
 Not a claim of its own: whether a k = 1 fault's read costs more than the disk's floor
 because of rowcache's reader or because of where it runs. Builds one table's store
 (``--rows`` 512-byte rows, O_DIRECT reads of fresh pages each time), then times blocks
-of ``--reads`` single-row reads by: the native reader's ``read_runs`` (``rowcache._rcio``,
+of ``--reads`` single-row reads by: the native reader's ``read_runs`` (``rowcache.io._rcio``,
 io_uring), ``RowReader.read_runs`` (its Python wrapper; both with ``--spin-us``), ``os.preadv`` of the page, and
 ``bench/floor.c`` (io_uring and a pread thread, its own process, same kind of pages).
 """
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rowcache
 from bench._common import make_source, store_files
 from bench.fault import build_floor, floor_us
-from rowcache.reader import RowReader
+from rowcache.io.reader import RowReader
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,14 +60,14 @@ from _serve_report import ROW_BYTES, phase_rows, render
 from _serve_series import Series, interleave, prefetch_timeline, prefetcher
 from _serve_steps import history_rows, load_requests, load_text, server_steps
 
-from embed.dims import NgramDims
-from embed.layer import NgramEmbedding
-from embed.tables import Bf16Table, CachedTable, Fp8Table
-from kernels.reference import BF16
-from rowcache.builder import build_store
-from rowcache.cache import NgramRowCache
-from rowcache.reader import RowReader
-from rowcache.store import RowStore
+from rowcache.embed.ngram.dims import NgramDims
+from rowcache.embed.layer import NgramEmbedding
+from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
+from rowcache.kernels.reference import BF16
+from rowcache.store.builder import build_store
+from rowcache.cache.row_cache import NgramRowCache
+from rowcache.io.reader import RowReader
+from rowcache.store.handle import RowStore
 from rowcache.tools.profile import profile_trace
 from rowcache.tools.trace import ServerModel
 from rowcache.tools.trace_build import build_trace

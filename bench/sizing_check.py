@@ -11,7 +11,7 @@ of 512, decode one token a step, round robin) over a store of LongCat n-gram tab
    ``memory=121GiB,reserve=70GiB``, and a tight ``arena=1GiB`` where rows are evicted);
 4. the real caches replay the same trace, one batch a server step: one ``NgramRowCache``
    per table at tune's rows, then ONE shared ``NgramRowCache`` of their sum, read by an
-   ``embed.NgramEmbedding`` of ``CachedTable``s: the first ``--embed-steps`` decode-only
+   ``rowcache.embed.NgramEmbedding`` of ``CachedTable``s: the first ``--embed-steps`` decode-only
    steps run the whole layer (hash, resolve, gather, GEMM: tokens/s), the rest resolve only.
 
 Printed per table and for the shared arena: the faults the cache took against the exact
@@ -37,8 +37,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rowcache
 from bench._common import report
-from embed import CachedTable, NgramDims, NgramEmbedding
-from kernels.reference import BF16
+from rowcache.embed import CachedTable, NgramDims, NgramEmbedding
+from rowcache.kernels.reference import BF16
 from rowcache.tools import ServerModel, build_trace, measure_io, profile_trace, tune
 from rowcache.tools.mrc import miss_ratio_curve
 from rowcache.tools.tokens import iter_requests, stdlib_files

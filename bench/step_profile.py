@@ -21,11 +21,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rowcache
-from embed.batch import NgramBatch
-from embed.dims import NgramDims
-from embed.layer import NgramEmbedding
-from embed.tables import CachedTable
-from kernels.reference import BF16
+from rowcache.embed.ngram.batch import NgramBatch
+from rowcache.embed.ngram.dims import NgramDims
+from rowcache.embed.layer import NgramEmbedding
+from rowcache.embed.tables import CachedTable
+from rowcache.kernels.reference import BF16
 
 
 def main(argv: list[str] | None = None) -> int:

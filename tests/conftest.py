@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels._cuda import gpu_available
+from rowcache.kernels.loader import gpu_available
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-import kernels.host as host
+import rowcache.kernels.host as host
 
 BENCH = pathlib.Path(__file__).resolve().parent.parent / "bench"
 
@@ -408,7 +408,7 @@ def test_serve_series_holds_its_prefetches_between_turns(tmp_path, rng, monkeypa
 
     import numpy as np
 
-    import rowcache.prefetch_book as prefetch_book
+    import rowcache.cache.prefetch_book as prefetch_book
     from bench._serve_series import Series
     from rowcache import NgramRowCache
     from tests.rowcache.test_cache import make_store

@@ -8,7 +8,7 @@ import pathlib
 import re
 import shlex
 
-from rowcache.cli import build_parser, main
+from rowcache.cli.app import build_parser, main
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -9,17 +9,17 @@ arena size and split.
 
 from __future__ import annotations
 
-from .benchio import DeviceProfile, measure_io
-from .mrc import MissRatioCurve, combine_keys, curve_from_samples, miss_ratio_curve
-from .parallel import sample_trace
-from .policies import simulate
-from .profile import ProfileReport, profile_trace
-from .shards import Sample, sample_fixed_rate, sample_fixed_size, top_keys
-from .stack import batch_stack_distances, lru_stack_distances
-from .tokens import iter_requests, make_tokenizer
-from .trace import ServerModel, Trace
-from .trace_build import build_trace
-from .tune import TuneReport, parse_bytes, tune
+from rowcache.tools.benchio import DeviceProfile, measure_io
+from rowcache.tools.mrc import MissRatioCurve, combine_keys, curve_from_samples, miss_ratio_curve
+from rowcache.tools.parallel import sample_trace
+from rowcache.tools.policies import simulate
+from rowcache.tools.profile import ProfileReport, profile_trace
+from rowcache.tools.shards import Sample, sample_fixed_rate, sample_fixed_size, top_keys
+from rowcache.tools.stack import batch_stack_distances, lru_stack_distances
+from rowcache.tools.tokens import iter_requests, make_tokenizer
+from rowcache.tools.trace import ServerModel, Trace
+from rowcache.tools.trace_build import build_trace
+from rowcache.tools.tune import TuneReport, parse_bytes, tune
 
 __all__ = [
     "DeviceProfile",

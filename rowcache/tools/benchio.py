@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from rowcache.errors import ConfigError
 
 PAGE = 4096
 # Below this, random reads may come from the disk's or the hypervisor's cache.

@@ -25,7 +25,7 @@ import sys
 
 import numpy as np
 
-from ..errors import ConfigError
+from rowcache.errors import ConfigError
 
 #: :func:`count_greater_before` packs a count and a rank in one int64, so an exact pass
 #: takes fewer reuses than this (at 2**31 its arrays alone would need ~100 GB; sample).

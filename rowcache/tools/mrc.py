@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from . import shards as _shards
-from .policies import POLICIES, simulate
-from .stack import (
+from rowcache.errors import ConfigError
+from rowcache.tools import shards as _shards
+from rowcache.tools.policies import POLICIES, simulate
+from rowcache.tools.stack import (
     INF,
     batch_ids_from,
     batch_stack_distances,

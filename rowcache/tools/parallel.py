@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from .shards import HASH_SPACE, Sample, is_member, key_hash, rate_threshold, top_keys
-from .trace import Trace
+from rowcache.errors import ConfigError
+from rowcache.tools.shards import HASH_SPACE, Sample, is_member, key_hash, rate_threshold, top_keys
+from rowcache.tools.trace import Trace
 
 SHARED = "shared"
 

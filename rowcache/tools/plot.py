@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from .profile import ProfileReport
+from rowcache.errors import ConfigError
+from rowcache.tools.profile import ProfileReport
 
 
 def require_matplotlib() -> None:

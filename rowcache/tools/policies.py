@@ -12,7 +12,7 @@ import heapq
 
 import numpy as np
 
-from ..errors import ConfigError
+from rowcache.errors import ConfigError
 
 POLICIES = ("lru", "sieve", "opt")
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from .mrc import MissRatioCurve, json_ready, miss_ratio_curve
-from .trace import Trace
+from rowcache.errors import ConfigError
+from rowcache.tools.mrc import MissRatioCurve, json_ready, miss_ratio_curve
+from rowcache.tools.trace import Trace
 
 
 @dataclass(frozen=True)
@@ -174,8 +174,8 @@ def profile_trace(
     if method == "shards" and sample_size is None:
         from dataclasses import replace
 
-        from .mrc import curve_from_samples
-        from .parallel import SHARED, sample_trace
+        from rowcache.tools.mrc import curve_from_samples
+        from rowcache.tools.parallel import SHARED, sample_trace
 
         samples = sample_trace(
             trace,

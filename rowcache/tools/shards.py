@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
+from rowcache.errors import ConfigError
 
 #: Hash values are 53-bit integers (exact in float64): rate R keeps ``h < R * 2**53``.
 HASH_BITS = 53

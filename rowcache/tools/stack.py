@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from .inversions import count_greater_before, count_prev_at_least, stable_argsort
+from rowcache.errors import ConfigError
+from rowcache.tools.inversions import count_greater_before, count_prev_at_least, stable_argsort
 
 #: Distance of a first use (a compulsory miss at every size).
 INF = np.iinfo(np.int64).max

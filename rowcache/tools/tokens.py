@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from rowcache.errors import ConfigError
 
 TOKEN_SUFFIXES = (".npy", ".jsonl", ".ndjson")
 OFFLINE_TOKENIZERS = ("words", "bytes")

@@ -7,7 +7,7 @@ followed by its last ``decode`` tokens one per step; each server step (one forwa
 = one cache batch) takes one unit (a chunk or a token) from every live request in
 slot order (round robin); a request is admitted into the first slot that frees, at
 the step after its predecessor's last one. Row ids per table come from the LongCat
-hash of ``kernels.ngram`` over the whole request (``embed.ngram_ids``'s; equal to
+hash of ``rowcache.kernels.ngram.hash`` over the whole request (``rowcache.embed.ngram_ids``'s; equal to
 chunked or incremental ids by the NgramCache contract). Does not compute curves.
 
 Format (directory): ``manifest.json`` and per chunk ``rows-NNNNN.npy`` (int32
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, FormatError
+from rowcache.errors import ConfigError, FormatError
 
 TRACE_FORMAT = "rowcache-trace"
 TRACE_VERSION = 1

@@ -1,7 +1,7 @@
 """Writing a row-id trace: the modelled server's schedule hashed into chunk files.
 
 Owns :func:`build_trace` (requests streamed in, scheduled by
-:class:`rowcache.tools.trace.ServerModel`, hashed by ``kernels.ngram``, written as
+:class:`rowcache.tools.trace.ServerModel`, hashed by ``rowcache.kernels.ngram.hash``, written as
 ``rows-NNNNN.npy`` / ``steps-NNNNN.npy`` chunks into a temporary sibling that is moved
 into place whole), its chunk writer and :func:`write_manifest` (the manifest last and
 atomically: a trace is valid once it exists). Memory stays bounded: requests stream in,
@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from kernels.ngram import ngram_hash
+from rowcache.kernels.ngram.hash import ngram_hash
 
-from ..errors import ConfigError
-from .trace import (
+from rowcache.errors import ConfigError
+from rowcache.tools.trace import (
     MANIFEST,
     TRACE_FORMAT,
     TRACE_VERSION,
@@ -37,7 +37,7 @@ from .trace import (
 )
 
 
-class _Writer:
+class TraceWriter:
     def __init__(self, out: Path, chunk_positions: int) -> None:
         self.out = out
         self.chunk_positions = chunk_positions
@@ -119,7 +119,7 @@ def build_trace(
     ----------
     requests : iterable of int[L_r]
         Token ids of each request, in arrival order.
-    dims : embed.NgramDims
+    dims : rowcache.embed.NgramDims
     out : path
         A new (or, with ``overwrite``, replaced) trace directory.
     model : ServerModel
@@ -192,7 +192,7 @@ def _move_into_place(tmp: Path, out: Path) -> None:
 def _request_ids(dims: Any, tokens: np.ndarray) -> np.ndarray:
     """The ids of every table at every position of one request: int64[T, L].
 
-    The LongCat hash of ``kernels.ngram`` (what ``embed.ngram_ids`` computes); tokens
+    The LongCat hash of ``rowcache.kernels.ngram.hash`` (what ``rowcache.embed.ngram_ids`` computes); tokens
     outside ``[0, vocab_size)`` raise ``TokenRangeError`` (a ``ConfigError``).
     """
     if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
@@ -213,7 +213,7 @@ def _write_trace(
     chunk_positions: int,
     progress: bool,
 ) -> None:
-    writer = _Writer(out, int(chunk_positions))
+    writer = TraceWriter(out, int(chunk_positions))
     bar = None
     if progress:
         from tqdm import tqdm

@@ -8,11 +8,11 @@ import struct
 import numpy as np
 import pytest
 
-from embed.checkpoint import Checkpoint, load_ngram_embedding, table_sources
-from embed.dims import NgramDims
-from embed.layer import NgramEmbedding
-from embed.tables import Fp8Table
-from kernels.reference import BF16
+from rowcache.embed.checkpoint import Checkpoint, load_ngram_embedding, table_sources
+from rowcache.embed.ngram.dims import NgramDims
+from rowcache.embed.layer import NgramEmbedding
+from rowcache.embed.tables import Fp8Table
+from rowcache.kernels.reference import BF16
 from rowcache.errors import ConfigError
 
 DIMS = NgramDims(vocab_size=500, hidden_size=32, max_ngram=3, splits=2, ratio=1.5, eos_token_id=2)
@@ -96,8 +96,8 @@ def test_checkpoint_sharded_index_mlx_name_and_fp8(rng, tmp_path):
 
 
 def test_checkpoint_tables_behind_caches(rng, tmp_path):
-    from rowcache.builder import build_store
-    from rowcache.cache import NgramRowCache
+    from rowcache.store.builder import build_store
+    from rowcache.cache.row_cache import NgramRowCache
 
     word, tables, projs = _weights(rng)
     _save(tmp_path / "m.safetensors", _tensors(word, tables, projs))

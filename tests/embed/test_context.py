@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from embed.context import NgramContext
-from embed.dims import NgramDims
-from embed.ids import ngram_ids
+from rowcache.embed.ngram.context import NgramContext
+from rowcache.embed.ngram.dims import NgramDims
+from rowcache.embed.ngram.ids import ngram_ids
 
 LITE = NgramDims.longcat_flash_lite()
 
@@ -75,7 +75,7 @@ def test_context_device_tokens(rng):
 
 
 def test_batch_context_equals_per_sequence_contexts(rng):
-    from embed.context import NgramBatchContext
+    from rowcache.embed.ngram.context import NgramBatchContext
 
     S = 7
     batch_ctx = NgramBatchContext(LITE, S)
@@ -105,7 +105,7 @@ def test_batch_context_equals_per_sequence_contexts(rng):
 
 
 def test_batch_context_decode_default_and_bad_input():
-    from embed.context import NgramBatchContext
+    from rowcache.embed.ngram.context import NgramBatchContext
     from rowcache.errors import ConfigError
 
     ctx = NgramBatchContext(LITE, 3)

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from embed.context import NgramContext
+from rowcache.embed.ngram.context import NgramContext
 from rowcache.errors import CorruptDataError
 
 from .test_layer import DIMS, _bits, _stream

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from embed.dims import NgramDims
+from rowcache.embed.ngram.dims import NgramDims
 from rowcache.errors import ConfigError
 
 V3_SPEC = [

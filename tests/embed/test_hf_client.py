@@ -16,7 +16,7 @@ sys.path.insert(0, str(EXAMPLES))
 
 import longcat_generate as client  # noqa: E402
 
-from embed import TorchNgramEmbedding  # noqa: E402
+from rowcache.embed import TorchNgramEmbedding  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embed.dims import NgramDims
-from embed.ids import ngram_ids, ngram_ids_loop_reference
+from rowcache.embed.ngram.dims import NgramDims
+from rowcache.embed.ngram.ids import ngram_ids, ngram_ids_loop_reference
 from rowcache.errors import ConfigError
 
 LITE = NgramDims.longcat_flash_lite()
@@ -143,7 +143,7 @@ def test_ids_gpu_kernel_matches_loop_reference(rng):
 
 
 def test_ngram_hash_starts_and_fused_range_check(rng):
-    from kernels.ngram import TokenRangeError, ngram_hash
+    from rowcache.kernels.ngram.hash import TokenRangeError, ngram_hash
 
     a, b = _stream(rng, 50), _stream(rng, 30)
     both = np.concatenate([a, b])
@@ -162,7 +162,7 @@ def test_ngram_hash_starts_and_fused_range_check(rng):
 def test_ngram_hash_gpu_starts_and_fused_range_check(rng):
     import cupy as cp
 
-    from kernels.ngram import TokenRangeError, ngram_hash
+    from rowcache.kernels.ngram.hash import TokenRangeError, ngram_hash
 
     x = _stream(rng, 3000)
     starts = np.repeat([0, 1000, 1001, 2500], [1000, 1, 1499, 500])

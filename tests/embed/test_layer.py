@@ -7,13 +7,13 @@ import itertools
 import numpy as np
 import pytest
 
-from embed.context import NgramContext
-from embed.dims import NgramDims
-from embed.ids import ngram_ids, ngram_ids_loop_reference
-from embed.layer import NgramEmbedding
-from embed.overlay import TokenOverlay
-from embed.tables import Bf16Table, Fp8Table
-from kernels.reference import BF16
+from rowcache.embed.ngram.context import NgramContext
+from rowcache.embed.ngram.dims import NgramDims
+from rowcache.embed.ngram.ids import ngram_ids, ngram_ids_loop_reference
+from rowcache.embed.layer import NgramEmbedding
+from rowcache.embed.overlay.overlay import TokenOverlay
+from rowcache.embed.tables import Bf16Table, Fp8Table
+from rowcache.kernels.reference import BF16
 from rowcache.errors import ConfigError
 
 # small but LongCat-shaped: orders 2..3, 2 splits, 4 tables of 12
@@ -223,9 +223,9 @@ def test_layer_gpu_matches_cpu(rng):
 
 
 def _cached_model(rng, tmp_path, *, slots_frac=0.25, dtype="bf16", device="cpu", word_cached=False):
-    from embed.tables import CachedTable
-    from rowcache.builder import build_store
-    from rowcache.cache import NgramRowCache
+    from rowcache.embed.tables import CachedTable
+    from rowcache.store.builder import build_store
+    from rowcache.cache.row_cache import NgramRowCache
 
     word, tables, projs = _weights(rng)
     named = {f"t{i}": t for i, t in enumerate(tables)}
@@ -245,7 +245,7 @@ def _cached_model(rng, tmp_path, *, slots_frac=0.25, dtype="bf16", device="cpu",
 def test_layer_cached_equals_resident_bit_for_bit(rng, tmp_path):
     store, caches, word, tables, projs, cached = _cached_model(rng, tmp_path, word_cached=True)
     try:
-        from embed.tables import CachedTable
+        from rowcache.embed.tables import CachedTable
 
         resident = NgramEmbedding(DIMS, word, tables, projs)
         # order-2 tables resident, higher orders cached, word table cached
@@ -316,9 +316,9 @@ def test_layer_gpu_cached_equals_resident(rng, tmp_path):
     import cupy as cp
 
     for arena in ("device", "host"):
-        from embed.tables import CachedTable
-        from rowcache.builder import build_store
-        from rowcache.cache import NgramRowCache
+        from rowcache.embed.tables import CachedTable
+        from rowcache.store.builder import build_store
+        from rowcache.cache.row_cache import NgramRowCache
 
         word, tables, projs = _weights(rng)
         store = build_store(
@@ -375,7 +375,7 @@ def test_bench_embed_quick_cpu(capsys):
 
 
 def test_gather_stacked_reference_matches_per_table(rng):
-    from kernels.stacked import StackedTables, gather_stacked
+    from rowcache.kernels.ngram.stacked import StackedTables, gather_stacked
 
     word, tables, _ = _weights(rng)
     fp8 = Fp8Table.quantize(tables[1])
@@ -394,11 +394,11 @@ def test_gather_stacked_reference_matches_per_table(rng):
 def test_layer_gpu_fused_equals_per_table_kernels(rng, tmp_path):
     import cupy as cp
 
-    from embed.tables import CachedTable
-    from kernels.gemm import gemm_bf16_f32, scale_sum, scale_sum_reference
-    from kernels.stacked import StackedTables, gather_stacked
-    from rowcache.builder import build_store
-    from rowcache.cache import NgramRowCache
+    from rowcache.embed.tables import CachedTable
+    from rowcache.kernels.gemm import gemm_bf16_f32, scale_sum, scale_sum_reference
+    from rowcache.kernels.ngram.stacked import StackedTables, gather_stacked
+    from rowcache.store.builder import build_store
+    from rowcache.cache.row_cache import NgramRowCache
 
     word, tables, projs = _weights(rng)
     store = build_store(tmp_path / "s", {f"t{i}": t for i, t in enumerate(tables)}, progress=False)
@@ -492,8 +492,8 @@ def _packed(rng, lens):
 
 
 def test_hash_positions_matches_full_reference(rng):
-    from embed.batch import NgramBatch, hash_positions
-    from kernels.ngram import ngram_hash_reference
+    from rowcache.embed.ngram.batch import NgramBatch, hash_positions
+    from rowcache.kernels.ngram.hash import ngram_hash_reference
 
     V, eos = DIMS.vocab_size, DIMS.eos_token_id
     lens = [0, 1, 5, 3, 40, 0, 2, 17]
@@ -521,7 +521,7 @@ def test_hash_positions_matches_full_reference(rng):
 
 
 def test_layer_embed_packed_equals_list_and_separate(rng):
-    from embed.batch import NgramBatch
+    from rowcache.embed.ngram.batch import NgramBatch
 
     word, tables, projs = _weights(rng)
     emb = NgramEmbedding(DIMS, word, tables, projs)
@@ -545,7 +545,7 @@ def test_layer_embed_packed_equals_list_and_separate(rng):
 
 
 def test_layer_embed_packed_bad_input(rng):
-    from embed.batch import NgramBatch
+    from rowcache.embed.ngram.batch import NgramBatch
 
     emb = NgramEmbedding(DIMS, *_weights(rng))
     tokens = np.array([1, 2, 3, 4, 5, 1000, 7])
@@ -573,8 +573,8 @@ def test_layer_embed_packed_bad_input(rng):
 
 
 def _shared_cache_model(rng, tmp_path, *, slots_frac=0.3, dtype="bf16", device="cpu"):
-    from rowcache.builder import build_store
-    from rowcache.cache import NgramRowCache
+    from rowcache.store.builder import build_store
+    from rowcache.cache.row_cache import NgramRowCache
 
     word, tables, projs = _weights(rng)
     named = {f"t{i}": t for i, t in enumerate(tables)}
@@ -601,8 +601,8 @@ def _count_resolves(monkeypatch, cache):
 
 
 def test_layer_shared_cache_equals_resident_bit_for_bit(rng, tmp_path, monkeypatch):
-    from embed.context import NgramBatchContext
-    from embed.tables import CachedTable
+    from rowcache.embed.ngram.context import NgramBatchContext
+    from rowcache.embed.tables import CachedTable
 
     store, shared, word_cache, word, tables, projs = _shared_cache_model(rng, tmp_path)
     try:
@@ -648,7 +648,7 @@ def test_layer_shared_cache_equals_resident_bit_for_bit(rng, tmp_path, monkeypat
 
 
 def test_layer_shared_cache_fp8_equals_resident_fp8(rng, tmp_path):
-    from embed.tables import CachedTable
+    from rowcache.embed.tables import CachedTable
 
     store, shared, _, word, tables, projs = _shared_cache_model(rng, tmp_path, dtype="fp8")
     try:
@@ -668,8 +668,8 @@ def test_layer_shared_cache_fp8_equals_resident_fp8(rng, tmp_path):
 def test_layer_gpu_packed_and_shared_cache(rng, tmp_path):
     import cupy as cp
 
-    from embed.context import NgramBatchContext
-    from embed.tables import CachedTable
+    from rowcache.embed.ngram.context import NgramBatchContext
+    from rowcache.embed.tables import CachedTable
 
     store, shared, word_cache, word, tables, projs = _shared_cache_model(
         rng, tmp_path, device="cuda"
@@ -747,7 +747,7 @@ def test_layer_gpu_packed_and_shared_cache(rng, tmp_path):
 def test_layer_gpu_cuda_graphs_equal_eager(rng):
     import cupy as cp
 
-    from embed.context import NgramBatchContext
+    from rowcache.embed.ngram.context import NgramBatchContext
 
     word, tables, projs = _weights(rng)
     dev_tables = [cp.asarray(t) for t in tables]
@@ -782,7 +782,7 @@ def test_layer_gpu_cuda_graphs_equal_eager(rng):
 
 
 def test_static_step_needs_resident_gpu_tables(rng):
-    from embed.batch import NgramBatch
+    from rowcache.embed.ngram.batch import NgramBatch
 
     word, tables, projs = _weights(rng)
     emb = NgramEmbedding(DIMS, word, tables, projs)
@@ -798,9 +798,9 @@ def test_static_step_needs_resident_gpu_tables(rng):
 def test_hash_gather_gpu_bitexact(rng, hidden, word_kind):
     import cupy as cp
 
-    from embed.batch import NgramBatch
-    from kernels.ngram import hash_gather, hash_gather_reference
-    from kernels.stacked import StackedTables
+    from rowcache.embed.ngram.batch import NgramBatch
+    from rowcache.kernels.ngram.hash import hash_gather, hash_gather_reference
+    from rowcache.kernels.ngram.stacked import StackedTables
 
     dims = NgramDims(
         vocab_size=1000, hidden_size=hidden, max_ngram=3, splits=2, ratio=2.5, eos_token_id=2
@@ -858,7 +858,7 @@ def test_hash_gather_gpu_bitexact(rng, hidden, word_kind):
 def test_static_step_replays_bit_identical_to_eager(rng):
     import cupy as cp
 
-    from embed.context import NgramBatchContext
+    from rowcache.embed.ngram.context import NgramBatchContext
 
     word, tables, projs = _weights(rng)
     dev_tables = [cp.asarray(t) for t in tables]
@@ -895,7 +895,7 @@ def test_static_step_replays_bit_identical_to_eager(rng):
 
 
 def test_gemm_splits_config_and_parts_reference(rng):
-    from kernels.gemm import gemm_bf16_f32_parts, scale_sum_reference, split_k
+    from rowcache.kernels.gemm import gemm_bf16_f32_parts, scale_sum_reference, split_k
 
     word, tables, projs = _weights(rng)
     with pytest.raises(ConfigError, match="gemm_splits=5"):
@@ -917,7 +917,7 @@ def test_gemm_splits_config_and_parts_reference(rng):
 def test_gemm_parts_and_scale_sum_gpu(rng, splits):
     import cupy as cp
 
-    from kernels.gemm import gemm_bf16_f32_parts, scale_sum, scale_sum_reference
+    from rowcache.kernels.gemm import gemm_bf16_f32_parts, scale_sum, scale_sum_reference
 
     n, k, m = 37, 256, 96
     a = (rng.standard_normal((n, k)) * 0.3).astype(np.float32).astype(BF16)
@@ -942,7 +942,7 @@ def test_gemm_parts_and_scale_sum_gpu(rng, splits):
 def test_layer_gpu_gemm_splits_paths_bit_identical(rng, splits):
     import cupy as cp
 
-    from embed.context import NgramBatchContext
+    from rowcache.embed.ngram.context import NgramBatchContext
 
     dims = NgramDims(
         vocab_size=1000, hidden_size=64, max_ngram=3, splits=2, ratio=2.5, eos_token_id=2
@@ -973,7 +973,7 @@ def test_copy_from_mapped_gpu(rng, n):
     import cupy as cp
     import cupyx
 
-    from kernels.stacked import copy_from_mapped
+    from rowcache.kernels.ngram.stacked import copy_from_mapped
 
     host = cupyx.empty_pinned(n, dtype=np.int64)
     host[:] = rng.integers(-(2**62), 2**62, size=n)
@@ -989,7 +989,7 @@ def test_layer_gpu_cached_with_overlay_and_faults_equals_resident(rng, tmp_path)
     device part again (gathers, overlay, GEMM, sum) and still equals the resident one."""
     import cupy as cp
 
-    from embed.tables import CachedTable
+    from rowcache.embed.tables import CachedTable
 
     store, shared, word_cache, word, tables, projs = _shared_cache_model(
         rng, tmp_path, device="cuda", slots_frac=0.3
@@ -1032,8 +1032,8 @@ def test_layer_gpu_cached_step_order_equals_resident(rng, tmp_path, graphs, chec
     not, the device part runs first, and again when the resolve faulted."""
     import cupy as cp
 
-    import embed.cached_groups as cached_groups
-    from embed.tables import CachedTable
+    import rowcache.embed.step.cached_groups as cached_groups
+    from rowcache.embed.tables import CachedTable
 
     if not check:
         monkeypatch.setattr(cached_groups, "CHECK_TOKENS", 0)
@@ -1091,7 +1091,7 @@ def test_layer_gpu_cached_step_order_equals_resident(rng, tmp_path, graphs, chec
 def test_batch_checks_on_ints_and_on_arrays_agree(S):
     """NgramBatch checks lengths and tokens on Python ints for a few sequences / tokens
     and by NumPy calls for many: the same batches pass, the same first bad one is named."""
-    from embed.batch import NgramBatch
+    from rowcache.embed.ngram.batch import NgramBatch
 
     rng = np.random.default_rng(S)
     for trial in range(60):

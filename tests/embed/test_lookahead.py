@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embed.context import NgramBatchContext, NgramContext
-from embed.layer import NgramEmbedding
-from embed.tables import CachedTable
+from rowcache.embed.ngram.context import NgramBatchContext, NgramContext
+from rowcache.embed.layer import NgramEmbedding
+from rowcache.embed.tables import CachedTable
 from rowcache.errors import CorruptDataError
 
 from .test_layer import DIMS, _bits, _shared_cache_model, _stream
@@ -157,7 +157,7 @@ def test_steps_take_over_rows_of_queued_pieces_and_equal_resident(
     """Prefetches read in pieces of 8 rows, slowly: each step reads the rows of pieces not
     started yet itself; outputs stay bit for bit those of resident tables, and no row is
     faulted (every one was prefetched)."""
-    import rowcache.prefetch_book as prefetch_book
+    import rowcache.cache.prefetch_book as prefetch_book
 
     monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
     dev = "cuda" if device.startswith("cuda") else "cpu"

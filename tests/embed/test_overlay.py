@@ -10,10 +10,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from embed.overlay import TokenOverlay
-from kernels._cuda import gpu_available
-from kernels.overlay import DEFAULT_MMA_CONFIG, MMA_CONFIGS
-from kernels.reference import batched_embed_reference
+from rowcache.embed.overlay.overlay import TokenOverlay
+from rowcache.kernels.loader import gpu_available
+from rowcache.kernels.overlay.routed import DEFAULT_MMA_CONFIG, MMA_CONFIGS
+from rowcache.kernels.reference import batched_embed_reference
 from rowcache.errors import ConfigError, GpuUnavailableError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -349,8 +349,8 @@ def test_overlay_on_word_row_gather(model, rng):
 def test_overlay_in_ngram_embedding(rng):
     """NgramEmbedding(overlay=...): a sequence routed to the adapter embeds exactly like the
     model whose word table is the adapter's; other sequences like the served model."""
-    layer = pytest.importorskip("embed.layer")
-    from embed.dims import NgramDims
+    layer = pytest.importorskip("rowcache.embed.layer")
+    from rowcache.embed.ngram.dims import NgramDims
 
     dims = NgramDims(vocab_size=V, hidden_size=H, max_ngram=3, splits=2, ratio=2, eos_token_id=2)
     T, d = dims.num_tables, dims.table_dim

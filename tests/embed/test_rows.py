@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embed.layer import NgramEmbedding
-from embed.tables import Fp8Table
-from kernels.ngram import hash_gather_reference
-from kernels.ngram_rows import first_bad_token, hash_gather_rows_reference, rows_packed
-from kernels.reference import BF16
-from kernels.stacked import StackedTables
+from rowcache.embed.layer import NgramEmbedding
+from rowcache.embed.tables import Fp8Table
+from rowcache.kernels.ngram.hash import hash_gather_reference
+from rowcache.kernels.ngram.rows import first_bad_token, hash_gather_rows_reference, rows_packed
+from rowcache.kernels.reference import BF16
+from rowcache.kernels.ngram.stacked import StackedTables
 from rowcache.errors import ConfigError
 
 from .test_layer import DIMS, _bits, _cached_model, _weights
@@ -133,7 +133,7 @@ def test_hash_gather_rows_gpu_bitexact(rng, word_kind):
     import cupy as cp
     import cupyx
 
-    from kernels.ngram_rows import hash_gather_rows
+    from rowcache.kernels.ngram.rows import hash_gather_rows
 
     word, tables, _ = _weights(rng)
     (host_st, host_w), (dev_st, dev_w) = _dev_tables(cp, word, tables, word_kind)
@@ -189,7 +189,7 @@ def test_embed_rows_gpu_equals_packed_resident_and_cached(rng, tmp_path, graphs)
         rng, tmp_path, device="cuda", word_cached=True
     )
     try:
-        from embed.tables import CachedTable
+        from rowcache.embed.tables import CachedTable
 
         dev = [cp.asarray(t) for t in tables]
         dev[2] = Fp8Table.quantize(dev[2])

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from embed.tables import Bf16Table
+from rowcache.embed.tables import Bf16Table
 from rowcache.errors import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""embed.TorchNgramEmbedding: the reference module's forward over NgramEmbedding (CPU; GPU marked)."""
+"""rowcache.embed.TorchNgramEmbedding: the reference module's forward over NgramEmbedding (CPU; GPU marked)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import embed  # noqa: E402
-from embed import NgramDims, NgramEmbedding, TokenOverlay, TorchNgramEmbedding  # noqa: E402
-from embed.checkpoint import load_pretrained  # noqa: E402
-from embed.tables import CachedTable  # noqa: E402
-from kernels.reference import BF16  # noqa: E402
+import rowcache.embed  # noqa: E402
+from rowcache.embed import NgramDims, NgramEmbedding, TokenOverlay, TorchNgramEmbedding  # noqa: E402
+from rowcache.embed.checkpoint import load_pretrained  # noqa: E402
+from rowcache.embed.tables import CachedTable  # noqa: E402
+from rowcache.kernels.reference import BF16  # noqa: E402
 from rowcache import NgramRowCache, build_store  # noqa: E402
 from rowcache.errors import ConfigError  # noqa: E402
 
@@ -63,12 +63,12 @@ def _row(emb, ctx, ids):
 
 
 def test_import_embed_does_not_import_torch():
-    code = "import sys, embed; assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
+    code = "import sys, rowcache.embed; assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
-    assert embed.TorchNgramEmbedding is TorchNgramEmbedding
+    assert rowcache.embed.TorchNgramEmbedding is TorchNgramEmbedding
     with pytest.raises(AttributeError, match="no attribute"):
-        embed.NoSuchThing  # noqa: B018
+        rowcache.embed.NoSuchThing  # noqa: B018
 
 
 def test_forward_single_row_equals_embed(emb, rng):
@@ -111,7 +111,7 @@ def test_forward_matches_reference_formula_in_torch(emb, weights, rng):
     mod = TorchNgramEmbedding(emb)
     ctx, ids = _ids(rng, (1, 3)), _ids(rng, (1, 20))
     full = np.concatenate([ctx[0].numpy(), ids[0].numpy()])
-    nid = torch.from_numpy(embed.ngram_ids(DIMS, full)[:, -20:])
+    nid = torch.from_numpy(rowcache.embed.ngram_ids(DIMS, full)[:, -20:])
     f = lambda a: torch.from_numpy(np.asarray(a, dtype=np.float32))  # noqa: E731
     x = f(word)[ids[0]]
     for i in range(DIMS.num_tables):
@@ -273,12 +273,12 @@ def test_from_pretrained_resident_cached_and_tuned(weights, rng, tmp_path, monke
     np.testing.assert_array_equal(_bits(cac(ids, ctx)), want)
 
     # reuse: the store is opened, not built again
-    import rowcache.builder
+    import rowcache.store.builder
 
     def no_build(*a, **k):
         raise AssertionError("store rebuilt")
 
-    monkeypatch.setattr(rowcache.builder, "build_store", no_build)
+    monkeypatch.setattr(rowcache.store.builder, "build_store", no_build)
     report = tmp_path / "tune.json"
     report.write_text(json.dumps({"rows": {"0": 30, "3": 25}, "dtype": "bf16"}))
     tuned = TorchNgramEmbedding.from_pretrained(path, tune=report)
@@ -515,7 +515,7 @@ def test_mask_over_input_ids_only_keeps_the_whole_context(emb, rng):
 
 
 def test_static_step_checks_its_arguments_on_the_cpu(emb):
-    """``static_step`` (``embed.torch_static``) refuses bad shapes and a CPU embedding."""
+    """``static_step`` (``rowcache.embed.torch.static``) refuses bad shapes and a CPU embedding."""
     mod = TorchNgramEmbedding(emb)
     with pytest.raises(ConfigError, match="batch_size=0 must be an int >= 1"):
         mod.static_step(0, 1)
@@ -523,7 +523,7 @@ def test_static_step_checks_its_arguments_on_the_cpu(emb):
         mod.static_step(1, 1, context_len=-1)
     with pytest.raises(ConfigError, match="needs an embedding on cuda"):
         mod.static_step(2, 1, context_len=3)
-    assert embed.TorchStaticStep.__module__ == "embed.torch_static"
+    assert rowcache.embed.TorchStaticStep.__module__ == "rowcache.embed.torch.static"
 
 
 def test_forward_reads_any_layout_in_place(rng, emb):

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import kernels
-from kernels.reference import BF16, batched_embed_fp8_reference, batched_embed_reference
+import rowcache.kernels
+from rowcache.kernels.reference import BF16, batched_embed_fp8_reference, batched_embed_reference
 from rowcache.errors import ConfigError
 
 from .test_quantize import bf16_bits_rne, e4m3_value, non_nan_codes
@@ -89,10 +89,10 @@ def test_batched_embed_cpu_bitexact(rng, d, id_dtype):
     table = random_table(rng, 50, d)
     ids = random_ids(rng, 23, 50, id_dtype)
     out = np.full((23, d), POISON, dtype=np.uint16).view(BF16)
-    got = kernels.batched_embed(ids, table, out)
+    got = rowcache.kernels.batched_embed(ids, table, out)
     assert got is out
     assert np.array_equal(bits(out), table.view(np.uint16)[ids.astype(np.int64)])
-    allocated = kernels.batched_embed(ids, table)
+    allocated = rowcache.kernels.batched_embed(ids, table)
     assert allocated.dtype == BF16 and np.array_equal(bits(allocated), bits(out))
 
 
@@ -103,16 +103,16 @@ def test_batched_embed_fp8_cpu_matches_reference(rng, d, id_dtype):
     scales = random_scales(rng, 40)
     ids = random_ids(rng, 17, 40, id_dtype)
     out = np.full((17, d), POISON, dtype=np.uint16).view(BF16)
-    got = kernels.batched_embed_fp8(ids, codes, scales, out)
+    got = rowcache.kernels.batched_embed_fp8(ids, codes, scales, out)
     assert got is out
     assert np.array_equal(bits(out), bits(batched_embed_fp8_reference(ids, codes, scales)))
 
 
 def test_batched_embed_cpu_empty_batch(rng):
     table = random_table(rng, 4, 6)
-    assert kernels.batched_embed(np.zeros(0, np.int64), table).shape == (0, 6)
+    assert rowcache.kernels.batched_embed(np.zeros(0, np.int64), table).shape == (0, 6)
     codes = non_nan_codes(rng, (4, 6))
-    out = kernels.batched_embed_fp8(np.zeros(0, np.int32), codes, np.ones(4, np.float32))
+    out = rowcache.kernels.batched_embed_fp8(np.zeros(0, np.int32), codes, np.ones(4, np.float32))
     assert out.shape == (0, 6) and out.dtype == BF16
 
 
@@ -120,9 +120,9 @@ def test_batched_embed_cpu_empty_batch(rng):
 def test_batched_embed_cpu_rejects_ids_out_of_range(rng, bad):
     table = random_table(rng, 9, 4)
     with pytest.raises(IndexError, match="ids"):
-        kernels.batched_embed(np.array([0, bad, 1]), table)
+        rowcache.kernels.batched_embed(np.array([0, bad, 1]), table)
     with pytest.raises(IndexError, match="ids"):
-        kernels.batched_embed_fp8(
+        rowcache.kernels.batched_embed_fp8(
             np.array([bad]), np.zeros((9, 4), np.uint8), np.ones(9, np.float32)
         )
 
@@ -147,7 +147,7 @@ def _bf16(shape):
 )
 def test_batched_embed_rejects_bad_arguments(args, name):
     with pytest.raises(ConfigError, match=name):
-        kernels.batched_embed(*args)
+        rowcache.kernels.batched_embed(*args)
 
 
 @pytest.mark.parametrize(
@@ -164,7 +164,7 @@ def test_batched_embed_rejects_bad_arguments(args, name):
 )
 def test_batched_embed_fp8_rejects_bad_arguments(args, name):
     with pytest.raises(ConfigError, match=name):
-        kernels.batched_embed_fp8(*args)
+        rowcache.kernels.batched_embed_fp8(*args)
 
 
 # --- the kernels against the references ------------------------------------------------
@@ -193,10 +193,10 @@ def test_batched_embed_gpu_bitexact(rng, d, id_dtype, ids_on_device):
     table = random_table(rng, 300, d)
     ids = random_ids(rng, 517, 300, id_dtype)
     out = poisoned_out(cp, 517, d)
-    got = kernels.batched_embed(cp.asarray(ids) if ids_on_device else ids, cp.asarray(table), out)
+    got = rowcache.kernels.batched_embed(cp.asarray(ids) if ids_on_device else ids, cp.asarray(table), out)
     assert got is out
     assert np.array_equal(bits(out), bits(batched_embed_reference(ids, table)))
-    allocated = kernels.batched_embed(cp.asarray(ids), cp.asarray(table))
+    allocated = rowcache.kernels.batched_embed(cp.asarray(ids), cp.asarray(table))
     assert isinstance(allocated, cp.ndarray) and allocated.dtype == BF16
     assert np.array_equal(bits(allocated), bits(out))
 
@@ -211,7 +211,7 @@ def test_batched_embed_gpu_misaligned_and_strided(rng, d):
     ids = random_ids(rng, 100, 64, np.int64)
     out_full = poisoned_out(cp, 100, d + 1)
     out = out_full[:, 1:]  # misaligned output rows too
-    kernels.batched_embed(cp.asarray(ids), cp.asarray(full)[:, 1 : d + 1], out)
+    rowcache.kernels.batched_embed(cp.asarray(ids), cp.asarray(full)[:, 1 : d + 1], out)
     assert np.array_equal(bits(out), bits(batched_embed_reference(ids, table_host)))
     assert np.all(bits(out_full)[:, 0] == POISON)  # nothing written outside out
 
@@ -223,7 +223,7 @@ def test_batched_embed_gpu_many_rows_grid_strides(rng):
     table = random_table(rng, 1000, 4)  # 8-byte rows: 32 rows per block
     ids = random_ids(rng, 400_000, 1000, np.int32)
     out = poisoned_out(cp, ids.size, 4)
-    kernels.batched_embed(cp.asarray(ids), cp.asarray(table), out)
+    rowcache.kernels.batched_embed(cp.asarray(ids), cp.asarray(table), out)
     assert np.array_equal(bits(out), bits(batched_embed_reference(ids, table)))
 
 
@@ -236,7 +236,7 @@ def test_batched_embed_gpu_mapped_host_table(rng, d):
     dev_table = mapped_host_array(cp, table)
     ids = random_ids(rng, 200, 500, np.int64)
     out = poisoned_out(cp, 200, d)
-    kernels.batched_embed(cp.asarray(ids), dev_table, out)
+    rowcache.kernels.batched_embed(cp.asarray(ids), dev_table, out)
     assert np.array_equal(bits(out), bits(batched_embed_reference(ids, table)))
 
 
@@ -250,10 +250,10 @@ def test_batched_embed_fp8_gpu_bitexact(rng, d, id_dtype):
     scales = random_scales(rng, 300)
     ids = random_ids(rng, 517, 300, id_dtype)
     out = poisoned_out(cp, 517, d)
-    got = kernels.batched_embed_fp8(cp.asarray(ids), cp.asarray(codes), cp.asarray(scales), out)
+    got = rowcache.kernels.batched_embed_fp8(cp.asarray(ids), cp.asarray(codes), cp.asarray(scales), out)
     assert got is out
     assert np.array_equal(bits(out), bits(batched_embed_fp8_reference(ids, codes, scales)))
-    allocated = kernels.batched_embed_fp8(ids, cp.asarray(codes), cp.asarray(scales))
+    allocated = rowcache.kernels.batched_embed_fp8(ids, cp.asarray(codes), cp.asarray(scales))
     assert np.array_equal(bits(allocated), bits(out))
 
 
@@ -267,7 +267,7 @@ def test_batched_embed_fp8_gpu_every_code_every_scale_exponent(rng):
         np.float32
     )
     ids = np.arange(600)
-    out = kernels.batched_embed_fp8(cp.asarray(ids), cp.asarray(codes), cp.asarray(scales))
+    out = rowcache.kernels.batched_embed_fp8(cp.asarray(ids), cp.asarray(codes), cp.asarray(scales))
     assert np.array_equal(bits(out), bits(batched_embed_fp8_reference(ids, codes, scales)))
 
 
@@ -282,13 +282,13 @@ def test_batched_embed_fp8_gpu_misaligned_strided_and_mapped(rng, d):
     expect = bits(batched_embed_fp8_reference(ids, full[:, 1 : d + 1], scales_full[::2]))
     out_full = poisoned_out(cp, 90, d + 1)
     dev_codes = cp.asarray(full)[:, 1 : d + 1]
-    kernels.batched_embed_fp8(
+    rowcache.kernels.batched_embed_fp8(
         cp.asarray(ids), dev_codes, cp.asarray(scales_full)[::2], out_full[:, 1:]
     )
     assert np.array_equal(bits(out_full)[:, 1:], expect)
     assert np.all(bits(out_full)[:, 0] == POISON)
     mapped = mapped_host_array(cp, np.ascontiguousarray(full[:, 1 : d + 1]))
-    out = kernels.batched_embed_fp8(cp.asarray(ids), mapped, cp.asarray(scales_full[::2]))
+    out = rowcache.kernels.batched_embed_fp8(cp.asarray(ids), mapped, cp.asarray(scales_full[::2]))
     assert np.array_equal(bits(out), expect)
 
 
@@ -297,9 +297,9 @@ def test_gather_gpu_empty_batches(rng):
     import cupy as cp
 
     table = cp.asarray(random_table(rng, 5, 8))
-    assert kernels.batched_embed(cp.zeros(0, cp.int64), table).shape == (0, 8)
+    assert rowcache.kernels.batched_embed(cp.zeros(0, cp.int64), table).shape == (0, 8)
     codes = cp.asarray(non_nan_codes(rng, (5, 8)))
-    out = kernels.batched_embed_fp8(np.zeros(0, np.int32), codes, cp.ones(5, cp.float32))
+    out = rowcache.kernels.batched_embed_fp8(np.zeros(0, np.int32), codes, cp.ones(5, cp.float32))
     assert out.shape == (0, 8)
 
 
@@ -309,13 +309,13 @@ def test_gather_gpu_rejects_mixed_devices_and_column_strides(rng):
 
     table = cp.asarray(random_table(rng, 5, 8))
     with pytest.raises(ConfigError, match="out"):
-        kernels.batched_embed(np.array([0]), table, np.zeros((1, 8), dtype=BF16))
+        rowcache.kernels.batched_embed(np.array([0]), table, np.zeros((1, 8), dtype=BF16))
     with pytest.raises(ConfigError, match="table"):
-        kernels.batched_embed(np.array([0]), table.T)
+        rowcache.kernels.batched_embed(np.array([0]), table.T)
     with pytest.raises(ConfigError, match="scales"):
-        kernels.batched_embed_fp8(np.array([0]), cp.zeros((5, 8), cp.uint8), np.ones(5, np.float32))
+        rowcache.kernels.batched_embed_fp8(np.array([0]), cp.zeros((5, 8), cp.uint8), np.ones(5, np.float32))
     with pytest.raises(IndexError, match="table"):
-        kernels.batched_embed(np.array([0]), cp.zeros((0, 8), dtype=BF16))
+        rowcache.kernels.batched_embed(np.array([0]), cp.zeros((0, 8), dtype=BF16))
 
 
 # --- the benchmark script --------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""kernels._host (C) against its references: the packed host hash, and the row cache's
+"""rowcache.kernels._host (C) against its references: the packed host hash, and the row cache's
 all-hits path against the cache's Python path (hypothesis-driven)."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels.host as host
+import rowcache.kernels.host as host
 import rowcache
-import rowcache.cache as cache_mod
-from embed.dims import NgramDims
-from kernels.ngram import ngram_hash_reference
+import rowcache.cache.row_cache as cache_mod
+from rowcache.embed.ngram.dims import NgramDims
+from rowcache.kernels.ngram.hash import ngram_hash_reference
 
 DIMS = NgramDims(vocab_size=500, hidden_size=48, max_ngram=4, splits=2, ratio=3, eos_token_id=2)
 
@@ -25,7 +25,7 @@ DIMS = NgramDims(vocab_size=500, hidden_size=48, max_ngram=4, splits=2, ratio=3,
 def test_native_module_is_built_where_a_compiler_exists():
     if shutil.which(sysconfig.get_config_var("CC").split()[0] or "cc") is None:
         pytest.skip("no C compiler here: the references run instead")
-    assert host.native is not None, "kernels._host was not built: run `pip install -e .`"
+    assert host.native is not None, "rowcache.kernels._host was not built: run `pip install -e .`"
 
 
 def _hash_reference_all(tokens, ctx_lens, seq_lens, mult, rows, eos):
@@ -50,7 +50,7 @@ def _hash_reference_all(tokens, ctx_lens, seq_lens, mult, rows, eos):
 )
 def test_hash_packed_native_equals_references(lens, seed, offsets):
     if host.native is None:
-        pytest.skip("kernels._host not built")
+        pytest.skip("rowcache.kernels._host not built")
     rng = np.random.default_rng(seed)
     ctx_lens = np.array([c for c, _ in lens], dtype=np.int64)
     seq_lens = np.array([min(s, c) for c, s in lens], dtype=np.int64)
@@ -79,7 +79,7 @@ def test_hash_packed_threads_equal_reference(threads):
     """A prefill-sized call split over the pool's threads (runs of tables) gives the
     reference's ids, offsets added, whatever the count; a call too small to split too."""
     if host.native is None:
-        pytest.skip("kernels._host not built")
+        pytest.skip("rowcache.kernels._host not built")
     rng = np.random.default_rng(threads)
     ctx_lens = np.array([2048, 700, 3, 1500], dtype=np.int64)
     seq_lens = np.array([2048, 650, 3, 1], dtype=np.int64)
@@ -104,7 +104,7 @@ def test_pool_serves_concurrent_callers_and_a_forked_child():
     child forked after the pool started its workers gets exact results too (its pool
     restarts)."""
     if host.native is None:
-        pytest.skip("kernels._host not built")
+        pytest.skip("rowcache.kernels._host not built")
     import os
     import threading
     import warnings
@@ -178,7 +178,7 @@ def _replay(store, ops, native):
 @given(seed=st.integers(0, 2**31))
 def test_lru_hits_native_equals_python_path(tmp_path_factory, seed):
     if host.native is None:
-        pytest.skip("kernels._host not built")
+        pytest.skip("rowcache.kernels._host not built")
     rng = np.random.default_rng(seed)
     path = tmp_path_factory.mktemp("s") / "store"
     x = rng.standard_normal((200, 8)).astype(np.float32).astype(ml_dtypes.bfloat16)
@@ -227,7 +227,7 @@ def _lru_arrays(rows=20, slots=6):
 
 def test_lru_plan_and_commit_check_their_arguments_and_change_nothing_on_error():
     if host.native is None:
-        pytest.skip("kernels._host not built")
+        pytest.skip("rowcache.kernels._host not built")
     nat = host.native
     rs, sr, lu, log, lp = _lru_arrays()
     ids = np.array([7, 3, 7, 12], dtype=np.int64)
@@ -279,7 +279,7 @@ def test_lru_plan_says_when_its_victims_pass_a_busy_slot_or_a_row_is_in_flight()
     """passed_busy = NgramRowCache._passed_busy(end): a live entry of a slot a prefetch
     holds lies before the last victim; status 4: a row of the call is in such a slot."""
     if host.native is None:
-        pytest.skip("kernels._host not built")
+        pytest.skip("rowcache.kernels._host not built")
     nat = host.native
     rs, sr, lu, log, lp = _lru_arrays()  # 6 free slots, logged 0..5
     ids = np.array([7, 3, 12], dtype=np.int64)
@@ -353,7 +353,7 @@ def test_lru_hits_threads_equal_one_thread(case, threads):
     ascending blocks: logged in parallel), for shuffled ids (one thread logs), and for a
     miss, a bad id in a late part and a full log (all report and change nothing)."""
     if host.native is None:
-        pytest.skip("kernels._host not built")
+        pytest.skip("rowcache.kernels._host not built")
     rng = np.random.default_rng(7)
     arrays = _hits_arrays(rng)
     mapped = arrays[4]
@@ -394,7 +394,7 @@ def test_lru_hits_logs_distinct_slots_in_row_order(n, rows):
     insertion) against NumPy: the call's distinct rows' slots are logged in ascending
     row order, and every position gets its row's slot."""
     if host.native is None:
-        pytest.skip("kernels._host not built")
+        pytest.skip("rowcache.kernels._host not built")
     rng = np.random.default_rng(n + rows)
     mapped = np.unique(rng.integers(0, rows, min(n, 4000)))
     mapped[-1] = rows - 1  # the largest id sets the sort's passes

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kernels.overlay import (
+from rowcache.kernels.overlay.routed import (
     MMA_ALIGN,
     MMA_CONFIGS,
     embed_overlay_routed_reference,
@@ -413,7 +413,7 @@ def test_lmhead_mma_reference_rejects_bad_inputs(rng):
 def _device_tables(maps_or_ids, rows):
     import cupy as cp
 
-    from kernels.overlay import device_pointer_table
+    from rowcache.kernels.overlay.routed import device_pointer_table
 
     d_first = [None if a is None else cp.asarray(a) for a in maps_or_ids]
     d_rows = [None if a is None else cp.asarray(a) for a in rows]
@@ -449,7 +449,7 @@ def test_embed_rowdiff_gpu_bit_exact(rng, hidden):
 def test_embed_overlay_routed_gpu_bit_exact(rng, hidden, id_dtype):
     import cupy as cp
 
-    from kernels.overlay import embed_overlay_routed
+    from rowcache.kernels.overlay.routed import embed_overlay_routed
 
     maps, rows, _ = random_adapters(rng, [5000, None, 8192, 300], [1000, 0, 4000, 300], hidden)
     maps[3][7] = 1_000_000  # junk entry: guarded
@@ -478,7 +478,7 @@ def test_embed_overlay_routed_gpu_bit_exact(rng, hidden, id_dtype):
 def test_lmhead_overlay_routed_gpu_within_bf16_rounding(rng, hidden, logit_dtype):
     import cupy as cp
 
-    from kernels.overlay import lmhead_overlay_routed
+    from rowcache.kernels.overlay.routed import lmhead_overlay_routed
 
     _, rows, ids = random_adapters(rng, [4096, None, 2000, 1000], [1000, 0, 2000, 7], hidden)
     id_ptrs, row_ptrs, counts, _, keep = _device_tables(ids, rows)
@@ -522,7 +522,7 @@ def test_lmhead_overlay_routed_gpu_within_bf16_rounding(rng, hidden, logit_dtype
 def test_overlay_kernels_reject_host_arrays(rng):
     import cupy as cp
 
-    from kernels.overlay import embed_overlay_routed, lmhead_overlay_routed
+    from rowcache.kernels.overlay.routed import embed_overlay_routed, lmhead_overlay_routed
 
     maps, rows, _ids = random_adapters(rng, [10], [3], 8)
     map_ptrs, row_ptrs, counts, vocabs, keep = _device_tables(maps, rows)
@@ -566,7 +566,7 @@ def _within_rounding(got, want, h, seq, active, ids, rows, logits, logit_dtype):
 def test_lmhead_overlay_gemm_gpu_within_bf16_rounding(rng, hidden, logit_dtype, pad):
     import cupy as cp
 
-    from kernels.overlay import lmhead_overlay_gemm
+    from rowcache.kernels.overlay.routed import lmhead_overlay_gemm
 
     _, rows, ids = random_adapters(rng, [4096, None, 2000, 1000], [1000, 0, 2000, 7], hidden)
     total = 3007
@@ -602,7 +602,7 @@ def test_lmhead_overlay_gemm_gpu_captured_in_graph(rng):
     """The GEMM and the scatter replay from a CUDA graph; only seq_slot's contents change."""
     import cupy as cp
 
-    from kernels.overlay import lmhead_overlay_gemm
+    from rowcache.kernels.overlay.routed import lmhead_overlay_gemm
 
     hidden = 512
     _, rows, ids = random_adapters(rng, [5000, 5000, 5000], [1500, 0, 2500], hidden)
@@ -645,7 +645,7 @@ def test_lmhead_overlay_gemm_gpu_captured_in_graph(rng):
 def test_lmhead_overlay_gemm_rejects_bad_workspace(rng):
     import cupy as cp
 
-    from kernels.overlay import lmhead_overlay_gemm
+    from rowcache.kernels.overlay.routed import lmhead_overlay_gemm
 
     _, rows, ids = random_adapters(rng, [10], [3], 8)
     rows_all, ids_all, bases, counts = packed(ids, rows, 8, xp=cp)
@@ -697,7 +697,7 @@ def test_lmhead_overlay_mma_gpu_within_bf16_rounding(rng, hidden, logit_dtype):
     hidden 4136 ends on a ragged k-block."""
     import cupy as cp
 
-    from kernels.overlay import lmhead_overlay_mma
+    from rowcache.kernels.overlay.routed import lmhead_overlay_mma
 
     _, rows, ids = mma_adapters(rng, hidden)
     tables = {}
@@ -738,7 +738,7 @@ def test_lmhead_overlay_mma_gpu_captured_in_graph(rng):
     """The mma kernel replays from a CUDA graph; only seq_slot's contents change."""
     import cupy as cp
 
-    from kernels.overlay import DEFAULT_MMA_CONFIG, lmhead_overlay_mma
+    from rowcache.kernels.overlay.routed import DEFAULT_MMA_CONFIG, lmhead_overlay_mma
 
     hidden = 512
     _, rows, ids = random_adapters(rng, [5000, 5000, 5000], [1500, 0, 2500], hidden)
@@ -776,7 +776,7 @@ def test_lmhead_overlay_mma_gpu_captured_in_graph(rng):
 def test_lmhead_overlay_mma_rejects_bad_inputs(rng):
     import cupy as cp
 
-    from kernels.overlay import lmhead_overlay_mma
+    from rowcache.kernels.overlay.routed import lmhead_overlay_mma
 
     _, rows, ids = random_adapters(rng, [10], [3], 8)
     rows_all, ids_all, tiles, _, _ = packed_mma(ids, rows, 8, xp=cp)

@@ -12,8 +12,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-import kernels
-from kernels.reference import BF16, E4M3, quantize_fp8_reference
+import rowcache.kernels
+from rowcache.kernels.reference import BF16, E4M3, quantize_fp8_reference
 from rowcache.errors import ConfigError
 
 DIMS = (1, 7, 130, 256, 3072)
@@ -135,7 +135,7 @@ def test_quantize_reference_row_max_maps_to_448(rng):
 @pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)])
 def test_quantize_fp8_cpu_is_the_reference(rng, d, dtype):
     x = random_rows(rng, 5, d, dtype)
-    codes, scales = kernels.quantize_fp8(x)
+    codes, scales = rowcache.kernels.quantize_fp8(x)
     ref_codes, ref_scales = quantize_fp8_reference(x)
     assert codes.dtype == np.uint8 and codes.shape == (5, d)
     assert scales.dtype == np.float32 and scales.shape == (5,)
@@ -147,7 +147,7 @@ def test_quantize_fp8_cpu_fills_given_outputs(rng):
     x = random_rows(rng, 4, 7)
     codes = np.full((4, 7), 0x7F, dtype=np.uint8)
     scales = np.full(4, np.nan, dtype=np.float32)
-    got_codes, got_scales = kernels.quantize_fp8(x, codes=codes, scales=scales)
+    got_codes, got_scales = rowcache.kernels.quantize_fp8(x, codes=codes, scales=scales)
     assert got_codes is codes and got_scales is scales
     ref_codes, ref_scales = quantize_fp8_reference(x)
     assert np.array_equal(codes, ref_codes)
@@ -155,9 +155,9 @@ def test_quantize_fp8_cpu_fills_given_outputs(rng):
 
 
 def test_quantize_fp8_cpu_empty():
-    codes, scales = kernels.quantize_fp8(np.zeros((0, 8), dtype=BF16))
+    codes, scales = rowcache.kernels.quantize_fp8(np.zeros((0, 8), dtype=BF16))
     assert codes.shape == (0, 8) and scales.shape == (0,)
-    codes, scales = kernels.quantize_fp8(np.zeros((3, 0), dtype=BF16))
+    codes, scales = rowcache.kernels.quantize_fp8(np.zeros((3, 0), dtype=BF16))
     assert codes.shape == (3, 0) and scales.tolist() == [1.0, 1.0, 1.0]
 
 
@@ -175,7 +175,7 @@ def test_quantize_fp8_cpu_empty():
 )
 def test_quantize_fp8_rejects_bad_arguments(kwargs, name):
     with pytest.raises(ConfigError, match=name):
-        kernels.quantize_fp8(**kwargs)
+        rowcache.kernels.quantize_fp8(**kwargs)
 
 
 # --- the kernel against the reference --------------------------------------------------
@@ -191,7 +191,7 @@ def test_quantize_fp8_gpu_bitexact(rng, d, dtype):
     x = random_rows(rng, n, d, dtype)
     codes = cp.full((n, d), 0x7F, dtype=cp.uint8)  # poison: NaN codes everywhere
     scales = cp.full(n, np.nan, dtype=cp.float32)
-    got_codes, got_scales = kernels.quantize_fp8(cp.asarray(x), codes=codes, scales=scales)
+    got_codes, got_scales = rowcache.kernels.quantize_fp8(cp.asarray(x), codes=codes, scales=scales)
     assert got_codes is codes and got_scales is scales
     ref_codes, ref_scales = quantize_fp8_reference(x)
     assert np.array_equal(codes.get(), ref_codes)
@@ -203,7 +203,7 @@ def test_quantize_fp8_gpu_divides_not_multiplies_by_reciprocal(rng):
     import cupy as cp
 
     x = reciprocal_sensitive_rows(rng, 64)
-    codes, scales = kernels.quantize_fp8(cp.asarray(x))
+    codes, scales = rowcache.kernels.quantize_fp8(cp.asarray(x))
     ref_codes, ref_scales = quantize_fp8_reference(x)
     assert np.array_equal(codes.get(), ref_codes)
     assert np.array_equal(scales.get(), ref_scales)
@@ -214,7 +214,7 @@ def test_quantize_fp8_gpu_allocates_and_handles_many_rows(rng):
     import cupy as cp
 
     x = random_rows(rng, 70_000, 16)  # more rows than blocks: the grid strides
-    codes, scales = kernels.quantize_fp8(cp.asarray(x))
+    codes, scales = rowcache.kernels.quantize_fp8(cp.asarray(x))
     ref_codes, ref_scales = quantize_fp8_reference(x)
     assert codes.dtype == cp.uint8 and scales.dtype == cp.float32
     assert np.array_equal(codes.get(), ref_codes)
@@ -227,7 +227,7 @@ def test_quantize_fp8_gpu_strided_rows(rng):
 
     full = random_rows(rng, 9, 40)
     x = cp.asarray(full)[:, 3:30]  # row stride 40, rows of 27
-    codes, scales = kernels.quantize_fp8(x)
+    codes, scales = rowcache.kernels.quantize_fp8(x)
     ref_codes, ref_scales = quantize_fp8_reference(full[:, 3:30])
     assert np.array_equal(codes.get(), ref_codes)
     assert np.array_equal(scales.get(), ref_scales)
@@ -237,9 +237,9 @@ def test_quantize_fp8_gpu_strided_rows(rng):
 def test_quantize_fp8_gpu_empty():
     import cupy as cp
 
-    codes, scales = kernels.quantize_fp8(cp.zeros((0, 8), dtype=BF16))
+    codes, scales = rowcache.kernels.quantize_fp8(cp.zeros((0, 8), dtype=BF16))
     assert codes.shape == (0, 8) and scales.shape == (0,)
-    codes, scales = kernels.quantize_fp8(cp.zeros((2, 0), dtype=BF16))
+    codes, scales = rowcache.kernels.quantize_fp8(cp.zeros((2, 0), dtype=BF16))
     assert codes.shape == (2, 0) and scales.get().tolist() == [1.0, 1.0]
 
 
@@ -249,6 +249,6 @@ def test_quantize_fp8_gpu_rejects_host_outputs_and_column_strides():
 
     x = cp.zeros((2, 3), dtype=BF16)
     with pytest.raises(ConfigError, match="codes"):
-        kernels.quantize_fp8(x, codes=np.zeros((2, 3), np.uint8))
+        rowcache.kernels.quantize_fp8(x, codes=np.zeros((2, 3), np.uint8))
     with pytest.raises(ConfigError, match="x"):
-        kernels.quantize_fp8(cp.zeros((3, 4), dtype=BF16).T)
+        rowcache.kernels.quantize_fp8(cp.zeros((3, 4), dtype=BF16).T)

@@ -1,6 +1,6 @@
 """scatter_records (the cache's fault path): reference against plain Python, kernel against reference.
 
-Records are built with ``rowcache.format.encode_records``, the store's own encoder, so
+Records are built with ``rowcache.store.format.encode_records``, the store's own encoder, so
 the tests also pin the record layout the kernel decodes (FP8: codes then a
 little-endian float32 scale at byte ``dim``, usually not 4-byte aligned).
 """
@@ -13,10 +13,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import kernels
-from kernels.reference import BF16, scatter_records_reference
+import rowcache.kernels
+from rowcache.kernels.reference import BF16, scatter_records_reference
 from rowcache.errors import ConfigError
-from rowcache.format import encode_records
+from rowcache.store.format import encode_records
 
 from .test_gather import mapped_host_array, random_scales, random_table
 from .test_quantize import non_nan_codes
@@ -77,7 +77,7 @@ def test_scatter_reference_fp8_matches_python_loop(rng):
 def test_scatter_records_cpu_bf16(rng, d, slot_dtype):
     records, dest, arena = bf16_case(rng, 20, 50, d, slot_dtype)
     before = arena.view(np.uint16).copy()
-    kernels.scatter_records(records, dest, arena)
+    rowcache.kernels.scatter_records(records, dest, arena)
     got = arena.view(np.uint16)
     assert np.array_equal(got[dest], records.view(np.uint16))
     untouched = np.setdiff1d(np.arange(50), dest)
@@ -88,7 +88,7 @@ def test_scatter_records_cpu_bf16(rng, d, slot_dtype):
 @pytest.mark.parametrize("slot_dtype", SLOT_DTYPES)
 def test_scatter_records_cpu_fp8(rng, d, slot_dtype):
     records, dest, arena, scales = fp8_case(rng, 20, 50, d, slot_dtype)
-    kernels.scatter_records(records, dest, arena, scales)
+    rowcache.kernels.scatter_records(records, dest, arena, scales)
     assert np.array_equal(arena[dest], records[:, :d])
     assert np.array_equal(scales[dest], records[:, d:].copy().view("<f4").ravel())
     untouched = np.setdiff1d(np.arange(50), dest)
@@ -98,9 +98,9 @@ def test_scatter_records_cpu_fp8(rng, d, slot_dtype):
 def test_scatter_records_cpu_padded_records_and_empty_batch(rng):
     records, dest, arena, scales = fp8_case(rng, 4, 8, 6)
     padded = np.concatenate([records, np.full((4, 3), 0xAB, np.uint8)], axis=1)
-    kernels.scatter_records(padded, dest, arena, scales)
+    rowcache.kernels.scatter_records(padded, dest, arena, scales)
     assert np.array_equal(arena[dest], records[:, :6])
-    kernels.scatter_records(np.zeros((0, 10), np.uint8), np.zeros(0, np.int64), arena, scales)
+    rowcache.kernels.scatter_records(np.zeros((0, 10), np.uint8), np.zeros(0, np.int64), arena, scales)
     assert np.array_equal(arena[dest], records[:, :6])
 
 
@@ -110,7 +110,7 @@ def test_scatter_records_cpu_rejects_slots_out_of_range(rng, bad):
     dest[1] = bad
     before = arena.view(np.uint16).copy()
     with pytest.raises(IndexError, match="slots"):
-        kernels.scatter_records(records, dest, arena)
+        rowcache.kernels.scatter_records(records, dest, arena)
     assert np.array_equal(arena.view(np.uint16), before)
 
 
@@ -161,7 +161,7 @@ def _fp8_arena():
 )
 def test_scatter_records_rejects_bad_arguments(args, name):
     with pytest.raises(ConfigError, match=name):
-        kernels.scatter_records(*args)
+        rowcache.kernels.scatter_records(*args)
 
 
 # --- the kernel against the reference ---------------------------------------------------
@@ -184,7 +184,7 @@ def test_scatter_records_gpu_bf16_bitexact(rng, d, slot_dtype, where):
 
     records, dest, arena = bf16_case(rng, 150, 400, d, slot_dtype)
     dev_arena = cp.asarray(arena)
-    kernels.scatter_records(_records_on(cp, records, where), cp.asarray(dest), dev_arena)
+    rowcache.kernels.scatter_records(_records_on(cp, records, where), cp.asarray(dest), dev_arena)
     scatter_records_reference(records, dest, arena)
     assert np.array_equal(dev_arena.get().view(np.uint16), arena.view(np.uint16))
 
@@ -198,7 +198,7 @@ def test_scatter_records_gpu_fp8_bitexact(rng, d, slot_dtype, where):
 
     records, dest, arena, scales = fp8_case(rng, 150, 400, d, slot_dtype)
     dev_arena, dev_scales = cp.asarray(arena), cp.asarray(scales)
-    kernels.scatter_records(_records_on(cp, records, where), dest, dev_arena, dev_scales)
+    rowcache.kernels.scatter_records(_records_on(cp, records, where), dest, dev_arena, dev_scales)
     scatter_records_reference(records, dest, arena, scales)
     assert np.array_equal(dev_arena.get(), arena)
     assert np.array_equal(dev_scales.get().view(np.uint32), scales.view(np.uint32))
@@ -213,7 +213,7 @@ def test_scatter_records_gpu_misaligned_padded_records(rng, d):
     buf = np.full((33, d + 4 + 5), 0xCD, dtype=np.uint8)
     buf[:, 1 : d + 5] = records  # records start 1 byte in, stride d + 9
     dev_arena, dev_scales = cp.asarray(arena), cp.asarray(scales)
-    kernels.scatter_records(cp.asarray(buf)[:, 1:], cp.asarray(dest), dev_arena, dev_scales)
+    rowcache.kernels.scatter_records(cp.asarray(buf)[:, 1:], cp.asarray(dest), dev_arena, dev_scales)
     scatter_records_reference(records, dest, arena, scales)
     assert np.array_equal(dev_arena.get(), arena)
     assert np.array_equal(dev_scales.get().view(np.uint32), scales.view(np.uint32))
@@ -225,7 +225,7 @@ def test_scatter_records_gpu_many_records_grid_strides(rng):
 
     records, dest, arena = bf16_case(rng, 300_000, 400_000, 2, np.int32)
     dev_arena = cp.asarray(arena)
-    kernels.scatter_records(cp.asarray(records), cp.asarray(dest), dev_arena)
+    rowcache.kernels.scatter_records(cp.asarray(records), cp.asarray(dest), dev_arena)
     scatter_records_reference(records, dest, arena)
     assert np.array_equal(dev_arena.get().view(np.uint16), arena.view(np.uint16))
 
@@ -236,12 +236,12 @@ def test_scatter_records_gpu_empty_and_mixed_devices(rng):
 
     records, dest, arena, scales = fp8_case(rng, 3, 8, 4)
     dev_arena = cp.asarray(arena)
-    kernels.scatter_records(
+    rowcache.kernels.scatter_records(
         cp.zeros((0, 8), cp.uint8), cp.zeros(0, cp.int32), dev_arena, cp.asarray(scales)
     )
     assert np.array_equal(dev_arena.get(), arena)
     with pytest.raises(ConfigError, match="scales"):
-        kernels.scatter_records(records, dest, dev_arena, scales)
+        rowcache.kernels.scatter_records(records, dest, dev_arena, scales)
 
 
 def _pinned(cp, shape, dtype):
@@ -261,7 +261,7 @@ def test_fault_commit_gpu_equals_reference(rng, fp8, n, n_evicted, n_out):
     a resolve's slots (``out``) copied from the side buffer; nothing written past them."""
     import cupy as cp
 
-    from kernels.scatter import FaultCommit, fault_commit_reference
+    from rowcache.kernels.scatter import FaultCommit, fault_commit_reference
 
     S, d, R = 512, 64, 5000
     rec = d + 4 if fp8 else 2 * d
@@ -311,7 +311,7 @@ def test_fault_commit_deferred_waits_for_the_flag_and_writes_only_after_a_clean_
 
     import cupy as cp
 
-    from kernels.scatter import FaultCommit, fault_commit_reference
+    from rowcache.kernels.scatter import FaultCommit, fault_commit_reference
 
     S, d, R, n, ev = 256, 64, 3000, 40, 5
     table = cp.asarray(rng.integers(0, 255, (S, d), dtype=np.uint8))

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels.host as host
+import rowcache.kernels.host as host
 import rowcache
 from tests.kernels.test_host import _hits_arrays, _hits_call, assert_same_runs
 
-pytestmark = pytest.mark.skipif(host.native is None, reason="kernels._host not built")
+pytestmark = pytest.mark.skipif(host.native is None, reason="rowcache.kernels._host not built")
 
 
 def _deferred_call(ids, arrays, threads, tail, head=0):

@@ -1,7 +1,7 @@
 """The FP8 builder's engines write the same bytes: native C threads, the GPU, the reference.
 
 Every engine's store is compared with the "reference" engine's (NumPy's rule in one
-thread, ``kernels.reference.quantize_fp8_reference``) file by file and record by record,
+thread, ``rowcache.kernels.reference.quantize_fp8_reference``) file by file and record by record,
 on rows of every magnitude (subnormal scales included), bf16 / float32 / float16 sources,
 whole and partial pages and chunks, and NaN/Inf rows (refused, or stored by the reference).
 """
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import rowcache
-from kernels import quantize as kq
-from kernels.reference import quantize_fp8_reference
-from rowcache import builder
-from rowcache import format as fmt
+from rowcache.kernels import quantize as kq
+from rowcache.kernels.reference import quantize_fp8_reference
+from rowcache.store import builder
+from rowcache.store import format as fmt
 from rowcache.errors import ConfigError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -113,7 +113,7 @@ def test_fp8_engine_setting_is_checked(tmp_path, rng, monkeypatch):
         rowcache.build_store(tmp_path / "s", {"t": x}, dtype="fp8", progress=False)
 
 
-# --- kernels.quantize page writers -----------------------------------------------------
+# --- rowcache.kernels.quantize page writers -----------------------------------------------------
 
 
 def reference_pages(x, first, rpp, page_bytes):

@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import kernels.reference as ref
+import rowcache.kernels.reference as ref
 import rowcache
 from rowcache import NgramRowCache
 from rowcache.errors import ArenaExhaustedError, ConfigError, CorruptDataError, RowRangeError
@@ -304,9 +304,9 @@ def test_cache_concurrent_resolves_keep_invariants(tmp_path, rng):
 
 def test_cache_cupy_input_rejected_gracefully_on_cpu_device_without_gpu(tmp_path, rng):
     store, _ = make_store(tmp_path, rng)
-    if rowcache.cache.np is None:  # pragma: no cover
+    if rowcache.cache.row_cache.np is None:  # pragma: no cover
         pytest.skip()
-    from kernels import gpu_available
+    from rowcache.kernels import gpu_available
 
     if gpu_available():
         pytest.skip("GPU present: covered by the GPU tests")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernels
+import rowcache.kernels
 import rowcache
 from rowcache import NgramRowCache
 from tests.rowcache.test_cache import RefLRU, batches, check_invariants, expected, make_store
@@ -43,9 +43,9 @@ def test_gpu_cache_model_based(tmp_path, rng, dtype, arena, reader):
             got = cache.resolve(ids)
             assert isinstance(got, cp.ndarray) and got.dtype == cp.int32
             if dtype == "bf16":
-                rows = kernels.batched_embed(got, cache.table)
+                rows = rowcache.kernels.batched_embed(got, cache.table)
             else:
-                rows = kernels.batched_embed_fp8(got, cache.table, cache.scales)
+                rows = rowcache.kernels.batched_embed_fp8(got, cache.table, cache.scales)
             np.testing.assert_array_equal(
                 cp.asnumpy(rows).view(np.uint16), expected(store, ids).view(np.uint16)
             )
@@ -63,7 +63,7 @@ def test_gpu_cache_cupy_ids_and_auto_reader(tmp_path, rng):
     assert cache.reader_kind in ("posix", "kvikio")
     ids = cp.asarray(rng.integers(0, 3000, 400))
     got = cache.resolve(ids)
-    rows = kernels.batched_embed(got, cache.table)
+    rows = rowcache.kernels.batched_embed(got, cache.table)
     np.testing.assert_array_equal(
         cp.asnumpy(rows).view(np.uint16), x[cp.asnumpy(ids)].view(np.uint16)
     )
@@ -81,7 +81,7 @@ def test_gpu_shared_cache_over_several_tables(tmp_path, rng, arena):
     for _ in range(10):
         local = [rng.zipf(1.3, 40) % tabs[n].shape[0] for n in names]
         ids = np.concatenate([cache.global_ids(k, x) for k, x in enumerate(local)])
-        rows = kernels.batched_embed_fp8(cache.resolve(ids), cache.table, cache.scales)
+        rows = rowcache.kernels.batched_embed_fp8(cache.resolve(ids), cache.table, cache.scales)
         want = np.concatenate([expected_part(store, n, x) for n, x in zip(names, local)])
         np.testing.assert_array_equal(cp.asnumpy(rows).view(np.uint16), want.view(np.uint16))
         cache.end_batch()
@@ -134,7 +134,7 @@ def test_gpu_prefetch_pieces_do_not_queue_behind_the_cache_streams_work(tmp_path
     are right when the cache's stream gathers them."""
     import cupy as cp
 
-    import rowcache.prefetch_book as prefetch_book
+    import rowcache.cache.prefetch_book as prefetch_book
 
     monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 16)
     store, _ = make_store(tmp_path, rng)
@@ -150,7 +150,7 @@ def test_gpu_prefetch_pieces_do_not_queue_behind_the_cache_streams_work(tmp_path
     assert h.rows == 128
     assert h.wait(timeout=1.0), "the prefetch's 8 pieces waited for the spin on the cache stream"
     with cache.stream:
-        rows = kernels.batched_embed(cache.resolve(ids), cache.table)
+        rows = rowcache.kernels.batched_embed(cache.resolve(ids), cache.table)
     st = cache.stats()  # the prefetched rows are hits of the resolve, faulted by it
     assert cache.last_faults == 128 and st.misses == 10 and st.prefetched == 10 + 128
     np.testing.assert_array_equal(
@@ -171,7 +171,7 @@ def test_gpu_prefetch_waits_for_earlier_batches_gathers_of_its_victims(tmp_path,
     with cache.stream:
         slots = cache.resolve(old)
         _spin(cp, 1.0)  # the gather of the old rows runs only after this
-        got = kernels.batched_embed(slots, cache.table)
+        got = rowcache.kernels.batched_embed(slots, cache.table)
     cache.end_batch()  # their slots are unpinned: the next prefetch evicts every one
     new = np.arange(1000, 1064)
     h = cache.prefetch(new)
@@ -181,7 +181,7 @@ def test_gpu_prefetch_waits_for_earlier_batches_gathers_of_its_victims(tmp_path,
         cp.asnumpy(got).view(np.uint16), expected(store, old).view(np.uint16)
     )
     with cache.stream:
-        rows = kernels.batched_embed(cache.resolve(new), cache.table)
+        rows = rowcache.kernels.batched_embed(cache.resolve(new), cache.table)
     np.testing.assert_array_equal(
         cp.asnumpy(rows).view(np.uint16), expected(store, new).view(np.uint16)
     )

@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 import rowcache
 from rowcache import NgramRowCache
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
-from rowcache.store import RowStore
+from rowcache.store.handle import RowStore
 from tests.rowcache.test_cache import RefLRU, check_invariants
 
 MAX_EXAMPLES = 25

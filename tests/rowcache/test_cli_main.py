@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import rowcache
-from rowcache.cli import build_parser, main
+from rowcache.cli.app import build_parser, main
 
 from .tiny import TINY_CONFIG
 

@@ -1,4 +1,4 @@
-"""The store's CLI commands through ``rowcache.cli.main``."""
+"""The store's CLI commands through ``rowcache.cli.app.main``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import struct
 import ml_dtypes
 import numpy as np
 
-from rowcache.cli import main
+from rowcache.cli.app import main
 
 
 def _npy(tmp_path, rng, name="t", rows=300, dim=16):

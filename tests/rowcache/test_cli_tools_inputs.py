@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from rowcache.cli import main
+from rowcache.cli.app import main
 from rowcache.tools.trace import Trace
 
 from .tiny import TINY_CONFIG

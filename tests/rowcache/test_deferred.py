@@ -10,14 +10,14 @@ import os
 import numpy as np
 import pytest
 
-import rowcache.prefetch_book as prefetch_book
+import rowcache.cache.prefetch_book as prefetch_book
 from rowcache import NgramRowCache
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
 
 from .test_cache import make_multi_store, make_store
 from .test_prefetch import Gate
 
-pytest.importorskip("rowcache._rcio", reason="reads apart need the native reader")
+pytest.importorskip("rowcache.io._rcio", reason="reads apart need the native reader")
 
 COUNTED = ("lookups", "hits", "misses", "evictions", "rows_read", "bytes_read", "read_ops",
            "batches", "prefetched", "rows_reread")  # fmt: skip

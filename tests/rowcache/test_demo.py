@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from rowcache.commands_demo import register, render
-from rowcache.demo import DemoConfig, run_demo, text_files
+from rowcache.cli.demo import register, render
+from rowcache.tools.demo import DemoConfig, run_demo, text_files
 from rowcache.errors import ConfigError
 
 TINY = {"hidden_size": 48, "ratio": 0.05, "max_tokens": 4000, "decode_tokens": 150, "chunk": 256}
@@ -100,7 +100,7 @@ def test_demo_gpu_tiny(tmp_path):
 
 
 def test_demo_cli_tokens_1000_through_main(capsys):
-    from rowcache.cli import main
+    from rowcache.cli.app import main
 
     argv = ["demo", "--hidden", "48", "--ratio", "0.02", "--tokens", "1000", "--json"]
     assert main(argv) == 0
@@ -109,7 +109,7 @@ def test_demo_cli_tokens_1000_through_main(capsys):
 
 
 def test_demo_cli_errors_name_the_flag_or_the_file(tmp_path, capsys):
-    from rowcache.cli import main
+    from rowcache.cli.app import main
 
     tiny = ["demo", "--ratio", "0.02", "--tokens", "500"]
     assert main([*tiny, "--hidden", "50"]) == 2
@@ -130,7 +130,7 @@ def test_demo_cli_errors_name_the_flag_or_the_file(tmp_path, capsys):
 
 
 def test_demo_report_explains_reads_and_counts_the_store_on_disk(tmp_path):
-    from rowcache.store import RowStore
+    from rowcache.store.handle import RowStore
 
     cfg = DemoConfig(**TINY, dtype="fp8", workdir=str(tmp_path))
     rep = run_demo(cfg, progress=False)
@@ -142,8 +142,8 @@ def test_demo_report_explains_reads_and_counts_the_store_on_disk(tmp_path):
 
 
 def test_demo_cli_cuda_without_a_gpu_names_the_flag(capsys):
-    from kernels._cuda import gpu_available
-    from rowcache.cli import main
+    from rowcache.kernels.loader import gpu_available
+    from rowcache.cli.app import main
 
     if gpu_available():
         pytest.skip("a GPU is usable here")

@@ -1,4 +1,4 @@
-"""The native miss path of NgramRowCache.resolve (kernels._host lru_plan / lru_commit)
+"""The native miss path of NgramRowCache.resolve (rowcache.kernels._host lru_plan / lru_commit)
 against the cache's Python path, its reference: same slots, maps, LRU log, pins, stats
 and errors after every call, and a failed read changes nothing."""
 
@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels.host as host
+import rowcache.kernels.host as host
 import rowcache
 from rowcache.errors import ArenaExhaustedError, CorruptDataError, RowRangeError
 
 PARTS = {"a": 70, "b": 45, "c": 30}  # rows of the tables that share one arena
 
-pytestmark = pytest.mark.skipif(host.native is None, reason="kernels._host not built")
+pytestmark = pytest.mark.skipif(host.native is None, reason="rowcache.kernels._host not built")
 
 
 @pytest.fixture(scope="module")

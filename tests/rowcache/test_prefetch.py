@@ -9,10 +9,10 @@ import time
 import numpy as np
 import pytest
 
-import rowcache.in_flight as in_flight
-import rowcache.prefetch_book as prefetch_book
+import rowcache.cache.in_flight as in_flight
+import rowcache.cache.prefetch_book as prefetch_book
 from rowcache import NgramRowCache
-from rowcache.cache_state import BUSY_READ
+from rowcache.cache.state import BUSY_READ
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
 
 from .test_cache import RefLRU, check_invariants, expected, gather, make_multi_store, make_store
@@ -462,7 +462,7 @@ def test_holds_all_says_whether_a_resolve_would_fault_or_wait(tmp_path, rng, nat
     flight or landed but not committed, or of a failed prefetch no; bad ids raise as
     resolve does; it changes no state or count. ``native``: int64 arrays through the C
     scan (no prefetch busy), else the NumPy path."""
-    from kernels import host
+    from rowcache.kernels import host
     from rowcache.errors import RowRangeError
 
     store, _ = make_store(tmp_path, rng)

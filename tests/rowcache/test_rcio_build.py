@@ -8,15 +8,15 @@ import sys
 import pytest
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="rowcache._rcio is Linux-only")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="rowcache.io._rcio is Linux-only")
 def test_native_extension_is_built_where_a_compiler_is():
     if shutil.which("gcc") is None and shutil.which("cc") is None:
         pytest.skip("no C compiler: the Python reader runs instead")
     try:
-        from rowcache import _rcio
+        from rowcache.io import _rcio
     except ImportError as e:
-        pytest.fail(f"rowcache._rcio was not built (pip install -e . prints why): {e}")
+        pytest.fail(f"rowcache.io._rcio was not built (pip install -e . prints why): {e}")
     assert _rcio.Reader(4, "threads").engine == "threads"
-    import rowcache.reader
+    import rowcache.io.native
 
-    assert rowcache.reader._rcio is _rcio
+    assert rowcache.io.native.NATIVE_BUILT

@@ -1,4 +1,4 @@
-"""The native fault path (rowcache._rcio) against the Python reference engine: same records,
+"""The native fault path (rowcache.io._rcio) against the Python reference engine: same records,
 same errors, page checksums checked, one batch across a shared arena's parts."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rowcache
-import rowcache.reader as reader_mod
+import rowcache.io.reader as reader_mod
 from rowcache import NgramRowCache
-from rowcache.checksum import PAGE, page_crcs, page_crcs_of_file
+from rowcache.io.checksum import PAGE, page_crcs, page_crcs_of_file
 from rowcache.errors import ConfigError, CorruptDataError, RowRangeError
-from rowcache.reader import RowReader
-from rowcache.sources import BF16
+from rowcache.io.reader import RowReader
+from rowcache.store.sources import BF16
 
-_rcio = pytest.importorskip("rowcache._rcio", reason="the native extension is not built here")
+_rcio = pytest.importorskip("rowcache.io._rcio", reason="the native extension is not built here")
 ENGINES = ["uring", "threads", "python"]
 
 
@@ -98,7 +98,7 @@ def test_page_crcs_equal_package_per_page(data, tmp_path_factory):
 def test_page_crcs_fallback_without_extension(monkeypatch):
     data = np.random.default_rng(0).integers(0, 256, 3 * PAGE + 7, dtype=np.uint8)
     want = page_crcs(data)
-    monkeypatch.setattr("rowcache.checksum._rcio", None)
+    monkeypatch.setattr("rowcache.io.checksum._rcio", None)
     np.testing.assert_array_equal(page_crcs(data), want)
 
 
@@ -379,7 +379,7 @@ def test_native_reader_works_after_fork(stores):
 @pytest.mark.gpu
 def test_kvikio_reader_follows_the_plan_and_checks_pages(tmp_path):
     pytest.importorskip("kvikio")
-    from rowcache.kvikio_reader import KvikioRowReader
+    from rowcache.io.kvikio_reader import KvikioRowReader
 
     store, _ = fresh_store(tmp_path)
     crcs = store_crcs(store)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import rowcache
-from rowcache import format as fmt
+from rowcache.store import format as fmt
 from rowcache.errors import ConfigError, CorruptDataError, FormatError, RowRangeError
-from rowcache.store import RowStore
+from rowcache.store.handle import RowStore
 
 BF16 = ml_dtypes.bfloat16
 
@@ -112,7 +112,7 @@ def test_fp8_random_reads_and_page_padding(tmp_path, rng):
     )
     ids = rng.integers(0, 3000, 2000)
     codes, scales = store.read_rows("0", ids)
-    from kernels.reference import quantize_fp8_reference
+    from rowcache.kernels.reference import quantize_fp8_reference
 
     c0, s0 = quantize_fp8_reference(x[ids])
     np.testing.assert_array_equal(codes, c0)
@@ -256,10 +256,10 @@ class Boom(RuntimeError):
 def test_interrupted_build_leaves_nothing_that_opens(tmp_path, rng, monkeypatch):
     x = bf16_table(rng, 5000, 64)
     old = rowcache.build_store(tmp_path / "s", [x[:10]], progress=False)
-    import rowcache.builder as b
+    import rowcache.store.builder as b
 
     calls = {"n": 0}
-    real = b.to_records  # (rowcache.build_pages, as the builder names it)
+    real = b.to_records  # (rowcache.store.pages, as the builder names it)
 
     def failing(dtype, block):
         calls["n"] += 1

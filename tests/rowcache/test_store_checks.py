@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 import rowcache
-import rowcache.store as store_mod
-from rowcache import format as fmt
+import rowcache.store.handle as store_mod
+from rowcache.store import format as fmt
 from rowcache.errors import ConfigError, CorruptDataError, FormatError, RowRangeError
-from rowcache.reader import RowReader
-from rowcache.store import RowStore, lmdb_error
+from rowcache.io.reader import RowReader
+from rowcache.store.handle import RowStore, lmdb_error
 
 BF16 = ml_dtypes.bfloat16
 
@@ -282,7 +282,7 @@ def test_page_crc_record_missing_or_corrupt(small):
 OPEN_SCRIPT = r"""
 import json, os, sys
 from rowcache.errors import RowCacheError
-from rowcache.store import RowStore
+from rowcache.store.handle import RowStore
 out = {}
 for p in sys.argv[1:]:
     pid = os.fork()
@@ -403,7 +403,7 @@ def test_duplicate_table_names_after_str_are_refused(tmp_path, rng):
 def test_non_finite_values_are_refused_naming_table_row_and_column(
     tmp_path, rng, monkeypatch, src_dtype, bad
 ):
-    import rowcache.builder as b
+    import rowcache.store.builder as b
 
     monkeypatch.setattr(b, "CHUNK_BYTES", 4096)  # the bad row lies many chunks in
     x = rng.standard_normal((3000, 16), dtype=np.float32)

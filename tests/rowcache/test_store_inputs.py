@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import rowcache
-from embed.context import NgramBatchContext
-from embed.dims import NgramDims
+from rowcache.embed.ngram.context import NgramBatchContext
+from rowcache.embed.ngram.dims import NgramDims
 from rowcache import NgramRowCache
 from rowcache.errors import ConfigError
 
@@ -49,7 +49,7 @@ def test_batch_context_reset_refuses_out_of_range_slots_and_changes_nothing():
 
 
 def overlay_with_adapter(rng, device):
-    from embed.overlay import TokenOverlay
+    from rowcache.embed.overlay.overlay import TokenOverlay
 
     V, H = 64, 32
     served = rng.standard_normal((V, H), dtype=np.float32).astype(BF16)

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 import rowcache
-from rowcache import NgramRowCache, replace
-from rowcache import format as fmt
+from rowcache import NgramRowCache
+from rowcache.store import replace
+from rowcache.store import format as fmt
 from rowcache.errors import ConfigError, CorruptDataError, FormatError, StoreChangedError
-from rowcache.store import RowStore, find_leftovers
+from rowcache.store.handle import RowStore, find_leftovers
 
 BF16 = ml_dtypes.bfloat16
 
@@ -44,7 +45,8 @@ FALLBACK_STEPS = {
 CRASH_SCRIPT = r"""
 import json, os, sys
 import numpy as np
-from rowcache import build_store, replace
+from rowcache import build_store
+from rowcache.store import replace
 work, fallback, steps = sys.argv[1], sys.argv[2] == "1", json.loads(sys.argv[3])
 new = np.load(os.path.join(work, "new.npy"))
 if fallback:

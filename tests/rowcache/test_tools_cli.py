@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from rowcache import commands_tools, commands_tune
+from rowcache.cli import tools as commands_tools
+from rowcache.cli import tune as commands_tune
 from rowcache.errors import ConfigError
 from rowcache.tools.mrc import miss_ratio_curve
 from rowcache.tools.trace import Trace
@@ -138,9 +139,8 @@ def test_cli_errors_name_the_argument(workdir, capsys):
 
 
 def test_through_rowcache_main(workdir, capsys, monkeypatch):
-    from rowcache import cli
-
-    missing = [m for m in ("rowcache.commands_tools", "rowcache.commands_tune")
+    from rowcache.cli import main as cli
+    missing = [m for m in ("rowcache.cli.tools", "rowcache.cli.tune")
                if m not in cli.COMMAND_MODULES]  # fmt: skip
     if missing:
         monkeypatch.setattr(cli, "COMMAND_MODULES", [*cli.COMMAND_MODULES, *missing])

@@ -307,7 +307,7 @@ def _bench_mrc():
 
 
 def test_bench_synthetic_trace_is_a_valid_server_trace(tmp_path):
-    from embed.dims import NgramDims
+    from rowcache.embed.ngram.dims import NgramDims
     from rowcache.tools.parallel import sample_trace
     from rowcache.tools.trace import ServerModel
 

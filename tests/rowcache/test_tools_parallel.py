@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embed.dims import NgramDims
+from rowcache.embed.ngram.dims import NgramDims
 from rowcache.tools.mrc import miss_ratio_curve
 from rowcache.tools.parallel import SHARED, sample_trace
 from rowcache.tools.profile import profile_trace

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from embed.dims import NgramDims
-from embed.ids import ngram_ids
+from rowcache.embed.ngram.dims import NgramDims
+from rowcache.embed.ngram.ids import ngram_ids
 from rowcache.errors import ConfigError, FormatError
 from rowcache.tools.tokens import iter_requests, make_tokenizer
 from rowcache.tools.trace import ServerModel, Trace

@@ -1,0 +1,251 @@
+"""The ``rowcache`` command line: argparse subcommands over library functions.
+
+Each subcommand lives in its own module that defines ``register(subparsers)``; the
+module adds its parser and sets ``func`` (``args -> int`` exit code) as a default.
+This file owns what every command shares: ``--version``, ``-q``, help that shows
+defaults, progress bars only on a terminal, usage and rowcache errors as one line on
+stderr with exit code 2 (no traceback, never on a progress bar's line), and a quiet
+exit when stdout is a closed pipe (``rowcache profile trace | head -n 1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from rowcache import __version__
+from rowcache.errors import RowCacheError
+
+# Modules that define register(subparsers); one line each.
+COMMAND_MODULES = [
+    "rowcache.cli.store",
+    "rowcache.cli.demo",
+    "rowcache.cli.tools",
+    "rowcache.cli.tune",
+]
+
+EXIT_ERROR = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by it
+
+
+class UsageError(Exception):
+    """A command line that argparse refused; ``prog`` is the (sub)command's name."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: X)`` after each option's help, except where there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        d = action.default
+        if d is None or d is False or d is argparse.SUPPRESS or "%(default)" in text:
+            return text
+        if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            return text + " (default: %(default)s)"
+        return text
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser that raises :class:`UsageError` instead of printing usage and exiting."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self.prog, message)
+
+
+def add_quiet(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """``-q/--quiet``: no progress bars and no informational lines on stderr."""
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="no progress bars or informational messages on stderr (errors still print)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="rowcache",
+        description="Out-of-core embedding-row store, row cache, and fault-rate tools. "
+        "`rowcache COMMAND --help` describes each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"rowcache {__version__}")
+    add_quiet(parser, top=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    for p in sub.choices.values():
+        if not any("--quiet" in a.option_strings for a in p._actions):
+            add_quiet(p)
+    return parser
+
+
+def _close_bars() -> None:
+    """Finish any progress bar a failed command left open, so the error starts a new line."""
+    tqdm_mod = sys.modules.get("tqdm")
+    if tqdm_mod is None:
+        return
+    for bar in list(getattr(tqdm_mod.tqdm, "_instances", ())):
+        try:
+            bar.close()
+        except Exception:  # a bar on a broken stream: the error line matters more
+            pass
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _silence_stdout() -> None:
+    """After EPIPE: point stdout at /dev/null so the interpreter's final flush stays quiet."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _error(prog: str, message: str) -> int:
+    _close_bars()
+    text = " ".join(str(message).split())  # one line, whatever the message held
+    print(f"{prog}: error: {text}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 ok, 1 check failed, 2 error, 141 closed pipe)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as e:
+        return _error(e.prog, f"{e} (see `{e.prog} --help`)")
+    except SystemExit as e:  # --help, --version
+        return int(e.code or 0)
+    # Bars only for a person watching a terminal; -q silences them and the info lines.
+    if getattr(args, "quiet", False) or not _isatty(sys.stderr):
+        if hasattr(args, "no_progress"):
+            args.no_progress = True
+    prog = f"rowcache {args.command}"
+    try:
+        code = int(args.func(args))
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except UsageError as e:
+        return _error(e.prog, str(e))
+    except (RowCacheError, OSError, ValueError, KeyError) as e:
+        msg = str(e) if not isinstance(e, KeyError) else str(e.args[0])
+        return _error(prog, msg)
+    except KeyboardInterrupt:
+        _close_bars()
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+# --- argument types: argparse reports their errors as "argument --flag: message" -----------
+def _number(text: str, kind: type) -> Any:
+    try:
+        v = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not {'an integer' if kind is int else 'a number'}"
+        ) from None
+    if kind is float and not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    v = _number(text, int)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give an integer >= 1")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    """An integer >= 0."""
+    v = _number(text, int)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give an integer >= 0")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    v = _number(text, float)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number > 0")
+    return v
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1]."""
+    v = _number(text, float)
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number in (0, 1]")
+    return v
+
+
+def int_list(text: str) -> list[int]:
+    """Comma-separated integers >= 1, e.g. ``1,4,16``."""
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"{text!r}: give integers >= 1, e.g. 1,4,16")
+    out = []
+    for x in parts:
+        if not x.isdigit() or int(x) < 1:
+            where = "" if x == text.strip() else f" in {text!r}"
+            raise argparse.ArgumentTypeError(
+                f"{x!r}{where} is not an integer >= 1 (give e.g. 1,4,16)"
+            )
+        out.append(int(x))
+    return out
+
+
+def byte_size(text: str) -> int:
+    """Bytes: ``4096``, ``20e9``, or binary units ``512K``, ``12G`` = ``12GiB`` (2^30)."""
+    from rowcache.errors import ConfigError
+    from rowcache.units import parse_bytes
+
+    try:
+        return parse_bytes(text, "size")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("size: ")) from None
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def inform(args: argparse.Namespace, message: str) -> None:
+    """An informational line on stderr, unless ``-q``."""
+    if not getattr(args, "quiet", False):
+        print(message, file=sys.stderr)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

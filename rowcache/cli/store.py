@@ -1,0 +1,282 @@
+"""CLI subcommands over the store: ``build``, ``inspect``, ``verify``.
+
+Only parsing, checking flags and input files (errors name the flag or the file) and
+rendering; the work is ``build_store``, ``RowStore.open`` and ``RowStore.verify``.
+Reports print a table by default and JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from rowcache.store.builder import build_store
+from rowcache.cli.app import inform, positive_float
+from rowcache.errors import ConfigError, FormatError
+from rowcache.store.sources import safetensors_header
+from rowcache.store.handle import RowStore
+
+PAGE = 4096
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n}"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def _check_safetensors(path: str) -> dict[str, Any]:
+    """The header of ``path``, refused (naming the file) if the data it describes is cut short."""
+    header = safetensors_header(path)
+    ends = [
+        v["data_offsets"][1]
+        for k, v in header.items()
+        if not k.startswith("__") and isinstance(v, dict) and "data_offsets" in v
+    ]
+    need = header["__data_start__"] + max(ends, default=0)
+    size = os.path.getsize(path)
+    if size < need:
+        raise FormatError(
+            f"{path}: truncated: its header describes {need:,} bytes, the file has {size:,}"
+        )
+    return header
+
+
+def _check_source(flag: str, spec: str, src: str) -> None:
+    """The file a --table names exists and is whole."""
+    path = src.split(".safetensors:")[0] + ".safetensors" if ".safetensors:" in src else src
+    if not os.path.isfile(path):
+        raise ConfigError(f"{flag} {spec}: file {path} does not exist")
+    if path.endswith(".safetensors"):
+        _check_safetensors(path)
+    elif path.endswith(".npy"):
+        import numpy as np
+
+        try:
+            np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise FormatError(f"{path}: not a readable .npy file ({e or 'empty'})") from e
+    else:
+        raise ConfigError(f"{flag} {spec}: give FILE.npy or FILE.safetensors:TENSOR")
+
+
+def _parse_source(spec: str) -> tuple[str, Any]:
+    """``NAME=PATH`` or ``PATH``; PATH is ``x.npy`` or ``x.safetensors:tensor``."""
+    name, sep, src = spec.partition("=")
+    if not sep:
+        src, name = spec, ""
+    if src.endswith(".safetensors"):
+        raise ConfigError(
+            f"--table {spec!r}: name the tensor, as FILE.safetensors:TENSOR "
+            "(or use --safetensors to take the LongCat n-gram tables)"
+        )
+    if not name:
+        name = os.path.splitext(os.path.basename(src.split(".safetensors:")[-1]))[0]
+    return name, src
+
+
+def _longcat_tables(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        raise ConfigError(f"--safetensors {path}: file does not exist")
+    header = _check_safetensors(path)
+    prefix = "model.ngram_embeddings.embedders."
+    found = sorted(
+        (int(k[len(prefix) :].split(".")[0]), k)
+        for k in header
+        if k.startswith(prefix) and k.endswith(".weight")
+    )
+    if not found:
+        raise ConfigError(f"--safetensors {path}: no tensors named {prefix}{{i}}.weight in it")
+    return {f"ngram.{i}": (path, k) for i, k in found}
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    tables: dict[str, Any] = {}
+    for spec in args.table or []:
+        name, src = _parse_source(spec)
+        if name in tables:
+            raise ConfigError(f"--table: the name {name!r} is given twice")
+        _check_source("--table", spec, src)
+        tables[name] = src
+    for st in args.safetensors or []:
+        tables.update(_longcat_tables(st))
+    if not tables:
+        raise ConfigError("give at least one --table NAME=PATH or --safetensors FILE")
+    if os.path.exists(args.path) and not os.path.isdir(args.path):
+        raise ConfigError(f"{args.path}: exists and is not a directory")
+    if os.path.exists(args.path) and not args.overwrite:
+        raise ConfigError(f"{args.path}: exists; pass --overwrite to replace it")
+    shard_bytes = int(args.shard_mib * (1 << 20))
+    if shard_bytes < PAGE:
+        raise ConfigError(
+            f"--shard-mib {args.shard_mib:g}: a shard holds at least one 4 KiB page "
+            f"(--shard-mib {PAGE / (1 << 20)})"
+        )
+    store = build_store(
+        args.path,
+        tables,
+        dtype=args.dtype,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+        shard_bytes=shard_bytes,
+    )
+    inform(args, f"built {store.path}: {plural(len(store.tables), 'table')}, {store.dtype}")
+    return _print_inspect(store, args.json)
+
+
+def _inspect_dict(store: RowStore) -> dict[str, Any]:
+    tables = []
+    for info, recs in zip(store.tables, store.shards):
+        tables.append(
+            {
+                "name": info.name,
+                "rows": info.rows,
+                "dim": info.dim,
+                "dtype": info.dtype,
+                "record_bytes": info.record_bytes,
+                "rows_per_page": info.rows_per_page,
+                "shards": info.shards,
+                "bytes_on_disk": sum(r.length for r in recs),
+                "shard_files": [
+                    {
+                        "file": r.file,
+                        "first_row": r.first_row,
+                        "rows": r.rows,
+                        "bytes": r.length,
+                        "crc32": f"{r.crc32:08x}",
+                    }
+                    for r in recs
+                ],
+            }
+        )
+    return {
+        "path": store.path,
+        "dtype": store.dtype,
+        "version": store.meta["version"],
+        "created": store.meta.get("created"),
+        "tables": tables,
+        "rows": sum(t["rows"] for t in tables),
+        "bytes_on_disk": sum(t["bytes_on_disk"] for t in tables),
+    }
+
+
+def _print_inspect(store: RowStore, as_json: bool) -> int:
+    rep = _inspect_dict(store)
+    if as_json:
+        print(json.dumps(rep, indent=2))
+        return 0
+    print(
+        f"store {rep['path']}  (format v{rep['version']}, {rep['dtype']}, created {rep['created']})"
+    )
+    head = f"{'table':<24} {'rows':>12} {'dim':>6} {'record':>7} {'shards':>6} {'on disk':>12}"
+    print(head)
+    print("-" * len(head))
+    for t in rep["tables"]:
+        print(
+            f"{t['name']:<24} {t['rows']:>12,} {t['dim']:>6} {t['record_bytes']:>6}B "
+            f"{t['shards']:>6} {human_bytes(t['bytes_on_disk']):>12}"
+        )
+    print(
+        f"{'total':<24} {rep['rows']:>12,} {'':>6} {'':>7} {'':>6} {human_bytes(rep['bytes_on_disk']):>12}"
+    )
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    with RowStore.open(args.path) as store:
+        return _print_inspect(store, args.json)
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    with RowStore.open(args.path) as store:
+        rep = store.verify(progress=not args.no_progress)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "path": rep.path,
+                    "ok": rep.ok,
+                    "shards_checked": rep.shards_checked,
+                    "bytes_checked": rep.bytes_checked,
+                    "problems": rep.problems,
+                },
+                indent=2,
+            )
+        )
+    else:
+        for p in rep.problems:
+            print(f"problem: {p}")
+        state = "ok" if rep.ok else f"FAILED ({plural(len(rep.problems), 'problem')})"
+        print(
+            f"{rep.path}: {plural(rep.shards_checked, 'shard')}, "
+            f"{human_bytes(rep.bytes_checked)} checked: {state}"
+        )
+    return 0 if rep.ok else 1
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "build",
+        help="build a store from .npy / .safetensors tables",
+        description="Stream tables from .npy files or .safetensors tensors into a new store "
+        "(shard files of 4 KiB pages and an LMDB index), quantizing to FP8 on the way with "
+        "--dtype fp8. Built in a temporary sibling directory and renamed into place when "
+        "complete: a failed build leaves PATH as it was. Prints the inspect report.",
+    )
+    p.add_argument("path", help="store directory to create")
+    p.add_argument(
+        "--table",
+        action="append",
+        metavar="NAME=PATH",
+        help="a table: PATH is FILE.npy or FILE.safetensors:TENSOR (repeatable)",
+    )
+    p.add_argument(
+        "--safetensors",
+        action="append",
+        metavar="FILE",
+        help="take every model.ngram_embeddings.embedders.{i}.weight of FILE (repeatable)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["bf16", "fp8"],
+        default="bf16",
+        help="row format: bf16, or fp8 (E4M3 codes and a float32 scale per row)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    p.add_argument(
+        "--shard-mib", type=positive_float, default=1024.0, help="shard file size in MiB"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the inspect report as JSON")
+    p.set_defaults(func=_cmd_build)
+
+    p = sub.add_parser(
+        "inspect",
+        help="tables, sizes and shards of a store",
+        description="Print a store's format version, row format, and per table its rows, "
+        "dim, record size, shard count and bytes on disk (records with FP8 scales, padded "
+        "to 4 KiB pages).",
+    )
+    p.add_argument("path", help="store directory")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (with shards)")
+    p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser(
+        "verify",
+        help="check every shard's length and CRC32 (exit 1 on problems)",
+        description="Read every shard file of a store and check its length and CRC32 "
+        "against the index. Exit 0 when all match, 1 when a problem is found, 2 when the "
+        "store cannot be opened.",
+    )
+    p.add_argument("path", help="store directory")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_verify)

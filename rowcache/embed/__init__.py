@@ -1,0 +1,57 @@
+"""The n-gram embedding layer: LongCat ids, tables, the fused embedding, the overlay.
+
+``NgramDims`` and ``ngram_ids`` implement the hashing contract of
+``docs/ngram-spec.md``; ``NgramContext`` the per-sequence incremental contract;
+``Bf16Table``, ``Fp8Table`` and ``CachedTable`` the table variants (mixed freely);
+``NgramEmbedding`` the fused layer; ``rowcache.embed.overlay.overlay.TokenOverlay`` per-sequence adapters;
+``load_ngram_embedding`` a LongCat-style ``.safetensors`` checkpoint;
+``TorchNgramEmbedding`` the ``torch.nn.Module`` (loaded on first use: ``import rowcache.embed``
+never imports torch).
+"""
+
+from __future__ import annotations
+
+from rowcache.embed.ngram.batch import NgramBatch, hash_positions
+from rowcache.embed.checkpoint import Checkpoint, load_ngram_embedding, load_pretrained, table_sources
+from rowcache.embed.ngram.context import NgramBatchContext, NgramContext
+from rowcache.embed.ngram.dims import NgramDims
+from rowcache.embed.ngram.ids import ngram_ids, ngram_ids_loop_reference
+from rowcache.embed.layer import NgramEmbedding, StaticStep
+from rowcache.embed.overlay.overlay import OverlayAdapterInfo, TokenOverlay
+from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
+
+__all__ = [
+    "Bf16Table",
+    "CachedTable",
+    "Checkpoint",
+    "Fp8Table",
+    "NgramBatch",
+    "NgramBatchContext",
+    "NgramContext",
+    "NgramDims",
+    "NgramEmbedding",
+    "OverlayAdapterInfo",
+    "StaticStep",
+    "TokenOverlay",
+    "TorchNgramEmbedding",
+    "TorchStaticStep",
+    "hash_positions",
+    "load_ngram_embedding",
+    "load_pretrained",
+    "ngram_ids",
+    "ngram_ids_loop_reference",
+    "table_sources",
+]
+
+
+def __getattr__(name: str) -> object:
+    # torch is heavy and optional (the `torch` extra): import it only when asked for
+    if name == "TorchNgramEmbedding":
+        from rowcache.embed.torch.module import TorchNgramEmbedding
+
+        return TorchNgramEmbedding
+    if name == "TorchStaticStep":
+        from rowcache.embed.torch.static import TorchStaticStep
+
+        return TorchStaticStep
+    raise AttributeError(f"module 'rowcache.embed' has no attribute {name!r}")

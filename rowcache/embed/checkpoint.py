@@ -1,0 +1,402 @@
+"""Loading a LongCat n-gram embedding from its Hugging Face ``.safetensors`` checkpoint.
+
+Owns the checkpoint's tensor names (base word table, the T n-gram tables, the T
+projections), finding them in a single file or a sharded checkpoint
+(``model.safetensors.index.json``), and building an :class:`NgramEmbedding` whose
+tables are resident (BF16 or FP8, memory-mapped on the CPU) or, for chosen tables,
+served by row caches over a store built from the same checkpoint
+(:func:`load_pretrained`: the store is built once, streaming, and reused; which tables
+to cache and their arena slots come from the caller or a ``rowcache tune`` report).
+Tensors are read with ``rowcache.store.sources`` (memory maps, never a whole file at once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rowcache.errors import ConfigError, FormatError
+from rowcache.store.format import record_bytes
+from rowcache.store.sources import safetensors_header, safetensors_tensor
+
+from rowcache.embed.ngram.dims import NgramDims
+from rowcache.embed.layer import NgramEmbedding
+from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
+
+WORD_NAMES = ("model.embed_tokens.weight", "model.ngram_embeddings.word_embeddings.weight")
+TABLE_NAME = "model.ngram_embeddings.embedders.{i}.weight"
+PROJ_NAME = "model.ngram_embeddings.post_projs.{i}.weight"
+INDEX_NAME = "model.safetensors.index.json"
+
+
+class Checkpoint:
+    """Tensor name -> file of a ``.safetensors`` checkpoint (one file or a sharded directory).
+
+    Parameters
+    ----------
+    path : a ``.safetensors`` file, or a directory holding ``model.safetensors.index.json``
+        or ``*.safetensors`` files (and optionally ``config.json``).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        path = os.fspath(path)
+        self.path = path
+        self.files: dict[str, str] = {}
+        if os.path.isfile(path):
+            self.directory = os.path.dirname(os.path.abspath(path))
+            self._add_file(path)
+        elif os.path.isdir(path):
+            self.directory = path
+            index = os.path.join(path, INDEX_NAME)
+            if os.path.isfile(index):
+                try:
+                    with open(index, encoding="utf-8") as f:
+                        weight_map = json.load(f)["weight_map"]
+                except (OSError, ValueError, KeyError) as e:
+                    raise FormatError(f"{index}: not a readable safetensors index ({e})") from e
+                self.files = {name: os.path.join(path, fn) for name, fn in weight_map.items()}
+            else:
+                shards = sorted(fn for fn in os.listdir(path) if fn.endswith(".safetensors"))
+                if not shards:
+                    raise ConfigError(
+                        f"checkpoint directory {path} has no {INDEX_NAME} and no .safetensors files"
+                    )
+                for fn in shards:  # one header read per shard file
+                    self._add_file(os.path.join(path, fn))
+        else:
+            raise ConfigError(f"checkpoint {path!r} is neither a .safetensors file nor a directory")
+
+    def _add_file(self, file: str) -> None:
+        for name in safetensors_header(file):
+            if not name.startswith("__"):
+                self.files[name] = file
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.files
+
+    def source(self, name: str) -> tuple[str, str]:
+        """``(file, tensor)``: a ``rowcache.build_store`` source for tensor ``name``."""
+        if name not in self.files:
+            near = [k for k in self.files if "ngram" in k or "embed" in k][:6]
+            raise ConfigError(
+                f"checkpoint {self.path} has no tensor {name!r} ({len(self.files)} tensors"
+                + (f"; similar: {near})" if near else ")")
+            )
+        return self.files[name], name
+
+    def tensor(self, name: str) -> np.ndarray:
+        """Tensor ``name`` memory-mapped read-only (BF16, F32 or F16)."""
+        return safetensors_tensor(*self.source(name))
+
+    def config(self) -> dict[str, Any] | None:
+        """``config.json`` beside the checkpoint, or None."""
+        cfg = os.path.join(self.directory, "config.json")
+        if not os.path.isfile(cfg):
+            return None
+        with open(cfg, encoding="utf-8") as f:
+            return dict(json.load(f))
+
+    def word_name(self) -> str:
+        """The base word table's name: ``model.embed_tokens.weight`` or the mlx-style rename."""
+        for name in WORD_NAMES:
+            if name in self.files:
+                return name
+        raise ConfigError(
+            f"checkpoint {self.path} has no base word table (looked for {', '.join(WORD_NAMES)})"
+        )
+
+    def dims(self, dims: NgramDims | None = None) -> NgramDims:
+        """``dims``, or the ones of ``config.json``; ConfigError when neither exists."""
+        if dims is not None:
+            return dims
+        cfg = self.config()
+        if cfg is None:
+            raise ConfigError(
+                f"no config.json beside checkpoint {self.path}: pass dims=NgramDims(...) "
+                "(NgramDims.longcat_flash_lite() for LongCat-Flash-Lite)"
+            )
+        return NgramDims.from_config(cfg)
+
+
+def table_sources(
+    path: str | os.PathLike[str] | Checkpoint,
+    dims: NgramDims | None = None,
+    tables: Any = None,
+) -> dict[str, tuple[str, str]]:
+    """``rowcache.build_store`` sources of the checkpoint's n-gram tables.
+
+    Returns ``{str(i): (file, tensor name)}`` for the tables ``tables`` (indices;
+    default all), so ``build_store(dir, table_sources(ckpt))`` stores them under the
+    names ``"0" .. "T-1"`` that :func:`load_ngram_embedding` expects.
+    """
+    ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+    dims = ckpt.dims(dims)
+    chosen = range(dims.num_tables) if tables is None else [int(i) for i in tables]
+    return {str(i): ckpt.source(TABLE_NAME.format(i=i)) for i in chosen}
+
+
+def _check_shape(name: str, arr: Any, shape: tuple[int, ...]) -> None:
+    if tuple(arr.shape) != shape:
+        raise ConfigError(
+            f"checkpoint tensor {name} has shape {list(arr.shape)}, expected {list(shape)}"
+        )
+
+
+def load_ngram_embedding(
+    path: str | os.PathLike[str] | Checkpoint,
+    *,
+    dims: NgramDims | None = None,
+    table_dtype: str = "bf16",
+    device: str = "cpu",
+    caches: Mapping[int, Any] | None = None,
+    defer_reads: bool = False,
+) -> NgramEmbedding:
+    """An :class:`NgramEmbedding` from a LongCat-style checkpoint.
+
+    Parameters
+    ----------
+    path : checkpoint file or directory (see :class:`Checkpoint`).
+    dims : NgramDims, optional
+        Default: from ``config.json`` beside the checkpoint.
+    table_dtype : ``"bf16"`` (resident as stored; memory-mapped on the CPU) or
+        ``"fp8"`` (quantized on load with ``Fp8Table.quantize``; on the GPU for
+        ``device="cuda"``).
+    device : ``"cpu"`` or ``"cuda"``: where resident tables, the word table and the
+        projections live.
+    caches : ``{table index: NgramRowCache or CachedTable}``, optional
+        Tables served by a row cache instead (e.g. built with
+        ``rowcache.build_store(dir, table_sources(path))``); their store rows must
+        have the checkpoint's shape. Their tensors are not read from the checkpoint.
+    defer_reads : bool
+        ``NgramEmbedding(defer_reads=...)``: a GPU step whose cached rows must be read
+        does not wait for them; :meth:`NgramEmbedding.settle` commits it.
+
+    Returns
+    -------
+    NgramEmbedding
+    """
+    if table_dtype not in ("bf16", "fp8"):
+        raise ConfigError(f"table_dtype={table_dtype!r} is not supported; allowed: 'bf16', 'fp8'")
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"device={device!r} is not supported; allowed: 'cpu', 'cuda'")
+    ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+    dims = ckpt.dims(dims)
+    T, d, D = dims.num_tables, dims.table_dim, dims.hidden_size
+    caches = dict(caches or {})
+    bad = [i for i in caches if not (isinstance(i, int) and 0 <= i < T)]
+    if bad:
+        raise ConfigError(f"caches keys must be table indices in [0, {T}), got {bad}")
+
+    word_name = ckpt.word_name()
+    word = ckpt.tensor(word_name)
+    _check_shape(word_name, word, (dims.vocab_size, D))
+    word_table = Bf16Table(np.asarray(word)).to(device)
+
+    tables: list[Any] = []
+    for i in range(T):
+        if i in caches:
+            c = caches[i]
+            tables.append(c if isinstance(c, CachedTable) else CachedTable(c))
+            continue
+        name = TABLE_NAME.format(i=i)
+        arr = ckpt.tensor(name)
+        _check_shape(name, arr, (dims.table_rows(i), d))
+        resident = Bf16Table(np.asarray(arr)).to(device)
+        tables.append(Fp8Table.quantize(resident.array) if table_dtype == "fp8" else resident)
+
+    projs = []
+    for i in range(T):
+        name = PROJ_NAME.format(i=i)
+        w = ckpt.tensor(name)
+        _check_shape(name, w, (D, d))
+        projs.append(np.asarray(w))
+    return NgramEmbedding(dims, word_table, tables, projs, defer_reads=defer_reads)
+
+
+SHARED = "shared"  # the name `rowcache profile --shared` gives one arena over all tables
+
+
+def _cached_indices(cached: Any, T: int) -> list[int]:
+    if cached is None:
+        return []
+    if isinstance(cached, str):
+        if cached == "all":
+            return list(range(T))
+        raise ConfigError(f"cached={cached!r}: give 'all', None, or table indices in [0, {T})")
+    try:
+        out = sorted({int(i) for i in cached})
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"cached={cached!r}: give 'all', None, or table indices in [0, {T})"
+        ) from e
+    bad = [i for i in out if not 0 <= i < T]
+    if bad:
+        raise ConfigError(f"cached has table indices {bad} outside [0, {T}) (num_tables={T})")
+    return out
+
+
+def tune_slots(report: Any) -> dict[str, int]:
+    """Arena rows per table from a ``rowcache tune`` report.
+
+    Parameters
+    ----------
+    report : ``TuneReport``, its ``to_dict()``, or the path of ``rowcache tune --json`` output.
+
+    Returns
+    -------
+    ``{table name: slots}``: the names ``"0" .. "T-1"`` (or ``"shared"`` for one arena
+    over every table) of the profile.
+    """
+    if isinstance(report, (str, os.PathLike)):
+        try:
+            with open(report, encoding="utf-8") as f:
+                report = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"tune={os.fspath(report)!r}: not a readable JSON file ({e})") from e
+    d = report.to_dict() if hasattr(report, "to_dict") else report
+    rows = d.get("rows") if isinstance(d, Mapping) else None
+    if not isinstance(rows, Mapping) or not rows:
+        raise ConfigError("tune: not a report of `rowcache tune --json` (no 'rows' per table)")
+    try:
+        return {str(k): int(v) for k, v in rows.items()}
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"tune: 'rows' must map table names to ints ({e})") from e
+
+
+def _open_or_build(
+    ckpt: Checkpoint, dims: NgramDims, store: str, tables: list[int], dtype: str, progress: bool
+) -> Any:
+    """The store at ``store`` holding ``tables`` as ``dtype``: opened, or built first."""
+    from rowcache.store.builder import build_store
+    from rowcache.store.handle import RowStore
+
+    if not os.path.exists(store):
+        return build_store(store, table_sources(ckpt, dims, tables), dtype=dtype, progress=progress)
+    st = RowStore.open(store)
+    have = {t.name: t for t in st.tables}
+    for i in tables:
+        t = have.get(str(i))
+        want = (dims.table_rows(i), dims.table_dim, dtype)
+        if t is None or (t.rows, t.dim, t.dtype) != want:
+            got = "missing" if t is None else f"[{t.rows}, {t.dim}] {t.dtype}"
+            raise ConfigError(
+                f"store {store} does not hold table {i} as [{want[0]}, {want[1]}] {dtype} "
+                f"({got}; it holds {sorted(have)}): pass another store= path, or remove "
+                "this one to rebuild it from the checkpoint"
+            )
+    return st
+
+
+def load_pretrained(
+    path: str | os.PathLike[str] | Checkpoint,
+    *,
+    cached: Any = None,
+    store: str | os.PathLike[str] | None = None,
+    arena_bytes: int | str | None = None,
+    tune: Any = None,
+    dtype: str = "bf16",
+    device: str = "cpu",
+    dims: NgramDims | None = None,
+    progress: bool = False,
+    defer_reads: bool = False,
+) -> NgramEmbedding:
+    """An :class:`NgramEmbedding` from a checkpoint, some tables behind row caches.
+
+    Parameters
+    ----------
+    path : checkpoint file or directory (``model.safetensors.index.json`` + shards,
+        ``config.json``).
+    cached : None (every table resident), ``"all"``, or table indices
+        The n-gram tables served by a row cache. Default with ``tune``: the report's tables.
+    store : directory of the row store of the cached tables. Built from the checkpoint
+        (streaming, :func:`rowcache.build_store`) when it does not exist, opened and
+        checked (rows, dim, dtype of each cached table) when it does. Default:
+        ``<checkpoint directory>/rowcache-<dtype>``.
+    arena_bytes : int or str (``"20GiB"``)
+        Arena budget for all cached tables, split in proportion to their rows.
+    tune : ``rowcache tune --json`` output (path, dict or ``TuneReport``)
+        Slots per table instead of ``arena_bytes``; a ``"shared"`` entry makes one
+        arena (one LRU) over every cached table.
+    dtype : ``"bf16"`` or ``"fp8"``: the store's rows and the resident tables.
+    device : ``"cpu"`` or ``"cuda"``: the arenas, the resident tables, the projections.
+    dims : NgramDims, optional (default from ``config.json``).
+    progress : show the build's progress bar.
+    defer_reads : bool
+        ``NgramEmbedding(defer_reads=...)`` (cached tables on the GPU): a step whose rows
+        must be read returns before the read ends; ``settle()`` commits it.
+
+    Returns
+    -------
+    NgramEmbedding
+    """
+    from rowcache.cache.row_cache import NgramRowCache
+    from rowcache.units import parse_bytes
+
+    if dtype not in ("bf16", "fp8"):
+        raise ConfigError(f"dtype={dtype!r} is not supported; allowed: 'bf16', 'fp8'")
+    ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+    dims = ckpt.dims(dims)
+    T = dims.num_tables
+    slots_of = tune_slots(tune) if tune is not None else None
+    if cached is None and slots_of is not None:
+        cached = "all" if SHARED in slots_of else [int(k) for k in slots_of if k.isdigit()]
+    chosen = _cached_indices(cached, T)
+    if not chosen:
+        if arena_bytes is not None or store is not None:
+            raise ConfigError("arena_bytes/store given but no table is cached: pass cached=...")
+        return load_ngram_embedding(ckpt, dims=dims, table_dtype=dtype, device=device)
+    if (arena_bytes is None) == (slots_of is None):
+        raise ConfigError(
+            "cached tables need an arena size: give arena_bytes=... or tune=<rowcache tune "
+            "--json report>, not both"
+        )
+    store = os.path.join(ckpt.directory, f"rowcache-{dtype}") if store is None else os.fspath(store)
+    rows = {i: dims.table_rows(i) for i in chosen}
+    shared = slots_of is not None and SHARED in slots_of
+    if shared:
+        slots = {-1: min(int(slots_of[SHARED]), sum(rows.values()))}  # type: ignore[index]
+    elif slots_of is not None:
+        missing = [i for i in chosen if str(i) not in slots_of]
+        if missing:
+            raise ConfigError(
+                f"the tune report has no slots for cached tables {missing} "
+                f"(it has {sorted(slots_of)})"
+            )
+        slots = {i: min(int(slots_of[str(i)]), rows[i]) for i in chosen}
+    else:
+        budget = parse_bytes(arena_bytes, "arena_bytes")  # type: ignore[arg-type]
+        rec = record_bytes(dims.table_dim, dtype)
+        total = sum(rows.values())
+        slots = {i: min(budget * rows[i] // total // rec, rows[i]) for i in chosen}
+    small = sorted(i for i, s in slots.items() if s < 1)
+    if small:
+        raise ConfigError(
+            f"arena too small: tables {small} would get no slot; raise arena_bytes "
+            f"(rows are {record_bytes(dims.table_dim, dtype)} B) or the tune report's rows"
+        )
+    st = _open_or_build(ckpt, dims, store, chosen, dtype, progress)  # validated first
+    if shared:
+        one = NgramRowCache(st, [str(i) for i in chosen], slots=slots[-1], device=device)
+        caches: dict[int, Any] = {i: CachedTable(one, part) for part, i in enumerate(chosen)}
+    else:
+        caches = {i: NgramRowCache(st, str(i), slots=slots[i], device=device) for i in chosen}
+    return load_ngram_embedding(
+        ckpt, dims=dims, table_dtype=dtype, device=device, caches=caches, defer_reads=defer_reads
+    )
+
+
+__all__ = [
+    "PROJ_NAME",
+    "SHARED",
+    "TABLE_NAME",
+    "WORD_NAMES",
+    "Checkpoint",
+    "load_ngram_embedding",
+    "load_pretrained",
+    "table_sources",
+    "tune_slots",
+]

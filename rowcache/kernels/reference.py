@@ -1,0 +1,123 @@
+"""NumPy references of the gather, scatter and FP8 kernels: the specification.
+
+Every GPU kernel in this package is tested bit for bit against the function here of
+the same name minus ``_reference``. These functions are also the CPU path of the
+project (arena = NumPy array), so they are written to be fast in NumPy: no Python
+loop per row. (The n-gram hash, stacked gather, GEMM and scaled-sum references live
+beside their launchers in ``rowcache.kernels.ngram.hash``, the overlay's in ``rowcache.kernels.overlay.routed``,
+each named ``<kernel>_reference``.) Rounding rules follow ``docs/platform.md``: float32 -> bfloat16 and
+float32 -> E4M3 (satfinite) through ``ml_dtypes`` match CUDA's conversions exactly.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+FP8_MAX = np.float32(448.0)
+_E4M3_TO_F32 = np.arange(256, dtype=np.uint8).view(E4M3).astype(np.float32)
+_F32_TINY = np.finfo(np.float32).tiny
+
+
+def quantize_fp8_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row absmax E4M3 quantization.
+
+    Parameters
+    ----------
+    x : bfloat16[n, d] or float32[n, d]
+
+    Returns
+    -------
+    codes : uint8[n, d]
+        ``satfinite_e4m3(x / scale)`` with the division in float32.
+    scales : float32[n]
+        ``amax(|x|) / 448`` in float32, or 1.0 for an all-zero row.
+    """
+    x32 = np.asarray(x).astype(np.float32, copy=False)
+    if x32.ndim != 2:
+        raise ValueError(f"x must be 2-D [rows, dim], got shape {x32.shape}")
+    amax = np.abs(x32).max(axis=1) if x32.shape[1] else np.zeros(x32.shape[0], np.float32)
+    scales = np.where(amax == 0, np.float32(1.0), amax / FP8_MAX).astype(np.float32)
+    q = np.clip(x32 / scales[:, None], -FP8_MAX, FP8_MAX)
+    return q.astype(E4M3).view(np.uint8), scales
+
+
+def _flush_subnormal(x: np.ndarray) -> np.ndarray:
+    """Subnormal float32 values become a zero of the same sign."""
+    return np.where(np.abs(x) < _F32_TINY, np.copysign(np.float32(0), x), x).astype(np.float32)
+
+
+def dequantize_fp8_reference(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """``bf16(ftz(float32(e4m3(codes)) * ftz(scales)[:, None]))``, round to nearest even.
+
+    ``ftz`` flushes subnormal float32 values to a signed zero: the H200's float32
+    multiply in these kernels does so for subnormal operands and results, even when
+    compiled with ``--ftz=false`` (measured; see bench/RESULTS.md). It matters only
+    for scales or products below 1.2e-38.
+    """
+    vals = _E4M3_TO_F32[np.asarray(codes, dtype=np.uint8)]  # exact: a table of the 256 values
+    prod = vals * _flush_subnormal(np.asarray(scales, dtype=np.float32))[:, None]
+    return _flush_subnormal(prod).astype(BF16)
+
+
+def _check_ids(ids: np.ndarray, rows: int) -> np.ndarray:
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        raise ValueError(f"ids must be a 1-D integer array, got {ids.dtype}{list(ids.shape)}")
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= rows):
+        bad = int(np.flatnonzero((ids < 0) | (ids >= rows))[0])
+        raise IndexError(f"ids[{bad}] = {int(ids[bad])} is outside the table's {rows} rows")
+    return ids
+
+
+def batched_embed_reference(
+    ids: np.ndarray, table: np.ndarray, out: np.ndarray | None = None
+) -> np.ndarray:
+    """``out[i] = table[ids[i]]`` for a bfloat16 table ``[rows, d]``; returns ``out``."""
+    ids = _check_ids(ids, table.shape[0])
+    if out is None:
+        return table[ids]
+    np.take(
+        table, ids, axis=0, out=out, mode="clip"
+    )  # ids were checked: clip avoids a buffered copy
+    return out
+
+
+def batched_embed_fp8_reference(
+    ids: np.ndarray, codes: np.ndarray, scales: np.ndarray, out: np.ndarray | None = None
+) -> np.ndarray:
+    """``out[i] = bf16(e4m3(codes[ids[i]]) * scales[ids[i]])``; returns bf16 ``[n, d]``."""
+    ids = _check_ids(ids, codes.shape[0])
+    res = dequantize_fp8_reference(codes[ids], scales[ids])
+    if out is None:
+        return res
+    out[...] = res
+    return out
+
+
+def scatter_records_reference(
+    records: np.ndarray,
+    slots: np.ndarray,
+    table: np.ndarray,
+    scales: np.ndarray | None = None,
+) -> None:
+    """Write staged store records into arena slots, in place.
+
+    Parameters
+    ----------
+    records : uint8[n, record_bytes]
+        Rows as stored (see ``rowcache.store.format``): bf16 bytes, or fp8 codes + f32 scale.
+    slots : int[n]
+        Destination slot of each record (distinct).
+    table : bfloat16[slots, d] or uint8[slots, d]
+        The arena. uint8 means an FP8 arena, and then ``scales`` is float32[slots].
+    """
+    slots = np.asarray(slots, dtype=np.int64)
+    d = table.shape[1]
+    if scales is None:
+        table[slots] = records[:, : 2 * d].view(table.dtype).reshape(len(slots), d)
+    else:
+        table[slots] = records[:, :d]
+        scales[slots] = np.ascontiguousarray(records[:, d : d + 4]).view("<f4").reshape(-1)

@@ -1,0 +1,353 @@
+"""The streaming store builder: tables in, shard files + LMDB index out.
+
+Owns ``build_store``: it streams each table in chunks of a few tens of MB (memory
+stays bounded whatever the table size), has each chunk checked and made into whole 4 KiB
+pages of records (``rowcache.store.pages``: non-finite values refused unless allowed, BF16
+as is, FP8 quantized on build with the per-row absmax rule of ``rowcache.kernels.reference``, on
+the GPU when one is usable, else by native C threads over row blocks, the same bits
+either way; the engine chosen here, ``FP8_ENGINE``), writes
+shard files with a CRC32C per page (the write and CRC of a chunk overlap the next one's
+read and quantize), and commits the LMDB meta record last. The build
+happens in a locked sibling directory that ``rowcache.store.replace.switch`` makes the
+store at ``path`` in one atomic exchange, so ``path`` always holds a complete store.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import errno
+import os
+import re
+import resource
+import shutil
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import crc32c
+import lmdb
+import numpy as np
+
+from rowcache.kernels.loader import gpu_available
+
+from rowcache.store import format as fmt
+from rowcache.store import replace
+from rowcache.store.pages import Fp8Pages, check_finite, pack_pages, to_records
+from rowcache.errors import ConfigError
+from rowcache.store.sources import Source, resolve_source
+from rowcache.store.handle import RowStore, lmdb_error
+
+CHUNK_BYTES = 32 << 20  # input bytes per streamed chunk
+# FP8 quantize engine: None picks "cuda" when a GPU is usable, else "cpu" (native C over
+# row blocks in threads; the reference where rowcache.kernels._quantize is not built); "reference"
+# is NumPy's rule in one thread. Every engine writes the same bits (tests/rowcache/test_build_fp8.py).
+FP8_ENGINE: str | None = None
+FP8_THREADS: int | None = None  # threads of the "cpu" engine; None: this process's cores - 1
+MAP_SIZE = 1 << 34  # LMDB map size: address space only, the file grows with data
+_SHARD_NAME = re.compile(r"t\d{4}-s\d{6}\.bin")
+
+
+def _tables_dict(tables: Any) -> dict[str, Any]:
+    if isinstance(tables, Mapping):
+        items: dict[str, Any] = {}
+        keys: dict[str, Any] = {}
+        for k, v in tables.items():
+            name = str(k)
+            if name in items:
+                raise ConfigError(
+                    f"tables has two entries named {name!r} (keys {keys[name]!r} and {k!r}); "
+                    "table names are strings and must be distinct"
+                )
+            items[name], keys[name] = v, k
+    elif isinstance(tables, Sequence) and not isinstance(tables, (str, bytes)):
+        items = {str(i): v for i, v in enumerate(tables)}
+    else:
+        raise ConfigError(
+            f"tables must be a dict {{name: source}} or a list of sources, got {type(tables).__name__}"
+        )
+    if not items:
+        raise ConfigError("tables is empty; give at least one table")
+    return items
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        n = os.write(fd, data)
+        data = data[n:]
+
+
+def _write_table(
+    root: str,
+    t: int,
+    src: Source,
+    info: fmt.TableInfo,
+    dtype: str,
+    allow_nonfinite: bool,
+    pool: ThreadPoolExecutor,
+    bar: Any,
+) -> list[tuple[fmt.ShardRecord, np.ndarray]]:
+    """Write the shard files of table ``t``; per shard its record and page CRCs."""
+    row_bytes = src.dim * src.array.dtype.itemsize
+    chunk_rows = max(info.rows_per_page, CHUNK_BYTES // max(1, row_bytes))
+    chunk_rows -= chunk_rows % info.rows_per_page  # every chunk but a shard's last is whole pages
+    fp8 = Fp8Pages(info, chunk_rows, _fp8_engine(), FP8_THREADS) if dtype == "fp8" else None
+    shards = []
+    try:
+        for s in range(info.shards):
+            shards.append(
+                _write_shard(
+                    root, t, s, src, info, dtype, allow_nonfinite, pool, bar, chunk_rows, fp8
+                )
+            )
+    finally:
+        if fp8 is not None:
+            fp8.close()
+    return shards
+
+
+def _fp8_engine() -> str:
+    if FP8_ENGINE is not None:
+        if FP8_ENGINE not in ("cuda", "cpu", "reference"):
+            raise ConfigError(
+                f"FP8_ENGINE={FP8_ENGINE!r}; allowed: None, 'cuda', 'cpu', 'reference'"
+            )
+        return FP8_ENGINE
+    return "cuda" if gpu_available() else "cpu"
+
+
+def _write_shard(
+    root: str,
+    t: int,
+    s: int,
+    src: Source,
+    info: fmt.TableInfo,
+    dtype: str,
+    allow_nonfinite: bool,
+    pool: ThreadPoolExecutor,
+    bar: Any,
+    chunk_rows: int,
+    fp8: Fp8Pages | None,
+) -> tuple[fmt.ShardRecord, np.ndarray]:
+    """Write shard ``s`` of table ``t``: its record and page CRCs."""
+    row_bytes = src.dim * src.array.dtype.itemsize
+    first, count = info.shard_rows(s)
+    name = fmt.shard_file_name(t, s)
+    fd = os.open(os.path.join(root, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    crcs: list[Any] = []  # futures of each chunk's page CRCs, in order
+    pending: Any = None  # the write of the previous chunk
+    length = 0
+    try:
+        for start in range(first, first + count, chunk_rows):
+            stop = min(start + chunk_rows, first + count)
+            # Prepare this chunk while the previous one is written and checksummed
+            # (os.write releases the GIL; the CRC loop runs in the pool's other thread).
+            if fp8 is not None:
+                data, slot = fp8.encode(src, start, stop, allow_nonfinite)
+            else:
+                block = src.read(start, stop)
+                if not allow_nonfinite:
+                    check_finite(block, src.name, start)
+                data = pack_pages(info, to_records(dtype, block))
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(_write_all, fd, memoryview(data.data))
+            crcs.append(pool.submit(fmt.page_crcs, data))
+            if fp8 is not None:
+                fp8.busy[slot] = [pending, crcs[-1]]
+            length += data.nbytes
+            if bar is not None:
+                bar.update((stop - start) * row_bytes)
+        if pending is not None:
+            pending.result()
+        page_crcs = np.concatenate([f.result() for f in crcs]).astype("<u4", copy=False)
+        os.fsync(fd)
+    finally:
+        for f in [pending, *crcs]:  # never close the file under a write still running
+            if f is not None:
+                f.exception()
+        os.close(fd)
+    if length != info.shard_bytes(s) or len(page_crcs) != info.shard_pages(s):
+        raise AssertionError(  # internal invariant of the layout arithmetic
+            f"shard {name}: wrote {length} bytes, layout says {info.shard_bytes(s)}"
+        )
+    rec = fmt.ShardRecord(
+        t, s, first, count, name, 0, length, len(page_crcs), crc32c.crc32c(page_crcs.tobytes())
+    )
+    return rec, page_crcs
+
+
+def _is_store(path: str) -> bool:
+    """A rowcache store's layout: ``index.lmdb`` plus shard files, nothing else."""
+    names = os.listdir(path)
+    if fmt.INDEX_NAME not in names or not os.path.isdir(os.path.join(path, fmt.INDEX_NAME)):
+        return False
+    return all(n == fmt.INDEX_NAME or _SHARD_NAME.fullmatch(n) for n in names)
+
+
+def _write_index(tmp: str, path: str, shard_recs: list[Any], meta: dict[str, Any]) -> None:
+    """Shard and page-CRC records, then the meta record in its own last transaction."""
+    index = os.path.join(tmp, fmt.INDEX_NAME)
+    shown = f"the index of {path} (built in {os.path.basename(tmp)})"
+    try:
+        # lock=False: the build directory is ours alone (flocked), and no lock.mdb is
+        # mapped, so a disk filling up cannot turn into a SIGBUS on the lock file.
+        env = lmdb.open(index, map_size=MAP_SIZE, subdir=True, lock=False)
+        try:
+            with env.begin(write=True) as txn:
+                for recs in shard_recs:
+                    for r, page_crcs in recs:
+                        txn.put(fmt.shard_key(r.table, r.shard), r.to_bytes())
+                        txn.put(fmt.crc_key(r.table, r.shard), page_crcs.tobytes())
+            # The meta record goes last, in its own transaction: without it the store never opens.
+            with env.begin(write=True) as txn:
+                txn.put(fmt.META_KEY, fmt.meta_to_bytes(meta))
+            env.sync(True)
+        finally:
+            env.close()
+    except lmdb.Error as e:
+        raise _explain_eio(lmdb_error(e, shown, "writing"), index) from e
+
+
+def _explain_eio(err: Exception, index: str) -> Exception:
+    """LMDB reports a short write (full disk, ``ulimit -f``) as EIO: name the cause."""
+    if not isinstance(err, OSError) or err.errno != errno.EIO:
+        return err
+    try:
+        st = os.statvfs(index)
+        if st.f_bavail * st.f_frsize < (1 << 20):
+            return OSError(errno.ENOSPC, f"{err.strerror} (the disk is full)")
+    except OSError:
+        pass
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if soft != resource.RLIM_INFINITY:
+        return OSError(
+            errno.EFBIG, f"{err.strerror} (the file size limit, ulimit -f, is {soft} bytes)"
+        )
+    return err
+
+
+def build_store(
+    path: str | os.PathLike[str],
+    tables: Any,
+    *,
+    dtype: str = "bf16",
+    overwrite: bool = False,
+    progress: bool = True,
+    shard_bytes: int = 1 << 30,
+    allow_nonfinite: bool = False,
+) -> RowStore:
+    """Build a store at ``path`` from ``tables`` and return it opened (a ``RowStore``).
+
+    Parameters
+    ----------
+    path : directory to create (must not exist unless ``overwrite=True``).
+    tables : ``{name: source}`` or a list of sources (named ``"0"``, ``"1"``, ...).
+        Names are compared as strings: ``{1: a, "1": b}`` is refused.
+        A source is a 2-D array ``[rows, dim]`` (``ml_dtypes.bfloat16``, float32 or
+        float16), a ``.npy`` path (bf16 may be stored as its uint16 view), or a
+        ``(file.safetensors, tensor_name)`` pair / ``"file.safetensors:tensor_name"``.
+    dtype : ``"bf16"`` (float sources round to nearest even) or ``"fp8"``
+        (quantize on build: per row, scale = amax(|x|)/448 in float32, 1.0 for an
+        all-zero row; codes = satfinite E4M3 of ``x / scale``, from the source values).
+    overwrite : replace what is at ``path``, which must be a rowcache store (of any
+        format version) or an empty directory; anything else is refused.
+    progress : show a progress bar (tqdm, on stderr).
+    shard_bytes : target shard file size (rounded down to whole pages, at least one).
+    allow_nonfinite : store NaN/Inf values as they are (refused by default, naming
+        the table, row and column of the first one).
+
+    Crash safety: the store is built in a sibling ``.NAME.building-*`` directory
+    (flocked while this build runs) whose meta record is committed last, then
+    exchanged with ``path`` in one atomic ``renameat2`` (see ``rowcache.store.replace``);
+    ``path`` holds the old or the new store at every instant, and an exception leaves
+    it as it was. Leftovers of earlier builds of ``path`` that no live build owns are
+    removed first. Disk full or an I/O error is an ``OSError`` with its errno.
+    """
+    if dtype not in fmt.DTYPES:
+        raise ConfigError(f"dtype={dtype!r} is not supported; allowed: {', '.join(fmt.DTYPES)}")
+    if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, int) or shard_bytes < 1:
+        raise ConfigError(f"shard_bytes={shard_bytes!r}: give a positive number of bytes")
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise ConfigError(f"path={path!r}: give the directory of the store to build")
+    path = os.path.abspath(os.fspath(path))
+    replace.recover(path)  # a half-done switch of an earlier build: put its store back first
+    if os.path.lexists(path) and not overwrite:
+        raise ConfigError(f"path {path!r} already exists; pass overwrite=True to replace it")
+    if os.path.lexists(path):
+        replace.check_replaceable(path, _is_store)
+    sources = [resolve_source(n, s) for n, s in _tables_dict(tables).items()]
+    infos = [fmt.TableInfo.make(s.name, s.rows, s.dim, dtype, shard_bytes) for s in sources]
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    replace.remove_leftovers(path)  # also finishes a half-done switch of an earlier build
+    tmp, lock = replace.new_sibling(path, "building")
+    try:
+        try:
+            shard_recs = _write_shards(tmp, sources, infos, dtype, allow_nonfinite, progress)
+            meta = {
+                "format": fmt.FORMAT_NAME,
+                "version": fmt.FORMAT_VERSION,
+                "page_size": fmt.PAGE,
+                "dtype": dtype,
+                "store_id": uuid.uuid4().hex,
+                "tables": [info.__dict__ for info in infos],
+                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "params": {
+                    "shard_bytes": shard_bytes,
+                    "sources": [s.origin for s in sources],
+                    "allow_nonfinite": allow_nonfinite,
+                    "fp8_rule": "scale=amax/448 (1 if 0); codes=satfinite_e4m3(x/scale)"
+                    if dtype == "fp8"
+                    else None,
+                },
+            }
+            _write_index(tmp, path, shard_recs, meta)
+            replace._step("committed")
+            # What is at `path` may have changed during a long build: check it again.
+            if os.path.lexists(path):
+                if not overwrite:
+                    raise ConfigError(
+                        f"path {path!r} appeared during the build; pass overwrite=True to replace it"
+                    )
+                replace.check_replaceable(path, _is_store)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        try:
+            replace.switch(tmp, path)
+        except BaseException:
+            # Whatever `tmp` holds now (our unused build, or the old store after the
+            # exchange) is garbage; a missing `path` is restored below.
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    finally:
+        lock.close()
+        if not os.path.lexists(path):
+            replace.recover(path)
+    return RowStore.open(path)
+
+
+def _write_shards(
+    tmp: str,
+    sources: list[Source],
+    infos: list[fmt.TableInfo],
+    dtype: str,
+    allow_nonfinite: bool,
+    progress: bool,
+) -> list[Any]:
+    total = sum(s.rows * s.dim * s.array.dtype.itemsize for s in sources)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"build {dtype}", leave=False)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            return [
+                _write_table(tmp, t, s, info, dtype, allow_nonfinite, pool, bar)
+                for t, (s, info) in enumerate(zip(sources, infos))
+            ]
+    finally:
+        if bar is not None:
+            bar.close()

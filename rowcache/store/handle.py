@@ -1,0 +1,385 @@
+"""``RowStore``: a read-only view of a built store, its row reads and its self-check.
+
+Owns opening a store (checking the LMDB file before LMDB maps it, validating the meta
+record, every shard record and its page CRCs, and every shard file's size up front,
+then closing the LMDB environment, so no LMDB handle outlives ``open`` and stores
+survive ``fork``), holding the opened store directory so a handle never reads a store
+that replaced it, validating row ids, ``read_rows`` (the ground truth the cache is
+tested against) and ``verify``. The I/O is ``rowcache.io.reader``, the index checks
+``rowcache.store.index``, the layout ``rowcache.store.format``, replacing stores ``rowcache.store.replace``.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rowcache.store import format as fmt
+from rowcache.store import replace
+from rowcache.errors import ConfigError, CorruptDataError, FormatError, RowRangeError, StoreChangedError
+from rowcache.store.index import check_lmdb_file, check_shard_files, lmdb_error, read_index
+from rowcache.io.reader import DEFAULT_MERGE_GAP, ReadStats, RowReader
+from rowcache.store.replace import Leftover, find_leftovers, remove_leftovers
+
+__all__ = [
+    "Leftover",
+    "RowStore",
+    "VerifyReport",
+    "check_lmdb_file",
+    "check_row_ids",
+    "find_leftovers",
+    "lmdb_error",
+    "remove_leftovers",
+]
+
+MAX_REPORTED_PAGES = 20  # bad pages listed per shard by verify(); the rest are counted
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Result of ``RowStore.verify()``: ``ok`` is true when ``problems`` is empty.
+
+    ``problems`` are one line each (a missing or mis-sized shard, a page whose CRC32C
+    does not match, with its table and rows); ``leftovers`` are the sibling directories
+    earlier builds left (they do not make the store bad; the next build removes them).
+    """
+
+    path: str
+    shards_checked: int
+    bytes_checked: int
+    problems: list[str] = field(default_factory=list)
+    pages_checked: int = 0
+    bad_pages: int = 0
+    leftovers: list[Leftover] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check_row_ids(row_ids: Any, rows: int, name: str = "row_ids") -> np.ndarray:
+    """``row_ids`` as int64 [n]; ConfigError/ValueError for bad types, RowRangeError for range."""
+    if type(row_ids).__module__.startswith("cupy"):
+        row_ids = row_ids.get()
+    raw = np.asarray(row_ids)
+    if raw.dtype.kind not in "iu" or raw.dtype == np.bool_:
+        if raw.size == 0 and raw.dtype.kind == "f":
+            raw = raw.astype(np.int64)
+        else:
+            raise ConfigError(f"{name} must be an integer array, got dtype {raw.dtype}")
+    if raw.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(raw.shape)}")
+    ids = raw.astype(np.int64, copy=False)
+    # One pass: as unsigned, a negative id is huge, so a single compare catches both ends
+    # (a uint64 id >= 2**63 wraps negative here and is caught the same way).
+    if ids.size and int(ids.view(np.uint64).max()) >= rows:
+        bad = int(np.flatnonzero((ids < 0) | (ids >= rows))[0])
+        raise RowRangeError(
+            f"{name}[{bad}] = {int(raw[bad])} is outside the table's rows [0, {rows})"
+        )
+    return ids
+
+
+def _pinned_root(dirfd: int, path: str) -> str:
+    """A path that names the directory behind ``dirfd`` whatever is renamed to ``path``
+    later (Linux ``/proc/self/fd``); ``path`` itself where there is no such path."""
+    p = f"/proc/self/fd/{dirfd}"
+    try:
+        if os.stat(p).st_ino == os.fstat(dirfd).st_ino:
+            return p
+    except OSError:
+        pass
+    return path
+
+
+class RowStore:
+    """A store opened read-only. Use :meth:`open`; see ``rowcache.build_store``.
+
+    A handle reads the store it opened: it holds the store's directory from ``open``
+    on, so a build that replaces ``path`` meanwhile is never read through it; if the
+    replaced store's files are gone when a read needs them, the read raises
+    ``StoreChangedError`` (open ``path`` again). ``page_crcs[t][s]`` is the uint32
+    CRC32C of every 4 KiB page of shard ``s`` of table ``t``.
+
+    Thread safety: ``read_rows``/``read_records`` may be called from several
+    threads at once (the reader owns per-call buffers).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        dtype: str,
+        tables: list[fmt.TableInfo],
+        shards: list[list[fmt.ShardRecord]],
+        meta: dict[str, Any],
+        reader: RowReader,
+        *,
+        page_crcs: list[list[np.ndarray]] | None = None,
+        root: str | None = None,
+        dirfd: int = -1,
+    ) -> None:
+        self.path = path
+        self.dtype = dtype
+        self.tables = tables
+        self.shards = shards
+        self.meta = meta
+        self.reader = reader
+        self.page_crcs = page_crcs if page_crcs is not None else []
+        self.root = root if root is not None else path  # where this handle's files are
+        self._dirfd = dirfd
+        self._close_dir = weakref.finalize(self, os.close, dirfd) if dirfd >= 0 else None
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        queue_depth: int = 32,
+        direct: bool = False,
+        merge_gap: int = DEFAULT_MERGE_GAP,
+        check_shards: bool = True,
+    ) -> RowStore:
+        """Open the store at ``path``; FormatError naming the field if anything is off.
+
+        ``queue_depth``, ``direct`` and ``merge_gap`` configure the row reader
+        (see ``rowcache.io.reader.RowReader``). ``check_shards``: a missing shard file or
+        one of the wrong size is a ``CorruptDataError`` (pass False to open a damaged
+        store anyway, to ``verify`` it). A half-done switch of an interrupted build is
+        finished first (see ``rowcache.store.replace.recover``).
+        """
+        path = os.path.abspath(os.fspath(path))
+        if not os.path.lexists(path):
+            replace.recover(path)
+        try:
+            dirfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            raise FormatError(f"{path}: no such directory, so no rowcache store") from None
+        except NotADirectoryError:
+            raise FormatError(f"{path}: not a directory, so not a rowcache store") from None
+        try:
+            root = _pinned_root(dirfd, path)
+            dtype, tables, shards, crcs, meta = read_index(root, path)
+            check_shard_files(dirfd, path, tables, shards, missing_ok=not check_shards)
+            reader = RowReader(
+                root,
+                tables,
+                [[r.file for r in recs] for recs in shards],
+                queue_depth=queue_depth,
+                direct=direct,
+                merge_gap=merge_gap,
+                page_crcs=crcs,
+            )
+        except BaseException:
+            os.close(dirfd)
+            raise
+        return cls(
+            path, dtype, tables, shards, meta, reader, page_crcs=crcs, root=root, dirfd=dirfd
+        )
+
+    def new_reader(self, cls: type[RowReader] = RowReader, **kw: Any) -> RowReader:
+        """Another reader (``cls``: RowReader or a subclass) over this handle's files,
+        with its page CRCs where ``cls`` takes them; ``kw`` are its settings."""
+        files = [[r.file for r in recs] for recs in self.shards]
+        kw.setdefault("page_crcs", self.page_crcs)
+        return cls(self.root, self.tables, files, **kw)
+
+    @property
+    def store_id(self) -> str | None:
+        """The random id the build gave this store (differs between any two builds)."""
+        return self.meta.get("store_id")
+
+    def changed(self) -> bool:
+        """True if ``path`` no longer holds the store this handle opened."""
+        if self._dirfd < 0:
+            return False
+        try:
+            st = os.fstat(self._dirfd)
+            cur = os.stat(self.path)
+        except OSError:
+            return True
+        return st.st_nlink == 0 or (cur.st_dev, cur.st_ino) != (st.st_dev, st.st_ino)
+
+    def _changed_error(self, e: CorruptDataError) -> CorruptDataError:
+        msg = str(e)
+        if self.root != self.path:  # name the store, not /proc/self/fd/N
+            msg = msg.replace(self.root, self.path)
+        if isinstance(e, StoreChangedError) or not self.changed():
+            return type(e)(msg) if msg != str(e) else e
+        return StoreChangedError(
+            f"{self.path}: the store this handle opened was replaced or removed since "
+            f"(a read needed a file it no longer has: {msg}); open the path again"
+        )
+
+    # -- tables ------------------------------------------------------------
+    def table_index(self, table: str | int) -> int:
+        """Index of ``table`` given by name or index; ConfigError listing the tables."""
+        if isinstance(table, (int, np.integer)) and not isinstance(table, bool):
+            if 0 <= int(table) < len(self.tables):
+                return int(table)
+        elif isinstance(table, str):
+            for i, t in enumerate(self.tables):
+                if t.name == table:
+                    return i
+        names = [t.name for t in self.tables]
+        shown = names if len(names) <= 16 else [*names[:16], "..."]
+        raise ConfigError(
+            f"table={table!r} is not in this store; it has {len(names)} tables: {shown} "
+            f"(or an index 0..{len(names) - 1})"
+        )
+
+    def table_info(self, table: str | int) -> fmt.TableInfo:
+        return self.tables[self.table_index(table)]
+
+    # -- reads -------------------------------------------------------------
+    def read_records(
+        self, table: str | int, rows: np.ndarray, out: np.ndarray | None = None
+    ) -> tuple[np.ndarray, ReadStats]:
+        """Raw records of **sorted unique, in-range** ``rows`` (the cache's fault path)."""
+        try:
+            return self.reader.read_records(self.table_index(table), rows, out)
+        except CorruptDataError as e:
+            err = self._changed_error(e)
+            if err is e:
+                raise
+            raise err from e
+
+    def read_rows(self, table: str | int, row_ids: Any) -> Any:
+        """Rows ``row_ids`` of ``table``, straight from disk, in request order.
+
+        Parameters
+        ----------
+        table : name or index.
+        row_ids : int[n], any order, duplicates allowed.
+
+        Returns
+        -------
+        bfloat16[n, dim] for a BF16 store, or ``(codes uint8[n, dim], scales float32[n])``
+        for an FP8 store.
+        """
+        t = self.table_index(table)
+        info = self.tables[t]
+        ids = check_row_ids(row_ids, info.rows)
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        records, _ = self.read_records(t, uniq)
+        decoded = fmt.decode_records(self.dtype, info.dim, records)
+        if self.dtype == "bf16":
+            assert isinstance(decoded, np.ndarray)
+            return decoded[inverse]
+        codes, scales = decoded
+        return codes[inverse], scales[inverse]
+
+    # -- checks ------------------------------------------------------------
+    def leftovers(self) -> list[Leftover]:
+        """Sibling directories earlier builds of this path left (see ``find_leftovers``)."""
+        return find_leftovers(self.path)
+
+    def verify(self, *, progress: bool = False) -> VerifyReport:
+        """Check every shard file: present, of the right size, every page's CRC32C.
+
+        Each bad page is one problem naming the shard file, page, offset, table and
+        rows (at most ``MAX_REPORTED_PAGES`` per shard, the rest counted).
+        """
+        problems: list[str] = []
+        total = sum(r.length for recs in self.shards for r in recs)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, unit="B", unit_scale=True, desc="verify", leave=False)
+        checked = pages = bad_pages = nshards = 0
+        buf = np.empty(16 << 20, dtype=np.uint8)
+        try:
+            for t, recs in enumerate(self.shards):
+                for r in recs:
+                    nshards += 1
+                    got = self._verify_shard(t, r, buf, problems, bar)
+                    if got is not None:
+                        checked += got[0]
+                        pages += got[1]
+                        bad_pages += got[2]
+        finally:
+            if bar is not None:
+                bar.close()
+        return VerifyReport(
+            self.path, nshards, checked, problems, pages, bad_pages, self.leftovers()
+        )
+
+    def _verify_shard(
+        self, t: int, r: fmt.ShardRecord, buf: np.ndarray, problems: list[str], bar: Any
+    ) -> tuple[int, int, int] | None:
+        """(bytes, pages, bad pages) of one shard, appending its problems."""
+        where = f"(table {self.tables[t].name!r}, shard {r.shard})"
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = (
+                os.open(r.file, flags, dir_fd=self._dirfd)
+                if self._dirfd >= 0
+                else os.open(os.path.join(self.path, r.file), flags)
+            )
+        except FileNotFoundError:
+            problems.append(f"{r.file}: missing {where}")
+            return None
+        except OSError as e:
+            problems.append(f"{r.file}: cannot be read {where}: {e}")
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            if size != r.length:
+                problems.append(f"{r.file}: {size} bytes, expected {r.length} {where}")
+                return None
+            want = self.page_crcs[t][r.shard]
+            bad: list[int] = []
+            off = 0
+            while off < r.length:
+                n = os.preadv(fd, [memoryview(buf.data)[: min(buf.size, r.length - off)]], off)
+                n -= n % fmt.PAGE
+                if n <= 0:
+                    problems.append(f"{r.file}: shrank to {off} bytes while being read {where}")
+                    return off, off // fmt.PAGE, len(bad)
+                p0 = off // fmt.PAGE
+                got = fmt.page_crcs(buf[:n])
+                for p in np.flatnonzero(got != want[p0 : p0 + len(got)]).tolist():
+                    if len(bad) < MAX_REPORTED_PAGES:
+                        problems.append(self._bad_page(t, r, p0 + p, int(got[p])))
+                    bad.append(p0 + p)
+                off += n
+                if bar is not None:
+                    bar.update(n)
+            if len(bad) > MAX_REPORTED_PAGES:
+                problems.append(
+                    f"{r.file}: {len(bad) - MAX_REPORTED_PAGES} more bad pages {where} "
+                    f"(pages {bad[MAX_REPORTED_PAGES]}..{bad[-1]})"
+                )
+            return r.length, r.pages, len(bad)
+        finally:
+            os.close(fd)
+
+    def _bad_page(self, t: int, r: fmt.ShardRecord, page: int, got: int) -> str:
+        info = self.tables[t]
+        lp = page * fmt.PAGE // info.page_bytes  # the layout page holding this 4 KiB page
+        first = r.first_row + lp * info.rows_per_page
+        last = min(first + info.rows_per_page, r.first_row + r.rows) - 1
+        rows = f"rows {first}..{last}" if last > first else f"row {first}"
+        want = int(self.page_crcs[t][r.shard][page])
+        return (
+            f"{r.file}: page {page} (offset {page * fmt.PAGE}) CRC32C {got:08x} != recorded "
+            f"{want:08x}: table {info.name!r} {rows} (shard {r.shard}) are corrupt"
+        )
+
+    def close(self) -> None:
+        self.reader.close()
+        if self._close_dir is not None:
+            self._close_dir()
+
+    def __enter__(self) -> RowStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RowStore({self.path!r}, dtype={self.dtype!r}, tables={len(self.tables)})"

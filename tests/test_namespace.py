@@ -1,0 +1,52 @@
+"""One import namespace: rowcache installs `rowcache` alone, beside transformers and
+Hugging Face's `kernels` (which transformers >= 5.25 requires and imports)."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_distribution_installs_one_top_level_name(tmp_path):
+    """setuptools' own metadata (egg_info: no compile) names ``rowcache`` as the one
+    top-level import package, and ships every subpackage and every ``.cu`` source."""
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    info = next(tmp_path.glob("*.egg-info"))
+    assert (info / "top_level.txt").read_text().split() == ["rowcache"]
+    shipped = (info / "SOURCES.txt").read_text().split()
+    packages = {str(p.parent.relative_to(ROOT)) for p in (ROOT / "rowcache").rglob("__init__.py")}
+    for pkg in packages:
+        assert f"{pkg}/__init__.py" in shipped, f"{pkg} would not ship"
+    for cu in (ROOT / "rowcache").rglob("*.cu"):
+        assert str(cu.relative_to(ROOT)) in shipped, f"{cu} would not ship"
+
+
+def test_rowcache_beside_transformers_and_hf_kernels():
+    """In one process: rowcache's packages, then transformers' Llama and LongCat modeling
+    code, which import Hugging Face's ``kernels`` (``CUDAProperties`` among its names)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("kernels")
+    code = (
+        "import rowcache, rowcache.embed, rowcache.kernels\n"
+        "import transformers.models.llama.modeling_llama\n"
+        "import transformers.models.longcat_flash.modeling_longcat_flash\n"
+        "import kernels\n"
+        "from kernels import CUDAProperties\n"
+        "import rowcache.embed.torch.module\n"
+        "print(kernels.__file__)\n"
+    )
+    # run from a folder holding nothing importable, so only installed packages are found
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tests" / "embed",
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "rowcache" not in pathlib.Path(proc.stdout.strip()).parts, proc.stdout
+

@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _dist_version
 
-from rowcache.store.builder import build_store
+from rowcache.cache.prefetch import PrefetchHandle
 from rowcache.cache.row_cache import CacheStats, NgramRowCache
 from rowcache.errors import (
     ArenaExhaustedError,
@@ -22,8 +22,8 @@ from rowcache.errors import (
     RowRangeError,
     StoreChangedError,
 )
+from rowcache.store.builder import build_store
 from rowcache.store.format import TableInfo
-from rowcache.cache.prefetch import PrefetchHandle
 from rowcache.store.handle import RowStore, VerifyReport
 
 try:

@@ -16,10 +16,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rowcache.kernels.reference import scatter_records_reference
-
 from rowcache.cache.state import CacheState
 from rowcache.io.reader import RowReader
+from rowcache.kernels.reference import scatter_records_reference
 
 DEFERRED = np.empty(0, dtype=np.int32)
 """What a resolve whose read was deferred returns (its slots are known at the commit);

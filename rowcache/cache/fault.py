@@ -15,14 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from rowcache.cache.buffers import FaultBuffers
+from rowcache.cache.deferred import DEFERRED
+from rowcache.cache.lru import sorted_unique
+from rowcache.errors import ArenaExhaustedError
+from rowcache.io.reader import RowReader
 from rowcache.kernels.host import HOST_THREADS
 from rowcache.kernels.reference import scatter_records_reference
-
-from rowcache.cache.deferred import DEFERRED
-from rowcache.errors import ArenaExhaustedError
-from rowcache.cache.buffers import FaultBuffers
-from rowcache.cache.lru import sorted_unique
-from rowcache.io.reader import RowReader
 from rowcache.store.handle import check_row_ids
 
 # Rows (all parts) from which the native miss path splits a large call's plan and commit over

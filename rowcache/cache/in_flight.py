@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rowcache.cache.state import BUSY_READ, BUSY_READING, CacheState
 from rowcache.cache.prefetch import PrefetchBuffers, PrefetchJob
+from rowcache.cache.state import BUSY_READ, BUSY_READING, CacheState
 
 
 def _member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:

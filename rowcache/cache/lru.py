@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.host import HOST_THREADS, TOUCH_THREADS, USABLE_CPUS
-
 from rowcache.cache.state import CacheState
+from rowcache.kernels.host import HOST_THREADS, TOUCH_THREADS, USABLE_CPUS
 from rowcache.store.handle import check_row_ids
 
 # An all-hits call of at least this many ids returns after its scan and leaves the

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.cache.state import BUSY_READ, BUSY_READING
-from rowcache.errors import CorruptDataError
 from rowcache.cache.in_flight import InFlightRows
 from rowcache.cache.lru import sorted_unique
 from rowcache.cache.prefetch import PrefetchBuffers, PrefetchHandle, PrefetchJob
+from rowcache.cache.state import BUSY_READ, BUSY_READING
+from rowcache.errors import CorruptDataError
 from rowcache.store.handle import check_row_ids
 
 PIECE_ROWS = 1024

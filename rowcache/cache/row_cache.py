@@ -49,17 +49,16 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import require_cupy
-from rowcache.kernels.host import native as _native
-
 from rowcache.cache.deferred import DeferredFaults
 from rowcache.cache.device_map import DeviceMap
-from rowcache.errors import ConfigError
 from rowcache.cache.fault import FaultPath
-from rowcache.store.format import TableInfo
 from rowcache.cache.lru import DEFER_MIN, LruLog, SettlingLock, sorted_unique  # noqa: F401  (sorted_unique: likewise)
 from rowcache.cache.prefetch import PrefetchBuffers, PrefetchJob
 from rowcache.cache.prefetch_book import PrefetchBook
+from rowcache.errors import ConfigError
+from rowcache.kernels.host import native as _native
+from rowcache.kernels.loader import require_cupy
+from rowcache.store.format import TableInfo
 from rowcache.store.handle import RowStore, check_row_ids
 
 POLICIES = ("lru",)

@@ -13,8 +13,8 @@ import os
 import re
 from typing import Any
 
-from rowcache.tools.demo import LONGCAT_VOCAB, DemoConfig, DemoReport, run_demo
 from rowcache.errors import ConfigError
+from rowcache.tools.demo import LONGCAT_VOCAB, DemoConfig, DemoReport, run_demo
 from rowcache.tools.tokens import tokenizer_json_path
 
 
@@ -132,9 +132,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     except ConfigError as e:
         raise ConfigError(_as_flags(str(e))) from e
     if cfg.device == "cuda":
-        from rowcache.kernels.loader import require_cupy
-
         from rowcache.errors import GpuUnavailableError
+        from rowcache.kernels.loader import require_cupy
 
         try:
             require_cupy("rowcache demo --device cuda")

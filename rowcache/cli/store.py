@@ -12,11 +12,11 @@ import json
 import os
 from typing import Any
 
-from rowcache.store.builder import build_store
 from rowcache.cli.app import inform, positive_float
 from rowcache.errors import ConfigError, FormatError
-from rowcache.store.sources import safetensors_header
+from rowcache.store.builder import build_store
 from rowcache.store.handle import RowStore
+from rowcache.store.sources import safetensors_header
 
 PAGE = 4096
 

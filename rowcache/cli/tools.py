@@ -201,7 +201,9 @@ def _print_profile(rep: Any) -> None:
         print(f"\npolicies on a SHARDS sample of table {rep.policy_table} (per access):")
         print(f"{'rows':>12} " + " ".join(f"{p:>7}" for p in rep.policies))
         for i, s in enumerate(sizes.tolist()):
-            vals = " ".join(format_cell(float(c.miss_ratio[i]), ".4f", 7) for c in rep.policies.values())
+            vals = " ".join(
+                format_cell(float(c.miss_ratio[i]), ".4f", 7) for c in rep.policies.values()
+            )
             print(f"{s:>12,} {vals}")
     print(
         f"\n{NA}: below the table's min feasible rows (a server step's distinct rows must "

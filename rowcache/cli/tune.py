@@ -21,7 +21,7 @@ from rowcache.cli.app import (
     positive_int,
 )
 from rowcache.cli.store import human_bytes
-from rowcache.cli.tools import NA, emit_json, format_cell, output_flags, check_writable
+from rowcache.cli.tools import NA, check_writable, emit_json, format_cell, output_flags
 from rowcache.errors import ConfigError
 
 

@@ -11,12 +11,17 @@ never imports torch).
 
 from __future__ import annotations
 
+from rowcache.embed.checkpoint import (
+    Checkpoint,
+    load_ngram_embedding,
+    load_pretrained,
+    table_sources,
+)
+from rowcache.embed.layer import NgramEmbedding, StaticStep
 from rowcache.embed.ngram.batch import NgramBatch, hash_positions
-from rowcache.embed.checkpoint import Checkpoint, load_ngram_embedding, load_pretrained, table_sources
 from rowcache.embed.ngram.context import NgramBatchContext, NgramContext
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.ngram.ids import ngram_ids, ngram_ids_loop_reference
-from rowcache.embed.layer import NgramEmbedding, StaticStep
 from rowcache.embed.overlay.overlay import OverlayAdapterInfo, TokenOverlay
 from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
 

@@ -19,13 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from rowcache.embed.layer import NgramEmbedding
+from rowcache.embed.ngram.dims import NgramDims
+from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
 from rowcache.errors import ConfigError, FormatError
 from rowcache.store.format import record_bytes
 from rowcache.store.sources import safetensors_header, safetensors_tensor
-
-from rowcache.embed.ngram.dims import NgramDims
-from rowcache.embed.layer import NgramEmbedding
-from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
 
 WORD_NAMES = ("model.embed_tokens.weight", "model.ngram_embeddings.word_embeddings.weight")
 TABLE_NAME = "model.ngram_embeddings.embedders.{i}.weight"

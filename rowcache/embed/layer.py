@@ -20,24 +20,23 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import is_device_array, require_cupy
-from rowcache.kernels.ngram.hash import TokenRangeError, ngram_hash
-from rowcache.kernels.reference import BF16
-from rowcache.kernels.ngram.stacked import StackedTables
-from rowcache.errors import ConfigError
 from rowcache.cache.prefetch import PrefetchHandle
-
-from rowcache.embed.ngram.batch import NgramBatch
-from rowcache.embed.step.cached_groups import CachedGroups
-from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.layer_inputs import check_gemm_splits, check_tables, stack_projs
 from rowcache.embed.lookahead import prefetch_step
-from rowcache.embed.step.staging import GEMM_SPLITS, GEMM_SPLITS_MAX, Staging
+from rowcache.embed.ngram.batch import NgramBatch
+from rowcache.embed.ngram.dims import NgramDims
+from rowcache.embed.step.cached_groups import CachedGroups
 from rowcache.embed.step.composed import ComposedStep
 from rowcache.embed.step.fused import FusedStep
 from rowcache.embed.step.graph import GraphStep, StaticStep
 from rowcache.embed.step.rows import RowsStep
+from rowcache.embed.step.staging import GEMM_SPLITS, GEMM_SPLITS_MAX, Staging
 from rowcache.embed.tables import CachedTable
+from rowcache.errors import ConfigError
+from rowcache.kernels.loader import is_device_array, require_cupy
+from rowcache.kernels.ngram.hash import TokenRangeError, ngram_hash
+from rowcache.kernels.ngram.stacked import StackedTables
+from rowcache.kernels.reference import BF16
 
 
 class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, RowsStep):

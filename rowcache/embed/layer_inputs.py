@@ -12,13 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import is_device_array
-from rowcache.kernels.gemm import split_k
-from rowcache.kernels.reference import BF16
-from rowcache.errors import ConfigError
-
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
+from rowcache.errors import ConfigError
+from rowcache.kernels.gemm import split_k
+from rowcache.kernels.loader import is_device_array
+from rowcache.kernels.reference import BF16
 
 _TABLE_TYPES = (Bf16Table, Fp8Table, CachedTable)
 

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 import rowcache.kernels
+from rowcache.errors import ConfigError
 from rowcache.kernels.loader import is_device_array, require_cupy
 from rowcache.kernels.reference import BF16
-from rowcache.errors import ConfigError
 
 _U8 = np.dtype(np.uint8)
 _U16 = np.dtype(np.uint16)

@@ -17,12 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import require_cupy
-
-from rowcache.store import format as fmt
 from rowcache.errors import GpuUnavailableError
 from rowcache.io.plan import Plan
 from rowcache.io.reader import RowReader
+from rowcache.kernels.loader import require_cupy
+from rowcache.store import format as fmt
 
 
 def kvikio_module() -> Any:

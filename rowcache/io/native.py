@@ -16,9 +16,9 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from rowcache.store import format as fmt
 from rowcache.errors import ConfigError, CorruptDataError, RowRangeError
 from rowcache.io.pyengine import PythonEngine
+from rowcache.store import format as fmt
 
 try:
     from rowcache.io import _rcio  # type: ignore[attr-defined]

@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rowcache.store import format as fmt
 from rowcache.errors import ConfigError
+from rowcache.store import format as fmt
 
 ALIGN = fmt.PAGE
 

@@ -16,10 +16,10 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from rowcache.store import format as fmt
-from rowcache.io.checksum import page_crcs as _page_crcs
 from rowcache.errors import CorruptDataError
+from rowcache.io.checksum import page_crcs as _page_crcs
 from rowcache.io.plan import ALIGN, Plan
+from rowcache.store import format as fmt
 
 SHORT = -1  # err code of a read that hit the end of file before the bytes it needed
 

@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.store import format as fmt
 from rowcache.errors import ConfigError, CorruptDataError
 from rowcache.io.native import NATIVE_BUILT, PREADV, NativeEngine, ReadStats
 from rowcache.io.plan import ALIGN, ReadPlanner
 from rowcache.io.pyengine import PythonEngine
+from rowcache.store import format as fmt
 
 DEFAULT_MERGE_GAP = 16 << 10
 ENGINES = ("auto", "uring", "threads", "python")

@@ -6,10 +6,11 @@ or the CUDA kernel accordingly; the results are bit-identical where the spec say
 
 from __future__ import annotations
 
-from rowcache.kernels.loader import gpu_available
 from rowcache.kernels.gather import batched_embed, batched_embed_fp8
 from rowcache.kernels.gemm import gemm_bf16_f32, gemm_bf16_f32_parts, scale_sum
+from rowcache.kernels.loader import gpu_available
 from rowcache.kernels.ngram.hash import hash_gather, ngram_hash
+from rowcache.kernels.ngram.stacked import StackedTables, gather_stacked
 from rowcache.kernels.overlay.routed import (
     embed_overlay_routed,
     embed_rowdiff,
@@ -18,7 +19,6 @@ from rowcache.kernels.overlay.routed import (
 )
 from rowcache.kernels.quantize import quantize_fp8
 from rowcache.kernels.scatter import scatter_records
-from rowcache.kernels.ngram.stacked import StackedTables, gather_stacked
 
 __all__ = [
     "StackedTables",

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import get_kernel, is_device_array, require_cupy
 from rowcache.errors import ConfigError
+from rowcache.kernels.loader import get_kernel, is_device_array, require_cupy
 from rowcache.kernels.reference import BF16, batched_embed_fp8_reference, batched_embed_reference
 
 _SOURCE = "gather.cu"

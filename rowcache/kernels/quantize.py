@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import get_kernel, is_device_array, require_cupy
 from rowcache.errors import ConfigError
 from rowcache.kernels.gather import check_array, check_rows_contiguous, describe
+from rowcache.kernels.loader import get_kernel, is_device_array, require_cupy
 from rowcache.kernels.reference import BF16, quantize_fp8_reference
 
 _SOURCE = "quantize.cu"

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import RawLaunch, get_kernel, is_device_array, require_cupy
 from rowcache.errors import ConfigError
 from rowcache.kernels.gather import (
     check_array,
@@ -23,6 +22,7 @@ from rowcache.kernels.gather import (
     row_launch,
     vector_bytes,
 )
+from rowcache.kernels.loader import RawLaunch, get_kernel, is_device_array, require_cupy
 from rowcache.kernels.reference import BF16, scatter_records_reference
 
 _SOURCE = "scatter.cu"

@@ -29,14 +29,13 @@ import crc32c
 import lmdb
 import numpy as np
 
+from rowcache.errors import ConfigError
 from rowcache.kernels.loader import gpu_available
-
 from rowcache.store import format as fmt
 from rowcache.store import replace
-from rowcache.store.pages import Fp8Pages, check_finite, pack_pages, to_records
-from rowcache.errors import ConfigError
-from rowcache.store.sources import Source, resolve_source
 from rowcache.store.handle import RowStore, lmdb_error
+from rowcache.store.pages import Fp8Pages, check_finite, pack_pages, to_records
+from rowcache.store.sources import Source, resolve_source
 
 CHUNK_BYTES = 32 << 20  # input bytes per streamed chunk
 # FP8 quantize engine: None picks "cuda" when a GPU is usable, else "cpu" (native C over

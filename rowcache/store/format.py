@@ -35,8 +35,8 @@ from typing import Any, Literal
 import ml_dtypes
 import numpy as np
 
-from rowcache.io import checksum
 from rowcache.errors import ConfigError, FormatError
+from rowcache.io import checksum
 
 PAGE = 4096
 FORMAT_NAME = "rowcache-store"
@@ -80,7 +80,9 @@ def page_crcs(data: np.ndarray) -> np.ndarray:
     """CRC32C of each 4 KiB page of ``data`` (uint8, a whole number of pages): uint32[pages]
     (``rowcache.io.checksum.page_crcs``: one C loop with the GIL released where built)."""
     if np.asarray(data).nbytes % PAGE:
-        raise ValueError(f"page_crcs needs whole {PAGE}-byte pages, got {np.asarray(data).nbytes} bytes")
+        raise ValueError(
+            f"page_crcs needs whole {PAGE}-byte pages, got {np.asarray(data).nbytes} bytes"
+        )
     return checksum.page_crcs(data)
 
 

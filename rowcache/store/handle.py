@@ -18,11 +18,17 @@ from typing import Any
 
 import numpy as np
 
+from rowcache.errors import (
+    ConfigError,
+    CorruptDataError,
+    FormatError,
+    RowRangeError,
+    StoreChangedError,
+)
+from rowcache.io.reader import DEFAULT_MERGE_GAP, ReadStats, RowReader
 from rowcache.store import format as fmt
 from rowcache.store import replace
-from rowcache.errors import ConfigError, CorruptDataError, FormatError, RowRangeError, StoreChangedError
 from rowcache.store.index import check_lmdb_file, check_shard_files, lmdb_error, read_index
-from rowcache.io.reader import DEFAULT_MERGE_GAP, ReadStats, RowReader
 from rowcache.store.replace import Leftover, find_leftovers, remove_leftovers
 
 __all__ = [

@@ -19,8 +19,8 @@ import crc32c
 import lmdb
 import numpy as np
 
-from rowcache.store import format as fmt
 from rowcache.errors import CorruptDataError, FormatError
+from rowcache.store import format as fmt
 
 _ERRNO_OF_TEXT = {os.strerror(n): n for n in sorted(errno.errorcode)}
 _LMDB_MAGIC = 0xBEEFC0DE

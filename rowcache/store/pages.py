@@ -16,11 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from rowcache.errors import ConfigError
 from rowcache.kernels import quantize as _quantize
 from rowcache.kernels.reference import quantize_fp8_reference
-
 from rowcache.store import format as fmt
-from rowcache.errors import ConfigError
 from rowcache.store.sources import BF16, Source
 
 

@@ -177,14 +177,13 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> DemoReport:
     """Run the demo described by ``cfg``; see the module docstring."""
     from tqdm import tqdm
 
+    from rowcache.cache.row_cache import NgramRowCache
+    from rowcache.embed.layer import NgramEmbedding
     from rowcache.embed.ngram.context import NgramContext
     from rowcache.embed.ngram.dims import NgramDims
-    from rowcache.embed.layer import NgramEmbedding
     from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
     from rowcache.kernels.reference import BF16
-
     from rowcache.store.builder import build_store
-    from rowcache.cache.row_cache import NgramRowCache
 
     t_start = time.perf_counter()
     dims = NgramDims(

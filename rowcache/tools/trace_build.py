@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.ngram.hash import ngram_hash
-
 from rowcache.errors import ConfigError
+from rowcache.kernels.ngram.hash import ngram_hash
 from rowcache.tools.trace import (
     MANIFEST,
     TRACE_FORMAT,

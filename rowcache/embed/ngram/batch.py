@@ -17,13 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import is_device_array
-from rowcache.kernels.host import hash_packed
-from rowcache.kernels.host import hash_positions_reference as hash_positions
-from rowcache.errors import ConfigError
-
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.ngram.ids import check_tokens
+from rowcache.errors import ConfigError
+from rowcache.kernels.host import hash_packed
+from rowcache.kernels.host import hash_positions_reference as hash_positions
+from rowcache.kernels.loader import is_device_array
 
 _I64 = np.dtype(np.int64)
 # up to these many sequences / tokens are checked on Python ints: each NumPy call costs

@@ -14,12 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import array_module, is_device_array
-from rowcache.errors import ConfigError
-
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.ngram.ids import check_tokens
+from rowcache.errors import ConfigError
+from rowcache.kernels.loader import array_module, is_device_array
 
 _I64 = np.dtype(np.int64)
 

@@ -12,11 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from rowcache.embed.ngram.dims import NgramDims
+from rowcache.errors import ConfigError
 from rowcache.kernels.loader import is_device_array
 from rowcache.kernels.ngram.hash import ngram_hash
-from rowcache.errors import ConfigError
-
-from rowcache.embed.ngram.dims import NgramDims
 
 
 def check_tokens(

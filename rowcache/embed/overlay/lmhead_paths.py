@@ -12,6 +12,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+from rowcache.errors import ConfigError
 from rowcache.kernels.overlay.routed import (
     AUTO_PACKED_PATH,
     GEMM_MIN_ROWS,
@@ -25,7 +26,6 @@ from rowcache.kernels.overlay.routed import (
     prepare_gemm_capture,
 )
 from rowcache.kernels.reference import BF16
-from rowcache.errors import ConfigError
 
 _CAP_ROUND = 256  # rows: the packed LM-head table grows in these steps
 _BATCH_ROUND = 16  # rows of the GEMM path's P workspace

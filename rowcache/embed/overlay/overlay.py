@@ -17,6 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from rowcache.embed.overlay.lmhead_paths import LmHeadPaths
+from rowcache.embed.overlay.tables import OverlayPart, OverlayTables, describe_array, to_host
+from rowcache.errors import ConfigError, GpuUnavailableError
 from rowcache.kernels.loader import is_device_array, require_cupy
 from rowcache.kernels.overlay.routed import (
     DEFAULT_LMHEAD_TILE,
@@ -33,10 +36,6 @@ from rowcache.kernels.overlay.routed import (
     lmhead_overlay_routed_reference,
 )
 from rowcache.kernels.reference import BF16
-from rowcache.errors import ConfigError, GpuUnavailableError
-
-from rowcache.embed.overlay.lmhead_paths import LmHeadPaths
-from rowcache.embed.overlay.tables import OverlayTables, describe_array, OverlayPart, to_host
 
 _DEVICES = ("cpu", "cuda")
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from rowcache.errors import ConfigError
 from rowcache.kernels.loader import is_device_array
 from rowcache.kernels.overlay.routed import MMA_ALIGN, embed_rowdiff
 from rowcache.kernels.reference import BF16
-from rowcache.errors import ConfigError
 
 
 @dataclass

@@ -13,13 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import get_kernel, launch_1d
-from rowcache.kernels.gemm import gemm_bf16_f32_parts, scale_sum
-from rowcache.kernels.ngram.stacked import gather_stacked
-
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.step.device import DeviceStep, pack_upload
 from rowcache.embed.tables import CachedTable
+from rowcache.kernels.gemm import gemm_bf16_f32_parts, scale_sum
+from rowcache.kernels.loader import get_kernel, launch_1d
+from rowcache.kernels.ngram.stacked import gather_stacked
 
 
 class ComposedStep:

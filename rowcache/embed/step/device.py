@@ -12,9 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.reference import BF16
-
 from rowcache.embed.ngram.batch import NgramBatch
+from rowcache.kernels.reference import BF16
 
 
 class StepShape:

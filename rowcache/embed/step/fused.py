@@ -15,12 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from rowcache.embed.ngram.batch import NgramBatch
+from rowcache.embed.step.device import DeviceStep, StepShape, pack_upload, upload_words
 from rowcache.kernels.gemm import gemm_bf16_f32_parts, scale_sum
 from rowcache.kernels.ngram.hash import hash_gather
 from rowcache.kernels.ngram.stacked import copy_from_mapped
-
-from rowcache.embed.ngram.batch import NgramBatch
-from rowcache.embed.step.device import DeviceStep, pack_upload, StepShape, upload_words
 
 
 class FusedStep:

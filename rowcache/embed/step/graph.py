@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rowcache.embed.ngram.batch import NgramBatch
+from rowcache.embed.step.device import DeviceStep, StepShape, pack_upload
+from rowcache.errors import ConfigError
 from rowcache.kernels.gemm import gemm_bf16_f32_parts, scale_sum
 from rowcache.kernels.reference import BF16
-from rowcache.errors import ConfigError
-
-from rowcache.embed.ngram.batch import NgramBatch
-from rowcache.embed.step.device import DeviceStep, pack_upload, StepShape
 
 
 class GraphStep:

@@ -18,13 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import is_device_array
+from rowcache.embed.ngram.batch import NgramBatch
+from rowcache.errors import ConfigError
 from rowcache.kernels.gemm import gemm_bf16_f32_parts, scale_sum
+from rowcache.kernels.loader import is_device_array
 from rowcache.kernels.ngram.rows import first_bad_token, hash_gather_rows, rows_packed
 from rowcache.kernels.reference import BF16
-from rowcache.errors import ConfigError
-
-from rowcache.embed.ngram.batch import NgramBatch
 
 _D2H = 2  # cudaMemcpyDeviceToHost
 

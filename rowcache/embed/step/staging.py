@@ -12,12 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from rowcache.embed.ngram.batch import NgramBatch
+from rowcache.embed.ngram.dims import NgramDims
+from rowcache.embed.step.device import DeviceStep
 from rowcache.kernels.gemm import split_k
 from rowcache.kernels.reference import BF16
-
-from rowcache.embed.ngram.batch import NgramBatch
-from rowcache.embed.step.device import DeviceStep
-from rowcache.embed.ngram.dims import NgramDims
 
 # Parts of the projection GEMM by rows per step: (at most this many rows, parts).
 # Measured on an H200 at LongCat's shape ([n, 3072] x [3072, 3072], bench/embed.py's

@@ -21,13 +21,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from rowcache.kernels.reference import BF16
-from rowcache.errors import ConfigError
-
-from rowcache.embed.torch import packed as torch_packed
 from rowcache.embed.checkpoint import load_pretrained
 from rowcache.embed.layer import NgramEmbedding
-from rowcache.embed.torch.views import MAX_VIEWS, capturing, check_token_ids, raw_stream, TensorViews
+from rowcache.embed.torch import packed as torch_packed
+from rowcache.embed.torch.views import (
+    MAX_VIEWS,
+    TensorViews,
+    capturing,
+    check_token_ids,
+    raw_stream,
+)
+from rowcache.errors import ConfigError
+from rowcache.kernels.reference import BF16
 
 
 class TorchNgramEmbedding(torch.nn.Module):
@@ -62,7 +67,9 @@ class TorchNgramEmbedding(torch.nn.Module):
     def __init__(self, emb: NgramEmbedding, *, overlay: Any = None) -> None:
         super().__init__()
         if not isinstance(emb, NgramEmbedding):
-            raise ConfigError(f"emb must be an rowcache.embed.NgramEmbedding, got {type(emb).__name__}")
+            raise ConfigError(
+                f"emb must be an rowcache.embed.NgramEmbedding, got {type(emb).__name__}"
+            )
         if overlay is not None and not hasattr(overlay, "apply_embed"):
             raise ConfigError(
                 f"overlay must be an rowcache.embed.overlay.overlay.TokenOverlay, got {type(overlay).__name__}"

@@ -14,13 +14,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from rowcache.kernels.reference import BF16
-from rowcache.errors import ConfigError
-
+from rowcache.embed.layer import NgramEmbedding
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.ngram.dims import NgramDims
-from rowcache.embed.layer import NgramEmbedding
 from rowcache.embed.torch.views import check_token_ids
+from rowcache.errors import ConfigError
+from rowcache.kernels.reference import BF16
 
 
 class Plan(NamedTuple):
@@ -47,7 +46,9 @@ def plan(
         if mask is not None:
             raise ConfigError("attention_mask goes with a [B, C] ngram_context, not a list")
         dev = ids.device
-        rows = [check_token_ids(f"ngram_context[{b}]", c, dev, 1)[-keep:] for b, c in enumerate(ctx)]
+        rows = [
+            check_token_ids(f"ngram_context[{b}]", c, dev, 1)[-keep:] for b, c in enumerate(ctx)
+        ]
         clens = np.fromiter((r.shape[0] for r in rows), dtype=np.int64, count=B)
         tokens = torch.cat([t for b in range(B) for t in (rows[b], ids[b])])
         return Plan(tokens.numpy() if cpu else tokens, clens + L, np.full(B, L), None)

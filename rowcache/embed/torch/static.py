@@ -12,11 +12,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rowcache.errors import ConfigError
-
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.torch.module import TorchNgramEmbedding
 from rowcache.embed.torch.views import capturing, raw_stream
+from rowcache.errors import ConfigError
 
 _D2H = 2  # cudaMemcpyDeviceToHost
 

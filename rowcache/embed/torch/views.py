@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rowcache.kernels.reference import BF16
 from rowcache.errors import ConfigError
+from rowcache.kernels.reference import BF16
 
 
 def cupy_view(t: torch.Tensor, owner: Any = True) -> Any:

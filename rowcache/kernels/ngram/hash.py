@@ -13,9 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import get_kernel, is_device_array, launch_1d, require_cupy
 from rowcache.errors import ConfigError
-from rowcache.kernels.ngram.stacked import StackedTables, gather_args, item_launch, gather_stacked_reference
+from rowcache.kernels.loader import get_kernel, is_device_array, launch_1d, require_cupy
+from rowcache.kernels.ngram.stacked import (
+    StackedTables,
+    gather_args,
+    gather_stacked_reference,
+    item_launch,
+)
 
 _SOURCE = "ngram/ngram.cu"
 

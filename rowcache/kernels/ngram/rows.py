@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import get_kernel, require_cupy
 from rowcache.errors import ConfigError
+from rowcache.kernels.loader import get_kernel, require_cupy
 from rowcache.kernels.ngram.hash import hash_gather_reference
 from rowcache.kernels.ngram.stacked import StackedTables, gather_args, item_launch
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import is_device_array
 from rowcache.errors import ConfigError
+from rowcache.kernels.loader import is_device_array
 from rowcache.kernels.reference import BF16
 
 
@@ -46,7 +46,9 @@ def check_int_1d(name: str, a: Any, *, length: int | None = None) -> None:
     if getattr(a, "ndim", None) != 1 or a.dtype.kind not in "iu":
         raise ConfigError(f"{name} must be a 1-D integer array, got {describe_array(a)}")
     if length is not None and a.shape[0] != length:
-        raise ConfigError(f"{name} must have {length} entries (one per row), got {describe_array(a)}")
+        raise ConfigError(
+            f"{name} must have {length} entries (one per row), got {describe_array(a)}"
+        )
 
 
 def check_route(seq_slot: Any, active: Any, n: int) -> int:

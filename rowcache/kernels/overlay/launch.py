@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import get_kernel, is_device_array, require_cupy
 from rowcache.errors import ConfigError
+from rowcache.kernels.loader import get_kernel, is_device_array, require_cupy
 from rowcache.kernels.overlay.checks import describe_array
 
 SOURCE = "overlay/overlay.cu"

@@ -13,21 +13,21 @@ from typing import Any
 
 import numpy as np
 
+from rowcache.errors import ConfigError
 from rowcache.kernels.cublas import capture_workspace, gemm_ex
 from rowcache.kernels.loader import get_kernel, require_cupy
-from rowcache.errors import ConfigError
 from rowcache.kernels.overlay.checks import check_packed_call, check_table, describe_array
 from rowcache.kernels.overlay.launch import (
-    MAX_GRID,
-    SCATTER_BLOCK,
     DEFAULT_MMA_CONFIG,
+    MAX_GRID,
     MMA_CONFIGS,
+    SCATTER_BLOCK,
     SOURCE,
     aligned,
+    as_u16,
     logits_launch_arg,
     mma_kernel,
     slot_arg,
-    as_u16,
 )
 from rowcache.kernels.overlay.pack import MMA_TILE
 

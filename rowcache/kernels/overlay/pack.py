@@ -13,9 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import is_device_array, require_cupy
 from rowcache.errors import ConfigError
-from rowcache.kernels.overlay.checks import describe_array, paired_adapters, check_bf16_2d, check_int_1d
+from rowcache.kernels.loader import is_device_array, require_cupy
+from rowcache.kernels.overlay.checks import (
+    check_bf16_2d,
+    check_int_1d,
+    describe_array,
+    paired_adapters,
+)
 
 MMA_TILE = 16  # rows of the packed table per tile; a tile holds one adapter's rows only
 # Each adapter's block of the packed table starts at a multiple of this many rows, so a

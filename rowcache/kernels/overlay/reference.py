@@ -15,14 +15,14 @@ import numpy as np
 
 from rowcache.errors import ConfigError
 from rowcache.kernels.overlay.checks import (
+    check_bf16_2d,
+    check_int_1d,
     check_logits,
     check_pair,
+    check_route,
     check_thresh,
     paired_adapters,
     route_slots,
-    check_bf16_2d,
-    check_int_1d,
-    check_route,
 )
 from rowcache.kernels.overlay.pack import MMA_TILE
 

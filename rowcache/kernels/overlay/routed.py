@@ -16,20 +16,19 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.kernels.loader import get_kernel, is_device_array, require_cupy
 from rowcache.errors import ConfigError
+from rowcache.kernels.loader import get_kernel, is_device_array, require_cupy
 from rowcache.kernels.overlay.checks import (
+    check_bf16_2d,
+    check_int_1d,
     check_pair,
+    check_route,
     check_table,
     check_thresh,
     describe_array,
-    check_bf16_2d,
-    check_int_1d,
-    check_route,
 )
 from rowcache.kernels.overlay.launch import (
     BLOCK,
-    WARPS,
     DEFAULT_LMHEAD_TILE,
     DEFAULT_MMA_CONFIG,
     KERNEL_NAMES,
@@ -38,12 +37,13 @@ from rowcache.kernels.overlay.launch import (
     MMA_KERNEL_NAMES,
     ROW_TILE,
     SOURCE,
+    WARPS,
     aligned,
+    as_u16,
+    compile_overlay_kernels,
     grid_size,
     logits_launch_arg,
     slot_arg,
-    as_u16,
-    compile_overlay_kernels,
 )
 from rowcache.kernels.overlay.lmhead import (
     gemm_rows_t,
@@ -222,7 +222,9 @@ def lmhead_overlay_routed(
             f"logits must be a 2-D float32 or bfloat16 array, got {describe_array(logits)}"
         )
     if logits.shape[0] != n or not logits.flags.c_contiguous:
-        raise ConfigError(f"logits must be C-contiguous with {n} rows, got {describe_array(logits)}")
+        raise ConfigError(
+            f"logits must be C-contiguous with {n} rows, got {describe_array(logits)}"
+        )
     act = check_route(seq_slot, active, n)
     num = id_ptrs.shape[0] if getattr(id_ptrs, "ndim", None) == 1 else -1
     check_table("id_ptrs", id_ptrs, np.uint64, num)

@@ -166,6 +166,7 @@ class DeferredFaults(CacheState):
         rows it claimed from prefetches), as :meth:`_resolve_native` commits after its
         read; a failed read commits nothing (its launch wrote nothing) and raises."""
         d = self._deferred
+        assert d is not None  # called only with a deferred fault pending
         self._deferred = None
         t0, t1, t2 = d.times
         t3 = time.perf_counter()

@@ -11,6 +11,7 @@ engine's messages (``rowcache.io.pyengine``), on the same read plan.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -67,6 +68,12 @@ class NativeEngine:
     _fd_arr: np.ndarray
     _fd: Any
     _crc: np.ndarray | None
+    # the Python engine's (RowReader's other base): the plan and the named errors it raises
+    plan_parts: Callable[..., Any]
+    read_runs: Callable[..., Any]
+    _raise_read: Callable[..., NoReturn]
+    _raise_page: Callable[..., NoReturn]
+    _read_extents: Callable[..., Any]
     _crc_base: np.ndarray
 
     def _native_reader(self) -> Any:
@@ -218,9 +225,9 @@ class NativeEngine:
             raise CorruptDataError(f"table {self.tables[t].name!r}: shard {sh} was not open")
         if st == 4:
             k = int(np.searchsorted(bounds, a, side="right")) - 1
-            t = self.tables[int(tables[k])]
+            info = self.tables[int(tables[k])]
             raise RowRangeError(
-                f"row {b} of table {t.name!r} is out of range (the table has {t.rows} rows)"
+                f"row {b} of table {info.name!r} is out of range (the table has {info.rows} rows)"
             )
         parts = [
             (int(t), rows[bounds[k] : bounds[k + 1]] - bases[k])

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 try:  # built by `pip install -e .` (setup.py); optional so that a missing compiler still installs
-    from rowcache.kernels import _host as native
+    from rowcache.kernels import _host as native  # type: ignore[attr-defined, unused-ignore]
 except ImportError:  # pragma: no cover - exercised where no compiler was available
     native: Any = None  # type: ignore[no-redef]
 

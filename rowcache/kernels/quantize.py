@@ -111,7 +111,7 @@ def quantize_fp8(x: Any, *, codes: Any = None, scales: Any = None) -> tuple[Any,
 # --- the builder's FP8 path: records straight into shard pages --------------------------
 
 try:  # built by `pip install -e .` (setup.py); optional: without it the reference runs
-    from rowcache.kernels import _quantize as _native
+    from rowcache.kernels import _quantize as _native  # type: ignore[attr-defined, unused-ignore]
 except ImportError:  # pragma: no cover - exercised where no compiler was available
     _native: Any = None  # type: ignore[no-redef]
 

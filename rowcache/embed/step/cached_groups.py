@@ -220,6 +220,7 @@ class CachedGroups:
                             host_word = w.get() if batch.on_device else np.asarray(w)
                         parts.append(host_word)
                     else:
+                        assert host_ids is not None  # hashed above: a member m >= 0
                         parts.append(host_ids[self._cached_pos[m]])
                 gid = np.stack(parts).astype(np.int64, copy=False) + offsets[:, None]
             yield cache, members, gid, pos

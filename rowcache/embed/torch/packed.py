@@ -111,6 +111,7 @@ def run(
     batch = NgramBatch(emb.dims, tokens, p.ctx_lens, p.seq_lens)
     emb.embed_packed(batch, out=dest, **kw)
     if fill is not None:
+        assert scratch is not None  # fill is set only with dest None (plan)
         out.zero_()
         out[fill] = scratch
 

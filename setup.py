@@ -1,13 +1,21 @@
 """Native extensions of rowcache (metadata lives in pyproject.toml).
 
 Three small C modules, each the smallest piece that reaches a measured target Python
-cannot (see bench/RESULTS.md), each tested against its Python reference:
-``rowcache._rcio`` (a fault step's reads: io_uring through raw system calls or a pread
-pool, page checksums, the record cut) and ``kernels._host`` (the packed host hash and
-the row cache's all-hits path), ``kernels._quantize`` (the builder's FP8 quantize, straight
-into shard pages). They need only a C compiler and libc. Where one cannot
-be built the Python paths run instead (same results, slower), so a failed compile is a
-warning, not a failed install.
+cannot (see bench/RESULTS.md), each tested against its Python reference. Their sources
+are in csrc/, one file per concept, each with its own header where other files use it:
+
+- ``rowcache.io._rcio`` (csrc/rcio.c): a fault step's reads: io_uring through raw system
+  calls or a pread pool, page checksums, the record cut. Linux only.
+- ``rowcache.kernels._host``: the packed host hash (csrc/ngram_hash.c) and the row cache's
+  LRU: the all-hits path and the log's compaction (csrc/lru_hits.c), the miss plan and
+  commit (csrc/lru_miss.c), the deferred touch (csrc/lru_touch.c); their thread pool
+  (csrc/pool.c), buffer helpers (csrc/pybuf.c) and method table (csrc/host_module.c).
+- ``rowcache.kernels._quantize`` (csrc/quantize.c): the builder's FP8 quantize, straight
+  into shard pages.
+
+They need only a C compiler and libc. Where one cannot be built the Python paths run
+instead (same results, slower), so a failed compile is a warning, not a failed install.
+The sdist ships csrc/ (MANIFEST.in).
 """
 
 import sys
@@ -30,17 +38,22 @@ class OptionalBuildExt(build_ext):
             print(f"warning: {ext.name} not built ({e}); using its Python path", file=sys.stderr)
 
 
+HOST_SOURCES = ["host_module", "pool", "pybuf", "ngram_hash", "lru_hits", "lru_miss", "lru_touch"]
+HOST_HEADERS = ["pool", "pybuf", "ngram_hash", "lru_hits", "lru_miss", "lru_touch"]
+
 ext_modules = [
     Extension(
-        "kernels._host",
-        ["kernels/_host.c"],
-        depends=["kernels/_pool.h", "kernels/_lru_miss.h", "kernels/_touch.h"],
+        "rowcache.kernels._host",
+        [f"csrc/{name}.c" for name in HOST_SOURCES],
+        include_dirs=["csrc"],
+        depends=[f"csrc/{name}.h" for name in HOST_HEADERS],
         extra_compile_args=["-O3", "-Wall", "-Wextra", "-std=c11", "-pthread"],
         extra_link_args=["-pthread"],
     ),
     Extension(
-        "kernels._quantize",
-        ["kernels/_quantize.c"],
+        "rowcache.kernels._quantize",
+        ["csrc/quantize.c"],
+        include_dirs=["csrc"],
         # IEEE float32 as NumPy computes it: no contraction into FMAs, no fast-math.
         extra_compile_args=["-O3", "-Wall", "-Wextra", "-std=c11", "-ffp-contract=off"],
     ),
@@ -48,8 +61,9 @@ ext_modules = [
 if sys.platform.startswith("linux"):
     ext_modules.append(
         Extension(
-            "rowcache._rcio",
-            ["rowcache/_rcio.c"],
+            "rowcache.io._rcio",
+            ["csrc/rcio.c"],
+            include_dirs=["csrc"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=gnu11"],
             extra_link_args=["-pthread"],
         )

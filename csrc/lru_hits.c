@@ -1,193 +1,28 @@
-/* kernels._host: the per-step host kernels of a cached embedding step.
+/* csrc/lru_hits.c: lru_hits and lru_compact of rowcache.kernels._host, and the pieces of the
+ * row cache's LRU that the miss path and the deferred touch reuse.
  *
- * hash_packed: LongCat n-gram ids of the embedded positions of a packed batch
- *   (docs/ngram-spec.md), with an optional per-table offset added (global ids of a
- *   shared arena). Tokens come checked (embed.batch.NgramBatch checks them once).
- * lru_hits: the all-hits path of NgramRowCache.resolve: map ids to slots, and when
- *   every row is resident, pin and touch the call's unique slots in ascending row
- *   order (the cache's tie rule) in the LRU log.
- * lru_plan, lru_commit: the bookkeeping of a resolve with misses, around its read:
- *   dedup, exhaustion test and victims (changing nothing), then, once the reads
- *   succeeded, the maps, pins, LRU log and per-part miss counts (kernels/_lru_miss.h).
- * lru_compact: the LRU log's compaction.
- *
- * All are bit-exact with their references (embed.batch.hash_positions and
- * NgramRowCache's Python paths), checked by tests/kernels/test_host.py and
- * tests/rowcache/test_miss_native.py. Arrays come in through the buffer protocol
- * (C-contiguous, checked item sizes); the GIL is released for the whole call. No
- * library beyond libc and Python.
- *
- * lru_hits and hash_packed take an optional thread count: a large call (a prefill
- * step's tens of thousands of ids) is split over up to that many threads (the caller's
- * and the workers of kernels/_pool.h, kept between calls). lru_hits gives each a
- * contiguous part of the ids (the parts of a shared arena's step are its tables, whose
- * global ids are disjoint ranges); hash_packed gives each a run of tables. Results are
- * identical whatever the count.
+ * lru_hits: the all-hits path of NgramRowCache.resolve: map ids to slots, and when every
+ *   row is resident, pin and touch the call's unique slots in ascending row order (the
+ *   cache's tie rule) in the LRU log. A large call is split into contiguous parts of the
+ *   ids on the step's pool (csrc/pool.c): the parts of a shared arena's step are its
+ *   tables, whose global ids are disjoint ranges.
+ * lru_compact: the LRU log's compaction (rc_compact_log, also the miss path's and the
+ *   toucher's).
+ * The sort of a call's ids (rc_radix_sort, rc_sort_ids) and a part's scan and touch
+ * (rc_hits_scan, rc_hits_touch) are the miss path's and the toucher's too.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "_pool.h" /* parallel(): the worker threads kept between calls */
-
-typedef struct {
-    Py_buffer view;
-    int held;
-} Buf;
-
-static int get_buf(PyObject *obj, Buf *b, Py_ssize_t itemsize, int writable, const char *name) {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    b->held = 0;
-    if (PyObject_GetBuffer(obj, &b->view, flags) < 0) {
-        return -1;
-    }
-    b->held = 1;
-    if (b->view.itemsize != itemsize) {
-        PyErr_Format(PyExc_TypeError, "%s: expected %zd-byte items, got %zd", name, itemsize,
-                     b->view.itemsize);
-        return -1;
-    }
-    return 0;
-}
-
-static void release(Buf *bufs, int n) {
-    for (int i = 0; i < n; i++) {
-        if (bufs[i].held) {
-            PyBuffer_Release(&bufs[i].view);
-            bufs[i].held = 0;
-        }
-    }
-}
-
-#define COUNT(b) ((b).view.len / (b).view.itemsize)
-#define PF 16 /* software prefetch distance (iterations) of the random-access loops */
-/* Threads for `work` items given `threads` wanted, at least `grain` items each. */
-static int split_count(int threads, Py_ssize_t work, Py_ssize_t grain) {
-    Py_ssize_t k = work / grain;
-    if (k > threads) {
-        k = threads;
-    }
-    if (k > MAXT) {
-        k = MAXT;
-    }
-    return k < 1 ? 1 : (int)k;
-}
-
-typedef struct {
-    const int64_t *tok, *ctx, *seq, *mult, *rows, *off;
-    int64_t *out;
-    Py_ssize_t S, N, n, T;
-    long long eos;
-    Py_ssize_t t0, t1; /* this part's tables */
-} HashJob;
-
-#define HASH_GRAIN 4096 /* ids (positions x tables) a hash_packed thread at least */
-
-/* The ids of tables [t0, t1) at every embedded position. */
-static void *hash_tables(void *arg) {
-    const HashJob *h = arg;
-    const int64_t *tok = h->tok, *ctx = h->ctx, *seq = h->seq, *mult = h->mult, *rows = h->rows;
-    const int64_t *off = h->off;
-    int64_t *out = h->out;
-    Py_ssize_t S = h->S, N = h->N, n = h->n;
-    long long eos = h->eos;
-    Py_ssize_t begin = 0, r = 0;
-    int64_t xs[16];
-    for (Py_ssize_t s = 0; s < S; s++) {
-        for (Py_ssize_t t = begin + ctx[s] - seq[s]; t < begin + ctx[s]; t++, r++) {
-            /* j = 0 always counts; j >= 1 until the sequence start or an EOS in t-j..t-1 */
-            xs[0] = tok[t];
-            int live = 1;
-            for (Py_ssize_t j = 1; j < N; j++) {
-                if (live && (t - j < begin || tok[t - j] == eos)) {
-                    live = 0; /* an EOS at t-j (or the start) stops terms >= j */
-                }
-                xs[j] = live ? tok[t - j] : 0;
-            }
-            for (Py_ssize_t i = h->t0; i < h->t1; i++) {
-                int64_t acc = 0;
-                const int64_t *m = mult + i * N;
-                for (Py_ssize_t j = 0; j < N; j++) {
-                    acc += m[j] * xs[j];
-                }
-                acc %= rows[i];
-                out[i * n + r] = off ? acc + off[i] : acc;
-            }
-        }
-        begin += ctx[s];
-    }
-    return NULL;
-}
-
-/* hash_packed(tokens i64[L], ctx_lens i64[S], seq_lens i64[S], mult i64[T, N],
- *             rows i64[T], N, offsets i64[T] | None, eos, out i64[T, n][, threads]) -> None
- * threads (default 1): the tables are split into up to that many runs (each at least
- * HASH_GRAIN ids), hashed in parallel. */
-static PyObject *hash_packed(PyObject *self, PyObject *args) {
-    PyObject *o_tok, *o_ctx, *o_seq, *o_mult, *o_rows, *o_off, *o_out;
-    long long eos;
-    Py_ssize_t N;
-    int threads = 1;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOOnOLO|i", &o_tok, &o_ctx, &o_seq, &o_mult, &o_rows, &N,
-                          &o_off, &eos, &o_out, &threads)) {
-        return NULL;
-    }
-    Buf b[7];
-    memset(b, 0, sizeof b);
-    int has_off = o_off != Py_None;
-    if (get_buf(o_tok, &b[0], 8, 0, "tokens") || get_buf(o_ctx, &b[1], 8, 0, "ctx_lens") ||
-        get_buf(o_seq, &b[2], 8, 0, "seq_lens") || get_buf(o_mult, &b[3], 8, 0, "mult") ||
-        get_buf(o_rows, &b[4], 8, 0, "rows") ||
-        (has_off && get_buf(o_off, &b[5], 8, 0, "offsets")) ||
-        get_buf(o_out, &b[6], 8, 1, "out")) {
-        release(b, 7);
-        return NULL;
-    }
-    const int64_t *tok = b[0].view.buf, *ctx = b[1].view.buf, *seq = b[2].view.buf;
-    const int64_t *mult = b[3].view.buf, *rows = b[4].view.buf;
-    const int64_t *off = has_off ? b[5].view.buf : NULL;
-    int64_t *out = b[6].view.buf;
-    Py_ssize_t L = COUNT(b[0]), S = COUNT(b[1]), T = COUNT(b[4]);
-    if (COUNT(b[2]) != S || N < 1 || N > 16 || COUNT(b[3]) != T * N ||
-        (has_off && COUNT(b[5]) != T)) {
-        release(b, 7);
-        PyErr_SetString(PyExc_ValueError, "hash_packed: inconsistent shapes");
-        return NULL;
-    }
-    Py_ssize_t n = 0, total = 0;
-    for (Py_ssize_t s = 0; s < S; s++) {
-        if (ctx[s] < 0 || seq[s] < 0 || seq[s] > ctx[s]) {
-            release(b, 7);
-            PyErr_SetString(PyExc_ValueError, "hash_packed: bad ctx_lens/seq_lens");
-            return NULL;
-        }
-        n += seq[s];
-        total += ctx[s];
-    }
-    if (total != L || COUNT(b[6]) != T * n) {
-        release(b, 7);
-        PyErr_SetString(PyExc_ValueError, "hash_packed: lengths do not match tokens/out");
-        return NULL;
-    }
-    HashJob job[MAXT];
-    int K = split_count(threads < T ? threads : (int)T, n * T, HASH_GRAIN);
-    for (int k = 0; k < K; k++) {
-        job[k] = (HashJob){tok, ctx, seq, mult, rows, off, out, S, N, n, T, eos,
-                           T * k / K, T * (k + 1) / K};
-    }
-    Py_BEGIN_ALLOW_THREADS
-    parallel(K, hash_tables, (char *)job, sizeof job[0]);
-    Py_END_ALLOW_THREADS
-    release(b, 7);
-    Py_RETURN_NONE;
-}
+#include "lru_hits.h"
+#include "pool.h"
+#include "pybuf.h"
 
 /* LSD radix sort of n non-negative int32 keys (< 2**31) in a, using tmp[n]. */
-static void radix_sort(int32_t *a, int32_t *tmp, Py_ssize_t n) {
+void rc_radix_sort(int32_t *a, int32_t *tmp, Py_ssize_t n) {
     if (n <= 32) {
         for (Py_ssize_t i = 1; i < n; i++) {
             int32_t v = a[i];
@@ -232,32 +67,16 @@ static void radix_sort(int32_t *a, int32_t *tmp, Py_ssize_t n) {
 }
 
 /* keys[0:n] = ids[0:n] (in range: < 2**31) as int32, sorted, with tmp[n] as the buffer. */
-static void sort_ids(const int64_t *ids, int32_t *keys, int32_t *tmp, Py_ssize_t n) {
+void rc_sort_ids(const int64_t *ids, int32_t *keys, int32_t *tmp, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
         keys[i] = (int32_t)ids[i];
     }
-    radix_sort(keys, tmp, n);
+    rc_radix_sort(keys, tmp, n);
 }
-
-#define HITS_GRAIN 4096 /* ids an lru_hits thread at least */
-
-typedef struct {
-    const int64_t *ids;
-    const int32_t *row_slot;
-    int64_t *last_used;
-    int32_t *log, *log_pos, *out, *scr;
-    Py_ssize_t n, S;
-    long long rows, batch;
-    Py_ssize_t lo, hi;      /* this part's ids */
-    int status;             /* 0, 1 (a miss) or 2 (ids[bad] out of range) */
-    Py_ssize_t bad, n_u;    /* first bad id; distinct ids of the part */
-    Py_ssize_t base, fresh; /* its first log position; slots newly pinned */
-    int keys_only;          /* the scan of lru_scan: keys copied for a later sort */
-} HitsPart;
 
 /* Phase 1 of a part: range check, slots of its ids, and its ids sorted (scr[lo:hi],
  * scr[n + lo: n + hi] as the sort's buffer) with their distinct count. */
-static void *hits_scan(void *arg) {
+void *rc_hits_scan(void *arg) {
     HitsPart *h = arg;
     const int64_t *ids = h->ids;
     const int32_t *row_slot = h->row_slot;
@@ -286,13 +105,13 @@ static void *hits_scan(void *arg) {
         return NULL;
     }
     int32_t *scr = h->scr + lo;
-    if (h->keys_only) { /* the deferred touch sorts them (kernels/_touch.h) */
+    if (h->keys_only) { /* the deferred touch sorts them (csrc/lru_touch.c) */
         for (Py_ssize_t i = lo; i < hi; i++) {
             h->scr[i] = (int32_t)ids[i];
         }
         return NULL;
     }
-    sort_ids(ids + lo, scr, h->scr + h->n + lo, hi - lo);
+    rc_sort_ids(ids + lo, scr, h->scr + h->n + lo, hi - lo);
     Py_ssize_t n_u = hi > lo;
     for (Py_ssize_t i = 1; i < hi - lo; i++) {
         n_u += scr[i] != scr[i - 1];
@@ -302,7 +121,7 @@ static void *hits_scan(void *arg) {
 }
 
 /* Phase 2 of a part: pin its distinct slots and log them from log[base], ascending. */
-static void *hits_touch(void *arg) {
+void *rc_hits_touch(void *arg) {
     HitsPart *h = arg;
     const int32_t *row_slot = h->row_slot, *scr = h->scr + h->lo;
     int64_t *last_used = h->last_used;
@@ -341,7 +160,7 @@ static void *hits_touch(void *arg) {
 
 /* The status of a scan split into K parts: 2 with *bad the first bad id (as a serial scan
  * finds it), else 1 when a part has a miss, else 0. */
-static int scan_status(const HitsPart *part, int K, Py_ssize_t *bad) {
+int rc_scan_status(const HitsPart *part, int K, Py_ssize_t *bad) {
     int status = 0;
     for (int k = 0; k < K; k++) {
         if (part[k].status == 2) {
@@ -366,7 +185,7 @@ static int scan_status(const HitsPart *part, int K, Py_ssize_t *bad) {
  * least HITS_GRAIN ids), scanned and sorted in parallel; when the parts' sorted ids are
  * disjoint ascending ranges (a shared arena's step: one part per table, or within one),
  * they are logged in parallel too, else the whole call is sorted and logged by one. */
-static PyObject *lru_hits(PyObject *self, PyObject *args) {
+PyObject *rc_lru_hits(PyObject *self, PyObject *args) {
     PyObject *o_ids, *o_rs, *o_lu, *o_log, *o_lp, *o_out, *o_scr;
     long long rows, batch;
     Py_ssize_t tail;
@@ -378,22 +197,22 @@ static PyObject *lru_hits(PyObject *self, PyObject *args) {
     }
     Buf b[7];
     memset(b, 0, sizeof b);
-    if (get_buf(o_ids, &b[0], 8, 0, "ids") || get_buf(o_rs, &b[1], 4, 0, "row_slot") ||
-        get_buf(o_lu, &b[2], 8, 1, "last_used") || get_buf(o_log, &b[3], 4, 1, "log") ||
-        get_buf(o_lp, &b[4], 4, 1, "log_pos") || get_buf(o_out, &b[5], 4, 1, "out") ||
-        get_buf(o_scr, &b[6], 4, 1, "scratch")) {
-        release(b, 7);
+    if (rc_buf_get(o_ids, &b[0], 8, 0, "ids") || rc_buf_get(o_rs, &b[1], 4, 0, "row_slot") ||
+        rc_buf_get(o_lu, &b[2], 8, 1, "last_used") || rc_buf_get(o_log, &b[3], 4, 1, "log") ||
+        rc_buf_get(o_lp, &b[4], 4, 1, "log_pos") || rc_buf_get(o_out, &b[5], 4, 1, "out") ||
+        rc_buf_get(o_scr, &b[6], 4, 1, "scratch")) {
+        rc_buf_release(b, 7);
         return NULL;
     }
     Py_ssize_t n = COUNT(b[0]), R = COUNT(b[1]), S = COUNT(b[2]), cap = COUNT(b[3]);
     if (COUNT(b[4]) != S || COUNT(b[5]) < n || COUNT(b[6]) < 2 * n || rows > R || tail < 0 ||
         tail > cap) {
-        release(b, 7);
+        rc_buf_release(b, 7);
         PyErr_SetString(PyExc_ValueError, "lru_hits: inconsistent shapes");
         return NULL;
     }
     HitsPart part[MAXT];
-    int K = split_count(threads, n, HITS_GRAIN);
+    int K = rc_split_count(threads, n, HITS_GRAIN);
     for (int k = 0; k < K; k++) {
         part[k] = (HitsPart){b[0].view.buf, b[1].view.buf, b[2].view.buf, b[3].view.buf,
                              b[4].view.buf, b[5].view.buf, b[6].view.buf, n, S, rows, batch,
@@ -402,8 +221,8 @@ static PyObject *lru_hits(PyObject *self, PyObject *args) {
     int status = 0;
     Py_ssize_t a = 0, c = tail;
     Py_BEGIN_ALLOW_THREADS
-    parallel(K, hits_scan, (char *)part, sizeof part[0]);
-    status = scan_status(part, K, &a);
+    rc_pool_parallel(K, rc_hits_scan, (char *)part, sizeof part[0]);
+    status = rc_scan_status(part, K, &a);
     if (status == 0 && K > 1) {
         int32_t *scr = b[6].view.buf;
         int disjoint = 1;
@@ -414,7 +233,7 @@ static PyObject *lru_hits(PyObject *self, PyObject *args) {
             part[0].lo = 0;
             part[0].hi = n;
             K = 1;
-            hits_scan(&part[0]);
+            rc_hits_scan(&part[0]);
         }
     }
     if (status == 0) {
@@ -426,7 +245,7 @@ static PyObject *lru_hits(PyObject *self, PyObject *args) {
         if (tail + n_u > cap) { /* the Python path's test: room for the distinct slots */
             status = 3;
         } else {
-            parallel(K, hits_touch, (char *)part, sizeof part[0]);
+            rc_pool_parallel(K, rc_hits_touch, (char *)part, sizeof part[0]);
             for (int k = 0; k < K; k++) {
                 a += part[k].fresh;
             }
@@ -434,7 +253,7 @@ static PyObject *lru_hits(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    release(b, 7);
+    rc_buf_release(b, 7);
     return Py_BuildValue("(inn)", status, a, c);
 }
 
@@ -508,9 +327,9 @@ static void *compact_scatter(void *arg) {
  * had. A full arena's log of 2 S entries took 16 ms serially on the H200 host for S =
  * 3.1M (bench/host_threads.py), once every ~128 prefill steps: a stall of the toucher
  * that the steps behind it waited out. */
-static Py_ssize_t compact_log(int32_t *log, int32_t *log_pos, Py_ssize_t S, Py_ssize_t head,
+Py_ssize_t rc_compact_log(int32_t *log, int32_t *log_pos, Py_ssize_t S, Py_ssize_t head,
                               Py_ssize_t tail, int threads, Pool *pool, int wait) {
-    int K = split_count(threads, tail - head, COMPACT_GRAIN);
+    int K = rc_split_count(threads, tail - head, COMPACT_GRAIN);
     int32_t *tmp = K > 1 ? malloc((size_t)(tail - head) * sizeof *tmp) : NULL;
     if (tmp == NULL) {
         return compact_serial(log, log_pos, S, head, tail);
@@ -520,13 +339,13 @@ static Py_ssize_t compact_log(int32_t *log, int32_t *log_pos, Py_ssize_t S, Py_s
         Py_ssize_t lo = head + (tail - head) * k / K, hi = head + (tail - head) * (k + 1) / K;
         part[k] = (CompactPart){log, log_pos, tmp + (lo - head), S, lo, hi, 0, 0};
     }
-    parallel_on(pool, K, compact_gather, (char *)part, sizeof part[0], wait);
+    rc_pool_parallel_on(pool, K, compact_gather, (char *)part, sizeof part[0], wait);
     Py_ssize_t base = 0;
     for (int k = 0; k < K; k++) {
         part[k].base = base;
         base += part[k].live;
     }
-    parallel_on(pool, K, compact_scatter, (char *)part, sizeof part[0], wait);
+    rc_pool_parallel_on(pool, K, compact_scatter, (char *)part, sizeof part[0], wait);
     free(tmp);
     return base;
 }
@@ -535,7 +354,7 @@ static Py_ssize_t compact_log(int32_t *log, int32_t *log_pos, Py_ssize_t S, Py_s
  * Moves the live entries of log[head:tail] (log_pos[slot] == position) to the front, in
  * order, and points log_pos at their new positions: NgramRowCache._compact's loop, on up
  * to `threads` threads (default 1) of the step's pool. */
-static PyObject *lru_compact(PyObject *self, PyObject *args) {
+PyObject *rc_lru_compact(PyObject *self, PyObject *args) {
     PyObject *o_log, *o_lp;
     Py_ssize_t head, tail;
     int threads = 1;
@@ -545,41 +364,21 @@ static PyObject *lru_compact(PyObject *self, PyObject *args) {
     }
     Buf b[2];
     memset(b, 0, sizeof b);
-    if (get_buf(o_log, &b[0], 4, 1, "log") || get_buf(o_lp, &b[1], 4, 1, "log_pos")) {
-        release(b, 2);
+    if (rc_buf_get(o_log, &b[0], 4, 1, "log") || rc_buf_get(o_lp, &b[1], 4, 1, "log_pos")) {
+        rc_buf_release(b, 2);
         return NULL;
     }
     int32_t *log = b[0].view.buf, *log_pos = b[1].view.buf;
     Py_ssize_t cap = COUNT(b[0]), S = COUNT(b[1]);
     if (head < 0 || head > tail || tail > cap) {
-        release(b, 2);
+        rc_buf_release(b, 2);
         PyErr_SetString(PyExc_ValueError, "lru_compact: bad head/tail");
         return NULL;
     }
     Py_ssize_t k = 0;
     Py_BEGIN_ALLOW_THREADS
-    k = compact_log(log, log_pos, S, head, tail, threads, &pools[POOL_STEP], 0);
+    k = rc_compact_log(log, log_pos, S, head, tail, threads, rc_pool_get(POOL_STEP), 0);
     Py_END_ALLOW_THREADS
-    release(b, 2);
+    rc_buf_release(b, 2);
     return PyLong_FromSsize_t(k);
 }
-
-#include "_lru_miss.h" /* lru_plan, lru_commit: the miss path */
-#include "_touch.h"    /* lru_scan, lru_touch_start, lru_touch_wait: the deferred touch */
-
-static PyMethodDef methods[] = {
-    {"lru_compact", lru_compact, METH_VARARGS, "Compact NgramRowCache's LRU log in place."},
-    {"hash_packed", hash_packed, METH_VARARGS, "LongCat ids of a packed batch's embedded positions."},
-    {"lru_hits", lru_hits, METH_VARARGS, "The all-hits path of NgramRowCache.resolve."},
-    {"lru_plan", lru_plan, METH_VARARGS, "Victims of a resolve with misses (changes nothing)."},
-    {"lru_commit", lru_commit, METH_VARARGS, "Commit a planned resolve once its reads succeeded."},
-    {"lru_scan", lru_scan, METH_VARARGS, "lru_hits' scan alone: slots, misses, keys."},
-    {"lru_touch_start", lru_touch_start, METH_VARARGS, "lru_hits' touch on a background thread."},
-    {"lru_touch_wait", lru_touch_wait, METH_VARARGS, "Wait for a touch started by lru_touch_start."},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kernels._host", NULL, -1, methods,
-                                    NULL, NULL, NULL, NULL};
-
-PyMODINIT_FUNC PyInit__host(void) { return PyModule_Create(&module); }

@@ -1,5 +1,5 @@
-/* kernels/_touch.h: the deferred touch of an all-hits resolve (included once, by _host.c,
- * after HitsPart, hits_scan, hits_touch, radix_sort, compact_log and parallel_on()).
+/* csrc/lru_touch.c: the deferred touch of an all-hits resolve in rowcache.kernels._host; owns
+ * the toucher thread and its queue of jobs (static `touch`).
  *
  * Of lru_hits' time on a large call, the scan (range check, the map's lookups) is about
  * a tenth; the rest is the touch: sorting the ids, pinning and logging the distinct
@@ -28,11 +28,20 @@
  *
  * The result is the state lru_hits would leave (tests/kernels/test_touch.py). One
  * toucher thread runs the touches in the order they were started, its parallel parts on
- * kernels/_pool.h's touch pool (the step's calls have a pool of their own); fork()
+ * csrc/pool.c's touch pool (the step's calls have a pool of their own); fork()
  * waits until it is idle, and the child starts its own on first need.
  */
-#ifndef ROWCACHE_TOUCH_H
-#define ROWCACHE_TOUCH_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "lru_hits.h"
+#include "lru_touch.h"
+#include "pool.h"
+#include "pybuf.h"
 
 #define MAX_TOUCH 32 /* touches pending at once (more: run by their caller) */
 
@@ -59,7 +68,7 @@ static void *hits_sort(void *arg) {
     HitsPart *h = arg;
     Py_ssize_t m = h->hi - h->lo;
     int32_t *scr = h->scr + h->lo;
-    radix_sort(scr, h->scr + h->n + h->lo, m);
+    rc_radix_sort(scr, h->scr + h->n + h->lo, m);
     Py_ssize_t n_u = m > 0;
     for (Py_ssize_t i = 1; i < m; i++) {
         n_u += scr[i] != scr[i - 1];
@@ -76,13 +85,13 @@ static void touch_run(TouchJob *j, int wait) {
     int64_t *last_used = j->b[1].view.buf;
     Py_ssize_t n = j->n, S = COUNT(j->b[1]), cap = COUNT(j->b[2]);
     HitsPart part[MAXT];
-    int K = split_count(j->threads, n, HITS_GRAIN);
+    int K = rc_split_count(j->threads, n, HITS_GRAIN);
     for (int k = 0; k < K; k++) {
         part[k] = (HitsPart){NULL, row_slot, last_used, log, log_pos, NULL, scr, n, S, 0,
                              j->batch, n * k / K, n * (k + 1) / K, 0, 0, 0, 0, 0, 0};
     }
-    Pool *pool = &pools[wait ? POOL_TOUCH : POOL_STEP];
-    parallel_on(pool, K, hits_sort, (char *)part, sizeof part[0], wait);
+    Pool *pool = rc_pool_get(wait ? POOL_TOUCH : POOL_STEP);
+    rc_pool_parallel_on(pool, K, hits_sort, (char *)part, sizeof part[0], wait);
     int disjoint = 1;
     for (int k = 1; k < K; k++) {
         disjoint &= scr[part[k].lo - 1] < scr[part[k].lo]; /* last of k-1 < first of k */
@@ -100,7 +109,7 @@ static void touch_run(TouchJob *j, int wait) {
     j->status = 0;
     j->fresh = 0;
     if (j->tail + n_u > cap) { /* lru_hits' status 3, which the caller answers by compacting */
-        j->tail = compact_log(log, log_pos, S, j->head, j->tail, j->threads, pool, wait);
+        j->tail = rc_compact_log(log, log_pos, S, j->head, j->tail, j->threads, pool, wait);
         j->head = 0;
         if (j->tail + n_u > cap) {
             j->status = 3;
@@ -112,7 +121,7 @@ static void touch_run(TouchJob *j, int wait) {
         part[k].base = base;
         base += part[k].n_u;
     }
-    parallel_on(pool, K, hits_touch, (char *)part, sizeof part[0], wait);
+    rc_pool_parallel_on(pool, K, rc_hits_touch, (char *)part, sizeof part[0], wait);
     for (int k = 0; k < K; k++) {
         j->fresh += part[k].fresh;
     }
@@ -198,7 +207,7 @@ static int touch_start_thread(void) {
     return touch.started;
 }
 
-static PyObject *lru_scan(PyObject *self, PyObject *args) {
+PyObject *rc_lru_scan(PyObject *self, PyObject *args) {
     PyObject *o_ids, *o_rs, *o_out, *o_scr;
     long long rows;
     int threads = 1;
@@ -208,19 +217,19 @@ static PyObject *lru_scan(PyObject *self, PyObject *args) {
     }
     Buf b[4];
     memset(b, 0, sizeof b);
-    if (get_buf(o_ids, &b[0], 8, 0, "ids") || get_buf(o_rs, &b[1], 4, 0, "row_slot") ||
-        get_buf(o_out, &b[2], 4, 1, "out") || get_buf(o_scr, &b[3], 4, 1, "scratch")) {
-        release(b, 4);
+    if (rc_buf_get(o_ids, &b[0], 8, 0, "ids") || rc_buf_get(o_rs, &b[1], 4, 0, "row_slot") ||
+        rc_buf_get(o_out, &b[2], 4, 1, "out") || rc_buf_get(o_scr, &b[3], 4, 1, "scratch")) {
+        rc_buf_release(b, 4);
         return NULL;
     }
     Py_ssize_t n = COUNT(b[0]);
     if (COUNT(b[2]) < n || COUNT(b[3]) < 2 * n || rows > COUNT(b[1])) {
-        release(b, 4);
+        rc_buf_release(b, 4);
         PyErr_SetString(PyExc_ValueError, "lru_scan: inconsistent shapes");
         return NULL;
     }
     HitsPart part[MAXT];
-    int K = split_count(threads, n, HITS_GRAIN);
+    int K = rc_split_count(threads, n, HITS_GRAIN);
     for (int k = 0; k < K; k++) {
         part[k] = (HitsPart){b[0].view.buf, b[1].view.buf, NULL, NULL, NULL, b[2].view.buf,
                              b[3].view.buf, n, 0, rows, 0, n * k / K, n * (k + 1) / K,
@@ -229,10 +238,10 @@ static PyObject *lru_scan(PyObject *self, PyObject *args) {
     int status = 0;
     Py_ssize_t a = 0;
     Py_BEGIN_ALLOW_THREADS
-    parallel(K, hits_scan, (char *)part, sizeof part[0]);
+    rc_pool_parallel(K, rc_hits_scan, (char *)part, sizeof part[0]);
     Py_END_ALLOW_THREADS
-    status = scan_status(part, K, &a);
-    release(b, 4);
+    status = rc_scan_status(part, K, &a);
+    rc_buf_release(b, 4);
     return Py_BuildValue("(in)", status, a);
 }
 
@@ -240,7 +249,7 @@ static PyObject *touch_result(TouchJob *j) {
     return Py_BuildValue("(innn)", j->status, j->fresh, j->head, j->tail);
 }
 
-static PyObject *lru_touch_start(PyObject *self, PyObject *args) {
+PyObject *rc_lru_touch_start(PyObject *self, PyObject *args) {
     PyObject *o[5];
     Py_ssize_t n, head, tail;
     long long batch;
@@ -259,15 +268,15 @@ static PyObject *lru_touch_start(PyObject *self, PyObject *args) {
     static const char *names[5] = {"row_slot", "last_used", "log", "log_pos", "scratch"};
     static const Py_ssize_t sizes[5] = {4, 8, 4, 4, 4};
     for (int i = 0; i < 5; i++) {
-        if (get_buf(o[i], &job.b[i], sizes[i], i > 0, names[i])) {
-            release(job.b, 5);
+        if (rc_buf_get(o[i], &job.b[i], sizes[i], i > 0, names[i])) {
+            rc_buf_release(job.b, 5);
             return NULL;
         }
     }
     Py_ssize_t S = COUNT(job.b[1]), cap = COUNT(job.b[2]);
     if (COUNT(job.b[3]) != S || n < 1 || COUNT(job.b[4]) < 2 * n || head < 0 || head > tail ||
         tail > cap) {
-        release(job.b, 5);
+        rc_buf_release(job.b, 5);
         PyErr_SetString(PyExc_ValueError, "lru_touch_start: inconsistent shapes");
         return NULL;
     }
@@ -314,7 +323,7 @@ static PyObject *lru_touch_start(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     if (bad) {
-        release(job.b, 5);
+        rc_buf_release(job.b, 5);
         PyErr_Format(PyExc_ValueError, "lru_touch_start: no touch %d to follow", after);
         return NULL;
     }
@@ -322,11 +331,11 @@ static PyObject *lru_touch_start(PyObject *self, PyObject *args) {
         return PyLong_FromLong(slot);
     }
     PyObject *res = touch_result(&job);
-    release(job.b, 5);
+    rc_buf_release(job.b, 5);
     return res;
 }
 
-static PyObject *lru_touch_wait(PyObject *self, PyObject *args) {
+PyObject *rc_lru_touch_wait(PyObject *self, PyObject *args) {
     int slot;
     (void)self;
     if (!PyArg_ParseTuple(args, "i", &slot)) {
@@ -351,11 +360,9 @@ static PyObject *lru_touch_wait(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *res = touch_result(j);
-    release(j->b, 5); /* under the GIL; the slot is then free */
+    rc_buf_release(j->b, 5); /* under the GIL; the slot is then free */
     pthread_mutex_lock(&touch.mu);
     j->state = 0;
     pthread_mutex_unlock(&touch.mu);
     return res;
 }
-
-#endif

@@ -1,17 +1,16 @@
-/* kernels/_pool.h: the worker threads of kernels._host's parallel calls (included once,
- * by _host.c).
+/* csrc/pool.c: the worker threads of rowcache.kernels._host's parallel calls.
  *
- * parallel(K, fn, arg, size) runs fn(arg + k * size) for k in [0, K), on the caller's
- * thread and on up to K - 1 workers kept between calls. A call used to create and join
- * its threads itself (pthread_create per part and phase), which at a prefill step's two
- * phases of six parts cost more than the parts' work saved (one thread: 525 us, eight:
- * 396 us for 24,576 ids on the H200 host). Workers are started on first need, poll for a
- * new job for up to POOL_SPIN_NS after their last one (the next phase of the same
+ * parallel(K, fn, arg, size) (rc_pool_parallel) runs fn(arg + k * size) for k in [0, K), on
+ * the caller's thread and on up to K - 1 workers kept between calls. A call used to create
+ * and join its threads itself (pthread_create per part and phase), which at a prefill
+ * step's two phases of six parts cost more than the parts' work saved (one thread: 525 us,
+ * eight: 396 us for 24,576 ids on the H200 host). Workers are started on first need, poll
+ * for a new job for up to POOL_SPIN_NS after their last one (the next phase of the same
  * lru_hits call comes microseconds later), then sleep on a condition variable; the
  * caller polls for its job's last part the same way before it sleeps.
  *
  * There are two pools: the step's (`parallel`: the calls a step makes, on its path) and
- * the toucher's (kernels/_touch.h: the deferred touch of an earlier step), so that a
+ * the toucher's (csrc/lru_touch.c: the deferred touch of an earlier step), so that a
  * touch in the background and the step's own hash and scan run side by side instead of
  * taking turns: sharing one pool, the toucher waited for the step's jobs, and a graph
  * prefill step then waited for touches that took as long as the step's whole host part.
@@ -22,16 +21,17 @@
  * of work), so a worker late for one job cannot take a part of the next. After fork()
  * the child has no workers: the pools are reset there (pthread_atfork) and restart on
  * first need.
+ *
+ * Owns the two pools (static: reached through rc_pool_get). libc only, no Python.
  */
-#ifndef ROWCACHE_POOL_H
-#define ROWCACHE_POOL_H
-
+#define _GNU_SOURCE /* clock_gettime, pthread_sigmask under -std=c11 (as Python.h does) */
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <time.h>
 
-#define MAXT 16                 /* threads of one call at most (the caller's included) */
+#include "pool.h"
+
 #define POOL_SPIN_NS 50000LL    /* a worker's (and a waiting caller's) poll before it sleeps */
 
 static inline void pool_relax(void) {
@@ -48,7 +48,7 @@ static long long pool_now_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-typedef struct {
+struct Pool {
     pthread_mutex_t busy; /* held by the one running job's caller */
     pthread_mutex_t mu;   /* guards the fields below */
     pthread_cond_t work, done;
@@ -60,13 +60,12 @@ typedef struct {
     int K, next;          /* parts, the next to hand out */
     atomic_int left;      /* parts not finished */
     int sleeping;         /* workers waiting on `work` */
-} Pool;
+};
 
 #define POOL_INIT                                                                          \
     {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,        \
      PTHREAD_COND_INITIALIZER, 0, 0, NULL, NULL, 0, 0, 0, 0, 0}
 
-enum { POOL_STEP, POOL_TOUCH };
 static Pool pools[2] = {POOL_INIT, POOL_INIT};
 
 /* Runs the parts of job `gen` that are still to hand out; returns when none is left. */
@@ -161,7 +160,7 @@ static void pool_grow(Pool *p, int want) {
 /* Runs fn(arg + k * size) for k in [0, K): on the caller's thread and pool p's workers,
  * or all on the caller's when K == 1, the pool has no workers, or it is busy and `wait`
  * is 0. With `wait` a busy pool is waited for. */
-static void parallel_on(Pool *p, int K, void *(*fn)(void *), char *arg, size_t size, int wait) {
+void rc_pool_parallel_on(Pool *p, int K, void *(*fn)(void *), char *arg, size_t size, int wait) {
     if (K > 1 && (wait ? pthread_mutex_lock(&p->busy) : pthread_mutex_trylock(&p->busy)) == 0) {
         pool_grow(p, K - 1);
         if (p->workers > 0) {
@@ -202,8 +201,8 @@ static void parallel_on(Pool *p, int K, void *(*fn)(void *), char *arg, size_t s
 }
 
 /* A call on the step's path: the step's pool, never waited for when busy. */
-static void parallel(int K, void *(*fn)(void *), char *arg, size_t size) {
-    parallel_on(&pools[POOL_STEP], K, fn, arg, size, 0);
+void rc_pool_parallel(int K, void *(*fn)(void *), char *arg, size_t size) {
+    rc_pool_parallel_on(&pools[POOL_STEP], K, fn, arg, size, 0);
 }
 
-#endif
+Pool *rc_pool_get(int which) { return &pools[which]; }

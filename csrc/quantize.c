@@ -1,7 +1,8 @@
-/* kernels._quantize: the store's FP8 rule on the CPU, written straight into shard pages.
+/* rowcache.kernels._quantize (csrc/quantize.c): the store's FP8 rule on the CPU, written
+ * straight into shard pages. One file: the module and its kernel.
  *
  * quantize_pages: per-row absmax E4M3 quantization of a block of rows (bf16 given as its
- *   uint16 bits, or float32), the rule of kernels.reference.quantize_fp8_reference:
+ *   uint16 bits, or float32), the rule of rowcache.kernels.reference.quantize_fp8_reference:
  *     scale = amax(|x|) / 448 (float32 division; 1.0 for an all-zero row)
  *     code  = satfinite_e4m3_rne(x / scale)        (float32 division, not x * (1/scale))
  *   Each record (dim codes, then the float32 scale, little-endian) goes to its place in the
@@ -147,7 +148,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kernels._quantize", NULL, -1, methods,
-                                    NULL, NULL, NULL, NULL};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "rowcache.kernels._quantize", NULL, -1,
+                                    methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__quantize(void) { return PyModule_Create(&module); }

@@ -1,16 +1,22 @@
-/* kernels/_lru_miss.h: the miss path of NgramRowCache.resolve in kernels._host (included
- * once, by _host.c, after the helpers it uses: Buf, get_buf, release, COUNT, PF, sort_ids,
- * compact_log, split_count and parallel (kernels/_pool.h: a large call's parts run on the
- * step's pool).
+/* csrc/lru_miss.c: the miss path of NgramRowCache.resolve in rowcache.kernels._host.
  *
  * lru_plan: dedup, exhaustion test and victims of a resolve with misses, changing nothing;
  * lru_commit: once the reads succeeded, the maps, pins, LRU log and per-part miss counts.
- * Their reference is NgramRowCache's Python path (rowcache/fault.py, rowcache/lru.py);
- * tests/rowcache/test_miss_native.py compares the two; tests/kernels/test_host.py compares
- * a call in parts with the same call on one thread.
+ * Their reference is NgramRowCache's Python path (rowcache/cache/fault.py,
+ * rowcache/cache/lru.py); tests/rowcache/test_miss_native.py compares the two;
+ * tests/kernels/test_host.py compares a call in parts with the same call on one thread.
+ * Uses csrc/lru_hits.c's sort and compaction; a large call's parts run on the step's pool
+ * (csrc/pool.c).
  */
-#ifndef ROWCACHE_LRU_MISS_H
-#define ROWCACHE_LRU_MISS_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "lru_hits.h"
+#include "lru_miss.h"
+#include "pool.h"
+#include "pybuf.h"
 
 /* True when the ascending a[0:n] holds v. */
 static int sorted_has(const int32_t *a, Py_ssize_t n, int32_t v) {
@@ -68,7 +74,7 @@ static void *plan_scan(void *arg) {
     }
     int32_t *scr = h->scr + lo, *uniq = h->uniq + lo, *slots = h->slots + lo;
     int32_t *missing = h->missing + lo;
-    sort_ids(ids + lo, scr, h->scr + h->n + lo, hi - lo);
+    rc_sort_ids(ids + lo, scr, h->scr + h->n + lo, hi - lo);
     Py_ssize_t n_u = 0, n_miss = 0, fresh = 0;
     for (Py_ssize_t i = 0; i < hi - lo; i++) {
         if (i == 0 || scr[i] != scr[i - 1]) {
@@ -130,7 +136,7 @@ static void *plan_scan(void *arg) {
  * contiguous parts of the ids (each at least PLAN_GRAIN) on the step's pool; when the
  * parts' sorted ids are not disjoint ascending ranges (a shared arena's step is: its ids
  * come table by table), one part scans the whole call. The result does not depend on it. */
-static PyObject *lru_plan(PyObject *self, PyObject *args) {
+PyObject *rc_lru_plan(PyObject *self, PyObject *args) {
     PyObject *o_ids, *o_rs, *o_sr, *o_lu, *o_log, *o_lp, *o_busy, *o_work, *o_scr;
     long long rows, batch;
     Py_ssize_t head, tail, avail;
@@ -144,12 +150,12 @@ static PyObject *lru_plan(PyObject *self, PyObject *args) {
     Buf b[9];
     memset(b, 0, sizeof b);
     int has_busy = o_busy != Py_None;
-    if (get_buf(o_ids, &b[0], 8, 0, "ids") || get_buf(o_rs, &b[1], 4, 0, "row_slot") ||
-        get_buf(o_sr, &b[2], 4, 0, "slot_row") || get_buf(o_lu, &b[3], 8, 0, "last_used") ||
-        get_buf(o_log, &b[4], 4, 0, "log") || get_buf(o_lp, &b[5], 4, 0, "log_pos") ||
-        (has_busy && get_buf(o_busy, &b[6], 1, 0, "busy")) ||
-        get_buf(o_work, &b[7], 4, 1, "work") || get_buf(o_scr, &b[8], 4, 1, "scratch")) {
-        release(b, 9);
+    if (rc_buf_get(o_ids, &b[0], 8, 0, "ids") || rc_buf_get(o_rs, &b[1], 4, 0, "row_slot") ||
+        rc_buf_get(o_sr, &b[2], 4, 0, "slot_row") || rc_buf_get(o_lu, &b[3], 8, 0, "last_used") ||
+        rc_buf_get(o_log, &b[4], 4, 0, "log") || rc_buf_get(o_lp, &b[5], 4, 0, "log_pos") ||
+        (has_busy && rc_buf_get(o_busy, &b[6], 1, 0, "busy")) ||
+        rc_buf_get(o_work, &b[7], 4, 1, "work") || rc_buf_get(o_scr, &b[8], 4, 1, "scratch")) {
+        rc_buf_release(b, 9);
         return NULL;
     }
     const int64_t *ids = b[0].view.buf, *last_used = b[3].view.buf;
@@ -161,7 +167,7 @@ static PyObject *lru_plan(PyObject *self, PyObject *args) {
     if (COUNT(b[2]) != S || COUNT(b[5]) != S || (has_busy && COUNT(b[6]) != S) ||
         COUNT(b[7]) < 5 * n || COUNT(b[8]) < 2 * n || rows > R || rows > INT32_MAX ||
         head < 0 || head > tail || tail > cap) {
-        release(b, 9);
+        rc_buf_release(b, 9);
         PyErr_SetString(PyExc_ValueError, "lru_plan: inconsistent shapes");
         return NULL;
     }
@@ -170,7 +176,7 @@ static PyObject *lru_plan(PyObject *self, PyObject *args) {
     int status = 0, passed_busy = 0;
     Py_ssize_t n_u = 0, n_miss = 0, fresh = 0, n_ev = 0, new_head = head, end = head;
     PlanPart part[MAXT];
-    int K = split_count(threads, n, PLAN_GRAIN);
+    int K = rc_split_count(threads, n, PLAN_GRAIN);
     Py_BEGIN_ALLOW_THREADS
     if (K > 1) { /* parts end where every id before is below every id after (tables' ends) */
         int32_t *sufmin = victims; /* victims and evicted: 2n, unused until the scan is done */
@@ -199,7 +205,7 @@ static PyObject *lru_plan(PyObject *self, PyObject *args) {
         part[k] = (PlanPart){ids, row_slot, last_used, busy, scr, uniq, slots, missing, n, S,
                              part[k].lo, part[k].hi, rows, batch, 0, 0, 0, 0, 0};
     }
-    parallel(K, plan_scan, (char *)part, sizeof part[0]);
+    rc_pool_parallel(K, plan_scan, (char *)part, sizeof part[0]);
     for (int k = 0; k < K && !status; k++) { /* the first bad id, as a serial scan finds it */
         if (part[k].status == 2) {
             status = 2;
@@ -285,7 +291,7 @@ static PyObject *lru_plan(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    release(b, 9);
+    rc_buf_release(b, 9);
     return Py_BuildValue("(innnnnni)", status, n_u, n_miss, fresh, n_ev, new_head, end,
                          passed_busy);
 }
@@ -345,9 +351,9 @@ static void *commit_touch(void *arg) {
  * LruLog._log_slots), adds each part's misses (parts: row_offsets) to part_misses, and
  * writes the slots of ids to out. fresh: slots not used in this batch before (victims
  * included). Arguments are checked before anything changes. threads (default 1): of the
- * compaction (compact_log), and of the pins, log entries and out (parts of at least
+ * compaction (rc_compact_log), and of the pins, log entries and out (parts of at least
  * PLAN_GRAIN distinct rows), on the step's pool. */
-static PyObject *lru_commit(PyObject *self, PyObject *args) {
+PyObject *rc_lru_commit(PyObject *self, PyObject *args) {
     PyObject *o_ids, *o_work, *o_rs, *o_sr, *o_lu, *o_log, *o_lp, *o_off, *o_pm, *o_out;
     Py_ssize_t n_u, n_miss, n_ev, head, tail;
     long long batch;
@@ -360,12 +366,12 @@ static PyObject *lru_commit(PyObject *self, PyObject *args) {
     }
     Buf b[10];
     memset(b, 0, sizeof b);
-    if (get_buf(o_ids, &b[0], 8, 0, "ids") || get_buf(o_work, &b[1], 4, 1, "work") ||
-        get_buf(o_rs, &b[2], 4, 1, "row_slot") || get_buf(o_sr, &b[3], 4, 1, "slot_row") ||
-        get_buf(o_lu, &b[4], 8, 1, "last_used") || get_buf(o_log, &b[5], 4, 1, "log") ||
-        get_buf(o_lp, &b[6], 4, 1, "log_pos") || get_buf(o_off, &b[7], 8, 0, "row_offsets") ||
-        get_buf(o_pm, &b[8], 8, 1, "part_misses") || get_buf(o_out, &b[9], 4, 1, "out")) {
-        release(b, 10);
+    if (rc_buf_get(o_ids, &b[0], 8, 0, "ids") || rc_buf_get(o_work, &b[1], 4, 1, "work") ||
+        rc_buf_get(o_rs, &b[2], 4, 1, "row_slot") || rc_buf_get(o_sr, &b[3], 4, 1, "slot_row") ||
+        rc_buf_get(o_lu, &b[4], 8, 1, "last_used") || rc_buf_get(o_log, &b[5], 4, 1, "log") ||
+        rc_buf_get(o_lp, &b[6], 4, 1, "log_pos") || rc_buf_get(o_off, &b[7], 8, 0, "row_offsets") ||
+        rc_buf_get(o_pm, &b[8], 8, 1, "part_misses") || rc_buf_get(o_out, &b[9], 4, 1, "out")) {
+        rc_buf_release(b, 10);
         return NULL;
     }
     const int64_t *ids = b[0].view.buf, *off = b[7].view.buf;
@@ -378,7 +384,7 @@ static PyObject *lru_commit(PyObject *self, PyObject *args) {
     if (COUNT(b[1]) < 5 * n || COUNT(b[3]) != S || COUNT(b[6]) != S || COUNT(b[9]) < n ||
         P < 1 || COUNT(b[7]) != P + 1 || n_ev < 0 || n_ev > n_miss || n_miss > n_u || n_u > n ||
         n_u > S || S + n_u > cap || head < 0 || head > tail || tail > cap) {
-        release(b, 10);
+        rc_buf_release(b, 10);
         PyErr_SetString(PyExc_ValueError, "lru_commit: inconsistent shapes");
         return NULL;
     }
@@ -423,18 +429,18 @@ static PyObject *lru_commit(PyObject *self, PyObject *args) {
             }
         }
         if (tail + n_u > cap) { /* first: the slots' old entries are still live, and kept */
-            tail = compact_log(log, log_pos, S, head, tail, threads, &pools[POOL_STEP], 0);
+            tail = rc_compact_log(log, log_pos, S, head, tail, threads, rc_pool_get(POOL_STEP), 0);
             head = 0;
         }
         /* the slots are distinct, and out is read after the maps changed: parts apart */
         CommitPart part[MAXT];
-        int K = split_count(threads, n_u, PLAN_GRAIN);
+        int K = rc_split_count(threads, n_u, PLAN_GRAIN);
         for (int k = 0; k < K; k++) {
             part[k] = (CommitPart){ids, slots, row_slot, log, log_pos, out, last_used,
                                    n_u * k / K, n_u * (k + 1) / K, n * k / K, n * (k + 1) / K,
                                    tail, batch, 0};
         }
-        parallel(K, commit_touch, (char *)part, sizeof part[0]);
+        rc_pool_parallel(K, commit_touch, (char *)part, sizeof part[0]);
         for (int k = 0; k < K; k++) {
             fresh += part[k].fresh;
         }
@@ -448,12 +454,10 @@ static PyObject *lru_commit(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    release(b, 10);
+    rc_buf_release(b, 10);
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "lru_commit: a row or slot out of range, or not lru_plan's work");
         return NULL;
     }
     return Py_BuildValue("(nnn)", fresh, head, tail);
 }
-
-#endif

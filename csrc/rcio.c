@@ -1,11 +1,16 @@
-/* rowcache._rcio: one batch of positional reads with the GIL released, plus CRC32C.
+/* rowcache.io._rcio (csrc/rcio.c): one batch of positional reads with the GIL released, plus
+ * CRC32C. One file: the engine and the module that holds it (see below).
  *
- * Owns the I/O engine of rowcache.reader.RowReader: a Reader object keeps one io_uring
+ * Owns the I/O engine of rowcache.io.reader.RowReader: a Reader object keeps one io_uring
  * (raw system calls, no liburing) or a persistent pool of pread threads, and runs a batch
  * of reads (fd, file offset, length, buffer offset, bytes needed) with min(n, queue_depth)
  * in flight, then verifies the CRC32C of every 4 KiB page read and cuts the records into
  * the caller's buffer, all in one GIL-free call. Planning and error messages stay in
  * Python. Only libc and the kernel's io_uring ABI are used.
+ *
+ * The engine (CRC32C, the pread pool, io_uring) and the Python object are not split into
+ * files: the Reader starts and stops the pool's threads on the pool's own fields, and the
+ * process-wide count of foreground batches (demand_batches) is kept by both.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -910,7 +915,7 @@ static PyGetSetDef Reader_getset[] = {
     {"engine", (getter)Reader_engine, NULL, "'uring' or 'threads'", NULL}, {NULL}};
 
 static PyTypeObject ReaderType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rowcache._rcio.Reader",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rowcache.io._rcio.Reader",
     .tp_basicsize = sizeof(Reader),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Reader(queue_depth=32, engine='auto', spin_us=0, background=False): batches of "
@@ -979,7 +984,7 @@ static PyMethodDef module_methods[] = {
      "page_crcs(data, out): out[j] = crc32c of 4096-byte page j of data (the last may be short)"},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_rcio",
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "rowcache.io._rcio",
                                        "Batched positional reads (io_uring or pread threads) "
                                        "and CRC32C, the GIL released.",
                                        -1, module_methods, NULL, NULL, NULL, NULL};

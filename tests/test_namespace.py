@@ -50,3 +50,27 @@ def test_rowcache_beside_transformers_and_hf_kernels():
     assert proc.returncode == 0, proc.stderr
     assert "rowcache" not in pathlib.Path(proc.stdout.strip()).parts, proc.stdout
 
+
+
+def test_every_module_imports_first():
+    """Each module of the package imports as the first rowcache module of a process: no
+    import cycle hides behind the order in which ``rowcache/__init__.py`` happens to import."""
+    code = (
+        "import importlib, pathlib, sys\n"
+        "root = pathlib.Path(sys.argv[1])\n"
+        "bad = []\n"
+        "for p in sorted((root / 'rowcache').rglob('*.py')):\n"
+        "    parts = list(p.relative_to(root).with_suffix('').parts)\n"
+        "    if parts[-1] == '__init__': parts.pop()\n"
+        "    if parts[-1] == '__main__' or 'torch' in parts: continue\n"
+        "    for m in [m for m in sys.modules if m == 'rowcache' or m.startswith('rowcache.')]:\n"
+        "        del sys.modules[m]\n"
+        "    try:\n"
+        "        importlib.import_module('.'.join(parts))\n"
+        "    except Exception as e:\n"
+        "        bad.append(f\"{'.'.join(parts)}: {e!r}\")\n"
+        "print('\\n'.join(bad))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "", proc.stdout

@@ -3,7 +3,7 @@
 Owns the mixin :class:`DeferredFaults`: ``resolve_deferred`` (a planned fault's read
 started on the reader's own thread, ``rowcache.io.native.read_batch_start``; on the GPU
 its launch queued behind ``fault_wait``, which holds the cache's stream until the read
-ends, and writes nothing unless it was clean: ``kernels/scatter.cu``) and ``settle`` (the
+ends, and writes nothing unless it was clean: ``rowcache/kernels/scatter.cu``) and ``settle`` (the
 read joined and the plan committed, as ``FaultPath._resolve_native`` commits after its
 read; a failed read commits nothing and raises). Every locked call of the cache settles
 first (``rowcache.cache.lru.SettlingLock``); ``poll`` and ``end_batch`` leave it pending.

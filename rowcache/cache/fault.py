@@ -3,7 +3,7 @@
 Owns the mixin :class:`FaultPath`: the cache's readers (its own, and the prefetch
 jobs'), a resolve with misses (victims, reads into a staging buffer, the scatter
 into the arena, the maps committed only after the reads succeeded: natively, one C
-call before the read and one after, ``kernels/_host.c``; the Python path is their
+call before the read and one after, ``csrc/lru_miss.c``; the Python path is their
 reference). Its buffers, the GPU arena's set-up and the fault launch are
 ``rowcache.cache.buffers``; the LRU log is ``rowcache.cache.lru``.
 """
@@ -28,7 +28,7 @@ from rowcache.store.handle import check_row_ids
 # HOST_THREADS: a row map of 64 MB or more outgrows the CPU's caches, its look-ups wait on
 # memory, and parts on several cores overlap those waits. Below it a part's work is about a
 # pool worker's wake-up, and the 2-CPU dev machine's serve run (6,000-row tables) planned and
-# committed a prefill step's call slower in parts (bench/RESULTS.md, sixteenth session).
+# committed a prefill step's call slower in parts (docs/results/2026-12-03-sixteenth-session.md).
 MISS_PARTS_MIN_ROWS = 1 << 24
 
 
@@ -163,7 +163,7 @@ class FaultPath(FaultBuffers):
         claim: Any = None,
     ) -> Any:
         """The path of :meth:`_resolve_unique` in two C calls around the read
-        (``kernels/_host.c``): ``lru_plan`` (dedup, victims, exhaustion; changes
+        (``csrc/lru_miss.c``): ``lru_plan`` (dedup, victims, exhaustion; changes
         nothing), :meth:`_fault_read`, ``lru_commit`` (maps, pins, log, part misses),
         then on the GPU the fault's one launch. Same victims, log, maps, stats and errors
         as the Python path; a failed call changes nothing (but for a failed launch, after

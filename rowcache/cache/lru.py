@@ -2,7 +2,7 @@
 
 Owns the mixin :class:`LruLog` over the cache's slot arrays (``_row_slot``,
 ``_slot_row``, ``_last_used``, ``_log``, ``_log_pos``, head and tail): the all-hits
-path in one C call (``kernels/_host.c``), counting and pinning a call's slots, the
+path in one C call (``csrc/lru_hits.c``), counting and pinning a call's slots, the
 choice of victims, moving slots to the log's tail or head, compaction. Reads and
 writes no rows (``rowcache.cache.fault``, also the native miss path: its C victim choice
 mirrors ``_choose_victims``); the log's rules are in ``rowcache.cache.row_cache``.
@@ -22,7 +22,7 @@ from rowcache.store.handle import check_row_ids
 
 # An all-hits call of at least this many ids returns after its scan and leaves the
 # touch (sort, pin, log: ~90 % of its C time) to a background thread, which the cache's
-# next locked call waits for (kernels/_touch.h); where the process may use at least 4
+# next locked call waits for (csrc/lru_touch.c); where the process may use at least 4
 # CPUs only (on 2, the touch competed with the caller: bench/host_threads.py).
 DEFER_MIN = 2048 if USABLE_CPUS >= 4 else 1 << 62
 
@@ -95,7 +95,7 @@ class LruLog(CacheState):
                 pass
 
     def _finish_touch(self, keep: int = 0) -> None:
-        """Wait for the deferred touches (``kernels/_touch.h``), oldest first, all but the
+        """Wait for the deferred touches (``csrc/lru_touch.c``), oldest first, all but the
         newest ``keep``, and take in their results: the log's bounds, the hits they
         counted, and their pins while their batch lasts."""
         while len(self._touching) > keep:
@@ -208,7 +208,7 @@ class LruLog(CacheState):
             return not (self._n_busy and bool(self._busy[s].any()))
 
     def _hits_native(self, row_ids: Any, device_out: bool = False) -> Any:
-        """The all-hits path in one C call (``kernels/_host.c``); on a miss, the native
+        """The all-hits path in one C call (``csrc/lru_hits.c``); on a miss, the native
         miss path (``FaultPath._resolve_native``); or None where the Python path must
         run: a bad id, prefetches to settle, no native module, input that is not a
         contiguous int64 NumPy vector. Same state, same stats. ``device_out``: a call

@@ -28,7 +28,7 @@ PIECE_ROWS = 1024
 order), so a resolve that needs a row still in flight waits for one piece, and the rows of
 pieces still queued it reads itself. The H200 disk read 1,024 fresh random pages a batch
 at 95-107k reads/s at queue depth 64, 4,096 at 85-111k (bench/queue_depth.py,
-bench/RESULTS.md, tenth session)."""
+docs/results/2026-12-01-tenth-session.md)."""
 
 
 class PrefetchBook(InFlightRows):

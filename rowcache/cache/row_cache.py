@@ -31,7 +31,7 @@ threads for a long log).
 Deferred touch. An all-hits resolve of at least ``rowcache.cache.lru.DEFER_MIN`` ids (a
 prefill step's; where the process may use 4 CPUs or more) returns once its scan has
 found every row resident, and a background C thread pins and logs its slots
-(``kernels/_touch.h``: the sort and the log writes, ~90 % of the call; on a worker pool of
+(``csrc/lru_touch.c``: the sort and the log writes, ~90 % of the call; on a worker pool of
 its own, ``rowcache.kernels.host.TOUCH_THREADS``). The cache's lock
 finishes that touch before any later call reads the state, so every call sees what it
 would have seen without the deferral (``end_batch`` and ``poll`` go on without waiting:
@@ -122,7 +122,7 @@ class NgramRowCache(LruLog, FaultPath, DeferredFaults, DeviceMap, PrefetchBook):
     reader : ``"posix"`` (threads + ``os.preadv``), ``"kvikio"`` (``CuFile.pread``
         into the pinned staging buffer; GPU machines), or ``"auto"``: kvikio only where
         GPUDirect Storage is available, POSIX otherwise (without GDS kvikio runs the
-        same POSIX reads through its own thread pool; see bench/RESULTS.md).
+        same POSIX reads through its own thread pool; see docs/results/).
     arena : with ``device="cuda"``, ``"device"`` (HBM) or ``"host"`` (pinned host
         memory mapped into the device: the unified-memory layout).
     queue_depth : reads in flight on a fault.

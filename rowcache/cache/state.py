@@ -18,7 +18,7 @@ BUSY_READING = 1
 BUSY_READ = 2
 """``_busy[slot]``: reserved by a prefetch piece in flight whose row a resolve has read
 into the slot already (a hit; the piece writes the same bytes again when it lands). Like
-``BUSY_READING`` no victim until the piece is reaped (``kernels/_lru_miss.h``)."""
+``BUSY_READING`` no victim until the piece is reaped (``csrc/lru_miss.c``)."""
 
 
 class CacheState:

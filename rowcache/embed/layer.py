@@ -56,7 +56,7 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         On the GPU, gather all T tables with one ``rowcache.kernels.ngram.stacked.gather_stacked``
         launch (default) instead of one ``rowcache.kernels.batched_embed[_fp8]`` launch per
         table; the two are bit-identical. Ignored on the CPU. Kept (not measured
-        worse in ``bench/RESULTS.md``, which has no figure for it) as the per-table
+        worse in ``docs/results/``, which has no figure for it) as the per-table
         gather path the GPU tests compare the fused launch with, bit for bit.
     cuda_graphs : bool
         On the GPU, replay steps (no overlay, host tokens, fused; cached tables with
@@ -73,7 +73,7 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         the rows on the host (pinning them, keeping the LRU exact) while the device
         works; a step whose resolve faulted runs its device part again. Default on;
         off: the ids are hashed and resolved on the host before the gathers. Kept
-        (``bench/RESULTS.md`` has no figure for it) as the host-resolve-first path
+        (``docs/results/`` has no figure for it) as the host-resolve-first path
         the GPU tests compare the device-map path with, and for memory: it needs no
         device map.
     defer_reads : bool

@@ -80,8 +80,8 @@ class RowReader(ReadPlanner, PythonEngine, NativeEngine):
         completion by polling for up to this many microseconds before sleeping (0: always
         sleep). A caller that sleeps pays a wake-up per completion: on the H200 machine
         polling took one cold 4 KiB read from 37-39 to 34 us, on the dev machine from
-        46-47 to 33-37 us (``bench/read_latency.py``; ``bench/RESULTS.md``, sixth
-        session). Longer batches always sleep (polling read them slower). It costs the
+        46-47 to 33-37 us (``docs/results/2026-12-01-sixth-session.md``, measured by
+        the since retired ``bench/read_latency.py``). Longer batches always sleep (polling read them slower). It costs the
         caller's core while it polls, so background readers (prefetch) keep 0.
     background : native engines only: this reader yields the disk to demand reads. While
         any other reader of the process that is not ``background`` runs a batch, this one

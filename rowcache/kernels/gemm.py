@@ -2,7 +2,7 @@
 
 Owns ``gemm_bf16_f32`` (bf16 x bf16 -> float32 through cuBLAS with fp32
 accumulation), ``gemm_bf16_f32_parts`` (the same split along K: ``split_k``), and
-``scale_sum`` (``bf16((word + proj) / denom)``, the kernel of ``kernels/gemm.cu``),
+``scale_sum`` (``bf16((word + proj) / denom)``, the kernel of ``rowcache/kernels/gemm.cu``),
 each with its NumPy reference (the specification, and the CPU path).
 """
 

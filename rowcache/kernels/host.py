@@ -3,7 +3,7 @@
 Owns :func:`hash_packed` (LongCat ids of the embedded positions of a packed batch,
 optionally with per-table offsets added: the global ids of a shared arena) and its
 NumPy reference :func:`hash_positions_reference`, plus the loader of the native
-module ``rowcache.kernels._host`` (``kernels/_host.c``), which also holds the row cache's
+module ``rowcache.kernels._host`` (``csrc/host_module.c`` and the files it names), which also holds the row cache's
 LRU bookkeeping: the all-hits path, the miss path's plan and commit, compaction
 (``rowcache.cache.lru`` and ``rowcache.cache.fault`` call them; their reference is the cache's
 Python path). Without the native module the references run, with the same results.
@@ -52,7 +52,7 @@ def _usable_cpus() -> int:
 
 USABLE_CPUS = _usable_cpus()
 HOST_THREADS = _host_threads()
-# Threads of a deferred touch (kernels/_touch.h), on a pool of its own beside the step's:
+# Threads of a deferred touch (csrc/lru_touch.c), on a pool of its own beside the step's:
 # the CPUs the step's HOST_THREADS leave, at least 2, at most HOST_THREADS.
 TOUCH_THREADS = min(HOST_THREADS, max(2, USABLE_CPUS - HOST_THREADS))
 

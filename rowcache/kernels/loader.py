@@ -1,6 +1,6 @@
 """Shared plumbing of the GPU kernels: cupy detection and cached NVRTC modules.
 
-Owns: whether a GPU is usable, loading ``kernels/<name>.cu`` into a
+Owns: whether a GPU is usable, loading ``rowcache/kernels/<path>.cu`` into a
 ``cupy.RawModule`` once per (source, device), and array-type helpers. Does not own
 any kernel: each kernel's launcher and NumPy reference live in its own module.
 """

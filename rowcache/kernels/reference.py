@@ -54,7 +54,7 @@ def dequantize_fp8_reference(codes: np.ndarray, scales: np.ndarray) -> np.ndarra
 
     ``ftz`` flushes subnormal float32 values to a signed zero: the H200's float32
     multiply in these kernels does so for subnormal operands and results, even when
-    compiled with ``--ftz=false`` (measured; see bench/RESULTS.md). It matters only
+    compiled with ``--ftz=false`` (measured; see docs/results/). It matters only
     for scales or products below 1.2e-38.
     """
     vals = _E4M3_TO_F32[np.asarray(codes, dtype=np.uint8)]  # exact: a table of the 256 values

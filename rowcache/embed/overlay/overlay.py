@@ -169,7 +169,7 @@ class TokenOverlay(OverlayTables, LmHeadPaths):
             except Exception as exc:
                 raise GpuUnavailableError(
                     f"TokenOverlay(device='cuda') could not load its kernels "
-                    f"(kernels/overlay.cu): {exc}; use device='cpu' or fix the CUDA/NVRTC install"
+                    f"(rowcache/kernels/overlay/overlay.cu): {exc}; use device='cpu' or fix the CUDA/NVRTC install"
                 ) from exc
             self._xp = cp
             for name in ("emb_map_ptrs", "emb_row_ptrs", "lm_id_ptrs", "lm_row_ptrs"):

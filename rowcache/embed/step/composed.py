@@ -139,7 +139,7 @@ class ComposedStep:
 def _launch_hash(
     tokens: Any, starts: Any, mult: Any, rows: Any, out: Any, eos: int, has_starts: bool
 ) -> None:
-    """``kernels/ngram.cu``'s ``ngram_hash`` into a preallocated ``out`` int64[T, L].
+    """``rowcache/kernels/ngram/ngram.cu``'s ``ngram_hash`` into a preallocated ``out`` int64[T, L].
 
     ``rowcache.kernels.ngram.hash.ngram_hash`` allocates its result; a CUDA graph needs fixed
     buffers, so the step launches the same kernel (same arguments, no range check:

@@ -1,6 +1,6 @@
 """Kernels of the n-gram embedding: hashed ids, and hash + gather in one launch.
 
-Owns the launchers of ``kernels/ngram.cu``'s hash kernels and their NumPy references
+Owns the launchers of ``rowcache/kernels/ngram/ngram.cu``'s hash kernels and their NumPy references
 (the specification, and the CPU path): ``ngram_hash`` (the LongCat id of every table
 and position, ``docs/ngram-spec.md``) and ``hash_gather``. The stacked tables and
 their gather are ``rowcache.kernels.ngram.stacked``; the projection GEMM and the scaled sum are

@@ -1,12 +1,12 @@
 // N-gram embedding kernels: the LongCat hash of every (table, position) and the gather
 // of every table's row into one stacked [n, T*d] buffer (the final scaled sum of the
-// word row and the projected n-gram rows is kernels/gemm.cu).
+// word row and the projected n-gram rows is rowcache/kernels/gemm.cu).
 // Their launchers and NumPy references (the specification) are in kernels/ngram.py (the
 // hash, hash + gather) and kernels/stacked.py (the stacked gather, copy_from_mapped).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
-// E4M3 code -> float, exactly (every E4M3 value is a half), as kernels/gather.cu does.
+// E4M3 code -> float, exactly (every E4M3 value is a half), as rowcache/kernels/gather.cu does.
 __device__ __forceinline__ float ngram_e4m3_to_float(unsigned char code) {
     const __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, __NV_E4M3);
     return __half2float(__half(h));
@@ -62,7 +62,7 @@ extern "C" __global__ void ngram_hash(const long long* __restrict__ tokens,
 // Elements c0 .. c0 + d of row `row` of one table into dst[0:d), by the threads of one
 // threadIdx.y row (c0 a multiple of 8 when vec): bf16 rows
 // (scales == 0) copied, FP8 E4M3 codes dequantized as bf16_rn(float(e4m3(code)) *
-// scale[row]) -- the rules of gather_rows / gather_rows_fp8 (kernels/gather.cu), bit for
+// scale[row]) -- the rules of gather_rows / gather_rows_fp8 (rowcache/kernels/gather.cu), bit for
 // bit. data and scales are raw pointers; stride is in elements (bf16) or bytes (codes).
 // With vec, 8 values move per thread step (16-byte bf16 words, 8-byte code words).
 __device__ __forceinline__ void ngram_copy_row(unsigned long long data, unsigned long long scales,

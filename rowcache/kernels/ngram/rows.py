@@ -1,6 +1,6 @@
 """Hash + gather of tokens laid out as rows: ``[B, L]`` ids after ``[B, C]`` contexts.
 
-Owns :func:`hash_gather_rows` (``kernels/ngram.cu``'s ``ngram_hash_gather_rows``: each
+Owns :func:`hash_gather_rows` (``rowcache/kernels/ngram/ngram.cu``'s ``ngram_hash_gather_rows``: each
 row of ``ids`` a sequence that follows the last ``c`` tokens of its row of ``ctx``,
 read in place at any strides, tokens range-checked in the same launch) and its NumPy
 reference. This is the embedding step of device tensors as a serving engine holds them

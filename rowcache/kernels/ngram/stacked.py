@@ -2,7 +2,7 @@
 
 Owns :class:`StackedTables` (every table's rows, FP8 scales and, for cached tables, the
 device row -> slot maps, described once for the kernels), ``gather_stacked`` (every
-table's rows into one stacked buffer in one launch of ``kernels/ngram.cu``) and its
+table's rows into one stacked buffer in one launch of ``rowcache/kernels/ngram/ngram.cu``) and its
 NumPy reference, the argument tail the hash + gather kernels share (``gather_args``:
 ``rowcache.kernels.ngram.hash.hash_gather``, ``rowcache.kernels.ngram.rows``) and ``copy_from_mapped`` (a
 kernel that uploads a few words from pinned host memory). Takes plain arrays.
@@ -164,7 +164,7 @@ def gather_args(
     words: Any,
 ) -> tuple[int, tuple[Any, ...]]:
     """The work items and the launch arguments after the tokens' of the hash + gather
-    kernels (``kernels/ngram.cu``'s ``NGRAM_HASH_GATHER_TAIL``), ``out``/``words``
+    kernels (``rowcache/kernels/ngram/ngram.cu``'s ``NGRAM_HASH_GATHER_TAIL``), ``out``/``words``
     checked: bfloat16[n, T*d] and bfloat16[n, D], C-contiguous, on the GPU."""
     n, T = int(out.shape[0]), len(tables.tables)
     d, D = tables.dim, word.dim

@@ -1,4 +1,4 @@
-"""Launch plumbing of the token-overlay kernels (``kernels/overlay.cu``).
+"""Launch plumbing of the token-overlay kernels (``rowcache/kernels/overlay/overlay.cu``).
 
 Owns the source's kernel names and tiles (:data:`LMHEAD_TILES`, :data:`MMA_CONFIGS`),
 the block and grid sizes, the argument conversions every launcher shares (bf16 as

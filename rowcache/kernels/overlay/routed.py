@@ -1,6 +1,6 @@
 """Token-overlay kernels: ``embed_rowdiff``, ``embed_overlay_routed``, ``lmhead_overlay_routed``.
 
-Owns the routed kernels' cupy launchers (CUDA source ``kernels/overlay.cu``) and the
+Owns the routed kernels' cupy launchers (CUDA source ``rowcache/kernels/overlay/overlay.cu``) and the
 choice between the LM head's paths (:data:`LMHEAD_PATHS`, :data:`GEMM_MIN_ROWS`), and
 is the one place the overlay's kernels are imported from: the checks
 (``rowcache.kernels.overlay.checks``), the NumPy references (``rowcache.kernels.overlay.reference``),

@@ -1,7 +1,7 @@
 """Native extensions of rowcache (metadata lives in pyproject.toml).
 
 Three small C modules, each the smallest piece that reaches a measured target Python
-cannot (see bench/RESULTS.md), each tested against its Python reference. Their sources
+cannot (docs/benchmarks.md; the history in docs/results/), each tested against its Python reference. Their sources
 are in csrc/, one file per concept, each with its own header where other files use it:
 
 - ``rowcache.io._rcio`` (csrc/rcio.c): a fault step's reads: io_uring through raw system

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rowcache.embed import NgramDims, TorchNgramEmbedding
 
-# The tiny base architecture (platform.md: runs on the CPU) with LongCat-Flash-Lite's
+# The tiny base architecture (docs/platform.md: runs on the CPU) with LongCat-Flash-Lite's
 # n-gram shape (orders 2..4, 4 splits: 12 tables of hidden/12 = 8 columns).
 TINY = dict(
     hidden_size=96,

@@ -96,3 +96,19 @@ def test_readme_table_budgets_parse():
     assert len(rows) >= 4
     for flags in rows:
         build_parser().parse_args(["tune", "profile.json", *shlex.split(flags)])
+
+
+def test_readme_quickstart_runs(tmp_path, monkeypatch):
+    """The README's Python quickstart (store -> cache -> embedding -> torch) runs as written,
+    its store in a temporary folder."""
+    import tempfile
+
+    import pytest
+
+    pytest.importorskip("torch")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (block,) = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    scope: dict = {"__name__": "__readme__"}
+    exec(compile(block, "README.md", "exec"), scope)
+    assert tuple(scope["x"].shape) == (1, 2, scope["dims"].hidden_size)
+    assert scope["cache"].stats().misses > 0

@@ -158,7 +158,7 @@ def register(subparsers: Any) -> None:
             "Builds a LongCat-shaped n-gram embedding (real vocabulary and hashing, "
             "synthetic weights, reduced table rows), stores its 12 tables, tokenizes this "
             "Python's standard library source with DeepSeek's tokenizer, and runs it through "
-            "the embedding with row caches holding a fraction of each table; checks the "
+            "the embedding with one row cache holding a fraction of the tables' rows; checks the "
             "output equals the resident tables' bit for bit (exit 1 if not). Offline."
         ),
     )

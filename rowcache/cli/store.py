@@ -271,8 +271,8 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser(
         "verify",
-        help="check every shard's length and CRC32 (exit 1 on problems)",
-        description="Read every shard file of a store and check its length and CRC32 "
+        help="check every shard's length and page CRC32Cs (exit 1 on problems)",
+        description="Read every shard file of a store and check its length and page CRC32Cs "
         "against the index. Exit 0 when all match, 1 when a problem is found, 2 when the "
         "store cannot be opened.",
     )

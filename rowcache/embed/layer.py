@@ -86,6 +86,7 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         as before the step, and its output (and all computed from it) is invalid, to
         be dropped. Default off: a step returns once its rows are read, and raises
         there.
+    gemm_splits : int, optional
         On the GPU, the projection GEMM runs as this many GEMMs over equal chunks of
         its inner dimension (``T*d``), summed by the scaled-sum kernel: a decode step's
         GEMM has few rows and one GEMM reads the weights on too few thread blocks.

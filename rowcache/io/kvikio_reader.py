@@ -3,7 +3,7 @@
 Owns only the I/O step; planning, coalescing and record extraction are the POSIX
 ``RowReader``'s. Reads land in host memory (the pinned staging buffer of the GPU
 fault path): on machines without GPUDirect Storage, kvikio's small reads into
-device memory bounce through the host one at a time (platform.md: 15-18k/s),
+device memory bounce through the host one at a time (docs/platform.md: 15-18k/s),
 while reads into host memory scale with kvikio's thread pool. With GDS present
 kvikio uses it. kvikio needs the CUDA driver even for host buffers, so this reader
 exists only on GPU machines.

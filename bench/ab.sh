@@ -5,16 +5,13 @@
 # are printed side by side. Usage (repo root, GPU machine):
 #   A_DIR=.ab-a ARGS="--dtype bf16 --rows 2000000 --tokens 150000" bash bench/ab.sh serve
 #   A_DIR=.ab-a ARGS="--ks 1,12,48,192" bash bench/ab.sh fault
-#   A_DIR=.ab-a ARGS="--steps 200" bash bench/ab.sh step
 # serve: each phase's ratio, lookahead ratio and fault ms a step; fault: each k's cold step
-# (its read, the floor) and warm step, in microseconds; step: bench/step_profile.py's
-# resident and cached ms a step at 100 % hits (decode x1, x64, prefill 2048).
+# (its read, the floor) and warm step, in microseconds.
 set -u
-BENCH=${1:?give the bench: serve, fault or step}
+BENCH=${1:?give the bench: serve or fault}
 case $BENCH in
   serve|fault) SCRIPT=$BENCH ;;
-  step) SCRIPT=step_profile ;;
-  *) echo "unknown bench $BENCH (serve, fault or step)"; exit 2 ;;
+  *) echo "unknown bench $BENCH (serve or fault)"; exit 2 ;;
 esac
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -24,7 +21,6 @@ run() {  # $1: label, $2: tree; the JSON report goes to $OUT/$1.json
   case $BENCH in
     serve) set -- "$1" "$2" --workdir /tmp/serve --save "$OUT/$1.json" ;;
     fault) set -- "$1" "$2" --dir /tmp/rowcache-fault --json ;;
-    step) set -- "$1" "$2" --top 0 ;;
   esac
   local label=$1 tree=$2; shift 2
   (cd "$tree" && PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 timeout ${AB_T:-150} python3 "bench/$SCRIPT.py" \
@@ -38,16 +34,6 @@ python3 - "$OUT" "$BENCH" <<'PY'
 import json, sys, os
 rows = {}
 for name in ("a1", "b1", "a2", "b2"):
-    if sys.argv[2] == "step":  # "<shape> <variant> <ms> ms/step" lines
-        try:
-            lines = open(os.path.join(sys.argv[1], name + ".out")).read().splitlines()
-        except OSError:
-            continue
-        for ln in lines:
-            if ln.endswith("ms/step"):
-                *shape, variant, ms, _ = ln.split()
-                rows.setdefault(" ".join(shape) + " " + variant, {})[name] = f"{float(ms) * 1e3:.0f} us"
-        continue
     try:
         text = open(os.path.join(sys.argv[1], name + ".json")).read()
         d = json.loads(text[text.index("{"):])

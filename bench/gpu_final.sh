@@ -2,7 +2,7 @@
 # One device call (H200) for the serving-path figures: the GPU tests, bench/serve.py,
 # bench/fault.py, bench/embed.py (cached vs resident; again with one host thread),
 # bench/torch_step.py and compute-sanitizer memcheck on the GPU kernels' tests; every stage
-# time-boxed (demo, demo2: `rowcache demo --device cuda` twice; qd: bench/queue_depth.py; contention: bench/contention.py), logs under $OUT, their tails last. STAGES picks and orders them, e.g.
+# time-boxed (demo, demo2: `rowcache demo --device cuda` twice), logs under $OUT, their tails last. STAGES picks and orders them, e.g.
 #   STAGES="tests fault torch" bash bench/gpu_final.sh
 # serve's table size and flags: SERVE_DTYPE, SERVE_ROWS, SERVE_ARGS, e.g. a server with history:
 #   STAGES=serve SERVE_DTYPE=fp8 SERVE_ROWS=10223617 SERVE_T=585 \
@@ -36,14 +36,6 @@ for s in $STAGES; do
     demo) stage ${DEMO_T:-120} demo python3 -m rowcache.cli.app demo --device cuda ;;
     demo2) stage ${DEMO_T:-120} demo2 python3 -m rowcache.cli.app demo --device cuda ;;
     torch) stage ${TORCH_T:-90} torch python3 bench/torch_step.py --reps 20 --steps 16 ${TORCH_ARGS:-} ;;
-    profile) stage ${PROF_T:-90} profile python3 bench/step_profile.py --steps 100 --top 30 ;;
-    profile_t1) ROWCACHE_HOST_THREADS=1 stage ${PROF_T:-90} profile_t1 python3 bench/step_profile.py --steps 100 --top 8 ;;
-    profileg) stage ${PROF_T:-90} profileg python3 bench/step_profile.py --graphs --steps 100 --top 30 ;;
-    qd) stage ${QD_T:-120} qd python3 bench/queue_depth.py --dir /tmp/qd ${QD_ARGS:-} ;;
-    contention) stage ${CONT_T:-120} contention python3 bench/contention.py --dir /tmp/contention ${CONT_ARGS:-} ;;
-    launch) stage ${PROF_T:-60} launch python3 bench/launch_cost.py ;;
-    host) stage ${PROF_T:-60} host python3 bench/host_threads.py ;;
-    profile1) stage ${PROF_T:-60} profile1 python3 bench/step_profile.py --faults 1 --steps 200 --top 25 ;;
     sanitizer) stage ${SAN_T:-70} sanitizer compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_scatter.py tests/kernels/test_gather.py tests/kernels/test_quantize.py tests/kernels/test_overlay_kernels.py tests/embed/test_ids.py -k "not 70_000" ;;
     *) echo "unknown stage $s" ;;
   esac

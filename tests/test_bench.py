@@ -76,46 +76,6 @@ def test_bench_fault_quick_measures_the_floor_in_the_same_run():
         assert row["ratio"] == pytest.approx(row["checked_ms"] / row["floor_ms"], rel=1e-6)
 
 
-def test_bench_read_latency_quick_times_every_way():
-    rep = json.loads(run("read_latency.py", "--json"))
-    assert set(rep) == {"native", "read_runs", "preadv", "floor_uring", "floor_threads"}
-    for way, r in rep.items():
-        assert len(r["blocks"]) == 2 and all(x > 0 for x in r["blocks"]), way
-
-
-def test_bench_queue_depth_quick_reads_each_setting_once():
-    rep = json.loads(run("queue_depth.py", "--json"))
-    got = [(r["batch"], r["depth"], r["mode"], r["gap_us"]) for r in rep["results"]]
-    assert len(got) == len(set(got)) == 16
-    assert set(got) == {
-        (b, n, m, g)
-        for b in (16, 64)
-        for n in (4, 16)
-        for m in ("uring", "threads")
-        for g in (0, 100)
-    }
-    for r in rep["results"]:
-        assert r["us_per_batch"] > 0
-        assert r["reads_per_s"] == pytest.approx(r["batch"] / r["us_per_batch"] * 1e6)
-
-
-def test_bench_host_threads_quick_times_each_count():
-    rep = json.loads(run("host_threads.py", "--json", "--threads", "1,2"))
-    assert [r["threads"] for r in rep["results"]] == [1, 2]
-    for r in rep["results"]:
-        assert r["hash_us"] > 0 and r["lru_hits_us"] > 0 and r["lru_compact_us"] > 0
-
-
-@pytest.mark.gpu
-def test_bench_launch_cost_on_the_gpu():
-    pytest.importorskip("cupy")
-    proc = subprocess.run([sys.executable, str(BENCH / "launch_cost.py"), "--calls", "400",
-                           "--json"], capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    rep = json.loads(proc.stdout.splitlines()[0])
-    assert rep["RawLaunch (15 args)"] > 0 and rep["cupy kernel call (15 args)"] > 0
-
-
 def test_bench_serve_quick_ratios_from_printed_figures():
     rep = json.loads(run("serve.py", "--json", "--lookahead-steps", "1,3"))
     s = rep["settings"]
@@ -454,29 +414,3 @@ def test_serve_step_latency_leaves_out_a_turns_end_charged_to_a_step():
     assert out["faulting_cached_ms"] == pytest.approx(17.0)  # the charge is in the time
     cached[-1] = rec(0.512)  # not charged: a step that took that long
     assert _step_split(res, cached)["step_ms_p99_cached"] > 12.0
-
-
-def test_bench_contention_quick_reports_every_setting():
-    rep = json.loads(run("contention.py", "--json", "--bg", "none,8,8n"))
-    res = {x["background"]: x for x in rep["results"]}
-    assert list(res) == ["none", "8", "8n"]
-    assert res["none"]["bg_rows_per_s"] is None and res["8"]["bg_yields"]
-    assert not res["8n"]["bg_yields"] and res["8n"]["bg_queue_depth"] == 8
-    for x in res.values():
-        assert 0 < x["demand_ms_median"] <= x["demand_ms_p90"]
-    assert res["8"]["bg_rows_per_s"] > 0 and res["8n"]["bg_rows_per_s"] > 0
-    for bad in ("x", "0", "2000n"):
-        proc = subprocess.run([sys.executable, str(BENCH / "contention.py"), "--quick",
-                               "--bg", bad], capture_output=True, text=True)  # fmt: skip
-        assert proc.returncode == 2 and "--bg entry" in proc.stderr, bad
-
-
-def test_bench_read_apart_compares_the_two_read_paths():
-    rep = json.loads(run("read_apart.py", "--json", "--sizes", "1,40"))
-    assert [r["rows"] for r in rep["results"]] == [1, 40]
-    for r in rep["results"]:
-        assert r["inline_us"] > 0 and r["apart_us"] > 0 and 0 < r["start_us"] <= r["apart_us"]
-        assert r["apart_over_inline"] == pytest.approx(r["apart_us"] / r["inline_us"])
-    proc = subprocess.run([sys.executable, str(BENCH / "read_apart.py"), "--quick",
-                           "--sizes", "0"], capture_output=True, text=True)  # fmt: skip
-    assert proc.returncode == 2 and "--sizes" in proc.stderr

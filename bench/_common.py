@@ -118,13 +118,13 @@ def report(title: str, rows: list[dict[str, Any]], as_json: bool, settings: dict
     if not rows:
         return
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    widths = [max(len(k), *(len(_fmt(r.get(k))) for r in rows)) for k in keys]
+    widths = [max(len(k), *(len(fmt_cell(r.get(k))) for r in rows)) for k in keys]
     print("  ".join(k.rjust(w) for k, w in zip(keys, widths)))
     for r in rows:
-        print("  ".join(_fmt(r.get(k)).rjust(w) for k, w in zip(keys, widths)))
+        print("  ".join(fmt_cell(r.get(k)).rjust(w) for k, w in zip(keys, widths)))
 
 
-def _fmt(v: Any) -> str:
+def fmt_cell(v: Any) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):

@@ -11,16 +11,22 @@ import pytest
 
 import rowcache.kernels.host as host
 
-BENCH = pathlib.Path(__file__).resolve().parent.parent / "bench"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def run(script: str, *args: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / script), "--quick", *args],
+def judge(name: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -m bench.<name> ARGS`` from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", f"bench.{name}", *args],
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=ROOT,
     )
+
+
+def run(script: str, *args: str) -> str:
+    proc = judge(script.removesuffix(".py"), "--quick", *args)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -117,15 +123,13 @@ def test_bench_serve_quick_ratios_from_printed_figures():
 
 def test_bench_serve_lookahead_steps_are_checked():
     for bad in ("0", "1,1", "x"):
-        proc = subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick",
-                               "--lookahead-steps", bad], capture_output=True, text=True)  # fmt: skip
+        proc = judge("serve", "--quick", "--lookahead-steps", bad)
         assert proc.returncode == 2 and "--lookahead-steps" in proc.stderr, bad
 
 
 def test_bench_serve_profile_names_a_server_series_and_kind():
     def serve(*a):
-        return subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick", *a],
-                              capture_output=True, text=True)  # fmt: skip
+        return judge("serve", "--quick", *a)
 
     for bad in ("x2:cached", "x64", "x64:cached:both", "x1:cached:decode:x"):
         proc = serve("--servers", "x64", "--profile", bad)
@@ -137,26 +141,6 @@ def test_bench_serve_profile_names_a_server_series_and_kind():
     assert proc.returncode == 0, proc.stderr
     head = "--- cProfile: server x64 lookahead, prefill timed step's host work"
     assert head in proc.stderr and "function calls" in proc.stderr.split(head)[1]
-
-
-def test_bench_serve_ablate_piece_reads_the_same_prefetches_in_smaller_pieces():
-    rep = json.loads(run("serve.py", "--json", "--servers", "x64", "--lookahead-steps", "2",
-                         "--ablate-piece", "8", "--ablate-merge",
-                         "--ablate-prefetch-qd", "4", "--deferred"))  # fmt: skip
-    tl = rep["settings"]["prefetch_timeline"]
-    assert tl["x64 piece8"]["rows"] <= 8 * tl["x64 piece8"]["pieces"]
-    assert tl["x64 piece8"]["pieces"] > tl["x64 lookahead"]["pieces"]
-    assert tl["x64 unmerged"]["rows"] > 0 and tl["x64 unmerged"]["rows_taken_over"] >= 0
-    for p in rep["phases"]:
-        assert p["piece8_ratio"] > 0 and p["piece8_step_ms_p99_cached"] > 0
-        assert p["unmerged_ratio"] > 0 and p["unmerged_step_ms_p99_cached"] > 0
-        assert p["pfqd4_ratio"] > 0 and p["deferred_ratio"] > 0  # (CPU: not deferred)
-    proc = subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick",
-                           "--ablate-piece", "-1"], capture_output=True, text=True)  # fmt: skip
-    assert proc.returncode == 2 and "--ablate-piece -1" in proc.stderr
-    proc = subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick",
-                           "--ablate-prefetch-qd", "2000"], capture_output=True, text=True)  # fmt: skip
-    assert proc.returncode == 2 and "--ablate-prefetch-qd 2000" in proc.stderr
 
 
 def test_bench_serve_quick_one_server_and_its_step_split():
@@ -183,15 +167,12 @@ def test_bench_serve_quick_one_server_and_its_step_split():
             mean = sum(w * p[f"{tag}_{key}_ms"] for w, tag in parts if w > 0)
             tps = p[f"{key}_tok_s"]
             assert mean == pytest.approx(1e3 * p["tokens_per_step"] / tps, rel=1e-6)
-    proc = subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick",
-                           "--decode-graphs"], capture_output=True, text=True)  # fmt: skip
+    proc = judge("serve", "--quick", "--decode-graphs")
     assert proc.returncode == 2 and "--decode-graphs needs --device cuda" in proc.stderr
-    proc = subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick",
-                           "--interleave", "-1"], capture_output=True, text=True)  # fmt: skip
+    proc = judge("serve", "--quick", "--interleave", "-1")
     assert proc.returncode == 2 and "--interleave -1" in proc.stderr
     for bad in ("x2", "x1,x1", ""):
-        proc = subprocess.run([sys.executable, str(BENCH / "serve.py"), "--quick",
-                               "--servers", bad], capture_output=True, text=True)  # fmt: skip
+        proc = judge("serve", "--quick", "--servers", bad)
         assert proc.returncode == 2 and "--servers" in proc.stderr, bad
 
 
@@ -257,13 +238,13 @@ def test_bench_fullsize_quick_reports_anonymous_peak_and_verifies(tmp_path):
 
 
 def test_serve_floor_reread_check_reads_fresh_pages_then_the_run_s(tmp_path):
-    """bench/serve.py's re-read check: per step as many pages as the step read, none of
+    """bench.serve's re-read check: per step as many pages as the step read, none of
     them read in the run, then the run's own pages again; both through bench/floor.c."""
     import ml_dtypes
     import numpy as np
 
     import rowcache
-    from bench._serve_floor import Floor
+    from bench.serve.floor import Floor
 
     x = np.random.default_rng(0).standard_normal((20_000, 256)).astype(ml_dtypes.bfloat16)
     store = rowcache.build_store(tmp_path / "s", {"a": x, "b": x[:9000]}, progress=False)
@@ -290,9 +271,9 @@ def test_serve_floor_reread_check_reads_fresh_pages_then_the_run_s(tmp_path):
 
 
 def test_serve_lookahead_bound_models_prefetches_ahead():
-    sys.path.insert(0, str(BENCH))
     import numpy as np
-    from _serve_report import lookahead_bound
+
+    from bench.serve.report import lookahead_bound
 
     res = np.full(8, 1.0)
     pre = np.array([True] * 8)
@@ -322,7 +303,7 @@ def test_bench_serve_interleaved_series_keep_their_state():
 
 
 def test_serve_interleave_rotates_the_series_and_settles_between_turns():
-    from bench._serve_series import interleave
+    from bench.serve.series import interleave
 
     calls = []
 
@@ -348,7 +329,7 @@ def test_serve_interleave_rotates_the_series_and_settles_between_turns():
 def test_serve_turns_end_where_no_prefetch_is_in_flight():
     import numpy as np
 
-    from bench._serve_series import turn_ends
+    from bench.serve.series import turn_ends
 
     assert turn_ends(10, 4) == [4, 8, 10]
     quiet = np.ones(11, bool)
@@ -369,7 +350,7 @@ def test_serve_series_holds_its_prefetches_between_turns(tmp_path, rng, monkeypa
     import numpy as np
 
     import rowcache.cache.prefetch_book as prefetch_book
-    from bench._serve_series import Series
+    from bench.serve.series import Series
     from rowcache import NgramRowCache
     from tests.rowcache.test_cache import make_store
 
@@ -401,8 +382,7 @@ def test_serve_series_holds_its_prefetches_between_turns(tmp_path, rng, monkeypa
 def test_serve_step_latency_leaves_out_a_turns_end_charged_to_a_step():
     """A turn's end charged to a step (a lookahead series finishing its piece in flight,
     ``Series.run``) is in the step's seconds, so in tokens/s, but not in its latency."""
-    sys.path.insert(0, str(BENCH))
-    from _serve_report import _step_split
+    from bench.serve.report import _step_split
 
     def rec(dt, charged=0.0):  # a decode step's record, as Series.out holds it
         return (dt, 64, "decode", 9, 1, 0.001, 0.0, 0.002, 0.0, 0.0, (0.0,) * 4, charged)

@@ -1,12 +1,17 @@
-"""``bench/serve.py``'s command line: its options and their checks (``--quick``'s sizes,
-the device when not given, the profile's target)."""
+"""The serving judge's command line: its options and their checks (``--quick``'s sizes,
+the device when not given, the profile's target), and the series each server runs
+(:func:`series_depths`).
+
+Every series is a configuration of the library's public options (``NgramEmbedding``'s
+``defer_reads`` and ``cuda_graphs``, the cache's ``queue_depth`` and ``direct``); none
+reaches into the cache's private state."""
 
 from __future__ import annotations
 
 import argparse
 import os
 
-from _serve_model import REST_MODELS
+from bench.serve.model import REST_MODELS
 
 
 def parse(argv: list[str] | None, doc: str) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
@@ -88,47 +93,11 @@ def parse(argv: list[str] | None, doc: str) -> tuple[argparse.ArgumentParser, ar
         "alone: x1:cached",
     )
     p.add_argument(
-        "--ablate-yield",
-        action="store_true",
-        help="also run the first lookahead series with a prefetch reader that does not\n"
-        "yield the disk to demand faults (RowReader(background=False)): series 'noyield'",
-    )
-    p.add_argument(
-        "--ablate-piece",
-        type=int,
-        default=0,
-        metavar="ROWS",
-        help="also run the first lookahead series with prefetches read in pieces of ROWS\n"
-        "rows (the cache's default: rowcache.cache.prefetch_book.PIECE_ROWS): series 'pieceROWS'",
-    )
-    p.add_argument(
-        "--ablate-merge",
-        action="store_true",
-        help="also run the first lookahead series with a resolve that reads the rows it\n"
-        "needs of prefetch pieces in flight apart, before its own faults (not in their\n"
-        "read: NgramRowCache._merge_in_flight = False): series 'unmerged'",
-    )
-    p.add_argument(
-        "--ablate-prefetch-qd",
-        type=int,
-        default=0,
-        metavar="QD",
-        help="also run the first lookahead series with a prefetch reader of queue depth\n"
-        "QD (the cache's: --queue-depth): series 'pfqdQD'",
-    )
-    p.add_argument(
         "--deferred",
         action="store_true",
         help="also run the first lookahead series with steps that return while their\n"
         "rows are read (NgramEmbedding(defer_reads=True); the step settles after its\n"
         "rest of the model and prefetches are queued): series 'deferred'",
-    )
-    p.add_argument(
-        "--ablate-check",
-        action="store_true",
-        help="also run each server cached with no residency check before a step's device\n"
-        "part (rowcache.embed.step.cached_groups.CHECK_TOKENS = 0: the device part first, run again\n"
-        "after a fault): series 'nocheck'",
     )
     p.add_argument(
         "--interleave",
@@ -192,10 +161,6 @@ def parse(argv: list[str] | None, doc: str) -> tuple[argparse.ArgumentParser, ar
             args.device = "cuda" if cupy.cuda.is_available() else "cpu"
         except ImportError:
             args.device = "cpu"
-    if args.ablate_piece < 0:
-        p.error(f"--ablate-piece {args.ablate_piece}: give rows a piece (or 0: none)")
-    if not 0 <= args.ablate_prefetch_qd <= 1024:
-        p.error(f"--ablate-prefetch-qd {args.ablate_prefetch_qd}: give 1..1024 (or 0: none)")
     if args.interleave < 0:
         p.error(f"--interleave {args.interleave}: give steps a turn, or 0 for none")
     if args.profile is not None:
@@ -206,8 +171,30 @@ def parse(argv: list[str] | None, doc: str) -> tuple[argparse.ArgumentParser, ar
                 f"--profile {args.profile!r}: give SERVER:SERIES[:KIND], SERVER one of "
                 f"--servers ({args.servers}), KIND decode or prefill, e.g. x64:lookahead:prefill"
             )
+        runs = series_depths(args, parts[0], depths)
+        if parts[1] not in runs:
+            p.error(
+                f"--profile: server {parts[0]} runs no series {parts[1]!r}; its series: "
+                + ", ".join(runs)
+            )
         args.profile = (" " + parts[0], parts[1], parts[2] if len(parts) == 3 else None)
     if args.decode_graphs and args.device != "cuda":
         p.error(f"--decode-graphs needs --device cuda (CUDA graphs), not {args.device}")
     args.servers_on = servers_on
     return p, args
+
+
+def series_depths(args: argparse.Namespace, server: str, depths: list[int]) -> dict[str, int]:
+    """The cached series ``server`` ("x64" or "x1") runs beside the resident one, each with
+    how many steps ahead it prefetches prefill chunks (0: none): cached, lookahead (the
+    first depth), lookaheadD for each further depth (the 64-slot server only: the one-slot
+    server's prefill steps are too few to matter), again (--repeat-cached) and deferred
+    (--deferred: ``NgramEmbedding(defer_reads=True)``, the first depth)."""
+    runs = {"cached": 0, "lookahead": depths[0]}
+    if server == "x64":
+        runs.update((f"lookahead{d}", d) for d in depths[1:])
+    if args.repeat_cached:
+        runs["again"] = 0
+    if args.deferred:
+        runs["deferred"] = depths[0]
+    return runs

@@ -1,4 +1,4 @@
-"""bench/serve.py's workload: requests from real text, scheduled by the trace's server model.
+"""The serving judge's workload: requests from real text, scheduled by the trace's server model.
 
 Owns :func:`load_requests` (this interpreter's standard library source tokenized with
 DeepSeek's tokenizer, as ``rowcache demo`` does, split into one request per file) and

@@ -1,42 +1,6 @@
-"""A serving step with n-gram tables on disk: cached vs resident tokens/s, faults vs the disk's floor.
-
-The judge of issue 10. The trace's server model (``rowcache.tools.trace.ServerModel``: 64
-request slots, prefill in chunks of 512, then 256 decode tokens one a step, round robin)
-runs real text (this interpreter's stdlib source, DeepSeek's tokenizer) through the LongCat
-n-gram embedding (``NgramDims.longcat_flash_lite()``: 12 tables x 10,223,617 x 256, or the
-largest row count the disk and memory hold, ``--rows``). Each step = the embedding of the
-step's tokens + the rest of the model, modelled as a device workload of the step's
-duration (``bench/_serve_model.py`` documents the arithmetic; ``--rest``). Compared in one
-run, on the same steps:
-
-- resident: every table in device memory (HBM; host RAM on the CPU): the baseline;
-- cached: the 12 tables through ONE shared ``NgramRowCache`` arena over the store, sized by
-  ``rowcache tune`` for a 121 GB machine (profile of the same trace; ``--arena-bytes``);
-- cached + lookahead: while step t runs, the rows of step t+1's prefill chunks are
-  prefetched (their tokens are the prompt). Decode tokens of step t+1 are sampled at the
-  end of step t, so they are never prefetched. ``--lookahead-steps 1,3`` adds a series
-  that prefetches three steps ahead (a server knows the prompts it has admitted; the 64-slot
-  server only);
-- the floor: the pages each cached step faulted, re-read by a native reader
-  (``bench/floor.c``, bench/fault.py's, compiled here with gcc: io_uring at the cache's
-  queue depth, and threads of blocking ``pread``), one batch a step.
-
-Phases: decode x1 (a one-slot server), decode x64 (steps of the 64-slot server with no
-prefill chunk), chunked prefill (its steps with at least one chunk; they also carry the
-other slots' decode tokens). The first ``--warm`` fraction of each server's steps runs
-untimed to fill the arena. ``--history N``: a server that has been serving: the text's first
-N tokens come before the trace, and each cached series starts with their rows prefetched
-into the arena (untimed; the arena is tuned on history + trace): in one sorted pass where
-the arena holds every row of history and trace (no series evicts, checked), else in the
-history's order. Without it
-the server starts cold, and at this trace's length nearly every fault is a row's first
-touch (bench/RESULTS.md). The series of a server take turns of ``--interleave`` steps
-(their order rotating), so that a shared machine's drift lands on all of them alike; a
-turn ends at the first step after that with no prefetch in flight, within as many steps
-again (else a lookahead series' prefetches not started wait for its next turn, and it
-waits for the pieces being read, paying that wait).
-``--quick``: tiny sizes on the CPU (what the test runs).
-"""
+"""The serving judge's run: the store, the arena tuned on the trace, the resident and
+cached series of each server taking turns, the floor, the report (the package's
+docstring says what it measures)."""
 
 from __future__ import annotations
 
@@ -50,28 +14,26 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from _common import machine
-from _serve_args import parse
-from _serve_floor import Floor
-from _serve_model import REST_MODELS, make_workload
-from _serve_report import ROW_BYTES, phase_rows, render
-from _serve_series import Series, interleave, prefetch_timeline, prefetcher
-from _serve_steps import history_rows, load_requests, load_text, server_steps
-
+import bench.serve
+from bench._common import machine
+from bench.serve.args import parse, series_depths
+from bench.serve.floor import Floor
+from bench.serve.model import REST_MODELS, make_workload
+from bench.serve.report import ROW_BYTES, phase_rows, render
+from bench.serve.series import Series, interleave, prefetch_timeline, prefetcher
+from bench.serve.steps import history_rows, load_requests, load_text, server_steps
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.layer import NgramEmbedding
 from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
 from rowcache.kernels.reference import BF16
 from rowcache.store.builder import build_store
 from rowcache.cache.row_cache import NgramRowCache
-from rowcache.io.reader import RowReader
 from rowcache.store.handle import RowStore
 from rowcache.tools.profile import profile_trace
 from rowcache.tools.trace import ServerModel
 from rowcache.tools.trace_build import build_trace
-from rowcache.tools.tune import parse_bytes, tune
+from rowcache.tools.tune import tune
+from rowcache.units import parse_bytes
 
 FULL_ROWS = 10_223_617  # LongCat-Flash-Lite's table 0: 78 x 131,072 + 1
 
@@ -96,9 +58,7 @@ def pick_rows(args: Any, xp: Any) -> tuple[int, str]:
     disk = int((0.9 * free - (1 << 30)) / (12 * ROW_BYTES[args.dtype]))
     # the resident tables, and every cached series' arena (alive at once: the series take
     # turns), an arena at most the tables' size in RAM, ~0.2 of it in HBM (tune's budget)
-    arenas = 1 + len(args.lookahead_list) + args.ablate_check + args.repeat_cached
-    arenas += args.ablate_yield + bool(args.ablate_piece) + args.ablate_merge
-    arenas += bool(args.ablate_prefetch_qd) + args.deferred
+    arenas = len(series_depths(args, "x64", args.lookahead_list))
     per_row = (
         12
         * 256
@@ -193,7 +153,7 @@ def warm_plan(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p, args = parse(argv, __doc__)
+    _, args = parse(argv, bench.serve.__doc__)
     depths, servers_on = args.lookahead_list, args.servers_on
     xp: Any = np
     if args.device == "cuda":
@@ -280,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         warmed: dict[str, Any] = {"tokens": sum(r.size for r in hist), "order": order}
 
-        def new_cache(yield_disk: bool = True, prefetch_qd: int = 0) -> NgramRowCache:
+        def new_cache() -> NgramRowCache:
             cache = NgramRowCache(
                 store,
                 [str(i) for i in range(T)],
@@ -289,15 +249,6 @@ def main(argv: list[str] | None = None) -> int:
                 queue_depth=args.queue_depth,
                 direct=not args.no_direct,
             )
-            own = cache._prefetch_reader()
-            if type(own) is RowReader and (not yield_disk or prefetch_qd):
-                # --ablate-yield: a prefetch reader that does not yield the disk;
-                # --ablate-prefetch-qd: one of that queue depth
-                opts = own.options(
-                    background=own.background and yield_disk,
-                    queue_depth=prefetch_qd or own.queue_depth,
-                )
-                cache._prefetch_reader = lambda: store.new_reader(**opts)
             if warm_rows:  # the history's rows, in its order (untimed)
                 t0 = time.perf_counter()
                 for rows_ in warm_rows:
@@ -306,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                 dt = time.perf_counter() - t0
                 warmed.update(seconds=dt, rows_read=st.prefetched, read_ops=st.read_ops)
                 warmed.update(GB_read=st.bytes_read / 1e9, GB_s=st.bytes_read / 1e9 / dt)
-                warmed["resident_rows"] = int(np.count_nonzero(cache._row_slot >= 0))
+                warmed["resident_rows"] = cache.resident
                 log(f"arena warmed by the history: {json.dumps(warmed)}")
             return cache
 
@@ -332,37 +283,12 @@ def main(argv: list[str] | None = None) -> int:
             }
             misses: list[np.ndarray] = []
             demand: dict[str, list[np.ndarray]] = {}  # a lookahead series' own faults
-            variants = {"cached": 0, "lookahead": depths[0]}
-            if name == " x64":  # the one-slot server's prefill steps are too few to matter
-                variants.update((f"lookahead{d}", d) for d in depths[1:])
-            if args.ablate_check:
-                variants["nocheck"] = 0
-            if args.repeat_cached:
-                variants["again"] = 0
-            if args.ablate_yield:
-                variants["noyield"] = depths[0]
-            if args.ablate_piece:
-                variants[f"piece{args.ablate_piece}"] = depths[0]
-            if args.ablate_merge:
-                variants["unmerged"] = depths[0]
-            if args.ablate_prefetch_qd:
-                variants[f"pfqd{args.ablate_prefetch_qd}"] = depths[0]
-            if args.deferred:
-                variants["deferred"] = depths[0]
-            if args.profile and args.profile[0] == name and args.profile[1] not in variants:
-                p.error(
-                    f"--profile: server{name} runs no series {args.profile[1]!r}; its series: "
-                    + ", ".join(variants)
-                )
+            variants = series_depths(args, name.strip(), depths)
             caches, outputs, prof = {}, {}, None
             for variant, depth in variants.items():
                 if depth:
                     demand[variant] = []
-                pf_qd = args.ablate_prefetch_qd if variant.startswith("pfqd") else 0
-                cache = caches[variant] = new_cache(variant != "noyield", pf_qd)
-                if variant == f"piece{args.ablate_piece}":
-                    cache._piece_rows = args.ablate_piece
-                cache._merge_in_flight = variant != "unmerged"
+                cache = caches[variant] = new_cache()
                 ctabs = [CachedTable(cache, i) for i in range(T)]
                 defer = {"defer_reads": True} if variant == "deferred" else {}
                 emb_c = NgramEmbedding(dims, word, ctabs, projs, **defer)
@@ -386,8 +312,6 @@ def main(argv: list[str] | None = None) -> int:
                     record=misses if variant == "cached" else demand.get(variant),
                     check=(args.check_every, outputs[variant]),
                     graphs=graphed(ctabs, **defer),
-                    # the order before the check: the device part first, again after a fault
-                    check_tokens=0 if variant == "nocheck" else None,
                     profile=prof if args.profile and args.profile[:2] == (name, variant) else None,
                     profile_kind=args.profile[2] if args.profile else None,
                 )

@@ -1,8 +1,8 @@
-"""bench/serve.py's report: each phase's figures from the timed series, and the printed table.
+"""The serving judge's report: each phase's figures from the timed series, and the printed table.
 
 Owns :func:`phase_rows` (per phase of one server: tokens/s of each variant, ratios, hit
 rate, faults per token, fault time against the native floor, and the bounds the disk alone
-allows) and :func:`render` (the settings' lines and the table ``bench/serve.py`` prints).
+allows) and :func:`render` (the settings' lines and the table ``python -m bench.serve`` prints).
 """
 
 from __future__ import annotations
@@ -13,28 +13,15 @@ import numpy as np
 
 ROW_BYTES = {"bf16": 512.0, "fp8": 4096 / 15}  # stored bytes a row (rows never straddle a page)
 NO_PREFETCH = "n/a (no prefetch in this tree)"
-ABLATION_LABELS = {
-    "nocheck": "no-check",
-    "again": "again",
-    "noyield": "no-yield",
-    "unmerged": "unmerged",
-    "deferred": "deferred",
-}
-"""The ablation series (--ablate-check, --repeat-cached, --ablate-yield, --ablate-merge,
---deferred;
---ablate-piece adds ``pieceROWS``, --ablate-prefetch-qd ``pfqdQD``) and their columns'
-names."""
+EXTRA_SERIES = ("again", "deferred")
+"""The series beside resident, cached and lookahead (--repeat-cached, --deferred), in the
+order their columns print."""
 
 
-def ablations(names: Any) -> list[str]:
-    """The ablation series among ``names``, in a fixed order."""
+def extra_series(names: Any) -> list[str]:
+    """The extra series among ``names``, in a fixed order."""
     names = list(names)
-    return [v for v in ABLATION_LABELS if v in names] + sorted(
-        v
-        for v in names
-        for prefix in ("piece", "pfqd")
-        if v.startswith(prefix) and v[len(prefix) :].isdigit()
-    )
+    return [v for v in EXTRA_SERIES if v in names]
 
 
 def lookahead_bound(
@@ -142,7 +129,7 @@ def phase_rows(
             h, m = sum(r[3] for r in sel["lookahead"]), sum(r[4] for r in sel["lookahead"])
             row["lookahead_hit_rate"] = h / (h + m) if h + m else 1.0
             row["lookahead_wait_ms_per_step"] = 1e3 * sum(r[6] for r in sel["lookahead"]) / len(c)
-        for v in ablations(sel):  # --ablate-check, --repeat-cached, -yield, -piece
+        for v in extra_series(sel):  # --repeat-cached, --deferred
             row[f"{v}_ratio"] = tps[v] / tps["resident"]
         for v in sel:  # the other series' step split too (JSON; decode work is the same)
             if v not in ("resident", "cached"):
@@ -186,11 +173,11 @@ def _step_split(res: list[Any], cached: list[Any]) -> dict[str, Any]:
 
 
 def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
-    from _common import _fmt
+    from bench._common import fmt_cell
 
     s, a, r = settings, settings["arena"], settings["rest_model"]
     rec = ROW_BYTES[s["dtype"]]
-    print(f"# bench/serve.py on {s['machine']}, device {s['device']}")
+    print(f"# bench.serve on {s['machine']}, device {s['device']}")
     print(
         f"tables: 12 x {s['rows_per_table']:,} x 256 {s['dtype']} ({s['rows_choice']}); "
         f"store {s['store_GB']:.2f} GB, built in {s['store_build_s']:.0f} s"
@@ -250,7 +237,7 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
         )
     else:
         print("disk re-read check: not run (no page of the store was left unread)")
-    abl = ablations(k[: -len("_ratio")] for k in phases[0] if k.endswith("_ratio"))
+    extra = extra_series(k[: -len("_ratio")] for k in phases[0] if k.endswith("_ratio"))
     cols = [
         ("phase", "phase"),
         ("steps", "steps"),
@@ -277,7 +264,7 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
                 ("demand bound", "demand_bound"),
             )
         ),
-        *((f"{ABLATION_LABELS.get(v, v)} ratio", f"{v}_ratio") for v in abl),
+        *((f"{v} ratio", f"{v}_ratio") for v in extra),
         ("faults/tok", "faults_per_token"),
         ("fault ms/step", "fault_ms_per_step"),
         ("floor uring ms", "floor_uring_ms_per_step"),
@@ -288,7 +275,7 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
         ("bound", "floor_bound_ratio"),
         ("la bound", "floor_bound_overlap_ratio"),
     ]
-    cells = [[_fmt(p.get(k)).replace(NO_PREFETCH, "n/a") for _, k in cols] for p in phases]
+    cells = [[fmt_cell(p.get(k)).replace(NO_PREFETCH, "n/a") for _, k in cols] for p in phases]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _) in enumerate(cols)]
     print("  ".join(h.rjust(w) for (h, _), w in zip(cols, widths)))
     for c in cells:
@@ -300,20 +287,20 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
             "the others; and the embedding call's time on the host thread:"
         )
         for p in split:
-            f = [_fmt(p.get(k)) for k in ("faulting_resident_ms", "faulting_cached_ms",
+            f = [fmt_cell(p.get(k)) for k in ("faulting_resident_ms", "faulting_cached_ms",
                                           "hit_only_resident_ms", "hit_only_cached_ms",
                                           "embed_call_resident_ms", "embed_call_cached_ms")]  # fmt: skip
             print(
                 f"  {p['phase']}: faulting {p['faulting_steps']:.0%} of steps: {f[0]} / {f[1]}; "
                 f"the others: {f[2]} / {f[3]}; embedding call {f[4]} / {f[5]}"
             )
-            for v in ("lookahead", *abl):
+            for v in ("lookahead", *extra):
                 if p.get(f"{v}_faulting_steps") is not None:
-                    g = [_fmt(p.get(f"{v}_{k}")) for k in ("faulting_cached_ms", "hit_only_cached_ms",
+                    g = [fmt_cell(p.get(f"{v}_{k}")) for k in ("faulting_cached_ms", "hit_only_cached_ms",
                                                            "embed_call_cached_ms")]  # fmt: skip
                     print(f"    {v}: faulting {g[0]}, the others {g[1]}, embedding call {g[2]}")
             lat = [(v, p.get(f"{v}step_ms_p50_cached"), p.get(f"{v}step_ms_p99_cached"))
-                   for v in ("", "lookahead_", *(f"{a}_" for a in abl))]  # fmt: skip
+                   for v in ("", "lookahead_", *(f"{a}_" for a in extra))]  # fmt: skip
             if lat[0][1] is not None:
                 print(
                     f"    step latency ms, p50 / p99: resident {p['step_ms_p50_resident']:.2f} / "
@@ -324,7 +311,7 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
                         if a is not None
                     )
                 )
-            for v in ("", "lookahead_", *(f"{a}_" for a in abl)):
+            for v in ("", "lookahead_", *(f"{a}_" for a in extra)):
                 ph = p.get(f"{v}fault_phases_ms")
                 if ph:
                     print(
@@ -349,7 +336,7 @@ def render(settings: dict[str, Any], phases: list[dict[str, Any]]) -> None:
         "io_uring's after sleeping a decode step's rest of the model before each step's "
         "pages; bound = the ratio if each step cost the resident step plus its faults' floor; la bound = with the floor hidden behind the step by a perfect "
         "lookahead one step ahead; laN bound = a model of prefetches N steps ahead read at the "
-        "floor by one disk (bench/_serve_report.lookahead_bound), which counts a prefill step's "
+        "floor by one disk (bench.serve.report.lookahead_bound), which counts a prefill step's "
         "decode tokens as prefetched; demand bound = every prefetch on time and the series' own "
         "faults (its decode tokens) at the floor; all estimates, the floor being "
         "re-read in a pass of its own. Prefetches read during other steps slow those: with "

@@ -1,4 +1,4 @@
-"""bench/serve.py's series: one embedding (resident, cached, with lookahead...) run over a
+"""The serving judge's series: one embedding (resident, cached, with lookahead...) run over a
 server's steps, each step = the embedding + the rest of the model, timed.
 
 Owns :func:`prefetcher` (the lookahead API of this tree), :class:`Series` (a series whose
@@ -42,8 +42,7 @@ class Series:
     (``cuda_graphs=True``, same tables) of the steps without a prefill chunk, as a server
     that captures its decode step. ``record``: the rows each timed step will fault (a
     bench-only peek, untimed). ``check``: ``(every, list)``, every ``every``-th step's output
-    appended as ``(step, output)``. ``check_tokens``: ``rowcache.embed.step.cached_groups.CHECK_TOKENS``
-    while this series runs (None: unchanged). ``profile``: a ``cProfile.Profile`` enabled
+    appended as ``(step, output)``. ``profile``: a ``cProfile.Profile`` enabled
     during each step's host work (the embedding call and the prefetch calls, not the rest of
     the model) of the timed steps of kind ``profile_kind`` ("decode", "prefill"; None: every step).
     """
@@ -62,14 +61,13 @@ class Series:
         record: list[np.ndarray] | None = None,
         check: tuple[int, list[Any]] | None = None,
         graphs: Any = None,
-        check_tokens: int | None = None,
         profile: Any = None,
         profile_kind: str | None = None,
     ) -> None:
         self.emb, self.steps, self.warm, self.rest = emb, steps, warm, rest
         self.work, self.sync, self.cache, self.lookahead = work, sync, cache, lookahead
         self.record, self.check, self.graphs = record, check, graphs
-        self.check_tokens, self.profile, self.profile_kind = check_tokens, profile, profile_kind
+        self.profile, self.profile_kind = profile, profile_kind
         # A server queues its step's GPU work, then prepares what comes next while it runs:
         # on the GPU the rest of the model (a queued kernel) goes before the prefetch calls'
         # host work; on the CPU the rest blocks the host thread, so the prefetches go first.
@@ -88,25 +86,16 @@ class Series:
         another series runs next, and its time must neither read this one's rows nor be
         slowed by them: hold the prefetches not started until this series runs again,
         wait for those being read, and add the wait to the last step's time."""
-        if self.check_tokens is not None:  # (imported here: bench/embed.py shadows the
-            import rowcache.embed.step.cached_groups as cached_groups  # package where bench/ is on the path)
-
-            saved = cached_groups.CHECK_TOKENS
-            cached_groups.CHECK_TOKENS = self.check_tokens
-        try:
-            self._release()
-            for k in range(lo, min(hi, len(self.steps))):
-                self._step(k)
-            if settle and self.handles:
-                t0 = time.perf_counter()
-                self._hold()
-                if self.out and hi - 1 >= self.warm:  # (and apart: not a step's latency)
-                    x = time.perf_counter() - t0
-                    dt, *more, charged = self.out[-1]
-                    self.out[-1] = (dt + x, *more, charged + x)
-        finally:
-            if self.check_tokens is not None:
-                cached_groups.CHECK_TOKENS = saved
+        self._release()
+        for k in range(lo, min(hi, len(self.steps))):
+            self._step(k)
+        if settle and self.handles:
+            t0 = time.perf_counter()
+            self._hold()
+            if self.out and hi - 1 >= self.warm:  # (and apart: not a step's latency)
+                x = time.perf_counter() - t0
+                dt, *more, charged = self.out[-1]
+                self.out[-1] = (dt + x, *more, charged + x)
 
     def _step(self, k: int) -> None:
         st, cache, steps = self.steps[k], self.cache, self.steps

@@ -1,4 +1,4 @@
-"""bench/serve.py's floor: the pages a cached run faulted, re-read by the native reader.
+"""The serving judge's floor: the pages a cached run faulted, re-read by the native reader.
 
 Owns turning each step's missed rows (global ids of a shared ``NgramRowCache``) into the
 store pages that hold them, and running ``bench/floor.c`` (bench/fault.py's native reader,
@@ -25,7 +25,7 @@ class Floor:
 
     def __init__(self, store: Any, direct: bool) -> None:
         if shutil.which("gcc") is None:
-            raise RuntimeError("bench/serve.py needs gcc to build its native floor reader")
+            raise RuntimeError("bench.serve needs gcc to build its native floor reader")
         self.tmp = tempfile.mkdtemp(prefix="serve-floor-")
         self.exe = build_floor(self.tmp)
         self.store = store

@@ -1,4 +1,4 @@
-"""bench/serve.py's rest of the model: how long a step's non-embedding work takes, and a
+"""The serving judge's rest of the model: how long a step's non-embedding work takes, and a
 workload that occupies the device for exactly that long.
 
 Owns :class:`RestModel` (the step-time arithmetic, with its defaults for one H200 and for a

@@ -18,8 +18,8 @@ fastest graph. A sweep over smaller batches shows where each path wins.
 Without a GPU the script runs the CPU path (NumPy references; float32 GEMM baseline,
 NumPy has no bf16 GEMM) at a small size and says so.
 
-    python bench/overlay.py            # the claim's sizes on a GPU
-    python bench/overlay.py --quick    # small and fast (the test suite runs this)
+    python -m bench.overlay            # the claim's sizes on a GPU
+    python -m bench.overlay --quick    # small and fast (the test suite runs this)
 """
 
 from __future__ import annotations

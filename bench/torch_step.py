@@ -12,8 +12,8 @@ module's ``inputs_embeds``: tokens/s with resident vs cached tables on real text
 (stdlib source; DeepSeek's tokenizer, or hashed words with ``--quick``), and whether
 both runs give the same tokens.
 
-    python bench/torch_step.py                  # GPU when there is one
-    python bench/torch_step.py --device cpu --quick
+    python -m bench.torch_step                  # GPU when there is one
+    python -m bench.torch_step --device cpu --quick
 """
 
 from __future__ import annotations

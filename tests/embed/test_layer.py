@@ -356,7 +356,7 @@ def test_bench_embed_quick_cpu(capsys):
     import json
     import pathlib
 
-    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "embed.py"
+    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "embed_step.py"
     spec = importlib.util.spec_from_file_location("bench_embed", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
@@ -473,7 +473,7 @@ def test_bench_embed_quick_gpu(tmp_path, capsys, rng):
     # Zipf-like token ids stand in for the demo text where no tokenizer is installed
     toks = np.minimum(rng.zipf(1.2, size=20_000), 131071).astype(np.int32)
     np.save(tmp_path / "toks.npy", toks)
-    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "embed.py"
+    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "embed_step.py"
     spec = importlib.util.spec_from_file_location("bench_embed_gpu", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

@@ -320,7 +320,7 @@ def test_gather_gpu_rejects_mixed_devices_and_column_strides(rng):
 
 # --- the benchmark script --------------------------------------------------------------
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "kernels.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "gather_kernels.py"
 
 
 def _run_bench(*argv: str) -> str:

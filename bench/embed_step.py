@@ -12,7 +12,7 @@ The resident tables have LongCat-Flash-Lite's real size (V 131,072, D 3,072, 12 
 10.2M rows: 62.8 GB BF16 in HBM). The cached tables' store has ``--cached-ratio``
 x V rows per table (default 8: 6.4 GB) because the GPU machine's 60 GB disk cannot
 hold the 62.8 GB BF16 store; their resident comparison uses the same reduced tables.
-Synthetic weights. Run ``python bench/embed.py`` on the GPU; ``--quick`` (tiny,
+Synthetic weights. Run ``python -m bench.embed_step`` on the GPU; ``--quick`` (tiny,
 also on ``--device cpu``) is what the test runs.
 
 Inputs are host token ids, as a server holds them: decode steps are packed
@@ -61,7 +61,7 @@ def _xp(device: str) -> Any:
     if device == "cuda":
         from rowcache.kernels.loader import require_cupy
 
-        return require_cupy("bench/embed.py --device cuda")
+        return require_cupy("bench.embed_step --device cuda")
     return np
 
 

@@ -7,8 +7,8 @@ bf16 fancy index. Timing: CUDA events around each call, L2 flushed before each r
 warmup, median. Without a GPU the script runs the NumPy references at a small size
 and says so. Effective bytes = bytes read (rows, scales, ids) + bytes written.
 
-    python bench/kernels.py            # 10M-row table, batches of 768 and 24,576 rows
-    python bench/kernels.py --quick    # small and fast (the test suite runs this)
+    python -m bench.gather_kernels            # 10M-row table, batches of 768 and 24,576 rows
+    python -m bench.gather_kernels --quick    # small and fast (the test suite runs this)
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def run_cpu(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(
-        f"bench/kernels.py: device={args.device} rows={args.rows:,} dim={args.dim} "
+        f"bench.gather_kernels: device={args.device} rows={args.rows:,} dim={args.dim} "
         f"batches={args.batch} reps={args.reps} warmup={args.warmup}"
     )
     if args.device == "gpu":

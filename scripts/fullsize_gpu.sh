@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Issue 14 part 3, in ONE device call (<= 9 min): the full FP8 store on the GPU machine.
-#   1. wheels + native extensions (as bench/gpu_session.sh), one bf16 source of the largest
+#   1. wheels + native extensions (as scripts/gpu_session.sh), one bf16 source of the largest
 #      table's rows (10,223,639 x 256, 5.2 GB, random, on disk), reused for all 12 tables;
 #   2. build the full FP8 store (12 x 10,223,617+2i x 256, ~31.9 GB) with the GPU quantize
-#      (bench/fullsize.py: build time, GB/s, peak RssAnon, vs a plain write), then verify it;
-#   3. bench/build.py: FP8 (cuda and cpu engines) and BF16 vs plain write (same run);
-#   4. bench/sizing_check.py --device cuda on the full store (profile/tune vs the GPU cache,
+#      (bench.fullsize: build time, GB/s, peak RssAnon, vs a plain write), then verify it;
+#   3. bench.build: FP8 (cuda and cpu engines) and BF16 vs plain write (same run);
+#   4. bench.sizing_check --device cuda on the full store (profile/tune vs the GPU cache,
 #      300k stdlib tokens: SIZING_TOKENS);
-#   5. bench/serve.py if this tree has it (it builds its own store: ours is deleted first).
+#   5. bench.serve (it builds its own store: ours is deleted first).
 # Every stage runs under `timeout`, bounded by what is left of DEADLINE_S, and the summary
 # table prints whatever finished. Usage (repository root, .whl/ carried):
-#   bash bench/fullsize_gpu.sh            # logs and JSON under $OUT
+#   bash scripts/fullsize_gpu.sh          # logs and JSON under $OUT
 set -u
 T0=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-500}
@@ -37,7 +37,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 $PY setup.py -q build_ext --inplace 2>&1 | grep -v -i "warn" | tail -3
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 df -h "$W" | tail -1; nproc; free -g | sed -n 2p
-$PY -c "import kernels, rowcache.store.builder as b; print('fp8 engine:', b._fp8_engine())"
+$PY -c "import rowcache.store.builder as b; print('fp8 engine:', b._fp8_engine())"
 
 SRC=$W/src.npy
 OUT_KEEP=$OUT; OUT=$W  # the source's line stays out of $OUT
@@ -57,14 +57,14 @@ out.flush()
 print('{"source_s": %.1f}' % (time.time() - t0))
 EOF
 OUT=$OUT_KEEP; cat "$W/source.json"
-stage build_fp8 240 $PY bench/fullsize.py --store "$W/store" --source "$SRC" --dtype fp8 --tables $TABLES --rows $ROWS --json
+stage build_fp8 240 $PY -m bench.fullsize --store "$W/store" --source "$SRC" --dtype fp8 --tables $TABLES --rows $ROWS --json
 stage verify 90 $PY -m rowcache verify --json --no-progress "$W/store"
-stage bench_build 120 $PY bench/build.py --rows ${BUILD_ROWS:-2000000} --repeat 2 --dir "$W/bb" --json
+stage bench_build 120 $PY -m bench.build --rows ${BUILD_ROWS:-2000000} --repeat 2 --dir "$W/bb" --json
 rm -rf "$W/bb"
-stage sizing 200 $PY bench/sizing_check.py --device cuda --store "$W/store" --tokens ${SIZING_TOKENS:-300000} --embed-steps 200 --workdir "$W/sizing" --json
-if [ -f bench/serve.py ]; then
-  rm -rf "$W/store" "$SRC"  # serve.py builds its own store from its own tables (outputs are checked)
-  stage serve 300 $PY bench/serve.py --device cuda --dtype fp8 --rows $ROWS --workdir "$W/serve" --json
+stage sizing 200 $PY -m bench.sizing_check --device cuda --store "$W/store" --tokens ${SIZING_TOKENS:-300000} --embed-steps 200 --workdir "$W/sizing" --json
+if [ -d bench/serve ]; then
+  rm -rf "$W/store" "$SRC"  # bench.serve builds its own store from its own tables (outputs are checked)
+  stage serve 300 $PY -m bench.serve --device cuda --dtype fp8 --rows $ROWS --workdir "$W/serve" --json
 fi
 
 echo "=== summary (t=$(( $(date +%s) - T0 ))s)"
@@ -90,7 +90,7 @@ if v:
 s = load("build") or load("bench_build")
 if s:
     for r in s["results"]:
-        print(f"bench/build.py {r['dtype']:>4} {r['engine']:>9} threads={r['threads']}: "
+        print(f"bench.build {r['dtype']:>4} {r['engine']:>9} threads={r['threads']}: "
               f"{r['build_GB_s']:.2f} GB/s, ratio {r['ratio']:.2f} ({r['ratios']})")
 z = load("sizing")
 if z:
@@ -102,6 +102,6 @@ if z:
                   f"{r['measured_fault_us_per_token']:.1f}"
                   + (f"; {r['embed_tokens_s']:.0f} tok/s" if r.get("embed_tokens_s") else ""))
 if load("serve"):
-    print("serve.py: see", os.path.join(out, "serve.json"))
+    print("bench.serve: see", os.path.join(out, "serve.json"))
 EOF
 rm -rf "$W"

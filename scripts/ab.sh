@@ -3,14 +3,15 @@
 # `git archive <commit> | tar -x -C .ab-a`, made before the call: the device's copy has no
 # .git) and this one run alternately (A B A B) with the same arguments; each run's figures
 # are printed side by side. Usage (repo root, GPU machine):
-#   A_DIR=.ab-a ARGS="--dtype bf16 --rows 2000000 --tokens 150000" bash bench/ab.sh serve
-#   A_DIR=.ab-a ARGS="--ks 1,12,48,192" bash bench/ab.sh fault
+#   A_DIR=.ab-a ARGS="--dtype bf16 --rows 2000000 --tokens 150000" bash scripts/ab.sh serve
+#   A_DIR=.ab-a ARGS="--ks 1,12,48,192" bash scripts/ab.sh fault
+# A tree from before bench/ became a package runs its bench/<name>.py as a script.
 # serve: each phase's ratio, lookahead ratio and fault ms a step; fault: each k's cold step
 # (its read, the floor) and warm step, in microseconds.
 set -u
 BENCH=${1:?give the bench: serve or fault}
 case $BENCH in
-  serve|fault) SCRIPT=$BENCH ;;
+  serve|fault) ;;
   *) echo "unknown bench $BENCH (serve or fault)"; exit 2 ;;
 esac
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -23,7 +24,9 @@ run() {  # $1: label, $2: tree; the JSON report goes to $OUT/$1.json
     fault) set -- "$1" "$2" --dir /tmp/rowcache-fault --json ;;
   esac
   local label=$1 tree=$2; shift 2
-  (cd "$tree" && PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 timeout ${AB_T:-150} python3 "bench/$SCRIPT.py" \
+  local entry=(-m "bench.$BENCH")
+  [ -f "$tree/bench/$BENCH.py" ] && [ ! -f "$tree/bench/__init__.py" ] && entry=("bench/$BENCH.py")
+  (cd "$tree" && PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 timeout ${AB_T:-150} python3 "${entry[@]}" \
     --device cuda ${ARGS:-} "$@" >"$OUT/$label.out" 2>"$OUT/$label.log")
   echo "rc=$? ($label)"
   [ "$BENCH" = fault ] && cp "$OUT/$label.out" "$OUT/$label.json"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: install the carried wheels, run every GPU test, then the GPU benchmarks.
-# Usage on the device machine: bash bench/gpu_session.sh [pytest-args]   (writes logs under $OUT)
+# Usage on the device machine (repository root): bash scripts/gpu_session.sh [pytest-args]   (writes logs under $OUT)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -15,8 +15,8 @@ if [ "$STAGE" = all ] || [ "$STAGE" = tests ]; then
 fi
 if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
   D=/tmp/benchdata; mkdir -p $D
-  for b in ${BENCHES:-kernels cache read build}; do
-    echo "=== bench/$b.py"
-    timeout ${BENCH_TIMEOUT:-240} python3 bench/$b.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-$b.log" | tail -25
+  for b in ${BENCHES:-gather_kernels cache read build}; do
+    echo "=== bench.$b"
+    timeout ${BENCH_TIMEOUT:-240} python3 -m bench.$b ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-$b.log" | tail -25
   done
 fi

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rowcache
+import rowcache.io.native as native_mod
 import rowcache.io.reader as reader_mod
 from rowcache import NgramRowCache
 from rowcache.io.checksum import PAGE, page_crcs, page_crcs_of_file
@@ -185,11 +186,12 @@ def test_python_path_when_extension_is_missing(stores, monkeypatch):
     store = stores[1]
     parts = [(0, np.arange(0, 2500, 11)), (1, np.arange(3, 999, 5))]
     want = expected_records(store, parts)
-    monkeypatch.setattr(reader_mod, "_rcio", None)
+    monkeypatch.setattr(native_mod, "_rcio", None)
+    monkeypatch.setattr(reader_mod, "NATIVE_BUILT", False)  # (as imported where it is built)
     r = make_reader(store)
     assert r.engine == "python"
     np.testing.assert_array_equal(r.read_parts(parts)[0], want)
-    with pytest.raises(ConfigError, match=r"rowcache\._rcio"):
+    with pytest.raises(ConfigError, match=r"rowcache\.io\._rcio"):
         make_reader(store, engine="uring")
 
 

@@ -139,7 +139,7 @@ def test_cli_errors_name_the_argument(workdir, capsys):
 
 
 def test_through_rowcache_main(workdir, capsys, monkeypatch):
-    from rowcache.cli import main as cli
+    from rowcache.cli import app as cli
     missing = [m for m in ("rowcache.cli.tools", "rowcache.cli.tune")
                if m not in cli.COMMAND_MODULES]  # fmt: skip
     if missing:

@@ -6,7 +6,8 @@ import pytest
 
 from rowcache.errors import ConfigError
 from rowcache.tools.benchio import DeviceProfile
-from rowcache.tools.tune import parse_bytes, tune
+from rowcache.tools.tune import tune
+from rowcache.units import parse_bytes
 
 
 def profile():

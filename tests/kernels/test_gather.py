@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -316,30 +313,3 @@ def test_gather_gpu_rejects_mixed_devices_and_column_strides(rng):
         rowcache.kernels.batched_embed_fp8(np.array([0]), cp.zeros((5, 8), cp.uint8), np.ones(5, np.float32))
     with pytest.raises(IndexError, match="table"):
         rowcache.kernels.batched_embed(np.array([0]), cp.zeros((0, 8), dtype=BF16))
-
-
-# --- the benchmark script --------------------------------------------------------------
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "gather_kernels.py"
-
-
-def _run_bench(*argv: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), *argv], capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-def test_bench_kernels_quick_runs_on_cpu():
-    out = _run_bench("--quick", "--device", "cpu", "--batch", "64", "--reps", "2")
-    assert "NumPy references" in out
-    lines = [ln for ln in out.splitlines() if ln.startswith("batched_embed")]
-    assert len(lines) == 2 and all(ln.rstrip().endswith("x") for ln in lines)
-
-
-@pytest.mark.gpu
-def test_bench_kernels_quick_runs_on_gpu():
-    out = _run_bench("--quick", "--device", "gpu")
-    lines = [ln for ln in out.splitlines() if ln.startswith("batched_embed")]
-    assert len(lines) == 6, out

@@ -4,6 +4,7 @@ all-hits path against the cache's Python path (hypothesis-driven)."""
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import shutil
 import sysconfig
 
@@ -387,6 +388,25 @@ def test_lru_hits_threads_equal_one_thread(case, threads):
             np.testing.assert_array_equal(u, v)
 
 
+def sparse_row_map(rows: int, mapped: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """int32[rows], a row -> slot map with ``slots`` at ``mapped`` and -1 (unmapped) on
+    every page that holds a mapped row. The other pages are never written: an anonymous
+    map is zeroed lazily, so a 2**31-row map costs the pages of its 4,000 mapped rows
+    (~16 MB), not 8 GiB (in 4 KiB pages: transparent huge pages would fault 2 MiB a
+    write). An id the sort got wrong lands on a -1 or on a zero page (slot 0, which one
+    mapped row holds): either way ``out`` differs."""
+    buf = mmap.mmap(-1, rows * 4)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    row_slot = np.frombuffer(buf, dtype=np.int32)  # (holds the map until it is dropped)
+    per_page = mmap.PAGESIZE // row_slot.itemsize
+    pages = np.unique(mapped // per_page)
+    near = (pages[:, None] * per_page + np.arange(per_page)).ravel()
+    row_slot[near[near < rows]] = -1
+    row_slot[mapped] = slots
+    return row_slot
+
+
 @pytest.mark.parametrize("n", [33, 3000, 5000, 20_000, 70_000])
 @pytest.mark.parametrize("rows", [1_000, 2**17 + 5, 2**24 + 3, 2**31 - 1])
 def test_lru_hits_logs_distinct_slots_in_row_order(n, rows):
@@ -399,8 +419,7 @@ def test_lru_hits_logs_distinct_slots_in_row_order(n, rows):
     mapped = np.unique(rng.integers(0, rows, min(n, 4000)))
     mapped[-1] = rows - 1  # the largest id sets the sort's passes
     S = mapped.size
-    row_slot = np.full(rows, -1, dtype=np.int32)
-    row_slot[mapped] = rng.permutation(S).astype(np.int32)
+    row_slot = sparse_row_map(rows, mapped, rng.permutation(S).astype(np.int32))
     ids = rng.choice(mapped, n).astype(np.int64)
     ids[0] = rows - 1
     last_used = np.zeros(S, dtype=np.int64)

@@ -295,23 +295,13 @@ def test_exact_pass_past_the_packed_limit_raises_config_error(rng, monkeypatch):
         miss_ratio_curve(np.arange(300) % 7, [1, 2])
 
 
-def _bench_mrc():
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "mrc.py"
-    spec = importlib.util.spec_from_file_location("bench_mrc_big", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_bench_synthetic_trace_is_a_valid_server_trace(tmp_path):
     from rowcache.embed.ngram.dims import NgramDims
     from rowcache.tools.parallel import sample_trace
     from rowcache.tools.trace import ServerModel
 
-    mod = _bench_mrc()
+    import bench.mrc as mod
+
     dims = NgramDims.longcat_flash_lite()
     model = ServerModel(batch=4, chunk=64, decode=16)
     tr = mod.write_synthetic_trace(

@@ -45,7 +45,7 @@ class FaultPath(FaultBuffers):
     _scratch: np.ndarray
     # seconds of the native demand faults' phases, summed: plan (lru_plan), read, commit
     # (the CPU path's scatter or the GPU launch's side buffer, and lru_commit), launch;
-    # where fault_seconds goes (bench/serve.py reports them); never reset. A deferred
+    # where fault_seconds goes (bench/serve reports them); never reset. A deferred
     # fault's read is the time its join waited.
     _fault_phases: np.ndarray
     _defer: bool  # resolve_deferred's call: a fault's read may outlive the call

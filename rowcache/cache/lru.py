@@ -23,7 +23,7 @@ from rowcache.store.handle import check_row_ids
 # An all-hits call of at least this many ids returns after its scan and leaves the
 # touch (sort, pin, log: ~90 % of its C time) to a background thread, which the cache's
 # next locked call waits for (csrc/lru_touch.c); where the process may use at least 4
-# CPUs only (on 2, the touch competed with the caller: bench/host_threads.py).
+# CPUs only (on 2, the touch competed with the caller: the retired bench/host_threads.py, docs/results/).
 DEFER_MIN = 2048 if USABLE_CPUS >= 4 else 1 << 62
 
 

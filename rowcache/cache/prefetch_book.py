@@ -27,7 +27,7 @@ PIECE_ROWS = 1024
 """A prefetch's rows are read in pieces of this many (one native batch each, in call
 order), so a resolve that needs a row still in flight waits for one piece, and the rows of
 pieces still queued it reads itself. The H200 disk read 1,024 fresh random pages a batch
-at 95-107k reads/s at queue depth 64, 4,096 at 85-111k (bench/queue_depth.py,
+at 95-107k reads/s at queue depth 64, 4,096 at 85-111k (the retired bench/queue_depth.py,
 docs/results/2026-12-01-tenth-session.md)."""
 
 

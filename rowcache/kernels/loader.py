@@ -90,7 +90,7 @@ class RawLaunch:
 
     cupy's ``RawKernel.__call__`` re-packs every argument on every launch (a CArray per
     ndarray, a boxed scalar per number): on the H200 machine 8.8 µs a launch of 11
-    arguments, against 4.1 µs for this class (``bench/launch_cost.py``). A ``RawLaunch``
+    arguments, against 4.1 µs for this class (the retired ``bench/launch_cost.py``, docs/results/2026-12-03-eighteenth-session.md). A ``RawLaunch``
     holds its arguments in one int64 buffer, every parameter 8 bytes (device pointers and
     ``long long`` only): a hot launcher writes the arguments that change into
     :attr:`values` and calls it. Not thread-safe: one caller at a time (the arguments are copied by the

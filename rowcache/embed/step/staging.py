@@ -19,7 +19,7 @@ from rowcache.kernels.gemm import split_k
 from rowcache.kernels.reference import BF16
 
 # Parts of the projection GEMM by rows per step: (at most this many rows, parts).
-# Measured on an H200 at LongCat's shape ([n, 3072] x [3072, 3072], bench/embed.py's
+# Measured on an H200 at LongCat's shape ([n, 3072] x [3072, 3072], bench/embed_step.py's
 # GEMM sweep): 1 row 10.8 -> 8.8 us with 4 parts; 64 and 2,048 rows are fastest
 # whole; 256 rows gain 1 us, less than the wider scaled sum costs.
 GEMM_SPLITS = ((16, 4),)

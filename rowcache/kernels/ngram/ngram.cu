@@ -301,7 +301,7 @@ extern "C" __global__ void ngram_hash_gather_rows(const long long* __restrict__ 
 
 // dst[i] = src[i] for i < n int64 words, src in mapped pinned host memory: a step's
 // small upload read over PCIe by the kernel (one round trip) instead of a DMA copy,
-// whose setup costs ~10 us inside a graph for a few kilobytes (bench/embed.py).
+// whose setup costs ~10 us inside a graph for a few kilobytes (bench/embed_step.py).
 extern "C" __global__ void ngram_copy_words(const long long* __restrict__ src,
                                             long long* __restrict__ dst, long long n) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;

@@ -1,11 +1,20 @@
-"""Shared fixtures: a seeded rng, the gpu marker's skip, and the xp fixture."""
+"""Shared fixtures: a seeded ``rng``, ``xp`` (one test body on numpy and on cupy), a tiny
+store, the reference LRU; and the ``gpu`` marker's skip where no CUDA GPU is usable.
+
+What a test calls or subclasses (rather than receives) lives in the support modules:
+``tests/support.py`` (the judges' runner), ``tests/rowcache/support.py`` (the cache's
+reference and stores), ``tests/embed/support.py``, ``tests/kernels/support.py``.
+"""
 
 from __future__ import annotations
+
+import importlib
 
 import numpy as np
 import pytest
 
 from rowcache.kernels.loader import gpu_available
+from tests.rowcache.support import RefLRU, make_store
 
 
 def pytest_collection_modifyitems(config, items):
@@ -20,3 +29,25 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(20261130)
+
+
+@pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
+def xp(request):
+    """The array module a test body runs on: numpy, then cupy (a ``gpu`` test)."""
+    return importlib.import_module(request.param)
+
+
+@pytest.fixture
+def tiny_store(tmp_path, rng):
+    """``(store, x)``: a one-table store ``t`` of 3,000 random bf16 rows of width 32 in
+    small shards, and the rows it holds; closed after the test."""
+    store, x = make_store(tmp_path, rng)
+    yield store, x
+    store.close()
+
+
+@pytest.fixture
+def ref_lru():
+    """The cache's contract in pure Python: ``ref_lru(slots)`` is a reference LRU with pin
+    counts (:class:`tests.rowcache.support.RefLRU`) to run beside a cache."""
+    return RefLRU

@@ -317,13 +317,11 @@ def test_serve_turns_end_where_no_prefetch_is_in_flight():
     assert turn_ends(20, 4, quiet) == [7, 11, 15, 19, 20]  # within a second block, else 4
 
 
-def test_serve_series_holds_its_prefetches_between_turns(tmp_path, rng, monkeypatch):
+def test_serve_series_holds_its_prefetches_between_turns(monkeypatch, tiny_store):
     """At a turn's end a lookahead series waits for the piece being read and no other
     piece starts until its next turn (its reads neither slow nor gain from another's)."""
-    from tests.rowcache.test_cache import make_store
-
     monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
-    store, _ = make_store(tmp_path, rng)
+    store, _ = tiny_store
     cache = NgramRowCache(store, "t", slots=200)
     real, gate, started = cache._read_parts, threading.Event(), []
 

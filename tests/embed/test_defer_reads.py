@@ -5,7 +5,6 @@ before the step."""
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -13,36 +12,13 @@ import pytest
 from rowcache.embed.ngram.context import NgramContext
 from rowcache.errors import CorruptDataError
 
-from .test_layer import DIMS, _bits, _stream
-from .test_lookahead import _models
+from tests.embed.support import DIMS, bits, corrupt_tables, lookahead_models, restore, token_stream
 
 pytestmark = pytest.mark.gpu
 
 
-def corrupt_tables(store, names):
-    """Flip a bit in every page of the shards of tables ``names``: any read of their rows
-    fails its page check. Returns the files' bytes, for :func:`restore`."""
-    saved = {}
-    for name in names:
-        for rec in store.shards[store.table_index(name)]:
-            path = os.path.join(store.path, rec.file)
-            with open(path, "rb") as f:
-                saved[path] = f.read()
-            bad = bytearray(saved[path])
-            bad[::4096] = bytes(b ^ 0x20 for b in bad[::4096])
-            with open(path, "wb") as f:
-                f.write(bad)
-    return saved
-
-
-def restore(saved):
-    for path, data in saved.items():
-        with open(path, "wb") as f:
-            f.write(data)
-
-
 def _decode(rng, resident, cached, caches, steps=60, settle_every=1):
-    x = _stream(rng, steps + 8)
+    x = token_stream(rng, steps + 8)
     ctx_r, ctx_c = NgramContext(DIMS), NgramContext(DIMS)
     deferred = 0
     for k in range(steps):
@@ -51,14 +27,14 @@ def _decode(rng, resident, cached, caches, steps=60, settle_every=1):
         if k % settle_every == 0:
             cached.settle()
         want = resident.embed(ctx_r.step(x[k : k + 1]), 1)
-        np.testing.assert_array_equal(_bits(got.get()), _bits(want.get()))
+        np.testing.assert_array_equal(bits(got.get()), bits(want.get()))
     return deferred
 
 
 @pytest.mark.parametrize("graphs", [False, True])
 @pytest.mark.parametrize("settle_every", [1, 3])
 def test_deferred_steps_equal_resident(rng, tmp_path, graphs, settle_every):
-    store, shared, word_cache, resident, cached = _models(
+    store, shared, word_cache, resident, cached = lookahead_models(
         rng, tmp_path, device="cuda", cuda_graphs=graphs, defer_reads=True
     )
     try:
@@ -74,9 +50,9 @@ def test_deferred_steps_equal_resident(rng, tmp_path, graphs, settle_every):
 
 def test_deferred_prefill_with_prefetches_equals_resident(rng, tmp_path):
     """Chunks prefetched one ahead, the decode-like tail of each chunk faulted deferred."""
-    store, _, _, resident, cached = _models(rng, tmp_path, device="cuda", defer_reads=True)
+    store, _, _, resident, cached = lookahead_models(rng, tmp_path, device="cuda", defer_reads=True)
     try:
-        x = _stream(rng, 500)
+        x = token_stream(rng, 500)
         ctx_r, ctx_c = NgramContext(DIMS), NgramContext(DIMS)
         keep = DIMS.max_ngram - 1
         chunks = [(0, 90), (90, 200), (200, 330), (330, 500)]
@@ -87,15 +63,15 @@ def test_deferred_prefill_with_prefetches_equals_resident(rng, tmp_path):
                 cached.prefetch(x[na - keep : nb - 20], nb - 20 - na)  # settles this step
             cached.settle()
             want = resident.embed(ctx_r.step(x[a:b]), b - a)
-            np.testing.assert_array_equal(_bits(got.get()), _bits(want.get()))
+            np.testing.assert_array_equal(bits(got.get()), bits(want.get()))
     finally:
         store.close()
 
 
 def test_a_failed_deferred_read_raises_at_settle_and_changes_nothing(rng, tmp_path):
-    store, shared, _, resident, cached = _models(rng, tmp_path, device="cuda", defer_reads=True)
+    store, shared, _, resident, cached = lookahead_models(rng, tmp_path, device="cuda", defer_reads=True)
     try:
-        x = _stream(rng, 40)
+        x = token_stream(rng, 40)
         x[20] = x[:20].max() + 1  # a token not seen yet: its n-grams' rows are missing
         ctx_c = NgramContext(DIMS)
         cached.embed(ctx_c.step(x[:20]), 20)  # warm: shards opened, some rows resident
@@ -122,6 +98,6 @@ def test_a_failed_deferred_read_raises_at_settle_and_changes_nothing(rng, tmp_pa
         want = resident.embed(window, 1)
         got = cached.embed(window, 1)  # the dropped step again
         cached.settle()
-        np.testing.assert_array_equal(_bits(got.get()), _bits(want.get()))
+        np.testing.assert_array_equal(bits(got.get()), bits(want.get()))
     finally:
         store.close()

@@ -15,22 +15,7 @@ from rowcache.embed.overlay.overlay import TokenOverlay
 from rowcache.embed.tables import Bf16Table, Fp8Table
 from rowcache.kernels.reference import BF16
 from rowcache.errors import ConfigError
-
-# small but LongCat-shaped: orders 2..3, 2 splits, 4 tables of 12
-DIMS = NgramDims(vocab_size=1000, hidden_size=48, max_ngram=3, splits=2, ratio=2.5, eos_token_id=2)
-
-
-def _weights(rng, dims=DIMS):
-    T, d, D = dims.num_tables, dims.table_dim, dims.hidden_size
-    word = (rng.standard_normal((dims.vocab_size, D)) * 0.02).astype(np.float32).astype(BF16)
-    tables = [
-        (rng.standard_normal((dims.table_rows(i), d)) * 0.05).astype(np.float32).astype(BF16)
-        for i in range(T)
-    ]
-    projs = [
-        (rng.standard_normal((D, d)) / np.sqrt(d)).astype(np.float32).astype(BF16) for _ in range(T)
-    ]
-    return word, tables, projs
+from tests.embed.support import DIMS, bits, cached_model, random_weights, shared_cache_model, token_stream
 
 
 def _reference64(dims, word, tables, projs, ctx, seq_len):
@@ -47,20 +32,10 @@ def _rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def _bits(a):
-    return np.asarray(a).view(np.uint16)
-
-
-def _stream(rng, n):
-    x = rng.integers(0, DIMS.vocab_size, size=n)
-    x[rng.random(n) < 0.05] = DIMS.eos_token_id
-    return x
-
-
 def test_layer_matches_float64_reference(rng):
-    word, tables, projs = _weights(rng)
+    word, tables, projs = random_weights(rng)
     emb = NgramEmbedding(DIMS, word, tables, projs)
-    x = _stream(rng, 200)
+    x = token_stream(rng, 200)
     out = emb.embed(x, 150)
     assert out.dtype == BF16 and out.shape == (150, 48)
     ref = _reference64(DIMS, word, tables, projs, x, 150)
@@ -72,8 +47,8 @@ def test_layer_matches_float64_reference(rng):
 
 
 def test_layer_fp8_tables_close_to_bf16(rng):
-    word, tables, projs = _weights(rng)
-    x = _stream(rng, 300)
+    word, tables, projs = random_weights(rng)
+    x = token_stream(rng, 300)
     bf16 = NgramEmbedding(DIMS, word, tables, projs).embed(x, 300)
     fp8 = NgramEmbedding(DIMS, word, [Fp8Table.quantize(t) for t in tables], projs).embed(x, 300)
     rel = _rel(fp8.astype(np.float32), bf16.astype(np.float32))
@@ -84,9 +59,9 @@ def test_layer_fp8_tables_close_to_bf16(rng):
 
 
 def test_layer_chunked_prefill_equals_whole(rng):
-    word, tables, projs = _weights(rng)
+    word, tables, projs = random_weights(rng)
     emb = NgramEmbedding(DIMS, word, tables, projs)
-    x = _stream(rng, 120)
+    x = token_stream(rng, 120)
     whole = emb.embed(x, 120)
     for bounds in ([0, 50, 51, 90, 120], list(range(121))):
         ctx = NgramContext(DIMS)
@@ -103,13 +78,13 @@ def test_layer_chunked_prefill_equals_whole(rng):
         np.testing.assert_allclose(
             got.astype(np.float32), whole.astype(np.float32), rtol=1e-2, atol=1e-6
         )
-        assert (_bits(got) == _bits(whole)).mean() > 0.99
+        assert (bits(got) == bits(whole)).mean() > 0.99
 
 
 def test_layer_embed_batch_equals_separate_sequences(rng):
-    word, tables, projs = _weights(rng)
+    word, tables, projs = random_weights(rng)
     emb = NgramEmbedding(DIMS, word, tables, projs)
-    ctxs = [_stream(rng, n) for n in (3, 40, 1, 17)]
+    ctxs = [token_stream(rng, n) for n in (3, 40, 1, 17)]
     lens = [1, 25, 1, 0]
     _, ids = emb.embed_ids(ctxs, lens)
     expect = np.concatenate(
@@ -123,28 +98,28 @@ def test_layer_embed_batch_equals_separate_sequences(rng):
 
 
 def test_layer_overlay_replaces_word_rows(rng):
-    word, tables, projs = _weights(rng)
+    word, tables, projs = random_weights(rng)
     adapter = word.copy()
     changed = np.array([5, 17, 999])
     adapter[changed] = (rng.standard_normal((3, 48)) * 0.3).astype(np.float32).astype(BF16)
     ov = TokenOverlay(DIMS.vocab_size, DIMS.hidden_size, 2)
     ov.set_adapter(1, embed_weight=adapter, served_embed=word)
-    x = np.concatenate([_stream(rng, 30), changed])
+    x = np.concatenate([token_stream(rng, 30), changed])
     base = NgramEmbedding(DIMS, word, tables, projs)
     with_ov = base.embed(x, 33, overlay=ov, active=1)
     direct = NgramEmbedding(DIMS, adapter, tables, projs).embed(x, 33)
-    np.testing.assert_array_equal(_bits(with_ov), _bits(direct))
-    assert (_bits(with_ov[-3:]) != _bits(base.embed(x, 33)[-3:])).any()
+    np.testing.assert_array_equal(bits(with_ov), bits(direct))
+    assert (bits(with_ov[-3:]) != bits(base.embed(x, 33)[-3:])).any()
     # routed per sequence: sequence 0 without adapter, sequence 1 with it
     out = base.embed_batch([x, x], [33, 33], overlay=ov, seq_slots=np.array([-1, 1], np.int32))
-    np.testing.assert_array_equal(_bits(out[:33]), _bits(base.embed(x, 33)))
-    np.testing.assert_array_equal(_bits(out[33:]), _bits(direct))
+    np.testing.assert_array_equal(bits(out[:33]), bits(base.embed(x, 33)))
+    np.testing.assert_array_equal(bits(out[33:]), bits(direct))
 
 
 def test_layer_staging_allocated_once(rng):
-    word, tables, projs = _weights(rng)
+    word, tables, projs = random_weights(rng)
     emb = NgramEmbedding(DIMS, word, tables, projs)
-    x = _stream(rng, 64)
+    x = token_stream(rng, 64)
     emb.embed(x, 64)
     stack = emb._stack
     for k in (1, 10, 64):
@@ -164,7 +139,7 @@ def test_layer_staging_allocated_once(rng):
     ],
 )
 def test_layer_bad_construction(rng, change, match):
-    word, tables, projs = _weights(rng)
+    word, tables, projs = random_weights(rng)
     if change.get("tables") == "short":
         tables = tables[:3]
     if change.get("tables") == "bad_rows":
@@ -178,7 +153,7 @@ def test_layer_bad_construction(rng, change, match):
 
 
 def test_layer_bad_calls(rng):
-    emb = NgramEmbedding(DIMS, *_weights(rng))
+    emb = NgramEmbedding(DIMS, *random_weights(rng))
     with pytest.raises(ConfigError, match=r"seq_len=5 .* \[0, 4\]"):
         emb.embed([1, 2, 3, 4], 5)
     with pytest.raises(ValueError, match=r"ctx_tokens\[1\] = 1000"):
@@ -191,8 +166,8 @@ def test_layer_bad_calls(rng):
 def test_layer_gpu_matches_cpu(rng):
     import cupy as cp
 
-    word, tables, projs = _weights(rng)
-    x = _stream(rng, 500)
+    word, tables, projs = random_weights(rng)
+    x = token_stream(rng, 500)
     cpu = NgramEmbedding(DIMS, word, tables, projs)
     gpu = NgramEmbedding(DIMS, cp.asarray(word), [cp.asarray(t) for t in tables], projs)
     assert gpu.device == "cuda"
@@ -222,28 +197,8 @@ def test_layer_gpu_matches_cpu(rng):
         NgramEmbedding(DIMS, word, [cp.asarray(t) for t in tables], projs)
 
 
-def _cached_model(rng, tmp_path, *, slots_frac=0.25, dtype="bf16", device="cpu", word_cached=False):
-    from rowcache.embed.tables import CachedTable
-    from rowcache.store.builder import build_store
-    from rowcache.cache.row_cache import NgramRowCache
-
-    word, tables, projs = _weights(rng)
-    named = {f"t{i}": t for i, t in enumerate(tables)}
-    if word_cached:
-        named["word"] = word
-    store = build_store(tmp_path / "store", named, dtype=dtype, progress=False)
-    caches = {
-        name: NgramRowCache(
-            store, name, slots=max(1, int(arr.shape[0] * slots_frac)), device=device
-        )
-        for name, arr in named.items()
-    }
-    cached = [CachedTable(caches[f"t{i}"]) for i in range(len(tables))]
-    return store, caches, word, tables, projs, cached
-
-
 def test_layer_cached_equals_resident_bit_for_bit(rng, tmp_path):
-    store, caches, word, tables, projs, cached = _cached_model(rng, tmp_path, word_cached=True)
+    store, caches, word, tables, projs, cached = cached_model(rng, tmp_path, word_cached=True)
     try:
         from rowcache.embed.tables import CachedTable
 
@@ -257,7 +212,7 @@ def test_layer_cached_equals_resident_bit_for_bit(rng, tmp_path):
             NgramEmbedding(DIMS, word, cached, projs),
             NgramEmbedding(DIMS, CachedTable(caches["word"]), mixed, projs),
         ]
-        x = _stream(rng, 400)
+        x = token_stream(rng, 400)
         for emb in models:
             ctx_r, ctx_c = NgramContext(DIMS), NgramContext(DIMS)
             for a, b in [
@@ -269,7 +224,7 @@ def test_layer_cached_equals_resident_bit_for_bit(rng, tmp_path):
             ]:
                 want = resident.embed(ctx_r.step(x[a:b]), b - a)
                 got = emb.embed(ctx_c.step(x[a:b]), b - a)
-                np.testing.assert_array_equal(_bits(got), _bits(want))
+                np.testing.assert_array_equal(bits(got), bits(want))
         hits = sum(c.stats().hits for c in caches.values())
         misses = sum(c.stats().misses for c in caches.values())
         assert hits > 0 and misses > 0
@@ -279,15 +234,15 @@ def test_layer_cached_equals_resident_bit_for_bit(rng, tmp_path):
 
 
 def test_layer_cached_fp8_equals_resident_fp8(rng, tmp_path):
-    store, _, word, tables, projs, cached = _cached_model(rng, tmp_path, dtype="fp8")
+    store, _, word, tables, projs, cached = cached_model(rng, tmp_path, dtype="fp8")
     try:
         resident = NgramEmbedding(DIMS, word, [Fp8Table.quantize(t) for t in tables], projs)
         emb = NgramEmbedding(DIMS, word, cached, projs)
-        x = _stream(rng, 300)
+        x = token_stream(rng, 300)
         for a in range(0, 300, 60):
             np.testing.assert_array_equal(
-                _bits(emb.embed(x[max(0, a - 2) : a + 60], 60)),
-                _bits(resident.embed(x[max(0, a - 2) : a + 60], 60)),
+                bits(emb.embed(x[max(0, a - 2) : a + 60], 60)),
+                bits(resident.embed(x[max(0, a - 2) : a + 60], 60)),
             )
     finally:
         store.close()
@@ -296,7 +251,7 @@ def test_layer_cached_fp8_equals_resident_fp8(rng, tmp_path):
 def test_layer_cached_arena_exhausted_releases_batch(rng, tmp_path):
     from rowcache.errors import ArenaExhaustedError
 
-    store, caches, word, tables, projs, cached = _cached_model(rng, tmp_path, slots_frac=0.01)
+    store, caches, word, tables, projs, cached = cached_model(rng, tmp_path, slots_frac=0.01)
     try:
         emb = NgramEmbedding(DIMS, word, cached, projs)
         x = rng.integers(3, DIMS.vocab_size, size=200)  # ~200 distinct rows per table > 25 slots
@@ -305,7 +260,7 @@ def test_layer_cached_arena_exhausted_releases_batch(rng, tmp_path):
         assert all(c.pinned == 0 for c in caches.values())
         small = emb.embed(x[:10], 10)  # the cache is still usable
         np.testing.assert_array_equal(
-            _bits(small), _bits(NgramEmbedding(DIMS, word, tables, projs).embed(x[:10], 10))
+            bits(small), bits(NgramEmbedding(DIMS, word, tables, projs).embed(x[:10], 10))
         )
     finally:
         store.close()
@@ -320,7 +275,7 @@ def test_layer_gpu_cached_equals_resident(rng, tmp_path):
         from rowcache.store.builder import build_store
         from rowcache.cache.row_cache import NgramRowCache
 
-        word, tables, projs = _weights(rng)
+        word, tables, projs = random_weights(rng)
         store = build_store(
             tmp_path / arena, {f"t{i}": t for i, t in enumerate(tables)}, progress=False
         )
@@ -333,7 +288,7 @@ def test_layer_gpu_cached_equals_resident(rng, tmp_path):
             ]
             gpu_res = NgramEmbedding(DIMS, cp.asarray(word), [cp.asarray(t) for t in tables], projs)
             gpu_c = NgramEmbedding(DIMS, cp.asarray(word), cached, projs)
-            x = _stream(rng, 600)
+            x = token_stream(rng, 600)
             ctx_r, ctx_c = NgramContext(DIMS), NgramContext(DIMS)
             for a, b in [(0, 200), (200, 400), *[(k, k + 1) for k in range(400, 600)]]:
                 want = gpu_res.embed(ctx_r.step(x[a:b]), b - a)
@@ -353,15 +308,15 @@ def test_layer_gpu_cached_equals_resident(rng, tmp_path):
 def test_gather_stacked_reference_matches_per_table(rng):
     from rowcache.kernels.ngram.stacked import StackedTables, gather_stacked
 
-    word, tables, _ = _weights(rng)
+    word, tables, _ = random_weights(rng)
     fp8 = Fp8Table.quantize(tables[1])
     st = StackedTables([(tables[0], None), fp8.arrays, (tables[2], None), (tables[3], None)])
     ids = np.stack([rng.integers(0, DIMS.table_rows(0), size=40) for _ in range(4)])
     out = np.zeros((40, 48), BF16)
     gather_stacked(ids, st, out)
-    np.testing.assert_array_equal(_bits(out[:, :12]), _bits(tables[0][ids[0]]))
-    np.testing.assert_array_equal(_bits(out[:, 12:24]), _bits(fp8.gather(ids[1])))
-    np.testing.assert_array_equal(_bits(out[:, 36:]), _bits(tables[3][ids[3]]))
+    np.testing.assert_array_equal(bits(out[:, :12]), bits(tables[0][ids[0]]))
+    np.testing.assert_array_equal(bits(out[:, 12:24]), bits(fp8.gather(ids[1])))
+    np.testing.assert_array_equal(bits(out[:, 36:]), bits(tables[3][ids[3]]))
     with pytest.raises(ConfigError, match="one width"):
         StackedTables([(tables[0], None), (word, None)])
 
@@ -376,7 +331,7 @@ def test_layer_gpu_fused_equals_per_table_kernels(rng, tmp_path):
     from rowcache.store.builder import build_store
     from rowcache.cache.row_cache import NgramRowCache
 
-    word, tables, projs = _weights(rng)
+    word, tables, projs = random_weights(rng)
     store = build_store(tmp_path / "s", {f"t{i}": t for i, t in enumerate(tables)}, progress=False)
     try:
         cache = NgramRowCache(store, "t3", slots=DIMS.table_rows(3) // 3, device="cuda")
@@ -389,7 +344,7 @@ def test_layer_gpu_fused_equals_per_table_kernels(rng, tmp_path):
         fused = NgramEmbedding(DIMS, cp.asarray(word), mixed, projs)
         plain = NgramEmbedding(DIMS, cp.asarray(word), mixed, projs, fused=False)
         assert fused._stacked is not None and plain._stacked is None
-        x = _stream(rng, 700)
+        x = token_stream(rng, 700)
         for a, b in [(0, 300), (300, 301), (301, 700)]:
             c = cp.asarray(x[max(0, a - 2) : b])
             k = b - a
@@ -442,7 +397,7 @@ def test_layer_gpu_fused_equals_per_table_kernels(rng, tmp_path):
 
 # --- packed batches (NgramBatch), host hashing of embedded positions, shared caches ---------
 def _packed(rng, lens):
-    ctxs = [_stream(rng, L) for L in lens]
+    ctxs = [token_stream(rng, L) for L in lens]
     return ctxs, np.concatenate(ctxs), np.array(lens, dtype=np.int64)
 
 
@@ -478,7 +433,7 @@ def test_hash_positions_matches_full_reference(rng):
 def test_layer_embed_packed_equals_list_and_separate(rng):
     from rowcache.embed.ngram.batch import NgramBatch
 
-    word, tables, projs = _weights(rng)
+    word, tables, projs = random_weights(rng)
     emb = NgramEmbedding(DIMS, word, tables, projs)
     ctxs, tokens, ctx_lens = _packed(rng, [3, 40, 1, 17, 0, 4])
     seq_lens = np.array([1, 25, 1, 0, 0, 4])
@@ -486,8 +441,8 @@ def test_layer_embed_packed_equals_list_and_separate(rng):
     listed = emb.embed_batch(ctxs, seq_lens.tolist())
     via_batch = emb.embed_packed(NgramBatch(DIMS, tokens.tolist(), ctx_lens, seq_lens))
     assert packed.shape == (31, 48)
-    np.testing.assert_array_equal(_bits(packed), _bits(listed))
-    np.testing.assert_array_equal(_bits(packed), _bits(via_batch))
+    np.testing.assert_array_equal(bits(packed), bits(listed))
+    np.testing.assert_array_equal(bits(packed), bits(via_batch))
     _, ids = emb.embed_ids(ctxs, seq_lens.tolist())
     expect = np.concatenate(
         [ngram_ids(DIMS, c)[:, len(c) - k :] for c, k in zip(ctxs, seq_lens) if len(c)], axis=1
@@ -502,7 +457,7 @@ def test_layer_embed_packed_equals_list_and_separate(rng):
 def test_layer_embed_packed_bad_input(rng):
     from rowcache.embed.ngram.batch import NgramBatch
 
-    emb = NgramEmbedding(DIMS, *_weights(rng))
+    emb = NgramEmbedding(DIMS, *random_weights(rng))
     tokens = np.array([1, 2, 3, 4, 5, 1000, 7])
     with pytest.raises(ConfigError, match=r"tokens\[5\] \(sequence 1, position 2\) = 1000"):
         emb.embed_packed(tokens, [3, 4], [1, 1])
@@ -527,22 +482,6 @@ def test_layer_embed_packed_bad_input(rng):
         emb.embed_packed(NgramBatch(other, [1, 2], [2], [1]))
 
 
-def _shared_cache_model(rng, tmp_path, *, slots_frac=0.3, dtype="bf16", device="cpu"):
-    from rowcache.store.builder import build_store
-    from rowcache.cache.row_cache import NgramRowCache
-
-    word, tables, projs = _weights(rng)
-    named = {f"t{i}": t for i, t in enumerate(tables)}
-    named["word"] = word
-    store = build_store(tmp_path / f"shared-{dtype}-{device}", named, dtype=dtype, progress=False)
-    total = sum(t.shape[0] for t in tables)
-    shared = NgramRowCache(
-        store, [f"t{i}" for i in range(len(tables))], slots=int(total * slots_frac), device=device
-    )
-    word_cache = NgramRowCache(store, "word", slots=DIMS.vocab_size // 2, device=device)
-    return store, shared, word_cache, word, tables, projs
-
-
 def _count_resolves(monkeypatch, cache):
     calls = []
     real = cache.resolve_host
@@ -559,7 +498,7 @@ def test_layer_shared_cache_equals_resident_bit_for_bit(rng, tmp_path, monkeypat
     from rowcache.embed.ngram.context import NgramBatchContext
     from rowcache.embed.tables import CachedTable
 
-    store, shared, word_cache, word, tables, projs = _shared_cache_model(rng, tmp_path)
+    store, shared, word_cache, word, tables, projs = shared_cache_model(rng, tmp_path)
     try:
         T = DIMS.num_tables
         resident = NgramEmbedding(DIMS, word, tables, projs)
@@ -575,7 +514,7 @@ def test_layer_shared_cache_equals_resident_bit_for_bit(rng, tmp_path, monkeypat
         assert len(all_cached.caches) == 1 and len(mixed.caches) == 2
         calls = _count_resolves(monkeypatch, shared)
         S = 6
-        x = [_stream(rng, 120) for _ in range(S)]
+        x = [token_stream(rng, 120) for _ in range(S)]
         for emb in (all_cached, mixed):
             ctx_r, ctx_c = NgramBatchContext(DIMS, S), NgramBatchContext(DIMS, S)
             steps = [(0, 30), (30, 31), *[(k, k + 1) for k in range(31, 120)]]
@@ -584,7 +523,7 @@ def test_layer_shared_cache_equals_resident_bit_for_bit(rng, tmp_path, monkeypat
                 lens = np.full(S, b - a)
                 want = resident.embed_packed(ctx_r.step(new, lens))
                 got = emb.embed_packed(ctx_c.step(new, lens))
-                np.testing.assert_array_equal(_bits(got), _bits(want))
+                np.testing.assert_array_equal(bits(got), bits(want))
         # one resolve per step for the shared cache, whatever the number of its tables
         assert len(calls) == 2 * 91
         assert calls[0] == T * S * 30 and calls[-1] == 2 * S
@@ -593,7 +532,7 @@ def test_layer_shared_cache_equals_resident_bit_for_bit(rng, tmp_path, monkeypat
         # a shared-cache part gathers exactly its own table
         ids = rng.integers(0, DIMS.table_rows(2), size=50)
         np.testing.assert_array_equal(
-            _bits(CachedTable(shared, 2).gather(ids)), _bits(tables[2][ids])
+            bits(CachedTable(shared, 2).gather(ids)), bits(tables[2][ids])
         )
         shared.end_batch()
         # the shared arena is counted once
@@ -605,15 +544,15 @@ def test_layer_shared_cache_equals_resident_bit_for_bit(rng, tmp_path, monkeypat
 def test_layer_shared_cache_fp8_equals_resident_fp8(rng, tmp_path):
     from rowcache.embed.tables import CachedTable
 
-    store, shared, _, word, tables, projs = _shared_cache_model(rng, tmp_path, dtype="fp8")
+    store, shared, _, word, tables, projs = shared_cache_model(rng, tmp_path, dtype="fp8")
     try:
         resident = NgramEmbedding(DIMS, word, [Fp8Table.quantize(t) for t in tables], projs)
         emb = NgramEmbedding(DIMS, word, [CachedTable(shared, k) for k in range(4)], projs)
         _ctxs, tokens, ctx_lens = _packed(rng, [30, 4, 60, 4])
         seq_lens = np.array([28, 1, 60, 1])
         np.testing.assert_array_equal(
-            _bits(emb.embed_packed(tokens, ctx_lens, seq_lens)),
-            _bits(resident.embed_packed(tokens, ctx_lens, seq_lens)),
+            bits(emb.embed_packed(tokens, ctx_lens, seq_lens)),
+            bits(resident.embed_packed(tokens, ctx_lens, seq_lens)),
         )
     finally:
         store.close()
@@ -626,7 +565,7 @@ def test_layer_gpu_packed_and_shared_cache(rng, tmp_path):
     from rowcache.embed.ngram.context import NgramBatchContext
     from rowcache.embed.tables import CachedTable
 
-    store, shared, word_cache, word, tables, projs = _shared_cache_model(
+    store, shared, word_cache, word, tables, projs = shared_cache_model(
         rng, tmp_path, device="cuda"
     )
     try:
@@ -669,7 +608,7 @@ def test_layer_gpu_packed_and_shared_cache(rng, tmp_path):
         assert mixed_lookup._fused_ids and not host_first._fused_ids
         cpu = NgramEmbedding(DIMS, word, tables, projs)
         S = 5
-        x = [_stream(rng, 80) for _ in range(S)]
+        x = [token_stream(rng, 80) for _ in range(S)]
         ctx = NgramBatchContext(DIMS, S)
         for a, b in [(0, 20), *[(k, k + 1) for k in range(20, 80)]]:
             batch = ctx.step(np.concatenate([s[a:b] for s in x]), np.full(S, b - a))
@@ -704,12 +643,12 @@ def test_layer_gpu_cuda_graphs_equal_eager(rng):
 
     from rowcache.embed.ngram.context import NgramBatchContext
 
-    word, tables, projs = _weights(rng)
+    word, tables, projs = random_weights(rng)
     dev_tables = [cp.asarray(t) for t in tables]
     eager = NgramEmbedding(DIMS, cp.asarray(word), dev_tables, projs)
     graphs = NgramEmbedding(DIMS, cp.asarray(word), dev_tables, projs, cuda_graphs=True)
     S = 5
-    x = [_stream(rng, 80) for _ in range(S)]
+    x = [token_stream(rng, 80) for _ in range(S)]
     ctx = NgramBatchContext(DIMS, S)
     kept, wants = [], []
     for a, b in [(0, 20), *[(k, k + 1) for k in range(20, 80)]]:
@@ -739,10 +678,10 @@ def test_layer_gpu_cuda_graphs_equal_eager(rng):
 def test_static_step_needs_resident_gpu_tables(rng):
     from rowcache.embed.ngram.batch import NgramBatch
 
-    word, tables, projs = _weights(rng)
+    word, tables, projs = random_weights(rng)
     emb = NgramEmbedding(DIMS, word, tables, projs)
     with pytest.raises(ConfigError, match="static_step needs resident tables on the GPU"):
-        emb.static_step(NgramBatch.single(DIMS, _stream(rng, 10), 4))
+        emb.static_step(NgramBatch.single(DIMS, token_stream(rng, 10), 4))
 
 
 @pytest.mark.gpu
@@ -760,7 +699,7 @@ def test_hash_gather_gpu_bitexact(rng, hidden, word_kind):
     dims = NgramDims(
         vocab_size=1000, hidden_size=hidden, max_ngram=3, splits=2, ratio=2.5, eos_token_id=2
     )
-    word, tables, _ = _weights(rng, dims)
+    word, tables, _ = random_weights(rng, dims)
     fp8 = Fp8Table.quantize(tables[1])
     host_parts = [(tables[0], None), fp8.arrays, (tables[2], None), (tables[3], None)]
     dev_parts = [(cp.asarray(a), None if s is None else cp.asarray(s)) for a, s in host_parts]
@@ -772,7 +711,7 @@ def test_hash_gather_gpu_bitexact(rng, hidden, word_kind):
     )
     mult, rows = dims.multipliers, dims.all_table_rows
     T, d, D = dims.num_tables, dims.table_dim, hidden
-    x = _stream(rng, 300)
+    x = token_stream(rng, 300)
     x[:3] = dims.eos_token_id  # EOS at the start, adjacent EOS
     contexts = [x[:3], x[3:40], x[40:41], x[41:300]]
     cases = [NgramBatch.single(dims, x, n) for n in (1, 77, 300)]
@@ -788,7 +727,7 @@ def test_hash_gather_gpu_bitexact(rng, hidden, word_kind):
         # the reference is the composition of the tested pieces: check it once more here
         ids = ngram_ids_loop_reference(dims, tok[: batch.length]) if not multi else None
         if ids is not None:
-            np.testing.assert_array_equal(_bits(out_ref[:, :d]), _bits(tables[0][ids[0, L - n :]]))
+            np.testing.assert_array_equal(bits(out_ref[:, :d]), bits(tables[0][ids[0, L - n :]]))
         out = cp.full((n + 1, T * d), 7, dtype=cp.uint16).view(BF16)
         words = cp.full((n + 1, D), 7, dtype=cp.uint16).view(BF16)
         hash_gather(
@@ -803,8 +742,8 @@ def test_hash_gather_gpu_bitexact(rng, hidden, word_kind):
             dev_w,
             words[:n],
         )
-        np.testing.assert_array_equal(_bits(cp.asnumpy(out[:n])), _bits(out_ref))
-        np.testing.assert_array_equal(_bits(cp.asnumpy(words[:n])), _bits(words_ref))
+        np.testing.assert_array_equal(bits(cp.asnumpy(out[:n])), bits(out_ref))
+        np.testing.assert_array_equal(bits(cp.asnumpy(words[:n])), bits(words_ref))
         assert int(cp.asnumpy(out[n].view(cp.uint16)).max()) == 7  # nothing past n written
         assert int(cp.asnumpy(words[n].view(cp.uint16)).min()) == 7
 
@@ -815,25 +754,25 @@ def test_static_step_replays_bit_identical_to_eager(rng):
 
     from rowcache.embed.ngram.context import NgramBatchContext
 
-    word, tables, projs = _weights(rng)
+    word, tables, projs = random_weights(rng)
     dev_tables = [cp.asarray(t) for t in tables]
     dev_tables[2] = Fp8Table.quantize(dev_tables[2])
     emb = NgramEmbedding(DIMS, cp.asarray(word), dev_tables, projs)
     S = 4
-    x = [_stream(rng, 40) for _ in range(S)]
+    x = [token_stream(rng, 40) for _ in range(S)]
     ctx = NgramBatchContext(DIMS, S)
     prefill = ctx.step(np.concatenate([s[:10] for s in x]), np.full(S, 10))
     emb.embed_packed(prefill)
     step = None
     for k in range(10, 40):
         batch = ctx.step(np.array([s[k] for s in x]), np.ones(S, dtype=np.int64))
-        want = _bits(cp.asnumpy(emb.embed_packed(batch)))
+        want = bits(cp.asnumpy(emb.embed_packed(batch)))
         if step is None:
             step = emb.static_step(batch)
         else:
             step.load(batch)
         step.launch()
-        np.testing.assert_array_equal(_bits(cp.asnumpy(step.out)), want)
+        np.testing.assert_array_equal(bits(cp.asnumpy(step.out)), want)
     assert step is not None and step.graph is not None and step.runs == 30
     # issue() inside a caller's own capture: the same work, replayed by the caller's graph
     step.load(batch)
@@ -844,7 +783,7 @@ def test_static_step_replays_bit_identical_to_eager(rng):
         outer = cap.end_capture()
     step.out.fill(0)
     outer.launch(cp.cuda.get_current_stream())
-    np.testing.assert_array_equal(_bits(cp.asnumpy(step.out)), want)
+    np.testing.assert_array_equal(bits(cp.asnumpy(step.out)), want)
     with pytest.raises(ConfigError, match="this static step has"):
         step.load(prefill)
 
@@ -852,7 +791,7 @@ def test_static_step_replays_bit_identical_to_eager(rng):
 def test_gemm_splits_config_and_parts_reference(rng):
     from rowcache.kernels.gemm import gemm_bf16_f32_parts, scale_sum_reference, split_k
 
-    word, tables, projs = _weights(rng)
+    word, tables, projs = random_weights(rng)
     with pytest.raises(ConfigError, match="gemm_splits=5"):
         NgramEmbedding(DIMS, word, tables, projs, gemm_splits=5)  # T*d = 48
     assert split_k(48, 2) and not split_k(48, 4) and not split_k(48, 0)
@@ -864,7 +803,7 @@ def test_gemm_splits_config_and_parts_reference(rng):
     )
     w = word[:7, :20]
     want = ((w.astype(np.float32) + (parts[0] + parts[1])) / np.float32(13)).astype(BF16)
-    np.testing.assert_array_equal(_bits(scale_sum_reference(w, parts, 13.0)), _bits(want))
+    np.testing.assert_array_equal(bits(scale_sum_reference(w, parts, 13.0)), bits(want))
 
 
 @pytest.mark.gpu
@@ -888,7 +827,7 @@ def test_gemm_parts_and_scale_sum_gpu(rng, splits):
     word = (rng.standard_normal((n, m)) * 0.3).astype(np.float32).astype(BF16)
     got = scale_sum(cp.asarray(word), out, 13.0)
     np.testing.assert_array_equal(
-        _bits(cp.asnumpy(got)), _bits(scale_sum_reference(word, cp.asnumpy(out), 13.0))
+        bits(cp.asnumpy(got)), bits(scale_sum_reference(word, cp.asnumpy(out), 13.0))
     )
 
 
@@ -902,7 +841,7 @@ def test_layer_gpu_gemm_splits_paths_bit_identical(rng, splits):
     dims = NgramDims(
         vocab_size=1000, hidden_size=64, max_ngram=3, splits=2, ratio=2.5, eos_token_id=2
     )
-    word, tables, projs = _weights(rng, dims)
+    word, tables, projs = random_weights(rng, dims)
     dev = [cp.asarray(t) for t in tables]
     eager = NgramEmbedding(dims, cp.asarray(word), dev, projs, gemm_splits=splits)
     plain = NgramEmbedding(dims, cp.asarray(word), dev, projs, gemm_splits=splits, fused=False)
@@ -911,13 +850,13 @@ def test_layer_gpu_gemm_splits_paths_bit_identical(rng, splits):
     )
     cpu = NgramEmbedding(dims, word, tables, projs)
     S = 3
-    x = [_stream(rng, 40) for _ in range(S)]
+    x = [token_stream(rng, 40) for _ in range(S)]
     ctx = NgramBatchContext(dims, S)
     for a, b in [(0, 12), *[(k, k + 1) for k in range(12, 20)]]:
         batch = ctx.step(np.concatenate([s[a:b] for s in x]), np.full(S, b - a))
-        want = _bits(cp.asnumpy(eager.embed_packed(batch)))
-        np.testing.assert_array_equal(_bits(cp.asnumpy(plain.embed_packed(batch))), want)
-        np.testing.assert_array_equal(_bits(cp.asnumpy(graphs.embed_packed(batch))), want)
+        want = bits(cp.asnumpy(eager.embed_packed(batch)))
+        np.testing.assert_array_equal(bits(cp.asnumpy(plain.embed_packed(batch))), want)
+        np.testing.assert_array_equal(bits(cp.asnumpy(graphs.embed_packed(batch))), want)
         ref = cpu.embed_packed(batch).astype(np.float32)
         np.testing.assert_allclose(want.view(BF16).astype(np.float32), ref, rtol=2e-2, atol=1e-5)
 
@@ -946,7 +885,7 @@ def test_layer_gpu_cached_with_overlay_and_faults_equals_resident(rng, tmp_path)
 
     from rowcache.embed.tables import CachedTable
 
-    store, shared, word_cache, word, tables, projs = _shared_cache_model(
+    store, shared, word_cache, word, tables, projs = shared_cache_model(
         rng, tmp_path, device="cuda", slots_frac=0.3
     )
     try:
@@ -962,13 +901,13 @@ def test_layer_gpu_cached_with_overlay_and_faults_equals_resident(rng, tmp_path)
         assert cached._fused_ids and cached.device_lookup
         faulted = 0
         for _ in range(12):
-            x = np.concatenate([_stream(rng, 40), changed])
+            x = np.concatenate([token_stream(rng, 40), changed])
             slots = np.array([-1, 1], np.int32)
             before = shared.stats().misses + word_cache.stats().misses
             got = cached.embed_batch([x, x[::-1].copy()], [43, 20], overlay=ov, seq_slots=slots)
             faulted += shared.stats().misses + word_cache.stats().misses - before
             want = resident.embed_batch([x, x[::-1].copy()], [43, 20], overlay=ov, seq_slots=slots)
-            np.testing.assert_array_equal(_bits(cp.asnumpy(got)), _bits(cp.asnumpy(want)))
+            np.testing.assert_array_equal(bits(cp.asnumpy(got)), bits(cp.asnumpy(want)))
         assert faulted > 0 and shared.pinned == 0 and word_cache.pinned == 0
     finally:
         store.close()
@@ -993,7 +932,7 @@ def test_layer_gpu_cached_step_order_equals_resident(rng, tmp_path, graphs, chec
     if not check:
         monkeypatch.setattr(cached_groups, "CHECK_TOKENS", 0)
     check = check and not graphs
-    store, shared, word_cache, word, tables, projs = _shared_cache_model(
+    store, shared, word_cache, word, tables, projs = shared_cache_model(
         rng, tmp_path, device="cuda", slots_frac=0.3
     )
     try:
@@ -1019,7 +958,7 @@ def test_layer_gpu_cached_step_order_equals_resident(rng, tmp_path, graphs, chec
             real(batch, part, **kw)
 
         monkeypatch.setattr(cached, "_verified", counted)
-        x = np.concatenate([_stream(rng, 30)] * 6)  # repeats: hits after the first pass
+        x = np.concatenate([token_stream(rng, 30)] * 6)  # repeats: hits after the first pass
         ctx_r, ctx_c = NgramContext(DIMS), NgramContext(DIMS)
         orders, faulted = set(), []
         for k in range(x.size):
@@ -1034,7 +973,7 @@ def test_layer_gpu_cached_step_order_equals_resident(rng, tmp_path, graphs, chec
                 assert cached._resolve_first == faulted[-1]
                 assert runs[-1] == (2 if faulted[-1] and not first else 1)
             want = resident.embed(ctx_r.step(x[k : k + 1]), 1)
-            np.testing.assert_array_equal(_bits(cp.asnumpy(got)), _bits(cp.asnumpy(want)))
+            np.testing.assert_array_equal(bits(cp.asnumpy(got)), bits(cp.asnumpy(want)))
         assert orders == ({False} if check else {False, True})
         assert any(faulted) and not all(faulted)
         assert shared.pinned == 0 and word_cache.pinned == 0

@@ -8,27 +8,9 @@ import numpy as np
 import pytest
 
 from rowcache.embed.ngram.context import NgramBatchContext, NgramContext
-from rowcache.embed.layer import NgramEmbedding
-from rowcache.embed.tables import CachedTable
 from rowcache.errors import CorruptDataError
 
-from .test_layer import DIMS, _bits, _shared_cache_model, _stream
-
-
-def _models(rng, tmp_path, device="cpu", **kw):
-    store, shared, word_cache, word, tables, projs = _shared_cache_model(
-        rng, tmp_path, device=device, slots_frac=0.6
-    )
-    if device == "cuda":
-        import cupy as cp
-
-        resident = NgramEmbedding(DIMS, cp.asarray(word), [cp.asarray(t) for t in tables], projs)
-    else:
-        resident = NgramEmbedding(DIMS, word, tables, projs)
-    cached = NgramEmbedding(
-        DIMS, CachedTable(word_cache), [CachedTable(shared, k) for k in range(4)], projs, **kw
-    )
-    return store, shared, word_cache, resident, cached
+from tests.embed.support import DIMS, bits, lookahead_models, token_stream
 
 
 def _host(a):
@@ -36,7 +18,7 @@ def _host(a):
 
 
 def _chunked_prefill_with_lookahead(rng, resident, cached, caches, wait):
-    x = _stream(rng, 400)
+    x = token_stream(rng, 400)
     chunks = [(0, 100), (100, 180), (180, 300), (300, 400)]
     ctx_r, ctx_c = NgramContext(DIMS), NgramContext(DIMS)
     keep = DIMS.max_ngram - 1
@@ -51,14 +33,14 @@ def _chunked_prefill_with_lookahead(rng, resident, cached, caches, wait):
             na, nb = chunks[k + 1]
             h = cached.prefetch(x[na - keep : nb], nb - na)
         want = resident.embed(ctx_r.step(x[a:b]), b - a)
-        np.testing.assert_array_equal(_bits(_host(got)), _bits(_host(want)))
+        np.testing.assert_array_equal(bits(_host(got)), bits(_host(want)))
     s = [c.stats() for c in caches]
     assert sum(t.prefetched for t in s) > 0 and sum(t.misses for t in s) == 0
 
 
 @pytest.mark.parametrize("wait", [True, False])
 def test_prefetch_next_chunk_equals_resident_and_faults_nothing(rng, tmp_path, wait):
-    store, shared, word_cache, resident, cached = _models(rng, tmp_path)
+    store, shared, word_cache, resident, cached = lookahead_models(rng, tmp_path)
     try:
         _chunked_prefill_with_lookahead(rng, resident, cached, [shared, word_cache], wait)
         assert shared.pinned == 0 and word_cache.pinned == 0
@@ -67,11 +49,11 @@ def test_prefetch_next_chunk_equals_resident_and_faults_nothing(rng, tmp_path, w
 
 
 def test_prefetch_packed_and_batch_forms(rng, tmp_path):
-    store, shared, word_cache, resident, cached = _models(rng, tmp_path)
+    store, shared, word_cache, resident, cached = lookahead_models(rng, tmp_path)
     try:
         S = 3
         ctx_r, ctx_c = NgramBatchContext(DIMS, S), NgramBatchContext(DIMS, S)
-        x = [_stream(rng, 60) for _ in range(S)]
+        x = [token_stream(rng, 60) for _ in range(S)]
         new = np.concatenate([s[:40] for s in x])
         lens = np.full(S, 40)
         batch = ctx_c.step(new, lens)
@@ -79,7 +61,7 @@ def test_prefetch_packed_and_batch_forms(rng, tmp_path):
         got = cached.embed_packed(batch)
         assert shared.stats().misses == 0 and word_cache.stats().misses == 0
         np.testing.assert_array_equal(
-            _bits(got), _bits(resident.embed_packed(ctx_r.step(new, lens)))
+            bits(got), bits(resident.embed_packed(ctx_r.step(new, lens)))
         )
         h = cached.prefetch_batch([s[30:50] for s in x], [20] * S)
         assert h.wait(10) and h.exception() is None and h.rows > 0
@@ -91,7 +73,7 @@ def test_prefetch_packed_and_batch_forms(rng, tmp_path):
 
 
 def test_prefetch_failure_raises_at_the_step_that_needs_it(rng, tmp_path, monkeypatch):
-    store, shared, word_cache, resident, cached = _models(rng, tmp_path)
+    store, shared, word_cache, resident, cached = lookahead_models(rng, tmp_path)
     try:
         real = shared._read_parts
 
@@ -101,7 +83,7 @@ def test_prefetch_failure_raises_at_the_step_that_needs_it(rng, tmp_path, monkey
             return real(rows, staging, reader)
 
         monkeypatch.setattr(shared, "_read_parts", failing)
-        x = _stream(rng, 50)
+        x = token_stream(rng, 50)
         h = cached.prefetch(x)
         h.wait()
         assert isinstance(h.exception(), CorruptDataError)
@@ -109,7 +91,7 @@ def test_prefetch_failure_raises_at_the_step_that_needs_it(rng, tmp_path, monkey
             cached.embed(x, 50)
         assert shared.pinned == 0 and word_cache.pinned == 0
         monkeypatch.setattr(shared, "_read_parts", real)
-        np.testing.assert_array_equal(_bits(cached.embed(x, 50)), _bits(resident.embed(x, 50)))
+        np.testing.assert_array_equal(bits(cached.embed(x, 50)), bits(resident.embed(x, 50)))
     finally:
         store.close()
 
@@ -118,7 +100,7 @@ def test_prefetch_failure_raises_at_the_step_that_needs_it(rng, tmp_path, monkey
 @pytest.mark.parametrize("graphs", [False, True])
 @pytest.mark.parametrize("wait", [True, False])
 def test_gpu_prefetch_next_chunk_equals_resident(rng, tmp_path, graphs, wait):
-    store, shared, word_cache, resident, cached = _models(
+    store, shared, word_cache, resident, cached = lookahead_models(
         rng, tmp_path, device="cuda", cuda_graphs=graphs
     )
     try:
@@ -162,7 +144,7 @@ def test_steps_take_over_rows_of_queued_pieces_and_equal_resident(
     monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
     dev = "cuda" if device.startswith("cuda") else "cpu"
     kw = {"cuda_graphs": True} if device == "cuda-graphs" else {}
-    store, shared, word_cache, resident, cached = _models(rng, tmp_path, device=dev, **kw)
+    store, shared, word_cache, resident, cached = lookahead_models(rng, tmp_path, device=dev, **kw)
     try:
         _slow_prefetch_thread(shared)
         _chunked_prefill_with_lookahead(rng, resident, cached, [shared, word_cache], False)

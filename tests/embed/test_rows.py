@@ -13,7 +13,7 @@ from rowcache.kernels.reference import BF16
 from rowcache.kernels.ngram.stacked import StackedTables
 from rowcache.errors import ConfigError
 
-from .test_layer import DIMS, _bits, _cached_model, _weights
+from tests.embed.support import DIMS, bits, cached_model, random_weights
 
 EOS = DIMS.eos_token_id
 KEEP = DIMS.max_ngram - 1
@@ -41,7 +41,7 @@ SHAPES = [(1, 1, 0), (1, 1, 2), (1, 9, 0), (1, 6, 5), (5, 1, 1), (5, 1, 2), (4, 
 
 @pytest.mark.parametrize("B,L,C", SHAPES)
 def test_rows_reference_is_per_row_hash_gather(rng, B, L, C):
-    word, tables, _ = _weights(rng)
+    word, tables, _ = random_weights(rng)
     ids, ctx = _rows(rng, B, L, C)
     c = min(C, KEEP)
     st, wst = StackedTables([(t, None) for t in tables]), StackedTables([(word, None)])
@@ -53,42 +53,42 @@ def test_rows_reference_is_per_row_hash_gather(rng, B, L, C):
         tok = np.concatenate([ctx[b, C - c :], ids[b]]) if c else ids[b]
         o, w = np.zeros((L, T * d), BF16), np.zeros((L, D), BF16)
         hash_gather_reference(tok, None, np.arange(c, c + L), mult, mod, EOS, st, o, wst, w)
-        np.testing.assert_array_equal(_bits(out[b * L : (b + 1) * L]), _bits(o))
-        np.testing.assert_array_equal(_bits(words[b * L : (b + 1) * L]), _bits(w))
+        np.testing.assert_array_equal(bits(out[b * L : (b + 1) * L]), bits(o))
+        np.testing.assert_array_equal(bits(words[b * L : (b + 1) * L]), bits(w))
     assert rows_packed(ids, ctx, c).shape == (B * (c + L),)
 
 
 @pytest.mark.parametrize("B,L,C", SHAPES)
 def test_embed_rows_cpu_equals_embed_packed(rng, B, L, C):
-    word, tables, projs = _weights(rng)
+    word, tables, projs = random_weights(rng)
     emb = NgramEmbedding(DIMS, word, tables, projs)
     ids, ctx = _rows(rng, B, L, C)
     got = emb.embed_rows(ids, ctx)
     assert got.shape == (B * L, DIMS.hidden_size) and got.dtype == BF16
-    np.testing.assert_array_equal(_bits(got), _bits(_packed_embed(emb, ids, ctx)))
+    np.testing.assert_array_equal(bits(got), bits(_packed_embed(emb, ids, ctx)))
     # strided and narrower-integer views give the same rows
     wide = np.zeros((B, 2 * L), dtype=np.int32)
     wide[:, ::2] = ids
     wctx = None if ctx is None else np.asfortranarray(ctx)
-    np.testing.assert_array_equal(_bits(emb.embed_rows(wide[:, ::2], wctx)), _bits(got))
+    np.testing.assert_array_equal(bits(emb.embed_rows(wide[:, ::2], wctx)), bits(got))
 
 
 def test_embed_rows_cpu_cached_equals_resident(rng, tmp_path):
-    store, _, word, tables, projs, cached = _cached_model(rng, tmp_path)
+    store, _, word, tables, projs, cached = cached_model(rng, tmp_path)
     try:
         resident = NgramEmbedding(DIMS, word, tables, projs)
         emb = NgramEmbedding(DIMS, word, cached, projs)
         for B, L, C in SHAPES:
             ids, ctx = _rows(rng, B, L, C)
             np.testing.assert_array_equal(
-                _bits(emb.embed_rows(ids, ctx)), _bits(resident.embed_rows(ids, ctx))
+                bits(emb.embed_rows(ids, ctx)), bits(resident.embed_rows(ids, ctx))
             )
     finally:
         store.close()
 
 
 def test_embed_rows_errors_name_the_argument(rng):
-    word, tables, projs = _weights(rng)
+    word, tables, projs = random_weights(rng)
     emb = NgramEmbedding(DIMS, word, tables, projs)
     ids, ctx = _rows(rng, 2, 3, 2, eos_frac=0)
     with pytest.raises(ConfigError, match="ids must be a 2-D integer array"):
@@ -106,7 +106,7 @@ def test_embed_rows_errors_name_the_argument(rng):
     with pytest.raises(ConfigError, match=r"ngram_context\[0, 3\] = -5"):
         emb.embed_rows(ids, wide)
     wide[0, 3], wide[0, 0] = ctx[0, 1], -5  # a column before the look-back: not checked
-    np.testing.assert_array_equal(_bits(emb.embed_rows(ids, wide)), _bits(emb.embed_rows(ids, ctx)))
+    np.testing.assert_array_equal(bits(emb.embed_rows(ids, wide)), bits(emb.embed_rows(ids, ctx)))
     assert first_bad_token(ids, ctx, 2, DIMS.vocab_size) is None
     with pytest.raises(ConfigError, match=r"out must be bfloat16\[6, 48\]"):
         emb.embed_rows(ids, ctx, out=np.zeros((5, 48), BF16))
@@ -135,7 +135,7 @@ def test_hash_gather_rows_gpu_bitexact(rng, word_kind):
 
     from rowcache.kernels.ngram.rows import hash_gather_rows
 
-    word, tables, _ = _weights(rng)
+    word, tables, _ = random_weights(rng)
     (host_st, host_w), (dev_st, dev_w) = _dev_tables(cp, word, tables, word_kind)
     T, d, D = DIMS.num_tables, DIMS.table_dim, DIMS.hidden_size
     mult, mod = DIMS.multipliers, DIMS.all_table_rows
@@ -158,8 +158,8 @@ def test_hash_gather_rows_gpu_bitexact(rng, word_kind):
             hash_gather_rows(dids, dctx, c, *args, dev_st, out[:n], dev_w, words[:n])
             cp.cuda.get_current_stream().synchronize()
             assert int(flag[0]) != seq
-            np.testing.assert_array_equal(_bits(cp.asnumpy(out[:n])), _bits(out_ref))
-            np.testing.assert_array_equal(_bits(cp.asnumpy(words[:n])), _bits(words_ref))
+            np.testing.assert_array_equal(bits(cp.asnumpy(out[:n])), bits(out_ref))
+            np.testing.assert_array_equal(bits(cp.asnumpy(words[:n])), bits(words_ref))
             assert int(cp.asnumpy(out[n].view(cp.uint16)).max()) == 7
             assert int(cp.asnumpy(words[n].view(cp.uint16)).min()) == 7
     # a bad token, in the ids or in a context column a look-back never reads (after an EOS)
@@ -185,7 +185,7 @@ def test_hash_gather_rows_gpu_bitexact(rng, word_kind):
 def test_embed_rows_gpu_equals_packed_resident_and_cached(rng, tmp_path, graphs):
     import cupy as cp
 
-    store, caches, word, tables, projs, cached = _cached_model(
+    store, caches, word, tables, projs, cached = cached_model(
         rng, tmp_path, device="cuda", word_cached=True
     )
     try:
@@ -199,12 +199,12 @@ def test_embed_rows_gpu_equals_packed_resident_and_cached(rng, tmp_path, graphs)
         for _ in range(2):  # the second pass: every row a hit
             for B, L, C in [*SHAPES, (64, 1, 3)]:
                 ids, ctx = _rows(rng, B, L, C)
-                want = _bits(cp.asnumpy(_packed_embed(resident, ids, ctx)))
+                want = bits(cp.asnumpy(_packed_embed(resident, ids, ctx)))
                 dids = cp.asarray(ids)
                 dctx = None if ctx is None else cp.asarray(ctx)
                 for emb in (resident, mixed):
                     got = emb.embed_rows(dids, dctx)
-                    np.testing.assert_array_equal(_bits(cp.asnumpy(got)), want)
+                    np.testing.assert_array_equal(bits(cp.asnumpy(got)), want)
                 out = cp.empty((B * L, DIMS.hidden_size), BF16)
                 assert resident.embed_rows(dids, dctx, out=out) is out
         # bad tokens raise on both paths, naming the token; the next call is clean
@@ -215,7 +215,7 @@ def test_embed_rows_gpu_equals_packed_resident_and_cached(rng, tmp_path, graphs)
             with pytest.raises(ConfigError, match=r"input_ids\[1, 0\] = -3 is outside"):
                 emb.embed_rows(cp.asarray(bad), cp.asarray(ctx))
             got = emb.embed_rows(cp.asarray(ids), cp.asarray(ctx))
-            want = _bits(cp.asnumpy(_packed_embed(resident, ids, ctx)))
-            np.testing.assert_array_equal(_bits(cp.asnumpy(got)), want)
+            want = bits(cp.asnumpy(_packed_embed(resident, ids, ctx)))
+            np.testing.assert_array_equal(bits(cp.asnumpy(got)), want)
     finally:
         store.close()

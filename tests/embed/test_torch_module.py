@@ -18,6 +18,7 @@ from rowcache.embed.tables import CachedTable  # noqa: E402
 from rowcache.kernels.reference import BF16  # noqa: E402
 from rowcache import NgramRowCache, build_store  # noqa: E402
 from rowcache.errors import ConfigError  # noqa: E402
+from tests.embed.support import corrupt_tables, restore  # noqa: E402
 
 DIMS = NgramDims(vocab_size=300, hidden_size=48, max_ngram=4, splits=2, ratio=2.5, eos_token_id=2)
 KEEP = DIMS.max_ngram - 1
@@ -334,8 +335,6 @@ def test_settle_settles_every_cache_and_raises_the_first_failure(weights, tmp_pa
     no cache with a failed read pending (each as before its call)."""
     from rowcache.errors import CorruptDataError
 
-    from .test_defer_reads import corrupt_tables, restore
-
     path = _checkpoint(tmp_path, weights)
     mod = TorchNgramEmbedding.from_pretrained(path, cached=[0, 2, 4], arena_bytes="8KiB")
     caches = mod.emb.caches
@@ -554,8 +553,6 @@ def test_gpu_forward_defer_reads_settles_and_raises_a_failed_read(weights, rng, 
     import cupy as cp
 
     from rowcache.errors import CorruptDataError
-
-    from .test_defer_reads import corrupt_tables, restore
 
     path = _checkpoint(tmp_path, weights)
     mod = TorchNgramEmbedding.from_pretrained(

@@ -7,7 +7,6 @@ misaligned and strided arrays, and tables in mapped pinned host memory.
 
 from __future__ import annotations
 
-import ctypes
 import math
 
 import numpy as np
@@ -17,19 +16,18 @@ import rowcache.kernels
 from rowcache.kernels.reference import BF16, batched_embed_fp8_reference, batched_embed_reference
 from rowcache.errors import ConfigError
 
-from .test_quantize import bf16_bits_rne, e4m3_value, non_nan_codes
+from tests.kernels.support import (
+    bf16_bits_rne,
+    e4m3_value,
+    mapped_host_array,
+    non_nan_codes,
+    random_scales,
+    random_table,
+)
 
 DIMS = (1, 7, 130, 256, 3072)
 ID_DTYPES = (np.int32, np.int64)
 POISON = 0xFFFF  # a NaN bit pattern no gather of finite data produces
-
-
-def random_table(rng: np.random.Generator, rows: int, d: int) -> np.ndarray:
-    """bf16 [rows, d] of arbitrary non-NaN bit patterns (every exponent, both signs)."""
-    bits = rng.integers(0, 1 << 16, size=(rows, d), dtype=np.uint16)
-    nan = (bits & 0x7FFF) > 0x7F80
-    bits[nan] &= 0x807F  # keep the sign and mantissa, clear the exponent: a subnormal
-    return bits.view(BF16)
 
 
 def random_ids(rng: np.random.Generator, n: int, rows: int, dtype) -> np.ndarray:
@@ -38,10 +36,6 @@ def random_ids(rng: np.random.Generator, n: int, rows: int, dtype) -> np.ndarray
     if n >= 4:
         ids[0], ids[1], ids[2] = 0, rows - 1, ids[3]
     return ids
-
-
-def random_scales(rng: np.random.Generator, rows: int) -> np.ndarray:
-    return (2.0 ** rng.uniform(-40, 40, size=rows)).astype(np.float32)
 
 
 def bits(a) -> np.ndarray:
@@ -105,12 +99,17 @@ def test_batched_embed_fp8_cpu_matches_reference(rng, d, id_dtype):
     assert np.array_equal(bits(out), bits(batched_embed_fp8_reference(ids, codes, scales)))
 
 
-def test_batched_embed_cpu_empty_batch(rng):
-    table = random_table(rng, 4, 6)
-    assert rowcache.kernels.batched_embed(np.zeros(0, np.int64), table).shape == (0, 6)
-    codes = non_nan_codes(rng, (4, 6))
-    out = rowcache.kernels.batched_embed_fp8(np.zeros(0, np.int32), codes, np.ones(4, np.float32))
-    assert out.shape == (0, 6) and out.dtype == BF16
+def test_batched_embed_empty_batch(rng, xp):
+    """An empty batch gives an empty ``[0, d]`` result on the table's device (ids on that
+    device or on the host), for the bf16 and the FP8 gather."""
+    table = xp.asarray(random_table(rng, 5, 8))
+    out = rowcache.kernels.batched_embed(xp.zeros(0, xp.int64), table)
+    assert isinstance(out, xp.ndarray) and out.shape == (0, 8)
+    codes = xp.asarray(non_nan_codes(rng, (5, 8)))
+    out = rowcache.kernels.batched_embed_fp8(np.zeros(0, np.int32), codes, xp.ones(5, xp.float32))
+    assert isinstance(out, xp.ndarray) and out.shape == (0, 8)
+    if xp is np:
+        assert out.dtype == BF16
 
 
 @pytest.mark.parametrize("bad", [-1, 9, 1 << 40])
@@ -165,15 +164,6 @@ def test_batched_embed_fp8_rejects_bad_arguments(args, name):
 
 
 # --- the kernels against the references ------------------------------------------------
-
-
-def mapped_host_array(cp, host: np.ndarray):
-    """A cupy array over pinned host memory mapped into the device, holding ``host``'s bytes."""
-    nbytes = max(host.nbytes, 1)
-    mem = cp.cuda.PinnedMemory(nbytes, cp.cuda.runtime.hostAllocMapped)
-    ctypes.memmove(mem.ptr, np.ascontiguousarray(host).ctypes.data, host.nbytes)
-    ptr = cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(mem.ptr, nbytes, mem), 0)
-    return cp.ndarray(host.shape, dtype=host.dtype, memptr=ptr)
 
 
 def poisoned_out(cp, n: int, d: int):
@@ -287,17 +277,6 @@ def test_batched_embed_fp8_gpu_misaligned_strided_and_mapped(rng, d):
     mapped = mapped_host_array(cp, np.ascontiguousarray(full[:, 1 : d + 1]))
     out = rowcache.kernels.batched_embed_fp8(cp.asarray(ids), mapped, cp.asarray(scales_full[::2]))
     assert np.array_equal(bits(out), expect)
-
-
-@pytest.mark.gpu
-def test_gather_gpu_empty_batches(rng):
-    import cupy as cp
-
-    table = cp.asarray(random_table(rng, 5, 8))
-    assert rowcache.kernels.batched_embed(cp.zeros(0, cp.int64), table).shape == (0, 8)
-    codes = cp.asarray(non_nan_codes(rng, (5, 8)))
-    out = rowcache.kernels.batched_embed_fp8(np.zeros(0, np.int32), codes, cp.ones(5, cp.float32))
-    assert out.shape == (0, 8)
 
 
 @pytest.mark.gpu

@@ -19,6 +19,7 @@ import rowcache
 import rowcache.cache.row_cache as cache_mod
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.kernels.ngram.hash import ngram_hash_reference
+from tests.kernels.support import assert_same_runs, hits_arrays, hits_call
 
 DIMS = NgramDims(vocab_size=500, hidden_size=48, max_ngram=4, splits=2, ratio=3, eos_token_id=2)
 
@@ -200,22 +201,6 @@ def test_lru_hits_native_equals_python_path(tmp_path_factory, seed):
     store.close()
 
 
-def assert_same_runs(a_states, b_states, a_out, b_out):
-    """Two replays agree: every state tuple (arrays and values) and every call's result
-    (slots, or an error's message)."""
-    for a, b in zip(a_states, b_states, strict=True):
-        for u, v in zip(a, b):
-            if isinstance(u, np.ndarray):
-                np.testing.assert_array_equal(u, v)
-            else:
-                assert u == v
-    for u, v in zip(a_out, b_out, strict=True):
-        if isinstance(u, str):
-            assert u == v
-        else:
-            np.testing.assert_array_equal(u, v)
-
-
 def _lru_arrays(rows=20, slots=6):
     row_slot = np.full(rows, -1, dtype=np.int32)
     slot_row = np.full(slots, -1, dtype=np.int32)
@@ -323,29 +308,6 @@ def test_lru_plan_says_when_its_victims_pass_a_busy_slot_or_a_row_is_in_flight()
     assert plan(busy, rs2, sr2)[0] == 4
 
 
-def _hits_arrays(rng, rows=120_000, slots=60_000, spare=30_000):
-    """A mapped arena: ``slots`` random rows of ``rows`` in random slots, a log with room."""
-    row_slot = np.full(rows, -1, dtype=np.int32)
-    mapped = rng.choice(rows, slots, replace=False)
-    row_slot[mapped] = rng.permutation(slots).astype(np.int32)
-    last_used = rng.integers(0, 3, slots).astype(np.int64)  # some already pinned (batch 2)
-    log = np.zeros(slots + spare, dtype=np.int32)
-    log[:slots] = rng.permutation(slots).astype(np.int32)
-    log_pos = np.empty(slots, dtype=np.int32)
-    log_pos[log[:slots]] = np.arange(slots, dtype=np.int32)
-    return row_slot, last_used, log, log_pos, np.sort(mapped)
-
-
-def _hits_call(ids, arrays, threads, tail):
-    row_slot, last_used, log, log_pos = (a.copy() for a in arrays[:4])
-    out = np.zeros(ids.size, dtype=np.int32)
-    scratch = np.zeros(2 * ids.size, dtype=np.int32)
-    res = host.native.lru_hits(
-        ids, row_slot.size, row_slot, last_used, log, log_pos, tail, 2, out, scratch, threads
-    )
-    return res, out, last_used, log, log_pos
-
-
 @pytest.mark.parametrize("case", ["blocks", "shuffled", "miss", "bad_late", "no_room"])
 @pytest.mark.parametrize("threads", [2, 3, 8])
 def test_lru_hits_threads_equal_one_thread(case, threads):
@@ -356,7 +318,7 @@ def test_lru_hits_threads_equal_one_thread(case, threads):
     if host.native is None:
         pytest.skip("rowcache.kernels._host not built")
     rng = np.random.default_rng(7)
-    arrays = _hits_arrays(rng)
+    arrays = hits_arrays(rng)
     mapped = arrays[4]
     # 12 blocks of 2,048 ids, block k from the k-th twelfth of the mapped rows (duplicates in)
     cuts = np.linspace(0, mapped.size, 13).astype(int)
@@ -374,8 +336,8 @@ def test_lru_hits_threads_equal_one_thread(case, threads):
         ids[-3] = -1
     elif case == "no_room":
         tail = arrays[2].size - 100
-    one = _hits_call(ids, arrays, 1, tail)
-    many = _hits_call(ids, arrays, threads, tail)
+    one = hits_call(ids, arrays, 1, tail)
+    many = hits_call(ids, arrays, threads, tail)
     assert one[0] == many[0]
     want_status = {"blocks": 0, "shuffled": 0, "miss": 1, "bad_late": 2, "no_room": 3}[case]
     assert one[0][0] == want_status

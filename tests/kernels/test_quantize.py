@@ -15,22 +15,12 @@ import pytest
 import rowcache.kernels
 from rowcache.kernels.reference import BF16, E4M3, quantize_fp8_reference
 from rowcache.errors import ConfigError
+from tests.kernels.support import e4m3_value
 
 DIMS = (1, 7, 130, 256, 3072)
 
 
 # --- independent rules -------------------------------------------------------------
-
-
-def e4m3_value(code: int) -> float:
-    """Exact value of an E4M3 (fn) code from its bits: 1 sign, 4 exponent (bias 7), 3 mantissa."""
-    sign = -1.0 if code & 0x80 else 1.0
-    exp, man = (code >> 3) & 0xF, code & 0x7
-    if exp == 0xF and man == 0x7:
-        return math.nan
-    if exp == 0:
-        return sign * man * 2.0**-9
-    return sign * (1.0 + man / 8.0) * 2.0 ** (exp - 7)
 
 
 def e4m3_encode_satfinite(v: float) -> int:
@@ -39,20 +29,6 @@ def e4m3_encode_satfinite(v: float) -> int:
     a = Fraction(min(abs(v), 448.0))
     best = min(range(0x7F), key=lambda c: (abs(Fraction(e4m3_value(c)) - a), c & 1))
     return sign | best
-
-
-def bf16_bits_rne(x: np.float32) -> int:
-    """bfloat16 bits of a (non-NaN) float32, round to nearest even, by integer arithmetic."""
-    b = int(np.float32(x).view(np.uint32))
-    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
-
-
-def non_nan_codes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """Random E4M3 codes, every non-NaN code possible (0x7f and 0xff are NaN)."""
-    codes = rng.integers(0, 256, size=shape, dtype=np.uint8)
-    nan = (codes & 0x7F) == 0x7F
-    codes[nan] = rng.integers(0, 0x7F, size=int(nan.sum()), dtype=np.uint8) | (codes[nan] & 0x80)
-    return codes
 
 
 def random_rows(rng: np.random.Generator, n: int, d: int, dtype: np.dtype = BF16) -> np.ndarray:

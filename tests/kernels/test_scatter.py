@@ -18,8 +18,7 @@ from rowcache.kernels.reference import BF16, scatter_records_reference
 from rowcache.errors import ConfigError
 from rowcache.store.format import encode_records
 
-from .test_gather import mapped_host_array, random_scales, random_table
-from .test_quantize import non_nan_codes
+from tests.kernels.support import mapped_host_array, non_nan_codes, random_scales, random_table
 
 DIMS = (1, 7, 130, 256, 3072)
 SLOT_DTYPES = (np.int32, np.int64)

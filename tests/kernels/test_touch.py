@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import rowcache.kernels.host as host
 import rowcache
-from tests.kernels.test_host import _hits_arrays, _hits_call, assert_same_runs
+from tests.kernels.support import assert_same_runs, hits_arrays, hits_call
 
 pytestmark = pytest.mark.skipif(host.native is None, reason="rowcache.kernels._host not built")
 
@@ -43,7 +43,7 @@ def test_scan_and_deferred_touch_equal_lru_hits(case, threads):
     reports them and nothing changes), and a log with no room (the touch compacts it
     first, as the cache does when lru_hits answers 3)."""
     rng = np.random.default_rng(11)
-    arrays = _hits_arrays(rng)
+    arrays = hits_arrays(rng)
     mapped = arrays[4]
     cuts = np.linspace(0, mapped.size, 13).astype(int)
     ids = np.concatenate(
@@ -66,7 +66,7 @@ def test_scan_and_deferred_touch_equal_lru_hits(case, threads):
         tail = C
     got = _deferred_call(ids, arrays, threads, tail)
     if case in ("miss", "bad_late"):
-        want = _hits_call(ids, arrays, 1, tail)
+        want = hits_call(ids, arrays, 1, tail)
         assert got[0] == ((1, 0) if case == "miss" else (2, ids.size - 7))
         assert want[0][0] == got[0][0]
         if case == "miss":
@@ -75,14 +75,14 @@ def test_scan_and_deferred_touch_equal_lru_hits(case, threads):
             np.testing.assert_array_equal(u, v)  # the scan changed nothing
         return
     if case == "full_log":
-        compacted = _hits_call(ids, arrays, 1, tail)
+        compacted = hits_call(ids, arrays, 1, tail)
         assert compacted[0][0] == 3  # lru_hits leaves the compaction to its caller
         ref = [a.copy() for a in arrays[:4]]
         new_tail = host.native.lru_compact(ref[2], ref[3], 0, tail)
-        want = _hits_call(ids, (*ref, mapped), 1, new_tail)
+        want = hits_call(ids, (*ref, mapped), 1, new_tail)
         assert got[0] == (0, want[0][1], 0, want[0][2])
     else:
-        want = _hits_call(ids, arrays, 1, tail)
+        want = hits_call(ids, arrays, 1, tail)
         assert got[0] == (0, want[0][1], 0, want[0][2])
     for u, v in zip(got[1:], want[1:]):
         np.testing.assert_array_equal(u, v)
@@ -91,7 +91,7 @@ def test_scan_and_deferred_touch_equal_lru_hits(case, threads):
 def test_touch_arguments_are_checked_and_many_pending_touches_finish():
     nat = host.native
     rng = np.random.default_rng(3)
-    row_slot, last_used, log, log_pos, mapped = _hits_arrays(rng, 5000, 2000, 2000)
+    row_slot, last_used, log, log_pos, mapped = hits_arrays(rng, 5000, 2000, 2000)
     scratch = np.zeros(64, dtype=np.int32)
     with pytest.raises(ValueError, match="shapes"):
         nat.lru_touch_start(row_slot, last_used, log, log_pos, scratch, 33, 0, 2000, 1)
@@ -107,7 +107,7 @@ def test_touch_arguments_are_checked_and_many_pending_touches_finish():
         out, scr = np.empty(30, np.int32), np.empty(60, np.int32)
         assert nat.lru_scan(ids, row_slot.size, row_slot, out, scr)[0] == 0
         handles.append(nat.lru_touch_start(row_slot, lu, lg, lp, scr, 30, 0, 2000, 2))
-        ref = _hits_call(ids, (row_slot, last_used, log, log_pos), 1, 2000)
+        ref = hits_call(ids, (row_slot, last_used, log, log_pos), 1, 2000)
         want.append(ref)
     assert sum(type(h) is tuple for h in handles) >= 8  # ran by their callers
     for h, (lu, lg, lp), ref in zip(handles, arrays, want):
@@ -146,7 +146,7 @@ def test_chained_touches_equal_lru_hits_in_turn(spare, threads):
     lru_hits calls in turn. A chain over a log that fills compacts inside a touch."""
     nat = host.native
     rng = np.random.default_rng(5)
-    arrays = _hits_arrays(rng, spare=spare)
+    arrays = hits_arrays(rng, spare=spare)
     row_slot, mapped = arrays[0], arrays[4]
     steps = [(rng.choice(mapped, 3000 + 500 * k).astype(np.int64), 2 + k // 2) for k in range(7)]
     want, final = _sequential(steps, arrays, mapped.size)
@@ -173,7 +173,7 @@ def test_chained_touch_arguments_and_a_follower_run_by_its_caller():
     pending, a follower runs in its caller once the touch it follows is done."""
     nat = host.native
     rng = np.random.default_rng(9)
-    arrays = _hits_arrays(rng, 5000, 2000, 2000)
+    arrays = hits_arrays(rng, 5000, 2000, 2000)
     row_slot, mapped = arrays[0], arrays[4]
     ids = np.sort(rng.choice(mapped, 300)).astype(np.int64)
     out, scr = np.empty(300, np.int32), np.empty(600, np.int32)

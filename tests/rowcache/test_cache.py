@@ -4,108 +4,33 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-import rowcache.kernels.reference as ref
 import rowcache
 from rowcache import NgramRowCache
 from rowcache.errors import ArenaExhaustedError, ConfigError, CorruptDataError, RowRangeError
+from tests.rowcache.support import (
+    batches,
+    check_invariants,
+    expected,
+    expected_part,
+    gather,
+    make_multi_store,
+    make_store,
+)
 
 BF16 = ml_dtypes.bfloat16
 
 
-class RefLRU:
-    """The cache's contract, one row at a time: free slots first, then the least recently
-    touched unpinned row; a call touches its unique rows in ascending order."""
-
-    def __init__(self, slots):
-        self.slots = slots
-        self.order = OrderedDict()  # row -> None, least recently touched first
-        self.pins: dict[int, int] = {}
-        self.seen_in_batch: set[int] = set()
-        self.faults = self.hits = self.evictions = 0
-
-    def resolve(self, ids):
-        uniq = sorted(set(int(i) for i in ids))
-        missing = [r for r in uniq if r not in self.order]
-        hits = set(uniq) - set(missing)
-        free = self.slots - len(self.order)
-        evictable = [r for r in self.order if self.pins.get(r, 0) == 0 and r not in hits]
-        if len(missing) > free + len(evictable):
-            raise ArenaExhaustedError("reference: exhausted")
-        for r in evictable[: max(0, len(missing) - free)]:
-            del self.order[r]
-            self.evictions += 1
-        for r in uniq:
-            self.order[r] = None
-            self.order.move_to_end(r)
-            self.pins[r] = self.pins.get(r, 0) + 1
-        self.faults += len(missing)
-        self.hits += len([r for r in hits if r not in self.seen_in_batch])
-        self.seen_in_batch.update(uniq)
-
-    def end_batch(self):
-        self.pins.clear()
-        self.seen_in_batch.clear()
-
-
-def make_store(tmp_path, rng, rows=3000, dim=32, dtype="bf16"):
-    x = rng.standard_normal((rows, dim), dtype=np.float32).astype(BF16)
-    store = rowcache.build_store(
-        tmp_path / f"s-{dtype}", {"t": x}, dtype=dtype, progress=False, shard_bytes=16 * 4096
-    )
-    return store, x
-
-
-def gather(cache, slots):
-    if cache.dtype == "bf16":
-        return ref.batched_embed_reference(np.asarray(slots), cache.table)
-    return ref.batched_embed_fp8_reference(np.asarray(slots), cache.table, cache.scales)
-
-
-def expected(store, ids):
-    got = store.read_rows("t", ids)
-    if store.dtype == "bf16":
-        return got
-    return ref.dequantize_fp8_reference(*got)
-
-
-def check_invariants(cache, ref_lru):
-    row_slot, slot_row = cache.slot_map()
-    mapped = np.flatnonzero(slot_row >= 0)
-    assert np.array_equal(row_slot[slot_row[mapped]], mapped), (
-        "slot -> row -> slot is not the identity"
-    )
-    rows = np.flatnonzero(row_slot >= 0)
-    assert np.array_equal(slot_row[row_slot[rows]], rows), "row -> slot -> row is not the identity"
-    assert mapped.size <= cache.num_slots
-    assert set(rows.tolist()) == set(ref_lru.order), "resident rows differ from the reference LRU"
-
-
-def batches(rng, rows, slots, n):
-    """Zipf ids, duplicates, near-arena-size batches, and multi-call batches."""
-    for b in range(n):
-        kind = b % 5
-        if kind == 3:
-            size = int(slots * rng.uniform(0.8, 1.0))
-            ids = rng.choice(rows, size=size, replace=False)
-            yield [np.concatenate([ids, ids[: size // 3]])]
-        elif kind == 4:
-            yield [rng.integers(0, rows, int(rng.integers(1, 70))) for _ in range(3)]
-        else:
-            yield [rng.zipf(1.2, int(rng.integers(0, 200))) % rows]
-
-
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
-def test_cache_model_based_against_reference_lru(tmp_path, rng, dtype):
+def test_cache_model_based_against_reference_lru(tmp_path, rng, dtype, ref_lru):
     store, _ = make_store(tmp_path, rng, dtype=dtype)
     slots = 150
     cache = NgramRowCache(store, "t", slots=slots)
-    lru = RefLRU(slots)
+    lru = ref_lru(slots)
     exhausted = 0
     for calls in batches(rng, 3000, slots, 60):
         held = {}
@@ -139,10 +64,10 @@ def test_cache_model_based_against_reference_lru(tmp_path, rng, dtype):
     assert s.bytes_read >= s.rows_read * store.tables[0].record_bytes
 
 
-def test_cache_log_compaction_long_run(tmp_path, rng):
+def test_cache_log_compaction_long_run(tmp_path, rng, ref_lru):
     store, x = make_store(tmp_path, rng, rows=500, dim=8)
     cache = NgramRowCache(store, "t", slots=20)
-    lru = RefLRU(20)
+    lru = ref_lru(20)
     for _ in range(400):
         ids = rng.integers(0, 40, int(rng.integers(1, 15)))
         got = cache.resolve(ids)
@@ -154,8 +79,8 @@ def test_cache_log_compaction_long_run(tmp_path, rng):
     assert cache.stats().misses == lru.faults
 
 
-def test_cache_arena_exhausted_leaves_state_unchanged(tmp_path, rng):
-    store, _ = make_store(tmp_path, rng)
+def test_cache_arena_exhausted_leaves_state_unchanged(tiny_store):
+    store, _ = tiny_store
     cache = NgramRowCache(store, "t", slots=50)
     cache.resolve(np.arange(30))
     before = (cache.slot_map(), cache.pin_counts(), cache.stats(), cache.table.copy())
@@ -173,8 +98,8 @@ def test_cache_arena_exhausted_leaves_state_unchanged(tmp_path, rng):
     cache.resolve(np.arange(200, 250))
 
 
-def test_cache_row_range_error_before_any_change(tmp_path, rng):
-    store, _ = make_store(tmp_path, rng)
+def test_cache_row_range_error_before_any_change(tiny_store):
+    store, _ = tiny_store
     cache = NgramRowCache(store, "t", slots=50)
     cache.resolve(np.array([1, 2]))
     with pytest.raises(RowRangeError, match=r"row_ids\[1\] = 3000"):
@@ -185,8 +110,8 @@ def test_cache_row_range_error_before_any_change(tmp_path, rng):
 
 
 @pytest.mark.parametrize("failure", ["eio", "short"])
-def test_cache_read_failure_maps_nothing_and_stays_usable(tmp_path, rng, monkeypatch, failure):
-    store, x = make_store(tmp_path, rng)
+def test_cache_read_failure_maps_nothing_and_stays_usable(monkeypatch, failure, tiny_store):
+    store, x = tiny_store
     store = rowcache.RowStore.open(store.path, merge_gap=0)  # one read per row
     cache = NgramRowCache(store, "t", slots=40, queue_depth=1)
     first = cache.resolve(np.arange(40))
@@ -219,8 +144,8 @@ def test_cache_read_failure_maps_nothing_and_stays_usable(tmp_path, rng, monkeyp
     np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[ids].view(np.uint16))
 
 
-def test_cache_stats_reset_and_counts(tmp_path, rng):
-    store, _ = make_store(tmp_path, rng)
+def test_cache_stats_reset_and_counts(tiny_store):
+    store, _ = tiny_store
     cache = NgramRowCache(store, "t", slots=100)
     cache.resolve(np.array([1, 1, 2, 3]))
     cache.resolve(np.array([3, 4]))  # same batch: 3 is not a second hit
@@ -233,16 +158,16 @@ def test_cache_stats_reset_and_counts(tmp_path, rng):
     assert (s.lookups, s.hits, s.misses, s.batches) == (3, 2, 1, 1)
 
 
-def test_cache_empty_batch(tmp_path, rng):
-    store, _ = make_store(tmp_path, rng)
+def test_cache_empty_batch(tiny_store):
+    store, _ = tiny_store
     cache = NgramRowCache(store, "t", slots=10)
     out = cache.resolve(np.array([], dtype=np.int64))
     assert out.shape == (0,) and out.dtype == np.int32
     cache.end_batch()
 
 
-def test_cache_bad_arguments(tmp_path, rng):
-    store, _ = make_store(tmp_path, rng)
+def test_cache_bad_arguments(tiny_store):
+    store, _ = tiny_store
     with pytest.raises(ConfigError, match="slots=0"):
         NgramRowCache(store, "t", slots=0)
     with pytest.raises(ConfigError, match="slots=3001"):
@@ -302,8 +227,8 @@ def test_cache_concurrent_resolves_keep_invariants(tmp_path, rng):
     )
 
 
-def test_cache_cupy_input_rejected_gracefully_on_cpu_device_without_gpu(tmp_path, rng):
-    store, _ = make_store(tmp_path, rng)
+def test_cache_cupy_input_rejected_gracefully_on_cpu_device_without_gpu(tiny_store):
+    store, _ = tiny_store
     if rowcache.cache.row_cache.np is None:  # pragma: no cover
         pytest.skip()
     from rowcache.kernels import gpu_available
@@ -314,25 +239,14 @@ def test_cache_cupy_input_rejected_gracefully_on_cpu_device_without_gpu(tmp_path
         NgramRowCache(store, "t", slots=10, device="cuda")
 
 
-def make_multi_store(tmp_path, rng, dtype="bf16"):
-    tabs = {
-        f"t{i}": rng.standard_normal((300 + 7 * i, 16), dtype=np.float32).astype(BF16)
-        for i in range(4)
-    }
-    store = rowcache.build_store(
-        tmp_path / f"m-{dtype}", tabs, dtype=dtype, progress=False, shard_bytes=4 * 4096
-    )
-    return store, tabs
-
-
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
-def test_shared_cache_over_several_tables_matches_reference(tmp_path, rng, dtype):
+def test_shared_cache_over_several_tables_matches_reference(tmp_path, rng, dtype, ref_lru):
     store, tabs = make_multi_store(tmp_path, rng, dtype)
     names = ["t2", "t0", "t3"]  # any order: global ids follow the list
     cache = NgramRowCache(store, names, slots=120)
     assert cache.row_offsets.tolist() == [0, 314, 614, 935]
     assert cache.rows == 935 and cache.name == "t2+t0+t3"
-    lru = RefLRU(120)
+    lru = ref_lru(120)
     for _ in range(40):
         local = [rng.zipf(1.3, 30) % tabs[n].shape[0] for n in names]
         ids = np.concatenate([cache.global_ids(k, ids_k) for k, ids_k in enumerate(local)])
@@ -351,11 +265,6 @@ def test_shared_cache_over_several_tables_matches_reference(tmp_path, rng, dtype
         cache.global_ids(0, np.array([314]))  # t2 has 314 rows
     with pytest.raises(ConfigError, match="part=3"):
         cache.global_ids(3, np.array([0]))
-
-
-def expected_part(store, name, ids):
-    got = store.read_rows(name, ids)
-    return got if store.dtype == "bf16" else ref.dequantize_fp8_reference(*got)
 
 
 def test_shared_cache_bad_table_lists(tmp_path, rng):

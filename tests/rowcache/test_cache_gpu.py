@@ -9,7 +9,14 @@ import pytest
 import rowcache.kernels
 import rowcache
 from rowcache import NgramRowCache
-from tests.rowcache.test_cache import RefLRU, batches, check_invariants, expected, make_store
+from tests.rowcache.support import (
+    batches,
+    check_invariants,
+    expected,
+    expected_part,
+    make_multi_store,
+    make_store,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -23,7 +30,7 @@ def _reader_ok(reader):
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 @pytest.mark.parametrize("arena", ["device", "host"])
 @pytest.mark.parametrize("reader", ["posix", "kvikio"])
-def test_gpu_cache_model_based(tmp_path, rng, dtype, arena, reader):
+def test_gpu_cache_model_based(tmp_path, rng, dtype, arena, reader, ref_lru):
     import cupy as cp
 
     _reader_ok(reader)
@@ -31,7 +38,7 @@ def test_gpu_cache_model_based(tmp_path, rng, dtype, arena, reader):
     slots = 150
     cache = NgramRowCache(store, "t", slots=slots, device="cuda", arena=arena, reader=reader)
     assert cache.reader_kind == reader and cache.arena_kind == arena
-    lru = RefLRU(slots)
+    lru = ref_lru(slots)
     for calls in batches(rng, 3000, slots, 30):
         for ids in calls:
             try:
@@ -55,10 +62,10 @@ def test_gpu_cache_model_based(tmp_path, rng, dtype, arena, reader):
         lru.end_batch()
 
 
-def test_gpu_cache_cupy_ids_and_auto_reader(tmp_path, rng):
+def test_gpu_cache_cupy_ids_and_auto_reader(rng, tiny_store):
     import cupy as cp
 
-    store, x = make_store(tmp_path, rng)
+    store, x = tiny_store
     cache = NgramRowCache(store, "t", slots=500, device="cuda")
     assert cache.reader_kind in ("posix", "kvikio")
     ids = cp.asarray(rng.integers(0, 3000, 400))
@@ -73,8 +80,6 @@ def test_gpu_cache_cupy_ids_and_auto_reader(tmp_path, rng):
 def test_gpu_shared_cache_over_several_tables(tmp_path, rng, arena):
     import cupy as cp
 
-    from tests.rowcache.test_cache import expected_part, make_multi_store
-
     store, tabs = make_multi_store(tmp_path, rng, "fp8")
     names = ["t1", "t3", "t0"]
     cache = NgramRowCache(store, names, slots=200, device="cuda", arena=arena)
@@ -88,10 +93,10 @@ def test_gpu_shared_cache_over_several_tables(tmp_path, rng, arena):
 
 
 @pytest.mark.parametrize("arena", ["device", "host"])
-def test_gpu_device_map_mirrors_host_map(tmp_path, rng, arena):
+def test_gpu_device_map_mirrors_host_map(rng, arena, tiny_store):
     import cupy as cp
 
-    store, _ = make_store(tmp_path, rng)
+    store, _ = tiny_store
     cache = NgramRowCache(store, "t", slots=150, device="cuda", arena=arena)
     cache.resolve(np.arange(40))
     cache.end_batch()
@@ -128,7 +133,7 @@ def _spin(cp, seconds):
     cp.RawKernel(_SPIN, "spin")((1,), (1,), (np.uint64(int(seconds * 1e9)),))
 
 
-def test_gpu_prefetch_pieces_do_not_queue_behind_the_cache_streams_work(tmp_path, rng, monkeypatch):
+def test_gpu_prefetch_pieces_do_not_queue_behind_the_cache_streams_work(rng, monkeypatch, tiny_store):
     """Work queued on the cache's stream after end_batch (a model's rest of the step)
     does not hold a prefetch's pieces back: they go on a stream of their own, and the rows
     are right when the cache's stream gathers them."""
@@ -137,7 +142,7 @@ def test_gpu_prefetch_pieces_do_not_queue_behind_the_cache_streams_work(tmp_path
     import rowcache.cache.prefetch_book as prefetch_book
 
     monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 16)
-    store, _ = make_store(tmp_path, rng)
+    store, _ = tiny_store
     cache = NgramRowCache(store, "t", slots=600, device="cuda")
     cache.resolve(np.arange(10))
     cache.end_batch()
@@ -158,12 +163,12 @@ def test_gpu_prefetch_pieces_do_not_queue_behind_the_cache_streams_work(tmp_path
     )
 
 
-def test_gpu_prefetch_waits_for_earlier_batches_gathers_of_its_victims(tmp_path, rng):
+def test_gpu_prefetch_waits_for_earlier_batches_gathers_of_its_victims(tiny_store):
     """A prefetch on its own stream never overwrites a slot before a gather of an earlier
     batch, still queued behind other work on the cache's stream, has read it."""
     import cupy as cp
 
-    store, _ = make_store(tmp_path, rng)
+    store, _ = tiny_store
     cache = NgramRowCache(store, "t", slots=64, device="cuda")
     cache.prefetch(np.arange(64)).wait()
     cache.end_batch()

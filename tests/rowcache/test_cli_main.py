@@ -15,7 +15,7 @@ import pytest
 import rowcache
 from rowcache.cli.app import build_parser, main
 
-from .tiny import TINY_CONFIG
+from tests.rowcache.support import TINY_CONFIG
 
 CONFIG = TINY_CONFIG
 

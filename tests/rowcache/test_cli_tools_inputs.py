@@ -12,7 +12,7 @@ import pytest
 from rowcache.cli.app import main
 from rowcache.tools.trace import Trace
 
-from .tiny import TINY_CONFIG
+from tests.rowcache.support import TINY_CONFIG
 
 CONFIG = TINY_CONFIG
 

@@ -14,8 +14,7 @@ import rowcache.cache.prefetch_book as prefetch_book
 from rowcache import NgramRowCache
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
 
-from .test_cache import make_multi_store, make_store
-from .test_prefetch import Gate
+from tests.rowcache.support import Gate, make_multi_store, make_store
 
 pytest.importorskip("rowcache.io._rcio", reason="reads apart need the native reader")
 
@@ -91,8 +90,8 @@ def flip_byte(store, part, row):
 
 
 @pytest.mark.parametrize("raiser", ["settle", "end_batch", "resolve", "stats", "prefetch"])
-def test_a_failed_deferred_read_raises_at_the_next_call_and_changes_nothing(tmp_path, rng, raiser):
-    store, x = make_store(tmp_path, rng)
+def test_a_failed_deferred_read_raises_at_the_next_call_and_changes_nothing(raiser, tiny_store):
+    store, x = tiny_store
     cache = NgramRowCache(store, "t", slots=100)
     cache.resolve_host(np.arange(0, 40))
     cache.end_batch()
@@ -126,11 +125,11 @@ def test_a_failed_deferred_read_raises_at_the_next_call_and_changes_nothing(tmp_
     np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[[5, 1500, 7]].view(np.uint16))
 
 
-def test_deferred_read_takes_rows_of_pieces_in_flight_too(tmp_path, rng, monkeypatch):
+def test_deferred_read_takes_rows_of_pieces_in_flight_too(monkeypatch, tiny_store):
     """Rows of prefetch pieces in flight are read in the deferred read, beside its misses,
     and committed at the next call as a resolve_host would."""
     monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
-    store, x = make_store(tmp_path, rng)
+    store, x = tiny_store
     cache = NgramRowCache(store, "t", slots=60)
     gate = Gate(cache)
     h = cache.prefetch(np.arange(100, 124))

@@ -15,7 +15,15 @@ from rowcache import NgramRowCache
 from rowcache.cache.state import BUSY_READ
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
 
-from .test_cache import RefLRU, check_invariants, expected, gather, make_multi_store, make_store
+from tests.rowcache.support import (
+    Gate,
+    RefLRU,
+    check_invariants,
+    expected,
+    gather,
+    make_multi_store,
+    make_store,
+)
 
 
 class RefPrefetchLRU(RefLRU):
@@ -159,8 +167,8 @@ def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype, piece,
         assert cache._rows_taken > 0
 
 
-def test_prefetch_never_takes_pinned_slots_nor_exhausts_the_batch(tmp_path, rng):
-    store, x = make_store(tmp_path, rng)
+def test_prefetch_never_takes_pinned_slots_nor_exhausts_the_batch(tiny_store):
+    store, x = tiny_store
     cache = NgramRowCache(store, "t", slots=10)
     slow = Slow(cache, np.random.default_rng(0))
     cur = cache.resolve(np.arange(6))  # pinned by the current batch
@@ -176,8 +184,8 @@ def test_prefetch_never_takes_pinned_slots_nor_exhausts_the_batch(tmp_path, rng)
     assert cache.stats().evictions == 4  # the free slots went first, then the prefetched rows
 
 
-def test_prefetch_then_resolve_faults_nothing_twice(tmp_path, rng):
-    store, x = make_store(tmp_path, rng)
+def test_prefetch_then_resolve_faults_nothing_twice(rng, tiny_store):
+    store, x = tiny_store
     cache = NgramRowCache(store, "t", slots=200)
     slow = Slow(cache, np.random.default_rng(0))
     ids = rng.choice(3000, 150, replace=False)
@@ -197,8 +205,8 @@ def test_prefetch_then_resolve_faults_nothing_twice(tmp_path, rng):
     assert cache.last_faults == 0 and cache.stats().rows_read == s.rows_read
 
 
-def test_failed_prefetch_maps_nothing_and_raises_once_at_resolve(tmp_path, rng):
-    store, x = make_store(tmp_path, rng)
+def test_failed_prefetch_maps_nothing_and_raises_once_at_resolve(tiny_store):
+    store, x = tiny_store
     cache = NgramRowCache(store, "t", slots=50)
     slow = Slow(cache, np.random.default_rng(0))
     h = slow.prefetch(cache, np.arange(10, 20), True)
@@ -228,32 +236,6 @@ def test_prefetch_shared_arena_rows_of_every_part(tmp_path, rng):
     np.testing.assert_array_equal(
         cache.table[got[: k0.size]].view(np.uint16), xs[names[0]][k0].view(np.uint16)
     )
-
-
-class Gate:
-    """Wraps ``cache._read_parts``: prefetch-thread reads wait for ``open``; reads by any
-    other thread (a resolve taking rows over) of rows in ``fail`` raise."""
-
-    def __init__(self, cache):
-        self.real = cache._read_parts
-        self.open = threading.Event()
-        self.started = threading.Event()
-        self.fail = np.zeros(0, dtype=np.int64)
-        self.caller_reads: list[np.ndarray] = []
-        self.fail_pieces = False  # the prefetch thread's reads of rows in ``fail`` raise too
-        cache._read_parts = self
-
-    def __call__(self, rows, staging, reader=None):
-        if threading.current_thread().name.startswith("rowcache-prefetch"):
-            self.started.set()
-            assert self.open.wait(10)
-            if self.fail_pieces and np.isin(rows, self.fail).any():
-                raise CorruptDataError("injected: read of shard failed")
-        else:
-            self.caller_reads.append(rows.copy())
-            if np.isin(rows, self.fail).any():
-                raise CorruptDataError("injected: read of shard failed")
-        return self.real(rows, staging, reader)
 
 
 def gated(tmp_path, rng, monkeypatch, slots, piece=8):
@@ -456,7 +438,7 @@ def check_invariants_no_ref(cache):
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_holds_all_says_whether_a_resolve_would_fault_or_wait(tmp_path, rng, native):
+def test_holds_all_says_whether_a_resolve_would_fault_or_wait(native, tiny_store):
     """``holds_all`` is True exactly when a resolve of the rows would neither fault, wait
     nor commit a prefetch: resident rows yes; a missing row, a row of a prefetch in
     flight or landed but not committed, or of a failed prefetch no; bad ids raise as
@@ -465,7 +447,7 @@ def test_holds_all_says_whether_a_resolve_would_fault_or_wait(tmp_path, rng, nat
     from rowcache.kernels import host
     from rowcache.errors import RowRangeError
 
-    store, _ = make_store(tmp_path, rng)
+    store, _ = tiny_store
     cache = NgramRowCache(store, "t", slots=100)
     cache._host_lib = lambda: host.native if native else None  # type: ignore[method-assign]
 

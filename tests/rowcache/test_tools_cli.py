@@ -14,7 +14,7 @@ from rowcache.errors import ConfigError
 from rowcache.tools.mrc import miss_ratio_curve
 from rowcache.tools.trace import Trace
 
-from .tiny import TINY_CONFIG
+from tests.rowcache.support import TINY_CONFIG
 
 
 def run(argv, capsys):

@@ -25,6 +25,8 @@ import rowcache
 from bench._common import make_source, report
 from rowcache.kernels.loader import gpu_available
 from rowcache.store import builder
+
+
 def plain_write(src: str, dst: str, chunk: int = 32 << 20) -> float:
     a = np.load(src, mmap_mode="r")
     flat = a.reshape(-1).view(np.uint8)

@@ -21,8 +21,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import rowcache.kernels
 import rowcache
+import rowcache.kernels
 from bench._common import (
     drop_cache,
     make_source,

@@ -44,14 +44,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from rowcache.embed.layer import NgramEmbedding
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.ngram.context import NgramContext
 from rowcache.embed.ngram.dims import NgramDims
-from rowcache.embed.layer import NgramEmbedding
 from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
 from rowcache.kernels.gemm import gemm_bf16_f32, gemm_bf16_f32_parts, split_k
-from rowcache.kernels.reference import BF16
 from rowcache.kernels.ngram.stacked import copy_from_mapped
+from rowcache.kernels.reference import BF16
 
 DECODE_BATCHES = (1, 64, 256)
 PREFILL = 2048
@@ -578,8 +578,8 @@ def main(argv: list[str] | None = None) -> int:
             xp.get_default_memory_pool().free_all_blocks()
 
     if "cached" not in skip:
-        from rowcache.store.builder import build_store
         from rowcache.cache.row_cache import NgramRowCache
+        from rowcache.store.builder import build_store
 
         cdims = NgramDims(
             vocab_size=V,

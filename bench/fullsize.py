@@ -27,6 +27,7 @@ from bench._common import make_source, report
 from bench.build import plain_write
 from rowcache.store import builder
 from rowcache.store import format as fmt
+
 LONGCAT_ROWS = 10_223_617  # 78 * 131072 + 1: table i has LONGCAT_ROWS + 2 i rows
 LONGCAT_DIM = 256
 

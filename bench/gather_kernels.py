@@ -181,7 +181,9 @@ def run_cpu(args: argparse.Namespace) -> None:
         out = np.empty((n, d), dtype=BF16)
         nb = _bytes(n, d)
         t_bf16 = _cpu_median_ms(
-            lambda ids=ids, out=out: rowcache.kernels.batched_embed(ids, table, out), args.reps, args.warmup
+            lambda ids=ids, out=out: rowcache.kernels.batched_embed(ids, table, out),
+            args.reps,
+            args.warmup,
         )
         t_take = _cpu_median_ms(lambda ids=ids: table[ids], args.reps, args.warmup)
         t_fp8 = _cpu_median_ms(

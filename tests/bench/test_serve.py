@@ -348,6 +348,7 @@ def test_serve_series_holds_its_prefetches_between_turns(monkeypatch, tiny_store
 def test_serve_step_latency_leaves_out_a_turns_end_charged_to_a_step():
     """A turn's end charged to a step (a lookahead series finishing its piece in flight,
     ``Series.run``) is in the step's seconds, so in tokens/s, but not in its latency."""
+
     def rec(dt, charged=0.0):  # a decode step's record, as Series.out holds it
         return (dt, 64, "decode", 9, 1, 0.001, 0.0, 0.002, 0.0, 0.0, (0.0,) * 4, charged)
 
@@ -358,4 +359,3 @@ def test_serve_step_latency_leaves_out_a_turns_end_charged_to_a_step():
     assert out["faulting_cached_ms"] == pytest.approx(17.0)  # the charge is in the time
     cached[-1] = rec(0.512)  # not charged: a step that took that long
     assert _step_split(res, cached)["step_ms_p99_cached"] > 12.0
-

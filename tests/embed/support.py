@@ -16,7 +16,6 @@ from rowcache.embed.tables import CachedTable
 from rowcache.kernels.reference import BF16
 from rowcache.store.builder import build_store
 
-
 # small but LongCat-shaped: orders 2..3, 2 splits, 4 tables of 12
 DIMS = NgramDims(vocab_size=1000, hidden_size=48, max_ngram=3, splits=2, ratio=2.5, eos_token_id=2)
 

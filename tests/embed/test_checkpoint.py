@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from rowcache.embed.checkpoint import Checkpoint, load_ngram_embedding, table_sources
-from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.layer import NgramEmbedding
+from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.tables import Fp8Table
-from rowcache.kernels.reference import BF16
 from rowcache.errors import ConfigError
+from rowcache.kernels.reference import BF16
 
 DIMS = NgramDims(vocab_size=500, hidden_size=32, max_ngram=3, splits=2, ratio=1.5, eos_token_id=2)
 _ST = {np.dtype(BF16): "BF16", np.dtype(np.float32): "F32"}
@@ -96,8 +96,8 @@ def test_checkpoint_sharded_index_mlx_name_and_fp8(rng, tmp_path):
 
 
 def test_checkpoint_tables_behind_caches(rng, tmp_path):
-    from rowcache.store.builder import build_store
     from rowcache.cache.row_cache import NgramRowCache
+    from rowcache.store.builder import build_store
 
     word, tables, projs = _weights(rng)
     _save(tmp_path / "m.safetensors", _tensors(word, tables, projs))

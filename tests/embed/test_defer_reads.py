@@ -5,13 +5,11 @@ before the step."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
 from rowcache.embed.ngram.context import NgramContext
 from rowcache.errors import CorruptDataError
-
 from tests.embed.support import DIMS, bits, corrupt_tables, lookahead_models, restore, token_stream
 
 pytestmark = pytest.mark.gpu
@@ -69,7 +67,9 @@ def test_deferred_prefill_with_prefetches_equals_resident(rng, tmp_path):
 
 
 def test_a_failed_deferred_read_raises_at_settle_and_changes_nothing(rng, tmp_path):
-    store, shared, _, resident, cached = lookahead_models(rng, tmp_path, device="cuda", defer_reads=True)
+    store, shared, _, resident, cached = lookahead_models(
+        rng, tmp_path, device="cuda", defer_reads=True
+    )
     try:
         x = token_stream(rng, 40)
         x[20] = x[:20].max() + 1  # a token not seen yet: its n-grams' rows are missing

@@ -7,15 +7,22 @@ import itertools
 import numpy as np
 import pytest
 
+from rowcache.embed.layer import NgramEmbedding
 from rowcache.embed.ngram.context import NgramContext
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.ngram.ids import ngram_ids, ngram_ids_loop_reference
-from rowcache.embed.layer import NgramEmbedding
 from rowcache.embed.overlay.overlay import TokenOverlay
 from rowcache.embed.tables import Bf16Table, Fp8Table
-from rowcache.kernels.reference import BF16
 from rowcache.errors import ConfigError
-from tests.embed.support import DIMS, bits, cached_model, random_weights, shared_cache_model, token_stream
+from rowcache.kernels.reference import BF16
+from tests.embed.support import (
+    DIMS,
+    bits,
+    cached_model,
+    random_weights,
+    shared_cache_model,
+    token_stream,
+)
 
 
 def _reference64(dims, word, tables, projs, ctx, seq_len):
@@ -271,9 +278,9 @@ def test_layer_gpu_cached_equals_resident(rng, tmp_path):
     import cupy as cp
 
     for arena in ("device", "host"):
+        from rowcache.cache.row_cache import NgramRowCache
         from rowcache.embed.tables import CachedTable
         from rowcache.store.builder import build_store
-        from rowcache.cache.row_cache import NgramRowCache
 
         word, tables, projs = random_weights(rng)
         store = build_store(
@@ -325,11 +332,11 @@ def test_gather_stacked_reference_matches_per_table(rng):
 def test_layer_gpu_fused_equals_per_table_kernels(rng, tmp_path):
     import cupy as cp
 
+    from rowcache.cache.row_cache import NgramRowCache
     from rowcache.embed.tables import CachedTable
     from rowcache.kernels.gemm import gemm_bf16_f32, scale_sum, scale_sum_reference
     from rowcache.kernels.ngram.stacked import StackedTables, gather_stacked
     from rowcache.store.builder import build_store
-    from rowcache.cache.row_cache import NgramRowCache
 
     word, tables, projs = random_weights(rng)
     store = build_store(tmp_path / "s", {f"t{i}": t for i, t in enumerate(tables)}, progress=False)

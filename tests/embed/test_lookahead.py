@@ -9,7 +9,6 @@ import pytest
 
 from rowcache.embed.ngram.context import NgramBatchContext, NgramContext
 from rowcache.errors import CorruptDataError
-
 from tests.embed.support import DIMS, bits, lookahead_models, token_stream
 
 
@@ -60,9 +59,7 @@ def test_prefetch_packed_and_batch_forms(rng, tmp_path):
         cached.prefetch_packed(batch).wait()
         got = cached.embed_packed(batch)
         assert shared.stats().misses == 0 and word_cache.stats().misses == 0
-        np.testing.assert_array_equal(
-            bits(got), bits(resident.embed_packed(ctx_r.step(new, lens)))
-        )
+        np.testing.assert_array_equal(bits(got), bits(resident.embed_packed(ctx_r.step(new, lens))))
         h = cached.prefetch_batch([s[30:50] for s in x], [20] * S)
         assert h.wait(10) and h.exception() is None and h.rows > 0
         with pytest.raises(Exception, match="ctx_lens and seq_lens"):

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from rowcache.embed.overlay.overlay import TokenOverlay
+from rowcache.errors import ConfigError, GpuUnavailableError
 from rowcache.kernels.loader import gpu_available
 from rowcache.kernels.overlay.routed import DEFAULT_MMA_CONFIG, MMA_CONFIGS
 from rowcache.kernels.reference import batched_embed_reference
-from rowcache.errors import ConfigError, GpuUnavailableError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 V, H = 96, 64

@@ -7,12 +7,11 @@ import pytest
 
 from rowcache.embed.layer import NgramEmbedding
 from rowcache.embed.tables import Fp8Table
+from rowcache.errors import ConfigError
 from rowcache.kernels.ngram.hash import hash_gather_reference
 from rowcache.kernels.ngram.rows import first_bad_token, hash_gather_rows_reference, rows_packed
-from rowcache.kernels.reference import BF16
 from rowcache.kernels.ngram.stacked import StackedTables
-from rowcache.errors import ConfigError
-
+from rowcache.kernels.reference import BF16
 from tests.embed.support import DIMS, bits, cached_model, random_weights
 
 EOS = DIMS.eos_token_id

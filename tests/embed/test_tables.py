@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from rowcache.embed.tables import Bf16Table, Fp8Table
+from rowcache.errors import ConfigError
 from rowcache.kernels.reference import BF16, dequantize_fp8_reference, quantize_fp8_reference
 from rowcache.store.builder import build_store
-from rowcache.errors import ConfigError
 
 
 def _table(rng, rows=300, dim=16):
@@ -109,8 +109,8 @@ def _store(tmp_path, tables, dtype="bf16"):
 
 
 def test_cached_table_equals_resident_bit_for_bit(rng, tmp_path):
-    from rowcache.embed.tables import CachedTable
     from rowcache.cache.row_cache import NgramRowCache
+    from rowcache.embed.tables import CachedTable
 
     t = _table(rng, rows=2000, dim=32)
     store = _store(tmp_path, {"t": t})
@@ -139,8 +139,8 @@ def test_cached_table_equals_resident_bit_for_bit(rng, tmp_path):
 
 
 def test_cached_fp8_table_equals_quantized_resident(rng, tmp_path):
-    from rowcache.embed.tables import CachedTable
     from rowcache.cache.row_cache import NgramRowCache
+    from rowcache.embed.tables import CachedTable
 
     t = _table(rng, rows=1500, dim=24)
     store = _store(tmp_path, {"t": t}, dtype="fp8")
@@ -168,8 +168,8 @@ def _bits(a):
 
 
 def test_cached_table_parts_of_a_shared_cache(rng, tmp_path):
-    from rowcache.embed.tables import CachedTable
     from rowcache.cache.row_cache import NgramRowCache
+    from rowcache.embed.tables import CachedTable
     from rowcache.errors import RowRangeError
 
     a, b = _table(rng, rows=500, dim=16), _table(rng, rows=300, dim=16)

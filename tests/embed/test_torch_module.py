@@ -12,12 +12,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import rowcache.embed  # noqa: E402
+from rowcache import NgramRowCache, build_store  # noqa: E402
 from rowcache.embed import NgramDims, NgramEmbedding, TokenOverlay, TorchNgramEmbedding  # noqa: E402
 from rowcache.embed.checkpoint import load_pretrained  # noqa: E402
 from rowcache.embed.tables import CachedTable  # noqa: E402
-from rowcache.kernels.reference import BF16  # noqa: E402
-from rowcache import NgramRowCache, build_store  # noqa: E402
 from rowcache.errors import ConfigError  # noqa: E402
+from rowcache.kernels.reference import BF16  # noqa: E402
 from tests.embed.support import corrupt_tables, restore  # noqa: E402
 
 DIMS = NgramDims(vocab_size=300, hidden_size=48, max_ngram=4, splits=2, ratio=2.5, eos_token_id=2)

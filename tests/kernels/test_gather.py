@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 import rowcache.kernels
-from rowcache.kernels.reference import BF16, batched_embed_fp8_reference, batched_embed_reference
 from rowcache.errors import ConfigError
-
+from rowcache.kernels.reference import BF16, batched_embed_fp8_reference, batched_embed_reference
 from tests.kernels.support import (
     bf16_bits_rne,
     e4m3_value,
@@ -180,7 +179,9 @@ def test_batched_embed_gpu_bitexact(rng, d, id_dtype, ids_on_device):
     table = random_table(rng, 300, d)
     ids = random_ids(rng, 517, 300, id_dtype)
     out = poisoned_out(cp, 517, d)
-    got = rowcache.kernels.batched_embed(cp.asarray(ids) if ids_on_device else ids, cp.asarray(table), out)
+    got = rowcache.kernels.batched_embed(
+        cp.asarray(ids) if ids_on_device else ids, cp.asarray(table), out
+    )
     assert got is out
     assert np.array_equal(bits(out), bits(batched_embed_reference(ids, table)))
     allocated = rowcache.kernels.batched_embed(cp.asarray(ids), cp.asarray(table))
@@ -237,7 +238,9 @@ def test_batched_embed_fp8_gpu_bitexact(rng, d, id_dtype):
     scales = random_scales(rng, 300)
     ids = random_ids(rng, 517, 300, id_dtype)
     out = poisoned_out(cp, 517, d)
-    got = rowcache.kernels.batched_embed_fp8(cp.asarray(ids), cp.asarray(codes), cp.asarray(scales), out)
+    got = rowcache.kernels.batched_embed_fp8(
+        cp.asarray(ids), cp.asarray(codes), cp.asarray(scales), out
+    )
     assert got is out
     assert np.array_equal(bits(out), bits(batched_embed_fp8_reference(ids, codes, scales)))
     allocated = rowcache.kernels.batched_embed_fp8(ids, cp.asarray(codes), cp.asarray(scales))
@@ -289,6 +292,8 @@ def test_gather_gpu_rejects_mixed_devices_and_column_strides(rng):
     with pytest.raises(ConfigError, match="table"):
         rowcache.kernels.batched_embed(np.array([0]), table.T)
     with pytest.raises(ConfigError, match="scales"):
-        rowcache.kernels.batched_embed_fp8(np.array([0]), cp.zeros((5, 8), cp.uint8), np.ones(5, np.float32))
+        rowcache.kernels.batched_embed_fp8(
+            np.array([0]), cp.zeros((5, 8), cp.uint8), np.ones(5, np.float32)
+        )
     with pytest.raises(IndexError, match="table"):
         rowcache.kernels.batched_embed(np.array([0]), cp.zeros((0, 8), dtype=BF16))

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import rowcache.kernels.host as host
 import rowcache
 import rowcache.cache.row_cache as cache_mod
+import rowcache.kernels.host as host
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.kernels.ngram.hash import ngram_hash_reference
 from tests.kernels.support import assert_same_runs, hits_arrays, hits_call

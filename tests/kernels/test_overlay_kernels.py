@@ -6,6 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from rowcache.errors import ConfigError
 from rowcache.kernels.overlay.routed import (
     MMA_ALIGN,
     MMA_CONFIGS,
@@ -18,7 +19,6 @@ from rowcache.kernels.overlay.routed import (
     mma_tile_adapters,
     pack_overrides,
 )
-from rowcache.errors import ConfigError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import rowcache.kernels
-from rowcache.kernels.reference import BF16, E4M3, quantize_fp8_reference
 from rowcache.errors import ConfigError
+from rowcache.kernels.reference import BF16, E4M3, quantize_fp8_reference
 from tests.kernels.support import e4m3_value
 
 DIMS = (1, 7, 130, 256, 3072)

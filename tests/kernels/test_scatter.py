@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 import rowcache.kernels
-from rowcache.kernels.reference import BF16, scatter_records_reference
 from rowcache.errors import ConfigError
+from rowcache.kernels.reference import BF16, scatter_records_reference
 from rowcache.store.format import encode_records
-
 from tests.kernels.support import mapped_host_array, non_nan_codes, random_scales, random_table
 
 DIMS = (1, 7, 130, 256, 3072)
@@ -99,7 +98,9 @@ def test_scatter_records_cpu_padded_records_and_empty_batch(rng):
     padded = np.concatenate([records, np.full((4, 3), 0xAB, np.uint8)], axis=1)
     rowcache.kernels.scatter_records(padded, dest, arena, scales)
     assert np.array_equal(arena[dest], records[:, :6])
-    rowcache.kernels.scatter_records(np.zeros((0, 10), np.uint8), np.zeros(0, np.int64), arena, scales)
+    rowcache.kernels.scatter_records(
+        np.zeros((0, 10), np.uint8), np.zeros(0, np.int64), arena, scales
+    )
     assert np.array_equal(arena[dest], records[:, :6])
 
 
@@ -212,7 +213,9 @@ def test_scatter_records_gpu_misaligned_padded_records(rng, d):
     buf = np.full((33, d + 4 + 5), 0xCD, dtype=np.uint8)
     buf[:, 1 : d + 5] = records  # records start 1 byte in, stride d + 9
     dev_arena, dev_scales = cp.asarray(arena), cp.asarray(scales)
-    rowcache.kernels.scatter_records(cp.asarray(buf)[:, 1:], cp.asarray(dest), dev_arena, dev_scales)
+    rowcache.kernels.scatter_records(
+        cp.asarray(buf)[:, 1:], cp.asarray(dest), dev_arena, dev_scales
+    )
     scatter_records_reference(records, dest, arena, scales)
     assert np.array_equal(dev_arena.get(), arena)
     assert np.array_equal(dev_scales.get().view(np.uint32), scales.view(np.uint32))

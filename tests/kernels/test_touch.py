@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import rowcache.kernels.host as host
 import rowcache
+import rowcache.kernels.host as host
 from tests.kernels.support import assert_same_runs, hits_arrays, hits_call
 
 pytestmark = pytest.mark.skipif(host.native is None, reason="rowcache.kernels._host not built")

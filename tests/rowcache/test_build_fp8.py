@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import rowcache
+from rowcache.errors import ConfigError
 from rowcache.kernels import quantize as kq
 from rowcache.kernels.reference import quantize_fp8_reference
 from rowcache.store import builder
 from rowcache.store import format as fmt
-from rowcache.errors import ConfigError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 # The reference divides by scales that underflow to 0 for rows below ~1e-43: that is its rule.

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import rowcache.kernels
 import rowcache
+import rowcache.kernels
 from rowcache import NgramRowCache
 from tests.rowcache.support import (
     batches,
@@ -133,7 +133,9 @@ def _spin(cp, seconds):
     cp.RawKernel(_SPIN, "spin")((1,), (1,), (np.uint64(int(seconds * 1e9)),))
 
 
-def test_gpu_prefetch_pieces_do_not_queue_behind_the_cache_streams_work(rng, monkeypatch, tiny_store):
+def test_gpu_prefetch_pieces_do_not_queue_behind_the_cache_streams_work(
+    rng, monkeypatch, tiny_store
+):
     """Work queued on the cache's stream after end_batch (a model's rest of the step)
     does not hold a prefetch's pieces back: they go on a stream of their own, and the rows
     are right when the cache's stream gathers them."""

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from rowcache.cli.demo import register, render
-from rowcache.tools.demo import DemoConfig, run_demo, text_files
 from rowcache.errors import ConfigError
+from rowcache.tools.demo import DemoConfig, run_demo, text_files
 
 TINY = {"hidden_size": 48, "ratio": 0.05, "max_tokens": 4000, "decode_tokens": 150, "chunk": 256}
 
@@ -142,8 +142,8 @@ def test_demo_report_explains_reads_and_counts_the_store_on_disk(tmp_path):
 
 
 def test_demo_cli_cuda_without_a_gpu_names_the_flag(capsys):
-    from rowcache.kernels.loader import gpu_available
     from rowcache.cli.app import main
+    from rowcache.kernels.loader import gpu_available
 
     if gpu_available():
         pytest.skip("a GPU is usable here")

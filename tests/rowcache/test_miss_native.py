@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import rowcache.kernels.host as host
 import rowcache
+import rowcache.kernels.host as host
 from rowcache.errors import ArenaExhaustedError, CorruptDataError, RowRangeError
 
 PARTS = {"a": 70, "b": 45, "c": 30}  # rows of the tables that share one arena

@@ -14,7 +14,6 @@ import rowcache.cache.prefetch_book as prefetch_book
 from rowcache import NgramRowCache
 from rowcache.cache.state import BUSY_READ
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
-
 from tests.rowcache.support import (
     Gate,
     RefLRU,
@@ -444,8 +443,8 @@ def test_holds_all_says_whether_a_resolve_would_fault_or_wait(native, tiny_store
     flight or landed but not committed, or of a failed prefetch no; bad ids raise as
     resolve does; it changes no state or count. ``native``: int64 arrays through the C
     scan (no prefetch busy), else the NumPy path."""
-    from rowcache.kernels import host
     from rowcache.errors import RowRangeError
+    from rowcache.kernels import host
 
     store, _ = tiny_store
     cache = NgramRowCache(store, "t", slots=100)

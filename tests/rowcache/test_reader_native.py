@@ -16,8 +16,8 @@ import rowcache
 import rowcache.io.native as native_mod
 import rowcache.io.reader as reader_mod
 from rowcache import NgramRowCache
-from rowcache.io.checksum import PAGE, page_crcs, page_crcs_of_file
 from rowcache.errors import ConfigError, CorruptDataError, RowRangeError
+from rowcache.io.checksum import PAGE, page_crcs, page_crcs_of_file
 from rowcache.io.reader import RowReader
 from rowcache.store.sources import BF16
 

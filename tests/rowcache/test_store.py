@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import rowcache
-from rowcache.store import format as fmt
 from rowcache.errors import ConfigError, CorruptDataError, FormatError, RowRangeError
+from rowcache.store import format as fmt
 from rowcache.store.handle import RowStore
 
 BF16 = ml_dtypes.bfloat16

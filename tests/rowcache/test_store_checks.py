@@ -17,9 +17,9 @@ import pytest
 
 import rowcache
 import rowcache.store.handle as store_mod
-from rowcache.store import format as fmt
 from rowcache.errors import ConfigError, CorruptDataError, FormatError, RowRangeError
 from rowcache.io.reader import RowReader
+from rowcache.store import format as fmt
 from rowcache.store.handle import RowStore, lmdb_error
 
 BF16 = ml_dtypes.bfloat16

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import rowcache
+from rowcache import NgramRowCache
 from rowcache.embed.ngram.context import NgramBatchContext
 from rowcache.embed.ngram.dims import NgramDims
-from rowcache import NgramRowCache
 from rowcache.errors import ConfigError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

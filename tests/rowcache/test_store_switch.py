@@ -15,9 +15,9 @@ import pytest
 
 import rowcache
 from rowcache import NgramRowCache
-from rowcache.store import replace
-from rowcache.store import format as fmt
 from rowcache.errors import ConfigError, CorruptDataError, FormatError, StoreChangedError
+from rowcache.store import format as fmt
+from rowcache.store import replace
 from rowcache.store.handle import RowStore, find_leftovers
 
 BF16 = ml_dtypes.bfloat16

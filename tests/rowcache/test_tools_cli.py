@@ -13,7 +13,6 @@ from rowcache.cli import tune as commands_tune
 from rowcache.errors import ConfigError
 from rowcache.tools.mrc import miss_ratio_curve
 from rowcache.tools.trace import Trace
-
 from tests.rowcache.support import TINY_CONFIG
 
 
@@ -140,6 +139,7 @@ def test_cli_errors_name_the_argument(workdir, capsys):
 
 def test_through_rowcache_main(workdir, capsys, monkeypatch):
     from rowcache.cli import app as cli
+
     missing = [m for m in ("rowcache.cli.tools", "rowcache.cli.tune")
                if m not in cli.COMMAND_MODULES]  # fmt: skip
     if missing:

@@ -296,11 +296,10 @@ def test_exact_pass_past_the_packed_limit_raises_config_error(rng, monkeypatch):
 
 
 def test_bench_synthetic_trace_is_a_valid_server_trace(tmp_path):
+    import bench.mrc as mod
     from rowcache.embed.ngram.dims import NgramDims
     from rowcache.tools.parallel import sample_trace
     from rowcache.tools.trace import ServerModel
-
-    import bench.mrc as mod
 
     dims = NgramDims.longcat_flash_lite()
     model = ServerModel(batch=4, chunk=64, decode=16)

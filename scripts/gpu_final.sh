@@ -30,8 +30,8 @@ for s in $STAGES; do
     embed1) toks; ROWCACHE_HOST_THREADS=1 stage ${EMBED_T:-100} embed1 python3 -m bench.embed_step --tokens-npy /tmp/toks.npy --skip fp8,static --cached-ratio 2 --reps 10 ;;
     rtests) stage ${TESTS_T:-120} rtests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x tests/embed/test_rows.py tests/embed/test_layer.py -k "rows or hash_gather or gpu_cached" ;;
     sanrows) stage ${SAN_T:-120} sanrows compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 -m pytest -q -m gpu -p no:cacheprovider tests/embed/test_rows.py -k "hash_gather_rows or False" ;;
-    ptests) stage ${TESTS_T:-150} ptests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x tests/rowcache/test_cache_gpu.py tests/rowcache/test_prefetch.py tests/embed/test_lookahead.py ;;
-    dtests) stage ${TESTS_T:-150} dtests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x tests/embed/test_defer_reads.py tests/kernels/test_scatter.py tests/rowcache/test_deferred.py tests/rowcache/test_cache_gpu.py tests/rowcache/test_prefetch.py tests/embed/test_lookahead.py ;;
+    ptests) stage ${TESTS_T:-150} ptests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x tests/cache/test_cache_gpu.py tests/cache/test_prefetch.py tests/embed/test_lookahead.py ;;
+    dtests) stage ${TESTS_T:-150} dtests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x tests/embed/test_defer_reads.py tests/kernels/test_scatter.py tests/cache/test_deferred.py tests/cache/test_cache_gpu.py tests/cache/test_prefetch.py tests/embed/test_lookahead.py ;;
     ttests) stage ${TESTS_T:-120} ttests python3 -m pytest -m gpu -p no:cacheprovider -q -ra -x tests/embed/test_torch_module.py ;;
     demo) stage ${DEMO_T:-120} demo python3 -m rowcache.cli.app demo --device cuda ;;
     demo2) stage ${DEMO_T:-120} demo2 python3 -m rowcache.cli.app demo --device cuda ;;

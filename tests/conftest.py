@@ -2,8 +2,10 @@
 store, the reference LRU; and the ``gpu`` marker's skip where no CUDA GPU is usable.
 
 What a test calls or subclasses (rather than receives) lives in the support modules:
-``tests/support.py`` (the judges' runner), ``tests/rowcache/support.py`` (the cache's
-reference and stores), ``tests/embed/support.py``, ``tests/kernels/support.py``.
+``tests/support.py`` (the judges' runner), ``tests/cache/support.py`` (the cache's
+reference and stores), ``tests/cli/support.py``, ``tests/embed/support.py``,
+``tests/kernels/support.py``. The folders mirror the packages: store, io, cache, embed,
+kernels, tools, cli; bench holds the judges' quick runs.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 from rowcache.kernels.loader import gpu_available
-from tests.rowcache.support import RefLRU, make_store
+from tests.cache.support import RefLRU, make_store
 
 
 def pytest_collection_modifyitems(config, items):
@@ -49,5 +51,5 @@ def tiny_store(tmp_path, rng):
 @pytest.fixture
 def ref_lru():
     """The cache's contract in pure Python: ``ref_lru(slots)`` is a reference LRU with pin
-    counts (:class:`tests.rowcache.support.RefLRU`) to run beside a cache."""
+    counts (:class:`tests.cache.support.RefLRU`) to run beside a cache."""
     return RefLRU

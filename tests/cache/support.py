@@ -1,7 +1,6 @@
 """What the row cache's tests share: the cache's contract as a pure-Python LRU with pin
 counts (:class:`RefLRU`), tiny stores and the rows they should give back, the cache's map
-invariants, batch streams, a gate on the prefetch thread's reads, and a tiny LongCat-style
-model config for the CLI tests. Not a test module."""
+invariants, batch streams and a gate on the prefetch thread's reads. Not a test module."""
 
 from __future__ import annotations
 
@@ -147,14 +146,3 @@ class Gate:
             if np.isin(rows, self.fail).any():
                 raise CorruptDataError("injected: read of shard failed")
         return self.real(rows, staging, reader)
-
-
-# a tiny LongCat-style model config (``config.json`` keys) shared by the CLI tests
-TINY_CONFIG = {
-    "vocab_size": 300,
-    "hidden_size": 8,
-    "emb_neighbor_num": 3,
-    "emb_split_num": 2,
-    "ngram_vocab_size_ratio": 3,
-    "eos_token_id": 2,
-}

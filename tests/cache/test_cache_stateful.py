@@ -19,7 +19,7 @@ import rowcache
 from rowcache import NgramRowCache
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
 from rowcache.store.handle import RowStore
-from tests.rowcache.support import RefLRU, check_invariants
+from tests.cache.support import RefLRU, check_invariants
 
 MAX_EXAMPLES = 25
 STEPS = 20

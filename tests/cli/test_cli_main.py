@@ -14,7 +14,7 @@ import pytest
 
 import rowcache
 from rowcache.cli.app import build_parser, main
-from tests.rowcache.support import TINY_CONFIG
+from tests.cli.support import TINY_CONFIG
 
 CONFIG = TINY_CONFIG
 

@@ -14,7 +14,7 @@ import rowcache.cache.prefetch_book as prefetch_book
 from rowcache import NgramRowCache
 from rowcache.cache.state import BUSY_READ
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
-from tests.rowcache.support import (
+from tests.cache.support import (
     Gate,
     RefLRU,
     check_invariants,

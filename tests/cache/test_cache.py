@@ -12,7 +12,7 @@ import pytest
 import rowcache
 from rowcache import NgramRowCache
 from rowcache.errors import ArenaExhaustedError, ConfigError, CorruptDataError, RowRangeError
-from tests.rowcache.support import (
+from tests.cache.support import (
     batches,
     check_invariants,
     expected,

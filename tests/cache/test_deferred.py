@@ -13,7 +13,7 @@ import pytest
 import rowcache.cache.prefetch_book as prefetch_book
 from rowcache import NgramRowCache
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
-from tests.rowcache.support import Gate, make_multi_store, make_store
+from tests.cache.support import Gate, make_multi_store, make_store
 
 pytest.importorskip("rowcache.io._rcio", reason="reads apart need the native reader")
 

@@ -9,7 +9,7 @@ import pytest
 import rowcache
 import rowcache.kernels
 from rowcache import NgramRowCache
-from tests.rowcache.support import (
+from tests.cache.support import (
     batches,
     check_invariants,
     expected,

@@ -13,7 +13,7 @@ from rowcache.cli import tune as commands_tune
 from rowcache.errors import ConfigError
 from rowcache.tools.mrc import miss_ratio_curve
 from rowcache.tools.trace import Trace
-from tests.rowcache.support import TINY_CONFIG
+from tests.cli.support import TINY_CONFIG
 
 
 def run(argv, capsys):

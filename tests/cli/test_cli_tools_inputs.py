@@ -11,7 +11,7 @@ import pytest
 
 from rowcache.cli.app import main
 from rowcache.tools.trace import Trace
-from tests.rowcache.support import TINY_CONFIG
+from tests.cli.support import TINY_CONFIG
 
 CONFIG = TINY_CONFIG
 

@@ -40,7 +40,7 @@ from rowcache.store.sources import Source, resolve_source
 CHUNK_BYTES = 32 << 20  # input bytes per streamed chunk
 # FP8 quantize engine: None picks "cuda" when a GPU is usable, else "cpu" (native C over
 # row blocks in threads; the reference where rowcache.kernels._quantize is not built); "reference"
-# is NumPy's rule in one thread. Every engine writes the same bits (tests/rowcache/test_build_fp8.py).
+# is NumPy's rule in one thread. Every engine writes the same bits (tests/store/test_build_fp8.py).
 FP8_ENGINE: str | None = None
 FP8_THREADS: int | None = None  # threads of the "cpu" engine; None: this process's cores - 1
 MAP_SIZE = 1 << 34  # LMDB map size: address space only, the file grows with data

@@ -244,11 +244,29 @@ def scale_sum(word: Any, proj: Any, denom: float, out: Any = None) -> Any:
     return out
 
 
+# --- the embedding's tail ----------------------------------------------------------
+def project_and_sum(
+    stack: Any, weights: Any, words: Any, *, proj: Any, out: Any, denom: float
+) -> Any:
+    """The n-gram embedding's tail, written once for every step: the projection GEMM of
+    the gathered rows and the scaled sum with the word rows.
+
+    ``out = bf16((float32(words) + stack @ weights) / denom)`` with the GEMM in
+    ``proj.shape[0]`` K-parts when ``proj`` is float32[S, n, D] (:func:`gemm_bf16_f32_parts`).
+    stack : bfloat16[n, T*d]; weights : bfloat16[T*d, D]; words : bfloat16[n, D];
+    proj : float32[n, D] or [S, n, D] (scratch); out : bfloat16[n, D], returned. NumPy or
+    cupy arrays alike (the references or the kernels), on the current stream, capturable.
+    """
+    gemm_bf16_f32_parts(stack, weights, out=proj)
+    return scale_sum(words, proj, denom, out=out)
+
+
 __all__ = [
     "gemm_bf16_f32",
     "gemm_bf16_f32_parts",
     "gemm_bf16_f32_parts_reference",
     "gemm_bf16_f32_reference",
+    "project_and_sum",
     "scale_sum",
     "scale_sum_reference",
     "split_k",

@@ -175,3 +175,30 @@ def test_ngram_hash_gpu_starts_and_fused_range_check(rng):
     with pytest.raises(TokenRangeError, match=r"tokens\[1234\] = 131077") as info:
         ngram_hash(cp.asarray(x), LITE.multipliers, LITE.all_table_rows, EOS, vocab=V)
     assert info.value.position == 1234
+
+
+def test_ngram_hash_into_out_on_numpy_and_cupy(rng, xp):
+    """``out=`` receives the same ids as a fresh result, on either device, and is returned;
+    an ``out`` of the wrong shape, dtype or device is refused naming what it needs."""
+    from rowcache.kernels.ngram.hash import ngram_hash
+
+    a, b = _stream(rng, 40), _stream(rng, 25)
+    tokens = xp.asarray(np.concatenate([a, b]))
+    starts = xp.asarray(np.repeat([0, 40], [40, 25]))
+    mult, rows = LITE.multipliers, LITE.all_table_rows
+    want = ngram_hash(tokens, mult, rows, EOS, starts)
+    out = xp.full((LITE.num_tables, 65), -7, dtype=xp.int64)
+    assert ngram_hash(tokens, mult, rows, EOS, starts, out=out) is out
+    np.testing.assert_array_equal(
+        xp.asnumpy(out) if xp is not np else out, xp.asnumpy(want) if xp is not np else want
+    )
+    for bad in (
+        xp.empty((LITE.num_tables, 64), dtype=xp.int64),  # shape
+        xp.empty((LITE.num_tables, 65), dtype=xp.int32),  # dtype
+        xp.empty((65, LITE.num_tables), dtype=xp.int64).T,  # not C-contiguous
+        np.empty((LITE.num_tables, 65), dtype=np.int64) if xp is not np else None,  # device
+    ):
+        if bad is None:
+            continue
+        with pytest.raises(ConfigError, match=r"out must be a C-contiguous int64 array of shape"):
+            ngram_hash(tokens, mult, rows, EOS, starts, out=bad)

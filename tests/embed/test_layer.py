@@ -1022,3 +1022,22 @@ def test_batch_checks_on_ints_and_on_arrays_agree(S):
             assert (b.n, b.length, b.num_seqs) == (int(seq.sum()), tok.size, S)
     with pytest.raises(ConfigError, match=rf"sum to len\(tokens\)={int(ctx.sum()) + 1}"):
         NgramBatch(DIMS, np.r_[tok, 1], ctx, np.zeros(S, np.int64))
+
+
+def test_project_and_sum_is_the_gemm_then_the_scaled_sum(rng, xp):
+    """The embedding's tail, written once: the same bits as the GEMM in parts and the
+    scaled sum called apart, on numpy and on cupy."""
+    from rowcache.kernels.gemm import gemm_bf16_f32_parts, project_and_sum, scale_sum
+
+    n, k, d = 9, 48, 20
+    stack = xp.asarray(rng.standard_normal((n, k), dtype=np.float32).astype(BF16))
+    weights = xp.asarray(rng.standard_normal((k, d), dtype=np.float32).astype(BF16))
+    words = xp.asarray(rng.standard_normal((n, d), dtype=np.float32).astype(BF16))
+    proj = xp.empty((2, n, d), dtype=xp.float32)
+    out = xp.empty((n, d), dtype=BF16)
+    got = project_and_sum(stack, weights, words, proj=proj, out=out, denom=13.0)
+    assert got is out
+    parts = gemm_bf16_f32_parts(stack, weights, xp.empty((2, n, d), dtype=xp.float32))
+    want = scale_sum(words, parts, 13.0)
+    host = (lambda a: xp.asnumpy(a)) if xp is not np else np.asarray
+    np.testing.assert_array_equal(host(got).view(np.uint16), host(want).view(np.uint16))

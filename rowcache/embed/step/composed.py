@@ -16,8 +16,8 @@ import numpy as np
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.step.device import DeviceStep, pack_upload
 from rowcache.embed.tables import CachedTable
-from rowcache.kernels.gemm import gemm_bf16_f32_parts, scale_sum
-from rowcache.kernels.loader import get_kernel, launch_1d
+from rowcache.kernels.gemm import project_and_sum
+from rowcache.kernels.ngram.hash import ngram_hash
 from rowcache.kernels.ngram.stacked import gather_stacked
 
 
@@ -88,8 +88,9 @@ class ComposedStep:
             else:
                 self.word.gather(word_ids, out=words)
             rows = self._overlay_rows(overlay, word_ids, words, seq_slots, active, batch, n)
-            gemm_bf16_f32_parts(stack, self._wcat, out=proj)
-            scale_sum(rows, proj, float(1 + self.dims.num_tables), out=out)
+            project_and_sum(
+                stack, self._wcat, rows, proj=proj, out=out, denom=float(1 + self.dims.num_tables)
+            )
         finally:
             self._end_batches()
         return out
@@ -120,50 +121,17 @@ class ComposedStep:
         buf.uploaded(stream)
         ids_all = buf.ids_all[: T * L].reshape(T, L)
         tok = dev[:L]
-        _launch_hash(
+        # host tokens were checked once in NgramBatch: no range check here
+        ngram_hash(
             tok,
-            dev[L + n : 2 * L + n] if multi else tok,
             self._mult,
             self._rows,
-            ids_all,
             self.dims.eos_token_id,
-            multi,
+            dev[L + n : 2 * L + n] if multi else None,
+            out=ids_all,
         )
         if not multi:
             return ids_all[:, L - n :], tok[L - n :]
         ids = buf.ids_sel[: T * n].reshape(T, n)
         cp.take(ids_all, dev[2 * L + n : 2 * L + 2 * n], axis=1, out=ids)
         return ids, dev[L : L + n]
-
-
-def _launch_hash(
-    tokens: Any, starts: Any, mult: Any, rows: Any, out: Any, eos: int, has_starts: bool
-) -> None:
-    """``rowcache/kernels/ngram/ngram.cu``'s ``ngram_hash`` into a preallocated ``out`` int64[T, L].
-
-    ``rowcache.kernels.ngram.hash.ngram_hash`` allocates its result; a CUDA graph needs fixed
-    buffers, so the step launches the same kernel (same arguments, no range check:
-    host tokens were checked once in ``NgramBatch``) into its own.
-    """
-    T, L = int(out.shape[0]), int(out.shape[1])
-    if T * L == 0:
-        return
-    grid, block = launch_1d(T * L)
-    get_kernel("ngram/ngram.cu", "ngram_hash")(
-        grid,
-        block,
-        (
-            tokens,
-            starts,
-            mult,
-            rows,
-            out,
-            np.int64(L),
-            np.int32(T),
-            np.int32(mult.shape[1]),
-            np.int64(eos),
-            np.int32(has_starts),
-            np.int64(0),
-            rows,  # the unused range-check flag
-        ),
-    )

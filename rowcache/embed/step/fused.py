@@ -17,7 +17,7 @@ import numpy as np
 
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.step.device import DeviceStep, StepShape, pack_upload, upload_words
-from rowcache.kernels.gemm import gemm_bf16_f32_parts, scale_sum
+from rowcache.kernels.gemm import project_and_sum
 from rowcache.kernels.ngram.hash import hash_gather
 from rowcache.kernels.ngram.stacked import copy_from_mapped
 
@@ -61,8 +61,14 @@ class FusedStep:
             def device_part() -> None:
                 w = self._upload_gather(buf, host, StepShape.of(batch), stack, words)
                 rows = self._overlay_rows(overlay, w, words, seq_slots, active, batch, n)
-                gemm_bf16_f32_parts(stack, self._wcat, out=proj)
-                scale_sum(rows, proj, float(1 + self.dims.num_tables), out=out)
+                project_and_sum(
+                    stack,
+                    self._wcat,
+                    rows,
+                    proj=proj,
+                    out=out,
+                    denom=float(1 + self.dims.num_tables),
+                )
 
             try:
                 self._verified(batch, device_part, check=True)

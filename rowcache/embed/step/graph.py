@@ -13,7 +13,7 @@ from typing import Any
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.step.device import DeviceStep, StepShape, pack_upload
 from rowcache.errors import ConfigError
-from rowcache.kernels.gemm import gemm_bf16_f32_parts, scale_sum
+from rowcache.kernels.gemm import gemm_bf16_f32_parts, project_and_sum, scale_sum
 from rowcache.kernels.reference import BF16
 
 
@@ -88,9 +88,17 @@ class GraphStep:
         """``step``'s work on the current stream (capturable): upload, hash + gathers,
         GEMM, and with ``step.with_sum`` the scaled sum into ``step.out``."""
         self._upload_gather(step.buf, step.buf.hosts[0], step.shape, step.stack, step.words)
-        gemm_bf16_f32_parts(step.stack, self._wcat, out=step.proj)
         if step.with_sum:
-            scale_sum(step.words, step.proj, float(1 + self.dims.num_tables), out=step.out)
+            project_and_sum(
+                step.stack,
+                self._wcat,
+                step.words,
+                proj=step.proj,
+                out=step.out,
+                denom=float(1 + self.dims.num_tables),
+            )
+        else:  # the sum comes after the host resolve, outside the graph (cached tables)
+            gemm_bf16_f32_parts(step.stack, self._wcat, out=step.proj)
 
 
 class StaticStep:

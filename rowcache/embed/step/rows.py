@@ -20,7 +20,7 @@ import numpy as np
 
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.errors import ConfigError
-from rowcache.kernels.gemm import gemm_bf16_f32_parts, scale_sum
+from rowcache.kernels.gemm import project_and_sum
 from rowcache.kernels.loader import is_device_array
 from rowcache.kernels.ngram.rows import first_bad_token, hash_gather_rows, rows_packed
 from rowcache.kernels.reference import BF16
@@ -148,8 +148,9 @@ class RowsStep:
             self._word_stacked,
             words,
         )
-        gemm_bf16_f32_parts(stack, self._wcat, out=proj)
-        scale_sum(words, proj, float(1 + self.dims.num_tables), out=out)
+        project_and_sum(
+            stack, self._wcat, words, proj=proj, out=out, denom=float(1 + self.dims.num_tables)
+        )
         self._xp.cuda.get_current_stream().synchronize()
         if int(self._rows_flag[0]) == seq:
             self._bad_rows(ids.get(), None if ctx is None else ctx.get(), c)

@@ -100,6 +100,7 @@ def ngram_hash(
     starts: Any = None,
     *,
     vocab: int | None = None,
+    out: Any = None,
 ) -> Any:
     """:func:`ngram_hash_reference` on NumPy input, the CUDA kernel on cupy input.
 
@@ -107,12 +108,19 @@ def ngram_hash(
     and is bit-identical. With ``vocab``, tokens outside ``[0, vocab)`` raise
     :class:`TokenRangeError` (a ConfigError, so a ValueError) naming the first bad
     position; on the GPU the check is fused into the hash kernel (one 8-byte read
-    back instead of a separate reduction).
+    back instead of a separate reduction). ``out`` (int64[T, L], C-contiguous, on the
+    tokens' device) receives the ids in place of a new array: what a CUDA graph's fixed
+    buffers need; it is returned.
     """
     if not is_device_array(tokens):
         if vocab is not None:
             _bad_token(np.asarray(tokens), vocab)
-        return ngram_hash_reference(tokens, multipliers, rows, eos, starts)
+        ids = ngram_hash_reference(tokens, multipliers, rows, eos, starts)
+        if out is None:
+            return ids
+        _check_out(out, ids.shape, np)
+        out[...] = ids
+        return out
     cp = require_cupy("ngram_hash")
     tok = cp.ascontiguousarray(tokens, dtype=cp.int64)
     mult = cp.ascontiguousarray(cp.asarray(multipliers), dtype=cp.int64)
@@ -121,8 +129,11 @@ def ngram_hash(
     length = tok.shape[0]
     first = tok if starts is None else cp.ascontiguousarray(cp.asarray(starts), dtype=cp.int64)
     if first.shape != tok.shape:
-        raise ValueError(f"starts must have the shape of tokens {tok.shape}, got {first.shape}")
-    out = cp.empty((n_tables, length), dtype=cp.int64)
+        raise ConfigError(f"starts must have the shape of tokens {tok.shape}, got {first.shape}")
+    if out is None:
+        out = cp.empty((n_tables, length), dtype=cp.int64)
+    else:
+        _check_out(out, (n_tables, length), cp)
     total = n_tables * length
     if total == 0:
         return out
@@ -152,6 +163,23 @@ def ngram_hash(
         if first < length:
             raise TokenRangeError(first, int(tok[first].get()), vocab)
     return out
+
+
+def _check_out(out: Any, shape: tuple[int, ...], xp: Any) -> None:
+    """Refuse an ``out=`` that is not a C-contiguous int64 array of ``shape`` on ``xp``."""
+    on_device = is_device_array(out)
+    if (
+        on_device != (xp is not np)
+        or out.dtype != np.int64
+        or tuple(out.shape) != tuple(shape)
+        or not out.flags.c_contiguous
+    ):
+        raise ConfigError(
+            f"out must be a C-contiguous int64 array of shape {tuple(shape)} on the tokens' "
+            f"device ({'cupy' if xp is not np else 'numpy'}); got "
+            f"{type(out).__module__}.{type(out).__name__} {getattr(out, 'dtype', None)} "
+            f"{getattr(out, 'shape', None)}"
+        )
 
 
 def hash_gather_reference(

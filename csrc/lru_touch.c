@@ -103,11 +103,17 @@ static void touch_run(TouchJob *j, int wait) {
         hits_sort(&part[0]);
     }
     Py_ssize_t n_u = 0;
+    j->fresh = 0;
     for (int k = 0; k < K; k++) {
         n_u += part[k].n_u;
+        /* the keys index the slot arrays: each part is sorted, so its ends bound it (a
+         * check per part, not per key); a key out of range touches nothing (status 4) */
+        if (part[k].hi > part[k].lo && (scr[part[k].lo] < 0 || scr[part[k].hi - 1] >= S)) {
+            j->status = 4;
+            return;
+        }
     }
     j->status = 0;
-    j->fresh = 0;
     if (j->tail + n_u > cap) { /* lru_hits' status 3, which the caller answers by compacting */
         j->tail = rc_compact_log(log, log_pos, S, j->head, j->tail, j->threads, pool, wait);
         j->head = 0;
@@ -246,6 +252,11 @@ PyObject *rc_lru_scan(PyObject *self, PyObject *args) {
 }
 
 static PyObject *touch_result(TouchJob *j) {
+    if (j->status == 4) {
+        PyErr_SetString(PyExc_ValueError,
+                        "lru_touch_start: a key in scratch is not a slot (0 <= key < slots)");
+        return NULL;
+    }
     return Py_BuildValue("(innn)", j->status, j->fresh, j->head, j->tail);
 }
 

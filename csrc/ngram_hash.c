@@ -97,11 +97,22 @@ PyObject *rc_hash_packed(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "hash_packed: inconsistent shapes");
         return NULL;
     }
+    for (Py_ssize_t i = 0; i < T; i++) { /* ids are taken mod rows[i]: 0 would trap */
+        if (rows[i] < 1) {
+            rc_buf_release(b, 7);
+            PyErr_Format(PyExc_ValueError, "hash_packed: rows[%zd] = %lld; every table has >= 1 row",
+                         i, (long long)rows[i]);
+            return NULL;
+        }
+    }
     Py_ssize_t n = 0, total = 0;
     for (Py_ssize_t s = 0; s < S; s++) {
-        if (ctx[s] < 0 || seq[s] < 0 || seq[s] > ctx[s]) {
+        /* each length checked against what is left of tokens: no sum can wrap around */
+        if (ctx[s] < 0 || seq[s] < 0 || seq[s] > ctx[s] || ctx[s] > L - total) {
             rc_buf_release(b, 7);
-            PyErr_SetString(PyExc_ValueError, "hash_packed: bad ctx_lens/seq_lens");
+            PyErr_SetString(PyExc_ValueError,
+                            "hash_packed: bad ctx_lens/seq_lens (each 0 <= seq_len <= ctx_len, "
+                            "the contexts' lengths summing to len(tokens))");
             return NULL;
         }
         n += seq[s];

@@ -101,12 +101,18 @@ static PyObject *quantize_pages(PyObject *self, PyObject *args) {
                           &page_bytes)) {
         return NULL;
     }
-    if ((itemsize != 2 && itemsize != 4) || rows < 0 || dim < 1 || first < 0 || rpp < 1) {
+    if ((itemsize != 2 && itemsize != 4) || rows < 0 || dim < 1 || first < 0 || rpp < 1 ||
+        page_bytes < 1 || dim > PY_SSIZE_T_MAX - 4) {
         PyErr_SetString(PyExc_ValueError, "quantize_pages: bad itemsize, rows, dim, first or rpp");
         return NULL;
     }
+    /* every product and sum below is checked by division first: none can wrap around */
+    if (first > PY_SSIZE_T_MAX - rows || (rows && dim > PY_SSIZE_T_MAX / itemsize / rows)) {
+        PyErr_SetString(PyExc_ValueError, "quantize_pages: rows, dim or first too large");
+        return NULL;
+    }
     const Py_ssize_t rec = dim + 4;
-    if (rpp * rec > page_bytes) {
+    if (rpp > page_bytes / rec) {
         PyErr_SetString(PyExc_ValueError, "quantize_pages: rows_per_page records exceed a page");
         return NULL;
     }
@@ -117,8 +123,13 @@ static PyObject *quantize_pages(PyObject *self, PyObject *args) {
         return NULL;
     }
     const Py_ssize_t last = first + rows; /* one past the last record written */
-    const Py_ssize_t need = rows ? ((last - 1) / rpp) * page_bytes + ((last - 1) % rpp + 1) * rec : 0;
-    if (bx.len < rows * dim * itemsize || bo.len < need) {
+    /* the byte past the last record, or -1 where it would not fit in a Py_ssize_t */
+    const Py_ssize_t pages = rows ? (last - 1) / rpp : 0;
+    const Py_ssize_t need = !rows ? 0
+                            : pages > (PY_SSIZE_T_MAX - page_bytes) / page_bytes
+                                ? -1
+                                : pages * page_bytes + ((last - 1) % rpp + 1) * rec;
+    if (need < 0 || bx.len < rows * dim * itemsize || bo.len < need) {
         PyBuffer_Release(&bx);
         PyBuffer_Release(&bo);
         PyErr_SetString(PyExc_ValueError, "quantize_pages: x or out is smaller than the rows given");

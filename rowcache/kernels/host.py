@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from rowcache.errors import ConfigError
+
 try:  # built by `pip install -e .` (setup.py); optional so that a missing compiler still installs
     from rowcache.kernels import _host as native  # type: ignore[attr-defined, unused-ignore]
 except ImportError:  # pragma: no cover - exercised where no compiler was available
@@ -131,13 +133,37 @@ def hash_packed(
     T, N = multipliers.shape
     if n is None:
         n = int(seq_lens.sum())
+    if not 0 <= n <= tokens.shape[0]:  # before the allocation; C checks every length
+        raise ConfigError(
+            f"hash_packed: {n} positions to hash out of {tokens.shape[0]} tokens; "
+            "each 0 <= seq_len <= ctx_len, the contexts' lengths summing to len(tokens)"
+        )
     if native is not None:
         c = np.ascontiguousarray  # the buffer protocol wants C-contiguous int64 vectors
         tokens, ctx_lens, seq_lens = c(tokens, _I64), c(ctx_lens, _I64), c(seq_lens, _I64)
         out = np.empty((T, n), dtype=_I64)
         k = HOST_THREADS if threads is None else threads
-        native.hash_packed(tokens, ctx_lens, seq_lens, multipliers, rows, N, offsets, eos, out, k)
+        try:
+            native.hash_packed(
+                tokens, ctx_lens, seq_lens, multipliers, rows, N, offsets, eos, out, k
+            )
+        except ValueError as e:  # the extension's checks of shapes, lengths and rows
+            raise ConfigError(str(e)) from None
         return out
+    if (np.asarray(rows) < 1).any():
+        raise ConfigError(
+            f"hash_packed: rows {np.asarray(rows).tolist()}; every table has >= 1 row"
+        )
+    if (
+        ctx_lens.shape != seq_lens.shape
+        or (seq_lens < 0).any()
+        or (seq_lens > ctx_lens).any()
+        or int(ctx_lens.sum()) != tokens.shape[0]
+    ):
+        raise ConfigError(
+            "hash_packed: bad ctx_lens/seq_lens (each 0 <= seq_len <= ctx_len, the contexts' "
+            "lengths summing to len(tokens))"
+        )
     begin = np.zeros(ctx_lens.shape[0], dtype=_I64)
     np.cumsum(ctx_lens[:-1], out=begin[1:])
     end = begin + ctx_lens

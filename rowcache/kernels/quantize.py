@@ -154,7 +154,9 @@ def _check_pages(x: Any, pages: Any, first: int, rows_per_page: int, page_bytes:
             f"rows_per_page={rows_per_page!r} records of {rec} bytes must fit a page of "
             f"page_bytes={page_bytes!r}"
         )
-    last = first + int(x.shape[0])
+    if not isinstance(first, (int, np.integer)) or first < 0:
+        raise ConfigError(f"first={first!r} must be a record index >= 0")
+    last = int(first) + int(x.shape[0])
     need = -(-last // rows_per_page) * page_bytes
     if pages.dtype != _U8 or pages.size < need:
         raise ConfigError(

@@ -1,0 +1,120 @@
+"""The native extensions refuse bad arguments at their boundary: a one-line error, never a
+signal. Each attack runs in a child process, where a SIGSEGV or SIGFPE shows as what it is."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rowcache.kernels.host import native
+
+pytestmark = pytest.mark.skipif(native is None, reason="rowcache.kernels._host is not built")
+
+
+def run_child(code: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode} (a signal if < 0): {proc.stderr}"
+    return proc.stdout
+
+
+def test_hash_packed_refuses_a_table_of_no_rows_and_lengths_that_wrap():
+    out = run_child(
+        """
+        import numpy as np
+        from rowcache.errors import ConfigError
+        from rowcache.kernels.host import hash_packed
+
+        t = np.arange(10, dtype=np.int64)
+        m = np.ones((2, 3), dtype=np.int64)
+        big = 2**62
+        cases = {
+            "rows 0": (t, np.array([10]), np.array([3]), np.array([5, 0])),
+            "wrapping ctx_lens": (t, np.array([big, big, big, big + 10]),
+                                  np.array([1, 1, 1, 1]), np.array([5, 7])),
+            "huge seq_lens": (t, np.array([10]), np.array([big]), np.array([5, 7])),
+            "seq > ctx": (t, np.array([4, 6]), np.array([5, 1]), np.array([5, 7])),
+        }
+        for name, (tok, ctx, seq, rows) in cases.items():
+            try:
+                hash_packed(tok, ctx, seq, m, rows, 2)
+            except ConfigError as e:
+                print(name, "->", str(e).splitlines()[0])
+            else:
+                print(name, "-> accepted")
+        """
+    )
+    lines = out.splitlines()
+    assert len(lines) == 4 and not any(ln.endswith("accepted") for ln in lines), out
+    assert "every table has >= 1 row" in lines[0]
+
+
+def test_quantize_pages_refuses_sizes_that_overflow():
+    out = run_child(
+        """
+        import numpy as np
+        from rowcache.kernels import _quantize
+        from rowcache.kernels.quantize import quantize_fp8_pages
+        from rowcache.errors import ConfigError
+        from rowcache.kernels.reference import BF16
+
+        x = np.zeros((4, 8), dtype=np.uint16)
+        pages = np.zeros(4096, dtype=np.uint8)
+        M = 2**62
+        for args in [
+            (x, 2, 4, 8, pages, M, 1, 4096),       # first + rows wraps
+            (x, 2, M, M, pages, 0, 1, 4096),       # rows * dim * itemsize wraps
+            (x, 2, 4, 8, pages, 0, M, 4096),       # rows_per_page * record wraps
+            (x, 2, 4, 8, pages, 0, 1, 0),          # no page
+            (x, 2, 4, 8, pages, 2**40, 1, 4096),   # records past the pages
+        ]:
+            try:
+                _quantize.quantize_pages(*args)
+                print("accepted")
+            except ValueError as e:
+                print("refused:", e)
+        try:
+            quantize_fp8_pages(np.zeros((4, 8), BF16), pages, rows_per_page=1, page_bytes=4096,
+                               first=-3)
+            print("accepted")
+        except ConfigError as e:
+            print("refused:", e)
+        """
+    )
+    lines = out.splitlines()
+    assert len(lines) == 6 and all(ln.startswith("refused:") for ln in lines), out
+
+
+def test_lru_touch_refuses_keys_that_are_not_slots():
+    out = run_child(
+        """
+        import numpy as np
+        from rowcache.kernels import _host
+
+        S, n = 8, 4
+        row_slot = np.full(16, -1, dtype=np.int32)
+        last_used = np.zeros(S, dtype=np.int64)
+        log = np.zeros(64, dtype=np.int32)
+        log_pos = np.full(S, -1, dtype=np.int32)
+        for keys in ([1, 2, 3, 1 << 30], [-5, 0, 1, 2]):
+            scratch = np.zeros(2 * n, dtype=np.int32)
+            scratch[:n] = keys
+            try:
+                h = _host.lru_touch_start(row_slot, last_used, log, log_pos, scratch, n, 0, 0, 1, 1)
+                res = h if isinstance(h, tuple) else _host.lru_touch_wait(h)
+                print("accepted", res)
+            except ValueError as e:
+                print("refused:", e)
+        print("untouched", int(last_used.sum()), int((log_pos != -1).sum()))
+        """
+    )
+    lines = out.splitlines()
+    assert (
+        lines[:2]
+        == ["refused: lru_touch_start: a key in scratch is not a slot (0 <= key < slots)"] * 2
+    ), out
+    assert lines[2] == "untouched 0 0", out

@@ -1,11 +1,11 @@
 """Token overlay: per-sequence adapters that override vocab rows of the embedding and LM head.
 
 Owns :class:`TokenOverlay`'s API (adapter slots set, cleared and described; the
-embedding and LM-head applications) and routing the adapters per row. Building the
-override tables (which vocab rows changed, their values, the token -> override maps and,
-on the GPU, the device pointer tables) is the mixin ``rowcache.embed.overlay.tables.OverlayTables``;
-the LM-head paths' knobs and packed table are ``rowcache.embed.overlay.lmhead_paths.LmHeadPaths``.
-Does not own the kernels (``rowcache.kernels.overlay.routed``) nor the embedding gather or the LM-head
+embedding and LM-head applications), checking its inputs and routing the adapters per row.
+It composes two objects and calls them: the override tables (which vocab rows changed, their
+values, the token -> override maps and, on the GPU, the device pointer tables) are owned by
+``rowcache.embed.overlay.tables.OverlayTables``; the GPU LM-head path choice, its knobs and the
+packed table by ``rowcache.embed.overlay.lmhead_paths.LmHeadPaths``. Does not own the kernels (``rowcache.kernels.overlay.routed``) nor the embedding gather or the LM-head
 GEMM: callers apply the overlay to rows and logits they computed with the served model.
 """
 
@@ -18,21 +18,16 @@ from typing import Any
 import numpy as np
 
 from rowcache.embed.overlay.lmhead_paths import LmHeadPaths
-from rowcache.embed.overlay.tables import OverlayPart, OverlayTables, describe_array, to_host
+from rowcache.embed.overlay.tables import OverlayTables, describe_array, to_host
 from rowcache.errors import ConfigError, GpuUnavailableError
 from rowcache.kernels.loader import is_device_array, require_cupy
 from rowcache.kernels.overlay.routed import (
-    DEFAULT_LMHEAD_TILE,
-    DEFAULT_MMA_CONFIG,
     check_bf16_2d,
     check_int_1d,
     check_route,
     compile_overlay_kernels,
     embed_overlay_routed,
     embed_overlay_routed_reference,
-    lmhead_overlay_gemm,
-    lmhead_overlay_mma,
-    lmhead_overlay_routed,
     lmhead_overlay_routed_reference,
 )
 from rowcache.kernels.reference import BF16
@@ -67,7 +62,7 @@ class OverlayAdapterInfo:
         return self.embed_ids.size == 0 and self.lm_head_ids.size == 0
 
 
-class TokenOverlay(OverlayTables, LmHeadPaths):
+class TokenOverlay:
     """Up to ``max_adapters`` adapters overriding vocab rows, routed per row by slot.
 
     An adapter is a fine-tune of the served model that changed some rows of the input
@@ -129,6 +124,11 @@ class TokenOverlay(OverlayTables, LmHeadPaths):
     (to a multiple of 256 rows, resp. 16 rows), and :attr:`lmhead_generation` counts
     the moves: re-capture when it changed, or call :meth:`reserve_lmhead` before
     capturing.
+
+    The overlay composes an :class:`~rowcache.embed.overlay.tables.OverlayTables` (the
+    adapters' tables and device pointer tables) and an
+    :class:`~rowcache.embed.overlay.lmhead_paths.LmHeadPaths` (the GPU LM-head path
+    choice, knobs and packed table), each the one owner of its state.
     """
 
     def __init__(
@@ -140,26 +140,7 @@ class TokenOverlay(OverlayTables, LmHeadPaths):
         if device not in _DEVICES:
             raise ConfigError(f"device must be one of {_DEVICES}, got {device!r}")
         self.device = device
-        n = self.max_adapters
-        self._embed: list[OverlayPart | None] = [None] * n
-        self._lm: list[OverlayPart | None] = [None] * n
-        # Host mirrors of the kernel tables (counts also size the LM-head grid).
-        self._emb_counts = np.zeros(n, np.int32)
-        self._emb_vocabs = np.zeros(n, np.int32)
-        self._lm_counts = np.zeros(n, np.int32)
-        self._emb_map_ptrs = np.zeros(n, np.uint64)
-        self._emb_row_ptrs = np.zeros(n, np.uint64)
-        self._lm_id_ptrs = np.zeros(n, np.uint64)
-        self._lm_row_ptrs = np.zeros(n, np.uint64)
-        self._xp: Any = np
-        self._dev: dict[str, Any] = {}
-        self._lmhead_tile = DEFAULT_LMHEAD_TILE
-        self._lmhead_mma_config = DEFAULT_MMA_CONFIG
-        self._lmhead_path = "auto"
-        self._lm_bases = np.zeros(n, np.int32)
-        self._gemm_cap = 0  # rows of the packed table R (0: none yet)
-        self._gemm_batch = 0  # rows of the P workspace
-        self._generation = 0
+        xp: Any = np
         if device == "cuda":
             cp = require_cupy("TokenOverlay(device='cuda')")
             try:
@@ -171,11 +152,10 @@ class TokenOverlay(OverlayTables, LmHeadPaths):
                     f"TokenOverlay(device='cuda') could not load its kernels "
                     f"(rowcache/kernels/overlay/overlay.cu): {exc}; use device='cpu' or fix the CUDA/NVRTC install"
                 ) from exc
-            self._xp = cp
-            for name in ("emb_map_ptrs", "emb_row_ptrs", "lm_id_ptrs", "lm_row_ptrs"):
-                self._dev[name] = cp.zeros(n, dtype=cp.uint64)
-            for name in ("emb_counts", "emb_vocabs", "lm_counts", "lm_bases"):
-                self._dev[name] = cp.zeros(n, dtype=cp.int32)
+            xp = cp
+        self._xp = xp
+        self._tables = OverlayTables(self.vocab_size, self.hidden_size, self.max_adapters, xp)
+        self._paths = LmHeadPaths(self._tables, self.hidden_size, self.max_adapters, xp)
 
     # ------------------------------------------------------------------ adapters
     def set_adapter(
@@ -222,26 +202,28 @@ class TokenOverlay(OverlayTables, LmHeadPaths):
             raise ConfigError(f"thresh must be a finite float >= 0, got {thresh!r}")
         emb = None
         if embed_weight is not None:
-            emb = self._build("embed_weight", embed_weight, "served_embed", served_embed, t, True)
+            emb = self._tables.build(
+                "embed_weight", embed_weight, "served_embed", served_embed, t, True
+            )
         lm = None
         if lm_head_weight is not None:
-            lm = self._build(
+            lm = self._tables.build(
                 "lm_head_weight", lm_head_weight, "served_lm_head", served_lm_head, t, False
             )
-        self._embed[s], self._lm[s] = emb, lm
-        self._refresh_tables(s)
+        self._tables.set(s, emb, lm)
+        self._paths.refit()
         return self.adapter_info(s)
 
     def clear_adapter(self, slot: int) -> None:
         """Empty ``slot``: rows routed to it keep the served values from now on."""
         s = self._check_slot(slot)
-        self._embed[s], self._lm[s] = None, None
-        self._refresh_tables(s)
+        self._tables.set(s, None, None)
+        self._paths.refit()
 
     def adapter_info(self, slot: int) -> OverlayAdapterInfo:
         """What ``slot`` overrides now (empty arrays for an empty slot)."""
         s = self._check_slot(slot)
-        emb, lm = self._embed[s], self._lm[s]
+        emb, lm = self._tables.embed_parts[s], self._tables.lm_parts[s]
         none = np.zeros(0, np.int32)
         return OverlayAdapterInfo(
             slot=s,
@@ -254,7 +236,90 @@ class TokenOverlay(OverlayTables, LmHeadPaths):
     @property
     def num_adapters(self) -> int:
         """Slots holding an adapter (a set adapter with zero changed rows counts)."""
-        return sum(e is not None or m is not None for e, m in zip(self._embed, self._lm))
+        return self._tables.num_adapters
+
+    # ------------------------------------------------------------------ LM-head paths
+    @property
+    def lmhead_tile(self) -> tuple[int, int]:
+        """GPU tuning knob: (overrides, rows) per warp of the LM-head kernel (same results).
+
+        One of ``rowcache.kernels.overlay.routed.LMHEAD_TILES``; change it between steps, not inside a
+        captured CUDA graph (the graph keeps the kernel it captured).
+        """
+        return self._paths.tile
+
+    @lmhead_tile.setter
+    def lmhead_tile(self, tile: tuple[int, int]) -> None:
+        self._paths.tile = tile
+
+    @property
+    def lmhead_path(self) -> str:
+        """GPU knob: which LM-head path :meth:`apply_lmhead` runs; one of ``LMHEAD_PATHS``.
+
+        "warp": the warp kernels over the per-adapter tables (tuned by
+        :attr:`lmhead_tile`). "gemm": one cuBLAS GEMM against the packed table of every
+        adapter's rows, then a routed scatter. "mma": one tensor-core kernel over the
+        packed table (tuned by :attr:`lmhead_mma_config`). "gemm" and "mma" have nothing
+        to do while no adapter has an LM-head override and nothing is reserved. "auto"
+        (default): ``rowcache.kernels.overlay.routed.AUTO_PACKED_PATH`` for batches of at least
+        ``rowcache.kernels.overlay.routed.GEMM_MIN_ROWS`` rows once the packed table exists, else "warp"
+        (so a graph captured before any adapter is set still applies adapters set
+        later); the rule comes from the H200 measurements of bench/overlay.py. All agree
+        to float32 rounding of the dot products. Set it between steps, not inside a
+        capture. The CPU path ignores it.
+        """
+        return self._paths.path
+
+    @lmhead_path.setter
+    def lmhead_path(self, path: str) -> None:
+        self._paths.path = path
+
+    @property
+    def lmhead_mma_config(self) -> tuple[int, int, int]:
+        """GPU tuning knob of the mma path: (16-row tiles, warps, ring stages) per block.
+
+        One of ``rowcache.kernels.overlay.routed.MMA_CONFIGS``; results agree to float32 rounding. Change
+        it between steps, not inside a captured CUDA graph.
+        """
+        return self._paths.mma_config
+
+    @lmhead_mma_config.setter
+    def lmhead_mma_config(self, config: tuple[int, int, int]) -> None:
+        self._paths.mma_config = config
+
+    @property
+    def lmhead_generation(self) -> int:
+        """Times the packed-table paths' buffers (table R, workspace P) have moved.
+
+        A CUDA graph that captured the GEMM or mma path is valid only while this is
+        unchanged.
+        """
+        return self._paths.generation
+
+    @property
+    def lmhead_capacity(self) -> tuple[int, int]:
+        """(rows of the packed LM-head table, batch rows of the P workspace); GPU only."""
+        return self._paths.capacity
+
+    def reserve_lmhead(self, rows: int = 0, batch: int = 0) -> None:
+        """Size the packed-table paths' buffers now, so later adapters and steps do not
+        move them.
+
+        Parameters
+        ----------
+        rows : int >= 0
+            Total LM-head override rows, over all adapters, that must fit without
+            growing the packed table (it is never shrunk). The table gets room for the
+            alignment padding too (up to 31 rows per adapter, for at most ``rows``
+            adapters). Each step's GEMM covers the whole capacity, so reserve what will
+            be used, not more.
+        batch : int >= 0
+            Largest batch (rows of hidden/logits) a step will pass.
+
+        Call it before capturing a CUDA graph with the GEMM or mma path. A no-op on the
+        CPU.
+        """
+        self._paths.reserve(rows, batch)
 
     # ------------------------------------------------------------------ per step
     def apply_embed(self, ids: Any, rows: Any, seq_slot: Any = None, active: int = -1) -> Any:
@@ -290,16 +355,16 @@ class TokenOverlay(OverlayTables, LmHeadPaths):
                 to_host(ids),
                 seq,
                 act,
-                [None if p is None else p.slot_map for p in self._embed],
-                [None if p is None else p.rows for p in self._embed],
+                [None if p is None else p.slot_map for p in self._tables.embed_parts],
+                [None if p is None else p.rows for p in self._tables.embed_parts],
                 rows,
             )
             return rows
         cp = self._xp
-        d = self._dev
+        t = self._tables.device
         embed_overlay_routed(
-            cp.asarray(ids), seq, act, d["emb_map_ptrs"], d["emb_row_ptrs"], d["emb_counts"],
-            d["emb_vocabs"], rows,
+            cp.asarray(ids), seq, act, t.emb_map_ptrs, t.emb_row_ptrs, t.emb_counts,
+            t.emb_vocabs, rows,
         )  # fmt: skip
         return rows
 
@@ -349,39 +414,12 @@ class TokenOverlay(OverlayTables, LmHeadPaths):
                 hidden,
                 seq,
                 act,
-                [None if p is None else p.ids for p in self._lm],
-                [None if p is None else p.rows for p in self._lm],
+                [None if p is None else p.ids for p in self._tables.lm_parts],
+                [None if p is None else p.rows for p in self._tables.lm_parts],
                 logits,
             )
             return logits
-        d = self._dev
-        # At least 1 so the kernel is always launched (a CUDA graph captured with no
-        # adapter set still applies adapters set later; its loop covers any count).
-        max_count = max(1, int(self._lm_counts.max()))
-        path = self._pick_path(n)
-        if path == "mma":
-            if self._gemm_cap == 0:
-                return logits  # forced "mma" with no override anywhere: nothing to do
-            lmhead_overlay_mma(
-                hidden, seq, act, d["lm_rows_all"], d["lm_ids_all"], d["lm_tile_adapter"],
-                self.max_adapters, logits, config=self._lmhead_mma_config,
-            )  # fmt: skip
-            return logits
-        if path == "gemm":
-            if self._gemm_cap == 0:
-                return logits  # forced "gemm" with no override anywhere: nothing to do
-            if n > self._gemm_batch:
-                self._check_not_capturing(n)
-                self._grow_gemm(0, n)
-            lmhead_overlay_gemm(
-                hidden, seq, act, d["lm_rows_all"], d["lm_ids_all"], d["lm_bases"],
-                d["lm_counts"], logits, p=d["lm_p"], max_count=max_count,
-            )  # fmt: skip
-            return logits
-        lmhead_overlay_routed(
-            hidden, seq, act, d["lm_id_ptrs"], d["lm_row_ptrs"], d["lm_counts"], logits,
-            max_count=max_count, tile=self._lmhead_tile,
-        )  # fmt: skip
+        self._paths.run(hidden, seq, act, logits)
         return logits
 
     # ------------------------------------------------------------------ internals

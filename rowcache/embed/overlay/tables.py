@@ -1,15 +1,18 @@
 """The adapters' override tables of ``rowcache.embed.TokenOverlay``: built, and pointed to.
 
-Owns :class:`OverlayPart` (one side, embedding or LM head, of one adapter: its changed token ids,
-their rows and the token -> override map) and the mixin :class:`OverlayTables`: checking
-and placing an adapter's tables (``_prepare``), finding its changed rows (``_build``, with
-``rowcache.kernels.overlay.routed.embed_rowdiff``) and refreshing a slot's counts and, on the GPU, the
-device pointer tables in place (``_refresh_tables``). Does not own routing nor the public
-API (``rowcache.embed.overlay.overlay``) nor the LM-head paths' packed table (``rowcache.embed.overlay.lmhead_paths``).
+Owns :class:`OverlayPart` (one side, embedding or LM head, of one adapter: its changed token
+ids, their rows and the token -> override map) and :class:`OverlayTables`, the one owner of
+every adapter slot's parts, their host counts and, on the GPU, the device pointer tables the
+kernels read (:class:`DeviceTables`, allocated once and updated in place). It checks and
+places an adapter's tables and finds its changed rows (``build``, with
+``rowcache.kernels.overlay.routed.embed_rowdiff``). Does not own routing nor the public API
+(``rowcache.embed.overlay.overlay``) nor the LM-head paths' packed table
+(``rowcache.embed.overlay.lmhead_paths``, which reads the LM-head parts from here).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +20,7 @@ import numpy as np
 
 from rowcache.errors import ConfigError
 from rowcache.kernels.loader import is_device_array
-from rowcache.kernels.overlay.routed import MMA_ALIGN, embed_rowdiff
+from rowcache.kernels.overlay.routed import embed_rowdiff
 from rowcache.kernels.reference import BF16
 
 
@@ -32,44 +35,100 @@ class OverlayPart:
     vocab: int
 
 
+@dataclass(frozen=True, eq=False)
+class DeviceTables:
+    """The kernels' per-slot tables on the device (cupy, ``[max_adapters]`` each).
+
+    Allocated once; :class:`OverlayTables` copies into them in place, so their addresses
+    never change (a captured CUDA graph keeps reading the current adapters).
+    """
+
+    emb_map_ptrs: Any  # uint64: each slot's token -> override map (0: none)
+    emb_row_ptrs: Any  # uint64: each slot's embedding override rows
+    emb_counts: Any  # int32
+    emb_vocabs: Any  # int32
+    lm_id_ptrs: Any  # uint64: each slot's LM-head override ids
+    lm_row_ptrs: Any  # uint64: each slot's LM-head override rows
+    lm_counts: Any  # int32
+
+
 class OverlayTables:
-    """The adapters' tables of :class:`rowcache.embed.overlay.overlay.TokenOverlay` (a mixin over its
-    per-slot parts ``_embed`` / ``_lm``, host counts and pointer tables, device tables
-    ``_dev``, array module ``_xp``, and the LM-head paths' ``_grow_gemm`` / ``_pack_lm``)."""
+    """Every adapter slot's override tables: the parts, their counts and pointer tables.
 
-    device: str
-    hidden_size: int
-    vocab_size: int
-    _xp: Any
-    _dev: dict[str, Any]
-    _embed: list[OverlayPart | None]
-    _lm: list[OverlayPart | None]
-    _emb_counts: np.ndarray
-    _emb_vocabs: np.ndarray
-    _lm_counts: np.ndarray
-    _emb_map_ptrs: np.ndarray
-    _emb_row_ptrs: np.ndarray
-    _lm_id_ptrs: np.ndarray
-    _lm_row_ptrs: np.ndarray
-    _gemm_cap: int
-    _grow_gemm: Any  # LmHeadPaths' (a method: not defined here, so that the MRO finds it)
-    _pack_lm: Any
+    Parameters
+    ----------
+    vocab_size, hidden_size, max_adapters : int
+        Validated by the caller (:class:`rowcache.embed.TokenOverlay`).
+    xp : module
+        ``numpy`` (the CPU: no device tables) or ``cupy`` (the GPU, kernels loaded).
+    """
 
-    def _prepare(self, name: str, a: Any) -> Any:
-        if getattr(a, "ndim", None) != 2 or a.dtype != BF16:
-            raise ConfigError(
-                f"{name} must be a 2-D bfloat16 array [vocab, {self.hidden_size}], got "
-                f"{describe_array(a)}; convert float tables with .astype(ml_dtypes.bfloat16)"
+    def __init__(self, vocab_size: int, hidden_size: int, max_adapters: int, xp: Any) -> None:
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self._xp = xp
+        self._on_host = xp is np
+        n = max_adapters
+        self._embed: list[OverlayPart | None] = [None] * n
+        self._lm: list[OverlayPart | None] = [None] * n
+        # Host mirrors of the kernel tables (counts also size the LM-head grid).
+        self._emb_counts = np.zeros(n, np.int32)
+        self._emb_vocabs = np.zeros(n, np.int32)
+        self._lm_counts = np.zeros(n, np.int32)
+        self._lm_counts_view = self._lm_counts.view()
+        self._lm_counts_view.flags.writeable = False
+        self._max_lm_count = 0
+        self._emb_map_ptrs = np.zeros(n, np.uint64)
+        self._emb_row_ptrs = np.zeros(n, np.uint64)
+        self._lm_id_ptrs = np.zeros(n, np.uint64)
+        self._lm_row_ptrs = np.zeros(n, np.uint64)
+        self._device: DeviceTables | None = None
+        if not self._on_host:
+            # Allocated in the order the kernels' tables always were: pointers, then counts.
+            self._device = DeviceTables(
+                emb_map_ptrs=xp.zeros(n, dtype=xp.uint64),
+                emb_row_ptrs=xp.zeros(n, dtype=xp.uint64),
+                lm_id_ptrs=xp.zeros(n, dtype=xp.uint64),
+                lm_row_ptrs=xp.zeros(n, dtype=xp.uint64),
+                emb_counts=xp.zeros(n, dtype=xp.int32),
+                emb_vocabs=xp.zeros(n, dtype=xp.int32),
+                lm_counts=xp.zeros(n, dtype=xp.int32),
             )
-        if a.shape[1] != self.hidden_size:
-            raise ConfigError(
-                f"{name} must have hidden_size = {self.hidden_size} columns, got {describe_array(a)}"
-            )
-        if self.device == "cpu":
-            return np.ascontiguousarray(to_host(a))
-        return self._xp.ascontiguousarray(self._xp.asarray(a))
 
-    def _build(
+    # ------------------------------------------------------------------ reading
+    @property
+    def embed_parts(self) -> Sequence[OverlayPart | None]:
+        """Each slot's embedding part (None: not overridden); read, never written."""
+        return self._embed
+
+    @property
+    def lm_parts(self) -> Sequence[OverlayPart | None]:
+        """Each slot's LM-head part (None: not overridden); read, never written."""
+        return self._lm
+
+    @property
+    def lm_counts(self) -> np.ndarray:
+        """int32[max_adapters], read-only: each slot's LM-head override rows."""
+        return self._lm_counts_view
+
+    @property
+    def max_lm_count(self) -> int:
+        """The most LM-head override rows of any slot (0: none)."""
+        return self._max_lm_count
+
+    @property
+    def device(self) -> DeviceTables:
+        """The device tables; only on the GPU."""
+        assert self._device is not None, "OverlayTables.device: the tables live on the host"
+        return self._device
+
+    @property
+    def num_adapters(self) -> int:
+        """Slots holding an adapter (a set adapter with zero changed rows counts)."""
+        return sum(e is not None or m is not None for e, m in zip(self._embed, self._lm))
+
+    # ------------------------------------------------------------------ writing
+    def build(
         self,
         name: str,
         weight: Any,
@@ -78,6 +137,11 @@ class OverlayTables:
         thresh: np.float32,
         with_map: bool,
     ) -> OverlayPart:
+        """One side of an adapter: the rows of ``weight`` that differ from ``served``.
+
+        Checks both tables (``ConfigError`` naming ``name`` / ``served_name``); changes
+        nothing here (:meth:`set` installs the parts).
+        """
         if served is None:
             raise ConfigError(f"{name} needs {served_name} (the served table) to find changed rows")
         w = self._prepare(name, weight)
@@ -103,34 +167,44 @@ class OverlayTables:
             slot_map[ids] = xp.arange(ids.shape[0], dtype=xp.int32)
         return OverlayPart(ids=ids, rows=rows, slot_map=slot_map, ids_host=to_host(ids), vocab=va)
 
-    def _refresh_tables(self, s: int) -> None:
-        emb, lm = self._embed[s], self._lm[s]
-        self._emb_counts[s] = 0 if emb is None else emb.ids.shape[0]
-        self._emb_vocabs[s] = 0 if emb is None else emb.vocab
+    def set(self, s: int, embed: OverlayPart | None, lm: OverlayPart | None) -> None:
+        """Install slot ``s``'s parts (None: that side not overridden) and refresh its
+        counts and, on the GPU, the device tables in place."""
+        self._embed[s], self._lm[s] = embed, lm
+        self._emb_counts[s] = 0 if embed is None else embed.ids.shape[0]
+        self._emb_vocabs[s] = 0 if embed is None else embed.vocab
         self._lm_counts[s] = 0 if lm is None else lm.ids.shape[0]
-        if self.device != "cuda":
+        self._max_lm_count = int(self._lm_counts.max())
+        if self._device is None:
             return
-        self._emb_map_ptrs[s] = _ptr(None if emb is None else emb.slot_map)
-        self._emb_row_ptrs[s] = _ptr(None if emb is None else emb.rows)
+        self._emb_map_ptrs[s] = _ptr(None if embed is None else embed.slot_map)
+        self._emb_row_ptrs[s] = _ptr(None if embed is None else embed.rows)
         self._lm_id_ptrs[s] = _ptr(None if lm is None else lm.ids)
         self._lm_row_ptrs[s] = _ptr(None if lm is None else lm.rows)
         # In-place copies: the device tables keep their addresses (CUDA-graph safe).
-        d = self._dev
-        d["emb_map_ptrs"].set(self._emb_map_ptrs)
-        d["emb_row_ptrs"].set(self._emb_row_ptrs)
-        d["lm_id_ptrs"].set(self._lm_id_ptrs)
-        d["lm_row_ptrs"].set(self._lm_row_ptrs)
-        d["emb_counts"].set(self._emb_counts)
-        d["emb_vocabs"].set(self._emb_vocabs)
-        d["lm_counts"].set(self._lm_counts)
-        # The packed table: grown when the overrides (each adapter's block padded to
-        # MMA_ALIGN rows) outgrow it (the first LM-head override creates it), else
-        # repacked in place (addresses kept).
-        total = int((-(-self._lm_counts.astype(np.int64) // MMA_ALIGN) * MMA_ALIGN).sum())
-        if total > self._gemm_cap:
-            self._grow_gemm(total, 0)  # repacks
-        elif self._gemm_cap:
-            self._pack_lm()
+        d = self._device
+        d.emb_map_ptrs.set(self._emb_map_ptrs)
+        d.emb_row_ptrs.set(self._emb_row_ptrs)
+        d.lm_id_ptrs.set(self._lm_id_ptrs)
+        d.lm_row_ptrs.set(self._lm_row_ptrs)
+        d.emb_counts.set(self._emb_counts)
+        d.emb_vocabs.set(self._emb_vocabs)
+        d.lm_counts.set(self._lm_counts)
+
+    # ------------------------------------------------------------------ internals
+    def _prepare(self, name: str, a: Any) -> Any:
+        if getattr(a, "ndim", None) != 2 or a.dtype != BF16:
+            raise ConfigError(
+                f"{name} must be a 2-D bfloat16 array [vocab, {self.hidden_size}], got "
+                f"{describe_array(a)}; convert float tables with .astype(ml_dtypes.bfloat16)"
+            )
+        if a.shape[1] != self.hidden_size:
+            raise ConfigError(
+                f"{name} must have hidden_size = {self.hidden_size} columns, got {describe_array(a)}"
+            )
+        if self._on_host:
+            return np.ascontiguousarray(to_host(a))
+        return self._xp.ascontiguousarray(self._xp.asarray(a))
 
 
 def to_host(a: Any) -> np.ndarray:

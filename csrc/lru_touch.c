@@ -83,7 +83,7 @@ static void touch_run(TouchJob *j, int wait) {
     int32_t *row_slot = j->b[0].view.buf, *log = j->b[2].view.buf, *log_pos = j->b[3].view.buf;
     int32_t *scr = j->b[4].view.buf;
     int64_t *last_used = j->b[1].view.buf;
-    Py_ssize_t n = j->n, S = COUNT(j->b[1]), cap = COUNT(j->b[2]);
+    Py_ssize_t n = j->n, S = COUNT(j->b[1]), cap = COUNT(j->b[2]), R = COUNT(j->b[0]);
     HitsPart part[MAXT];
     int K = rc_split_count(j->threads, n, HITS_GRAIN);
     for (int k = 0; k < K; k++) {
@@ -106,9 +106,9 @@ static void touch_run(TouchJob *j, int wait) {
     j->fresh = 0;
     for (int k = 0; k < K; k++) {
         n_u += part[k].n_u;
-        /* the keys index the slot arrays: each part is sorted, so its ends bound it (a
+        /* the keys (row ids) index row_slot: each part is sorted, so its ends bound it (a
          * check per part, not per key); a key out of range touches nothing (status 4) */
-        if (part[k].hi > part[k].lo && (scr[part[k].lo] < 0 || scr[part[k].hi - 1] >= S)) {
+        if (part[k].hi > part[k].lo && (scr[part[k].lo] < 0 || scr[part[k].hi - 1] >= R)) {
             j->status = 4;
             return;
         }
@@ -254,7 +254,7 @@ PyObject *rc_lru_scan(PyObject *self, PyObject *args) {
 static PyObject *touch_result(TouchJob *j) {
     if (j->status == 4) {
         PyErr_SetString(PyExc_ValueError,
-                        "lru_touch_start: a key in scratch is not a slot (0 <= key < slots)");
+                        "lru_touch_start: a key in scratch is not a row id (0 <= key < len(row_slot))");
         return NULL;
     }
     return Py_BuildValue("(innn)", j->status, j->fresh, j->head, j->tail);

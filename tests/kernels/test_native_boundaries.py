@@ -89,7 +89,7 @@ def test_quantize_pages_refuses_sizes_that_overflow():
     assert len(lines) == 6 and all(ln.startswith("refused:") for ln in lines), out
 
 
-def test_lru_touch_refuses_keys_that_are_not_slots():
+def test_lru_touch_refuses_keys_that_are_not_row_ids():
     out = run_child(
         """
         import numpy as np
@@ -115,6 +115,7 @@ def test_lru_touch_refuses_keys_that_are_not_slots():
     lines = out.splitlines()
     assert (
         lines[:2]
-        == ["refused: lru_touch_start: a key in scratch is not a slot (0 <= key < slots)"] * 2
+        == ["refused: lru_touch_start: a key in scratch is not a row id (0 <= key < len(row_slot))"]
+        * 2
     ), out
     assert lines[2] == "untouched 0 0", out

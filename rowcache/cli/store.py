@@ -13,10 +13,11 @@ import os
 from typing import Any
 
 from rowcache.cli.app import inform, positive_float
+from rowcache.embed.checkpoint import INDEX_NAME, TABLE_NAME, Checkpoint
 from rowcache.errors import ConfigError, FormatError
 from rowcache.store.builder import build_store
 from rowcache.store.handle import RowStore
-from rowcache.store.sources import safetensors_header
+from rowcache.store.sources import safetensors_header, safetensors_index, split_tensor_source
 
 PAGE = 4096
 
@@ -33,33 +34,21 @@ def plural(n: int, word: str) -> str:
     return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
-def _check_safetensors(path: str) -> dict[str, Any]:
-    """The header of ``path``, refused (naming the file) if the data it describes is cut short."""
-    header = safetensors_header(path)
-    ends = [
-        v["data_offsets"][1]
-        for k, v in header.items()
-        if not k.startswith("__") and isinstance(v, dict) and "data_offsets" in v
-    ]
-    need = header["__data_start__"] + max(ends, default=0)
-    size = os.path.getsize(path)
-    if size < need:
-        raise FormatError(
-            f"{path}: truncated: its header describes {need:,} bytes, the file has {size:,}"
-        )
-    return header
-
-
 def _check_source(flag: str, spec: str, src: str) -> None:
     """The file a --table names exists and is whole."""
-    path = src.split(".safetensors:")[0] + ".safetensors" if ".safetensors:" in src else src
-    if not os.path.isfile(path):
+    split = split_tensor_source(src)
+    path = split[0] if split else src
+    if not os.path.lexists(path):
         raise ConfigError(f"{flag} {spec}: file {path} does not exist")
-    if path.endswith(".safetensors"):
-        _check_safetensors(path)
+    if split and path.endswith(".json"):
+        safetensors_index(path)
+    elif path.endswith(".safetensors"):
+        safetensors_header(path)  # checked: the header, and that the data it describes is there
     elif path.endswith(".npy"):
         import numpy as np
 
+        if not os.path.isfile(path):
+            raise ConfigError(f"{flag} {spec}: {path} is not a regular file")
         try:
             np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError, EOFError) as e:
@@ -69,33 +58,71 @@ def _check_source(flag: str, spec: str, src: str) -> None:
 
 
 def _parse_source(spec: str) -> tuple[str, Any]:
-    """``NAME=PATH`` or ``PATH``; PATH is ``x.npy`` or ``x.safetensors:tensor``."""
+    """``NAME=PATH`` or ``PATH``; PATH is ``x.npy``, ``x.safetensors:tensor`` or
+    ``model.safetensors.index.json:tensor``."""
     name, sep, src = spec.partition("=")
     if not sep:
         src, name = spec, ""
-    if src.endswith(".safetensors"):
+    if src.endswith((".safetensors", ".json")):
         raise ConfigError(
-            f"--table {spec!r}: name the tensor, as FILE.safetensors:TENSOR "
-            "(or use --safetensors to take the LongCat n-gram tables)"
+            f"--table {spec!r}: name the tensor, as FILE.safetensors:TENSOR or "
+            "INDEX.json:TENSOR (or use --safetensors to take the LongCat n-gram tables)"
         )
     if not name:
-        name = os.path.splitext(os.path.basename(src.split(".safetensors:")[-1]))[0]
+        split = split_tensor_source(src)
+        name = os.path.splitext(os.path.basename(split[1] if split else src))[0]
     return name, src
 
 
-def _longcat_tables(path: str) -> dict[str, Any]:
-    if not os.path.isfile(path):
-        raise ConfigError(f"--safetensors {path}: file does not exist")
-    header = _check_safetensors(path)
-    prefix = "model.ngram_embeddings.embedders."
-    found = sorted(
-        (int(k[len(prefix) :].split(".")[0]), k)
-        for k in header
-        if k.startswith(prefix) and k.endswith(".weight")
-    )
-    if not found:
-        raise ConfigError(f"--safetensors {path}: no tensors named {prefix}{{i}}.weight in it")
-    return {f"ngram.{i}": (path, k) for i, k in found}
+def _longcat_tables(path: str) -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """The n-gram tables of a checkpoint (a ``.safetensors`` file, an index or a directory)
+    as ``{ngram.i: (shard, tensor)}``, each checked in its shard; and its files without one."""
+    if not os.path.lexists(path):
+        raise ConfigError(
+            f"--safetensors {path}: does not exist; give a .safetensors file, a sharded "
+            f"checkpoint's {INDEX_NAME}, or the checkpoint's directory"
+        )
+    ckpt = Checkpoint(path)
+    found = ckpt.ngram_tables()
+    tables = {f"ngram.{i}": ckpt.source(TABLE_NAME.format(i=i)) for i in found}
+    with_tables = set(found.values())
+    return tables, [f for f in ckpt.shard_files() if f not in with_tables]
+
+
+def _safetensors_tables(args: argparse.Namespace, tables: dict[str, Any]) -> None:
+    """Add every --safetensors checkpoint's n-gram tables to ``tables``; files without one
+    are skipped, and a line per file says which tables came from it."""
+    origin: dict[str, str] = {}
+    skipped: list[str] = []
+    for path in args.safetensors or []:
+        found, none = _longcat_tables(path)
+        for name, (file, tensor) in found.items():
+            if name in tables and origin.get(name) != file:
+                where = origin.get(name, "a --table")
+                raise ConfigError(
+                    f"--safetensors: table {name} is in both {where} and {file}; give each "
+                    "checkpoint (or shard) once"
+                )
+            tables[name], origin[name] = (file, tensor), file
+        skipped += [f for f in none if f not in skipped]
+    if args.safetensors and not origin:
+        raise ConfigError(
+            f"--safetensors {' '.join(args.safetensors)}: no n-gram tables (tensors named "
+            f"{TABLE_NAME.format(i='{i}')}) in {plural(len(skipped), 'file')}"
+            + (f": {', '.join(skipped[:4])}" if skipped else "")
+        )
+    by_file: dict[str, list[str]] = {}
+    for name, file in origin.items():
+        by_file.setdefault(file, []).append(name)
+    for file, names in by_file.items():
+        inform(args, f"{', '.join(names)} from {file}")
+    if skipped:
+        more = f" and {len(skipped) - 4} more" if len(skipped) > 4 else ""
+        inform(
+            args,
+            f"skipped {plural(len(skipped), 'file')} without n-gram tables: "
+            f"{', '.join(skipped[:4])}{more}",
+        )
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -106,10 +133,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
             raise ConfigError(f"--table: the name {name!r} is given twice")
         _check_source("--table", spec, src)
         tables[name] = src
-    for st in args.safetensors or []:
-        tables.update(_longcat_tables(st))
+    _safetensors_tables(args, tables)
     if not tables:
-        raise ConfigError("give at least one --table NAME=PATH or --safetensors FILE")
+        raise ConfigError("give at least one --table NAME=PATH or --safetensors PATH")
     if os.path.exists(args.path) and not os.path.isdir(args.path):
         raise ConfigError(f"{args.path}: exists and is not a directory")
     if os.path.exists(args.path) and not args.overwrite:
@@ -134,7 +160,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 def _inspect_dict(store: RowStore) -> dict[str, Any]:
     tables = []
-    for info, recs in zip(store.tables, store.shards):
+    sources = store.meta.get("params", {}).get("sources") or []
+    for t, (info, recs) in enumerate(zip(store.tables, store.shards)):
         tables.append(
             {
                 "name": info.name,
@@ -144,6 +171,7 @@ def _inspect_dict(store: RowStore) -> dict[str, Any]:
                 "record_bytes": info.record_bytes,
                 "rows_per_page": info.rows_per_page,
                 "shards": info.shards,
+                "source": sources[t] if t < len(sources) else None,
                 "bytes_on_disk": sum(r.length for r in recs),
                 "shard_files": [
                     {
@@ -236,13 +264,15 @@ def register(sub: Any) -> None:
         "--table",
         action="append",
         metavar="NAME=PATH",
-        help="a table: PATH is FILE.npy or FILE.safetensors:TENSOR (repeatable)",
+        help="a table: PATH is FILE.npy, FILE.safetensors:TENSOR or INDEX.json:TENSOR (repeatable)",
     )
     p.add_argument(
         "--safetensors",
         action="append",
-        metavar="FILE",
-        help="take every model.ngram_embeddings.embedders.{i}.weight of FILE (repeatable)",
+        metavar="PATH",
+        help="take every model.ngram_embeddings.embedders.{i}.weight of PATH as table ngram.{i}: "
+        f"a .safetensors file, a sharded checkpoint's {INDEX_NAME} or its directory (its "
+        "weight_map followed; files without n-gram tables skipped) (repeatable)",
     )
     p.add_argument(
         "--dtype",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,68 +25,127 @@ from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
 from rowcache.errors import ConfigError, FormatError
 from rowcache.store.format import record_bytes
-from rowcache.store.sources import safetensors_header, safetensors_tensor
+from rowcache.store.sources import (
+    read_json_object,
+    safetensors_header,
+    safetensors_index,
+    safetensors_tensor,
+)
 
 WORD_NAMES = ("model.embed_tokens.weight", "model.ngram_embeddings.word_embeddings.weight")
 TABLE_NAME = "model.ngram_embeddings.embedders.{i}.weight"
 PROJ_NAME = "model.ngram_embeddings.post_projs.{i}.weight"
 INDEX_NAME = "model.safetensors.index.json"
+_TABLE_RE = re.compile(r"model\.ngram_embeddings\.embedders\.(\d+)\.weight")
 
 
 class Checkpoint:
-    """Tensor name -> file of a ``.safetensors`` checkpoint (one file or a sharded directory).
+    """Tensor name -> file of a ``.safetensors`` checkpoint (one file or a sharded one).
 
     Parameters
     ----------
-    path : a ``.safetensors`` file, or a directory holding ``model.safetensors.index.json``
-        or ``*.safetensors`` files (and optionally ``config.json``).
+    path : a ``.safetensors`` file; a sharded checkpoint's ``model.safetensors.index.json``
+        (any ``*.json`` file is read as such an index); or a directory holding that index or,
+        without one, ``*.safetensors`` files (every header is read). ``config.json`` is read
+        from the same directory.
+
+    An index's ``weight_map`` is followed as it is: a shard is opened (its header checked,
+    the tensor looked for) only when one of its tensors is asked for, so shards a caller
+    does not need (for the n-gram tables: every shard without one) are skipped and need
+    not even be present.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         path = os.fspath(path)
         self.path = path
+        self.index: str | None = None
         self.files: dict[str, str] = {}
-        if os.path.isfile(path):
-            self.directory = os.path.dirname(os.path.abspath(path))
-            self._add_file(path)
-        elif os.path.isdir(path):
+        self._headers: dict[str, dict[str, Any]] = {}
+        if os.path.isdir(path):
             self.directory = path
             index = os.path.join(path, INDEX_NAME)
-            if os.path.isfile(index):
-                try:
-                    with open(index, encoding="utf-8") as f:
-                        weight_map = json.load(f)["weight_map"]
-                except (OSError, ValueError, KeyError) as e:
-                    raise FormatError(f"{index}: not a readable safetensors index ({e})") from e
-                self.files = {name: os.path.join(path, fn) for name, fn in weight_map.items()}
+            if os.path.lexists(index):
+                self._follow(index)
             else:
                 shards = sorted(fn for fn in os.listdir(path) if fn.endswith(".safetensors"))
                 if not shards:
                     raise ConfigError(
-                        f"checkpoint directory {path} has no {INDEX_NAME} and no .safetensors files"
+                        f"checkpoint directory {path} has no {INDEX_NAME} and no .safetensors "
+                        "files: give the directory of a Hugging Face download, or one of its files"
                     )
                 for fn in shards:  # one header read per shard file
                     self._add_file(os.path.join(path, fn))
+        elif os.path.lexists(path):  # a file; safetensors_* refuse what is not a regular one
+            self.directory = os.path.dirname(os.path.abspath(path))
+            if path.endswith(".json"):
+                self._follow(path)
+            else:
+                self._add_file(path)
         else:
-            raise ConfigError(f"checkpoint {path!r} is neither a .safetensors file nor a directory")
+            raise ConfigError(
+                f"checkpoint {path!r} is neither a file nor a directory (it does not exist): "
+                f"give a .safetensors file, a sharded checkpoint's {INDEX_NAME}, or its directory"
+            )
+
+    def _follow(self, index: str) -> None:
+        self.index = index
+        self.files = safetensors_index(index)
+
+    def _header(self, file: str) -> dict[str, Any]:
+        if file not in self._headers:
+            self._headers[file] = safetensors_header(file)
+        return self._headers[file]
 
     def _add_file(self, file: str) -> None:
-        for name in safetensors_header(file):
-            if not name.startswith("__"):
-                self.files[name] = file
+        for name in self._header(file):
+            if name.startswith("__"):
+                continue
+            if name in self.files:
+                raise FormatError(
+                    f"checkpoint {self.path}: tensor {name!r} is in both {self.files[name]} and "
+                    f"{file}; give the {INDEX_NAME} that says which to use"
+                )
+            self.files[name] = file
 
     def __contains__(self, name: str) -> bool:
         return name in self.files
 
+    def shard_files(self) -> list[str]:
+        """Every file of the checkpoint, in the order their tensors are named."""
+        return list(dict.fromkeys(self.files.values()))
+
+    def ngram_tables(self) -> dict[int, str]:
+        """``{table index: file}`` of the n-gram tables (``TABLE_NAME``) the checkpoint names."""
+        found = {}
+        for name, file in self.files.items():
+            m = _TABLE_RE.fullmatch(name)
+            if m:
+                found[int(m.group(1))] = file
+        return dict(sorted(found.items()))
+
     def source(self, name: str) -> tuple[str, str]:
-        """``(file, tensor)``: a ``rowcache.build_store`` source for tensor ``name``."""
+        """``(file, tensor)``: a ``rowcache.build_store`` source for tensor ``name``.
+
+        The file is checked: it exists, its header is sound and holds ``name``."""
         if name not in self.files:
             near = [k for k in self.files if "ngram" in k or "embed" in k][:6]
             raise ConfigError(
                 f"checkpoint {self.path} has no tensor {name!r} ({len(self.files)} tensors"
                 + (f"; similar: {near})" if near else ")")
             )
-        return self.files[name], name
+        file = self.files[name]
+        if self.index is not None:
+            if not os.path.lexists(file):
+                raise ConfigError(
+                    f"checkpoint {self.index} puts {name!r} in {file}, which does not exist: "
+                    "download that shard beside the index"
+                )
+            if name not in self._header(file):
+                raise FormatError(
+                    f"checkpoint {self.index} puts {name!r} in {file}, whose header has no "
+                    "such tensor: the index and its shards disagree (download them again)"
+                )
+        return file, name
 
     def tensor(self, name: str) -> np.ndarray:
         """Tensor ``name`` memory-mapped read-only (BF16, F32 or F16)."""
@@ -94,10 +154,9 @@ class Checkpoint:
     def config(self) -> dict[str, Any] | None:
         """``config.json`` beside the checkpoint, or None."""
         cfg = os.path.join(self.directory, "config.json")
-        if not os.path.isfile(cfg):
+        if not os.path.lexists(cfg):
             return None
-        with open(cfg, encoding="utf-8") as f:
-            return dict(json.load(f))
+        return read_json_object(cfg, "config.json")
 
     def word_name(self) -> str:
         """The base word table's name: ``model.embed_tokens.weight`` or the mlx-style rename."""

@@ -3,14 +3,20 @@
 Owns turning what a user hands ``build_store`` into a uniform streaming reader
 (``rows``, ``dim``, ``read(start, stop)``). ``.npy`` and ``.safetensors`` are
 memory-mapped, never loaded whole, so a 63 GB table set streams through a bounded
-amount of memory. Does not convert or quantize; the builder does.
+amount of memory. Also owns reading the safetensors format itself: a file's header and a
+sharded checkpoint's ``model.safetensors.index.json``, both checked before they are trusted
+(a malformed file is a one-line ``FormatError`` naming it and the tensor, never a huge read,
+a hang or a traceback). Does not convert or quantize; the builder does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,28 +81,185 @@ def _as_table_array(arr: np.ndarray, name: str, origin: str) -> np.ndarray:
     return arr
 
 
+# What a header may hold: the safetensors library's own limit on its length, and numpy's
+# on dimensions. Bits per element of the format's dtypes, for the shape-against-bytes check;
+# a dtype not listed here (a newer one) is checked for its offsets only.
+MAX_HEADER_BYTES = 100_000_000
+MAX_JSON_BYTES = 100_000_000  # an index or a config.json
+MAX_DIMS = 64
+_ST_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64, "C64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}  # fmt: skip
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a hostile header's values can be megabytes."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), "null" if value is None else "a number"
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@contextlib.contextmanager
+def _open_regular(path: str, what: str) -> Iterator[tuple[int, int]]:
+    """``(fd, size)`` of ``path``, refused unless it is a regular file: opened non-blocking
+    and checked with ``fstat`` before any read, so a FIFO or a device never hangs the caller."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise FormatError(f"{path}: cannot open the {what} ({e.strerror})") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FormatError(f"{path}: not a regular file, so not a {what}: give the file itself")
+        yield fd, st.st_size
+    finally:
+        os.close(fd)
+
+
+def _pread_exact(fd: int, path: str, n: int, offset: int) -> bytes:
+    parts, got = [], 0
+    while got < n:
+        try:
+            b = os.pread(fd, n - got, offset + got)
+        except OSError as e:
+            raise FormatError(f"{path}: read failed ({e.strerror})") from e
+        if not b:
+            raise FormatError(
+                f"{path}: the file ended after {offset + got:,} bytes while being read"
+            )
+        parts.append(b)
+        got += len(b)
+    return b"".join(parts)
+
+
+def _json_object(data: bytes, where: str) -> dict[str, Any]:
+    """``data`` parsed as a JSON object; one-line ``FormatError`` naming ``where`` otherwise."""
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise FormatError(
+            f"{where}: its JSON nests too deeply to be read; the file is damaged or not what "
+            "it is named"
+        ) from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer too long
+        raise FormatError(f"{where}: not JSON ({_short(str(e), 120)})") from None
+    if not isinstance(value, dict):
+        raise FormatError(f"{where}: holds {_kind(value)}, not a JSON object")
+    return value
+
+
+def _check_entry(path: str, name: str, spec: Any, data_bytes: int) -> None:
+    """One tensor's entry: dtype, shape, data_offsets inside the data, shape x dtype = bytes."""
+    where = f"{path}: tensor {_short(name)}"
+    if not isinstance(spec, dict):
+        raise FormatError(
+            f"{where}: its entry is {_kind(spec)}, not an object of dtype, shape, data_offsets"
+        )
+    dtype, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
+    if not isinstance(dtype, str):
+        raise FormatError(f"{where}: dtype is {_short(dtype)}, not a string such as 'BF16'")
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise FormatError(f"{where}: shape {_short(shape)} is not a list of integers >= 0")
+    if len(shape) > MAX_DIMS:
+        raise FormatError(f"{where}: shape has {len(shape):,} dimensions; at most {MAX_DIMS}")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_is_int(o) for o in offsets)
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
+        raise FormatError(
+            f"{where}: data_offsets {_short(offsets)} is not a pair [begin, end] of integers "
+            "with 0 <= begin <= end"
+        )
+    begin, end = offsets
+    if end > data_bytes:
+        raise FormatError(
+            f"{where}: data_offsets {_short(offsets)} end past the {data_bytes:,} bytes of data "
+            "the file holds after its header: the file is truncated or damaged"
+        )
+    bits = _ST_BITS.get(dtype)
+    if bits is not None:
+        span, count = (end - begin) * 8, 0 if 0 in shape else 1
+        for d in shape if count else ():  # stop once past the span: no product of a hostile size
+            count *= d
+            if count * bits > span:
+                break
+        if count * bits != span:
+            need = f"{count * bits // 8:,}" if count * bits < span else f"more than {span // 8:,}"
+            raise FormatError(
+                f"{where}: shape {_short(shape)} of {dtype} needs {need} bytes, its "
+                f"data_offsets span {span // 8:,}: the header is damaged"
+            )
+
+
 def safetensors_header(path: str) -> dict[str, Any]:
-    """The JSON header of a ``.safetensors`` file, plus ``"__data_start__"`` (its data offset).
+    """The JSON header of a ``.safetensors`` file, checked, plus ``"__data_start__"``.
 
     The format is an 8-byte little-endian header length, a JSON header mapping
-    names to ``dtype``, ``shape`` and ``data_offsets``, then the raw data.
+    names to ``dtype``, ``shape`` and ``data_offsets`` (and an optional
+    ``__metadata__`` object), then the raw data. The header is checked before it is
+    trusted: the file is a regular file (a FIFO would hang the read), the length fits in
+    the file and in 100 MB, the header is a JSON object, every tensor's offsets lie inside
+    the data and its shape times its dtype's size equals its bytes. Any failure is a
+    one-line :class:`FormatError` naming the file and the tensor.
     """
-    try:
-        with open(path, "rb") as f:
-            (hlen,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(hlen))
-    except (OSError, struct.error, ValueError) as e:
-        raise FormatError(f"{path}: not a readable .safetensors file ({e})") from e
-    if not isinstance(header, dict):
-        raise FormatError(f"{path}: not a readable .safetensors file (header is not an object)")
+    with _open_regular(path, ".safetensors file") as (fd, size):
+        if size < 8:
+            raise FormatError(
+                f"{path}: {size} bytes, too short for a .safetensors file (it begins with an "
+                "8-byte header length)"
+            )
+        head = _pread_exact(fd, path, 8, 0)
+        (hlen,) = struct.unpack("<Q", head)
+        if hlen > size - 8:
+            hint = (
+                " It begins like a JSON file: a sharded checkpoint's "
+                "model.safetensors.index.json? Give the index (or its directory) as the "
+                "checkpoint: --safetensors INDEX, rowcache.embed.table_sources(INDEX)."
+                if head.lstrip()[:1] in (b"{", b"[")
+                else " The file is truncated or not a .safetensors file."
+            )
+            raise FormatError(
+                f"{path}: header length {hlen:,} runs past the end of the file "
+                f"({size:,} bytes).{hint}"
+            )
+        if hlen > MAX_HEADER_BYTES:
+            raise FormatError(
+                f"{path}: header of {hlen:,} bytes, over the format's limit of "
+                f"{MAX_HEADER_BYTES:,}: not a .safetensors file, or a damaged one"
+            )
+        raw = _pread_exact(fd, path, hlen, 8)
+    header = _json_object(raw, f"{path}: the .safetensors header")
+    data_bytes = size - 8 - hlen
+    for name, spec in header.items():
+        if name == "__metadata__":
+            if not isinstance(spec, dict):
+                raise FormatError(
+                    f"{path}: the header's __metadata__ is {_kind(spec)}, not a JSON object"
+                )
+            continue
+        _check_entry(path, name, spec, data_bytes)
     header["__data_start__"] = 8 + hlen
-    return dict(header)
+    return header
 
 
 def safetensors_tensor(path: str, tensor: str) -> np.ndarray:
     """Memory-map one tensor of a ``.safetensors`` file (BF16, F32 or F16) without loading it."""
     header = safetensors_header(path)
-    if tensor not in header:
+    if tensor not in header or tensor.startswith("__"):
         names = [k for k in header if not k.startswith("__")]
         near = [k for k in names if "ngram" in k or "embed" in k][:6]
         raise ConfigError(
@@ -107,33 +270,104 @@ def safetensors_tensor(path: str, tensor: str) -> np.ndarray:
     dtype = _ST_DTYPES.get(spec["dtype"])
     if dtype is None:
         raise ConfigError(
-            f"{path}:{tensor}: dtype {spec['dtype']} is not supported; allowed: {sorted(_ST_DTYPES)}"
+            f"{path}: tensor {tensor!r}: dtype {_short(spec['dtype'])} is not supported; "
+            f"allowed: {sorted(_ST_DTYPES)}"
         )
     start, stop = spec["data_offsets"]
     shape = tuple(spec["shape"])
-    count = int(np.prod(shape)) if shape else 1
-    if stop - start != count * dtype.itemsize:
-        raise FormatError(f"{path}:{tensor}: data_offsets do not match shape {shape}")
+    if start == stop:  # an empty tensor: nothing to map
+        return np.zeros(shape, dtype=dtype)
     return np.memmap(
         path, dtype=dtype, mode="r", offset=header["__data_start__"] + start, shape=shape
     )
 
 
+def read_json_object(path: str, what: str, limit: int = MAX_JSON_BYTES) -> dict[str, Any]:
+    """The JSON object in file ``path`` (a regular file of at most ``limit`` bytes), or a
+    one-line :class:`FormatError` naming the file as the ``what`` it should be: never a hang
+    on a FIFO, a whole huge file read, or a ``RecursionError`` from deeply nested JSON."""
+    with _open_regular(path, what) as (fd, size):
+        if size > limit:
+            raise FormatError(
+                f"{path}: {size:,} bytes, over the {limit:,}-byte limit of a {what}: "
+                "check that this is the right file"
+            )
+        raw = _pread_exact(fd, path, size, 0)
+    return _json_object(raw, f"{path}: the {what}")
+
+
+def safetensors_index(path: str) -> dict[str, str]:
+    """Tensor name -> shard file of a sharded checkpoint's ``model.safetensors.index.json``.
+
+    The index is a JSON object whose ``weight_map`` maps each tensor's name to the file
+    name of its shard, beside the index. Checked like a header: a regular file of at most
+    100 MB, a JSON object, a ``weight_map`` object of strings, each a file name inside the
+    index's directory (no absolute path, no ``..``). The shards are not opened here.
+    """
+    index = read_json_object(path, "safetensors index")
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict):
+        got = _kind(weight_map) if "weight_map" in index else "missing"
+        raise FormatError(
+            f"{path}: the index's weight_map is {got}; a model.safetensors.index.json maps "
+            'tensor names to shard file names in a "weight_map" object'
+        )
+    directory = os.path.dirname(path)
+    files: dict[str, str] = {}
+    for name, fn in weight_map.items():
+        if not isinstance(fn, str) or not fn:
+            got = _kind(fn) if not isinstance(fn, str) else "empty"
+            raise FormatError(f"{path}: weight_map[{_short(name)}] is {got}, not a shard file name")
+        parts = fn.replace("\\", "/").split("/")
+        if os.path.isabs(fn) or ".." in parts or "\0" in fn:
+            raise FormatError(
+                f"{path}: weight_map[{_short(name)}] = {_short(fn)} is not a file name inside "
+                f"the index's directory {directory or '.'}"
+            )
+        files[name] = os.path.join(directory, fn)
+    return files
+
+
+def split_tensor_source(text: str) -> tuple[str, str] | None:
+    """``("file.safetensors", tensor)`` from ``"file.safetensors:tensor"``, or
+    ``("model.safetensors.index.json", tensor)`` from ``"model.safetensors.index.json:tensor"``
+    (any ``*.json``); None for anything else."""
+    for ext in (".safetensors:", ".json:"):
+        if ext in text:
+            path, tensor = text.split(ext, 1)
+            return path + ext[:-1], tensor
+    return None
+
+
 def resolve_source(name: str, src: Any) -> Source:
     """A :class:`Source` from an array, a ``.npy`` path, or ``(file.safetensors, tensor)``.
 
-    A string ``"file.safetensors:tensor.name"`` is accepted as well.
+    A string ``"file.safetensors:tensor.name"`` is accepted as well. In place of the
+    ``.safetensors`` file, a sharded checkpoint's ``model.safetensors.index.json`` names
+    the tensor's shard through its ``weight_map``.
     """
     if isinstance(src, np.ndarray):
         return Source(name, _as_table_array(src, name, "array"), "array")
-    if isinstance(src, str) and ".safetensors:" in src:
-        path, tensor = src.split(".safetensors:", 1)
-        src = (path + ".safetensors", tensor)
+    if isinstance(src, str) and split_tensor_source(src) is not None:
+        src = split_tensor_source(src)
     if isinstance(src, tuple) and len(src) == 2:
-        path, tensor = src
+        path, tensor = os.fspath(src[0]), src[1]
         if not os.path.exists(path):
             raise ConfigError(f"tables[{name!r}]: file {path!r} does not exist")
-        arr = safetensors_tensor(os.fspath(path), tensor)
+        if path.endswith(".json"):
+            index, shards = path, safetensors_index(path)
+            if tensor not in shards:
+                raise ConfigError(
+                    f"tables[{name!r}]: {index}: the weight_map has no tensor {tensor!r} "
+                    f"({len(shards)} tensors)"
+                )
+            path = shards[tensor]
+            if not os.path.exists(path):
+                raise ConfigError(
+                    f"tables[{name!r}]: {index} puts {tensor!r} in {path}, which does not "
+                    "exist: download that shard"
+                )
+        arr = safetensors_tensor(path, tensor)
         return Source(name, _as_table_array(arr, name, f"{path}:{tensor}"), f"{path}:{tensor}")
     if isinstance(src, (str, os.PathLike)):
         path = os.fspath(src)
@@ -144,10 +378,12 @@ def resolve_source(name: str, src: Any) -> Source:
                 f"tables[{name!r}]: {path!r} is neither a .npy file nor "
                 "'file.safetensors:tensor' / (file.safetensors, tensor)"
             )
+        with _open_regular(path, ".npy file"):  # a FIFO would hang np.load
+            pass
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        except ValueError as e:
-            raise FormatError(f"{path}: not a readable .npy file ({e})") from e
+        except (OSError, ValueError, EOFError) as e:
+            raise FormatError(f"{path}: not a readable .npy file ({e or 'empty'})") from e
         return Source(name, _as_table_array(arr, name, path), path)
     raise ConfigError(
         f"tables[{name!r}]: a source of type {type(src).__name__} is not supported; allowed: "

@@ -1,7 +1,7 @@
 """Deferred faults of ``NgramRowCache``: a resolve whose read outlives the call.
 
 Owns the mixin :class:`DeferredFaults`: ``resolve_deferred`` (a planned fault's read
-started on the reader's own thread, ``rowcache.io.native.read_batch_start``; on the GPU
+started on the reader's own thread, ``RowReader.read_batch_start``; on the GPU
 its launch queued behind ``fault_wait``, which holds the cache's stream until the read
 ends, and writes nothing unless it was clean: ``rowcache/kernels/scatter.cu``) and ``settle`` (the
 read joined and the plan committed, as ``FaultPath._resolve_native`` commits after its
@@ -120,7 +120,7 @@ class DeferredFaults(CacheState):
         when :meth:`_finish_deferred` joins the read (the next locked call). False where
         the reader cannot read apart (nothing started)."""
         reader = self._reader
-        if reader._started is not None:  # another cache's read apart on the store's reader
+        if reader.reading_apart:  # another cache's read apart on the store's reader
             if self._apart_reader is None:  # a sibling of its own (same files and checks)
                 self._apart_reader = self.store.new_reader(**reader.options())
             reader = self._apart_reader

@@ -1,7 +1,9 @@
 """A row reader whose extent reads go through kvikio (``CuFile.pread``).
 
-Owns only the I/O step; planning, coalescing and record extraction are the POSIX
-``RowReader``'s. Reads land in host memory (the pinned staging buffer of the GPU
+Owns the kvikio engine (:class:`KvikioEngine`: only the I/O step, with the ``CuFile`` of
+every shard file it opened; planning, coalescing, page checks and record extraction are
+the Python engine's) and :class:`KvikioRowReader`, a ``RowReader`` made with that engine.
+Reads land in host memory (the pinned staging buffer of the GPU
 fault path): on machines without GPUDirect Storage, kvikio's small reads into
 device memory bounce through the host one at a time (docs/platform.md: 15-18k/s),
 while reads into host memory scale with kvikio's thread pool. With GDS present
@@ -18,10 +20,12 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import GpuUnavailableError
-from rowcache.io.plan import Plan
+from rowcache.io.engine import ReadEngine
+from rowcache.io.files import ShardFiles
+from rowcache.io.plan import Plan, ReadPlanner
+from rowcache.io.pyengine import PythonEngine
 from rowcache.io.reader import RowReader
 from rowcache.kernels.loader import require_cupy
-from rowcache.store import format as fmt
 
 
 def kvikio_module() -> Any:
@@ -48,47 +52,59 @@ def gds_available() -> bool:
         return False
 
 
-class KvikioRowReader(RowReader):
-    """``RowReader`` that issues every extent as a kvikio ``pread`` future.
+class KvikioEngine(PythonEngine):
+    """The Python engine with every extent read as a kvikio ``pread`` future (a
+    :class:`rowcache.io.engine.ReadEngine`; it reads no batch apart).
 
     kvikio's ``num_threads`` is set to ``queue_depth`` and its ``gds_threshold`` to
     0 (process-wide kvikio settings: small reads would otherwise run one at a
     time in the calling thread).
     """
 
+    name = "kvikio"
+
     def __init__(
-        self, root: str, tables: list[fmt.TableInfo], shard_files: list[list[str]], **kw: Any
+        self,
+        files: ShardFiles,
+        planner: ReadPlanner,
+        *,
+        queue_depth: int,
+        direct: bool,
+        verify_pages: bool,
     ) -> None:
-        super().__init__(root, tables, shard_files, **kw)
+        super().__init__(
+            files, planner, queue_depth=queue_depth, direct=direct, verify_pages=verify_pages
+        )
         self._kvikio = kvikio_module()
         self._kvikio.defaults.set("num_threads", self.queue_depth)
         self._kvikio.defaults.set("gds_threshold", 0)
-        self._files: dict[tuple[int, int], Any] = {}
+        self._cufiles: dict[tuple[int, int], Any] = {}
 
     def _cufile(self, t: int, s: int) -> Any:
-        f = self._files.get((t, s))
+        f = self._cufiles.get((t, s))
         if f is None:
-            path = os.path.join(self.root, self.shard_files[t][s])
+            path = os.path.join(self.files.root, self.files.shard_files[t][s])
             if not os.path.exists(path):
-                raise self.missing_shard(t, s)
+                raise self.files.missing_shard(t, s)
             f = self._kvikio.CuFile(path, "r")
-            self._files[(t, s)] = f
+            self._cufiles[(t, s)] = f
         return f
 
     def close(self) -> None:
-        for f in self._files.values():
+        for f in self._cufiles.values():
             f.close()
-        self._files.clear()
+        self._cufiles.clear()
         super().close()
 
-    def _read_extents(
+    def read_extents(
         self, plan: Plan, fds: np.ndarray, buf: np.ndarray, got: np.ndarray, err: np.ndarray
     ) -> None:
         """Every extent as one kvikio ``pread`` future; page checks and the record cut are
-        the base reader's (Python side)."""
+        the Python engine's."""
         futures = []
+        files = self.files
         for e, f in enumerate(plan.file.tolist()):  # a loop over extents
-            t, s = int(self._file_table[f]), int(self._file_shard[f])
+            t, s = int(files.file_table[f]), int(files.file_shard[f])
             pos, length = int(plan.pos[e]), int(plan.length[e])
             futures.append(
                 self._cufile(t, s).pread(buf[pos : pos + length], length, int(plan.start[e]))
@@ -98,3 +114,17 @@ class KvikioRowReader(RowReader):
                 got[e], err[e] = fut.get(), 0
             except RuntimeError:  # kvikio reports I/O errors as RuntimeError without an errno
                 got[e], err[e] = 0, errno.EIO
+
+
+class KvikioRowReader(RowReader):
+    """``RowReader`` that reads with :class:`KvikioEngine`: every extent a kvikio
+    ``pread`` future (its ``engine`` is ``"kvikio"``; the options are ``RowReader``'s)."""
+
+    def new_engine(self, engine: str) -> ReadEngine:
+        return KvikioEngine(
+            self.files,
+            self.planner,
+            queue_depth=self.queue_depth,
+            direct=self.direct,
+            verify_pages=self.verify_pages,
+        )

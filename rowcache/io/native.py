@@ -1,25 +1,27 @@
-"""The native engine of :class:`rowcache.io.reader.RowReader`: ``rowcache.io._rcio``.
+"""The native engines of :class:`rowcache.io.reader.RowReader`: ``rowcache.io._rcio``.
 
-Owns the process's ``_rcio.Reader`` (made on first use and again after ``fork``, given
-the reader's layout once: tables, shard files, page checksums, options) and a batch read
-in one call of it: locate, plan, read (io_uring, or ``pread`` threads), check pages, cut
-the records (mixin :class:`NativeEngine`; ``RowReader.read_runs`` and the row cache's
-fault path, ``read_batch``, come here). A failed batch's error is worded by the Python
-engine's messages (``rowcache.io.pyengine``), on the same read plan.
+Owns :class:`NativeEngine`: the process's ``_rcio.Reader`` (io_uring, or ``pread``
+threads; made at construction and again after ``fork``, given the reader's layout once:
+tables, shard files' descriptor table, page checksums, options), a batch read in one call
+of it (locate, plan, read, check pages, cut the records: the row cache's fault path,
+``RowReader.read_batch``, comes here), a batch read apart on the native reader's own
+thread, and the fallback to a Python engine for a process whose ``os.preadv`` is replaced
+(fault injection). A failed batch's error is worded by the Python engine's messages
+(``rowcache.io.pyengine``), on the same read plan.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import numpy as np
 
 from rowcache.errors import ConfigError, CorruptDataError, RowRangeError
-from rowcache.io.pyengine import PythonEngine
-from rowcache.store import format as fmt
+from rowcache.io.engine import ReadStats
+from rowcache.io.files import ShardFiles
+from rowcache.io.plan import ReadPlanner
+from rowcache.io.pyengine import PythonEngine, raise_page, raise_read
 
 try:
     from rowcache.io import _rcio  # type: ignore[attr-defined]
@@ -36,61 +38,56 @@ _LEAKED: list[
 ] = []  # buffers a failed io_uring may still write into, native readers of a parent process
 
 
-@dataclass(frozen=True)
-class ReadStats:
-    """What one ``read_records``/``read_parts`` call did."""
-
-    rows: int
-    read_ops: int
-    bytes_read: int
-
-
 class NativeEngine:
-    """The native engine of a :class:`rowcache.io.reader.RowReader` (a mixin over its tables,
-    files, options and page checksums)."""
+    """The ``"uring"`` or ``"threads"`` engine (``kind``: one of them, or ``"auto"``:
+    io_uring where the kernel allows it) of one reader (a
+    :class:`rowcache.io.engine.ReadEngine`). ``ConfigError`` where io_uring is asked and
+    unavailable. Its ``name`` is the kind the native reader chose."""
 
-    tables: list[fmt.TableInfo]
-    queue_depth: int
-    direct: bool
-    merge_gap: int
-    max_extent: int
-    verify_pages: bool
-    spin_us: int
-    background: bool
-    _engine_asked: str
-    _native: Any
-    _native_pid: int
-    _opened_all: bool
-    _started: Any
-    _file_base: np.ndarray
-    _file_table: np.ndarray
-    _file_shard: np.ndarray
-    _fd_arr: np.ndarray
-    _fd: Any
-    _crc: np.ndarray | None
-    # the Python engine's (RowReader's other base): the plan and the named errors it raises
-    plan_parts: Callable[..., Any]
-    read_runs: Callable[..., Any]
-    _raise_read: Callable[..., NoReturn]
-    _raise_page: Callable[..., NoReturn]
-    _read_extents: Callable[..., Any]
-    _crc_base: np.ndarray
+    def __init__(
+        self,
+        files: ShardFiles,
+        planner: ReadPlanner,
+        *,
+        kind: str,
+        queue_depth: int,
+        direct: bool,
+        verify_pages: bool,
+        spin_us: int,
+        background: bool,
+    ) -> None:
+        self.files = files
+        self.planner = planner
+        self.kind = kind
+        self.queue_depth = queue_depth
+        self.direct = direct
+        self.verify_pages = verify_pages
+        self.spin_us = spin_us
+        self.background = background
+        # where os.preadv is replaced (fault injection) the batches run here
+        self.fallback = PythonEngine(
+            files, planner, queue_depth=queue_depth, direct=direct, verify_pages=verify_pages
+        )
+        self._native: Any = None
+        self._native_pid = 0
+        self._started: Any = None  # the arrays of a batch started apart, until joined
+        self.name: str = self.native.engine
 
-    def _native_reader(self) -> Any:
+    @property
+    def native(self) -> Any:
         """The process's ``_rcio.Reader`` (a new one after ``fork``: the parent's ring and
         threads are not the child's; the old object is kept, never torn down, in the child)."""
         pid = os.getpid()
         if self._native is None or self._native_pid != pid:
             if self._native is not None:
                 _LEAKED.append(self._native)
-            kind = "auto" if self._engine_asked in ("auto", "python") else self._engine_asked
             try:
-                native = _rcio.Reader(self.queue_depth, kind, self.spin_us, self.background)
+                native = _rcio.Reader(self.queue_depth, self.kind, self.spin_us, self.background)
             except OSError as e:
                 raise ConfigError(
-                    f"engine={self._engine_asked!r}: io_uring is unavailable here ({e})"
+                    f"engine={self.kind!r}: io_uring is unavailable here ({e})"
                 ) from e
-            tabs = self.tables
+            tabs = self.planner.tables
             col = lambda f: np.array([f(t) for t in tabs], dtype=np.int64)  # noqa: E731
             native.set_layout(
                 col(lambda t: t.rows),
@@ -98,107 +95,45 @@ class NativeEngine:
                 col(lambda t: t.pages_per_shard),
                 col(lambda t: t.page_bytes),
                 col(lambda t: t.record_bytes),
-                self._file_base,
-                self._fd_arr,
-                self._crc,
-                None if self._crc is None else self._crc_base,
-                self.merge_gap,
-                self.max_extent,
+                self.files.file_base,
+                self.files.fds,
+                self.planner.crc,
+                None if self.planner.crc is None else self.planner.crc_base,
+                self.planner.merge_gap,
+                self.planner.max_extent,
                 self.direct,
             )
             self._native, self._native_pid = native, pid
         return self._native
 
-    def read_batch(
+    def run_clean(
         self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
         out: np.ndarray,
-    ) -> tuple[int, int, int]:  # fmt: skip
-        """:meth:`read_runs` for a caller whose arrays are in its form already (the row
-        cache's fault path): ``rows`` and ``bounds`` int64, ``tables`` int32, ``bases``
-        int64, ``out`` uint8 ``[n, record_bytes]`` C-contiguous. Returns (rows, bytes,
-        read ops). A batch that reads cleanly is one native call with no Python checks;
-        anything else (the Python engine, a shard not opened yet, a failed read or page
-        check, a bad row) runs :meth:`read_runs`, which opens files or raises the named
-        error. The same records, stats and errors as :meth:`read_runs`."""
+    ) -> tuple[int, int, int] | None:  # fmt: skip
+        """A batch that reads cleanly is one native call with no Python checks; None for
+        anything else (a replaced ``os.preadv``, a new process, a shard not opened yet, a
+        failed read or page check, a bad row): the reader's checks and :meth:`run` then
+        open files or raise the named error."""
         native = self._native
-        if (
-            native is not None
-            and self._native_pid == os.getpid()
-            and os.preadv is PREADV
-            and self._native_path
-        ):
+        if native is not None and self._native_pid == os.getpid() and os.preadv is PREADV:
             st, reads, nbytes = native.read_runs(rows, bounds, tables, bases, out,
                                                  self.verify_pages)[:3]  # fmt: skip
             if st == 0:
                 return rows.size, nbytes, reads
-        _, rs = self.read_runs(rows, bounds, tables, bases, out=out)
-        return rs.rows, rs.bytes_read, rs.read_ops
+        return None
 
-    def read_batch_start(
+    def run(
         self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
-        out: np.ndarray, ctl: np.ndarray | None, seq: int,
-    ) -> bool:  # fmt: skip
-        """Start :meth:`read_batch`'s batch on the native reader's own thread and return at
-        once (True); False, having started nothing, where it cannot run there (the Python
-        engine, another engine's reader, a shard file that cannot be opened, another
-        caller's batch still apart: :meth:`read_batch` then, which waits for that one).
-        When the batch ends the thread writes ``ctl`` (int32[2], e.g. pinned memory a GPU
-        polls, or None): ``ctl[1] = seq`` if it read cleanly (else ``seq - 1``), then
-        ``ctl[0] = seq``. The caller keeps ``out`` and the arrays alive until it calls
-        :meth:`read_batch_join`."""
-        native = self._native
-        if (
-            native is None
-            or self._started is not None  # one batch apart at a time (another cache's)
-            or self._native_pid != os.getpid()
-            or os.preadv is not PREADV
-            or not self._native_path
-            or not self._all_open()
-        ):
-            return False
-        native.read_runs_start(rows, bounds, tables, bases, out, self.verify_pages, ctl, seq)
-        self._started = (rows, bounds, tables, bases)
-        return True
-
-    def read_batch_join(self) -> tuple[int, int, int]:
-        """Wait for the batch :meth:`read_batch_start` started; returns (rows, bytes, read
-        ops), or raises the error :meth:`read_batch` would have raised (its ``ctl`` told
-        the caller's GPU so already)."""
-        rows, bounds, tables, bases = self._started
-        self._started = None
-        try:
-            res = self._native.read_runs_join()
-        except OSError as ex:  # io_uring_enter failed: later batches use threads
-            raise CorruptDataError(f"a read batch of {rows.size} rows failed: {ex}") from ex
-        if res[0] == 0:
-            return rows.size, res[2], res[1]
-        self._raise_status(rows, bounds, tables, bases, res)
-
-    def _all_open(self) -> bool:
-        """Every shard file of the store is open (a native batch then never stops for
-        one): opened here the first time (False if one cannot be: a batch that needs it
-        raises its error)."""
-        if not self._opened_all:
-            try:
-                for f in np.flatnonzero(self._fd_arr < 0).tolist():  # once a file, once
-                    self._fd(int(self._file_table[f]), int(self._file_shard[f]))
-            except (OSError, CorruptDataError, ConfigError):
-                return False
-            self._opened_all = True
-        return True
-
-    def _read_native(
-        self,
-        rows: np.ndarray,
-        bounds: np.ndarray,
-        tables: np.ndarray,
-        bases: np.ndarray,
         out: np.ndarray,
-    ) -> ReadStats:
-        """One ``_rcio`` call: locate, plan, read, check pages, cut (the GIL released)."""
-        native = self._native if self._native_pid == os.getpid() else self._native_reader()
+    ) -> ReadStats:  # fmt: skip
+        """One ``_rcio`` call: locate, plan, read, check pages, cut (the GIL released); C
+        checks the bounds and the rows."""
+        if os.preadv is not PREADV:
+            return self.fallback.run(rows, bounds, tables, bases, out)
+        native = self._native if self._native_pid == os.getpid() else self.native
         verify = self.verify_pages
-        for _ in range(len(self._fd_arr) + 1):
+        files = self.files
+        for _ in range(len(files.fds) + 1):
             try:
                 st, reads, nbytes, a, b, c, d, e, f = native.read_runs(
                     rows, bounds, tables, bases, out, verify
@@ -209,10 +144,51 @@ class NativeEngine:
                 raise CorruptDataError(f"a read batch of {rows.size} rows failed: {ex}") from ex
             if st != 3:
                 break
-            self._fd(int(self._file_table[b]), int(self._file_shard[b]))  # opens or raises
+            files.fd_of(b)  # opens or raises
         if st == 0:
             return ReadStats(int(rows.size), reads, nbytes)
         self._raise_status(rows, bounds, tables, bases, (st, reads, nbytes, a, b, c, d, e, f))
+
+    def start(
+        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        out: np.ndarray, ctl: np.ndarray | None, seq: int,
+    ) -> bool:  # fmt: skip
+        """Start the batch on the native reader's own thread (``RowReader.read_batch_start``);
+        False, having started nothing, where it cannot run there (a replaced
+        ``os.preadv``, a shard file that cannot be opened, another caller's batch still
+        apart)."""
+        native = self._native
+        if (
+            native is None
+            or self._started is not None  # one batch apart at a time (another cache's)
+            or self._native_pid != os.getpid()
+            or os.preadv is not PREADV
+            or not self.files.open_all()
+        ):
+            return False
+        native.read_runs_start(rows, bounds, tables, bases, out, self.verify_pages, ctl, seq)
+        self._started = (rows, bounds, tables, bases)
+        return True
+
+    def join(self) -> tuple[int, int, int]:
+        """Wait for the batch :meth:`start` started; (rows, bytes, read ops), or the error
+        ``RowReader.read_batch`` would have raised."""
+        rows, bounds, tables, bases = self._started
+        self._started = None
+        try:
+            res = self._native.read_runs_join()
+        except OSError as ex:  # io_uring_enter failed: later batches use threads
+            raise CorruptDataError(f"a read batch of {rows.size} rows failed: {ex}") from ex
+        if res[0] == 0:
+            return rows.size, res[2], res[1]
+        self._raise_status(rows, bounds, tables, bases, res)
+
+    @property
+    def reading_apart(self) -> bool:
+        return self._started is not None
+
+    def close(self) -> None:
+        self.fallback.close()  # (the native reader stays: a later batch reads again)
 
     def _raise_status(
         self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
@@ -220,26 +196,17 @@ class NativeEngine:
     ) -> NoReturn:  # fmt: skip
         """Raise the named error of a native batch's failed result ``res``."""
         st, reads, _, a, b, c, d, e, f = res
+        files, info_of = self.files, self.planner.tables
         if st == 3:  # (a batch started apart checks that every file is open first)
-            t, sh = int(self._file_table[b]), int(self._file_shard[b])
-            raise CorruptDataError(f"table {self.tables[t].name!r}: shard {sh} was not open")
+            t, sh = int(files.file_table[b]), int(files.file_shard[b])
+            raise CorruptDataError(f"table {info_of[t].name!r}: shard {sh} was not open")
         if st == 4:
             k = int(np.searchsorted(bounds, a, side="right")) - 1
-            info = self.tables[int(tables[k])]
+            info = info_of[int(tables[k])]
             raise RowRangeError(
                 f"row {b} of table {info.name!r} is out of range (the table has {info.rows} rows)"
             )
-        parts = [
-            (int(t), rows[bounds[k] : bounds[k + 1]] - bases[k])
-            for k, t in enumerate(tables.tolist())
-            if bounds[k] < bounds[k + 1]
-        ]
-        plan = self.plan_parts(parts)  # the same plan as C's: names the rows of extent a
+        plan = self.planner.plan_runs(rows, bounds, tables, bases)  # the same plan as C's
         if st == 1:
-            self._raise_read(plan, a, d, f, reads - 1)
-        self._raise_page(plan, a, c, d, e, f - 1)
-
-    @property
-    def _native_path(self) -> bool:
-        """False for a reader whose extents another engine reads (``KvikioRowReader``)."""
-        return type(self)._read_extents is PythonEngine._read_extents
+            raise_read(files, plan, a, d, f, reads - 1)
+        raise_page(files, plan, a, c, d, e, f - 1)

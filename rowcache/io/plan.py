@@ -1,10 +1,10 @@
 """The read plan of :class:`rowcache.io.reader.RowReader`: rows to whole-page extents.
 
-Owns :class:`Plan` (one call's reads) and the mixin :class:`ReadPlanner`: the rows of
-one or several tables located in their shard files, widened to whole 4 KiB pages
-(records never straddle a page), sorted by (file, offset) once, pages within
-``merge_gap`` bytes merged into one extent of at most ``max_extent`` bytes; and the
-store's page checksums laid out per file for the engines that check them. Vectorized
+Owns :class:`Plan` (one call's reads) and :class:`ReadPlanner`: the rows of one or
+several tables located in their shard files, widened to whole 4 KiB pages (records never
+straddle a page), sorted by (file, offset) once, pages within ``merge_gap`` bytes merged
+into one extent of at most ``max_extent`` bytes; and the store's page checksums laid out
+per file for the engines that check them. It neither opens nor reads a file. Vectorized
 over rows; the loops are over tables and shards.
 """
 
@@ -39,17 +39,33 @@ class Plan(NamedTuple):
 
 
 class ReadPlanner:
-    """Read plans and the page-checksum layout of a :class:`rowcache.io.reader.RowReader`
-    (a mixin over its tables, per-table file bases, ``merge_gap`` and ``max_extent``)."""
+    """Read plans of one reader's tables, and its page checksums laid out per file.
 
-    tables: list[fmt.TableInfo]
-    merge_gap: int
-    max_extent: int
-    _file_base: np.ndarray
-    _crc: np.ndarray | None
-    _crc_base: np.ndarray
+    ``file_base[t] + s`` numbers shard ``s`` of table ``t`` (``rowcache.io.files``).
+    ``page_crcs[t][s]`` (optional) is ``uint32[pages]``, checked against the tables here
+    (``ConfigError`` naming the first that does not fit); ``crc`` is then every file's
+    page checksums one after the other, file ``f``'s at ``crc[crc_base[f]:crc_base[f + 1]]``
+    (``crc`` None without them).
+    """
 
-    def _set_page_crcs(self, page_crcs: list[list[np.ndarray]]) -> None:
+    def __init__(
+        self,
+        tables: list[fmt.TableInfo],
+        file_base: np.ndarray,
+        merge_gap: int,
+        max_extent: int,
+        page_crcs: list[list[np.ndarray]] | None = None,
+    ) -> None:
+        self.tables = tables
+        self.file_base = file_base
+        self.merge_gap = merge_gap
+        self.max_extent = max_extent
+        self.crc: np.ndarray | None = None
+        self.crc_base = np.zeros(0, dtype=np.int64)
+        if page_crcs is not None:
+            self.crc, self.crc_base = self._lay_out(page_crcs)
+
+    def _lay_out(self, page_crcs: list[list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
         flat, base = [], [0]
         if len(page_crcs) != len(self.tables):
             raise ConfigError(
@@ -70,8 +86,8 @@ class ReadPlanner:
                     )
                 flat.append(c)
                 base.append(base[-1] + pages)
-        self._crc = np.concatenate(flat) if flat else np.zeros(0, dtype=np.uint32)
-        self._crc_base = np.array(base, dtype=np.int64)  # file f: crc[base[f]:base[f + 1]]
+        crc = np.concatenate(flat) if flat else np.zeros(0, dtype=np.uint32)
+        return crc, np.array(base, dtype=np.int64)  # file f: crc[base[f]:base[f + 1]]
 
     def plan_parts(self, parts: Sequence[tuple[int, np.ndarray]]) -> Plan:
         """The read plan of ``parts`` (table, sorted unique rows), one batch for all of them."""
@@ -79,7 +95,7 @@ class ReadPlanner:
         files, offs = [], []
         for t, rows in parts:
             shard, off = self.tables[t].locate(rows)
-            files.append(shard + self._file_base[t])
+            files.append(shard + self.file_base[t])
             offs.append(off)
         file = np.concatenate(files) if len(files) > 1 else files[0]
         off = np.concatenate(offs) if len(offs) > 1 else offs[0]
@@ -112,9 +128,35 @@ class ReadPlanner:
         src[order] = pos[row_ext] + (off - ext_start[row_ext])
         return Plan(file[first], ext_start, ext_len, need, pos, total, row_ext, off, order, src)
 
+    def plan_runs(
+        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray
+    ) -> Plan:
+        """The read plan of runs in ``RowReader.read_runs``' form (bounds already checked)."""
+        parts = [
+            (int(t), rows[bounds[k] : bounds[k + 1]] - bases[k])
+            for k, t in enumerate(tables.tolist())
+            if bounds[k] < bounds[k + 1]
+        ]
+        return self.plan_parts(parts)
+
+    def page_checks(self, plan: Plan) -> tuple[np.ndarray, ...] | None:
+        """Per page ``plan`` reads: its buffer offset, its read, the expected crc32c (None:
+        no page checksums)."""
+        if self.crc is None:
+            return None
+        npages = plan.length // ALIGN
+        page_read = np.repeat(np.arange(npages.size, dtype=np.int32), npages)
+        j = np.arange(page_read.size, dtype=np.int64) - np.repeat(
+            np.cumsum(npages) - npages, npages
+        )
+        page_pos = plan.pos[page_read] + j * ALIGN
+        file_page = plan.start[page_read] // ALIGN + j
+        expect = self.crc[self.crc_base[plan.file[page_read]] + file_page]
+        return page_pos, page_read, expect
+
     def plan(self, t: int, rows: np.ndarray) -> tuple[np.ndarray, ...]:
         """Extents for sorted unique ``rows`` of table ``t``: ``(ext_shard, ext_start,
         ext_len, row_ext, row_off)``, per extent its shard, file offset and length; per row
         its extent and byte offset in the file."""
         p = self.plan_parts([(t, np.asarray(rows, dtype=np.int64))])
-        return p.file - self._file_base[t], p.start, p.length, p.row_ext, p.row_off
+        return p.file - self.file_base[t], p.start, p.length, p.row_ext, p.row_off

@@ -1,75 +1,137 @@
 """The Python engine of :class:`rowcache.io.reader.RowReader`, and what a failed batch says.
 
 Owns the engine that runs a read plan (``rowcache.io.plan``) where the native
-extension is not built or ``os.preadv`` is replaced (fault injection): threads of
-``os.preadv``, the page checks by ``rowcache.io.checksum``, the records cut from the
-buffer; and the messages of a failed read or page check, naming shard, offset, table
-and rows, which the native engines raise too (mixin :class:`PythonEngine`). The loops
-are over extents and threads, never over rows.
+extension is not built, where ``engine="python"`` is asked, or where ``os.preadv`` is
+replaced (fault injection; the native engines then hand their batches to one of these):
+threads of ``os.preadv`` (its pool and per-thread buffers), the page checks by
+``rowcache.io.checksum``, the records cut from the buffer; and the messages of a failed
+read or page check, naming shard, offset, table and rows, which the native engines raise
+too (:func:`raise_read`, :func:`raise_page`). The loops are over extents and threads,
+never over rows.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from typing import Any, NoReturn
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import NoReturn
 
 import numpy as np
 
-from rowcache.errors import CorruptDataError
+from rowcache.errors import ConfigError, CorruptDataError
 from rowcache.io.checksum import page_crcs as _page_crcs
-from rowcache.io.plan import ALIGN, Plan
-from rowcache.store import format as fmt
+from rowcache.io.engine import ReadStats
+from rowcache.io.files import ShardFiles
+from rowcache.io.plan import ALIGN, Plan, ReadPlanner
 
 SHORT = -1  # err code of a read that hit the end of file before the bytes it needed
 
 
-class PythonEngine:
-    """The Python engine and the failure messages of a :class:`rowcache.io.reader.RowReader`
-    (a mixin over its tables, files, page checksums, buffers and thread pool)."""
+def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
+    """A uint8 buffer of ``nbytes`` whose address is a multiple of ``align`` (for O_DIRECT)."""
+    raw = np.empty(nbytes + align, dtype=np.uint8)
+    shift = (-raw.ctypes.data) % align
+    return raw[shift : shift + nbytes]
 
-    tables: list[fmt.TableInfo]
-    shard_files: list[list[str]]
-    queue_depth: int
-    direct: bool
-    verify_pages: bool
-    _crc: np.ndarray | None
-    _crc_base: np.ndarray
-    _file_table: np.ndarray
-    _file_shard: np.ndarray
+
+class PythonEngine:
+    """Reads a plan's extents on up to ``queue_depth`` Python threads of ``os.preadv``,
+    checks their pages (unless ``verify_pages`` is False) and cuts the records (a
+    :class:`rowcache.io.engine.ReadEngine`). A subclass reads the extents another way by
+    overriding :meth:`read_extents` (``rowcache.io.kvikio_reader``)."""
+
+    name = "python"
+
+    def __init__(
+        self,
+        files: ShardFiles,
+        planner: ReadPlanner,
+        *,
+        queue_depth: int,
+        direct: bool,
+        verify_pages: bool,
+    ) -> None:
+        self.files = files
+        self.planner = planner
+        self.queue_depth = queue_depth
+        self.direct = direct
+        self.verify_pages = verify_pages
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._pool: ThreadPoolExecutor | None = None
+
+    # -- the ReadEngine interface ------------------------------------------
+    def run(
+        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        out: np.ndarray,
+    ) -> ReadStats:  # fmt: skip
+        n = int(rows.size)
+        if bounds[0] != 0 or bounds[-1] != n or bool((bounds[1:] < bounds[:-1]).any()):
+            raise ConfigError(f"read_runs: bounds must rise from 0 to {n}, got {bounds.tolist()!r}")
+        plan = self.planner.plan_runs(rows, bounds, tables, bases)
+        fds = self.files.fds_of(plan.file)  # a missing shard raises here, before any read
+        self.execute(plan, fds, out)
+        return ReadStats(n, int(plan.file.size), plan.total)
+
+    def run_clean(
+        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        out: np.ndarray,
+    ) -> tuple[int, int, int] | None:  # fmt: skip
+        return None  # every batch goes through the reader's checks
+
+    def start(
+        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        out: np.ndarray, ctl: np.ndarray | None, seq: int,
+    ) -> bool:  # fmt: skip
+        return False  # no thread of its own to read on
+
+    def join(self) -> tuple[int, int, int]:
+        raise RuntimeError(f"the {self.name} engine starts no batch apart: nothing to join")
+
+    @property
+    def reading_apart(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    # -- resources ---------------------------------------------------------
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    self.queue_depth, thread_name_prefix="rowcache-read"
+                )
+            return self._pool
 
     def _buffer(self, nbytes: int) -> np.ndarray:
-        raise NotImplementedError
+        """This thread's read buffer (page-aligned, grown as needed, reused: no page faults
+        of a fresh allocation on every call)."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None or buf.size < nbytes:
+            buf = aligned_empty(max(nbytes, 2 * (0 if buf is None else buf.size), 1 << 16))
+            self._local.buf = buf
+        return buf
 
-    def _executor(self) -> Any:
-        raise NotImplementedError
-
-    def _checks(self, plan: Plan) -> tuple[np.ndarray, ...] | None:
-        """Per page read: buffer offset, its read, the expected crc32c (or None: no checks)."""
-        if self._crc is None or not self.verify_pages:
-            return None
-        npages = plan.length // ALIGN
-        page_read = np.repeat(np.arange(npages.size, dtype=np.int32), npages)
-        j = np.arange(page_read.size, dtype=np.int64) - np.repeat(
-            np.cumsum(npages) - npages, npages
-        )
-        page_pos = plan.pos[page_read] + j * ALIGN
-        file_page = plan.start[page_read] // ALIGN + j
-        expect = self._crc[self._crc_base[plan.file[page_read]] + file_page]
-        return page_pos, page_read, expect
-
-    def _execute(self, plan: Plan, fds: np.ndarray, out: np.ndarray, rec: int) -> None:
-        """The Python engine: read the plan's extents, check their pages, cut the records."""
+    # -- reading -----------------------------------------------------------
+    def execute(self, plan: Plan, fds: np.ndarray, out: np.ndarray) -> None:
+        """Read the plan's extents, check their pages, cut the records into ``out``."""
+        rec = out.shape[1]
         buf = self._buffer(plan.total)
         got = np.zeros(plan.file.size, dtype=np.int64)
         err = np.zeros(plan.file.size, dtype=np.int32)
-        self._read_extents(plan, fds, buf, got, err)
+        self.read_extents(plan, fds, buf, got, err)
         err[(err == 0) & (got < plan.need)] = SHORT
         failed = np.flatnonzero(err)
         if failed.size:
             e = int(failed[0])
-            self._raise_read(plan, e, int(got[e]), int(err[e]), failed.size - 1)
-        checks = self._checks(plan)
+            raise_read(self.files, plan, e, int(got[e]), int(err[e]), failed.size - 1)
+        checks = self.planner.page_checks(plan) if self.verify_pages else None
         if checks is not None:
             page_pos, _, expect = checks
             npages = plan.length // ALIGN
@@ -87,7 +149,7 @@ class PythonEngine:
             if first_bad is not None:
                 e, j, seen = first_bad
                 at = int(plan.start[e] + page_pos[j] - plan.pos[e])
-                self._raise_page(plan, e, at, seen, int(expect[j]), nbad - 1)
+                raise_page(self.files, plan, e, at, seen, int(expect[j]), nbad - 1)
         windows = np.lib.stride_tricks.as_strided(
             buf, shape=(plan.total - rec + 1, rec), strides=(1, 1)
         )
@@ -95,11 +157,11 @@ class PythonEngine:
             plan.src
         ]  # fancy indexing copies row by row; np.take would copy `windows` whole
 
-    def _read_extents(
+    def read_extents(
         self, plan: Plan, fds: np.ndarray, buf: np.ndarray, got: np.ndarray, err: np.ndarray
     ) -> None:
-        """The Python engine: fill ``got``/``err`` (errno, 0 ok) of every extent, reading
-        with ``os.preadv`` on up to ``queue_depth`` threads."""
+        """Fill ``got``/``err`` (errno, 0 ok) of every extent, reading with ``os.preadv``
+        on up to ``queue_depth`` threads."""
         mv = memoryview(buf.data)
         jobs = list(
             zip(
@@ -137,48 +199,54 @@ class PythonEngine:
         for f in futures:
             f.result()
 
-    def _raise_read(self, plan: Plan, e: int, got: int, code: int, more: int) -> NoReturn:
-        t, s, where = self._where(plan, e)
-        name, start = self.shard_files[t][s], int(plan.start[e])
-        if code == SHORT:
-            msg = (
-                f"short read of shard {name} at offset {start}: {got} of {int(plan.need[e])} "
-                f"bytes ({where}); the shard is truncated, run `rowcache verify`"
-            )
-        else:
-            msg = (
-                f"read of shard {name} at offset {start} ({int(plan.length[e])} bytes, {where}) "
-                f"failed: [Errno {code}] {os.strerror(code)}"
-            )
-        raise CorruptDataError(msg + (f" (and {more} more failed reads)" if more > 0 else ""))
 
-    def _raise_page(
-        self, plan: Plan, e: int, at: int, seen: int, stored: int, more: int
-    ) -> NoReturn:
-        t, s, where = self._where(plan, e, (at, at + ALIGN))
-        raise CorruptDataError(
-            f"page checksum mismatch in shard {self.shard_files[t][s]} at byte offset {at} "
-            f"({where}): crc32c {seen:08x}, stored {stored:08x}; run `rowcache verify`"
-            + (f" (and {more} more bad pages)" if more > 0 else "")
+def raise_read(files: ShardFiles, plan: Plan, e: int, got: int, code: int, more: int) -> NoReturn:
+    """Raise the error of extent ``e``'s failed read (``code``: its errno, or ``SHORT``)."""
+    t, s, where = where_in(files, plan, e)
+    name, start = files.shard_files[t][s], int(plan.start[e])
+    if code == SHORT:
+        msg = (
+            f"short read of shard {name} at offset {start}: {got} of {int(plan.need[e])} "
+            f"bytes ({where}); the shard is truncated, run `rowcache verify`"
         )
+    else:
+        msg = (
+            f"read of shard {name} at offset {start} ({int(plan.length[e])} bytes, {where}) "
+            f"failed: [Errno {code}] {os.strerror(code)}"
+        )
+    raise CorruptDataError(msg + (f" (and {more} more failed reads)" if more > 0 else ""))
 
-    def _where(
-        self, plan: Plan, e: int, span: tuple[int, int] | None = None
-    ) -> tuple[int, int, str]:
-        """Table, shard and 'table NAME, rows ...' of extent ``e`` (or of its bytes ``span``)."""
-        f = int(plan.file[e])
-        t, s = int(self._file_table[f]), int(self._file_shard[f])
-        info = self.tables[t]
-        lo, hi = np.searchsorted(plan.row_ext, [e, e + 1])
-        offs = plan.row_off[lo:hi]
-        if span is not None:  # the requested rows on these bytes, else the rows stored there
-            keep = (offs < span[1]) & (offs + info.record_bytes > span[0])
-            offs = offs[keep] if keep.any() else np.array([span[0]], dtype=np.int64)
-        page, slot = np.divmod(offs, info.page_bytes)
-        rows = (
-            s * info.rows_per_shard
-            + page * info.rows_per_page
-            + np.minimum(slot // info.record_bytes, info.rows_per_page - 1)
-        )
-        r = f"row {rows[0]}" if rows.size == 1 else f"rows {rows[0]}..{rows[-1]} ({rows.size} rows)"
-        return t, s, f"table {info.name!r}, {r}"
+
+def raise_page(
+    files: ShardFiles, plan: Plan, e: int, at: int, seen: int, stored: int, more: int
+) -> NoReturn:
+    """Raise the error of a page of extent ``e`` (at file offset ``at``) whose crc32c is
+    ``seen``, not the ``stored`` one."""
+    t, s, where = where_in(files, plan, e, (at, at + ALIGN))
+    raise CorruptDataError(
+        f"page checksum mismatch in shard {files.shard_files[t][s]} at byte offset {at} "
+        f"({where}): crc32c {seen:08x}, stored {stored:08x}; run `rowcache verify`"
+        + (f" (and {more} more bad pages)" if more > 0 else "")
+    )
+
+
+def where_in(
+    files: ShardFiles, plan: Plan, e: int, span: tuple[int, int] | None = None
+) -> tuple[int, int, str]:
+    """Table, shard and 'table NAME, rows ...' of extent ``e`` (or of its bytes ``span``)."""
+    f = int(plan.file[e])
+    t, s = int(files.file_table[f]), int(files.file_shard[f])
+    info = files.tables[t]
+    lo, hi = np.searchsorted(plan.row_ext, [e, e + 1])
+    offs = plan.row_off[lo:hi]
+    if span is not None:  # the requested rows on these bytes, else the rows stored there
+        keep = (offs < span[1]) & (offs + info.record_bytes > span[0])
+        offs = offs[keep] if keep.any() else np.array([span[0]], dtype=np.int64)
+    page, slot = np.divmod(offs, info.page_bytes)
+    rows = (
+        s * info.rows_per_shard
+        + page * info.rows_per_page
+        + np.minimum(slot // info.record_bytes, info.rows_per_page - 1)
+    )
+    r = f"row {rows[0]}" if rows.size == 1 else f"rows {rows[0]}..{rows[-1]} ({rows.size} rows)"
+    return t, s, f"table {info.name!r}, {r}"

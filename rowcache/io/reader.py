@@ -1,32 +1,33 @@
 """The row reader: one offset-sorted, page-granular read plan per call, one dispatch.
 
 Owns running the reads of the rows of one or several tables (the parts of a shared
-arena's fault) as one batch: the plan (``rowcache.io.plan``: rows located in their
-shard files, widened to whole 4 KiB pages, sorted by (file, offset), nearby pages merged
-into one extent) runs in ``rowcache.io._rcio`` (``rowcache.io.native``: io_uring, or a
-pool of ``pread`` threads;
-min(reads, queue_depth) in flight; the GIL released), which also checks the CRC32C of
-every page read against the store's page checksums and cuts the records into the
-caller's buffer; and the reader's files, buffers and options. Where the extension is not
-built, the same plan runs on Python threads of ``os.preadv`` with the same results
-(``rowcache.io.pyengine``, which also words a failed batch's errors). The loops here are
-over extents, files and threads, never over rows.
+arena's fault) as one batch, and the reader's options and checks of its callers' arrays.
+It composes three objects: its shard files (``rowcache.io.files``: numbering and
+descriptors), its planner (``rowcache.io.plan``: rows located in their shard files,
+widened to whole 4 KiB pages, sorted by (file, offset), nearby pages merged into one
+extent) and ONE engine, chosen at construction, behind ``rowcache.io.engine.ReadEngine``:
+``rowcache.io.native`` (``rowcache.io._rcio``: io_uring, or a pool of ``pread`` threads;
+min(reads, queue_depth) in flight; the GIL released; the CRC32C of every page read checked
+against the store's page checksums and the records cut into the caller's buffer), or,
+where the extension is not built or ``engine="python"`` is asked, the same plan on Python
+threads of ``os.preadv`` with the same results (``rowcache.io.pyengine``, which also words
+a failed batch's errors), or kvikio's (``rowcache.io.kvikio_reader``). The loops here are
+over parts and tables, never over rows.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from rowcache.errors import ConfigError, CorruptDataError
-from rowcache.io.native import NATIVE_BUILT, PREADV, NativeEngine, ReadStats
-from rowcache.io.plan import ALIGN, ReadPlanner
+from rowcache.io.engine import ReadEngine, ReadStats
+from rowcache.io.files import ShardFiles
+from rowcache.io.native import NATIVE_BUILT, NativeEngine
+from rowcache.io.plan import ALIGN, Plan, ReadPlanner
 from rowcache.io.pyengine import PythonEngine
 from rowcache.store import format as fmt
 
@@ -45,14 +46,7 @@ _I64, _I32 = np.dtype(np.int64), np.dtype(np.int32)
 DEFAULT_SPIN_US = 100  # a cold NVMe read is 25-100 us; a longer wait sleeps
 
 
-def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
-    """A uint8 buffer of ``nbytes`` whose address is a multiple of ``align`` (for O_DIRECT)."""
-    raw = np.empty(nbytes + align, dtype=np.uint8)
-    shift = (-raw.ctypes.data) % align
-    return raw[shift : shift + nbytes]
-
-
-class RowReader(ReadPlanner, PythonEngine, NativeEngine):
+class RowReader:
     """Reads store records of many rows, of one or several tables, at once.
 
     Parameters
@@ -87,6 +81,11 @@ class RowReader(ReadPlanner, PythonEngine, NativeEngine):
         any other reader of the process that is not ``background`` runs a batch, this one
         submits no new read (its reads in flight finish), so a step's fault does not queue
         behind a prefetch's thousands of reads. The cache's prefetch reader sets it.
+
+    Attributes: the options above, ``root``, ``tables``, ``shard_files``, ``engine`` (the
+    engine's name: ``"uring"``, ``"threads"``, ``"python"``; ``"kvikio"`` for a
+    ``KvikioRowReader``); and the reader's parts: ``files`` (``ShardFiles``), ``planner``
+    (``ReadPlanner``) and ``read_engine`` (the ``ReadEngine`` it reads with).
 
     Thread safety: one reader may be used from several threads; each thread has its own
     read buffer, native batches run one at a time, file descriptors are opened under a lock.
@@ -143,26 +142,33 @@ class RowReader(ReadPlanner, PythonEngine, NativeEngine):
         self.background = bool(background)
         self.page_crcs = page_crcs
         self._engine_asked = engine
-        counts = np.array([len(f) for f in shard_files], dtype=np.int64)
-        self._file_base = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self._file_table = np.repeat(np.arange(len(shard_files)), counts)
-        self._file_shard = np.arange(int(counts.sum())) - self._file_base[self._file_table]
-        self._fd_arr = np.full(int(counts.sum()), -1, dtype=np.int32)
-        self._fds: dict[tuple[int, int], int] = {}
-        self._lock = threading.Lock()
-        self._local = threading.local()
         self._rec_of: dict[bytes, int] = {}
-        self._pool: ThreadPoolExecutor | None = None
-        self._crc: np.ndarray | None = None
-        self._crc_base = np.zeros(0, dtype=np.int64)
-        if page_crcs is not None:
-            self._set_page_crcs(page_crcs)
-        self._native: Any = None
-        self._native_pid = 0
-        self._opened_all = False  # every shard file open (read_native's batches apart)
-        self._started: Any = None  # the arrays of a batch started apart, until joined
-        self.engine = (
-            "python" if engine == "python" or not NATIVE_BUILT else self._native_reader().engine
+        self.files = ShardFiles(root, tables, shard_files, direct)
+        self.planner = ReadPlanner(tables, self.files.file_base, merge_gap, max_extent, page_crcs)
+        self.read_engine = self.new_engine(engine)
+        self.engine: str = self.read_engine.name
+
+    def new_engine(self, engine: str) -> ReadEngine:
+        """The engine the constructor gives this reader for the asked ``engine`` (a
+        subclass that reads another way gives its own: ``KvikioRowReader``). Called once,
+        with ``files`` and ``planner`` made."""
+        if engine == "python" or not NATIVE_BUILT:
+            return PythonEngine(
+                self.files,
+                self.planner,
+                queue_depth=self.queue_depth,
+                direct=self.direct,
+                verify_pages=self.verify_pages,
+            )
+        return NativeEngine(
+            self.files,
+            self.planner,
+            kind=engine,
+            queue_depth=self.queue_depth,
+            direct=self.direct,
+            verify_pages=self.verify_pages,
+            spin_us=self.spin_us,
+            background=self.background,
         )
 
     def options(self, **changes: Any) -> dict[str, Any]:
@@ -184,76 +190,24 @@ class RowReader(ReadPlanner, PythonEngine, NativeEngine):
 
     # -- resources ---------------------------------------------------------
     def missing_shard(self, t: int, s: int) -> CorruptDataError:
-        return CorruptDataError(
-            f"shard file {self.shard_files[t][s]} (table {self.tables[t].name!r}, "
-            f"shard {s}) is missing from {self.root}; run `rowcache verify`"
-        )
-
-    def _fd(self, t: int, s: int) -> int:
-        key = (t, s)
-        fd = self._fds.get(key)
-        if fd is not None:
-            return fd
-        with self._lock:
-            fd = self._fds.get(key)
-            if fd is None:
-                path = os.path.join(self.root, self.shard_files[t][s])
-                flags = os.O_RDONLY | (os.O_DIRECT if self.direct else 0)
-                try:
-                    fd = os.open(path, flags)
-                except FileNotFoundError as e:
-                    raise self.missing_shard(t, s) from e
-                except OSError as e:
-                    if self.direct and e.errno == errno.EINVAL:
-                        raise ConfigError(
-                            f"direct=True: the file system of {self.root} refuses O_DIRECT; "
-                            "use direct=False"
-                        ) from e
-                    raise
-                if not self.direct:
-                    # Row reads are random: kernel readahead would only read pages nobody asked for.
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-                self._fds[key] = fd
-                self._fd_arr[self._file_base[t] + s] = fd
-            return fd
-
-    def _fds_of(self, files: np.ndarray) -> np.ndarray:
-        fds = self._fd_arr[files]
-        if int(fds.min()) < 0:
-            for f in np.unique(files[fds < 0]).tolist():  # a loop over files, once each
-                self._fd(int(self._file_table[f]), int(self._file_shard[f]))
-            fds = self._fd_arr[files]
-        return fds
-
-    def _executor(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    self.queue_depth, thread_name_prefix="rowcache-read"
-                )
-            return self._pool
-
-    def _buffer(self, nbytes: int) -> np.ndarray:
-        """This thread's read buffer (page-aligned, grown as needed, reused: no page faults
-        of a fresh allocation on every call)."""
-        buf = getattr(self._local, "buf", None)
-        if buf is None or buf.size < nbytes:
-            buf = aligned_empty(max(nbytes, 2 * (0 if buf is None else buf.size), 1 << 16))
-            self._local.buf = buf
-        return buf
+        return self.files.missing_shard(t, s)
 
     def close(self) -> None:
-        with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
-            self._fd_arr[:] = -1
-            self._opened_all = False
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
+        """Close the reader's files and threads (a later read opens them again)."""
+        self.read_engine.close()
+        self.files.close()
 
     # -- planning ----------------------------------------------------------
+    def plan_parts(self, parts: Sequence[tuple[int, np.ndarray]]) -> Plan:
+        """The read plan of ``parts`` (table, sorted unique rows), one batch for all of them."""
+        return self.planner.plan_parts(parts)
+
+    def plan(self, t: int, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Extents for sorted unique ``rows`` of table ``t``: ``(ext_shard, ext_start,
+        ext_len, row_ext, row_off)``, per extent its shard, file offset and length; per row
+        its extent and byte offset in the file."""
+        return self.planner.plan(t, rows)
+
     # -- reading -----------------------------------------------------------
     def read_records(
         self, t: int, rows: np.ndarray, out: np.ndarray | None = None
@@ -364,16 +318,46 @@ class RowReader(ReadPlanner, PythonEngine, NativeEngine):
         if n == 0:
             return out[:0], ReadStats(0, 0, 0)
         out = out[:n]
-        if self.engine != "python" and os.preadv is PREADV and self._native_path:
-            return out, self._read_native(rows, bounds, tables, bases, out)  # C checks bounds
-        if bounds[0] != 0 or bounds[-1] != n or bool((bounds[1:] < bounds[:-1]).any()):
-            raise ConfigError(f"read_runs: bounds must rise from 0 to {n}, got {bounds.tolist()!r}")
-        parts = [
-            (int(t), rows[bounds[k] : bounds[k + 1]] - bases[k])
-            for k, t in enumerate(tables.tolist())
-            if bounds[k] < bounds[k + 1]
-        ]
-        plan = self.plan_parts(parts)
-        fds = self._fds_of(plan.file)  # a missing shard raises here, before any read
-        self._execute(plan, fds, out, rec)
-        return out, ReadStats(n, int(plan.file.size), plan.total)
+        return out, self.read_engine.run(rows, bounds, tables, bases, out)
+
+    def read_batch(
+        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        out: np.ndarray,
+    ) -> tuple[int, int, int]:  # fmt: skip
+        """:meth:`read_runs` for a caller whose arrays are in its form already (the row
+        cache's fault path): ``rows`` and ``bounds`` int64, ``tables`` int32, ``bases``
+        int64, ``out`` uint8 ``[n, record_bytes]`` C-contiguous. Returns (rows, bytes,
+        read ops). A batch that reads cleanly is one native call with no Python checks;
+        anything else (the Python engine, a shard not opened yet, a failed read or page
+        check, a bad row) runs :meth:`read_runs`, which opens files or raises the named
+        error. The same records, stats and errors as :meth:`read_runs`."""
+        got = self.read_engine.run_clean(rows, bounds, tables, bases, out)
+        if got is not None:
+            return got
+        _, rs = self.read_runs(rows, bounds, tables, bases, out=out)
+        return rs.rows, rs.bytes_read, rs.read_ops
+
+    def read_batch_start(
+        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        out: np.ndarray, ctl: np.ndarray | None, seq: int,
+    ) -> bool:  # fmt: skip
+        """Start :meth:`read_batch`'s batch on the native reader's own thread and return at
+        once (True); False, having started nothing, where it cannot run there (the Python
+        engine, another engine's reader, a shard file that cannot be opened, another
+        caller's batch still apart, :attr:`reading_apart`: :meth:`read_batch` then, which
+        waits for that one). When the batch ends the thread writes ``ctl`` (int32[2], e.g.
+        pinned memory a GPU polls, or None): ``ctl[1] = seq`` if it read cleanly (else
+        ``seq - 1``), then ``ctl[0] = seq``. The caller keeps ``out`` and the arrays alive
+        until it calls :meth:`read_batch_join`."""
+        return self.read_engine.start(rows, bounds, tables, bases, out, ctl, seq)
+
+    def read_batch_join(self) -> tuple[int, int, int]:
+        """Wait for the batch :meth:`read_batch_start` started; returns (rows, bytes, read
+        ops), or raises the error :meth:`read_batch` would have raised (its ``ctl`` told
+        the caller's GPU so already)."""
+        return self.read_engine.join()
+
+    @property
+    def reading_apart(self) -> bool:
+        """A batch :meth:`read_batch_start` started is not joined yet (one at a time)."""
+        return self.read_engine.reading_apart

@@ -340,7 +340,7 @@ def test_errno_failure_in_python_engine_is_reported_per_read(tmp_path, monkeypat
     store, _ = fresh_store(tmp_path)
     reader = make_reader(store, engine="uring")
     real = os.preadv
-    target = reader._fd(1, 0)
+    target = reader.files.fd(1, 0)
 
     def eio(fd, bufs, off):
         if fd == target:
@@ -554,9 +554,9 @@ def test_a_batch_started_apart_reads_what_read_batch_reads_and_writes_its_flag(t
     assert r.read_batch_join() == got and tuple(ctl) == (30, 30)
     np.testing.assert_array_equal(out2, out)
     with pytest.raises(RuntimeError, match="not joined"):  # (the native reader itself)
-        r._native.read_runs_start(rows, bounds, tables, bases, out, True, None, 32)
-        r._native.read_runs_start(rows, bounds, tables, bases, out, True, None, 33)
-    r._native.read_runs_join()
+        r.read_engine.native.read_runs_start(rows, bounds, tables, bases, out, True, None, 32)
+        r.read_engine.native.read_runs_start(rows, bounds, tables, bases, out, True, None, 33)
+    r.read_engine.native.read_runs_join()
     # a flipped byte: the flag says failed, and the join raises the page check's error
     info = store.tables[1]
     shard, off = info.locate(np.array([77]))

@@ -224,7 +224,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    with RowStore.open(args.path) as store:
+    # A missing or cut-short shard is what verify reports (exit 1), not a store that
+    # cannot be opened (exit 2: only an unreadable index is that).
+    with RowStore.open(args.path, check_shards=False) as store:
         rep = store.verify(progress=not args.no_progress)
     if args.json:
         print(
@@ -234,6 +236,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                     "ok": rep.ok,
                     "shards_checked": rep.shards_checked,
                     "bytes_checked": rep.bytes_checked,
+                    "damaged_shards": rep.damaged_shards,
                     "problems": rep.problems,
                 },
                 indent=2,
@@ -242,7 +245,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     else:
         for p in rep.problems:
             print(f"problem: {p}")
-        state = "ok" if rep.ok else f"FAILED ({plural(len(rep.problems), 'problem')})"
+        state = (
+            "ok"
+            if rep.ok
+            else f"FAILED: {len(rep.damaged_shards)} of {plural(rep.shards_checked, 'shard')} "
+            f"damaged ({', '.join(rep.damaged_shards)}; {plural(len(rep.problems), 'problem')})"
+        )
         print(
             f"{rep.path}: {plural(rep.shards_checked, 'shard')}, "
             f"{human_bytes(rep.bytes_checked)} checked: {state}"
@@ -303,8 +311,9 @@ def register(sub: Any) -> None:
         "verify",
         help="check every shard's length and page CRC32Cs (exit 1 on problems)",
         description="Read every shard file of a store and check its length and page CRC32Cs "
-        "against the index. Exit 0 when all match, 1 when a problem is found, 2 when the "
-        "store cannot be opened.",
+        "against the index. Exit 0 when all match, 1 when a problem is found (each damaged "
+        "shard named: missing, cut short, not a regular file, or with bad pages), 2 when the "
+        "store's index cannot be read.",
     )
     p.add_argument("path", help="store directory")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -12,6 +12,7 @@ tested against) and ``verify``. The I/O is ``rowcache.io.reader``, the index che
 from __future__ import annotations
 
 import os
+import stat
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,9 +50,11 @@ MAX_REPORTED_PAGES = 20  # bad pages listed per shard by verify(); the rest are 
 class VerifyReport:
     """Result of ``RowStore.verify()``: ``ok`` is true when ``problems`` is empty.
 
-    ``problems`` are one line each (a missing or mis-sized shard, a page whose CRC32C
-    does not match, with its table and rows); ``leftovers`` are the sibling directories
-    earlier builds left (they do not make the store bad; the next build removes them).
+    ``problems`` are one line each, starting with the shard file's name (a missing or
+    mis-sized shard, one that is not a regular file, a page whose CRC32C does not match,
+    with its table and rows); ``damaged_shards`` names each shard file with a problem, in
+    the index's order; ``leftovers`` are the sibling directories earlier builds left (they
+    do not make the store bad; the next build removes them).
     """
 
     path: str
@@ -61,6 +64,7 @@ class VerifyReport:
     pages_checked: int = 0
     bad_pages: int = 0
     leftovers: list[Leftover] = field(default_factory=list)
+    damaged_shards: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -284,10 +288,13 @@ class RowStore:
         return find_leftovers(self.path)
 
     def verify(self, *, progress: bool = False) -> VerifyReport:
-        """Check every shard file: present, of the right size, every page's CRC32C.
+        """Check every shard file: present, a regular file of the right size, every
+        page's CRC32C.
 
         Each bad page is one problem naming the shard file, page, offset, table and
-        rows (at most ``MAX_REPORTED_PAGES`` per shard, the rest counted).
+        rows (at most ``MAX_REPORTED_PAGES`` per shard, the rest counted). A damaged
+        shard is reported, never raised: open a damaged store with
+        ``RowStore.open(path, check_shards=False)`` to verify it.
         """
         problems: list[str] = []
         total = sum(r.length for recs in self.shards for r in recs)
@@ -297,12 +304,16 @@ class RowStore:
 
             bar = tqdm(total=total, unit="B", unit_scale=True, desc="verify", leave=False)
         checked = pages = bad_pages = nshards = 0
+        damaged: list[str] = []
         buf = np.empty(16 << 20, dtype=np.uint8)
         try:
             for t, recs in enumerate(self.shards):
                 for r in recs:
                     nshards += 1
+                    before = len(problems)
                     got = self._verify_shard(t, r, buf, problems, bar)
+                    if len(problems) > before:
+                        damaged.append(r.file)
                     if got is not None:
                         checked += got[0]
                         pages += got[1]
@@ -311,7 +322,7 @@ class RowStore:
             if bar is not None:
                 bar.close()
         return VerifyReport(
-            self.path, nshards, checked, problems, pages, bad_pages, self.leftovers()
+            self.path, nshards, checked, problems, pages, bad_pages, self.leftovers(), damaged
         )
 
     def _verify_shard(
@@ -319,7 +330,9 @@ class RowStore:
     ) -> tuple[int, int, int] | None:
         """(bytes, pages, bad pages) of one shard, appending its problems."""
         where = f"(table {self.tables[t].name!r}, shard {r.shard})"
-        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+        # O_NONBLOCK: a FIFO put in a shard's place opens at once (to be refused below)
+        # instead of waiting for a writer; a regular file's reads ignore it.
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
         try:
             fd = (
                 os.open(r.file, flags, dir_fd=self._dirfd)
@@ -333,9 +346,14 @@ class RowStore:
             problems.append(f"{r.file}: cannot be read {where}: {e}")
             return None
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                problems.append(f"{r.file}: not a regular file {where}; refusing to read it")
+                return None
+            size = st.st_size
             if size != r.length:
-                problems.append(f"{r.file}: {size} bytes, expected {r.length} {where}")
+                cut = "cut short" if size < r.length else "too long"
+                problems.append(f"{r.file}: {size} bytes, expected {r.length} ({cut}) {where}")
                 return None
             want = self.page_crcs[t][r.shard]
             bad: list[int] = []

@@ -14,6 +14,7 @@ import argparse
 import importlib
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -30,6 +31,7 @@ COMMAND_MODULES = [
 ]
 
 EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by it
 
 
@@ -55,11 +57,16 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser that raises :class:`UsageError` instead of printing usage and exiting."""
+    """An ArgumentParser that raises :class:`UsageError` instead of printing usage and exiting.
+
+    A value that starts with ``-`` and a digit (``--arena -5GiB``) is a value, so that its
+    flag's check refuses it by name instead of argparse reading it as an unknown option.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(self.prog, message)
@@ -123,43 +130,82 @@ def _silence_stdout() -> None:
         os.close(devnull)
 
 
+# A store's build, its replaced predecessor and a half-done switch live in hidden siblings
+# (``.NAME.building-XXXX``: rowcache.store.replace), a trace's in ``.NAME.tmp-XXXX``
+# (rowcache.tools.trace_build); an error names the store or trace the user gave.
+_TEMP_SIBLING = re.compile(r"(^|[\s'\"(/])\.([^/\s'\"]+)\.(?:building|old|switch|tmp)-[A-Za-z0-9_]+")
+
+
+def user_paths(text: str) -> str:
+    """``text`` with every store-builder temporary directory named as the store it becomes."""
+    return _TEMP_SIBLING.sub(r"\1\2", text)
+
+
 def _error(prog: str, message: str) -> int:
     _close_bars()
-    text = " ".join(str(message).split())  # one line, whatever the message held
+    text = " ".join(user_paths(str(message)).split())  # one line, whatever the message held
     print(f"{prog}: error: {text}", file=sys.stderr)
     return EXIT_ERROR
 
 
+def _interrupted(prog: str) -> int:
+    _close_bars()
+    print(f"{prog}: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (0 ok, 1 check failed, 2 error, 141 closed pipe)."""
-    parser = build_parser()
+    """Run the CLI; returns the exit code (0 ok, 1 check failed, 2 error, 130 Ctrl-C, 141
+    closed pipe)."""
+    prog = "rowcache"
     try:
-        args = parser.parse_args(argv)
-    except UsageError as e:
-        return _error(e.prog, f"{e} (see `{e.prog} --help`)")
-    except SystemExit as e:  # --help, --version
-        return int(e.code or 0)
-    # Bars only for a person watching a terminal; -q silences them and the info lines.
-    if getattr(args, "quiet", False) or not _isatty(sys.stderr):
-        if hasattr(args, "no_progress"):
-            args.no_progress = True
-    prog = f"rowcache {args.command}"
-    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except UsageError as e:
+            return _error(e.prog, f"{e} (see `{e.prog} --help`)")
+        except SystemExit as e:  # --help, --version
+            return int(e.code or 0)
+        prog = f"rowcache {args.command}"
+        # Bars only for a person watching a terminal; -q silences them and the info lines.
+        if getattr(args, "quiet", False) or not _isatty(sys.stderr):
+            if hasattr(args, "no_progress"):
+                args.no_progress = True
+        _take_deprecated(args, prog)
         code = int(args.func(args))
         sys.stdout.flush()
         return code
+    except KeyboardInterrupt:  # anywhere: the commands' workers stop before this is raised
+        return _interrupted(prog)
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
     except UsageError as e:
         return _error(e.prog, str(e))
+    except RecursionError:  # a JSON input nested deeper than Python recurses (a backstop)
+        return _error(prog, "an input is nested too deeply to read")
     except (RowCacheError, OSError, ValueError, KeyError) as e:
         msg = str(e) if not isinstance(e, KeyError) else str(e.args[0])
         return _error(prog, msg)
-    except KeyboardInterrupt:
-        _close_bars()
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+
+
+# --- deprecated spellings: hidden, still working, with a warning ------------------------------
+def add_deprecated(parser: argparse.ArgumentParser, old: str, new: str, dest: str) -> None:
+    """A hidden ``old`` spelling of the option ``new`` (whose ``dest`` is ``dest``)."""
+    parser.add_argument(old, dest=f"{dest}__deprecated", default=None, help=argparse.SUPPRESS)
+    have = parser.get_default("deprecated_options") or ()
+    parser.set_defaults(deprecated_options=(*have, (old, new, dest)))
+
+
+def _take_deprecated(args: argparse.Namespace, prog: str) -> None:
+    for old, new, dest in getattr(args, "deprecated_options", None) or ():
+        value = getattr(args, f"{dest}__deprecated")
+        if value is None:
+            continue
+        if getattr(args, dest) is not None:
+            raise UsageError(prog, f"give {new} only ({old} is its deprecated name)")
+        setattr(args, dest, value)
+        print(f"{prog}: warning: {old} is deprecated, use {new}", file=sys.stderr)
 
 
 # --- argument types: argparse reports their errors as "argument --flag: message" -----------
@@ -224,14 +270,27 @@ def int_list(text: str) -> list[int]:
 
 
 def byte_size(text: str) -> int:
-    """Bytes: ``4096``, ``20e9``, or binary units ``512K``, ``12G`` = ``12GiB`` (2^30)."""
+    """Bytes >= 0: ``0``, ``4096``, ``20e9``, or binary units ``512K``, ``12G`` = ``12GiB``
+    (2^30)."""
     from rowcache.errors import ConfigError
     from rowcache.units import parse_bytes
 
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a size >= 0, e.g. 0 or 70GiB")
     try:
         return parse_bytes(text, "size")
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e).removeprefix("size: ")) from None
+
+
+def positive_byte_size(text: str) -> int:
+    """Bytes > 0, as :func:`byte_size` takes them."""
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a size > 0, e.g. 20GiB")
+    v = byte_size(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a size > 0, e.g. 20GiB")
+    return v
 
 
 def _isatty(stream: Any) -> bool:

@@ -71,17 +71,22 @@ class DeviceProfile:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> DeviceProfile:
-        """A profile saved by :meth:`save` (``rowcache bench-io --out``), checked."""
+        """A profile saved by :meth:`save` (``rowcache bench-io -o``), checked."""
         try:
             d = json.loads(Path(path).read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ConfigError(
-                f"{path}: not a disk profile (from `rowcache bench-io --out`): {e}"
+                f"{path}: not a disk profile (from `rowcache bench-io -o`): {e}"
             ) from e
+        except RecursionError:
+            raise ConfigError(
+                f"{path}: not a disk profile (from `rowcache bench-io -o`): nested too deeply "
+                "to read"
+            ) from None
         if isinstance(d, dict) and "tables" in d and "random" not in d:
             raise ConfigError(
                 f"{path} is a fault-rate profile (from `rowcache profile`), not a disk profile "
-                "(from `rowcache bench-io --out`)"
+                "(from `rowcache bench-io -o`)"
             )
         known = {f.name for f in fields(cls)}
         need = {
@@ -90,7 +95,7 @@ class DeviceProfile:
         if not isinstance(d, dict) or not need <= set(d) or set(d) - known:
             what = sorted(set(d) - known)[:3] if isinstance(d, dict) else type(d).__name__
             raise ConfigError(
-                f"{path}: not a disk profile (from `rowcache bench-io --out`): "
+                f"{path}: not a disk profile (from `rowcache bench-io -o`): "
                 + (
                     f"unexpected keys {what}"
                     if isinstance(d, dict) and set(d) - known
@@ -149,10 +154,17 @@ def _open(path: Path, direct: bool) -> tuple[int, bool]:
 def _random_rate(
     fd: int, size: int, read_bytes: int, align: int, qd: int, seconds: float, seed: int
 ) -> tuple[float, np.ndarray]:
-    """``(reads per second, latency of each read in ns)`` of ``qd`` threads reading at random."""
+    """``(reads per second, latency of each read in ns)`` of ``qd`` threads reading at random.
+
+    The threads stop at the deadline, at the first error of any of them (raised here), or
+    when this thread is interrupted (``KeyboardInterrupt``: they are joined before it goes
+    on, so that nothing reads ``fd`` once the caller closes it).
+    """
     slots = max(1, (size - read_bytes) // align)
     lat: list[np.ndarray] = [np.zeros(0, np.int64)] * qd
-    stop = time.perf_counter() + seconds
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    deadline = time.perf_counter() + seconds
 
     def worker(i: int) -> None:
         rng = np.random.default_rng(seed + i)
@@ -160,24 +172,38 @@ def _random_rate(
         view = memoryview(buf)[:read_bytes]
         clock = time.perf_counter_ns
         got: list[int] = []
-        while True:  # at least one batch: a thread that starts late still measures
-            for off in (rng.integers(0, slots, 256) * align).tolist():
-                t0 = clock()
-                os.preadv(fd, [view], off)
-                got.append(clock() - t0)
-            if time.perf_counter() >= stop:
-                break
-        lat[i] = np.asarray(got, dtype=np.int64)
-        view.release()
-        buf.close()
+        try:
+            while True:  # at least one batch: a thread that starts late still measures
+                for off in (rng.integers(0, slots, 256) * align).tolist():
+                    t0 = clock()
+                    os.preadv(fd, [view], off)
+                    got.append(clock() - t0)
+                if stop.is_set() or time.perf_counter() >= deadline:
+                    break
+        except BaseException as e:  # the caller raises it; a thread must not print it
+            errors.append(e)
+            stop.set()
+        finally:
+            lat[i] = np.asarray(got, dtype=np.int64)
+            view.release()
+            buf.close()
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(qd)]
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(qd)]
     t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    except BaseException:
+        stop.set()
+        for t in threads:
+            if t.ident is not None:
+                t.join()
+        raise
     elapsed = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
     all_lat = np.concatenate(lat)
     return all_lat.size / elapsed, all_lat
 

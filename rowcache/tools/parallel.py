@@ -12,7 +12,6 @@ into the sample of the whole trace. Curves are then computed in one process
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -136,8 +135,9 @@ def sample_trace(
     if dask_client is not None:
         parts = dask_client.gather(dask_client.map(sample_chunk, *cols, pure=False))
     elif workers > 1 and len(args) > 1:
-        with ProcessPoolExecutor(max_workers=int(workers)) as ex:
-            parts = list(ex.map(sample_chunk, *cols))
+        from rowcache.tools.workers import process_map
+
+        parts = process_map(sample_chunk, args, workers=int(workers))
     else:
         parts = [sample_chunk(*a) for a in args]
     names: Sequence[str] = [str(t) for t in range(trace.num_tables)] + ([SHARED] if shared else [])

@@ -9,6 +9,7 @@ cache's fault counts); the shared curve models one arena for all tables (keys
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +77,39 @@ class ProfileReport:
 
 
 SPARSE_SAMPLE = 1000  # sampled accesses below which a SHARDS curve gets a note
+# Peak memory of an exact curve per access it holds (``miss_ratio_curve``: keys, batch ids,
+# sorts and the inversion count's words); measured 105-125 B.
+EXACT_BYTES_PER_ACCESS = 125
+
+
+class _Ticker:
+    """Redraws a progress bar every second while a long curve computes, so that its elapsed
+    time and estimate keep moving between the curves' updates (a thread that only reads)."""
+
+    def __init__(self, bar: Any) -> None:
+        self._stop = threading.Event()
+        self._thread = None
+        if bar is not None:
+            self._thread = threading.Thread(target=self._run, args=(bar,), daemon=True)
+            self._thread.start()
+
+    def _run(self, bar: Any) -> None:
+        while not self._stop.wait(1.0):
+            bar.refresh()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def exact_peak_bytes(trace: Trace, *, shared: bool = True, workers: int = 1) -> int:
+    """Peak memory of ``profile_trace(method="exact")`` on ``trace``: the larger of the
+    per-table curves computed at once (``workers`` of them) and the shared arena's curve
+    (every table's accesses: the largest)."""
+    per_table = trace.positions * EXACT_BYTES_PER_ACCESS
+    at_once = min(max(1, int(workers)), trace.num_tables) * per_table
+    return max(at_once, per_table * trace.num_tables if shared else 0)
 
 
 def _label(name: str) -> str:
@@ -152,99 +186,119 @@ def profile_trace(
     heavy : int
         Fixed-rate SHARDS: keep every access of each table's ``heavy`` most frequent
         rows exactly (lower error at small sizes; see ``miss_ratio_curve``).
+    progress : bool
+        A bar on stderr counted in accesses (the shared arena's curve holds as many as
+        all the tables), naming the curve under way, redrawn every second. The exact
+        method's memory is :func:`exact_peak_bytes`.
     """
     dims = trace.dims
     dim = int(dims["hidden_size"]) // trace.num_tables
     if dtype not in ("bf16", "fp8"):
         raise ConfigError(f"dtype={dtype!r} is not supported; allowed: bf16, fp8")
     record = 2 * dim if dtype == "bf16" else dim + 4
+    if policies and not 0 <= policy_table < trace.num_tables:
+        raise ConfigError(f"policy_table={policy_table} is outside [0, {trace.num_tables})")
     sizes_arr = default_sizes(trace) if sizes is None else np.asarray(sizes, dtype=np.int64)
     kw: dict[str, Any] = {"method": method, "salts": salts}
     if method == "shards":
         kw.update(sample_rate=sample_rate, sample_size=sample_size)
+    # Progress in accesses (a curve's cost grows with them; the shared arena's curve has as
+    # many as all the tables together), the bar naming the curve under way.
+    n = trace.positions
+    t_count = trace.num_tables
     bar = None
-    n_jobs = trace.num_tables + int(shared) + len(policies)
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=n_jobs, desc="profile", unit="curve")
+        total = n * t_count * (2 if shared else 1) + n * len(policies)
+        bar = tqdm(total=total, desc="profile", unit="access", unit_scale=True)
+
+    def started(what: str) -> None:
+        if bar is not None:
+            bar.set_description(f"profile: {what}")
+
+    def done(accesses: int) -> None:
+        if bar is not None:
+            bar.update(accesses)
+
     curves: dict[str, MissRatioCurve] = {}
     shared_curve = None
     notes: list[str] = []
-    if method == "shards" and sample_size is None:
-        from dataclasses import replace
-
-        from rowcache.tools.mrc import curve_from_samples
-        from rowcache.tools.parallel import SHARED, sample_trace
-
-        samples = sample_trace(
-            trace,
-            0.01 if sample_rate is None else sample_rate,
-            salts=salts,
-            shared=shared,
-            workers=workers,
-            dask_client=dask_client,
-            heavy=heavy,
-        )
-        if not batch:
-            samples = {k: replace(v, batch_ids=None) for k, v in samples.items()}
-        for (name, salt), smp in samples.items():
-            if salt == 0 and 0 < smp.keys.size < SPARSE_SAMPLE:
-                notes.append(
-                    f"{_label(name)}: the SHARDS sample holds only {smp.keys.size} accesses "
-                    f"of {smp.total:,}; its curve is rough (raise the rate, --rate)"
-                )
-        names = [str(t) for t in range(trace.num_tables)] + ([SHARED] if shared else [])
-        for name in names:
-            got = [samples[(name, salt)] for salt in range(salts)]
-            sz = sizes_arr * trace.num_tables if name == SHARED else sizes_arr
-            curve = curve_from_samples(got, sz)
-            if name == SHARED:
-                shared_curve = curve
-            else:
-                curves[name] = curve
-            if bar is not None:
-                bar.update(1)
-    elif workers > 1 and trace.num_tables > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
-        jobs = [(str(trace.path), t, batch, sizes_arr, kw) for t in range(trace.num_tables)]
-        with ProcessPoolExecutor(max_workers=int(workers)) as ex:
-            for t, curve in enumerate(ex.map(_table_curve, *zip(*jobs))):
-                curves[str(t)] = curve
-                if bar is not None:
-                    bar.update(1)
-        if shared:
-            shared_curve = miss_ratio_curve(
-                _shared_chunks(trace, batch), sizes_arr * trace.num_tables, **kw
-            )
-            if bar is not None:
-                bar.update(1)
-    else:
-        for t in range(trace.num_tables):
-            curves[str(t)] = miss_ratio_curve(_table_chunks(trace, t, batch), sizes_arr, **kw)
-            if bar is not None:
-                bar.update(1)
-        if shared:
-            shared_curve = miss_ratio_curve(
-                _shared_chunks(trace, batch), sizes_arr * trace.num_tables, **kw
-            )
-            if bar is not None:
-                bar.update(1)
     pol: dict[str, MissRatioCurve] = {}
-    if policies:
-        if not 0 <= policy_table < trace.num_tables:
-            raise ConfigError(f"policy_table={policy_table} is outside [0, {trace.num_tables})")
-        rows, _ = trace.table_accesses(policy_table)
-        names = list(dict.fromkeys(["lru", *policies]))
-        for p in names:
-            pol[p] = miss_ratio_curve(
-                rows, sizes_arr, method="shards", sample_rate=policy_rate, policy=p
+    ticker = _Ticker(bar)
+    try:
+        if method == "shards" and sample_size is None:
+            from dataclasses import replace
+
+            from rowcache.tools.mrc import curve_from_samples
+            from rowcache.tools.parallel import SHARED, sample_trace
+
+            started("sampling every table" + (" and the shared arena" if shared else ""))
+            samples = sample_trace(
+                trace,
+                0.01 if sample_rate is None else sample_rate,
+                salts=salts,
+                shared=shared,
+                workers=workers,
+                dask_client=dask_client,
+                heavy=heavy,
             )
-            if bar is not None and p in policies:
-                bar.update(1)
-    if bar is not None:
-        bar.close()
+            if not batch:
+                samples = {k: replace(v, batch_ids=None) for k, v in samples.items()}
+            for (name, salt), smp in samples.items():
+                if salt == 0 and 0 < smp.keys.size < SPARSE_SAMPLE:
+                    notes.append(
+                        f"{_label(name)}: the SHARDS sample holds only {smp.keys.size} accesses "
+                        f"of {smp.total:,}; its curve is rough (raise the rate, --rate)"
+                    )
+            names = [str(t) for t in range(t_count)] + ([SHARED] if shared else [])
+            for name in names:
+                got = [samples[(name, salt)] for salt in range(salts)]
+                sz = sizes_arr * t_count if name == SHARED else sizes_arr
+                started(_label(name))
+                curve = curve_from_samples(got, sz)
+                if name == SHARED:
+                    shared_curve = curve
+                else:
+                    curves[name] = curve
+                done(n * t_count if name == SHARED else n)
+        else:
+            if workers > 1 and t_count > 1:
+                from rowcache.tools.workers import process_map
+
+                started(f"tables 0..{t_count - 1} in {min(int(workers), t_count)} processes")
+                jobs = [(str(trace.path), t, batch, sizes_arr, kw) for t in range(t_count)]
+                got_curves = process_map(
+                    _table_curve, jobs, workers=int(workers), on_result=lambda i, c: done(n)
+                )
+                curves = {str(t): c for t, c in enumerate(got_curves)}
+            else:
+                for t in range(t_count):
+                    started(_label(str(t)))
+                    curves[str(t)] = miss_ratio_curve(
+                        _table_chunks(trace, t, batch), sizes_arr, **kw
+                    )
+                    done(n)
+            if shared:
+                started(f"{_label('shared')} ({n * t_count:,} accesses)")
+                shared_curve = miss_ratio_curve(
+                    _shared_chunks(trace, batch), sizes_arr * t_count, **kw
+                )
+                done(n * t_count)
+        if policies:
+            rows, _ = trace.table_accesses(policy_table)
+            names = list(dict.fromkeys(["lru", *policies]))
+            for p in names:
+                started(f"policy {p} on table {policy_table}")
+                pol[p] = miss_ratio_curve(
+                    rows, sizes_arr, method="shards", sample_rate=policy_rate, policy=p
+                )
+                if p in policies:
+                    done(n)
+    finally:
+        ticker.stop()
+        if bar is not None:
+            bar.close()
     for name, c in [*curves.items(), ("shared", shared_curve), *pol.items()]:
         if c is not None and c.accesses and not c.unique > 0:
             # A trace has at least one distinct row: this sample kept nothing.

@@ -133,7 +133,9 @@ def _silence_stdout() -> None:
 # A store's build, its replaced predecessor and a half-done switch live in hidden siblings
 # (``.NAME.building-XXXX``: rowcache.store.replace), a trace's in ``.NAME.tmp-XXXX``
 # (rowcache.tools.trace_build); an error names the store or trace the user gave.
-_TEMP_SIBLING = re.compile(r"(^|[\s'\"(/])\.([^/\s'\"]+)\.(?:building|old|switch|tmp)-[A-Za-z0-9_]+")
+_TEMP_SIBLING = re.compile(
+    r"(^|[\s'\"(/])\.([^/\s'\"]+)\.(?:building|old|switch|tmp)-[A-Za-z0-9_]+"
+)
 
 
 def user_paths(text: str) -> str:

@@ -13,6 +13,7 @@ import os
 import re
 from typing import Any
 
+from rowcache.cli.store import plural
 from rowcache.errors import ConfigError
 from rowcache.tools.demo import LONGCAT_VOCAB, DemoConfig, DemoReport, run_demo
 from rowcache.tools.tokens import tokenizer_json_path
@@ -38,14 +39,15 @@ def render(report: DemoReport) -> str:
         ),
         (
             "text",
-            f"{r.tokens:,} tokens from {r.text_files} files of {c['text'] or 'the stdlib'} "
+            f"{r.tokens:,} tokens from {plural(r.text_files, 'file')} of "
+            f"{c['text'] or 'the stdlib'} "
             f"({r.prefill_tokens:,} prefill in chunks of {c['chunk']}, "
             f"{r.decode_tokens:,} decode)",
         ),
         (
             "arena",
             f"one shared by the 12 tables, {sum(r.arena_slots):,} slots "
-            f"({c['arena_fraction']:.0%} of their rows)",
+            f"({c['arena_fraction'] * 100:.3g}% of their rows)",
         ),
         (
             "cached == resident",
@@ -139,7 +141,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             require_cupy("rowcache demo --device cuda")
         except GpuUnavailableError as e:
             raise GpuUnavailableError(str(e).replace("device='cpu'", "--device cpu")) from e
-    report = run_demo(cfg, progress=not args.no_progress)
+    try:
+        report = run_demo(cfg, progress=not args.no_progress)
+    except ConfigError as e:
+        raise ConfigError(_as_flags(str(e))) from e
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

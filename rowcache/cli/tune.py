@@ -8,21 +8,79 @@ and JSON with ``--json``. The shared flag helpers are ``rowcache.cli.tools``'.
 from __future__ import annotations
 
 import argparse
-import sys
+import math
 from pathlib import Path
 from typing import Any
 
 from rowcache.cli.app import (
+    add_deprecated,
     byte_size,
     fraction,
     inform,
     int_list,
+    positive_byte_size,
     positive_float,
     positive_int,
 )
 from rowcache.cli.store import human_bytes
-from rowcache.cli.tools import NA, check_writable, emit_json, format_cell, output_flags
+from rowcache.cli.tools import (
+    check_writable,
+    emit_json,
+    format_cell,
+    output_flags,
+    write_json,
+)
 from rowcache.errors import ConfigError
+
+
+def size_arg(n: int) -> str:
+    """``n`` bytes as a size flag takes it, rounded up (``7.53KiB``: never less than ``n``)."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{math.ceil(n / (1 << shift) * 100) / 100:g}{unit}"
+    return str(n)
+
+
+def _goal(target: dict[str, float]) -> str:
+    parts = []
+    if "fault_rate" in target:
+        parts.append(f"at most {target['fault_rate']:g} faults per access")
+    if "fault_seconds_per_token" in target:
+        parts.append(
+            f"at most {target['fault_seconds_per_token'] * 1e6:g} µs of fault I/O per token"
+        )
+    return " and ".join(parts)
+
+
+def advice(rep: Any) -> str | None:
+    """Which of the report's answers to use, where it gives more than one (else None)."""
+    if rep.fp8_host_fits:
+        return (
+            f"use: all tables in host RAM as FP8 ({human_bytes(rep.fp8_host_bytes)}, within "
+            "the budget) if FP8 rows suit the model: no faults at all; otherwise the arena "
+            "split above"
+        )
+    if not rep.target or rep.budget_from == "target":
+        return None  # one answer: the split above
+    need = rep.min_bytes_for_target
+    if rep.meets_target:
+        if need is not None and need < rep.used_bytes:
+            return (
+                "use: the split above: it meets the target within the budget; the target "
+                f"alone needs only {human_bytes(need)} (tune with the target alone, or "
+                f"--arena {size_arg(need)}, for that smaller split)"
+            )
+        return "use: the split above: it meets the target within the budget"
+    if need is not None:
+        return (
+            f"use: a budget of {human_bytes(need)} (--arena {size_arg(need)}) to meet the "
+            "target; the split above is the best within this budget "
+            f"({rep.faults_per_access:.4g} faults per access)"
+        )
+    return (
+        "use: the split above, the best within the budget (the note says why no size meets "
+        "the target)"
+    )
 
 
 # --- tune ---------------------------------------------------------------------
@@ -49,22 +107,17 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--memory ({human_bytes(args.memory)}) must exceed --reserve ({human_bytes(args.reserve)})"
         )
-    disk_flag = "--device" if args.disk_alias else "--disk"
-    if args.disk_alias:
-        print(
-            "rowcache tune: warning: --device is deprecated, use --disk (the bench-io "
-            "profile; --device means cpu/cuda elsewhere)",
-            file=sys.stderr,
-        )
     if args.target_seconds is not None and args.disk is None:
-        raise ConfigError("--target-seconds needs --disk (a profile from bench-io --out)")
+        raise ConfigError("--target-seconds needs --disk (a profile from bench-io -o)")
+    if args.out:
+        check_writable("-o/--out", args.out)
     prof = load_profile(args.profile)
     disk = None
     if args.disk:
         try:
             disk = DeviceProfile.load(args.disk)
         except ConfigError as e:
-            raise ConfigError(f"{disk_flag}: {e}") from e
+            raise ConfigError(f"--disk: {e}") from e
         if args.queue_depth is not None:
             have = {int(q) for row in disk.random.values() for q in row}
             if args.queue_depth not in have:
@@ -85,9 +138,18 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         target_fault_rate=args.target_rate,
         target_fault_seconds=args.target_seconds,
     )
+    if args.out:
+        write_json(args.out, rep.to_dict())
     if args.json:
         emit_json(rep.to_dict())
-        return 0
+    else:
+        _print_tune(rep)
+    if args.out:
+        inform(args, f"saved: {args.out}")
+    return 0
+
+
+def _print_tune(rep: Any) -> None:
     print(
         f"budget {human_bytes(rep.budget_bytes)} for {rep.dtype} arenas ({rep.record_bytes} B rows); "
         f"used {human_bytes(rep.used_bytes)}"
@@ -104,21 +166,24 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             f"(at {rep.reads_per_s:,.0f} reads/s, queue depth {rep.queue_depth})"
         )
     if rep.target:
-        need = NA if rep.min_bytes_for_target is None else human_bytes(rep.min_bytes_for_target)
-        goal = ", ".join(f"{k} <= {v:g}" for k, v in rep.target.items())
-        print(
-            f"target {goal}: {'met' if rep.meets_target else 'NOT met'}; "
-            f"smallest arena meeting it: {need}"
-        )
+        if rep.meets_target:
+            state = "met"
+        elif rep.target_reachable:
+            need = human_bytes(rep.min_bytes_for_target)
+            state = f"NOT met within this budget (the smallest arena meeting it: {need})"
+        else:
+            state = "NOT met: no profiled size meets it (see the note)"
+        print(f"target {_goal(rep.target)}: {state}")
     if rep.fp8_host_fits is not None:
         verdict = "fits" if rep.fp8_host_fits else "does not fit"
         print(
             f"all tables in host RAM as FP8: {human_bytes(rep.fp8_host_bytes)}, {verdict} in the budget"
-            + (" (no disk faults: every lookup a host-memory gather)" if rep.fp8_host_fits else "")
         )
     for n in rep.notes:
         print(f"note: {n}")
-    return 0
+    use = advice(rep)
+    if use:
+        print(use)
 
 
 # --- bench-io -----------------------------------------------------------------
@@ -126,7 +191,7 @@ def _cmd_bench_io(args: argparse.Namespace) -> int:
     from rowcache.tools.benchio import measure_io, profile_summary
 
     if args.out:
-        check_writable("--out", args.out)
+        check_writable("-o/--out", args.out)
     record = args.record_bytes
     if record is None:
         p = Path(args.path)
@@ -184,15 +249,20 @@ def register(subparsers: Any) -> None:
         description="Greedy on marginal gain over each table's curve; expected faults/token and "
         "fault I/O time per token from a bench-io disk profile. Sizes take binary units: "
         "12G = 12GiB = 12 x 2^30 bytes, as the report prints (12GB is refused as ambiguous). "
-        "With only a target, the budget is the smallest arena that meets it.",
+        "With only a target, the budget is the smallest arena that meets it; with a budget and "
+        "a target (or a --memory that holds every table as FP8), the last line says which "
+        "answer to use.",
     )
-    p.add_argument("profile", help="JSON from `rowcache profile --save` (or --json)")
+    p.add_argument("profile", help="JSON from `rowcache profile -o` (or --json)")
     p.add_argument(
-        "--arena", type=byte_size, metavar="SIZE", help="arena budget for all tables, e.g. 20GiB"
+        "--arena",
+        type=positive_byte_size,
+        metavar="SIZE",
+        help="arena budget for all tables, e.g. 20GiB",
     )
     p.add_argument(
         "--memory",
-        type=byte_size,
+        type=positive_byte_size,
         metavar="SIZE",
         help="machine memory, e.g. 121GiB (needs --reserve)",
     )
@@ -208,10 +278,8 @@ def register(subparsers: Any) -> None:
         default=None,
         help="row format of the arenas (default: the profile's)",
     )
-    p.add_argument(
-        "--disk", metavar="FILE", help="disk profile JSON from `rowcache bench-io --out`"
-    )
-    p.add_argument("--device", dest="disk_alias", help=argparse.SUPPRESS)
+    p.add_argument("--disk", metavar="FILE", help="disk profile JSON from `rowcache bench-io -o`")
+    add_deprecated(p, "--device", "--disk", "disk")  # --device means cpu/cuda elsewhere
     p.add_argument(
         "--queue-depth",
         type=positive_int,
@@ -230,8 +298,15 @@ def register(subparsers: Any) -> None:
         default=None,
         help="fault I/O seconds per token to reach (needs --disk)",
     )
+    p.add_argument(
+        "-o",
+        "--out",
+        metavar="FILE",
+        help="also write the JSON report here (for from_pretrained(tune=...) and "
+        "load_pretrained(tune=...))",
+    )
     output_flags(p, "the report", progress=False)
-    p.set_defaults(func=_tune_entry)
+    p.set_defaults(func=_cmd_tune)
 
     p = subparsers.add_parser(
         "bench-io",
@@ -257,14 +332,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--seconds", type=positive_float, default=1.0, help="seconds per measured point")
     p.add_argument("--buffered", action="store_true", help="do not use O_DIRECT")
-    p.add_argument("--out", help="save the disk profile JSON here (for `rowcache tune --disk`)")
+    p.add_argument(
+        "-o",
+        "--out",
+        metavar="FILE",
+        help="also write the disk profile JSON here (for `rowcache tune --disk`)",
+    )
     output_flags(p, "the profile")
     p.set_defaults(func=_cmd_bench_io)
-
-
-def _tune_entry(args: argparse.Namespace) -> int:
-    if args.disk_alias is not None:
-        if args.disk is not None:
-            raise ConfigError("give --disk only (--device is its deprecated name)")
-        args.disk = args.disk_alias
-    return _cmd_tune(args)

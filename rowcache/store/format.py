@@ -250,7 +250,7 @@ class ShardRecord:
         """Parse and type-check a record: every field present, ints are ints, a plain file."""
         try:
             obj = json.loads(raw)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply
             raise FormatError(f"{where} is not valid JSON ({e})") from e
         if not isinstance(obj, dict):
             raise FormatError(f"{where} is not a JSON object")
@@ -313,7 +313,7 @@ def parse_meta(raw: bytes | None, path: str) -> tuple[str, list[TableInfo], dict
         )
     try:
         meta = json.loads(raw)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply
         raise FormatError(f"{path}: meta record is not valid JSON ({e})") from e
     if not isinstance(meta, dict):
         raise FormatError(f"{path}: meta record is not an object")

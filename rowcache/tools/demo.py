@@ -32,6 +32,7 @@ from rowcache.errors import ConfigError
 from rowcache.tools.tokens import load_hf_tokenizer, python_files, stdlib_files, tokenizer_json_path
 
 LONGCAT_VOCAB = 131072
+TABLES = 12  # LongCat-Flash-Lite's n-gram tables: orders 2..4, 4 splits each
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +88,34 @@ class DemoConfig:
             raise ConfigError(f"dtype={self.dtype!r} is not supported; allowed: bf16, fp8")
         if self.device not in ("cpu", "cuda"):
             raise ConfigError(f"device={self.device!r} is not supported; allowed: cpu, cuda")
+        # One arena for the 12 tables: a prefill step may need a row of every table at
+        # every token of its chunk, all pinned at once.
+        slots, need = sum(self.arena_slots()), TABLES * self.chunk
+        if slots < need:
+            rows = self.table_rows()
+            least = need / sum(rows)
+            while sum(max(1, int(least * r)) for r in rows) < need:
+                least *= 1.001
+            raise ConfigError(
+                f"arena_fraction={self.arena_fraction:g} gives an arena of {slots:,} rows, "
+                f"fewer than a prefill step may need ({TABLES} tables x chunk={self.chunk}: "
+                f"{need:,} rows); give arena_fraction={_round_up(least)} or more, or "
+                f"chunk={max(1, slots // TABLES)} or less"
+            )
+
+    def table_rows(self) -> list[int]:
+        """Rows of each of the 12 tables (LongCat's rule at ``ratio``)."""
+        return [int(self.ratio * LONGCAT_VOCAB) + 2 * i + 1 for i in range(TABLES)]
+
+    def arena_slots(self) -> list[int]:
+        """Each table's share of the one arena: ``arena_fraction`` of its rows."""
+        return [max(1, int(self.arena_fraction * r)) for r in self.table_rows()]
+
+
+def _round_up(x: float) -> str:
+    """``x`` to two significant digits, rounded up."""
+    digits = 1 - int(np.floor(np.log10(x)))
+    return f"{np.ceil(x * 10**digits) / 10**digits:.{max(0, digits)}f}"
 
 
 @dataclass(frozen=True)
@@ -209,7 +238,8 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> DemoReport:
     assert cfg.decode_tokens is not None  # resolved by DemoConfig
     if tokens.size <= cfg.decode_tokens:
         raise ConfigError(
-            f"the text gave only {tokens.size} tokens; lower --decode-tokens ({cfg.decode_tokens})"
+            f"the text gave only {tokens.size} tokens; give decode_tokens={tokens.size - 1} "
+            f"or less (it is {cfg.decode_tokens})"
         )
 
     rng = np.random.default_rng(cfg.seed)

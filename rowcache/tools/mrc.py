@@ -344,7 +344,8 @@ def curve_from_samples(
         uniq.append(unique / rate if rate > 0 else 0.0)
         # The smallest full size whose scaled size holds the sample's largest batch:
         # scaled_sizes(C) >= feas  <=>  C >= (feas - 1) / rate + 1.
-        feas_list.append(int(np.ceil((feas - 1) / rate - 1e-9)) + 1 if rate > 0 else 0)
+        # (An empty sample needs no arena: 0, never the formula's negative.)
+        feas_list.append(int(np.ceil((feas - 1) / rate - 1e-9)) + 1 if rate > 0 and feas else 0)
         rates.append(rate)
     stack_ = np.vstack(runs)
     with np.errstate(invalid="ignore"):

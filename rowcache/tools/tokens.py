@@ -245,6 +245,8 @@ def _jsonl_ids(f: Path, lineno: int, line: str) -> np.ndarray:
         ids = json.loads(line)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{where}: not JSON ({e.msg} at column {e.colno})") from e
+    except RecursionError:
+        raise ConfigError(f"{where}: not a list of token ids: nested too deeply to read") from None
     if isinstance(ids, dict):
         ids = ids.get("input_ids", ids.get("tokens"))
     if not isinstance(ids, list):

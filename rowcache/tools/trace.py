@@ -109,6 +109,8 @@ class Trace:
             meta = json.loads(mf.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise FormatError(f"{mf}: not a readable trace manifest ({e})") from e
+        except RecursionError:
+            raise FormatError(f"{mf}: not a trace manifest: nested too deeply to read") from None
         if not isinstance(meta, dict):
             raise FormatError(f"{mf}: a trace manifest is a JSON object; got a {_kind(meta)}")
         if meta.get("format") != TRACE_FORMAT or meta.get("version") != TRACE_VERSION:
@@ -128,6 +130,11 @@ class Trace:
             )
         table_rows = tuple(_int(mf, f"table_rows[{i}]", r, 1) for i, r in enumerate(rows))
         positions = _int(mf, "positions", meta["positions"], 0)
+        if positions == 0:
+            raise FormatError(
+                f"{mf}: the trace holds no tokens ('positions' is 0): there is nothing to "
+                "read in it; trace inputs that hold tokens"
+            )
         for key in ("model", "dims"):
             if not isinstance(meta[key], dict):
                 raise FormatError(f"{mf}: {key!r} must be an object; got a {_kind(meta[key])}")

@@ -262,8 +262,12 @@ def _write_trace(
             bar.update(tokens.size)
         if pend_n >= 2 * chunk_positions:
             flush(start)  # no later request can run before `start`
-    flush(None)
-    writer.close()
     if bar is not None:
         bar.close()
+    if n_req == 0:
+        raise ConfigError(
+            "the inputs hold no tokens (every request was empty): there is nothing to trace"
+        )
+    flush(None)
+    writer.close()
     write_manifest(out, writer, dims, model, n_req, last_step + 1)

@@ -28,13 +28,18 @@ from rowcache.units import MAX_BYTES, parse_bytes  # noqa: F401  (tools.tune.par
 
 @dataclass(frozen=True)
 class TableCurve:
-    """Faults of one table at grid sizes (rows); ``min_rows`` is the smallest feasible."""
+    """Faults of one table at grid sizes (rows); NaN below its smallest feasible size.
+
+    ``unique``: the distinct rows of the trace (its compulsory faults), None where the
+    profile does not say.
+    """
 
     name: str
     sizes: np.ndarray
     misses: np.ndarray
     accesses: int
     rows: int
+    unique: float | None = None
 
 
 @dataclass(frozen=True)
@@ -58,25 +63,34 @@ class TuneReport:
     fp8_host_bytes: int
     fp8_host_fits: bool | None
     notes: list[str] = field(default_factory=list)
+    # Where the budget came from: "arena", "memory" (memory - reserve) or "target" (the
+    # smallest arena that meets it); the faults per access no arena avoids (each row's first
+    # use; None where the profile does not say) and whether a target can be met at all.
+    budget_from: str = "arena"
+    faults_per_access: float = 0.0
+    floor_fault_rate: float | None = None
+    target_reachable: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def load_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The JSON dict of a ``rowcache profile --save`` (or ``--json``) file, checked."""
+    """The JSON dict of a ``rowcache profile -o`` (or ``--json``) file, checked."""
     try:
         d = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: not a profile JSON (from `rowcache profile -o`): {e}") from e
+    except RecursionError:
         raise ConfigError(
-            f"{path}: not a profile JSON (from `rowcache profile --save`): {e}"
-        ) from e
+            f"{path}: not a profile JSON (from `rowcache profile -o`): nested too deeply to read"
+        ) from None
     curves_from_profile(d, source=str(path))
     return d
 
 
 def _fail(source: str, what: str) -> ConfigError:
-    return ConfigError(f"{source}: not a profile from `rowcache profile --save`: {what}")
+    return ConfigError(f"{source}: not a profile from `rowcache profile -o`: {what}")
 
 
 def curves_from_profile(
@@ -136,7 +150,20 @@ def curves_from_profile(
         rows = rows_list[i] if i < len(rows_list) else int(sizes.max())
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
             raise _fail(source, f"'table_rows'[{i}] must be an integer >= 1; got {rows!r}")
-        out.append(TableCurve(str(name), sizes, misses, acc, rows))
+        if np.isnan(misses).all():
+            feas = c.get("min_feasible")
+            raise _fail(
+                source,
+                f"{where}: every size is below its smallest feasible arena"
+                + (f" ({feas} rows)" if isinstance(feas, int) else "")
+                + "; profile larger sizes",
+            )
+        uniq = c.get("unique")
+        unique: float | None = None
+        if isinstance(uniq, (int, float)) and not isinstance(uniq, bool):
+            if math.isfinite(uniq) and uniq >= 0:
+                unique = float(uniq)
+        out.append(TableCurve(str(name), sizes, misses, acc, rows, unique))
     return out, {"tokens": tokens, "record_bytes": rec, "dtype": dtype}
 
 
@@ -214,7 +241,7 @@ def tune(
 
     Parameters
     ----------
-    profile : ProfileReport, its JSON dict, or the path of that JSON (``profile --save``)
+    profile : ProfileReport, its JSON dict, or the path of that JSON (``profile -o``)
     arena_bytes : budget for all arenas; or ``memory_bytes - reserve_bytes`` (both
         needed: ``reserve_bytes=0`` budgets the whole memory). With neither but a
         target, the budget is the smallest arena that meets the target.
@@ -247,25 +274,33 @@ def tune(
         if memory_bytes is not None or reserve_bytes is not None:
             raise ConfigError("give arena_bytes, or memory_bytes with reserve_bytes, not both")
         budget: int | None = parse_bytes(arena_bytes, "arena_bytes")
+        if budget == 0:
+            raise ConfigError("arena_bytes=0: the arena budget must be > 0 bytes")
+        budget_from = "arena"
     elif memory_bytes is not None:
         if reserve_bytes is None:
             raise ConfigError(
                 "memory_bytes needs reserve_bytes (what weights and KV cache keep); "
                 "reserve_bytes=0 budgets all of it"
             )
-        budget = parse_bytes(memory_bytes, "memory_bytes") - parse_bytes(
-            reserve_bytes, "reserve_bytes"
-        )
+        mem = parse_bytes(memory_bytes, "memory_bytes")
+        res = parse_bytes(reserve_bytes, "reserve_bytes")
+        if mem <= res:
+            raise ConfigError(
+                f"memory_bytes={mem} must exceed reserve_bytes={res}: the arena budget is "
+                "what the reserve leaves of the memory"
+            )
+        budget = mem - res
+        budget_from = "memory"
     elif reserve_bytes is not None:
         raise ConfigError("reserve_bytes needs memory_bytes")
     elif has_target:
         budget = None
+        budget_from = "target"
     else:
         raise ConfigError(
             "give a budget (arena_bytes, or memory_bytes with reserve_bytes) or a target"
         )
-    if budget is not None and budget <= 0:
-        raise ConfigError(f"the arena budget is {budget} bytes; memory must exceed reserve")
     if target_fault_seconds is not None and device is None:
         raise ConfigError("target_fault_seconds needs a device profile (rowcache bench-io)")
     tokens = meta["tokens"]
@@ -291,18 +326,29 @@ def tune(
 
     first = next((p for p in path if ok(p[1])), None) if has_target else None
     need = None if first is None else int(first[0])
+    # Each row's first use faults at any arena size: the floor of every curve.
+    uniques = [c.unique for c in curves if c.unique is not None]
+    floor = sum(uniques) if len(uniques) == len(curves) else None
+    best = path[-1][1]  # every table at its largest profiled size
+    flat = floor is not None and best <= floor * 1.01 + 1e-9
+    unreachable = ""
+    if has_target and first is None:
+        unreachable = _unreachable(
+            floor, best, flat, accesses, target_fault_rate, seconds, target_fault_seconds
+        )
     if budget is None:
         if first is None:
-            raise ConfigError(
-                "no profiled size reaches the target; profile larger sizes or give a budget"
-            )
+            raise ConfigError(unreachable)
         budget = need
         notes.append("no budget given: the arena is the smallest that meets the target")
     assert budget is not None
     if path[0][0] > budget:
         raise ConfigError(
-            f"the budget {budget} B is below the smallest feasible arenas ({path[0][0]} B: every "
-            "table's largest batch must fit); raise it or profile smaller batches"
+            f"the budget of {budget:,} byte{'' if budget == 1 else 's'} is below the smallest "
+            "feasible arenas "
+            f"({path[0][0]:,} bytes: each table's arena must hold a server step's distinct "
+            "rows); raise the budget, or trace with fewer concurrent requests or smaller "
+            "prefill chunks"
         )
     used, misses, rows = greedy_path(curves, rec, budget)[-1]
     target: dict[str, float] = {}
@@ -313,10 +359,16 @@ def tune(
         if target_fault_seconds is not None:
             target["fault_seconds_per_token"] = float(target_fault_seconds)
         meets = ok(misses)
-        if first is None:
-            notes.append("no profiled size reaches the target; profile larger sizes")
-    if rows == path[-1][2]:
-        notes.append("the largest profiled sizes fit: more memory gives no measured gain")
+        if unreachable:
+            notes.append(unreachable)
+    if rows == path[-1][2] and budget > used:
+        notes.append(
+            "every table is at its largest profiled size, where the curves are flat at the "
+            "compulsory floor: more memory gains nothing"
+            if flat
+            else "every table is at its largest profiled size and the curves still fall: "
+            "profile larger sizes to see what more memory gains"
+        )
     total_rows = sum(c.rows for c in curves)
     fp8_bytes = total_rows * (dim + 4)
     fits = None if memory_bytes is None else fp8_bytes <= budget
@@ -341,4 +393,45 @@ def tune(
         fp8_host_bytes=int(fp8_bytes),
         fp8_host_fits=fits,
         notes=notes,
+        budget_from=budget_from,
+        faults_per_access=misses / accesses,
+        floor_fault_rate=None if floor is None else floor / accesses,
+        target_reachable=None if not has_target else first is not None,
+    )
+
+
+def _unreachable(
+    floor: float | None,
+    best: float,
+    flat: bool,
+    accesses: int,
+    target_rate: float | None,
+    seconds: Any,
+    target_seconds: float | None,
+) -> str:
+    """Why no profiled size meets the target, and what would help (never "profile larger
+    sizes" when no arena, however large, can meet it)."""
+    low = floor if floor is not None else best
+    if target_rate is not None and floor is not None and floor / accesses > target_rate:
+        return (
+            "no profiled size reaches the target: it is below this trace's compulsory floor "
+            f"of {floor / accesses:.4g} faults per access (each row's first use faults at "
+            "any arena size), so no arena reaches it"
+        )
+    s_floor = seconds(low)
+    if target_seconds is not None and floor is not None and s_floor > target_seconds:
+        return (
+            "no profiled size reaches the target: it is below this trace's compulsory floor "
+            f"of {s_floor * 1e6:.4g} µs of fault I/O per token (each row's first use "
+            "faults at any arena size), so no arena reaches it on this disk"
+        )
+    if flat:
+        return (
+            "no profiled size reaches the target: the curves are flat at the largest "
+            f"profiled sizes ({best / accesses:.4g} faults per access)"
+        )
+    return (
+        "no profiled size reaches the target: the largest profiled sizes give "
+        f"{best / accesses:.4g} faults per access and the curves still fall; profile "
+        "larger sizes"
     )

@@ -101,11 +101,11 @@ def test_quiet_and_no_bars_off_a_terminal(small_trace, capsys):
     assert main(["profile", str(small_trace), "--sizes", "64,128"]) == 0
     assert capsys.readouterr().err == ""
     save = small_trace.parent / "p.json"
-    assert main(["profile", str(small_trace), "--sizes", "64", "--save", str(save)]) == 0
+    assert main(["profile", str(small_trace), "--sizes", "64", "-o", str(save)]) == 0
     assert "saved" in capsys.readouterr().err
-    assert main(["-q", "profile", str(small_trace), "--sizes", "64", "--save", str(save)]) == 0
+    assert main(["-q", "profile", str(small_trace), "--sizes", "64", "-o", str(save)]) == 0
     assert capsys.readouterr().err == ""
-    assert main(["profile", str(small_trace), "-q", "--sizes", "64", "--save", str(save)]) == 0
+    assert main(["profile", str(small_trace), "-q", "--sizes", "64", "-o", str(save)]) == 0
     assert capsys.readouterr().err == ""
 
 

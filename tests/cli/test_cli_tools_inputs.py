@@ -234,8 +234,8 @@ def test_profile_outputs_checked_before_the_computation(tr, capsys, monkeypatch)
         raise AssertionError("computed before checking the outputs")
 
     monkeypatch.setattr(prof, "profile_trace", never)
-    assert main(["profile", str(tr), "--save", str(tr / "no" / "dir" / "p.json")]) == 2
-    assert "--save" in err_line(capsys)
+    assert main(["profile", str(tr), "-o", str(tr / "no" / "dir" / "p.json")]) == 2
+    assert "-o/--out" in err_line(capsys)
     assert main(["profile", str(tr), "--png", str(tr)]) == 2
     assert "--png" in err_line(capsys)
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # not installed
@@ -251,7 +251,7 @@ def test_profile_png_failure_keeps_the_save(tr, capsys, monkeypatch):
 
     monkeypatch.setattr(plot, "plot_profile", broken)
     save = tr.parent / "p.json"
-    argv = ["profile", str(tr), "--sizes", "64", "--save", str(save), "--png", str(save) + ".png"]
+    argv = ["profile", str(tr), "--sizes", "64", "-o", str(save), "--png", str(save) + ".png"]
     assert main(argv) == 2
     err = err_line(capsys)
     assert "--png" in err and "disk full" in err and f"saved to {save}" in err
@@ -268,7 +268,7 @@ def test_profile_plot_groups_tables_by_order(tr, capsys):
 @pytest.fixture
 def prof(tr, capsys):
     p = tr.parent / "prof.json"
-    assert main(["profile", str(tr), "--sizes", "64,128,256,512", "--save", str(p), "-q"]) == 0
+    assert main(["profile", str(tr), "--sizes", "64,128,256,512", "-o", str(p), "-q"]) == 0
     capsys.readouterr()
     return p
 

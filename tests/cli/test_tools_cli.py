@@ -74,7 +74,7 @@ def test_trace_profile_tune_pipeline(workdir, capsys):
             "1.0",
             "--png",
             str(w / "p.png"),
-            "--save",
+            "-o",
             str(w / "prof.json"),
         ],
         capsys,

@@ -557,10 +557,32 @@ static PyObject *Reader_set_layout(Reader *self, PyObject *args) {
     }
     for (Py_ssize_t t = 0; t < T; t++)
         if (L64(self, L_RPP)[t] < 1 || L64(self, L_PPS)[t] < 1 || L64(self, L_REC)[t] < 1 ||
-            L64(self, L_PGB)[t] % PAGE || L64(self, L_REC)[t] > L64(self, L_PGB)[t]) {
+            L64(self, L_PGB)[t] % PAGE || L64(self, L_REC)[t] > L64(self, L_PGB)[t] ||
+            L64(self, L_RPP)[t] > L64(self, L_PGB)[t] / L64(self, L_REC)[t]) {
             PyErr_Format(PyExc_ValueError, "set_layout: table %zd has a bad page layout", t);
             goto fail;
         }
+    /* every row's file index (file_base[t] + its shard) must name one of the fds: the
+     * bases rise from 0 and each table has a file for every shard its rows fill */
+    const int64_t *fb = L64(self, L_FBASE);
+    for (Py_ssize_t t = 0; t < T; t++) {
+        int64_t nr = L64(self, L_ROWS)[t], rpp = L64(self, L_RPP)[t], pps = L64(self, L_PPS)[t];
+        int64_t pages = nr / rpp + (nr % rpp != 0), shards = pages / pps + (pages % pps != 0);
+        if ((t == 0 && fb[0] != 0) || nr < 0 || fb[t + 1] < fb[t] || fb[t + 1] - fb[t] < shards) {
+            PyErr_Format(PyExc_ValueError,
+                         "set_layout: table %zd's files (file_base) do not cover its %lld rows", t,
+                         (long long)nr);
+            goto fail;
+        }
+    }
+    if (self->lay[L_CRC].obj) { /* each file's page checksums: a rising range of crc */
+        const int64_t *cb = L64(self, L_CRCBASE);
+        for (Py_ssize_t f = 0; f < F; f++)
+            if ((f == 0 && cb[0] != 0) || cb[f + 1] < cb[f]) {
+                PyErr_SetString(PyExc_ValueError, "set_layout: crc_base does not rise from 0");
+                goto fail;
+            }
+    }
     self->merge_gap = gap, self->max_extent = maxe, self->direct = direct, self->have_layout = 1;
     Py_RETURN_NONE;
 fail:
@@ -623,7 +645,7 @@ static int runargs_parse(Reader *self, PyObject *const *o, int verify, runargs_t
     a->out = v[4].buf, a->n = v[0].len / 8, a->P = P, a->verify = verify;
     Py_ssize_t T = self->lay[L_ROWS].len / 8;
     int64_t rec = -1;
-    if (P && (a->bounds[0] != 0 || a->bounds[P] != a->n)) goto bad_args;
+    if (P ? (a->bounds[0] != 0 || a->bounds[P] != a->n) : a->n != 0) goto bad_args; /* rows need parts */
     for (Py_ssize_t k = 0; k < P; k++) {
         int32_t t = a->tables[k];
         if (t < 0 || t >= T || a->bounds[k + 1] < a->bounds[k]) goto bad_args;

@@ -25,6 +25,7 @@ from rowcache.cli.app import (
 )
 from rowcache.cli.store import human_bytes, plural  # one renderer for every subcommand
 from rowcache.errors import ConfigError
+from rowcache.tools.resources import available_memory
 
 MAX_ROWS = 1 << 40  # rows per table the tools accept (the shared arena's key space)
 NA = "n/a"
@@ -80,18 +81,6 @@ def write_json(path: str, obj: dict[str, Any]) -> None:
     Path(path).write_text(
         json.dumps(obj, default=lambda x: x.tolist() if hasattr(x, "tolist") else str(x))
     )
-
-
-def available_memory() -> int | None:
-    """Bytes of memory a new allocation can have now (Linux ``MemAvailable``), or None."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def check_writable(flag: str, path: str) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError
+from rowcache.tools.resources import available_device_memory, available_memory
 from rowcache.tools.tokens import load_hf_tokenizer, python_files, stdlib_files, tokenizer_json_path
 
 LONGCAT_VOCAB = 131072
@@ -110,6 +111,81 @@ class DemoConfig:
     def arena_slots(self) -> list[int]:
         """Each table's share of the one arena: ``arena_fraction`` of its rows."""
         return [max(1, int(self.arena_fraction * r)) for r in self.table_rows()]
+
+    def memory_need(self) -> tuple[int, int]:
+        """Estimated peak bytes of host memory and of GPU memory (0 on the CPU) of the run.
+
+        Host: the libraries and tokenizer (300 MiB), the word embedding, the synthetic BF16
+        tables, the arena, the row maps and, for FP8, the quantized copies and their
+        float32 temporaries. Fitted to measured peak RSS on the dev machine (2026-12-04,
+        ``--tokens 20000``: ratio 1 / 4 / 8 at 0.41-0.42 / 0.69-1.0 / 1.1-1.8 GiB, BF16 /
+        FP8), which it bounds from above by 10-25 %. GPU: the resident tables, the word
+        embedding, the arena, the device row map and 256 MiB of graphs and scratch.
+        """
+        tables = sum(self.table_rows()) * (self.hidden_size // TABLES) * 2  # BF16 bytes
+        word = LONGCAT_VOCAB * self.hidden_size * 2
+        per_table = (2.0 if self.dtype == "fp8" else 1.0) + self.arena_fraction
+        host = _BASE_HOST + word + int(per_table * tables)
+        if self.device != "cuda":
+            return host, 0
+        shrink = 0.5 if self.dtype == "fp8" else 1.0  # FP8 codes: half a BF16 value
+        rows = sum(self.table_rows())
+        device = (
+            _BASE_DEVICE
+            + word
+            + int(shrink * tables * (1 + self.arena_fraction))
+            + rows * (4 + (4 if self.dtype == "fp8" else 0))  # device map + FP8 scales
+        )
+        return host, device
+
+
+_BASE_HOST = 300 << 20  # interpreter, numpy, tokenizer, the text's ids
+_BASE_DEVICE = 256 << 20  # CUDA graphs, gather outputs, the pool's slack
+
+
+def check_memory(cfg: DemoConfig, xp: Any = None) -> None:
+    """Refuse ``cfg`` before anything is allocated when its estimated peak
+    (:meth:`DemoConfig.memory_need`) exceeds the memory available now, with both figures
+    and the largest ``ratio`` that would fit."""
+    host, device = cfg.memory_need()
+    checks = [("host memory", host, available_memory())]
+    if device and xp is not None:
+        checks.append(("GPU memory", device, available_device_memory(xp)))
+    for what, need, have in checks:
+        if have is None or need <= have:
+            continue
+        unit = dataclasses.replace(cfg, ratio=1.0)
+        fixed = (unit.memory_need()[0 if what == "host memory" else 1]) - _table_part(unit, what)
+        per_ratio = _table_part(unit, what)
+        fits = (have - fixed) / per_ratio if have > fixed else 0.0
+        hint = (
+            f"give ratio={_round_down(fits)} or less"
+            if fits >= 0.01
+            else f"hidden_size={cfg.hidden_size} does not fit at any ratio: give a smaller one"
+        )
+        raise ConfigError(
+            f"ratio={cfg.ratio:g}, hidden_size={cfg.hidden_size}, dtype={cfg.dtype} needs "
+            f"about {_gib(need)} of {what} (estimated: tables of {sum(cfg.table_rows()):,} "
+            f"rows), and {_gib(have)} is available: {hint}"
+        )
+
+
+def _table_part(cfg: DemoConfig, what: str) -> int:
+    """The part of :meth:`DemoConfig.memory_need` that scales with the table rows."""
+    host, device = cfg.memory_need()
+    word = LONGCAT_VOCAB * cfg.hidden_size * 2
+    return host - _BASE_HOST - word if what == "host memory" else device - _BASE_DEVICE - word
+
+
+def _round_down(x: float) -> str:
+    """``x`` to two significant digits, rounded down (``187.3`` -> ``180``)."""
+    step = 10.0 ** (int(np.floor(np.log10(x))) - 1)
+    v = np.floor(x / step) * step
+    return f"{v:.{max(0, -int(np.floor(np.log10(step))))}f}"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
 
 
 def _round_up(x: float) -> str:
@@ -229,6 +305,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> DemoReport:
         from rowcache.kernels.loader import require_cupy
 
         xp = require_cupy("rowcache demo --device cuda")
+    check_memory(cfg, xp if xp is not np else None)
 
     tok_path = tokenizer_json_path(cfg.tokenizer or "deepseek")
     files = text_files(cfg.text)

@@ -150,3 +150,49 @@ def test_demo_cli_cuda_without_a_gpu_names_the_flag(capsys):
     assert main(["demo", "--device", "cuda", "--tokens", "500", "--ratio", "0.02"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--device cpu" in err and "device='cpu'" not in err
+
+
+def test_demo_too_large_for_the_machine_is_refused_before_allocating():
+    """Issue 39 item 15: `demo --ratio 100000` (tens of TiB) was killed by the kernel with no
+    word; now, in a child process, one line with the estimate, what is available and the
+    largest ratio that fits, exit 2, in about the time of an import."""
+    import subprocess
+    import sys
+    import time
+
+    t0 = time.monotonic()
+    p = subprocess.run(
+        [sys.executable, "-m", "rowcache", "demo", "--ratio", "100000", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "--ratio 100000" in lines[0] and "GiB of host memory" in lines[0]
+    assert "is available: give --ratio" in lines[0], lines[0]
+    assert time.monotonic() - t0 < 60
+
+
+def test_demo_memory_estimate_suggests_a_ratio_that_fits(monkeypatch):
+    import rowcache.tools.demo as demo
+
+    cfg = DemoConfig(**(TINY | {"ratio": 8.0}))
+    host, device = cfg.memory_need()
+    assert device == 0 and host > 300 << 20
+    fp8 = DemoConfig(**(TINY | {"ratio": 8.0, "dtype": "fp8"}))
+    assert fp8.memory_need()[0] > host  # the quantized copies and their temporaries
+    have = host - (1 << 20)
+    monkeypatch.setattr(demo, "available_memory", lambda: have)
+    with pytest.raises(ConfigError, match=r"give ratio=([0-9.]+) or less") as e:
+        demo.check_memory(cfg)
+    import re
+
+    fits = float(re.search(r"give ratio=([0-9.]+)", str(e.value)).group(1))
+    assert 0 < fits < 8.0
+    smaller = DemoConfig(**(TINY | {"ratio": fits}))
+    assert smaller.memory_need()[0] <= have
+    demo.check_memory(smaller)  # the suggestion is accepted
+    monkeypatch.setattr(demo, "available_memory", lambda: None)  # not Linux: no check
+    demo.check_memory(cfg)

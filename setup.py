@@ -39,7 +39,7 @@ class OptionalBuildExt(build_ext):
 
 
 HOST_SOURCES = ["host_module", "pool", "pybuf", "ngram_hash", "lru_hits", "lru_miss", "lru_touch"]
-HOST_HEADERS = ["pool", "pybuf", "ngram_hash", "lru_hits", "lru_miss", "lru_touch"]
+HOST_HEADERS = ["pool", "pybuf", "ngram_hash", "lru_hits", "lru_miss", "lru_slots", "lru_touch"]
 
 ext_modules = [
     Extension(

@@ -26,6 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rowcache
 from bench._common import drop_cache, make_source, report, store_files
+from rowcache.cache.parts import PartReader
 from rowcache.io.checksum import page_crcs_of_file
 from rowcache.io.reader import RowReader
 
@@ -91,33 +92,36 @@ def parts_of(cache, rows: np.ndarray) -> list[tuple[int, np.ndarray]]:
     ]
 
 
-def time_steps(cache, step_rows: list[np.ndarray], sync) -> tuple[np.ndarray, np.ndarray]:
-    """Microseconds of each step's ``resolve`` and of the reader call inside it."""
-    reader = cache._reader
-    inner = type(reader).read_batch
-    io = [0.0]
+class TimedReads(PartReader):
+    """A cache's reads (``NgramRowCache.assemble(part_reader=TimedReads)``), timed:
+    ``seconds`` sums the reader's calls."""
 
-    def timed(*a, **kw):
+    def __init__(self, inner: PartReader) -> None:
+        super().__init__(inner.store, inner.part_tables, inner.row_offsets, inner.reader)
+        self.seconds = 0.0
+
+    def read(self, rows, staging, reader=None):
         t0 = time.perf_counter()
         try:
-            return inner(reader, *a, **kw)
+            return super().read(rows, staging, reader)
         finally:
-            io[0] += time.perf_counter() - t0
+            self.seconds += time.perf_counter() - t0
 
-    reader.read_batch = timed
+
+def time_steps(cache, step_rows: list[np.ndarray], sync) -> tuple[np.ndarray, np.ndarray]:
+    """Microseconds of each step's ``resolve`` and of the reader call inside it (``cache``:
+    a cache and its :class:`TimedReads`)."""
+    cache, reads = cache
     us, io_us = [], []
-    try:
-        for rows in step_rows:
-            cache.end_batch()
-            io[0] = 0.0
-            t0 = time.perf_counter()
-            cache.resolve(rows)
-            sync()
-            us.append((time.perf_counter() - t0) * 1e6)
-            io_us.append(io[0] * 1e6)
-            assert cache.last_faults == rows.size
-    finally:
-        del reader.read_batch
+    for rows in step_rows:
+        cache.end_batch()
+        reads.seconds = 0.0
+        t0 = time.perf_counter()
+        cache.resolve(rows)
+        sync()
+        us.append((time.perf_counter() - t0) * 1e6)
+        io_us.append(reads.seconds * 1e6)
+        assert cache.last_faults == rows.size
     return np.array(us), np.array(io_us)
 
 
@@ -170,19 +174,27 @@ def main(argv: list[str] | None = None) -> int:
         base.reader = RowReader(
             spath, base.tables, shard_files, queue_depth=qd, direct=direct, page_crcs=crcs, **kw
         )
-        cache = rowcache.NgramRowCache(base, names, slots=slots, device=args.device, reader="posix")
+        made: list[TimedReads] = []
+
+        def timed(reads: PartReader) -> TimedReads:
+            made.append(TimedReads(reads))
+            return made[-1]
+
+        cache = rowcache.NgramRowCache.assemble(
+            base, names, slots=slots, device=args.device, reader="posix", part_reader=timed
+        )
         # one row of every shard first: the timed steps never pay a file's first open
         firsts = [
             (t, np.arange(info.shards, dtype=np.int64) * info.rows_per_shard)
             for t, info in enumerate(base.tables)
         ]
-        cache._reader.read_parts(firsts)
+        made[0].reader.read_parts(firsts)
         per = slots // args.tables  # fill the arena with long runs (few, large reads)
         for k in range(args.tables):
             for a in range(0, per, 1 << 14):
                 cache.resolve(cache.global_ids(k, np.arange(a, min(per, a + (1 << 14)))))
                 cache.end_batch()
-        return cache
+        return cache, made[0]
 
     ks = [int(k) for k in args.ks.split(",")]
     caches = {
@@ -191,18 +203,20 @@ def main(argv: list[str] | None = None) -> int:
         "threads": make_cache(True, engine="threads"),
         "python": make_cache(True, engine="python"),
     }
-    engine = caches["checked"]._reader.engine
+    engine = caches["checked"][1].reader.engine
     for k in ks:
         steps = max(3, min(args.steps, 6 * 3072 // (k * 4) + 2))
         row = {"k": k, "steps": steps}
         for name, cache in caches.items():
-            us, io_us = time_steps(cache, random_steps(rng, cache, k, steps + 1), sync)
+            us, io_us = time_steps(cache, random_steps(rng, cache[0], k, steps + 1), sync)
             row[f"{name}_ms"] = float(np.median(us[1:])) / 1e3
             if name == "checked":
                 row["read_ms"] = float(np.median(io_us[1:])) / 1e3
         # the floor: another k rows' read plan, by C, per step
-        ref = caches["checked"]
-        plans = [ref._reader.plan_parts(parts_of(ref, r)) for r in random_steps(rng, ref, k, steps)]
+        ref, ref_reads = caches["checked"]
+        plans = [
+            ref_reads.reader.plan_parts(parts_of(ref, r)) for r in random_steps(rng, ref, k, steps)
+        ]
         reads = [(p.file, p.start, p.length) for p in plans]
         best = None
         for mode in ("threads", "uring"):
@@ -220,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         row["cold_target_ms"] = target
         row["cold_ok"] = "yes" if row["checked_ms"] <= target else "no"
         results.append(row)
-    for c in caches.values():
-        c._reader.close()
+    for _, reads in caches.values():
+        reads.reader.close()
     # warm page cache: buffered reads, every shard file read once first
     warm = make_cache(False)
     warm_u = make_cache(False, verify_pages=False)
@@ -232,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in results:
         k = row["k"]
         for name, cache in (("warm", warm), ("warm_unchecked", warm_u)):
-            us, io_us = time_steps(cache, random_steps(rng, cache, k, row["steps"] + 1), sync)
+            us, io_us = time_steps(cache, random_steps(rng, cache[0], k, row["steps"] + 1), sync)
             row[f"{name}_ms"] = float(np.median(us[1:])) / 1e3
             if name == "warm":
                 row["warm_read_ms"] = float(np.median(io_us[1:])) / 1e3

@@ -37,6 +37,7 @@
 
 #include "lru_hits.h"   /* lru_hits, lru_compact */
 #include "lru_miss.h"   /* lru_plan, lru_commit: the miss path */
+#include "lru_slots.h"  /* the slot states, exported as SLOT_* */
 #include "lru_touch.h"  /* lru_scan, lru_touch_start, lru_touch_wait: the deferred touch */
 #include "ngram_hash.h" /* hash_packed */
 
@@ -55,4 +56,14 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "rowcache.kernels._host", NULL, -1,
                                     methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__host(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__host(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL || PyModule_AddIntConstant(m, "SLOT_FREE", RC_SLOT_FREE) ||
+        PyModule_AddIntConstant(m, "SLOT_RESIDENT", RC_SLOT_RESIDENT) ||
+        PyModule_AddIntConstant(m, "SLOT_READING", RC_SLOT_READING) ||
+        PyModule_AddIntConstant(m, "SLOT_READ", RC_SLOT_READ)) {
+        Py_XDECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -15,6 +15,7 @@
 
 #include "lru_hits.h"
 #include "lru_miss.h"
+#include "lru_slots.h"
 #include "pool.h"
 #include "pybuf.h"
 
@@ -46,12 +47,10 @@ typedef struct {
     Py_ssize_t bad, n_u, n_miss, fresh;
 } PlanPart;
 
-/* busy[slot] (NgramRowCache._busy): 0, or the slot is reserved by a prefetch piece in
- * flight, whose row is still being read (BUSY_READING) or was read into the slot by a
- * resolve already (BUSY_READ: a hit; the piece writes the same bytes again). Neither is a
- * victim; a scan passing either, but a pinned or this call's BUSY_READ slot, says so. */
-#define BUSY_READING 1
-#define BUSY_READ 2
+/* state[slot] (the slot table's, csrc/lru_slots.h): a slot reserved by a prefetch piece in
+ * flight, whose row is still being read (RC_SLOT_READING) or was read into the slot by a
+ * resolve already (RC_SLOT_READ: a hit; the piece writes the same bytes again), is no
+ * victim; a scan passing either, but a pinned or this call's READ slot, says so. */
 
 /* One part of lru_plan's scan: range check, its ids sorted (scr[lo:hi], scr[n + lo:] as
  * the sort's buffer) and deduplicated into uniq[lo:], their slots into slots[lo:] (-1:
@@ -101,7 +100,7 @@ static void *plan_scan(void *arg) {
             missing[n_miss++] = uniq[j];
         } else {
             fresh += last_used[s] != h->batch;
-            if (busy && busy[s] == BUSY_READING) {
+            if (busy && busy[s] == RC_SLOT_READING) {
                 h->status = 4;
             }
         }
@@ -113,7 +112,7 @@ static void *plan_scan(void *arg) {
 }
 
 /* lru_plan(ids i64[n], rows, row_slot i32[R], slot_row i32[S], last_used i64[S], log i32[C],
- *          log_pos i32[S], head, tail, batch, busy u8[S] | None, avail, work i32[5n],
+ *          log_pos i32[S], head, tail, batch, state u8[S] | None, avail, work i32[5n],
  *          scratch i32[2n][, threads]) -> (status, n_u, n_miss, fresh_hits, n_ev, new_head,
  *          end, passed_busy)
  * The first half of a resolve with misses (NgramRowCache._resolve_unique's Python path up
@@ -263,16 +262,16 @@ PyObject *rc_lru_plan(PyObject *self, PyObject *args) {
             if (s < 0 || s >= S || log_pos[s] != (int32_t)p) {
                 continue; /* stale: the slot has a newer entry */
             }
-            int b = busy ? busy[s] : 0;
-            int ok = last_used[s] != batch && !b;
-            if ((ok && fresh > 0) || (b == BUSY_READ && last_used[s] != batch)) {
+            int b = busy ? busy[s] : RC_SLOT_RESIDENT;
+            int ok = last_used[s] != batch && b < RC_SLOT_READING;
+            if ((ok && fresh > 0) || (b == RC_SLOT_READ && last_used[s] != batch)) {
                 /* a hit of this call is pinned by it: no victim, and no slot passed */
                 int32_t r = slot_row[s];
                 int hit = r >= 0 && r < R && sorted_has(uniq, n_u, r) && row_slot[r] == s;
                 ok = ok && !hit;
-                passed_busy |= b == BUSY_READ && !hit;
+                passed_busy |= b == RC_SLOT_READ && !hit;
             }
-            passed_busy |= b == BUSY_READING;
+            passed_busy |= b == RC_SLOT_READING;
             if (ok) {
                 victims[got++] = s;
             } else if (first_kept < 0) {

@@ -32,7 +32,7 @@ class Series:
     ``out``, per timed step: (seconds, tokens, kind, hits, misses, fault seconds, seconds
     its resolves waited for prefetches in flight, seconds the embedding call held the host
     thread, ``perf_counter`` at its start, seconds of its prefetch calls, its demand faults'
-    phases (plan, read, commit, launch: ``NgramRowCache._fault_phases``), seconds of a turn's
+    phases (plan, read, commit, launch: ``NgramRowCache.fault_phases``), seconds of a turn's
     end charged to it: in its seconds, not in its latency, see :meth:`run`). ``issued``: per
     prefetch call of a timed step ``(step it was issued at, step it is for, handle)``
     (:func:`prefetch_timeline`). ``lookahead``: 0, or how many steps ahead prefill chunks
@@ -102,10 +102,10 @@ class Series:
         timed = k >= self.warm
         if self.record is not None and timed:  # the rows this step will fault (a peek)
             g = np.unique((st.batch.host_ids() + cache.row_offsets[:-1, None]).ravel())
-            self.record.append(g[cache._row_slot[g] < 0])
+            self.record.append(g[~cache.is_resident(g)])
         s0 = cache.stats() if cache is not None else None
-        taken0 = getattr(cache, "_rows_taken", 0)
-        p0 = cache._fault_phases.copy() if cache is not None else None
+        taken0 = getattr(cache, "rows_taken", 0)
+        p0 = cache.fault_phases if cache is not None else None
         t0 = time.perf_counter()
         emb = self.emb if self.graphs is None or st.prefill is not None else self.graphs
         prof = self.profile if timed and self.profile_kind in (None, st.kind) else None
@@ -142,35 +142,32 @@ class Series:
             if s0 is not None:
                 s1 = cache.stats()
                 self.reread += getattr(s1, "rows_reread", 0) - getattr(s0, "rows_reread", 0)
-                self.taken += getattr(cache, "_rows_taken", 0) - taken0
+                self.taken += getattr(cache, "rows_taken", 0) - taken0
                 f = (
                     s1.hits - s0.hits,
                     s1.misses - s0.misses,
                     s1.fault_seconds - s0.fault_seconds,
                     s1.prefetch_wait_seconds - s0.prefetch_wait_seconds,
                 )
-            ph = tuple(cache._fault_phases - p0) if cache is not None else (0.0,) * 4
+            ph = tuple(cache.fault_phases - p0) if cache is not None else (0.0,) * 4
             self.out.append((dt, st.tokens, st.kind, *f, t_embed, t0, t_pf, ph, 0.0))
 
     def _hold(self) -> None:
         """At a turn's end: no prefetch piece starts until this series runs again, and the
         pieces being read finish now (the caller charges the wait to the turn's last step).
-        The cache's prefetch thread takes pieces under ``_pf_qlock`` (a bench-only hold:
-        while other series run, this one's reads neither slow them nor advance)."""
+        (``NgramRowCache.pause_prefetch``: while other series run, this one's reads neither
+        slow them nor advance)."""
         cache = self.cache
-        if cache is None or not hasattr(cache, "_pf_qlock"):
+        if cache is None or not hasattr(cache, "pause_prefetch"):
             self.finish()
             return
-        cache._pf_qlock.acquire()
+        cache.pause_prefetch()
         self.held = True
-        for job in list(cache._jobs):
-            if job.started:
-                job.event.wait()
 
     def _release(self) -> None:
         if self.held:
             self.held = False
-            self.cache._pf_qlock.release()
+            self.cache.resume_prefetch()
 
     def finish(self) -> list[tuple]:
         """Wait for the prefetches still in flight; returns :attr:`out`."""
@@ -187,7 +184,7 @@ def prefetch_timeline(s: Series) -> dict[str, Any]:
     while reading, how long pieces queued, the thread's busy share of the series' timed steps, and per prefill step how much of its own prefetch
     was still unread at its start and how late its last piece landed (ms after the step's
     start; <= 0: on time)."""
-    own = [j for _, _, h in s.issued for j in h._jobs]
+    own = [j for _, _, h in s.issued for j in h.pieces(taken=False)]
     jobs = [j for j in own if j.times[1] and j.rows.size]
     if not jobs:
         return {}
@@ -198,7 +195,7 @@ def prefetch_timeline(s: Series) -> dict[str, Any]:
     timed = float(sum(r[0] for r in s.out))
     late, unread = [], []
     for _, j, h in s.issued:
-        js = [x for x in h._all_jobs() if x.times[1]]
+        js = [x for x in h.pieces() if x.times[1]]
         if j not in start or not js:
             continue
         late.append(1e3 * (max(x.times[3] for x in js) - start[j]))

@@ -1,9 +1,10 @@
 """The row cache: a bounded arena of row slots over one store table (or several).
 
-:class:`NgramRowCache` (``row_cache``) is the public class; the LRU log and pins (``lru``),
-the demand fault path (``fault``, ``buffers``), deferred faults (``deferred``), the device
-row map (``device_map``) and prefetch (``prefetch``, ``prefetch_book``, ``in_flight``) are
-its parts, over the shared slot state declared in ``state``.
+:class:`NgramRowCache` (``row_cache``) is the public facade over objects that each own
+their state: the slot table (``slots``), the LRU (``lru``; the miss plan it hands from
+planning to committing: ``plan``), the arena and device map (``arena``), the reads of the
+parts (``parts``), the faulter (``faulter``), the prefetcher (``prefetcher``; its pieces and
+handles: ``prefetch``) and the counters (``stats``).
 """
 
 from __future__ import annotations

@@ -1,61 +1,58 @@
-"""The LRU log and pins of ``NgramRowCache``: victims, touch, compaction, the hit path.
+"""The LRU of ``NgramRowCache``: recency, pins, victims; its C and its Python reference.
 
-Owns the mixin :class:`LruLog` over the cache's slot arrays (``_row_slot``,
-``_slot_row``, ``_last_used``, ``_log``, ``_log_pos``, head and tail): the all-hits
-path in one C call (``csrc/lru_hits.c``), counting and pinning a call's slots, the
-choice of victims, moving slots to the log's tail or head, compaction. Reads and
-writes no rows (``rowcache.cache.fault``, also the native miss path: its C victim choice
-mirrors ``_choose_victims``); the log's rules are in ``rowcache.cache.row_cache``.
+Owns :class:`Lru`, the only writer of the slots' recency (the batch of last use, which
+also pins: a slot is pinned while its last use is the current batch), the LRU log and
+its bounds, and the pin count. Each operation is here twice, side by side: the native
+one (``rowcache.kernels._host``: the all-hits path, the scan and the deferred touch, the
+miss plan and its commit, compaction; ``csrc/lru_*.c``) and the Python one, which is its
+reference (tests compare the two). Reads the slot table (``rowcache.cache.slots``); writes
+it only through the native commit, which maps a plan's misses into their victims.
+
+Log rules. Recency is the batch in which a slot was last resolved. Each resolve appends
+its slots to the log (an int32 array) in ascending row-id order; ``log_pos[slot]`` is the
+position of the slot's live entry, so older entries of that slot are stale. Victims are
+the first live entries from the head whose slots are neither pinned nor reserved by a
+prefetch: least recently used first, and within one batch a smaller row id counts as
+older (the tie rule that makes batch-LRU a stack algorithm, so that
+``rowcache.tools.miss_ratio_curve(..., batch=...)`` predicts this cache's faults exactly).
+The log has a slack of at least as many entries as slots and is compacted in place when
+full: O(1) amortized per access.
+
+Deferred touch. An all-hits resolve of at least ``defer_min`` ids (``DEFER_MIN``, where
+the process may use 4 CPUs or more) returns once its scan has found every row resident
+and a background C thread pins and logs its slots (``csrc/lru_touch.c``). Until
+:meth:`Lru.finish_touches` has taken in its result the log bounds and pins are owed to it:
+the facade finishes the touches before any call that reads them.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Any
 
 import numpy as np
 
-from rowcache.cache.state import CacheState
+from rowcache.cache.plan import MissPlan
+from rowcache.cache.slots import READ, READING, SlotTable
+from rowcache.cache.stats import Counters
+from rowcache.errors import ConfigError
 from rowcache.kernels.host import HOST_THREADS, TOUCH_THREADS, USABLE_CPUS
-from rowcache.store.handle import check_row_ids
 
 # An all-hits call of at least this many ids returns after its scan and leaves the
 # touch (sort, pin, log: ~90 % of its C time) to a background thread, which the cache's
-# next locked call waits for (csrc/lru_touch.c); where the process may use at least 4
-# CPUs only (on 2, the touch competed with the caller: the retired bench/host_threads.py, docs/results/).
+# next call waits for (csrc/lru_touch.c); where the process may use at least 4 CPUs only
+# (on 2, the touch competed with the caller: the retired bench/host_threads.py, docs/results/).
 DEFER_MIN = 2048 if USABLE_CPUS >= 4 else 1 << 62
 
+# Rows (all parts) from which the native miss path splits a large call's plan and commit over
+# HOST_THREADS: a row map of 64 MB or more outgrows the CPU's caches, its look-ups wait on
+# memory, and parts on several cores overlap those waits. Below it a part's work is about a
+# pool worker's wake-up, and the 2-CPU dev machine's serve run (6,000-row tables) planned and
+# committed a prefill step's call slower in parts (docs/results/2026-12-03-sixteenth-session.md).
+MISS_PARTS_MIN_ROWS = 1 << 24
 
-class SettlingLock:
-    """The cache's lock (re-entrant): entering it first finishes a deferred fault
-    (``DeferredFaults._finish_deferred``: may raise its read's error) and a deferred touch, so
-    no method sees the LRU state before the commit and touch it is owed. ``raw`` is the
-    bare lock, for the methods that do not read that state (``end_batch`` needs only the
-    batch, and finishes a deferred fault itself)."""
-
-    __slots__ = ("_cache", "raw")
-
-    def __init__(self, cache: Any) -> None:
-        self.raw = threading.RLock()
-        self._cache = weakref.ref(cache)  # no cycle: the cache's arrays go with it
-
-    def __enter__(self) -> SettlingLock:
-        self.raw.acquire()
-        c = self._cache()
-        if c is not None and (c._touching or c._deferred is not None):
-            try:
-                if c._deferred is not None:  # a deferred fault's read: joined, committed
-                    c._finish_deferred()
-                if c._touching:
-                    c._finish_touch()
-            except BaseException:
-                self.raw.release()
-                raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.raw.release()
+HIT, MISS, ELSE = 0, 1, 2
+"""What :meth:`Lru.hits` found: every row resident (touched), a miss (nothing changed;
+the ids are in range), or neither (the Python path must look: a bad id)."""
 
 
 def sorted_unique(a: np.ndarray) -> np.ndarray:
@@ -71,76 +68,178 @@ def sorted_unique(a: np.ndarray) -> np.ndarray:
     return u
 
 
-class LruLog(CacheState):
-    """LRU bookkeeping of :class:`rowcache.cache.row_cache.NgramRowCache` (a mixin over its
-    arrays). ``_host_lib()`` gives the native host kernels (``rowcache.kernels.host.native``,
-    or None), looked up where tests swap them."""
+def member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """bool[len(values)]: which ``values`` are in ``sorted_set`` (sorted, unique): one
+    binary search a value; ``np.isin`` sorts both sides on every call."""
+    if not sorted_set.size:
+        return np.zeros(values.shape, dtype=bool)
+    i = sorted_set.searchsorted(values)
+    i[i == sorted_set.size] = 0
+    return sorted_set[i] == values
 
-    _scratch: np.ndarray
-    _scratch2: np.ndarray  # the keys of a touch queued behind one that holds _scratch
-    # deferred touches, oldest first: (handle or result, its batch, the scratch it holds)
-    _touching: list[tuple[Any, int, np.ndarray]]
-    _deferred: Any  # rowcache.cache.deferred.DeferredFault | None
-    _defer_min: int  # ids from which an all-hits call defers its touch (DEFER_MIN)
 
-    def _host_lib(self) -> Any:
-        raise NotImplementedError
+class Lru:
+    """Recency and pins of a :class:`SlotTable`'s slots, in a log.
+
+    Parameters
+    ----------
+    slots : the slot table (read here; written by the native commit only).
+    counters : where the hits of deferred touches are counted.
+    native : the native host kernels (``rowcache.kernels.host.native``), or None for the
+        Python reference everywhere.
+    defer_min : ids from which an all-hits call defers its touch (:data:`DEFER_MIN`).
+    log_slack : log entries beyond the slots (default ``max(slots, 2**14)``; at least
+        ``slots``): fewer compact more often.
+
+    Attributes (read them; only this object writes them)
+    ----------
+    last_used : int64[slots], the batch of each slot's last use (-1: never).
+    log : int32[slots + slack], slots in touch order; ``log[head:tail]`` the live window.
+    log_pos : int32[slots], each slot's live entry.
+    head, tail : the log's bounds. batch : the current batch. pinned : slots it pinned.
+    """
+
+    def __init__(
+        self,
+        slots: SlotTable,
+        counters: Counters,
+        native: Any,
+        *,
+        defer_min: int = DEFER_MIN,
+        log_slack: int | None = None,
+    ) -> None:
+        S = slots.num_slots
+        self.slots = slots
+        self.counters = counters
+        self.native = native
+        self.defer_min = defer_min
+        self.last_used = np.full(S, -1, dtype=np.int64)
+        # Slack of S entries: a compaction (O(S)) every S / k calls of k unique rows, i.e.
+        # about one entry moved per row touched. (At least S: a call's entries fit after a
+        # compaction.)
+        slack = max(S, 1 << 14) if log_slack is None else log_slack
+        if slack < S:
+            raise ConfigError(f"log_slack={log_slack!r}: give at least the slots ({S})")
+        self.log = np.empty(S + slack, dtype=np.int32)
+        self.log[:S] = np.arange(S, dtype=np.int32)
+        self.log_pos = np.arange(S, dtype=np.int32)
+        self.head, self.tail = 0, S
+        self.batch = 0
+        self.pinned = 0
+        self._scratch = np.empty(0, dtype=np.int32)  # the hit path's sort buffer
+        self._scratch2 = np.empty(0, dtype=np.int32)  # a queued touch's
+        # deferred touches, oldest first: (handle or result, its batch, the scratch it holds)
+        self._touching: list[tuple[Any, int, np.ndarray]] = []
+        self._miss_threads = HOST_THREADS if slots.rows >= MISS_PARTS_MIN_ROWS else 1
 
     def __del__(self) -> None:
         # a touch still in flight holds the arrays (and a slot of the C side): finish it
         if getattr(self, "_touching", None):
             try:
-                self._finish_touch()
+                self.finish_touches()
             except Exception:
                 pass
 
-    def _finish_touch(self, keep: int = 0) -> None:
-        """Wait for the deferred touches (``csrc/lru_touch.c``), oldest first, all but the
-        newest ``keep``, and take in their results: the log's bounds, the hits they
-        counted, and their pins while their batch lasts."""
+    # -- batches and pins --------------------------------------------------
+    def end_batch(self) -> None:
+        """The next batch begins: every slot of this one is unpinned at once."""
+        self.pinned = 0
+        self.batch += 1
+
+    def pin_mask(self) -> np.ndarray:
+        """bool[slots]: pinned by the current batch."""
+        return self.last_used == self.batch
+
+    def free_or_unpinned(self) -> int:
+        """Slots neither pinned nor reserved by a prefetch."""
+        return self.slots.num_slots - self.pinned - self.slots.reserved
+
+    # -- the deferred touch ------------------------------------------------
+    @property
+    def touching(self) -> bool:
+        """A deferred touch is pending: log bounds and pins are owed to it."""
+        return bool(self._touching)
+
+    def finish_touches(self, keep: int = 0) -> None:
+        """Wait for the deferred touches, oldest first, all but the newest ``keep``, and
+        take in their results: the log's bounds, the hits they counted, and their pins
+        while their batch lasts."""
         while len(self._touching) > keep:
             handle, batch, _ = self._touching.pop(0)
-            res = handle if type(handle) is tuple else self._host_lib().lru_touch_wait(handle)
-            status, fresh, self._head, self._tail = res
+            res = handle if type(handle) is tuple else self.native.lru_touch_wait(handle)
+            status, fresh, self.head, self.tail = res
             if status:
                 raise AssertionError("the LRU log had no room for a touch after compaction")
-            self._stats["hits"] += fresh
-            if batch == self._batch:
-                self._pinned += fresh
+            self.counters.hits += fresh
+            if batch == self.batch:
+                self.pinned += fresh
 
-    def _native_for(self, row_ids: Any) -> Any:
-        """The native host kernels, where a call may use them: ``row_ids`` a contiguous
-        int64 NumPy vector and no prefetch to settle; else None."""
-        native = self._host_lib()
-        if (
-            native is None
-            or type(row_ids) is not np.ndarray
-            or row_ids.dtype != np.int64
-            or row_ids.ndim != 1
-            or not row_ids.flags.c_contiguous
-            or self._jobs
-            or self._failed
-        ):
-            return None
-        return native
+    def _start_touch(self, scratch: np.ndarray, n: int, after: int = -1) -> None:
+        """Hand the touch of an all-hits call (its keys in ``scratch``) to the toucher."""
+        handle = self.native.lru_touch_start(
+            self.slots.row_slot, self.last_used, self.log, self.log_pos, scratch, n,
+            self.head, self.tail, self.batch, TOUCH_THREADS, after,
+        )  # fmt: skip
+        self._touching.append((handle, self.batch, scratch))
+        self.counters.lookups += n
 
-    def _hits_queued(self, row_ids: Any, device_out: bool = False) -> Any:
-        """With a deferred touch pending (under the bare lock): an all-hits call of at
-        least ``_defer_min`` ids scans the row map, which no touch writes, and queues its
-        own touch behind the pending one, instead of waiting for it (a step's host
-        resolve then overlaps the previous step's touch; at most two are pending, so a
-        call waits for the touch of two calls ago). A miss settles the touches and goes
-        to the native miss path with the ids scanned once (``device_out`` as for
-        ``_hits_native``). None where the caller must settle and take the usual path: a
-        bad id, prefetches, a small call."""
-        native = self._native_for(row_ids)
-        if native is None or row_ids.size < self._defer_min:
-            return None
-        self._finish_touch(keep=1)
+    def _scratch_for(self, n: int) -> np.ndarray:
+        if self._scratch.size < 2 * n:
+            self._scratch = np.empty(max(2 * n, 2 * self._scratch.size), dtype=np.int32)
+        return self._scratch
+
+    # -- the native hit path -----------------------------------------------
+    def hits(self, ids: np.ndarray) -> tuple[int, np.ndarray | None]:
+        """The all-hits path in one C call (``csrc/lru_hits.c``) for a contiguous int64
+        vector ``ids`` (the native module present, no deferred touch pending). Returns
+        ``(HIT, slots)`` with the call touched and counted (its touch deferred for a call
+        of ``defer_min`` ids or more), ``(MISS, None)`` with nothing changed, or ``(ELSE,
+        None)`` where the Python path must look (a bad id)."""
+        native = self.native
+        n = ids.size
+        scratch = self._scratch_for(n)
+        out = np.empty(n, dtype=np.int32)
+        if n >= self.defer_min:
+            status, _ = native.lru_scan(ids, self.slots.rows, self.slots.row_slot, out, scratch,
+                                        HOST_THREADS)  # fmt: skip
+            if status == 0:  # every row resident: the touch goes on in the background
+                self._start_touch(scratch, n)
+                return HIT, out
+            return (MISS, None) if status == 1 else (ELSE, None)
+        status, fresh, tail = native.lru_hits(
+            ids, self.slots.rows, self.slots.row_slot, self.last_used, self.log, self.log_pos,
+            self.tail, self.batch, out, scratch, HOST_THREADS,
+        )  # fmt: skip
+        if status == 3:  # the log is full: compact, then once more
+            self.compact()
+            status, fresh, tail = native.lru_hits(
+                ids, self.slots.rows, self.slots.row_slot, self.last_used, self.log,
+                self.log_pos, self.tail, self.batch, out, scratch, HOST_THREADS,
+            )  # fmt: skip
+        if status == 1:
+            return MISS, None
+        if status != 0:
+            return ELSE, None
+        self.tail = tail
+        self.counters.lookups += n
+        self.counters.hits += fresh
+        self.pinned += fresh
+        return HIT, out
+
+    def hits_queued(self, ids: np.ndarray) -> tuple[int, np.ndarray | None]:
+        """With a deferred touch pending: an all-hits call of at least ``defer_min`` ids
+        scans the row map, which no touch writes, and queues its own touch behind the
+        pending one instead of waiting for it (at most two are pending). ``(MISS, None)``:
+        a row is missing, and the touches are finished (nothing may run ahead of the
+        fault). ``(ELSE, None)``: the caller finishes the touches and takes the usual path
+        (a small call, a bad id, a pending touch that ran in its caller)."""
+        if ids.size < self.defer_min:
+            return ELSE, None
+        self.finish_touches(keep=1)
         prev, _, held = self._touching[0]
         if type(prev) is tuple:  # it ran in its caller: nothing to follow
-            return None
-        n = row_ids.size
+            return ELSE, None
+        n = ids.size
         scratch = self._scratch2 if held is self._scratch else self._scratch
         if scratch.size < 2 * n:
             scratch = np.empty(max(2 * n, 2 * scratch.size), dtype=np.int32)
@@ -149,151 +248,98 @@ class LruLog(CacheState):
             else:
                 self._scratch = scratch
         out = np.empty(n, dtype=np.int32)
-        status, _ = native.lru_scan(row_ids, self.rows, self._row_slot, out, scratch,
-                                    HOST_THREADS)  # fmt: skip
-        if status == 1:  # a miss: nothing may run ahead of the fault
-            self._finish_touch()
-            self._reaped_rows = 0
-            return self._resolve_native(native, row_ids, device_out)
+        status, _ = self.native.lru_scan(ids, self.slots.rows, self.slots.row_slot, out,
+                                         scratch, HOST_THREADS)  # fmt: skip
+        if status == 1:
+            self.finish_touches()
+            return MISS, None
         if status:
-            return None
-        self._start_touch(native, scratch, n, prev)
-        return out
+            return ELSE, None
+        self._start_touch(scratch, n, prev)
+        return HIT, out
 
-    def _start_touch(self, native: Any, scratch: np.ndarray, n: int, after: int = -1) -> None:
-        """Hand the touch of an all-hits call (its keys in ``scratch``) to the toucher."""
-        handle = native.lru_touch_start(
-            self._row_slot, self._last_used, self._log, self._log_pos, scratch, n,
-            self._head, self._tail, self._batch, TOUCH_THREADS, after,
+    def all_resident(self, ids: np.ndarray) -> int:
+        """One C scan of the row map, changing nothing: 0 every row of ``ids`` (a
+        contiguous int64 vector) is mapped, 1 one is not, 2 a bad id."""
+        n = ids.size
+        scratch = np.empty(2 * n, dtype=np.int32)  # not the cache's: a touch may hold it
+        status, _ = self.native.lru_scan(ids, self.slots.rows, self.slots.row_slot,
+                                         np.empty(n, dtype=np.int32), scratch, 1)  # fmt: skip
+        return int(status)
+
+    # -- the native miss path ----------------------------------------------
+    def plan(self, ids: np.ndarray) -> MissPlan:
+        """Plan a resolve of ``ids`` (C ``lru_plan``, changing nothing): dedup, the
+        missing rows, exhaustion (against the slots neither pinned nor reserved), the
+        victims and the rows they evict."""
+        n = ids.size
+        scratch = self._scratch_for(n)
+        work = np.empty(5 * n, dtype=np.int32)  # [uniq | slots | missing | victims | evicted]
+        t = self.slots
+        status, n_u, n_miss, fresh_hits, n_ev, head, end, passed = self.native.lru_plan(
+            ids, t.rows, t.row_slot, t.slot_row, self.last_used, self.log, self.log_pos,
+            self.head, self.tail, self.batch, t.state if t.reserved else None,
+            self.free_or_unpinned(), work, scratch, self._miss_threads,
         )  # fmt: skip
-        self._touching.append((handle, self._batch, scratch))
-        self._stats["lookups"] += n
-        self._last_faults = 0
+        return MissPlan(ids, work, status, n_u, n_miss, fresh_hits, n_ev, head, end,
+                        bool(passed), self.batch)  # fmt: skip
 
-    def holds_all(self, row_ids: Any) -> bool:
-        """True when a :meth:`resolve` of ``row_ids`` would neither fault, wait nor commit
-        a prefetch (its ``last_faults`` would be 0): every row is resident and shown in
-        the device map, none belongs to a prefetch not yet committed (in flight, or
-        landed and not yet reaped by a call such as :meth:`poll`; so none whose failed
-        read a resolve would raise). Changes nothing (no touch, pin, count or commit).
+    def commit(self, plan: MissPlan, out: np.ndarray, part_offsets: np.ndarray) -> int:
+        """Commit a plan whose reads succeeded (C ``lru_commit``): unmap the evicted rows,
+        map the missing ones into their victims, pin the call's slots (while the plan's
+        batch lasts) and log them, add each part's misses, write the slots of the ids to
+        ``out``. Returns the slots newly pinned (counted as hits and misses here). Refuses
+        arguments that do not fit (``ValueError``) before any change."""
+        fresh, self.head, self.tail = self.native.lru_commit(
+            plan.ids, plan.work, plan.n_u, plan.n_miss, plan.n_ev, self.slots.row_slot,
+            self.slots.slot_row, self.last_used, self.log, self.log_pos, plan.head, self.tail,
+            plan.batch, part_offsets, self.counters.part_misses, out, self._miss_threads,
+        )  # fmt: skip
+        self.slots.settled(plan.victims)
+        self.counters.count_call(plan.n, fresh, plan.n_miss, plan.n_ev)
+        if plan.batch == self.batch:  # (a deferred call's batch may have ended: no pins)
+            self.pinned += fresh
+        return int(fresh)
 
-        For callers that pick an order by it: ``NgramEmbedding`` resolves a small step
-        first when this is False, rather than gathering through the device map and
-        running its device part again after the fault. Raises as :meth:`resolve` does
-        for ids outside the table."""
-        native = self._host_lib()
-        if self._deferred is not None:  # a deferred fault's commit first (it may raise)
-            with self._lock:
-                pass
-        if (
-            native is not None
-            and type(row_ids) is np.ndarray
-            and row_ids.dtype == np.int64
-            and row_ids.ndim == 1
-            and row_ids.flags.c_contiguous
-        ):  # one C scan of the row map (~1 µs for a decode step's ids; numpy's ~10)
-            n = row_ids.size
-            scratch = np.empty(2 * n, dtype=np.int32)  # not the cache's: a touch may hold it
-            with self._lock.raw:
-                if not self._n_busy:  # else the rows' busy flags matter: numpy below
-                    status, _ = native.lru_scan(row_ids, self.rows, self._row_slot,
-                                                np.empty(n, dtype=np.int32), scratch, 1)  # fmt: skip
-                    if status < 2:  # 2: a bad id, raised below
-                        return status == 0
-        ids = check_row_ids(row_ids, self.rows)
-        with self._lock.raw:  # a deferred touch changes no mapping: no need to wait for it
-            s = self._row_slot[ids]  # a failed prefetch's rows: busy, then unmapped
-            if s.size and int(s.min()) < 0:
-                return False
-            return not (self._n_busy and bool(self._busy[s].any()))
-
-    def _hits_native(self, row_ids: Any, device_out: bool = False) -> Any:
-        """The all-hits path in one C call (``csrc/lru_hits.c``); on a miss, the native
-        miss path (``FaultPath._resolve_native``); or None where the Python path must
-        run: a bad id, prefetches to settle, no native module, input that is not a
-        contiguous int64 NumPy vector. Same state, same stats. ``device_out``: a call
-        that faulted may return its slots as a cupy array (``_resolve_native``)."""
-        native = self._native_for(row_ids)
-        if native is None or row_ids.size == 0:
-            return None
-        n = row_ids.size
-        if self._scratch.size < 2 * n:
-            self._scratch = np.empty(max(2 * n, 2 * self._scratch.size), dtype=np.int32)
-        out = np.empty(n, dtype=np.int32)
-        if n >= self._defer_min:
-            status, _ = native.lru_scan(row_ids, self.rows, self._row_slot, out, self._scratch,
-                                        HOST_THREADS)  # fmt: skip
-            if status == 0:  # every row resident: the touch goes on in the background
-                self._start_touch(native, self._scratch, n)
-                return out
-            if status == 1:
-                self._reaped_rows = 0
-                return self._resolve_native(native, row_ids, device_out)
-            return None
-        status, fresh, tail = native.lru_hits(
-            row_ids,
-            self.rows,
-            self._row_slot,
-            self._last_used,
-            self._log,
-            self._log_pos,
-            self._tail,
-            self._batch,
-            out,
-            self._scratch,
-            HOST_THREADS,
-        )
-        if status == 3:  # the log is full: compact (as _touch would), then once more
-            self._compact()
-            status, fresh, tail = native.lru_hits(
-                row_ids, self.rows, self._row_slot, self._last_used, self._log,
-                self._log_pos, self._tail, self._batch, out, self._scratch, HOST_THREADS,
-            )  # fmt: skip
-        if status == 1:  # a miss: the native miss path (the ids are checked and in range)
-            self._reaped_rows = 0
-            return self._resolve_native(native, row_ids, device_out)
-        if status != 0:
-            return None
-        self._tail = tail
-        st = self._stats
-        st["lookups"] += n
-        st["hits"] += fresh
-        self._pinned += fresh
-        self._last_faults = 0
-        return out
-
-    def _count(self, lookups: int, slots_u: np.ndarray, n_miss: int) -> None:
-        """Stats of a call, then pin and touch its unique slots (ascending row order)."""
-        st = self._stats
+    # -- the Python reference ----------------------------------------------
+    def count(self, lookups: int, slots_u: np.ndarray, n_miss: int, evictions: int) -> None:
+        """Count a call, then pin and touch its unique slots (ascending row order)."""
         # not yet used in this batch: newly pinned (a faulted row's victim slot was unpinned)
-        fresh = int(np.count_nonzero(self._last_used[slots_u] != self._batch))
-        st["lookups"] += lookups
-        st["misses"] += n_miss
-        st["hits"] += fresh - n_miss
-        self._pinned += fresh
-        self._touch(slots_u)
+        fresh = int(np.count_nonzero(self.last_used[slots_u] != self.batch))
+        self.counters.count_call(lookups, fresh, n_miss, evictions)
+        self.pinned += fresh
+        self.touch(slots_u)
 
-    def _choose_victims(self, need: int, masked: bool = False) -> tuple[np.ndarray, int, int]:
-        """The ``need`` least recently used unpinned slots, none reserved by a prefetch
-        (the call's hits are pinned for the duration by the caller). Returns the
+    def fresh(self, slots: np.ndarray) -> int:
+        """Of ``slots`` (distinct), those not yet pinned in this batch."""
+        return int(np.count_nonzero(self.last_used[slots] != self.batch))
+
+    def choose_victims(
+        self, need: int, spare: np.ndarray | None = None
+    ) -> tuple[np.ndarray, int, int]:
+        """The ``need`` least recently used slots neither pinned, nor reserved by a
+        prefetch, nor in ``spare`` (sorted slots: a call's own hits). Returns the
         victims, the new log head (the first live entry passed over, else just past
         the last victim: entries before it are stale once the victims are re-logged)
-        and the position just past the last victim. Changes no state."""
+        and the position just past the last victim. Changes nothing."""
         found: list[np.ndarray] = []
         got = 0
-        pos = self._head
+        pos = self.head
         window = 2 * need + 64
-        last_taken = self._head - 1
+        last_taken = self.head - 1
         first_kept = -1
+        state = self.slots.state
         while got < need:
-            if pos >= self._tail:  # cannot happen: availability was checked
+            if pos >= self.tail:  # cannot happen: availability was checked
                 raise AssertionError("LRU log exhausted before finding enough victims")
-            stop = min(self._tail, pos + window)
-            s = self._log[pos:stop]
-            live = self._log_pos[s] == np.arange(pos, stop, dtype=np.int32)
-            ok = live & (self._last_used[s] != self._batch)
-            if masked or self._n_busy:  # slots reserved by prefetches (or by the caller)
-                ok &= self._busy[s] == 0
+            stop = min(self.tail, pos + window)
+            s = self.log[pos:stop]
+            live = self.log_pos[s] == np.arange(pos, stop, dtype=np.int32)
+            ok = live & (self.last_used[s] != self.batch)
+            if self.slots.reserved:
+                ok &= state[s] < READING
+            if spare is not None:
+                ok &= ~member(s, spare)
             cand = np.flatnonzero(ok)[: need - got]
             end = stop  # the part of this window the victims span
             if cand.size:
@@ -312,46 +358,105 @@ class LruLog(CacheState):
         head = last_taken + 1 if first_kept < 0 else first_kept
         return victims, head, last_taken + 1
 
-    def _touch(self, slots_u: np.ndarray) -> None:
+    def passed_reserved(self, end: int) -> bool:
+        """True when victims taken up to log position ``end`` skipped a slot that a
+        prefetch in flight holds (the LRU would have taken it had the read landed): a live
+        log entry of a reserved slot before ``end``. Every entry before the head is stale,
+        so the scan is the victims' window (``lru_plan`` tells the native path the same)."""
+        if not self.slots.reserved or end <= self.head:
+            return False
+        s = self.log[self.head : end]
+        live = self.log_pos[s] == np.arange(self.head, end, dtype=np.int32)
+        b = self.slots.state[s]
+        # (a READ slot pinned in this batch: a hit of it, no victim in any order)
+        passed = (b == READING) | ((b == READ) & (self.last_used[s] != self.batch))
+        return bool((live & passed).any())
+
+    def set_head(self, head: int) -> None:
+        """The head after a commit that re-logs its victims (every entry before ``head``
+        is stale then)."""
+        self.head = head
+
+    def pin(self, slots: np.ndarray, batch: int | None = None) -> np.ndarray:
+        """Mark ``slots`` used in ``batch`` (default: this one) for a victim choice;
+        returns their last uses, for :meth:`unpin`."""
+        was = self.last_used[slots]
+        self.last_used[slots] = self.batch if batch is None else batch
+        return was
+
+    def unpin(self, slots: np.ndarray, was: np.ndarray) -> None:
+        """Undo :meth:`pin`."""
+        self.last_used[slots] = was
+
+    def touch(self, slots_u: np.ndarray) -> None:
         """Pin the call's unique slots (last use = this batch) and move them to the
         tail of the LRU log."""
-        self._last_used[slots_u] = self._batch
-        self._log_slots(slots_u)
+        self.last_used[slots_u] = self.batch
+        self.log_slots(slots_u)
 
-    def _log_slots(self, slots_u: np.ndarray) -> None:
+    def log_slots(self, slots_u: np.ndarray) -> None:
         """Move distinct slots to the tail of the LRU log, in the given order."""
         k = slots_u.size
-        if self._tail + k > self._log.size:
-            self._compact()  # first: the slots' old entries are still live, and kept
-        t = self._tail
-        self._log[t : t + k] = slots_u
-        self._log_pos[slots_u] = np.arange(t, t + k, dtype=np.int32)  # old entries now stale
-        self._tail = t + k
+        if self.tail + k > self.log.size:
+            self.compact()  # first: the slots' old entries are still live, and kept
+        t = self.tail
+        self.log[t : t + k] = slots_u
+        self.log_pos[slots_u] = np.arange(t, t + k, dtype=np.int32)  # old entries now stale
+        self.tail = t + k
 
-    def _log_front(self, slots: np.ndarray) -> None:
+    def log_front(self, slots: np.ndarray) -> None:
         """Move distinct unpinned slots to the head of the LRU log (the next victims)."""
         k = slots.size
-        if self._head < k:  # no room before the head: compact behind k free entries
-            self._log_pos[slots] = -1  # their current entries become stale
-            live = self._log[self._head : self._tail]
-            keep = live[self._log_pos[live] == np.arange(self._head, self._tail, dtype=np.int32)]
-            self._log[k : k + keep.size] = keep
-            self._log_pos[keep] = np.arange(k, k + keep.size, dtype=np.int32)
-            self._head, self._tail = k, k + keep.size
-        h = self._head - k
-        self._log[h : self._head] = slots
-        self._log_pos[slots] = np.arange(h, self._head, dtype=np.int32)
-        self._head = h
+        if self.head < k:  # no room before the head: compact behind k free entries
+            self.log_pos[slots] = -1  # their current entries become stale
+            live = self.log[self.head : self.tail]
+            keep = live[self.log_pos[live] == np.arange(self.head, self.tail, dtype=np.int32)]
+            self.log[k : k + keep.size] = keep
+            self.log_pos[keep] = np.arange(k, k + keep.size, dtype=np.int32)
+            self.head, self.tail = k, k + keep.size
+        h = self.head - k
+        self.log[h : self.head] = slots
+        self.log_pos[slots] = np.arange(h, self.head, dtype=np.int32)
+        self.head = h
 
-    def _compact(self) -> None:
-        native = self._host_lib()
-        if native is not None:
-            self._tail = native.lru_compact(self._log, self._log_pos, self._head, self._tail,
-                                            HOST_THREADS)  # fmt: skip
-            self._head = 0
+    def compact(self) -> None:
+        """Move the log's live entries to its front (in C where built)."""
+        if self.native is not None:
+            self.tail = self.native.lru_compact(self.log, self.log_pos, self.head, self.tail,
+                                                HOST_THREADS)  # fmt: skip
+            self.head = 0
             return
-        live = self._log[self._head : self._tail]
-        keep = live[self._log_pos[live] == np.arange(self._head, self._tail, dtype=np.int32)]
-        self._log[: keep.size] = keep
-        self._log_pos[keep] = np.arange(keep.size, dtype=np.int32)
-        self._head, self._tail = 0, keep.size
+        live = self.log[self.head : self.tail]
+        keep = live[self.log_pos[live] == np.arange(self.head, self.tail, dtype=np.int32)]
+        self.log[: keep.size] = keep
+        self.log_pos[keep] = np.arange(keep.size, dtype=np.int32)
+        self.head, self.tail = 0, keep.size
+
+    # -- checks ------------------------------------------------------------
+    def check(self) -> list[str]:
+        """Every broken invariant of the LRU, one sentence each (empty when sound): the
+        bounds in order, every slot exactly one live entry in ``log[head:tail]``, no use
+        after the current batch, ``pinned`` the slots used in it. With a deferred touch
+        pending only the touch-independent ones (the rest is owed to the touch)."""
+        bad: list[str] = []
+        S = self.slots.num_slots
+        if not 0 <= self.head <= self.tail <= self.log.size:
+            return [f"log bounds out of order: head {self.head}, tail {self.tail}, "
+                    f"capacity {self.log.size}"]  # fmt: skip
+        if int(self.last_used.max(initial=-1)) > self.batch:
+            bad.append("a slot was used in a batch after the current one")
+        if self._touching:
+            return bad
+        pos = self.log_pos
+        if int(pos.min()) < self.head or int(pos.max()) >= self.tail:
+            bad.append("a slot's live entry lies outside log[head:tail]")
+        elif not np.array_equal(self.log[pos], np.arange(S, dtype=np.int32)):
+            bad.append("a slot's log_pos does not point at an entry of that slot")
+        window = self.log[self.head : self.tail]
+        live = np.count_nonzero(pos[window] == np.arange(self.head, self.tail, dtype=np.int32))
+        if live != S:
+            bad.append(f"{live} live log entries for {S} slots")
+        n_pinned = int(np.count_nonzero(self.last_used == self.batch))
+        if n_pinned != self.pinned:
+            bad.append(f"pinned is {self.pinned} but {n_pinned} slots were used in this batch")
+        return bad

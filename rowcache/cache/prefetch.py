@@ -1,15 +1,15 @@
 """Lookahead for the row cache: faults of a coming step started without blocking.
 
-Owns the in-flight side of ``NgramRowCache.prefetch``: the job that reads a
+Owns the in-flight side of ``NgramRowCache.prefetch``: the job (a piece) that reads a
 prefetch's rows in a background thread into its own staging buffer and writes
 them into their (reserved) arena slots, and the handle a caller waits on. The
-cache's bookkeeping (which slots a job reserved, the LRU log, the maps) stays in
-``rowcache.cache.row_cache``, under the cache's lock; a job touches only its own slots'
-arena rows and its own buffers, so it never needs that lock.
+cache's bookkeeping (which slots a job reserved, the LRU log, the maps) is the
+prefetcher's (``rowcache.cache.prefetcher``), under the cache's lock; a job touches only its
+own slots' arena rows and its own buffers, so it never needs that lock.
 
 Semantics (also in ``NgramRowCache.prefetch``): at the call, the rows are logged
 most recently used and unpinned, their victims evicted and their slots reserved;
-the read runs meanwhile, in pieces (``rowcache.cache.prefetch_book.PIECE_ROWS``); a
+the read runs meanwhile, in pieces (``rowcache.cache.prefetcher.PIECE_ROWS``); a
 ``resolve`` that needs a row of a piece not started, or of a piece being read, reads
 that row itself (into the slot the piece reserved, in the same read as its own
 faults), and one that would pass over a
@@ -23,9 +23,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from rowcache.cache.arena import Arena
+    from rowcache.cache.parts import PartReader
 
 
 class PrefetchHandle:
@@ -51,13 +55,14 @@ class PrefetchHandle:
         jobs = [j for h in handles for j in h._jobs]
         return cls(jobs, sum(h.rows for h in handles), sum(h.dropped for h in handles))
 
-    def _all_jobs(self) -> list[PrefetchJob]:
-        """The jobs and the jobs that took rows over from them (``PrefetchJob.taken``)."""
-        return [k for j in self._jobs for k in (j, *j.taken)]
+    def pieces(self, taken: bool = True) -> list[PrefetchJob]:
+        """The pieces of this prefetch (their ``rows``, ``started``, ``times``: read them)
+        and, with ``taken``, the jobs of resolves that took rows over from them."""
+        return [k for j in self._jobs for k in ((j, *j.taken) if taken else (j,))]
 
     def done(self) -> bool:
         """True once every read of this prefetch has finished (or failed)."""
-        return all(j.event.is_set() for j in self._all_jobs())
+        return all(j.event.is_set() for j in self.pieces())
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the reads have finished; False if ``timeout`` (s) passed first.
@@ -65,7 +70,7 @@ class PrefetchHandle:
         Never raises the reads' errors: those are raised by the ``resolve`` that
         needs a failed row (see :meth:`exception`)."""
         end = None if timeout is None else time.monotonic() + timeout
-        for j in self._all_jobs():
+        for j in self.pieces():
             left = None if end is None else max(0.0, end - time.monotonic())
             if not j.event.wait(left):
                 return False
@@ -73,7 +78,7 @@ class PrefetchHandle:
 
     def exception(self) -> BaseException | None:
         """The first read error of this prefetch once done, else None."""
-        for j in self._all_jobs():
+        for j in self.pieces():
             if j.event.is_set() and j.error is not None:
                 return j.error
         return None
@@ -91,7 +96,7 @@ class PrefetchJob:
     ops)`` read. On the GPU, the arena writes are enqueued on the cache's stream
     before ``event`` is set, so work issued on that stream after a wait sees them.
     ``started``: the prefetch thread has taken it from the queue. Until then a resolve
-    that needs some of its rows takes them over (``rowcache.cache.in_flight``): they leave
+    that needs some of its rows takes them over (``rowcache.cache.prefetcher``): they leave
     ``rows`` and ``slots`` for a job of their own, run at once and listed in ``taken``.
     On the GPU, ``after`` is the event of the cache's stream that the job's arena writes
     wait for (recorded at the last ``end_batch``: every gather of an earlier batch, which
@@ -113,10 +118,12 @@ class PrefetchJob:
         self.started = False
         self.taken: list[PrefetchJob] = []
 
-    def run(self, cache: Any, buffers: Any) -> None:
+    def run(self, arena: Arena, parts: PartReader, buffers: PrefetchBuffers) -> None:
+        """Read the job's rows and write them into its slots (``buffers``' staging);
+        records an error instead of raising, and sets ``event`` at the end."""
         self.times[1] = time.perf_counter()
         try:
-            self.read = buffers.fill(cache, self)
+            self.read = buffers.fill(arena, parts, self)
         except BaseException as e:
             self.error = e
         finally:
@@ -144,47 +151,47 @@ class PrefetchBuffers:
         self.dev_staging: Any = None
         self.copy_done: Any = None
 
-    def fill(self, cache: Any, job: PrefetchJob) -> tuple[int, int, int]:
+    def fill(self, arena: Arena, parts: PartReader, job: PrefetchJob) -> tuple[int, int, int]:
         """Read the job's rows and write them into its arena slots; returns (rows,
         bytes, ops)."""
         rows, slots = job.rows, job.slots
         n = rows.size
-        if cache.device == "cuda":
-            return self._fill_gpu(cache, job, n)
-        staging = self._host(cache, n)
-        read = cache._read_parts(rows, staging, self.reader)
+        if arena.gpu:
+            return self._fill_gpu(arena, parts, job, n)
+        staging = self._host(arena, n)
+        read = parts.read(rows, staging, self.reader)
         job.times[2] = time.perf_counter()
-        from rowcache.kernels.reference import scatter_records_reference
-
-        scatter_records_reference(staging[:n], slots, cache.table, cache.scales)
+        arena.scatter(staging[:n], slots)
         return read
 
-    def _host(self, cache: Any, n: int, pinned: bool = False) -> np.ndarray:
-        rec = cache.record_bytes
+    def _host(self, arena: Arena, n: int, pinned: bool = False) -> np.ndarray:
+        rec = arena.record_bytes
         if self.staging.shape[0] < n or self.staging.shape[1] != rec:
             cap = max(n, 2 * self.staging.shape[0], 256)
             if pinned:
                 import cupyx
 
                 self.staging = cupyx.empty_pinned((cap, rec), dtype=np.uint8)
-                self.dev_staging = cache._xp.empty((cap, rec), dtype=np.uint8)
+                self.dev_staging = arena.xp.empty((cap, rec), dtype=np.uint8)
             else:
                 self.staging = np.empty((cap, rec), dtype=np.uint8)
         return self.staging
 
-    def _fill_gpu(self, cache: Any, job: PrefetchJob, n: int) -> tuple[int, int, int]:
-        cp = cache._xp
+    def _fill_gpu(
+        self, arena: Arena, parts: PartReader, job: PrefetchJob, n: int
+    ) -> tuple[int, int, int]:
+        cp = arena.xp
         import rowcache.kernels.scatter
 
-        with cp.cuda.Device(cache._device_id):
+        with cp.cuda.Device(arena.device_id):
             if self.copy_done is not None:
                 self.copy_done.synchronize()  # the staging buffer's last copy has left it
-            staging = self._host(cache, n, pinned=True)
-            read = cache._read_parts(job.rows, staging, self.reader)
+            staging = self._host(arena, n, pinned=True)
+            read = parts.read(job.rows, staging, self.reader)
             job.times[2] = time.perf_counter()
             if self.own_stream and self.stream is None:
                 self.stream = cp.cuda.Stream(non_blocking=True)
-            stream = self.stream if self.own_stream else cache._stream
+            stream = self.stream if self.own_stream else arena.stream
             dev = self.dev_staging[:n]
             with stream:
                 dev.set(staging[:n], stream=stream)
@@ -192,7 +199,7 @@ class PrefetchBuffers:
                 slots = cp.asarray(job.slots)
                 if self.own_stream and job.after is not None:
                     stream.wait_event(job.after)  # earlier batches' gathers of the victims
-                rowcache.kernels.scatter.scatter_records(dev, slots, cache.table, cache.scales)
+                rowcache.kernels.scatter.scatter_records(dev, slots, arena.table, arena.scales)
                 if self.own_stream:
                     job.landed = stream.record()
         return read

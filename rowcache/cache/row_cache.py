@@ -1,65 +1,39 @@
-"""``NgramRowCache``: a bounded arena of row slots over one store table.
+"""``NgramRowCache``: a bounded arena of row slots over one store table (or several).
 
-Owns the cache's construction, its public calls (resolve, end_batch, stats, maps)
-and its state: the host-side bookkeeping (row -> slot map, slot -> row map, per-slot
-batch of last use, an LRU log: 24 bytes per slot) and the stats. The pieces that work
-on that state are mixins: the LRU log and the native hit path (``rowcache.cache.lru``), the
-fault path (``rowcache.cache.fault``; its buffers and GPU launch: ``rowcache.cache.buffers``),
-faults whose read outlives the call (``rowcache.cache.deferred``: ``resolve_deferred``,
-``settle``), the device map (``rowcache.cache.device_map``), the prefetch bookkeeping
-(``rowcache.cache.prefetch_book``; rows in flight that a resolve needs: ``rowcache.cache.in_flight``;
-the jobs: ``rowcache.cache.prefetch``). Rows are gathered from ``cache.table`` by the same
-kernels that gather from a resident table (``rowcache.kernels.batched_embed`` /
-``batched_embed_fp8``). Every step loops per batch, per extent or per call, never per row.
-
-LRU log. Recency is the batch in which a slot was last resolved. Each resolve
-appends its slots to a log (an int32 array) in ascending row-id order;
-``log_pos[slot]`` is the position of the slot's newest entry, so older entries of
-that slot are stale. Victims are the first valid log entries from the head, i.e.
-least recently used first; within one batch a smaller row id counts as older.
-With that tie rule batch-LRU is a stack algorithm, which is what lets
-``rowcache.tools.miss_ratio_curve(..., batch=...)`` predict this cache's fault
-count exactly at every size in one pass (tested by replaying traces through it).
-
-Pinning. A batch pins every slot it resolved until ``end_batch``: a slot is pinned
-exactly when its batch of last use is the current batch, so ``end_batch`` unpins
-them all in O(1) and a resolve whose rows are all resident (the hot path) costs one
-sort of its ids, two gathers and two scatters. The log is compacted in place when
-full: O(1) amortized per access, no O(slots) scan per fault (in C, split over the host
-threads for a long log).
-
-Deferred touch. An all-hits resolve of at least ``rowcache.cache.lru.DEFER_MIN`` ids (a
-prefill step's; where the process may use 4 CPUs or more) returns once its scan has
-found every row resident, and a background C thread pins and logs its slots
-(``csrc/lru_touch.c``: the sort and the log writes, ~90 % of the call; on a worker pool of
-its own, ``rowcache.kernels.host.TOUCH_THREADS``). The cache's lock
-finishes that touch before any later call reads the state, so every call sees what it
-would have seen without the deferral (``end_batch`` and ``poll`` go on without waiting:
-the touch pins for its own batch).
+Owns the facade: validation at the boundary, one lock, and the public calls in a visible
+order over the cache's pieces, each the only writer of its state: the slot table
+(``rowcache.cache.slots``), the LRU (``rowcache.cache.lru``), the arena and device map
+(``rowcache.cache.arena``), the reads of the parts (``rowcache.cache.parts``), the faulter
+(``rowcache.cache.faulter``), the prefetcher (``rowcache.cache.prefetcher``) and the counters
+(``rowcache.cache.stats``). Rows are gathered from ``cache.table`` by the same kernels that
+gather from a resident table. docs/cache.md has the picture, the rules and a glossary.
 """
 
 from __future__ import annotations
 
-import collections
 import threading
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from rowcache.cache.deferred import DeferredFaults
-from rowcache.cache.device_map import DeviceMap
-from rowcache.cache.fault import FaultPath
-from rowcache.cache.lru import DEFER_MIN, LruLog, SettlingLock, sorted_unique  # noqa: F401  (sorted_unique: likewise)
-from rowcache.cache.prefetch import PrefetchBuffers, PrefetchJob
-from rowcache.cache.prefetch_book import PrefetchBook
+from rowcache.cache.arena import Arena
+from rowcache.cache.faulter import Faulter
+from rowcache.cache.lru import DEFER_MIN, HIT, MISS, Lru, sorted_unique
+from rowcache.cache.parts import PartReader
+from rowcache.cache.prefetch import PrefetchHandle, PrefetchJob
+from rowcache.cache.prefetcher import PIECE_ROWS, Prefetcher
+from rowcache.cache.slots import READING, SlotTable
+from rowcache.cache.stats import CacheStats, Counters
 from rowcache.errors import ConfigError
+from rowcache.io.reader import RowReader
 from rowcache.kernels.host import native as _native
 from rowcache.kernels.loader import require_cupy
 from rowcache.store.format import TableInfo
 from rowcache.store.handle import RowStore, check_row_ids
+
+__all__ = ["CacheStats", "NgramRowCache", "Tuning"]
 
 POLICIES = ("lru",)
 DEVICES = ("cpu", "cuda")
@@ -67,46 +41,30 @@ ARENAS = ("device", "host")
 READERS = ("auto", "posix", "kvikio")
 
 
-@dataclass(frozen=True)
-class CacheStats:
-    """Counters of a cache since creation or the last ``stats(reset=True)``.
+@dataclass(frozen=True, kw_only=True)
+class Tuning:
+    """Settings of the cache's pieces that the public constructor leaves at their defaults
+    (``NgramRowCache.assemble``: tests and benchmarks). ``defer_min``: ids from which an
+    all-hits call defers its touch (the LRU's). ``piece_rows``: rows a prefetch piece.
+    ``merge_in_flight``: a native resolve reads rows in flight in its own demand read
+    (False: apart, before it). ``native``: the native host kernels where built (False:
+    the Python reference paths). ``log_slack``: the LRU log's entries beyond the slots
+    (None: its default; fewer compact more often)."""
 
-    ``lookups``: ids passed to ``resolve``. ``hits`` / ``misses``: unique rows of a
-    batch found resident / faulted in (a row resolved twice in one batch counts
-    once). ``evictions``: mapped rows dropped for others. ``rows_read``,
-    ``bytes_read``, ``read_ops``: what the fault path read from the store (bytes
-    include page padding and coalesced neighbours; prefetches' reads included).
-    ``fault_seconds``: wall time spent in the demand fault path. ``batches``:
-    ``end_batch`` calls. ``prefetched``: rows read by completed prefetches (a later
-    ``resolve`` of such a row is a hit; rows a resolve took over from a piece not
-    started count here too). ``prefetch_wait_seconds``: time resolves spent waiting
-    for prefetches still in flight, or reading the rows they took over.
-    ``rows_reread``: rows read twice, in ``rows_read`` twice: a resolve that needed rows
-    of a prefetch piece being read read them itself rather than wait for the whole piece
-    (the piece reads them too).
-    """
+    defer_min: int = DEFER_MIN
+    piece_rows: int = PIECE_ROWS
+    merge_in_flight: bool = True
+    native: bool = True
+    log_slack: int | None = None
 
-    lookups: int = 0
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    rows_read: int = 0
-    bytes_read: int = 0
-    read_ops: int = 0
-    fault_seconds: float = 0.0
-    batches: int = 0
-    prefetched: int = 0
-    prefetch_wait_seconds: float = 0.0
-    rows_reread: int = 0
-
-    @property
-    def hit_rate(self) -> float:
-        """hits / (hits + misses), 0.0 before any lookup."""
-        total = self.hits + self.misses
-        return self.hits / total if total else 0.0
+    def __post_init__(self) -> None:
+        for name in ("defer_min", "piece_rows"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name}={v!r}: give an int >= 1")
 
 
-class NgramRowCache(LruLog, FaultPath, DeferredFaults, DeviceMap, PrefetchBook):
+class NgramRowCache:
     """A row-slot arena with LRU eviction and per-batch pinning over one table.
 
     Parameters
@@ -119,10 +77,9 @@ class NgramRowCache(LruLog, FaultPath, DeferredFaults, DeviceMap, PrefetchBook):
     slots : number of row slots in the arena (1 .. rows of the listed tables).
     device : ``"cpu"`` (NumPy arena) or ``"cuda"`` (cupy arena).
     policy : ``"lru"`` (the only policy; others are compared offline in ``rowcache.tools``).
-    reader : ``"posix"`` (threads + ``os.preadv``), ``"kvikio"`` (``CuFile.pread``
-        into the pinned staging buffer; GPU machines), or ``"auto"``: kvikio only where
-        GPUDirect Storage is available, POSIX otherwise (without GDS kvikio runs the
-        same POSIX reads through its own thread pool; see docs/results/).
+    reader : ``"posix"`` (the store's reader, or a sibling with other options),
+        ``"kvikio"`` (``CuFile.pread`` into the pinned staging buffer; GPU machines), or
+        ``"auto"``: kvikio only where GPUDirect Storage is available, POSIX otherwise.
     arena : with ``device="cuda"``, ``"device"`` (HBM) or ``"host"`` (pinned host
         memory mapped into the device: the unified-memory layout).
     queue_depth : reads in flight on a fault.
@@ -133,26 +90,16 @@ class NgramRowCache(LruLog, FaultPath, DeferredFaults, DeviceMap, PrefetchBook):
     table : bfloat16[slots, dim] or uint8[slots, dim] (FP8 codes); numpy or cupy.
     scales : float32[slots] for FP8 stores, else None.
 
-    Thread safety
-    -------------
-    Every method takes an internal lock, so calls from several threads never
-    corrupt the maps, pins or stats, and every slot returned to any caller holds
-    its row until ``end_batch``. A batch is shared: resolves from several threads
-    before ``end_batch`` join the same batch, and ``end_batch`` unpins all of them.
-    So several threads may resolve concurrently, but one owner must decide when the
-    batch ends (after every gather that uses its slots has been issued).
+    Thread safety: every method takes the cache's lock, so calls from several threads
+    never corrupt the maps, pins or stats, and every slot returned to any caller holds its
+    row until ``end_batch``. A batch is shared: one owner decides when it ends (after
+    every gather that uses its slots has been issued).
 
-    Streams (``device="cuda"``)
-    ---------------------------
-    The cache copies slots to the device and writes faulted rows into the arena on
-    the CUDA stream that was current when it was built. Gathers issued on that same
-    stream (the usual case) are ordered after both, and a later fault cannot
-    overwrite a slot before earlier gathers on it have run. Work on other streams
-    must wait on that stream first. Prefetches copy and write their rows on a stream
-    of their own: it waits for the cache's stream as it was at the last ``end_batch``
-    (an evicted slot's gathers were issued before it), not for what was queued after
-    (the rest of a model's step), and the cache's stream waits for those writes before
-    the rows are used (``poll``, or the ``resolve`` that needs them).
+    Streams (``device="cuda"``): the cache writes the arena on the CUDA stream current
+    when it was built; gathers on that stream are ordered after the faults, work on other
+    streams must wait on it. Prefetches write on a stream of their own that waits for the
+    cache's stream as it was at the last ``end_batch``; the cache's stream waits for
+    those writes before the rows are used (``poll``, or the ``resolve`` that needs them).
     """
 
     def __init__(
@@ -168,6 +115,37 @@ class NgramRowCache(LruLog, FaultPath, DeferredFaults, DeviceMap, PrefetchBook):
         queue_depth: int | None = None,
         direct: bool | None = None,
     ) -> None:
+        self._build(store, table, slots, device, policy, reader, arena, queue_depth, direct,
+                    Tuning(), None)  # fmt: skip
+
+    @classmethod
+    def assemble(
+        cls,
+        store: RowStore,
+        table: str | int | Sequence[str | int],
+        *,
+        slots: int,
+        tuning: Tuning | None = None,
+        part_reader: Callable[[PartReader], PartReader] | None = None,
+        device: str = "cpu",
+        reader: str = "auto",
+        arena: str = "device",
+        queue_depth: int | None = None,
+        direct: bool | None = None,
+    ) -> NgramRowCache:
+        """A cache whose pieces take ``tuning``, reading through ``part_reader(reads)``
+        (e.g. a :class:`PartReader` that delays or fails) where given: for tests and
+        benchmarks. Other arguments as the constructor's."""
+        cache = cls.__new__(cls)
+        cache._build(store, table, slots, device, "lru", reader, arena, queue_depth, direct,
+                     tuning or Tuning(), part_reader)  # fmt: skip
+        return cache
+
+    def _build(
+        self, store: Any, table: Any, slots: Any, device: str, policy: str, reader: str,
+        arena: str, queue_depth: int | None, direct: bool | None, tuning: Tuning,
+        part_reader: Callable[[PartReader], PartReader] | None,
+    ) -> None:  # fmt: skip
         if not isinstance(store, RowStore):
             raise ConfigError(f"store must be a RowStore, got {type(store).__name__}")
         self.store = store
@@ -180,7 +158,6 @@ class NgramRowCache(LruLog, FaultPath, DeferredFaults, DeviceMap, PrefetchBook):
         if len(set(self.part_tables)) != len(self.part_tables):
             raise ConfigError(f"table={table!r} names a table twice")
         self.parts = [store.tables[i] for i in self.part_tables]
-        self._part_array = np.asarray(self.part_tables, dtype=np.int32)
         first = self.parts[0]
         for p in self.parts[1:]:
             if p.dim != first.dim:
@@ -190,27 +167,25 @@ class NgramRowCache(LruLog, FaultPath, DeferredFaults, DeviceMap, PrefetchBook):
                 )
         rows = np.array([p.rows for p in self.parts], dtype=np.int64)
         self.row_offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
-        self._part_bases = np.ascontiguousarray(self.row_offsets[:-1])  # each part's first row
         self.rows = int(self.row_offsets[-1])
         if self.rows >= 2**31:
             raise ConfigError(
                 f"table={table!r} has {self.rows} rows; one cache maps fewer than 2**31 "
                 "(its maps are int32): split the tables over several caches"
             )
-        self.dim = first.dim
-        self.record_bytes = first.record_bytes
+        self.dim, self.record_bytes, self.dtype = first.dim, first.record_bytes, store.dtype
         self.name = "+".join(p.name for p in self.parts)
-        if device not in DEVICES:
-            raise ConfigError(f"device={device!r} is not supported; allowed: {', '.join(DEVICES)}")
+        for arg, value, allowed in (("device", device, DEVICES), ("reader", reader, READERS),
+                                    ("arena", arena, ARENAS)):  # fmt: skip
+            if value not in allowed:
+                raise ConfigError(
+                    f"{arg}={value!r} is not supported; allowed: {', '.join(allowed)}"
+                )
         if policy not in POLICIES:
             raise ConfigError(
                 f"policy={policy!r} is not supported; allowed: {', '.join(POLICIES)} "
                 "(compare others offline with rowcache.tools.miss_ratio_curve)"
             )
-        if reader not in READERS:
-            raise ConfigError(f"reader={reader!r} is not supported; allowed: {', '.join(READERS)}")
-        if arena not in ARENAS:
-            raise ConfigError(f"arena={arena!r} is not supported; allowed: {', '.join(ARENAS)}")
         if (
             isinstance(slots, bool)
             or not isinstance(slots, (int, np.integer))
@@ -219,71 +194,95 @@ class NgramRowCache(LruLog, FaultPath, DeferredFaults, DeviceMap, PrefetchBook):
             raise ConfigError(
                 f"slots={slots!r}: give an integer in 1..{self.rows} (the rows of {self.name!r})"
             )
-        self.num_slots = S = int(slots)
-        self.device = device
+        self.num_slots = int(slots)
+        self.device, self.policy = device, policy
         self.arena_kind = arena if device == "cuda" else "host"
-        self.dtype = store.dtype
-        self.policy = policy
-        self._xp: Any = require_cupy("NgramRowCache(device='cuda')") if device == "cuda" else np
-        self._reader, self.reader_kind = self._make_reader(reader, queue_depth, direct)
+        xp: Any = require_cupy("NgramRowCache(device='cuda')") if device == "cuda" else np
+        demand, self.reader_kind = self._make_reader(reader, queue_depth, direct)
+        reads = PartReader(store, self.part_tables, self.row_offsets, demand)
+        reads = part_reader(reads) if part_reader is not None else reads
+        self._lock = threading.RLock()
+        self._counters = Counters(len(self.parts))
+        self._slots = SlotTable(self.rows, self.num_slots)
+        native = _native if tuning.native else None
+        self._lru = Lru(self._slots, self._counters, native, defer_min=tuning.defer_min,
+                        log_slack=tuning.log_slack)  # fmt: skip
+        self._arena = Arena(self.num_slots, self.dim, self.record_bytes, self.dtype, device,
+                            self.arena_kind, xp)  # fmt: skip
+        self._reads = reads
+        self._prefetcher = Prefetcher(self._slots, self._lru, self._arena, reads, self._counters,
+                                      self.name, piece_rows=tuning.piece_rows,
+                                      merge=tuning.merge_in_flight)  # fmt: skip
+        self._faulter = Faulter(self._slots, self._lru, self._arena, reads, self._counters,
+                                self._prefetcher, self.name)  # fmt: skip
+        self.table, self.scales = self._arena.table, self._arena.scales
 
-        # Host bookkeeping: dense arrays, never a Python object per row.
-        self._row_slot = np.full(self.rows, -1, dtype=np.int32)
-        self._slot_row = np.full(S, -1, dtype=np.int32)
-        self._last_used = np.full(S, -1, dtype=np.int64)  # batch of last use; == batch: pinned
-        # The LRU log: slots in touch order, stale entries skipped (log_pos[slot] is the
-        # slot's live entry). Slack of S entries: a compaction (O(S)) every S / k calls
-        # of k unique rows, i.e. about one entry moved per row touched.
-        self._log = np.empty(S + max(S, 1 << 14), dtype=np.int32)
-        self._log[:S] = np.arange(S, dtype=np.int32)
-        self._log_pos = np.arange(S, dtype=np.int32)
-        self._head, self._tail = 0, S
-        self._batch = 0
-        self._pinned = 0
-        self._last_faults = 0
-        self._dev_map: Any = None
-        self._lock = SettlingLock(self)
-        self._touching = []  # deferred touches in flight (rowcache.cache.lru)
-        self._defer_min = DEFER_MIN
-        self._stats: dict[str, Any] = dict.fromkeys((f.name for f in fields(CacheStats)), 0)
-        self._stats["fault_seconds"] = 0.0
-        self._stats["prefetch_wait_seconds"] = 0.0
-        self._fault_phases = np.zeros(4)  # rowcache.cache.fault: plan, read, commit, launch
-        # Lookahead (rowcache.cache.prefetch): jobs in flight or done but not yet reaped, the
-        # slots they reserved, and failed prefetches' rows awaiting the resolve that raises.
-        self._jobs: list[PrefetchJob] = []
-        self._busy = np.zeros(0, dtype=np.uint8)  # rowcache.cache.state.BUSY_READING
-        self._failed: list[tuple[np.ndarray, BaseException]] = []
-        self._pf_pool: ThreadPoolExecutor | None = None
-        self._pf_buffers: PrefetchBuffers | None = None
-        self._steal_buffers: PrefetchBuffers | None = None
-        self._batch_done: Any = None
-        self._pf_queue: collections.deque[PrefetchJob] = collections.deque()
-        self._pf_qlock = threading.Lock()
-        self._piece_rows = 0  # 0: rowcache.cache.prefetch_book.PIECE_ROWS
-        self._defer = False
-        self._deferred = None
-        self._ctl = None
-        self._apart_reader = None
-        self._seq = 0
-        self._merge_in_flight = True  # False: a benchmark's ablation (_take_over, _read_in_flight)
-        self._rows_taken = 0
-        self._reaped_rows = 0
-        self._n_busy = 0
-        self._scratch = np.empty(0, dtype=np.int32)  # the native hit path's sort buffer
-        self._scratch2 = np.empty(0, dtype=np.int32)  # a queued touch's (rowcache.cache.lru)
-        self._part_misses = np.zeros(len(self.parts), dtype=np.int64)
+    def _make_reader(
+        self, reader: str, queue_depth: int | None, direct: bool | None
+    ) -> tuple[RowReader, str]:
+        base = self.store.reader
+        qd = base.queue_depth if queue_depth is None else queue_depth
+        use_direct = base.direct if direct is None else direct
+        if reader == "auto":
+            from rowcache.io.kvikio_reader import gds_available
 
-        dim = self.dim
-        rec = self.record_bytes
-        if device == "cpu":
-            self.table = np.zeros((S, dim), dtype=self._value_dtype())
-            self.scales = np.ones(S, dtype=np.float32) if self.dtype == "fp8" else None
-            self._staging = np.empty((0, rec), dtype=np.uint8)
-        else:
-            self._init_gpu(S, dim, rec)
+            reader = "kvikio" if self.device == "cuda" and gds_available() else "posix"
+        # siblings of the store's reader: the same pinned files and page checks
+        if reader == "kvikio":
+            from rowcache.io.kvikio_reader import KvikioRowReader
 
-    # -- the public API ----------------------------------------------------
+            opts = base.options(queue_depth=qd, direct=False)
+            return self.store.new_reader(KvikioRowReader, **opts), "kvikio"
+        if qd == base.queue_depth and use_direct == base.direct:
+            return base, "posix"
+        return self.store.new_reader(**base.options(queue_depth=qd, direct=use_direct)), "posix"
+
+    # -- the order of every call -----------------------------------------------
+    def _catch_up(self) -> None:
+        """Before a call that reads the books: finish the pending deferred fault (join its
+        read, commit; raises its read's error) and the deferred touches."""
+        if self._faulter.pending is not None:
+            self._faulter.finish_pending()
+        if self._lru.touching:
+            self._lru.finish_touches()
+
+    def _native_ids(self, row_ids: Any) -> bool:
+        """``row_ids`` may take the native hit path: a contiguous int64 NumPy vector, the
+        native module built, no prefetch to settle."""
+        return (
+            self._lru.native is not None
+            and type(row_ids) is np.ndarray
+            and row_ids.dtype == np.int64
+            and row_ids.ndim == 1
+            and row_ids.flags.c_contiguous
+            and self._prefetcher.idle
+        )
+
+    def _resolve(self, row_ids: Any, device_out: bool, defer: bool) -> Any:
+        with self._lock:
+            native = self._native_ids(row_ids)
+            if native and self._lru.touching and self._faulter.pending is None:
+                found, out = self._lru.hits_queued(row_ids)  # behind the pending touch
+                if found == HIT:
+                    self._faulter.hit()
+                    return out
+                if found == MISS:  # (the touches are finished)
+                    self._prefetcher.start_call()
+                    return self._faulter.resolve_native(row_ids, device_out, defer)
+            self._catch_up()
+            if native and row_ids.size:
+                found, out = self._lru.hits(row_ids)
+                if found == HIT:
+                    self._faulter.hit()
+                    return out
+                if found == MISS:  # (the ids are in range)
+                    self._prefetcher.start_call()
+                    return self._faulter.resolve_native(row_ids, device_out, defer)
+            ids = check_row_ids(row_ids, self.rows)
+            self._prefetcher.start_call()
+            return self._faulter.resolve(ids, device_out, defer)
+
+    # -- the public API ----------------------------------------------------------
     def resolve(self, row_ids: Any) -> Any:
         """Slots holding ``row_ids``, faulting missing rows in; pins them until ``end_batch``.
 
@@ -303,86 +302,190 @@ class NgramRowCache(LruLog, FaultPath, DeferredFaults, DeviceMap, PrefetchBook):
         CorruptDataError : a read failed (nothing is mapped; the cache stays usable).
         """
         cuda = self.device == "cuda"
-        with self._lock.raw:  # behind a deferred touch: scanned without waiting for it
-            out = (
-                self._hits_queued(row_ids, cuda) if self._touching and not self._deferred else None
-            )
-            if out is not None:  # a fault's launch may have carried the slots already
-                return self._to_device(out) if cuda and type(out) is np.ndarray else out
-        with self._lock:
-            out = self._hits_native(row_ids, cuda)  # a fault's launch may carry the slots
-            if out is None:
-                ids = check_row_ids(row_ids, self.rows)
-                self._reaped_rows = 0
-                out = self._resolve_unique(ids)
-            if cuda and type(out) is np.ndarray:
-                return self._to_device(out)
-        return out
+        out = self._resolve(row_ids, cuda, False)
+        return self._arena.to_device(out) if cuda and type(out) is np.ndarray else out
 
     def resolve_host(self, row_ids: Any) -> np.ndarray:
-        """:meth:`resolve`, with the slots left on the host: int32[n] (numpy).
+        """:meth:`resolve`, with the slots left on the host: int32[n] (numpy), for callers
+        that pack them into their own upload. On ``device="cuda"`` the faulted rows are
+        written on the cache's stream, so gathers of these slots must be issued on that
+        stream (or wait on it). Pinned until :meth:`end_batch`."""
+        out: np.ndarray = self._resolve(row_ids, False, False)
+        return out
 
-        For callers that pack the slots into their own upload (one copy per step
-        with their other inputs). On ``device="cuda"`` the faulted rows are written
-        into the arena on the cache's stream, so gathers of these slots must be issued
-        on that stream (or wait on it). Pinned until :meth:`end_batch`, like
-        :meth:`resolve`.
-        """
-        with self._lock.raw:  # behind a deferred touch: scanned without waiting for it
-            out = self._hits_queued(row_ids) if self._touching and not self._deferred else None
-            if out is not None:
-                return out
+    def resolve_deferred(self, row_ids: Any) -> int:
+        """:meth:`resolve` for a caller that reads the arena only through
+        :meth:`device_map`, in stream order on the cache's stream: on ``device="cuda"`` a
+        call that must read rows returns while they are being read. The read runs on a
+        reader's own thread; the cache's stream holds until it ends, then one launch
+        writes the rows and updates the device map. The host's side (pins, LRU order,
+        maps, stats) is committed by the next call on the cache (:meth:`settle`, or any
+        other but :meth:`poll` and :meth:`end_batch`, which leave it pending: the commit
+        then pins nothing, its batch having ended), which first waits for the read; if the
+        read failed, that call raises its ``CorruptDataError`` and the cache is exactly as
+        before this call (the launch wrote nothing: what the caller computed from these
+        rows is invalid). Returns :attr:`last_faults`. On ``device="cpu"`` the rows are
+        written by that next call. Where the reader cannot read apart (the Python or kvikio
+        engine), and for a call without reads, it is :meth:`resolve_host`. Ids and errors
+        as :meth:`resolve`'s (out-of-range ids and exhaustion raise at this call)."""
         with self._lock:
-            out = self._hits_native(row_ids)
-            if out is not None:
-                return out
+            self._resolve(row_ids, False, True)
+            return self._faulter.last_faults
+
+    def settle(self) -> None:
+        """Commit a :meth:`resolve_deferred` call whose read may still run: wait for the
+        read, then pin, log and map as :meth:`resolve` does; raises the read's error
+        (the cache as before that call). Every other method does this first too, but
+        :meth:`poll` and :meth:`end_batch`."""
+        with self._lock:
+            self._catch_up()
+
+    @property
+    def pending(self) -> bool:
+        """A :meth:`resolve_deferred` call is not yet settled."""
+        return self._faulter.pending is not None
+
+    def holds_all(self, row_ids: Any) -> bool:
+        """True when a :meth:`resolve` of ``row_ids`` would neither fault, wait nor commit
+        a prefetch (its ``last_faults`` would be 0): every row is resident and shown in
+        the device map, none belongs to a prefetch not yet committed. Changes nothing (no
+        touch, pin, count or commit); settles a pending deferred fault (may raise). Raises
+        as :meth:`resolve` does for ids outside the table."""
+        with self._lock:
+            if self._faulter.pending is not None:
+                self._faulter.finish_pending()
+            if (
+                self._lru.native is not None
+                and type(row_ids) is np.ndarray
+                and row_ids.dtype == np.int64
+                and row_ids.ndim == 1
+                and row_ids.flags.c_contiguous
+                and not self._slots.reserved
+            ):  # one C scan of the row map (a deferred touch changes no mapping)
+                status = self._lru.all_resident(row_ids)
+                if status < 2:  # 2: a bad id, raised below
+                    return status == 0
             ids = check_row_ids(row_ids, self.rows)
-            self._reaped_rows = 0
-            return self._resolve_unique(ids)
+            s = self._slots.row_slot[ids]
+            if s.size and int(s.min()) < 0:
+                return False
+            return not (self._slots.reserved and bool((self._slots.state[s] >= READING).any()))
 
     @property
     def last_faults(self) -> int:
         """Rows the latest :meth:`resolve` / :meth:`resolve_host` faulted in, or whose
         prefetch it waited for or completed, i.e. rows whose :meth:`device_map` entry
         that call changed (0: every row was resident and mapped before the call)."""
-        return self._last_faults
+        return self._faulter.last_faults
 
     def end_batch(self) -> None:
-        """Unpin every slot pinned since the last ``end_batch``; the next batch begins."""
-        with self._lock.raw:  # a deferred touch may go on: it pins for its own batch
-            # (a deferred fault goes on too: its commit pins for the batch of its call,
-            # i.e. not at all once that batch has ended; no reap before it)
-            if self._jobs and self._deferred is None:
-                if self._touching:
-                    self._finish_touch()
-                self._reap()
-            # A slot is pinned while its last use is the current batch: moving to the
-            # next batch unpins every slot at once.
-            self._pinned = 0
-            if self._pf_pool is not None and self.device == "cuda":
-                self._record_batch_done()  # later prefetches may overwrite this batch's slots
-            self._batch += 1
-            self._stats["batches"] += 1
+        """Unpin every slot pinned since the last ``end_batch``; the next batch begins. A
+        deferred touch or fault goes on (it pins for its own batch, i.e. not at all now)."""
+        with self._lock:
+            if self._prefetcher.jobs and self._faulter.pending is None:
+                self._lru.finish_touches()  # (a deferred fault may claim landed pieces'
+                self._prefetcher.reap()  # rows: they are reaped after its commit)
+            self._lru.end_batch()
+            self._prefetcher.end_batch()
+            self._counters.batches += 1
+
+    def prefetch(self, row_ids: Any) -> PrefetchHandle:
+        """Start reading the rows of a coming step; never blocks on I/O.
+
+        ``row_ids`` as :meth:`resolve`'s. At this call the rows are touched most recently
+        used and left unpinned; missing rows take the least recently used unpinned slots
+        (never one the current batch holds), and rows beyond the free or unpinned slots
+        are dropped (``handle.dropped``): a prefetch never raises
+        ``ArenaExhaustedError``. The prefetch thread reads them meanwhile in pieces, in
+        call order; a resolve that needs rows in flight reads them itself, and waits for
+        pieces only when it needs their slots as victims or to avoid exhaustion (or its
+        own read of their rows failed), so the LRU order, the exhaustion rule and every
+        fault count are those of a prefetch that completed at its call. A failed read
+        maps nothing; the :meth:`resolve` that next needs one of its rows raises that
+        error once. docs/cache.md ("Prefetch") has the whole contract.
+        """
+        ids = check_row_ids(row_ids, self.rows)
+        with self._lock:
+            self._catch_up()
+            self._prefetcher.reap()
+            if ids.size == 0:
+                return PrefetchHandle([], 0, 0)
+            return self._prefetcher.prefetch(sorted_unique(ids))
+
+    def poll(self) -> int:
+        """Commit the prefetches whose reads have finished (their rows appear in
+        :meth:`device_map`); returns the rows still in flight. With a
+        :meth:`resolve_deferred` call not yet settled it does nothing."""
+        with self._lock:
+            if self._prefetcher.jobs and self._faulter.pending is None:
+                self._lru.finish_touches()
+                self._prefetcher.reap()
+            return self._slots.reserved
+
+    def pause_prefetch(self) -> None:
+        """No prefetch piece starts reading until :meth:`resume_prefetch`; returns once
+        the pieces being read have finished (e.g. a server's turn of another model)."""
+        self._prefetcher.pause()
+
+    def resume_prefetch(self) -> None:
+        """Undo :meth:`pause_prefetch`."""
+        self._prefetcher.resume()
+
+    def prefetch_pieces(self) -> list[PrefetchJob]:
+        """The prefetch pieces in flight or not yet reaped (for timelines: their ``rows``,
+        ``started``, ``times``); read-only."""
+        with self._lock:
+            return self._prefetcher.pieces()
+
+    @property
+    def rows_taken(self) -> int:
+        """Rows resolves took over from prefetch pieces not started, since creation."""
+        return self._prefetcher.rows_taken
+
+    def device_map(self) -> Any:
+        """The row -> slot map on the GPU: cupy int32[rows] (-1: not resident).
+
+        Made on first call (``rows`` x 4 bytes of device memory) and from then on
+        updated by every fault, on the cache's stream after the fault's arena writes. A
+        slot read this way is only safe while the row is pinned, so a caller that gathers
+        through the map first must still :meth:`resolve` the rows and redo its gathers if
+        that call faulted (:attr:`last_faults`), as ``rowcache.embed.NgramEmbedding`` does.
+        """
+        if self.device != "cuda":
+            raise ConfigError("device_map() needs a cache with device='cuda'")
+        with self._lock:
+            self._catch_up()
+            return self._arena.device_map(self._slots)
+
+    @property
+    def stream(self) -> Any:
+        """The CUDA stream the cache writes the arena on (``device="cuda"``), else None."""
+        return self._arena.stream
 
     def stats(self, reset: bool = False) -> CacheStats:
         """A snapshot of the counters; ``reset=True`` starts fresh counts."""
         with self._lock:
-            if self._jobs:
-                self._reap()
-            snap = CacheStats(**self._stats)
+            self._catch_up()
+            if self._prefetcher.jobs:
+                self._prefetcher.reap()
+            snap = self._counters.snapshot()
             if reset:
-                self._part_misses[:] = 0
-                for k in self._stats:
-                    self._stats[k] = 0
-                self._stats["fault_seconds"] = 0.0
-                self._stats["prefetch_wait_seconds"] = 0.0
+                self._counters.reset()
             return snap
 
     def part_misses(self) -> np.ndarray:
         """int64[len(parts)]: ``stats().misses`` split by the listed table they fell in
         (since creation or the last ``stats(reset=True)``)."""
         with self._lock:
-            return self._part_misses.copy()
+            self._catch_up()
+            return self._counters.part_misses.copy()
+
+    @property
+    def fault_phases(self) -> np.ndarray:
+        """float64[4]: seconds of the demand faults' phases since creation, summed: plan,
+        read, commit (with the CPU's scatter), launch (a copy; a deferred fault's read is
+        the time its join waited)."""
+        return self._counters.phases.copy()
 
     @property
     def info(self) -> TableInfo:
@@ -410,43 +513,60 @@ class NgramRowCache(LruLog, FaultPath, DeferredFaults, DeviceMap, PrefetchBook):
     @property
     def resident(self) -> int:
         """Number of slots holding a row."""
-        return int(np.count_nonzero(self._slot_row >= 0))
+        return self._slots.resident
+
+    def is_resident(self, row_ids: Any) -> np.ndarray:
+        """bool[n]: which of ``row_ids`` (global) are mapped now (being read or not);
+        changes nothing."""
+        ids = check_row_ids(row_ids, self.rows)
+        with self._lock:
+            return self._slots.row_slot[ids] >= 0
 
     @property
     def pinned(self) -> int:
         """Number of slots pinned by the current batch."""
         with self._lock:
-            return self._pinned
+            self._catch_up()
+            return self._lru.pinned
 
     def overhead_bytes(self) -> dict[str, int]:
         """Host bookkeeping bytes: per-slot arrays and the per-table row map."""
-        per_slot = sum(
-            a.nbytes
-            for a in (
-                self._slot_row,
-                self._last_used,
-                self._log,
-                self._log_pos,
-            )
-        )
-        return {"per_slot_arrays": per_slot, "row_map": self._row_slot.nbytes}
+        t, lru = self._slots, self._lru
+        per_slot = sum(a.nbytes for a in (t.slot_row, t.state, lru.last_used, lru.log, lru.log_pos))
+        return {"per_slot_arrays": per_slot, "row_map": t.row_slot.nbytes}
 
     def slot_map(self) -> tuple[np.ndarray, np.ndarray]:
         """Copies of ``(row_slot [rows], slot_row [slots])`` (-1 = unmapped), for checks."""
         with self._lock:
-            if self._jobs:
-                self._reap()
-            return self._row_slot.copy(), self._slot_row.copy()
+            self._catch_up()
+            if self._prefetcher.jobs:
+                self._prefetcher.reap()
+            return self._slots.row_slot.copy(), self._slots.slot_row.copy()
 
     def pin_counts(self) -> np.ndarray:
         """int32[slots]: 1 for each slot pinned by the current batch (however many of
         the batch's resolves used it), else 0."""
         with self._lock:
-            return (self._last_used == self._batch).astype(np.int32)
+            self._catch_up()
+            return self._lru.pin_mask().astype(np.int32)
 
-    def _host_lib(self) -> Any:
-        """The native host kernels, looked up in this module (tests swap ``_native``)."""
-        return _native
+    @property
+    def slot_table(self) -> SlotTable:
+        """The slot table (row -> slot, slot -> row, states; ``check()``), for checks:
+        read it, never write it."""
+        return self._slots
+
+    @property
+    def lru(self) -> Lru:
+        """The LRU (recency, pins, the log; ``check()``), for checks: read it, never write it."""
+        return self._lru
+
+    def check(self) -> list[str]:
+        """Every broken invariant of the slot table and the LRU (after settling), one
+        sentence each; empty when sound."""
+        with self._lock:
+            self._catch_up()
+            return self._slots.check() + self._lru.check()
 
     def __repr__(self) -> str:
         return (

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import rowcache
-import rowcache.cache.prefetch_book as prefetch_book
 import rowcache.kernels.host as host
 from bench.serve.args import parse
 from bench.serve.floor import Floor
@@ -24,6 +23,8 @@ from bench.serve.report import _step_split, lookahead_bound
 from bench.serve.run import warm_plan
 from bench.serve.series import Series, interleave, turn_ends
 from rowcache import NgramRowCache
+from rowcache.cache.row_cache import Tuning
+from tests.cache.support import Hooked
 from tests.support import run_judge
 
 
@@ -317,20 +318,20 @@ def test_serve_turns_end_where_no_prefetch_is_in_flight():
     assert turn_ends(20, 4, quiet) == [7, 11, 15, 19, 20]  # within a second block, else 4
 
 
-def test_serve_series_holds_its_prefetches_between_turns(monkeypatch, tiny_store):
+def test_serve_series_holds_its_prefetches_between_turns(tiny_store):
     """At a turn's end a lookahead series waits for the piece being read and no other
     piece starts until its next turn (its reads neither slow nor gain from another's)."""
-    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
     store, _ = tiny_store
-    cache = NgramRowCache(store, "t", slots=200)
-    real, gate, started = cache._read_parts, threading.Event(), []
+    gate, started = threading.Event(), []
 
-    def gated(rows, staging, reader=None):
+    def gated(rows):
         started.append(rows.size)
         assert gate.wait(10)
-        return real(rows, staging, reader)
 
-    monkeypatch.setattr(cache, "_read_parts", gated)
+    cache = NgramRowCache.assemble(
+        store, "t", slots=200, tuning=Tuning(piece_rows=8),
+        part_reader=lambda reads: Hooked(reads, gated),
+    )  # fmt: skip
     s = Series(None, [], 0, None, None, None, cache)
     h = cache.prefetch(np.arange(100, 164))  # 8 pieces of 8 rows
     s.handles.append((1, h))

@@ -11,6 +11,9 @@ import numpy as np
 
 import rowcache
 import rowcache.kernels.reference as ref
+from rowcache import NgramRowCache
+from rowcache.cache.parts import PartReader
+from rowcache.cache.row_cache import Tuning
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
 from rowcache.kernels.reference import BF16
 
@@ -122,20 +125,35 @@ def batches(rng, rows, slots, n):
             yield [rng.zipf(1.2, int(rng.integers(0, 200))) % rows]
 
 
-class Gate:
-    """Wraps ``cache._read_parts``: prefetch-thread reads wait for ``open``; reads by any
-    other thread (a resolve taking rows over) of rows in ``fail`` raise."""
+class Hooked(PartReader):
+    """The cache's reads (a :class:`PartReader`), each calling ``hook(rows)`` first: the
+    hook may sleep, wait or raise (a reader that delays or fails)."""
 
-    def __init__(self, cache):
-        self.real = cache._read_parts
+    def __init__(self, inner: PartReader, hook) -> None:
+        super().__init__(inner.store, inner.part_tables, inner.row_offsets, inner.reader)
+        self.hook = hook
+
+    def read(self, rows, staging, reader=None):
+        self.hook(rows)
+        return super().read(rows, staging, reader)
+
+
+class Gate:
+    """A hook on a cache's reads (``NgramRowCache.assemble(..., part_reader=gate.wrap)``):
+    prefetch-thread reads wait for ``open``; reads by any other thread (a resolve taking
+    rows over) of rows in ``fail`` raise."""
+
+    def __init__(self):
         self.open = threading.Event()
         self.started = threading.Event()
         self.fail = np.zeros(0, dtype=np.int64)
         self.caller_reads: list[np.ndarray] = []
         self.fail_pieces = False  # the prefetch thread's reads of rows in ``fail`` raise too
-        cache._read_parts = self
 
-    def __call__(self, rows, staging, reader=None):
+    def wrap(self, reads: PartReader) -> PartReader:
+        return Hooked(reads, self)
+
+    def __call__(self, rows):
         if threading.current_thread().name.startswith("rowcache-prefetch"):
             self.started.set()
             assert self.open.wait(10)
@@ -145,4 +163,20 @@ class Gate:
             self.caller_reads.append(rows.copy())
             if np.isin(rows, self.fail).any():
                 raise CorruptDataError("injected: read of shard failed")
-        return self.real(rows, staging, reader)
+
+
+def gated_cache(store, table, slots, piece=None, **kw):
+    """A cache over ``store`` whose reads go through a new :class:`Gate` (prefetch pieces of
+    ``piece`` rows where given); returns (cache, gate)."""
+    gate = Gate()
+    tuning = Tuning(piece_rows=piece) if piece else None
+    cache = NgramRowCache.assemble(store, table, slots=slots, tuning=tuning,
+                                   part_reader=gate.wrap, **kw)  # fmt: skip
+    return cache, gate
+
+
+def check_pieces(cache):
+    """The cache's slot table and LRU are sound (``check()`` of each, after settling)."""
+    cache.settle()
+    assert cache.slot_table.check() == []
+    assert cache.lru.check() == []

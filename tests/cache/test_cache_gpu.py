@@ -133,19 +133,18 @@ def _spin(cp, seconds):
     cp.RawKernel(_SPIN, "spin")((1,), (1,), (np.uint64(int(seconds * 1e9)),))
 
 
-def test_gpu_prefetch_pieces_do_not_queue_behind_the_cache_streams_work(
-    rng, monkeypatch, tiny_store
-):
+def test_gpu_prefetch_pieces_do_not_queue_behind_the_cache_streams_work(rng, tiny_store):
     """Work queued on the cache's stream after end_batch (a model's rest of the step)
     does not hold a prefetch's pieces back: they go on a stream of their own, and the rows
     are right when the cache's stream gathers them."""
     import cupy as cp
 
-    import rowcache.cache.prefetch_book as prefetch_book
+    from rowcache.cache.row_cache import Tuning
 
-    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 16)
     store, _ = tiny_store
-    cache = NgramRowCache(store, "t", slots=600, device="cuda")
+    cache = NgramRowCache.assemble(
+        store, "t", slots=600, device="cuda", tuning=Tuning(piece_rows=16)
+    )
     cache.resolve(np.arange(10))
     cache.end_batch()
     cache.prefetch(np.arange(10, 20)).wait()  # the prefetch stream exists

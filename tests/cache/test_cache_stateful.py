@@ -19,7 +19,7 @@ import rowcache
 from rowcache import NgramRowCache
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
 from rowcache.store.handle import RowStore
-from tests.cache.support import RefLRU, check_invariants
+from tests.cache.support import RefLRU, check_invariants, check_pieces
 
 MAX_EXAMPLES = 25
 STEPS = 20
@@ -166,6 +166,7 @@ def make_machine(path, names, device, faults):
             if not hasattr(self, "cache"):
                 return
             check_invariants(self.cache, self.ref)
+            check_pieces(self.cache)
             assert self.cache.pinned == len(self.ref.pins)
             assert self.cache.stats().misses == self.ref.faults
             assert self.cache.stats().evictions == self.ref.evictions

@@ -10,10 +10,10 @@ import os
 import numpy as np
 import pytest
 
-import rowcache.cache.prefetch_book as prefetch_book
 from rowcache import NgramRowCache
+from rowcache.cache.parts import PartReader
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
-from tests.cache.support import Gate, make_multi_store, make_store
+from tests.cache.support import check_pieces, gated_cache, make_multi_store, make_store
 
 pytest.importorskip("rowcache.io._rcio", reason="reads apart need the native reader")
 
@@ -34,9 +34,11 @@ def same_state(a: NgramRowCache, b: NgramRowCache) -> None:
     sta, stb = a.stats(), b.stats()
     assert [getattr(sta, f) for f in COUNTED] == [getattr(stb, f) for f in COUNTED]
     # the LRU order: the victims a large call would take are the same
-    assert a._choose_victims(min(20, a.num_slots - a._pinned))[0].tolist() == (
-        b._choose_victims(min(20, b.num_slots - b._pinned))[0].tolist()
+    assert a.lru.choose_victims(min(20, a.num_slots - a.pinned))[0].tolist() == (
+        b.lru.choose_victims(min(20, b.num_slots - b.pinned))[0].tolist()
     )
+    check_pieces(a)
+    check_pieces(b)
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -66,7 +68,7 @@ def test_deferred_resolves_leave_what_resolve_host_leaves(tmp_path, rng, shared)
             continue
         faults = a.resolve_deferred(ids)
         assert faults == b.last_faults
-        deferred += a._deferred is not None
+        deferred += a.pending
         if kind == 2:
             a.settle()  # explicitly
         if kind in (3, 6):
@@ -98,11 +100,11 @@ def test_a_failed_deferred_read_raises_at_the_next_call_and_changes_nothing(rais
     before = cache.slot_map(), cache.pin_counts(), cache.stats()
     flip_byte(store, 0, 2222)
     assert cache.resolve_deferred(np.array([5, 2222, 1500, 7])) == 2  # 2222, 1500 read
-    assert cache._deferred is not None  # not raised yet
-    assert cache.poll() == 0 and cache._deferred is not None  # poll leaves it
+    assert cache.pending  # not raised yet
+    assert cache.poll() == 0 and cache.pending  # poll leaves it
     if raiser == "end_batch":  # the batch ends; the next call raises
         cache.end_batch()
-        assert cache._deferred is not None
+        assert cache.pending
         raiser = "settle"
     call = {
         "settle": cache.settle,
@@ -112,7 +114,7 @@ def test_a_failed_deferred_read_raises_at_the_next_call_and_changes_nothing(rais
     }[raiser]
     with pytest.raises(CorruptDataError, match="checksum"):
         call()
-    assert cache._deferred is None and cache.last_faults == 0
+    assert not cache.pending and cache.last_faults == 0
     row_slot, slot_row = cache.slot_map()
     np.testing.assert_array_equal(row_slot, before[0][0])
     np.testing.assert_array_equal(slot_row, before[0][1])
@@ -124,17 +126,15 @@ def test_a_failed_deferred_read_raises_at_the_next_call_and_changes_nothing(rais
     np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[[5, 1500, 7]].view(np.uint16))
 
 
-def test_deferred_read_takes_rows_of_pieces_in_flight_too(monkeypatch, tiny_store):
+def test_deferred_read_takes_rows_of_pieces_in_flight_too(tiny_store):
     """Rows of prefetch pieces in flight are read in the deferred read, beside its misses,
     and committed at the next call as a resolve_host would."""
-    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
     store, x = tiny_store
-    cache = NgramRowCache(store, "t", slots=60)
-    gate = Gate(cache)
+    cache, gate = gated_cache(store, "t", 60, piece=8)
     h = cache.prefetch(np.arange(100, 124))
     assert gate.started.wait(10)  # piece 100.. held; 108.., 116.. queued
     assert cache.resolve_deferred(np.array([300, 103, 117, 5])) == 4
-    assert not gate.caller_reads  # read apart, by the reader's thread, not _read_parts
+    assert not gate.caller_reads  # read apart, by the reader's thread, not PartReader.read
     cache.settle()
     s = cache.stats()
     assert (s.misses, s.hits, s.prefetched, s.rows_reread, s.rows_read) == (2, 2, 1, 1, 4)
@@ -147,7 +147,8 @@ def test_deferred_read_takes_rows_of_pieces_in_flight_too(monkeypatch, tiny_stor
     cache.end_batch()
     got = cache.resolve(np.arange(100, 124))
     np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[100:124].view(np.uint16))
-    assert not cache._busy.any() and cache._n_busy == 0
+    assert cache.slot_table.reserved == 0
+    check_pieces(cache)
 
 
 def test_two_caches_on_one_store_both_read_apart(tmp_path, rng):
@@ -155,7 +156,11 @@ def test_two_caches_on_one_store_both_read_apart(tmp_path, rng):
     a sibling reader of its own; both commit what resolve_host would."""
     store, tabs = make_multi_store(tmp_path, rng)
     names = list(tabs)
-    a1, a2 = NgramRowCache(store, names[:2], slots=100), NgramRowCache(store, names[2:], slots=90)
+    reads: list[PartReader] = []  # a1's and a2's
+    a1, a2 = (
+        NgramRowCache.assemble(store, n, slots=k, part_reader=lambda r: reads.append(r) or r)
+        for n, k in ((names[:2], 100), (names[2:], 90))
+    )
     b1, b2 = NgramRowCache(store, names[:2], slots=100), NgramRowCache(store, names[2:], slots=90)
     for _ in range(12):
         i1, i2 = rng.integers(0, 600, 30), rng.integers(0, 600, 25)
@@ -165,9 +170,9 @@ def test_two_caches_on_one_store_both_read_apart(tmp_path, rng):
             b1.last_faults,
             b2.last_faults,
         )
-        assert a1._deferred is not None and a2._deferred is not None
+        assert a1.pending and a2.pending
         for c in (a1, a2, b1, b2):
             c.end_batch()
         same_state(a1, b1)
         same_state(a2, b2)
-    assert a2._apart_reader is not None and a1._apart_reader is None
+    assert reads[1].reads_apart_alone and not reads[0].reads_apart_alone

@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 import rowcache
 import rowcache.kernels.host as host
+from rowcache.cache.row_cache import Tuning
 from rowcache.errors import ArenaExhaustedError, CorruptDataError, RowRangeError
+from tests.cache.support import Hooked
 
 PARTS = {"a": 70, "b": 45, "c": 30}  # rows of the tables that share one arena
 
@@ -33,15 +35,24 @@ def store(tmp_path_factory):
     s.close()
 
 
-def _cache(store, slots, native, small_log=True):
+class Failing:
+    """A hook on a cache's reads: once ``armed``, every read raises."""
+
+    armed = False
+
+    def __call__(self, rows):
+        if self.armed:
+            raise CorruptDataError("injected: short read")
+
+
+def _cache(store, slots, native, small_log=True, hook=None):
     """A shared-arena cache on the native (or the Python) path; ``small_log``: a log of
-    2 * slots entries, so that compaction happens every few calls."""
-    c = rowcache.NgramRowCache(store, list(PARTS), slots=slots)
-    c._host_lib = lambda: host.native if native else None  # type: ignore[method-assign]
-    if small_log:
-        c._log = np.empty(2 * slots, dtype=np.int32)
-        c._log[:slots] = np.arange(slots, dtype=np.int32)
-    return c
+    2 * slots entries, so that compaction happens every few calls; ``hook``: on its reads."""
+    tuning = Tuning(native=native, log_slack=slots if small_log else None)
+    return rowcache.NgramRowCache.assemble(
+        store, list(PARTS), slots=slots, tuning=tuning,
+        part_reader=None if hook is None else (lambda r: Hooked(r, hook)),
+    )  # fmt: skip
 
 
 def _state(c):
@@ -49,10 +60,10 @@ def _state(c):
     return {
         "row_slot": row_slot,
         "slot_row": slot_row,
-        "last_used": c._last_used.copy(),
-        "head_tail": (c._head, c._tail),
-        "log": c._log[c._head : c._tail].copy(),
-        "log_pos": c._log_pos.copy(),
+        "last_used": c.lru.last_used.copy(),
+        "head_tail": (c.lru.head, c.lru.tail),
+        "log": c.lru.log[c.lru.head : c.lru.tail].copy(),
+        "log_pos": c.lru.log_pos.copy(),
         "stats": dataclasses.replace(c.stats(), fault_seconds=0.0),
         "part_misses": c.part_misses(),
         "pinned": c.pinned,
@@ -133,12 +144,12 @@ def test_miss_native_compacts_the_log_as_the_python_path(store):
     compactions = 0
     for i in range(700):
         ids = rng.integers(0, total, 40).astype(np.int64)
-        tail = nat._tail
+        tail = nat.lru.tail
         np.testing.assert_array_equal(nat.resolve(ids), ref.resolve(ids), err_msg=f"call {i}")
-        compactions += nat._tail < tail
+        compactions += nat.lru.tail < tail
         nat.end_batch()
         ref.end_batch()
-        if i % 50 == 0 or nat._tail < tail:
+        if i % 50 == 0 or nat.lru.tail < tail:
             _assert_same(_state(nat), _state(ref), f"call {i}")
     assert compactions >= 1
 
@@ -156,24 +167,22 @@ def test_miss_native_rows_land_in_their_slots(store):
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_miss_native_failed_read_changes_nothing(store, native, monkeypatch):
-    c = _cache(store, 12, native)
+def test_miss_native_failed_read_changes_nothing(store, native):
+    fail = Failing()
+    c = _cache(store, 12, native, hook=fail)
     c.resolve(np.arange(10, dtype=np.int64))
     c.end_batch()
     c.resolve(np.array([3, 4, 60], dtype=np.int64))  # some pinned in this batch
     before = _state(c)
 
-    def fail(*args, **kwargs):
-        raise CorruptDataError("injected: short read")
-
-    monkeypatch.setattr(c._reader, "read_batch", fail)
+    fail.armed = True
     with pytest.raises(CorruptDataError, match="injected"):
         c.resolve(np.array([4, 5, 80, 81, 130, 5], dtype=np.int64))  # hits and misses
     after = _state(c)
     assert after.pop("last_faults") == 0  # the latest call faulted nothing in
     before.pop("last_faults")
     _assert_same(after, before, "a failed read")
-    monkeypatch.undo()
+    fail.armed = False
     ref = _cache(store, 12, not native)
     for op in ([np.arange(10, dtype=np.int64)], None, [np.array([3, 4, 60], dtype=np.int64)]):
         ref.end_batch() if op is None else ref.resolve(op[0])

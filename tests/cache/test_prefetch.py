@@ -9,15 +9,17 @@ import time
 import numpy as np
 import pytest
 
-import rowcache.cache.in_flight as in_flight
-import rowcache.cache.prefetch_book as prefetch_book
 from rowcache import NgramRowCache
-from rowcache.cache.state import BUSY_READ
+from rowcache.cache.lru import member
+from rowcache.cache.row_cache import Tuning
+from rowcache.cache.slots import READING, SlotState
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
 from tests.cache.support import (
     Gate,
+    Hooked,
     RefLRU,
     check_invariants,
+    check_pieces,
     expected,
     gather,
     make_multi_store,
@@ -61,37 +63,39 @@ class RefPrefetchLRU(RefLRU):
 
 
 class Slow:
-    """Wraps ``cache._read_parts``: prefetch-thread reads sleep a little (so resolves
-    meet them in flight), and a prefetch asked to fail fails every read of its rows
-    (it is waited for at once, so no resolve takes its rows over first)."""
+    """A hook on a cache's reads (``part_reader=Hooked(..., slow)``): prefetch-thread reads
+    sleep a little (so resolves meet them in flight), and a prefetch asked to fail fails
+    every read of its rows (it is waited for at once, so no resolve takes its rows over
+    first)."""
 
-    def __init__(self, cache, rng):
-        self.real = cache._read_parts
+    def __init__(self, rng):
         self.rng = rng
         self.failing = np.zeros(0, dtype=np.int64)
-        cache._read_parts = self
+
+    def wrap(self, reads):
+        return Hooked(reads, self)
 
     def prefetch(self, cache, ids, fail):
         if fail:  # the rows this prefetch will read: those neither resident nor in flight
             u = np.unique(np.asarray(ids, dtype=np.int64))
-            self.failing = u[cache._row_slot[u] < 0]
+            self.failing = u[~cache.is_resident(u)]
         h = cache.prefetch(ids)
         if fail:
             h.wait()
             self.failing = self.failing[:0]
         return h
 
-    def __call__(self, rows, staging, reader=None):
+    def __call__(self, rows):
         if threading.current_thread().name.startswith("rowcache-prefetch"):
             time.sleep(float(self.rng.uniform(0, 0.003)))
             if np.isin(rows, self.failing).any():
                 raise CorruptDataError("injected: read of shard failed")
-        return self.real(rows, staging, reader)
 
 
 def read_pinned(cache, slots):
     """Slots whose piece is in flight but whose rows a resolve read itself and pinned."""
-    return (cache._busy[slots] == BUSY_READ) & (cache._last_used[slots] == cache._batch)
+    lru = cache.lru
+    return (cache.slot_table.state[slots] == SlotState.READ) & (lru.last_used[slots] == lru.batch)
 
 
 def _check_stats(cache, lru):
@@ -100,17 +104,18 @@ def _check_stats(cache, lru):
 
 
 @pytest.mark.parametrize("dtype,piece", [("bf16", 1024), ("fp8", 1024), ("bf16", 7)])
-def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype, piece, monkeypatch):
+def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype, piece):
     """(piece 7: prefetches read in many pieces, so resolves take rows of queued ones over)"""
-    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", piece)
     store, _ = make_store(tmp_path, rng, dtype=dtype)
     slots = 120
-    cache = NgramRowCache(store, "t", slots=slots)
-    slow = Slow(cache, np.random.default_rng(1))
+    slow = Slow(np.random.default_rng(1))
+    cache = NgramRowCache.assemble(
+        store, "t", slots=slots, tuning=Tuning(piece_rows=piece), part_reader=slow.wrap
+    )
     lru = RefPrefetchLRU(slots)
     handles = []
     seen = {"exhausted": 0, "failed": 0, "dropped": 0}
-    at = np.random.default_rng(2)  # log positions to check _passed_busy at
+    at = np.random.default_rng(2)  # log positions to check passed_reserved at
     for _ in range(160):
         op = rng.choice(["resolve", "resolve", "prefetch", "end", "wait"])
         if op == "prefetch":
@@ -149,27 +154,29 @@ def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype, piece,
             handles.clear()
         _check_stats(cache, lru)
         check_invariants(cache, lru)
-        # _passed_busy scans the log's window: the same answer as over every job's slots
-        for end in {cache._head, cache._tail, int(at.integers(cache._head, cache._tail + 1))}:
+        check_pieces(cache)
+        # passed_reserved scans the log's window: the same answer as over every job's slots
+        c = cache.lru
+        for end in {c.head, c.tail, int(at.integers(c.head, c.tail + 1))}:
             # (but a slot a resolve read itself and pinned: a hit in any order)
             by_jobs = any(
-                bool(((cache._log_pos[j.slots] < end) & ~read_pinned(cache, j.slots)).any())
-                for j in cache._jobs
+                bool(((c.log_pos[j.slots] < end) & ~read_pinned(cache, j.slots)).any())
+                for j in cache.prefetch_pieces()
             )
-            assert cache._passed_busy(end) == by_jobs, end
+            assert c.passed_reserved(end) == by_jobs, end
     assert seen["exhausted"] and seen["failed"] and seen["dropped"], seen
     for h in handles:
         h.wait()
     s = cache.stats()
     assert s.prefetched > 0 and s.rows_read == s.misses + s.prefetched + s.rows_reread
     if piece < 100:  # resolves did take rows of queued pieces over
-        assert cache._rows_taken > 0
+        assert cache.rows_taken > 0
 
 
 def test_prefetch_never_takes_pinned_slots_nor_exhausts_the_batch(tiny_store):
     store, x = tiny_store
-    cache = NgramRowCache(store, "t", slots=10)
-    slow = Slow(cache, np.random.default_rng(0))
+    slow = Slow(np.random.default_rng(0))
+    cache = NgramRowCache.assemble(store, "t", slots=10, part_reader=slow.wrap)
     cur = cache.resolve(np.arange(6))  # pinned by the current batch
     h = slow.prefetch(cache, np.arange(100, 110), False)  # only 4 unpinned slots: 6 dropped
     assert (h.rows, h.dropped) == (4, 6)
@@ -185,8 +192,8 @@ def test_prefetch_never_takes_pinned_slots_nor_exhausts_the_batch(tiny_store):
 
 def test_prefetch_then_resolve_faults_nothing_twice(rng, tiny_store):
     store, x = tiny_store
-    cache = NgramRowCache(store, "t", slots=200)
-    slow = Slow(cache, np.random.default_rng(0))
+    slow = Slow(np.random.default_rng(0))
+    cache = NgramRowCache.assemble(store, "t", slots=200, part_reader=slow.wrap)
     ids = rng.choice(3000, 150, replace=False)
     h = slow.prefetch(cache, np.concatenate([ids, ids[:20]]), False)
     assert h.rows == 150 and not h.exception()
@@ -206,8 +213,8 @@ def test_prefetch_then_resolve_faults_nothing_twice(rng, tiny_store):
 
 def test_failed_prefetch_maps_nothing_and_raises_once_at_resolve(tiny_store):
     store, x = tiny_store
-    cache = NgramRowCache(store, "t", slots=50)
-    slow = Slow(cache, np.random.default_rng(0))
+    slow = Slow(np.random.default_rng(0))
+    cache = NgramRowCache.assemble(store, "t", slots=50, part_reader=slow.wrap)
     h = slow.prefetch(cache, np.arange(10, 20), True)
     assert h.wait(10) and isinstance(h.exception(), CorruptDataError)
     cache.resolve([1, 2])  # rows the prefetch did not hold: fine
@@ -237,20 +244,30 @@ def test_prefetch_shared_arena_rows_of_every_part(tmp_path, rng):
     )
 
 
-def gated(tmp_path, rng, monkeypatch, slots, piece=8):
+def gated(tmp_path, rng, slots, piece=8, merge=True):
     """A cache of ``slots`` over a fresh store, its prefetches read in pieces of ``piece``
-    rows through a :class:`Gate`; returns (x, cache, gate)."""
-    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", piece)
+    rows through a :class:`Gate` (``merge``: rows in flight read in a resolve's own read);
+    returns (x, cache, gate)."""
     store, x = make_store(tmp_path, rng)
-    cache = NgramRowCache(store, "t", slots=slots)
-    return x, cache, Gate(cache)
+    gate = Gate()
+    cache = NgramRowCache.assemble(
+        store, "t", slots=slots, tuning=Tuning(piece_rows=piece, merge_in_flight=merge),
+        part_reader=gate.wrap,
+    )  # fmt: skip
+    return x, cache, gate
 
 
-def test_resolve_reads_rows_of_queued_pieces_itself(tmp_path, rng, monkeypatch):
+def no_reserved(cache):
+    """No slot is reserved by a prefetch piece (and the count agrees)."""
+    t = cache.slot_table
+    return t.reserved == 0 and not (t.state >= READING).any()
+
+
+def test_resolve_reads_rows_of_queued_pieces_itself(tmp_path, rng):
     """A resolve that needs rows of prefetch pieces still queued reads just those rows
     (not after the piece in flight and every piece before them); each row is read once,
     and the handle is done only when every piece, and the rows taken over, are."""
-    x, cache, gate = gated(tmp_path, rng, monkeypatch, 200)
+    x, cache, gate = gated(tmp_path, rng, 200)
     ids = np.arange(100, 164)  # 8 pieces of 8 rows
     h = cache.prefetch(ids)
     assert h.rows == 64 and gate.started.wait(10)  # piece 0 in flight, held
@@ -271,11 +288,11 @@ def test_resolve_reads_rows_of_queued_pieces_itself(tmp_path, rng, monkeypatch):
     check_invariants_no_ref(cache)
 
 
-def test_resolve_reads_rows_of_a_piece_being_read_itself(tmp_path, rng, monkeypatch):
+def test_resolve_reads_rows_of_a_piece_being_read_itself(tmp_path, rng):
     """A resolve that needs rows of the piece being read reads just those rows itself,
     into the slots the piece reserved, and does not wait for the piece; the piece still
     lands (the same bytes again), and only then are the slots victims again."""
-    x, cache, gate = gated(tmp_path, rng, monkeypatch, 40)
+    x, cache, gate = gated(tmp_path, rng, 40)
     ids = np.arange(100, 132)  # 4 pieces of 8 rows
     h = cache.prefetch(ids)
     assert gate.started.wait(10)  # piece 0 (rows 100..107) in flight, held
@@ -301,17 +318,16 @@ def test_resolve_reads_rows_of_a_piece_being_read_itself(tmp_path, rng, monkeypa
     s = cache.stats()
     assert (s.misses, s.prefetched, s.rows_reread) == (9, 32, 2)
     assert s.rows_read == s.misses + s.prefetched + s.rows_reread and s.evictions == 1
-    assert not cache._busy.any()
+    assert no_reserved(cache)
     check_invariants_no_ref(cache)
 
 
 @pytest.mark.parametrize("merge", [True, False])
-def test_rows_in_flight_are_read_in_the_resolves_own_read(tmp_path, rng, monkeypatch, merge):
+def test_rows_in_flight_are_read_in_the_resolves_own_read(tmp_path, rng, merge):
     """A native resolve needing misses, rows of a piece being read and rows of a queued
     piece reads them all in one read (``merge``; unmerged: the rows in flight apart,
     first), into the victims and the reserved slots; the state after it is the same."""
-    x, cache, gate = gated(tmp_path, rng, monkeypatch, 60)
-    cache._merge_in_flight = merge
+    x, cache, gate = gated(tmp_path, rng, 60, merge=merge)
     h = cache.prefetch(np.arange(100, 124))  # pieces 100.., 108.., 116..; the first held
     assert gate.started.wait(10)
     want = np.array([300, 103, 117, 300, 5, 103])
@@ -321,7 +337,7 @@ def test_rows_in_flight_are_read_in_the_resolves_own_read(tmp_path, rng, monkeyp
     assert reads == ([[5, 103, 117, 300]] if merge else [[117], [103], [5, 300]])
     s = cache.stats()
     assert (s.misses, s.hits, s.prefetched, s.rows_reread, s.rows_read) == (2, 2, 1, 1, 4)
-    assert cache.last_faults == 4 and cache._rows_taken == 1
+    assert cache.last_faults == 4 and cache.rows_taken == 1
     assert s.prefetch_wait_seconds == 0 or not merge
     gate.open.set()
     assert h.wait(10) and h.exception() is None
@@ -331,15 +347,15 @@ def test_rows_in_flight_are_read_in_the_resolves_own_read(tmp_path, rng, monkeyp
     s = cache.stats()
     assert (s.misses, s.prefetched, s.rows_reread) == (2, 24, 1)
     assert s.rows_read == s.misses + s.prefetched + s.rows_reread
-    assert not cache._busy.any() and cache._n_busy == 0
+    assert no_reserved(cache)
     check_invariants_no_ref(cache)
 
 
-def test_a_failed_merged_read_changes_nothing_and_settles(tmp_path, rng, monkeypatch):
+def test_a_failed_merged_read_changes_nothing_and_settles(tmp_path, rng):
     """The resolve's one read (its misses and rows in flight) fails on a missing row: the
     rows in flight are read apart as before (their slots stay reserved by their piece
     meanwhile), and the call raises the miss's read error with nothing else changed."""
-    x, cache, gate = gated(tmp_path, rng, monkeypatch, 60)
+    x, cache, gate = gated(tmp_path, rng, 60)
     h = cache.prefetch(np.arange(100, 116))
     assert gate.started.wait(10)
     gate.fail = np.array([7])
@@ -350,7 +366,8 @@ def test_a_failed_merged_read_changes_nothing_and_settles(tmp_path, rng, monkeyp
     assert reads == [[7, 103, 111], [111], [103], [7]]  # one read; then apart, then the miss
     row_slot = cache.slot_map()[0]
     assert row_slot[7] == -1 and (row_slot[100:116] == before[100:116]).all()
-    assert (cache._busy[row_slot[[103, 111]]] == [2, 0]).all()  # read beside; taken over
+    state = cache.slot_table.state[row_slot[[103, 111]]]
+    assert (state == [SlotState.READ, SlotState.RESIDENT]).all()  # read beside; taken over
     s = cache.stats()
     assert (s.misses, s.hits, s.rows_read, s.rows_reread, s.prefetched) == (0, 0, 2, 1, 1)
     gate.fail = gate.fail[:0]
@@ -361,14 +378,14 @@ def test_a_failed_merged_read_changes_nothing_and_settles(tmp_path, rng, monkeyp
         cache.table[got].view(np.uint16), x[[7, 103, 111]].view(np.uint16)
     )
     cache.end_batch()
-    assert not cache._busy.any()
+    assert no_reserved(cache)
     check_invariants_no_ref(cache)
 
 
-def test_rows_read_beside_a_piece_that_fails_stay_mapped(tmp_path, rng, monkeypatch):
+def test_rows_read_beside_a_piece_that_fails_stay_mapped(tmp_path, rng):
     """A piece that fails after a resolve read some of its rows itself: those rows stay
     mapped (their read succeeded), the others map nothing and raise once."""
-    x, cache, gate = gated(tmp_path, rng, monkeypatch, 100)
+    x, cache, gate = gated(tmp_path, rng, 100)
     h = cache.prefetch(np.arange(0, 8))
     assert gate.started.wait(10)
     got = cache.resolve([2, 5])
@@ -388,14 +405,14 @@ def test_rows_read_beside_a_piece_that_fails_stay_mapped(tmp_path, rng, monkeypa
     np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[[2, 3]].view(np.uint16))
     s = cache.stats()
     assert (s.misses, s.hits, s.prefetched, s.rows_reread) == (1, 4, 0, 2)
-    assert not cache._busy.any()
+    assert no_reserved(cache)
     check_invariants_no_ref(cache)
 
 
-def test_a_failed_read_beside_a_piece_waits_for_the_piece(tmp_path, rng, monkeypatch):
+def test_a_failed_read_beside_a_piece_waits_for_the_piece(tmp_path, rng):
     """A resolve whose own read of a piece's rows fails changes nothing and waits for the
     piece instead, whose read may still succeed."""
-    x, cache, gate = gated(tmp_path, rng, monkeypatch, 100)
+    x, cache, gate = gated(tmp_path, rng, 100)
     h = cache.prefetch(np.arange(0, 8))
     assert gate.started.wait(10)
     gate.fail = np.array([6])  # the resolve's own reads of row 6 fail
@@ -409,8 +426,8 @@ def test_a_failed_read_beside_a_piece_waits_for_the_piece(tmp_path, rng, monkeyp
     check_invariants_no_ref(cache)
 
 
-def test_rows_taken_over_that_fail_map_nothing_and_raise_once(tmp_path, rng, monkeypatch):
-    x, cache, gate = gated(tmp_path, rng, monkeypatch, 100, piece=4)
+def test_rows_taken_over_that_fail_map_nothing_and_raise_once(tmp_path, rng):
+    x, cache, gate = gated(tmp_path, rng, 100, piece=4)
     h = cache.prefetch(np.arange(0, 16))
     assert gate.started.wait(10)
     gate.fail = np.array([9])
@@ -447,8 +464,11 @@ def test_holds_all_says_whether_a_resolve_would_fault_or_wait(native, tiny_store
     from rowcache.kernels import host
 
     store, _ = tiny_store
-    cache = NgramRowCache(store, "t", slots=100)
-    cache._host_lib = lambda: host.native if native else None  # type: ignore[method-assign]
+    gate = Gate()
+    cache = NgramRowCache.assemble(
+        store, "t", slots=100, tuning=Tuning(native=native), part_reader=gate.wrap
+    )
+    assert (cache.lru.native is not None) == (native and host.native is not None)
 
     def holds(ids):
         return cache.holds_all(np.asarray(ids, dtype=np.int64) if native else ids)
@@ -465,7 +485,6 @@ def test_holds_all_says_whether_a_resolve_would_fault_or_wait(native, tiny_store
     assert cache.stats() == before
     for a, b in zip(cache.slot_map(), maps):
         np.testing.assert_array_equal(a, b)
-    gate = Gate(cache)
     h = cache.prefetch([20, 21])
     assert gate.started.wait(10)
     assert not holds([3, 20]) and holds([3, 4])  # 20 is in flight
@@ -474,14 +493,7 @@ def test_holds_all_says_whether_a_resolve_would_fault_or_wait(native, tiny_store
     assert not holds([20])  # landed, not yet committed: a resolve would commit it
     cache.poll()
     assert holds([3, 20, 21])
-    real = gate.real  # the cache's own read, behind a failure of row 30
-
-    def failing(rows, staging, reader=None):
-        if np.isin(rows, [30]).any():
-            raise CorruptDataError("injected: read of shard failed")
-        return real(rows, staging, reader)
-
-    cache._read_parts = failing
+    gate.fail, gate.fail_pieces = np.array([30]), True  # the cache's reads of row 30 fail
     h = cache.prefetch([30])
     h.wait(10)
     assert h.exception() is not None
@@ -495,9 +507,9 @@ def test_holds_all_says_whether_a_resolve_would_fault_or_wait(native, tiny_store
 
 
 def test_member_is_isin_against_a_sorted_set(rng):
-    """``_take_over``'s membership test: np.isin, for any values against a sorted set."""
+    """The prefetcher's membership test: np.isin, for any values against a sorted set."""
     for n, k, hi in ((0, 1, 5), (1, 1, 3), (50, 1, 10), (1024, 7, 40), (1024, 300, 5000)):
         values = rng.integers(-2, hi + 2, n).astype(np.int32)
         s = np.unique(rng.integers(0, hi, k)).astype(np.int32)
-        got = in_flight._member(values, s)
+        got = member(values, s)
         assert got.dtype == bool and np.array_equal(got, np.isin(values, s)), (n, k, hi)

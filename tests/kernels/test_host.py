@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rowcache
-import rowcache.cache.row_cache as cache_mod
 import rowcache.kernels.host as host
+from rowcache.cache.row_cache import Tuning
+from rowcache.cache.slots import READ, READING, RESIDENT
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.kernels.ngram.hash import ngram_hash_reference
 from tests.kernels.support import assert_same_runs, hits_arrays, hits_call
@@ -144,12 +145,13 @@ def test_pool_serves_concurrent_callers_and_a_forked_child():
 
 
 def _state(c):
-    live = c._log[c._head : c._tail]
-    valid = c._log_pos[live] == np.arange(c._head, c._tail)
+    lru = c.lru
+    live = lru.log[lru.head : lru.tail]
+    valid = lru.log_pos[live] == np.arange(lru.head, lru.tail)
     return (
-        c._row_slot.copy(),
-        c._slot_row.copy(),
-        (c._last_used == c._batch).copy(),
+        c.slot_table.row_slot.copy(),
+        c.slot_table.slot_row.copy(),
+        lru.pin_mask(),
         live[valid].copy(),  # the LRU order
         dataclasses.replace(c.stats(), fault_seconds=0.0),
         c.pinned,
@@ -157,10 +159,9 @@ def _state(c):
 
 
 def _replay(store, ops, native):
-    saved = cache_mod._native
-    cache_mod._native = native
-    try:
-        c = rowcache.NgramRowCache(store, "t", slots=64)
+    c = rowcache.NgramRowCache.assemble(store, "t", slots=64, tuning=Tuning(native=native))
+    assert (c.lru.native is not None) == native
+    if True:
         states, outs = [], []
         for op in ops:
             if op is None:
@@ -172,8 +173,6 @@ def _replay(store, ops, native):
                     outs.append(str(e))
             states.append(_state(c))
         return states, outs
-    finally:
-        cache_mod._native = saved
 
 
 @settings(max_examples=25, deadline=None)
@@ -195,8 +194,8 @@ def test_lru_hits_native_equals_python_path(tmp_path_factory, seed):
         else:  # a hot set, so that most calls are all hits
             hot = rng.integers(0, 200 if r < 0.4 else 40, int(rng.integers(1, 50)))
             ops.append(hot.astype(np.int64))
-    a_states, a_out = _replay(store, ops, host.native)
-    b_states, b_out = _replay(store, ops, None)
+    a_states, a_out = _replay(store, ops, True)
+    b_states, b_out = _replay(store, ops, False)
     assert_same_runs(a_states, b_states, a_out, b_out)
     store.close()
 
@@ -262,8 +261,9 @@ def test_lru_plan_and_commit_check_their_arguments_and_change_nothing_on_error()
 
 
 def test_lru_plan_says_when_its_victims_pass_a_busy_slot_or_a_row_is_in_flight():
-    """passed_busy = NgramRowCache._passed_busy(end): a live entry of a slot a prefetch
-    holds lies before the last victim; status 4: a row of the call is in such a slot."""
+    """passed_busy = Lru.passed_reserved(end): a live entry of a slot a prefetch holds
+    (SlotState READING or READ) lies before the last victim; status 4: a row of the call is
+    in a READING slot. (The state array: the slot table's, rowcache.cache.slots.)"""
     if host.native is None:
         pytest.skip("rowcache.kernels._host not built")
     nat = host.native
@@ -274,28 +274,28 @@ def test_lru_plan_says_when_its_victims_pass_a_busy_slot_or_a_row_is_in_flight()
     def plan(busy, rs=rs, sr=sr):
         return nat.lru_plan(ids, 20, rs, sr, lu, log, lp, 0, 6, 0, busy, 6, work, scratch)
 
-    busy = np.zeros(6, dtype=bool)
-    busy[1] = True  # in flight: not a victim, and passed over
+    busy = np.full(6, RESIDENT, dtype=np.uint8)
+    busy[1] = READING  # in flight: not a victim, and passed over
     r = plan(busy)
     assert (r[0], r[2], r[6], r[7]) == (0, 3, 4, 1)
     np.testing.assert_array_equal(work[9:12], [0, 2, 3])
-    busy[:] = False
-    busy[5] = True  # beyond the last victim: not passed
+    busy[:] = RESIDENT
+    busy[5] = READING  # beyond the last victim: not passed
     assert (plan(busy)[0], plan(busy)[7]) == (0, 0)
     rs2, sr2 = rs.copy(), sr.copy()
     rs2[3], sr2[4] = 4, 3  # row 3 mapped in slot 4, whose read is in flight
-    busy[4] = True
+    busy[4] = READING
     assert plan(busy, rs2, sr2)[:2] == (4, 3)
-    busy[4] = False  # landed and reaped: an ordinary hit
+    busy[4] = RESIDENT  # landed and reaped: an ordinary hit
     r = plan(busy, rs2, sr2)
     assert (r[0], r[2], r[7]) == (0, 2, 0)
-    # BUSY_READ (2): its piece in flight, its row read into the slot by a resolve already
-    busy = np.zeros(6, dtype=np.uint8)
-    busy[4] = 2  # row 3's slot, before the last victim: a hit, and not a passed slot
+    # READ: its piece in flight, its row read into the slot by a resolve already
+    busy = np.full(6, RESIDENT, dtype=np.uint8)
+    busy[4] = READ  # row 3's slot, before the last victim: a hit, and not a passed slot
     r = plan(busy, rs2, sr2)
     assert (r[0], r[2], r[7]) == (0, 2, 0)
     np.testing.assert_array_equal(work[9:11], [0, 1])  # (slot 4 is no victim)
-    busy[4], busy[1] = 0, 2  # an unpinned slot, no row of the call: passed, no victim
+    busy[4], busy[1] = RESIDENT, READ  # an unpinned slot, no row of the call: passed, no victim
     r = plan(busy, rs2, sr2)
     assert (r[0], r[2], r[7]) == (0, 2, 1)
     np.testing.assert_array_equal(work[9:11], [0, 2])
@@ -304,7 +304,7 @@ def test_lru_plan_says_when_its_victims_pass_a_busy_slot_or_a_row_is_in_flight()
     r = nat.lru_plan(ids, 20, rs2, sr2, lu2, log, lp, 0, 6, 0, busy, 6, work, scratch)
     assert (r[0], r[2], r[7]) == (0, 2, 0)
     np.testing.assert_array_equal(work[9:11], [0, 2])
-    busy[1], busy[4] = 0, 1  # BUSY_READING still: status 4 for a row of the call in it
+    busy[1], busy[4] = RESIDENT, READING  # still being read: status 4 for a row of the call in it
     assert plan(busy, rs2, sr2)[0] == 4
 
 
@@ -399,7 +399,7 @@ def test_lru_hits_logs_distinct_slots_in_row_order(n, rows):
 
 
 def _compact_reference(log: np.ndarray, log_pos: np.ndarray, head: int, tail: int) -> int:
-    """The cache's Python compaction (``LruLog._compact`` without the native module)."""
+    """The cache's Python compaction (``Lru.compact`` without the native module)."""
     S = log_pos.size
     p = np.arange(head, tail)
     s = log[head:tail]

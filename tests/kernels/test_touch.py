@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import rowcache
 import rowcache.kernels.host as host
+from rowcache.cache.row_cache import Tuning
 from tests.kernels.support import assert_same_runs, hits_arrays, hits_call
 
 pytestmark = pytest.mark.skipif(host.native is None, reason="rowcache.kernels._host not built")
@@ -206,12 +207,13 @@ def test_chained_touch_arguments_and_a_follower_run_by_its_caller():
 
 def _state(c):
     s = c.stats()  # settles a deferred touch
-    live = c._log[c._head : c._tail]
-    valid = c._log_pos[live] == np.arange(c._head, c._tail)
+    lru = c.lru
+    live = lru.log[lru.head : lru.tail]
+    valid = lru.log_pos[live] == np.arange(lru.head, lru.tail)
     return (
-        c._row_slot.copy(),
-        c._slot_row.copy(),
-        (c._last_used == c._batch).copy(),
+        c.slot_table.row_slot.copy(),
+        c.slot_table.slot_row.copy(),
+        lru.pin_mask(),
         live[valid].copy(),
         dataclasses.replace(s, fault_seconds=0.0, prefetch_wait_seconds=0.0),
         c.pinned,
@@ -221,8 +223,7 @@ def _state(c):
 def _run(store, ops, defer_min, every=1):
     """``ops`` on a fresh cache; the state after every ``every``-th op (observing it
     settles deferred touches: between observations they queue one behind another)."""
-    c = rowcache.NgramRowCache(store, "t", slots=300)
-    c._defer_min = defer_min
+    c = rowcache.NgramRowCache.assemble(store, "t", slots=300, tuning=Tuning(defer_min=defer_min))
     outs, states = [], []
     for i, (kind, arg) in enumerate(ops):
         try:
@@ -248,9 +249,9 @@ def _run(store, ops, defer_min, every=1):
 @given(seed=st.integers(0, 2**31), every=st.sampled_from([1, 4]))
 def test_a_cache_that_defers_its_touches_equals_one_that_does_not(tmp_path_factory, seed, every):
     """Model-based: resolve, resolve_host, prefetch and end_batch interleaved, with every
-    all-hits call deferring its touch (``_defer_min = 1``) against none deferring: the
+    all-hits call deferring its touch (``Tuning(defer_min=1)``) against none deferring: the
     same slots, errors, maps, pins, LRU order and stats after every call, or after every
-    4th (unobserved, touches queue behind one another: ``LruLog._hits_queued``)."""
+    4th (unobserved, touches queue behind one another: ``Lru.hits_queued``)."""
     rng = np.random.default_rng(seed)
     path = tmp_path_factory.mktemp("s") / "store"
     x = rng.standard_normal((1000, 8)).astype(np.float32).astype(ml_dtypes.bfloat16)
@@ -280,8 +281,7 @@ def test_threads_and_a_forked_child_see_finished_touches(tmp_path):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((4000, 8)).astype(np.float32).astype(ml_dtypes.bfloat16)
     store = rowcache.build_store(tmp_path / "s", {"t": x}, progress=False)
-    c = rowcache.NgramRowCache(store, "t", slots=4000)
-    c._defer_min = 1
+    c = rowcache.NgramRowCache.assemble(store, "t", slots=4000, tuning=Tuning(defer_min=1))
     c.resolve_host(np.arange(4000, dtype=np.int64))
     c.end_batch()
     errors = []
@@ -291,7 +291,7 @@ def test_threads_and_a_forked_child_see_finished_touches(tmp_path):
         try:
             for _ in range(50):
                 ids = r.integers(0, 4000, 3000).astype(np.int64)
-                np.testing.assert_array_equal(c._slot_row[c.resolve_host(ids)], ids)
+                np.testing.assert_array_equal(c.slot_table.slot_row[c.resolve_host(ids)], ids)
         except Exception as e:  # reported below
             errors.append(e)
 
@@ -306,7 +306,7 @@ def test_threads_and_a_forked_child_see_finished_touches(tmp_path):
     if pid == 0:  # the child: the touch is finished and its own calls work
         try:
             s = c.stats()
-            ok = s.hits + s.misses <= s.lookups and not c._touching
+            ok = s.hits + s.misses <= s.lookups and not c.lru.touching
             c.resolve_host(np.arange(100, dtype=np.int64))
             c.stats()
             os._exit(0 if ok else 1)

@@ -1,0 +1,368 @@
+"""The faulter of ``NgramRowCache``: a resolve with misses, read and committed, now or later.
+
+Owns :class:`Faulter`: a resolve's path through the LRU's plan (natively: C ``lru_plan``
+and ``lru_commit`` around the read, ``csrc/lru_miss.c``; the Python path is their reference,
+with the same victims, log, maps, stats and errors), the read into the arena's staging
+buffer, the scatter (CPU) or the one GPU launch, and the rows claimed from prefetch pieces
+in flight; and :class:`PendingFault`, a fault whose read outlives its call
+(``resolve_deferred``: :meth:`Faulter.start` starts the read, :meth:`PendingFault.finish`
+joins it and commits). Owns no maps, log or buffers (``slots``, ``lru``, ``arena``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from rowcache.cache.arena import Arena
+from rowcache.cache.lru import Lru, sorted_unique
+from rowcache.cache.parts import PartReader
+from rowcache.cache.plan import EXHAUSTED, IN_FLIGHT, MissPlan
+from rowcache.cache.prefetcher import InFlightClaim, Prefetcher
+from rowcache.cache.slots import SlotTable
+from rowcache.cache.stats import Counters
+from rowcache.errors import ArenaExhaustedError
+from rowcache.io.reader import RowReader
+from rowcache.store.handle import check_row_ids
+
+DEFERRED = np.empty(0, dtype=np.int32)
+"""What a resolve whose read was deferred returns (its slots are known at the commit)."""
+DEFERRED.flags.writeable = False
+
+
+class PendingFault:
+    """A native fault whose read runs on a reader's own thread while the caller goes on
+    (:meth:`Faulter.start`): the plan to commit once the read is joined, the rows claimed
+    from prefetch pieces, the read's rows and slots, and its times. :meth:`finish` joins and
+    commits it; a failed read commits nothing and raises."""
+
+    def __init__(
+        self,
+        faulter: Faulter,
+        plan: MissPlan,
+        claim: InFlightClaim | None,
+        reader: RowReader,
+        held: tuple[np.ndarray, ...],
+        times: tuple[float, float, float],
+    ) -> None:
+        self._faulter = faulter
+        self.plan = plan
+        self.claim = claim
+        self._reader = reader
+        self._held = held  # the read's rows, bounds and slots (its buffers hold them)
+        self._times = times  # plan start, read start, launched
+
+    def finish(self) -> None:
+        """Join the read and commit the plan (maps, pins, log, stats, the rows claimed
+        from prefetches) as a fault that read in its call commits; a failed read commits
+        nothing (its launch wrote nothing) and raises its ``CorruptDataError``."""
+        f = self._faulter
+        t0, t1, t2 = self._times
+        t3 = time.perf_counter()
+        try:
+            read = self._reader.read_batch_join()
+        except BaseException:
+            if self.claim is not None:
+                f.prefetcher.unclaim(self.claim)
+            f.last_faults = 0
+            raise
+        t4 = time.perf_counter()
+        f.counters.count_read(read)
+        rows, _, slots = self._held
+        if not f.arena.gpu:  # (the GPU's launch has written them, in stream order)
+            f.arena.scatter(f.arena.staged(rows.size), slots)
+        f.commit(self.plan, self.claim, np.empty(self.plan.n, dtype=np.int32))
+        t5 = time.perf_counter()
+        f.counters.fault_seconds += (t2 - t0) + (t5 - t3)  # the host's: plan, launch, join, commit
+        f.counters.phases += (t1 - t0, t4 - t3, t5 - t4, t2 - t1)
+
+
+class Faulter:
+    """Resolves with misses over a cache's pieces.
+
+    ``last_faults``: rows whose device-map entries the latest resolve changed.
+    ``pending``: a :class:`PendingFault` not yet finished, or None.
+    """
+
+    def __init__(
+        self,
+        slots: SlotTable,
+        lru: Lru,
+        arena: Arena,
+        parts: PartReader,
+        counters: Counters,
+        prefetcher: Prefetcher,
+        name: str,
+    ) -> None:
+        self.slots = slots
+        self.lru = lru
+        self.arena = arena
+        self.parts = parts
+        self.counters = counters
+        self.prefetcher = prefetcher
+        self.name = name
+        self.last_faults = 0
+        self.pending: PendingFault | None = None
+        self._seq = 0
+
+    def hit(self) -> None:
+        """The latest resolve found every row resident and mapped."""
+        self.last_faults = 0
+
+    def finish_pending(self) -> None:
+        """Finish the pending fault (join its read, commit; raises its read's error)."""
+        p, self.pending = self.pending, None
+        if p is not None:
+            p.finish()
+
+    def _exhausted(self, n_miss: int, free_or_unpinned: int) -> ArenaExhaustedError:
+        return ArenaExhaustedError(
+            f"table {self.name!r}: this batch needs {n_miss} more slots but only "
+            f"{free_or_unpinned} of {self.slots.num_slots} are free or unpinned "
+            f"({self.lru.pinned} pinned by the batch); call end_batch() more often, split the "
+            "batch, or give the cache more slots"
+        )
+
+    # -- a resolve ---------------------------------------------------------
+    def resolve(self, ids: np.ndarray, device_out: bool = False, defer: bool = False) -> Any:
+        """Resolve checked ``ids``; returns their slots (int32, input order). ``device_out``
+        (GPU): a call that faulted may return its slots as a cupy array, written by its
+        launch. ``defer``: a native fault's read may outlive the call (returns
+        :data:`DEFERRED`, the fault in :attr:`pending`)."""
+        self.last_faults = 0
+        if ids.size == 0:
+            return np.empty(0, dtype=np.int32)
+        pf = self.prefetcher
+        if pf.jobs:
+            pf.reap()
+        if pf.failed or (pf.jobs and self.lru.native is None):
+            pf.settle(ids)  # prefetches this call needs: waited for, reaped, errors raised
+        if self.lru.native is not None:  # (it settles a row in flight itself: IN_FLIGHT)
+            return self.resolve_native(ids, device_out, defer)
+        return self._resolve_python(ids)
+
+    def _resolve_python(self, ids: np.ndarray) -> np.ndarray:
+        """The Python path: the reference of :meth:`resolve_native` (tests compare them)."""
+        t, lru = self.slots, self.lru
+        s = t.row_slot[ids]
+        if int(s.min()) >= 0:  # every row resident: the hot path (no fault, no eviction)
+            lru.count(ids.size, t.row_slot[sorted_unique(ids)], 0, 0)
+            self.last_faults = self.prefetcher.shown
+            return s
+        rows_u = sorted_unique(ids)  # the call's rows, ascending: the touch order
+        slots_u = t.row_slot[rows_u]
+        miss = slots_u < 0
+        missing = rows_u[miss]
+        uhit = slots_u[~miss]
+        n_miss = int(missing.size)
+        free = lru.free_or_unpinned() - lru.fresh(uhit)
+        if n_miss > free and t.reserved:
+            self.prefetcher.wait_all()  # reserved slots count as free once their reads land
+            return self.resolve(ids)
+        if n_miss > free:
+            raise self._exhausted(n_miss, free)
+        t0 = time.perf_counter()
+        was = lru.pin(uhit)  # the call's hits are no victims
+        try:
+            victims, new_head, end = lru.choose_victims(n_miss)
+            if t.reserved and lru.passed_reserved(end):
+                # LRU order reaches a slot still in flight: as if it had landed, wait
+                lru.unpin(uhit, was)
+                self.prefetcher.wait_all()
+                return self.resolve(ids)
+            old = t.slot_row[victims]
+            evicted = old[old >= 0]
+            self._fault(missing, victims, evicted)  # raises before any other change
+        except BaseException:
+            lru.unpin(uhit, was)  # a failed call changes nothing
+            raise
+        # Commit: unmap victims, map the new rows. Every log entry before new_head is
+        # now stale (a victim's, or a hit's that the touch re-logs), so the head skips them.
+        lru.set_head(new_head)
+        t.map(missing, victims, evicted)
+        self.last_faults = n_miss + self.prefetcher.shown
+        c = self.counters
+        if c.part_misses.size > 1:  # global rows ascending: each part's misses are one run
+            c.part_misses += np.diff(np.searchsorted(missing, self.parts.row_offsets))
+        else:
+            c.part_misses[0] += n_miss
+        c.fault_seconds += time.perf_counter() - t0
+        slots_u[miss] = victims
+        lru.unpin(uhit, was)  # the count tells fresh hits by their last use
+        lru.count(ids.size, slots_u, n_miss, int(evicted.size))
+        return t.row_slot[ids]
+
+    def resolve_native(
+        self,
+        ids: np.ndarray,
+        device_out: bool = False,
+        defer: bool = False,
+        settled: bool = False,
+        claim: InFlightClaim | None = None,
+    ) -> Any:
+        """The path of :meth:`resolve` in two C calls around the read: the LRU's plan
+        (dedup, victims, exhaustion; changes nothing), the read, the LRU's commit (maps,
+        pins, log, part misses), then on the GPU the fault's one launch. A failed call
+        changes nothing (but for a failed launch, after the commit: a device that refuses
+        a launch is unusable anyway). With prefetches in flight (finished ones reaped by
+        the caller) the plan tells whether a row of the call is in flight and whether its
+        victims' scan passed a reserved slot. Rows in flight are claimed and read in the
+        call's own read, beside its misses, into the slots their pieces reserved; where
+        that read fails, or the plan must wait for pieces, the claim is undone and the
+        call settles those prefetches as the Python path does and plans again."""
+        self.last_faults = 0
+        ids = np.ascontiguousarray(ids)
+        n = ids.size
+        pf = self.prefetcher
+        t0 = time.perf_counter()
+        plan = self.lru.plan(ids)
+        status = plan.status
+        if claim is not None and (status or (plan.n_miss and plan.passed_reserved)):
+            pf.unclaim(claim)  # (a wait or an error below: nothing claimed)
+        if status == IN_FLIGHT:  # a row of the call is in flight: read with the misses, or settled
+            if settled:
+                raise AssertionError("a row of the call is still in flight after settling")
+            claim = pf.claim(ids)
+            if claim is None:
+                pf.settle(ids)
+            return self.resolve_native(ids, device_out, defer, True, claim)
+        if status == EXHAUSTED and not self.slots.reserved:
+            raise self._exhausted(plan.n_miss, self.lru.free_or_unpinned() - plan.fresh_hits)
+        if status == EXHAUSTED or (plan.n_miss and self.slots.reserved and plan.passed_reserved):
+            # reserved slots count as free once their reads land; and an LRU order that
+            # reaches a slot still in flight waits, as if it had landed
+            pf.wait_all()
+            return self.resolve(ids, device_out, defer)
+        if status:
+            check_row_ids(ids, self.slots.rows)  # BAD_ID: raises RowRangeError
+            raise AssertionError("LRU log exhausted before finding enough victims")
+        rows, slots = self._reads(plan, claim)
+        m = rows.size
+        gpu = bool(m) and self.arena.gpu
+        t1 = t2 = time.perf_counter()
+        if m and defer and not device_out:
+            pending = self.start(plan, claim, t0)
+            if pending is not None:
+                self.pending = pending
+                return DEFERRED
+        if m:  # raises before any change
+            try:
+                records = self._read(rows)
+            except Exception:
+                if claim is None:
+                    raise
+                pf.unclaim(claim)  # read apart, or waited for, as the Python path does
+                pf.settle(ids)
+                return self.resolve_native(ids, device_out, defer, settled=True)
+            t2 = time.perf_counter()
+            if not self.arena.gpu:
+                self.arena.scatter(records, slots)
+        if gpu:  # the launch's side buffer: [slots | rows | evicted (| out)]
+            e0 = 2 * m + plan.n_ev
+            side = self.arena.side_ints(e0 + (n if device_out else 0))
+            side[:m] = slots
+            side[m : 2 * m] = rows
+            side[2 * m : e0] = plan.evicted
+        out = side[e0 : e0 + n] if gpu and device_out else np.empty(n, dtype=np.int32)
+        self.commit(plan, claim, out)
+        self.last_faults = plan.n_miss + pf.shown
+        t3 = time.perf_counter()
+        if gpu:  # after the commit, so that the launch can carry the slots (out) too
+            dev = self.arena.xp.empty(n, dtype=np.int32) if device_out else None
+            self.arena.launch(m, plan.n_ev, dev)
+            out = out if dev is None else dev
+        if m:
+            t4 = time.perf_counter()
+            self.counters.fault_seconds += t4 - t0
+            self.counters.phases += (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+        return out
+
+    @staticmethod
+    def _reads(plan: MissPlan, claim: InFlightClaim | None) -> tuple[np.ndarray, np.ndarray]:
+        """The rows a plan reads and their slots: the misses (into their victims) and the
+        claimed rows in flight (into their reserved slots), ascending as one read plan."""
+        rows, slots = plan.missing, plan.victims
+        if claim is not None:
+            rows = np.concatenate((rows, claim.rows.astype(np.int32, copy=False)))
+            order = np.argsort(rows, kind="stable")
+            rows, slots = rows[order], np.concatenate((slots, claim.slots))[order]
+        return rows, slots
+
+    def commit(self, plan: MissPlan, claim: InFlightClaim | None, out: np.ndarray) -> None:
+        """Commit a plan whose reads succeeded (the LRU's commit: maps, pins, log, part
+        misses, ``out``; counted) and complete the rows it claimed from prefetches in
+        flight. A refused commit (arguments that do not fit: nothing changed) undoes the
+        claim."""
+        try:  # (it checks its arguments before any change)
+            self.lru.commit(plan, out, self.parts.row_offsets)
+        except BaseException:
+            if claim is not None:
+                self.prefetcher.unclaim(claim)
+            raise
+        if claim is not None:
+            self.prefetcher.claimed(claim)
+
+    def _fault(self, rows: np.ndarray, victims: np.ndarray, evicted: np.ndarray) -> None:
+        """Read ``rows`` (sorted, unique) and write them into ``victims``' arena rows; on
+        the GPU the device map's update (``evicted`` rows unmapped, ``rows`` mapped) goes
+        in the same launch, after the reads succeeded."""
+        records = self._read(rows)
+        if not self.arena.gpu:
+            self.arena.scatter(records, victims)
+            return
+        n, e = rows.size, evicted.size
+        side = self.arena.side_ints(2 * n + e)
+        side[:n] = victims
+        side[n : 2 * n] = rows
+        side[2 * n : 2 * n + e] = evicted
+        self.arena.launch(n, e, None)
+
+    def _read(self, rows: np.ndarray) -> np.ndarray:
+        """Read ``rows`` (sorted, unique) into the staging buffer; returns their records.
+        Raises before any change (a failed read maps nothing)."""
+        staging = self.arena.staging_rows(rows.size)
+        self.counters.count_read(self.parts.read(rows, staging))
+        return staging[: rows.size]
+
+    # -- a deferred fault --------------------------------------------------
+    def start(self, plan: MissPlan, claim: InFlightClaim | None, t0: float) -> PendingFault | None:
+        """Start a planned fault's read on a reader's own thread; on the GPU, queue its
+        launch behind ``fault_wait`` on the cache's stream: the stream holds until the read
+        ends, and the launch writes the records and the device map's update only if the
+        read was clean (on the CPU the records are written when the read is joined). The
+        maps, pins, log and stats change only at :meth:`PendingFault.finish`. None where the
+        reader cannot read apart (nothing started)."""
+        rows, slots = self._reads(plan, claim)
+        m = rows.size
+        arena = self.arena
+        staging = arena.staging_rows(m)
+        ctl = arena.ctl() if arena.gpu else None
+        self._seq = self._seq % (1 << 30) + 1
+        t1 = time.perf_counter()
+        started = self.parts.start(rows, staging, ctl, self._seq)
+        if started is None:
+            return None
+        reader, (rows64, bounds) = started
+        try:
+            if arena.gpu:  # (on the CPU the records are written at the join)
+                assert ctl is not None
+                e0 = 2 * m + plan.n_ev
+                side = arena.side_ints(e0)
+                side[:m] = slots
+                side[m : 2 * m] = rows
+                side[2 * m : e0] = plan.evicted
+                arena.launch(m, plan.n_ev, None, ctl.ctypes.data, self._seq)
+        except BaseException:
+            try:
+                reader.read_batch_join()
+            finally:
+                if claim is not None:
+                    self.prefetcher.unclaim(claim)
+            raise
+        times = (t0, t1, time.perf_counter())
+        self.last_faults = (
+            plan.n_miss + self.prefetcher.shown + (0 if claim is None else claim.rows.size)
+        )
+        return PendingFault(self, plan, claim, reader, (rows64, bounds, slots), times)

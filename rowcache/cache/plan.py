@@ -1,0 +1,72 @@
+"""The miss plan: what a resolve with misses will do, passed from planning to committing.
+
+Owns :class:`MissPlan`, the frozen result of the LRU's plan (``Lru.plan``, C
+``plan`` of ``csrc/lru_miss.c``): the call's ids, its distinct rows and their slots, the
+missing rows, their victims and the rows those evict, the new log head and the status.
+The faulter reads the missing rows into the victims and hands the plan back to
+``Lru.commit``; nothing in it changes in between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+PLANNED = 0
+"""A plan to read and commit."""
+EXHAUSTED = 1
+"""More misses than slots free or unpinned (``ArenaExhaustedError``, or wait for prefetches)."""
+BAD_ID = 2
+"""An id outside the table (``RowRangeError``)."""
+LOG_SHORT = 3
+"""The log ended before enough victims (cannot happen after the exhaustion test)."""
+IN_FLIGHT = 4
+"""A row of the call is being read by a prefetch piece: settle or claim it first."""
+
+
+@dataclass(frozen=True)
+class MissPlan:
+    """A planned resolve with misses (planning changes nothing).
+
+    ``ids``: int64[n] as passed. ``work``: int32[5n], ``[uniq | slots | missing | victims |
+    evicted]`` (read through the properties). ``n_u`` distinct rows (``uniq``, ascending;
+    ``slots``: -1 where missing), ``n_miss`` missing (``missing``, ascending; ``victims``,
+    their slots to be), ``n_ev`` rows evicted (``evicted``). ``fresh_hits``: hit slots not
+    yet pinned in this batch. ``head``: the log head after the commit. ``end``: the log
+    position just past the last victim. ``passed_reserved``: the victims' scan passed a slot
+    a prefetch piece in flight holds. ``status``: :data:`PLANNED` or why not. ``batch``:
+    the batch the plan was made in (its commit pins only while that batch lasts).
+    """
+
+    ids: np.ndarray
+    work: np.ndarray
+    status: int
+    n_u: int
+    n_miss: int
+    fresh_hits: int
+    n_ev: int
+    head: int
+    end: int
+    passed_reserved: bool
+    batch: int
+
+    @property
+    def n(self) -> int:
+        """Ids of the call."""
+        return int(self.ids.size)
+
+    @property
+    def missing(self) -> np.ndarray:
+        """int32[n_miss]: the missing rows, ascending."""
+        return self.work[2 * self.n : 2 * self.n + self.n_miss]
+
+    @property
+    def victims(self) -> np.ndarray:
+        """int32[n_miss]: the slots the missing rows take, in their order."""
+        return self.work[3 * self.n : 3 * self.n + self.n_miss]
+
+    @property
+    def evicted(self) -> np.ndarray:
+        """int32[n_ev]: the rows the victims held."""
+        return self.work[4 * self.n : 4 * self.n + self.n_ev]

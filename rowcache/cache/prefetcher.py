@@ -1,0 +1,385 @@
+"""The prefetcher of ``NgramRowCache``: pieces in flight, their thread, take-over and claims.
+
+Owns :class:`Prefetcher`: a prefetch's reservation (its rows touched, victims chosen,
+evicted and reserved in the slot table), its pieces (``rowcache.cache.prefetch.PrefetchJob``)
+and their queue, the thread that reads them, reaping finished pieces into the slot table,
+the counters and the device map, the failed pieces' rows and their error (raised once),
+and what a resolve does with rows still in flight: takes over rows of pieces not started
+(:meth:`Prefetcher.settle`), reads rows of pieces being read itself, or claims both for
+its own demand read (:meth:`Prefetcher.claim`). Every method runs under the cache's lock
+but the thread's own (:meth:`Prefetcher.pause` holds the thread).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from rowcache.cache.arena import Arena
+from rowcache.cache.lru import Lru, member
+from rowcache.cache.parts import PartReader
+from rowcache.cache.prefetch import PrefetchBuffers, PrefetchHandle, PrefetchJob
+from rowcache.cache.slots import READ, READING, SlotTable
+from rowcache.cache.stats import Counters
+from rowcache.errors import ConfigError, CorruptDataError
+
+PIECE_ROWS = 1024
+"""A prefetch's rows are read in pieces of this many (one native batch each, in call
+order), so a resolve that needs a row still in flight waits for one piece, and the rows of
+pieces still queued it reads itself. The H200 disk read 1,024 fresh random pages a batch
+at 95-107k reads/s at queue depth 64, 4,096 at 85-111k (the retired bench/queue_depth.py,
+docs/results/2026-12-01-tenth-session.md)."""
+
+
+def _job_of(rows: list[np.ndarray], slots: list[np.ndarray]) -> PrefetchJob:
+    """One job of the rows (and their reserved slots) taken from several pieces, in
+    ascending row order (a read plan's order)."""
+    r, sl = np.concatenate(rows), np.concatenate(slots)
+    order = np.argsort(r, kind="stable")
+    return PrefetchJob(r[order], sl[order])
+
+
+class InFlightClaim(NamedTuple):
+    """Rows of prefetch pieces in flight that a resolve reads in its own demand read
+    (:meth:`Prefetcher.claim`): ``rows`` ascending, their reserved ``slots``, and per
+    piece holding some of them ``(piece, mask over its slots)``."""
+
+    rows: np.ndarray
+    slots: np.ndarray
+    parts: list[tuple[PrefetchJob, np.ndarray]]
+
+
+class Prefetcher:
+    """Prefetches of one cache.
+
+    Parameters
+    ----------
+    slots, lru, arena, parts, counters : the cache's pieces (see ``NgramRowCache``).
+    name : the cache's, for errors.
+    piece_rows : rows a piece (:data:`PIECE_ROWS`).
+    merge : a native resolve reads rows in flight in its own demand read (claims) rather
+        than apart before it (False: a benchmark's ablation).
+    """
+
+    def __init__(
+        self,
+        slots: SlotTable,
+        lru: Lru,
+        arena: Arena,
+        parts: PartReader,
+        counters: Counters,
+        name: str,
+        *,
+        piece_rows: int = PIECE_ROWS,
+        merge: bool = True,
+    ) -> None:
+        if isinstance(piece_rows, bool) or not isinstance(piece_rows, int) or piece_rows < 1:
+            raise ConfigError(f"piece_rows={piece_rows!r}: give an int >= 1")
+        self.slots = slots
+        self.lru = lru
+        self.arena = arena
+        self.parts = parts
+        self.counters = counters
+        self.name = name
+        self.piece_rows = piece_rows
+        self.merge = merge
+        self.jobs: list[PrefetchJob] = []  # in flight, or done and not yet reaped
+        self.failed: list[tuple[np.ndarray, BaseException]] = []  # rows awaiting their raise
+        self.rows_taken = 0  # rows resolves took over from pieces not started
+        self.shown = 0  # rows shown in the device map since start_call (last_faults)
+        self._queue: collections.deque[PrefetchJob] = collections.deque()  # not started
+        self._qlock = threading.Lock()  # a piece starts under it
+        self._pool: ThreadPoolExecutor | None = None
+        self._buffers: PrefetchBuffers | None = None
+        self._own_buffers: PrefetchBuffers | None = None  # a resolve's, for rows it reads
+        self._batch_done: Any = None  # GPU: the cache stream's event at the last end_batch
+
+    @property
+    def idle(self) -> bool:
+        """No piece in flight or unreaped and no failed rows to raise."""
+        return not self.jobs and not self.failed
+
+    def start_call(self) -> None:
+        """A resolve begins: count the rows it shows in the device map from zero."""
+        self.shown = 0
+
+    def pieces(self) -> list[PrefetchJob]:
+        """The pieces in flight or not yet reaped (a copy of the list)."""
+        return list(self.jobs)
+
+    # -- a prefetch ----------------------------------------------------------
+    def prefetch(self, rows_u: np.ndarray) -> PrefetchHandle:
+        """The prefetch of sorted unique rows (``NgramRowCache.prefetch``)."""
+        slots, lru = self.slots, self.lru
+        slots_u = slots.row_slot[rows_u]
+        miss = slots_u < 0
+        hit = slots_u[~miss]
+        spare = np.sort(hit)  # the call's resident rows: touched, no victims
+        reserved = slots.state[hit] >= READING
+        unpinned_hits = int(np.count_nonzero(~reserved & (lru.last_used[hit] != lru.batch)))
+        avail = lru.free_or_unpinned() - unpinned_hits
+        missing = rows_u[miss]
+        dropped = max(0, missing.size - max(avail, 0))
+        if dropped and slots.reserved:  # an earlier prefetch's slots would be free once landed
+            self.wait_all()
+            return self.prefetch(rows_u)
+        if dropped:
+            missing = missing[: missing.size - dropped]
+        victims = np.empty(0, dtype=np.int32)
+        if missing.size:
+            victims, new_head, end = lru.choose_victims(int(missing.size), spare)
+            if slots.reserved and lru.passed_reserved(end):  # LRU reaches a slot in flight
+                self.wait_all()
+                return self.prefetch(rows_u)
+            lru.set_head(new_head)
+            old = slots.slot_row[victims]
+            evicted = old[old >= 0]
+            slots.reserve(missing, victims, evicted)
+            self.counters.evictions += int(evicted.size)
+            self.arena.sync_device_map(evicted, missing[:0], victims[:0])
+        # the touch order of the call: ascending rows, as resolve's tie rule
+        order = slots.row_slot[rows_u]
+        lru.log_slots(order[order >= 0].astype(np.int32, copy=False))
+        if not missing.size:
+            return PrefetchHandle([], 0, dropped)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="rowcache-prefetch")
+            self._buffers = PrefetchBuffers(self.parts.prefetch_reader(), own_stream=True)
+            if self.arena.gpu:  # until the next end_batch: everything queued so far
+                self._batch_done = self.arena.stream_event()
+        after = self._batch_done
+        piece = self.piece_rows
+        jobs = [
+            PrefetchJob(missing[i : i + piece], victims[i : i + piece], after)
+            for i in range(0, missing.size, piece)
+        ]
+        self.jobs.extend(jobs)
+        with self._qlock:
+            self._queue.extend(jobs)
+        for _ in jobs:
+            self._pool.submit(self._run_next_piece)
+        return PrefetchHandle(jobs, int(missing.size), dropped)
+
+    def _run_next_piece(self) -> None:
+        """The prefetch thread: read the queue's first piece (none left when resolves
+        took every row of the pieces still queued)."""
+        with self._qlock:
+            if not self._queue:
+                return
+            job = self._queue.popleft()
+            job.started = True
+        assert self._buffers is not None
+        job.run(self.arena, self.parts, self._buffers)
+
+    def end_batch(self) -> None:
+        """GPU: later pieces may overwrite this batch's slots once the cache's stream has
+        run what was queued so far (every gather of the batch)."""
+        if self._pool is not None and self.arena.gpu:
+            self._batch_done = self.arena.stream_event()
+
+    def pause(self) -> None:
+        """No piece starts until :meth:`resume`; returns once the pieces being read
+        have finished."""
+        self._qlock.acquire()
+        for job in list(self.jobs):
+            if job.started:
+                job.event.wait()
+
+    def resume(self) -> None:
+        """Undo :meth:`pause`."""
+        self._qlock.release()
+
+    # -- reaping -------------------------------------------------------------
+    def reap(self) -> None:
+        """Commit every finished piece: release its slots, count its reads, show its rows
+        in the device map; a failed one unmaps its rows and leaves their slots free (the
+        rows a resolve read itself stay mapped)."""
+        keep: list[PrefetchJob] = []
+        landed: list[PrefetchJob] = []
+        slots = self.slots
+        for job in self.jobs:
+            if not job.event.is_set():
+                keep.append(job)
+                continue
+            read = slots.state[job.slots] == READ  # rows a resolve read itself
+            if job.error is not None:
+                unread = job.slots[~read]
+                slots.free(job.rows[~read], unread, job.slots[read])
+                self.lru.log_front(unread)  # free slots are taken first, as at the start
+                if unread.size:
+                    self.failed.append((job.rows[~read], job.error))
+                continue
+            slots.release(job.slots)
+            if job.landed is not None:  # its arena writes, on the prefetch stream, first
+                self.arena.stream.wait_event(job.landed)
+            self.counters.count_read(job.read)
+            self.counters.prefetched += int(job.rows.size)
+            self.shown += int(job.rows.size) - int(np.count_nonzero(read))
+            landed.append(job)
+        self.jobs = keep
+        if landed:  # after the pieces' arena writes (waited for above, in stream order)
+            rows = np.concatenate([j.rows for j in landed])
+            self.arena.sync_device_map(rows[:0], rows, np.concatenate([j.slots for j in landed]))
+
+    def wait(self, jobs: list[PrefetchJob]) -> None:
+        """Wait for ``jobs`` (counted as prefetch wait time), then reap."""
+        t0 = time.perf_counter()
+        for job in list(jobs):
+            job.event.wait()
+        self.counters.prefetch_wait_seconds += time.perf_counter() - t0
+        self.reap()
+
+    def wait_all(self) -> None:
+        """Wait for every piece in flight, then reap."""
+        self.wait(self.jobs)
+
+    # -- a resolve's rows in flight --------------------------------------------
+    def settle(self, ids: np.ndarray) -> None:
+        """Before a resolve of ``ids``: reap finished pieces, read the rows of ``ids`` that
+        pieces in flight hold (taken over from pieces not started, read beside pieces
+        being read; waits for a piece only where that read failed), and raise the error of
+        a failed prefetch of one of them (once; nothing else changes)."""
+        if self.jobs:
+            self.reap()
+        if self.jobs:
+            needed = self.slots.reading_slots(ids)
+            if needed.size:
+                t0 = time.perf_counter()
+                started = self._read_in_flight(self._take_over(needed), needed)
+                self.counters.prefetch_wait_seconds += time.perf_counter() - t0
+                self.wait(started)
+        first: tuple[int, BaseException] | None = None
+        left: list[tuple[np.ndarray, BaseException]] = []
+        for rows, err in self.failed:
+            hit = np.isin(ids, rows)
+            if hit.any():
+                if first is None:
+                    first = (int(ids[np.flatnonzero(hit)[0]]), err)
+                rows = rows[~np.isin(rows, ids)]
+            if rows.size:
+                left.append((rows, err))
+        if first is not None:
+            self.failed = left  # raised once: a later call faults these rows normally
+            row, err = first
+            raise CorruptDataError(
+                f"table {self.name!r}: the prefetch of row {row} failed, so it was not "
+                f"mapped: {err}"
+            ) from err
+
+    def _take_over(self, needed: np.ndarray) -> list[PrefetchJob]:
+        """The rows of queued pieces whose reserved slots are in ``needed`` (sorted,
+        unique), read now by the calling resolve with the demand reader (not after every
+        piece queued before them), as one job; returns the started pieces holding others
+        of ``needed``."""
+        rows, slots, origin = [], [], []
+        own = None
+        with self._qlock:
+            for job in self._queue:
+                m = member(job.slots, needed)
+                if m.any():
+                    rows.append(job.rows[m])
+                    slots.append(job.slots[m])
+                    origin.append(job)
+                    job.rows, job.slots = job.rows[~m], job.slots[~m]
+            if rows:
+                own = _job_of(rows, slots)
+                for job in origin:  # their handles wait for it too (before any is done)
+                    job.taken.append(own)
+                    if not job.rows.size:  # nothing left to read: done
+                        self._queue.remove(job)
+                        job.event.set()
+        if own is not None:
+            self.rows_taken += int(own.rows.size)
+            self.jobs.append(own)
+            self._read_now(own)
+        return [j for j in self.jobs if j.started and member(j.slots, needed).any()]
+
+    def _read_in_flight(self, started: list[PrefetchJob], needed: np.ndarray) -> list[PrefetchJob]:
+        """The rows of pieces being read (``started``) whose reserved slots are in
+        ``needed``, read now by the calling resolve into those slots, as one job: it does
+        not wait for the whole piece. The slots become ``READ``: hits, and still no victims
+        until their piece lands and is reaped (it writes the same bytes again). A failed
+        read changes nothing: the pieces are waited for instead. Returns the pieces the
+        caller still waits for (finished ones, to reap; all of them after a failed read)."""
+        rows, slots = [], []
+        for job in started:
+            if not job.event.is_set():
+                m = member(job.slots, needed)
+                rows.append(job.rows[m])
+                slots.append(job.slots[m])
+        if not rows:
+            return started
+        own = _job_of(rows, slots)
+        self._read_now(own)
+        if own.error is not None:
+            return started  # their pieces' own reads may still succeed
+        self.counters.count_read(own.read)
+        self.counters.rows_reread += int(own.rows.size)
+        self.slots.mark_read(own.slots)
+        self.shown += int(own.rows.size)  # shown in the device map by this call
+        self.arena.sync_device_map(own.rows[:0], own.rows, own.slots)
+        return [j for j in started if j.event.is_set()]
+
+    def _read_now(self, job: PrefetchJob) -> None:
+        """Run ``job`` in the calling resolve: the demand reader, the resolve's own
+        buffers, the arena writes on the cache's stream (its gathers read them next)."""
+        if self._own_buffers is None:
+            self._own_buffers = PrefetchBuffers(self.parts.reader)
+        job.run(self.arena, self.parts, self._own_buffers)
+
+    def claim(self, ids: np.ndarray) -> InFlightClaim | None:
+        """For a native resolve of ``ids`` whose plan found rows in flight: those rows of
+        every piece in flight (queued or being read) and their reserved slots, which the
+        resolve reads in its own demand read (one read a step). Their slots are ``READ``
+        meanwhile (hits of the plan); undo with :meth:`unclaim`, or after a successful
+        read's commit complete with :meth:`claimed`. None where :meth:`settle` must run
+        instead (merging off, or a failed prefetch to raise)."""
+        if not self.merge or self.failed:
+            return None
+        needed = self.slots.reading_slots(ids)
+        if not needed.size:
+            return None
+        parts, rows, slots = [], [], []
+        for job in self.jobs:
+            m = member(job.slots, needed)
+            if m.any():
+                parts.append((job, m))
+                rows.append(job.rows[m])
+                slots.append(job.slots[m])
+        claim = _job_of(rows, slots)
+        self.slots.mark_read(claim.slots)
+        return InFlightClaim(claim.rows, claim.slots, parts)
+
+    def unclaim(self, claim: InFlightClaim) -> None:
+        """A claim whose read did not happen: its slots are being read again."""
+        self.slots.mark_reading(claim.slots)
+
+    def claimed(self, claim: InFlightClaim) -> None:
+        """The claim's rows were read into their slots by the resolve (and shown in the
+        device map by its launch): rows of pieces not started leave them (taken over: their
+        slots released, counted as prefetched); rows of pieces that have started stay
+        ``READ`` until their piece is reaped (read twice, ``rows_reread``)."""
+        taken = []
+        with self._qlock:  # a piece starts under it: started or not, for certain
+            for job, m in claim.parts:
+                if job.started:
+                    continue
+                taken.append(job.slots[m])
+                job.rows, job.slots = job.rows[~m], job.slots[~m]
+                if not job.rows.size:  # nothing left to read: done
+                    self._queue.remove(job)
+                    job.event.set()
+        n_taken = 0
+        if taken:
+            t = np.concatenate(taken)
+            n_taken = int(t.size)
+            self.slots.release(t)
+        self.counters.prefetched += n_taken
+        self.counters.rows_reread += int(claim.rows.size) - n_taken
+        self.rows_taken += n_taken
+        self.shown += int(claim.rows.size)  # shown in the device map by this call

@@ -1,0 +1,90 @@
+"""The counters of ``NgramRowCache``: what its pieces count, and the snapshot it returns.
+
+Owns :class:`CacheStats` (the frozen snapshot of ``NgramRowCache.stats()``) and
+:class:`Counters`, the one writer of the running counts: the pieces add to it (integer
+``+=`` on the hot path), the facade snapshots and resets it. Also the per-part misses and
+the demand fault's phase times (``NgramRowCache.fault_phases``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Counters of a cache since creation or the last ``stats(reset=True)``.
+
+    ``lookups``: ids passed to ``resolve``. ``hits`` / ``misses``: unique rows of a
+    batch found resident / faulted in (a row resolved twice in one batch counts
+    once). ``evictions``: mapped rows dropped for others. ``rows_read``,
+    ``bytes_read``, ``read_ops``: what the fault path read from the store (bytes
+    include page padding and coalesced neighbours; prefetches' reads included).
+    ``fault_seconds``: wall time spent in the demand fault path. ``batches``:
+    ``end_batch`` calls. ``prefetched``: rows read by completed prefetches (a later
+    ``resolve`` of such a row is a hit; rows a resolve took over from a piece not
+    started count here too). ``prefetch_wait_seconds``: time resolves spent waiting
+    for prefetches still in flight, or reading the rows they took over.
+    ``rows_reread``: rows read twice, in ``rows_read`` twice: a resolve that needed rows
+    of a prefetch piece being read read them itself rather than wait for the whole piece
+    (the piece reads them too).
+    """
+
+    lookups: int = 0
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    rows_read: int = 0
+    bytes_read: int = 0
+    read_ops: int = 0
+    fault_seconds: float = 0.0
+    batches: int = 0
+    prefetched: int = 0
+    prefetch_wait_seconds: float = 0.0
+    rows_reread: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """hits / (hits + misses), 0.0 before any lookup."""
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+class Counters:
+    """The running counts behind :class:`CacheStats` (attributes of the same names), the
+    misses per part (``part_misses``, int64[parts]: the native commit adds to it in place)
+    and the demand faults' phase times (``phases``: plan, read, commit, launch; summed,
+    never reset)."""
+
+    def __init__(self, parts: int) -> None:
+        self.part_misses = np.zeros(parts, dtype=np.int64)
+        self.phases = np.zeros(4)
+        self.reset()
+
+    def reset(self) -> None:
+        """Every count back to zero (the phase times are kept)."""
+        self.lookups = self.hits = self.misses = self.evictions = 0
+        self.rows_read = self.bytes_read = self.read_ops = 0
+        self.batches = self.prefetched = self.rows_reread = 0
+        self.fault_seconds = 0.0
+        self.prefetch_wait_seconds = 0.0
+        self.part_misses[:] = 0
+
+    def count_read(self, read: tuple[int, int, int]) -> None:
+        """A read's (rows, bytes, ops)."""
+        self.rows_read += read[0]
+        self.bytes_read += read[1]
+        self.read_ops += read[2]
+
+    def count_call(self, lookups: int, fresh: int, misses: int, evictions: int) -> None:
+        """A resolve's: ``fresh`` slots newly pinned (``misses`` of them faulted)."""
+        self.lookups += lookups
+        self.misses += misses
+        self.hits += fresh - misses
+        self.evictions += evictions
+
+    def snapshot(self) -> CacheStats:
+        """The counts as a :class:`CacheStats`."""
+        return CacheStats(**{f.name: getattr(self, f.name) for f in fields(CacheStats)})

@@ -215,10 +215,10 @@ def _step_parts(emb: NgramEmbedding, step: Any) -> dict[str, Callable[[], Any]]:
 
     return {
         "upload": upload,
-        "upload_hash_gather": lambda: emb._upload_gather(
+        "upload_hash_gather": lambda: emb._stages.hash_gather(
             step.buf, step.buf.hosts[0], step.shape, step.stack, step.words
         ),
-        "gemm": lambda: gemm_bf16_f32_parts(step.stack, emb._wcat, out=step.proj),
+        "gemm": lambda: gemm_bf16_f32_parts(step.stack, emb._stages.wcat, out=step.proj),
         "scale_sum": lambda: scale_sum(step.words, step.proj, denom, out=step.out),
     }
 
@@ -234,7 +234,7 @@ def bench_gemm_splits(
     """Device time of the projection GEMM split in S parts (``gemm_bf16_f32_parts``)
     per decode/prefill row count, each after an L2 flush (flush time subtracted):
     the measurement behind ``rowcache.embed.layer.GEMM_SPLITS``."""
-    K, D = emb._wcat.shape
+    K, D = emb._stages.wcat.shape
     flush = _l2_flusher(xp, flush_bytes)
     stream = xp.cuda.Stream(non_blocking=True)
     rows = []
@@ -247,11 +247,11 @@ def bench_gemm_splits(
                 if not split_k(K, S):
                     continue
                 out = xp.empty((S, n, D), dtype=xp.float32)
-                gemm_bf16_f32_parts(a, emb._wcat, out=out)  # eager first (cuBLAS loads)
+                gemm_bf16_f32_parts(a, emb._stages.wcat, out=out)  # eager first (cuBLAS loads)
 
                 def work(out: Any = out, a: Any = a) -> None:
                     flush()
-                    gemm_bf16_f32_parts(a, emb._wcat, out=out)
+                    gemm_bf16_f32_parts(a, emb._stages.wcat, out=out)
 
                 row[f"splits_{S}_seconds"] = (
                     (_graph_ms(xp, stream, work, steps, reps) - base) / steps / 1e3

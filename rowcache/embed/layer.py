@@ -1,16 +1,14 @@
-"""The fused n-gram embedding: word row + projected n-gram rows, scaled.
+"""The n-gram embedding: word row + projected n-gram rows, scaled.
 
 Owns :class:`NgramEmbedding`: its construction (tables, projections, options), the
-public calls (embed, embed_batch, embed_packed, ids, prefetch...) and the choice of a
-step's path. The paths live apart: the composed step (CPU references, device tokens,
-host resolve first: ``rowcache.embed.step.composed``), the fused eager GPU step
-(``rowcache.embed.step.fused``), graph replay and :class:`StaticStep` (``rowcache.embed.step.graph``),
-over the cached-table orchestration (``rowcache.embed.step.cached_groups``), the staging buffers
-(``rowcache.embed.step.staging``) and the device buffers (``rowcache.embed.step.device``).
-On every path: hashed ids (``rowcache.kernels.ngram.hash.ngram_hash``), every table's rows gathered
-into a stacked ``[n, T*d]`` buffer, the T projections as one ``[n, T*d] x [T*d, D]``
-GEMM with fp32 accumulation, and ``bf16((word + proj) / (1 + T))``.
-Does not own the tables (``rowcache.embed.tables``) or the checkpoint format.
+public calls (embed, embed_batch, embed_packed, embed_rows, ids, prefetch...) and their
+checks. A call becomes an input adapter (``rowcache.embed.step.inputs``: host tokens,
+device tokens, rows in place) run by the one runner chosen at construction
+(``rowcache.embed.step.runners``: the CPU, the GPU eagerly; ``rowcache.embed.step.graph``:
+the GPU with CUDA graphs) over the fixed stages (``rowcache.embed.step.stages``: ids ->
+resolve -> gather -> overlay -> project and sum) and the cached groups
+(``rowcache.embed.step.cached_groups``). Does not own the tables (``rowcache.embed.tables``)
+or the checkpoint format.
 """
 
 from __future__ import annotations
@@ -22,24 +20,22 @@ import numpy as np
 
 from rowcache.cache.prefetch import PrefetchHandle
 from rowcache.embed.layer_inputs import check_gemm_splits, check_tables, stack_projs
-from rowcache.embed.lookahead import prefetch_step
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.step.cached_groups import CachedGroups
-from rowcache.embed.step.composed import ComposedStep
-from rowcache.embed.step.fused import FusedStep
-from rowcache.embed.step.graph import GraphStep, StaticStep
-from rowcache.embed.step.rows import RowsStep
+from rowcache.embed.step.device import StepShape
+from rowcache.embed.step.graph import GraphRunner, StaticStep
+from rowcache.embed.step.inputs import DeviceTokens, RowsInPlace, tokens_of
+from rowcache.embed.step.runners import CpuRunner, EagerRunner
+from rowcache.embed.step.stages import Stages, StepCall
 from rowcache.embed.step.staging import GEMM_SPLITS, GEMM_SPLITS_MAX, Staging
 from rowcache.embed.tables import CachedTable
 from rowcache.errors import ConfigError
 from rowcache.kernels.loader import is_device_array, require_cupy
-from rowcache.kernels.ngram.hash import TokenRangeError, ngram_hash
-from rowcache.kernels.ngram.stacked import StackedTables
 from rowcache.kernels.reference import BF16
 
 
-class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, RowsStep):
+class NgramEmbedding:
     """LongCat n-gram embedding over any mix of table variants.
 
     Parameters
@@ -52,32 +48,15 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
     projs : sequence of ``num_tables`` arrays bfloat16[hidden_size, table_dim]
         ``W_i`` in nn.Linear layout (``y = W_i @ e``), or one array ``[T, D, d]``.
 
-    fused : bool
-        On the GPU, gather all T tables with one ``rowcache.kernels.ngram.stacked.gather_stacked``
-        launch (default) instead of one ``rowcache.kernels.batched_embed[_fp8]`` launch per
-        table; the two are bit-identical. Ignored on the CPU. Kept (not measured
-        worse in ``docs/results/``, which has no figure for it) as the per-table
-        gather path the GPU tests compare the fused launch with, bit for bit.
     cuda_graphs : bool
-        On the GPU, replay steps (no overlay, host tokens, fused; cached tables with
-        ``device_lookup``) from a CUDA graph captured per (tokens, rows, several
-        sequences) shape: the upload, the fused hash + gathers and the GEMM in one
-        launch, then the scaled sum into a fresh output (two launches per step).
-        Results are bit-identical to the eager path. Default off. A server that
-        replays its whole decode step from one graph uses :meth:`static_step`
-        (resident tables) instead.
-    device_lookup : bool
-        On the GPU (fused), read cached tables through their caches' device row ->
-        slot maps (``NgramRowCache.device_map()``: 4 bytes per table row in device
-        memory), so a step hashes, looks up and gathers in one launch and resolves
-        the rows on the host (pinning them, keeping the LRU exact) while the device
-        works; a step whose resolve faulted runs its device part again. Default on;
-        off: the ids are hashed and resolved on the host before the gathers. Kept
-        (``docs/results/`` has no figure for it) as the host-resolve-first path
-        the GPU tests compare the device-map path with, and for memory: it needs no
-        device map.
+        On the GPU, replay steps (host tokens, no overlay; cached tables too) from a CUDA
+        graph planned per (tokens, rows, several sequences) shape: the upload, the hash
+        + gathers and the GEMM in one launch, then the scaled sum into a fresh output
+        (two launches per step). Results are bit-identical to the eager runner. Default
+        off. A server that replays its whole decode step from one graph uses
+        :meth:`static_step` (resident tables) instead.
     defer_reads : bool
-        With ``device_lookup``: a step whose rows must be read from disk does not wait
+        On the GPU: a step whose rows must be read from disk does not wait
         for them. Its caches read them on their readers' threads
         (``NgramRowCache.resolve_deferred``) while the step's launches, and the
         caller's after it (the rest of the model), queue on the GPU behind the read.
@@ -95,7 +74,10 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         rule, so they stay bit-identical to each other. Ignored on the CPU.
 
     Every table and the word table must be on one device (``"cpu"`` or ``"cuda"``);
-    the projections are copied there.
+    the projections are copied there. On the GPU, cached tables are read through their
+    caches' device row -> slot maps (``NgramRowCache.device_map()``: 4 bytes a table row
+    of device memory), so a step from host tokens hashes and gathers every table in one
+    launch while the host resolves its rows (``rowcache.embed.step.cached_groups``).
     """
 
     def __init__(
@@ -105,10 +87,8 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         tables: Sequence[Any],
         projs: Any,
         *,
-        fused: bool = True,
         cuda_graphs: bool = False,
         gemm_splits: int | None = None,
-        device_lookup: bool = True,
         defer_reads: bool = False,
     ) -> None:
         if not isinstance(dims, NgramDims):
@@ -116,39 +96,25 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         self.dims = dims
         self.word, self.tables, device = check_tables(dims, word, tables)
         self.device: str = device
-        self._xp: Any = require_cupy("NgramEmbedding on cuda") if self.device == "cuda" else np
-        wcat = stack_projs(dims, projs)  # bfloat16[T*d, D], host
-        if self.device == "cuda":
-            self._wcat: Any = self._xp.asarray(wcat)
-        else:
-            self._wcat = wcat.astype(np.float32)  # the CPU GEMM runs in float32
-        self._stacked: StackedTables | None = None
-        self._word_stacked: StackedTables | None = None
-        self.device_lookup = bool(device_lookup) and fused and self.device == "cuda"
-        self.defer_reads = bool(defer_reads) and self.device_lookup
-        self._resolve_first = False  # rowcache.embed.step.fused: the last fused step faulted
-        if fused and self.device == "cuda":
-            self._stacked = StackedTables(
-                [t.arrays for t in self.tables], [self._map_of(t) for t in self.tables]
-            )
-            if self.device_lookup or not isinstance(self.word, CachedTable):
-                self._word_stacked = StackedTables([self.word.arrays], [self._map_of(self.word)])
-        self._mult = self._xp.ascontiguousarray(self._xp.asarray(dims.multipliers, dtype=np.int64))
-        self._rows = self._xp.ascontiguousarray(
-            self._xp.asarray(dims.all_table_rows, dtype=np.int64)
-        )
+        gpu = self.device == "cuda"
+        xp: Any = require_cupy("NgramEmbedding on cuda") if gpu else np
+        self._xp = xp
         self.gemm_splits = check_gemm_splits(dims, gemm_splits)
-        self.cuda_graphs = bool(cuda_graphs) and self.device == "cuda"
-        self._graphs: dict[tuple[int, int, bool], StaticStep] = {}
-        self._tok = None
-        self._group_caches()
-        self._cap = 0
-        self._stack: Any = None
-        self._proj: Any = None
-        self._words: Any = None
-        self._rows_flag: Any = None  # rowcache.embed.step.rows: the range flag and host packing
-        self._rows_seq = 0
-        self._rows_host: Any = None
+        self.cuda_graphs = bool(cuda_graphs) and gpu
+        self.defer_reads = bool(defer_reads) and gpu
+        self._groups = CachedGroups(self.word, self.tables, xp, defer_reads=self.defer_reads)
+        self._stages = Stages(
+            dims, self.word, self.tables, stack_projs(dims, projs), xp, self._groups
+        )
+        staging = Staging(dims, xp, self.gemm_splits)
+        self._staging = staging
+        self._runner: CpuRunner | EagerRunner | GraphRunner
+        if not gpu:
+            self._runner = CpuRunner(self._stages, staging)
+        elif self.cuda_graphs:
+            self._runner = GraphRunner(self._stages, EagerRunner(self._stages, staging))
+        else:
+            self._runner = EagerRunner(self._stages, staging)
 
     # --- public ---------------------------------------------------------------
     @property
@@ -163,24 +129,23 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
     @property
     def caches(self) -> list[Any]:
         """The distinct row caches behind the cached tables (a shared cache once)."""
-        return [g[0] for g in self._groups]
+        return self._groups.caches
+
+    @property
+    def runner(self) -> str:
+        """The runner chosen at construction: ``"cpu"``, ``"eager"`` or ``"graphs"``."""
+        return self._runner.name
 
     def resident_bytes(self) -> int:
-        """Bytes held by the tables (a shared arena once, with its device map when
-        ``device_lookup``), projections and staging."""
-        staged = sum(int(a.nbytes) for a in (self._stack, self._proj, self._words) if a is not None)
-        steps = [self._tok, *self._graphs.values()]
-        staged += sum(s.nbytes for s in steps if s is not None)
+        """Bytes held by the tables (a shared arena once, with its device map on the
+        GPU), projections and staging."""
         tables = sum(t.nbytes for t in (self.word, *self.tables) if not isinstance(t, CachedTable))
         arenas = {id(t.cache): t.nbytes for t in self.cached_tables}
-        if self.device_lookup:  # each cache's device map, once
-            for t in self.cached_tables:
-                arenas[id(t.cache)] = t.nbytes + int(t.cache.device_map().nbytes)
-        return int(tables + sum(arenas.values()) + self._wcat.nbytes + staged)
+        return int(tables + sum(arenas.values()) + self._stages.nbytes + self._runner.nbytes)
 
     def ids(self, ctx_tokens: Any) -> Any:
         """``ngram_ids(dims, ctx_tokens)`` on this embedding's device: int64[T, L]."""
-        return self._hash_all(NgramBatch.single(self.dims, ctx_tokens, 0))
+        return self._stages.hash_all(NgramBatch.single(self.dims, ctx_tokens, 0))
 
     def embed(
         self,
@@ -267,15 +232,14 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         Cached tables: every cached table's ids are resolved (faulted in and pinned)
         with ONE ``resolve`` per cache (the parts of a shared cache are concatenated
         as ``row_offsets[k] + ids_k``), their ids hashed on the host from host
-        tokens; from device tokens they are copied to the host (one sync). With
-        ``device_lookup`` (GPU, fused, host tokens) the device gathers first through
-        the caches' device maps and the host resolves meanwhile; an eager step of at
-        most ``rowcache.embed.step.cached_groups.CHECK_TOKENS`` tokens that would fault
-        (``NgramRowCache.holds_all``, asked first) resolves first instead and runs
-        its device part once. In a larger step, or one replayed from a graph, a
-        resolve that faulted makes the device part run again, and the next step
-        then resolves first (until a step does not fault). Otherwise the resolve
-        comes first.
+        tokens; from device tokens they are copied to the host (one sync) and resolved
+        before the gathers. On the GPU from host tokens the device gathers through the
+        caches' device maps and the host resolves beside it, in one order decided by
+        the call (``CachedGroups.ordered``): a step of at most
+        ``rowcache.embed.step.cached_groups.CHECK_TOKENS`` tokens that would fault
+        (``NgramRowCache.holds_all``, asked first) resolves first and runs its device
+        part once; otherwise the device part goes first, and runs again after a
+        resolve that faulted.
         Every cache's batch ends when this call returns: a later fault writes the
         arena in stream order after this step's gathers, so no step synchronizes
         the host with the device.
@@ -329,7 +293,19 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         device-to-host copies and a sync: a cached table's resolve needs the tokens on
         the host) and embedded as by :meth:`embed_packed`.
         """
-        return self._embed_rows(ids, ctx, out, overlay, seq_slots, active)
+        rows = RowsInPlace.checked(self.dims, ids, ctx)
+        self._check_out(rows.n, out)
+        if rows.n == 0:
+            rows.packed(self.dims)  # the context is still range-checked
+            return self._empty(out)
+        return self._runner.run(rows, StepCall(overlay, seq_slots, active, out))
+
+    def _rows_known(self, ids: Any, ctx: Any, c: int, out: Any) -> Any:
+        """:meth:`embed_rows` of arrays checked before (cupy int64 ``ids[B, L]``, ``B * L
+        > 0``, ``ctx`` with ``c`` look-back columns or None, ``out`` bfloat16[B * L,
+        hidden] on the GPU; no overlay), without checking them again:
+        ``TorchNgramEmbedding``'s step for tensors it has seen."""
+        return self._runner.run(RowsInPlace(ids, ctx, c), StepCall(out=out))
 
     def prefetch(self, ctx_tokens: Any, seq_len: int | None = None) -> PrefetchHandle:
         """Start reading the cached rows that :meth:`embed` of these arguments will
@@ -343,11 +319,12 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         Resident tables read nothing: the handle is then empty.
         """
         L = len(ctx_tokens) if seq_len is None else seq_len
-        return prefetch_step(self, NgramBatch.single(self.dims, ctx_tokens, L))
+        return self._groups.prefetch(self.dims, NgramBatch.single(self.dims, ctx_tokens, L))
 
     def prefetch_batch(self, contexts: Sequence[Any], seq_lens: Sequence[int]) -> PrefetchHandle:
         """:meth:`prefetch` of a coming :meth:`embed_batch` (same arguments)."""
-        return prefetch_step(self, NgramBatch.from_contexts(self.dims, contexts, seq_lens))
+        batch = NgramBatch.from_contexts(self.dims, contexts, seq_lens)
+        return self._groups.prefetch(self.dims, batch)
 
     def prefetch_packed(
         self, tokens: Any, ctx_lens: Any = None, seq_lens: Any = None
@@ -357,12 +334,12 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         if isinstance(tokens, NgramBatch):
             if tokens.dims != self.dims:
                 raise ConfigError("the NgramBatch was built for other NgramDims")
-            return prefetch_step(self, tokens)
+            return self._groups.prefetch(self.dims, tokens)
         if ctx_lens is None or seq_lens is None:
             raise ConfigError(
                 "prefetch_packed needs ctx_lens and seq_lens (int[S] each) with packed tokens"
             )
-        return prefetch_step(self, NgramBatch(self.dims, tokens, ctx_lens, seq_lens))
+        return self._groups.prefetch(self.dims, NgramBatch(self.dims, tokens, ctx_lens, seq_lens))
 
     def embed_ids(self, contexts: Sequence[Any], seq_lens: Sequence[int]) -> tuple[Any, Any]:
         """Ids of the embedded positions: ``(all_ids int64[T, L_total], ids int64[T, n])``.
@@ -372,100 +349,83 @@ class NgramEmbedding(CachedGroups, Staging, ComposedStep, FusedStep, GraphStep, 
         that :meth:`embed_batch` embeds. On this embedding's device.
         """
         batch = NgramBatch.from_contexts(self.dims, contexts, seq_lens)
-        all_ids = self._hash_all(batch)
+        all_ids = self._stages.hash_all(batch)
         sel = batch.selection
         if isinstance(sel, np.ndarray) and self._xp is not np:
             sel = self._xp.asarray(sel)
         return all_ids, all_ids[:, sel]
 
     def clear_graphs(self) -> None:
-        """Drop the captured CUDA graphs and their buffers."""
-        self._graphs.clear()
+        """Drop the captured CUDA graphs and their buffers (``cuda_graphs``)."""
+        if isinstance(self._runner, GraphRunner):
+            self._runner.clear()
+
+    def static_step(self, batch: NgramBatch) -> StaticStep:
+        """A resident GPU step of ``batch``'s shape on fixed buffers, for CUDA graphs.
+
+        For servers that replay their whole decode step from one graph: the returned
+        :class:`StaticStep` (planned for ``batch``'s shape) holds pinned input, device
+        staging and output buffers; ``load(batch)`` refills the input on the host,
+        ``run()`` (or ``launch()``) replays the captured upload, hash + gathers, GEMM
+        and scaled sum into ``.out``, and ``issue()`` queues the same work on the
+        current stream (to capture it inside a larger graph). ``batch`` (host tokens)
+        is loaded; the first ``run()`` is eager, the second captures. Needs resident
+        tables on the GPU (cached tables need their rows resolved on the host each
+        step).
+        """
+        if self.device != "cuda" or self._groups:
+            raise ConfigError(
+                "static_step needs resident tables on the GPU "
+                f"(this embedding: device {self.device!r}, tables "
+                f"{[t.kind for t in (self.word, *self.tables)]})"
+            )
+        if not isinstance(batch, NgramBatch) or batch.on_device:
+            raise ConfigError("static_step takes an NgramBatch of host tokens")
+        if batch.dims != self.dims:
+            raise ConfigError("the NgramBatch was built for other NgramDims")
+        shape = StepShape.of(batch)
+        step = StaticStep(self._stages, shape, self._staging.parts(shape.n), with_sum=True)
+        step.load(batch)
+        return step
+
+    def settle(self) -> None:
+        """Commit the step's reads still running (``defer_reads``): wait for them; raises
+        a failed read's ``CorruptDataError`` (the caches as before the step, whose
+        output is invalid). A no-op otherwise. Call it after queuing the rest of the
+        step's work, before using its results. Every cache is settled, the first
+        error raised after: no cache is left with a failed read pending."""
+        self._groups.settle()
 
     # --- the step ---------------------------------------------------------------
-    def _run(
-        self, batch: NgramBatch, *, overlay: Any, seq_slots: Any, active: int, out: Any
-    ) -> Any:
-        """Check ``out``, then run the step on its one path: graph replay
-        (``rowcache.embed.step.graph``), the fused eager GPU step (``rowcache.embed.step.fused``) or the
-        composed step (``rowcache.embed.step.composed``: the CPU, device tokens, host resolve
-        first)."""
-        xp = self._xp
-        n, D = batch.n, self.dims.hidden_size
+    def _check_out(self, n: int, out: Any) -> None:
+        D = self.dims.hidden_size
         if out is not None and (
-            out.shape != (n, D) or out.dtype != BF16 or is_device_array(out) != (xp is not np)
+            out.shape != (n, D)
+            or out.dtype != BF16
+            or is_device_array(out) != (self.device == "cuda")
         ):
             raise ConfigError(
                 f"out must be bfloat16[{n}, {D}] on {self.device}, got "
                 f"{getattr(out, 'dtype', None)}{list(getattr(out, 'shape', ()))}"
             )
-        if batch.on_device and xp is np:
-            batch = NgramBatch(self.dims, batch.tokens.get(), batch.ctx_lens, batch.seq_lens)
+
+    def _run(
+        self, batch: NgramBatch, *, overlay: Any, seq_slots: Any, active: int, out: Any
+    ) -> Any:
+        """Check ``out``, then run the batch's input adapter on the runner."""
+        n = batch.n
+        self._check_out(n, out)
         if n == 0:
             if batch.on_device:  # the range check of device tokens still runs
-                self._hash_all(batch)
-            return xp.empty((0, D), dtype=BF16) if out is None else out
-        if self.cuda_graphs and self._fused_ids and overlay is None and not batch.on_device:
-            return self._run_graph(batch, out)
-        out, stack, words, proj = self._step_buffers(n, out)
-        step = (
-            self._step_fused
-            if xp is not np and not batch.on_device and self._fused_ids
-            else self._step_composed
-        )
-        return step(batch, stack, words, proj, out, overlay, seq_slots, active)
+                if self.device == "cuda":
+                    self._stages.hash_all(batch)
+                else:
+                    DeviceTokens(batch).host()
+            return self._empty(out)
+        return self._runner.run(tokens_of(batch), StepCall(overlay, seq_slots, active, out))
 
-    def _overlay_rows(
-        self,
-        overlay: Any,
-        word_ids: Any,
-        words: Any,
-        seq_slots: Any,
-        active: int,
-        batch: NgramBatch,
-        n: int,
-    ) -> Any:
-        """The word rows after the overlay (``words`` itself, changed in place, or the
-        overlay's returned rows)."""
-        if overlay is None:
-            return words
-        slots = self._row_slots(seq_slots, batch, n)
-        applied = overlay.apply_embed(word_ids, words, seq_slot=slots, active=active)
-        return words if applied is None else applied
-
-    def _row_slots(self, seq_slots: Any, batch: NgramBatch, n: int) -> Any:
-        if seq_slots is None or np.ndim(seq_slots) == 0 or len(seq_slots) == n:
-            return seq_slots
-        if len(seq_slots) != batch.num_seqs:
-            raise ConfigError(
-                f"seq_slots has {len(seq_slots)} entries: expected one per sequence "
-                f"({batch.num_seqs}) or one per row ({n})"
-            )
-        return batch.rows_per_sequence(seq_slots)
-
-    def _hash_all(self, batch: NgramBatch) -> Any:
-        """Ids of every position of the batch: int64[T, L_total] on this device."""
-        xp = self._xp
-        tokens = batch.tokens
-        if xp is not np and not batch.on_device:
-            tokens = xp.asarray(tokens)
-        starts = batch.starts
-        if starts is not None and xp is not np:
-            starts = xp.asarray(starts)
-        try:
-            return ngram_hash(
-                tokens,
-                self._mult,
-                self._rows,
-                self.dims.eos_token_id,
-                starts,
-                vocab=self.dims.vocab_size if batch.on_device else None,
-            )
-        except TokenRangeError as e:
-            raise ConfigError(
-                f"{batch.name_position(e.position)} = {e.value} is outside the vocabulary "
-                f"[0, {e.vocab})"
-            ) from None
+    def _empty(self, out: Any) -> Any:
+        return self._xp.empty((0, self.dims.hidden_size), dtype=BF16) if out is None else out
 
     def __repr__(self) -> str:
         kinds = [t.kind for t in self.tables]

@@ -1,6 +1,7 @@
 """What the embedding layer's tests share: a small LongCat-shaped ``DIMS``, random weights,
-token streams, the bits of a bf16 array, models over cached tables (one cache per table, or
-one shared arena, with the resident model beside it for lookahead tests), and corrupting a
+token streams, the bits of a bf16 array, the GPU step's reference (NumPy ids and gathers,
+then the one GEMM-and-sum tail), models over cached tables (one cache per table, or one
+shared arena, with the resident model beside it for lookahead tests), and corrupting a
 store's tables to fail their reads. Not a test module."""
 
 from __future__ import annotations
@@ -35,6 +36,50 @@ def random_weights(rng, dims=DIMS):
 
 def bits(a):
     return np.asarray(a).view(np.uint16)
+
+
+def gpu_reference(dims, word, tables, projs, batch, gemm_splits=None):
+    """What every GPU runner must give for ``batch`` (host tokens), bit for bit: the ids by
+    the NumPy hash reference, every row gathered by the NumPy references
+    (``rowcache.kernels.reference``) from host copies of the resident ``word`` and
+    ``tables`` (bf16 arrays, or ``Bf16Table`` / ``Fp8Table``), then ``project_and_sum`` on
+    the GPU (the one tail; its GEMM rounds as cuBLAS does, so the tail runs there) with
+    the embedding's K-parts rule. Returns the bfloat16 rows as a NumPy array."""
+    import cupy as cp
+
+    from rowcache.embed.layer_inputs import stack_projs
+    from rowcache.embed.step.staging import gemm_parts
+    from rowcache.embed.tables import Bf16Table
+    from rowcache.kernels.gemm import project_and_sum
+    from rowcache.kernels.ngram.hash import ngram_hash_reference
+    from rowcache.kernels.ngram.stacked import StackedTables, gather_stacked_reference
+
+    def host(t):
+        t = t if hasattr(t, "arrays") else Bf16Table(np.asarray(t))
+        a, s = t.arrays
+        return (cp.asnumpy(a), None if s is None else cp.asnumpy(s))
+
+    T, D, n = dims.num_tables, dims.hidden_size, batch.n
+    tokens = np.asarray(batch.tokens)
+    ids = ngram_hash_reference(
+        tokens, np.asarray(dims.multipliers), np.asarray(dims.all_table_rows),
+        dims.eos_token_id, batch.starts,
+    )[:, batch.selection]  # fmt: skip
+    stack = np.empty((n, T * dims.table_dim), dtype=BF16)
+    gather_stacked_reference(ids, StackedTables([host(t) for t in tables]), stack)
+    words = np.empty((n, D), dtype=BF16)
+    word_ids = tokens[batch.selection][None, :]
+    gather_stacked_reference(word_ids, StackedTables([host(word)]), words)
+    S = gemm_parts(dims, gemm_splits, n, True)
+    out = project_and_sum(
+        cp.asarray(stack),
+        cp.asarray(stack_projs(dims, projs)),
+        cp.asarray(words),
+        proj=cp.empty((S, n, D), dtype=cp.float32),
+        out=cp.empty((n, D), dtype=BF16),
+        denom=float(1 + T),
+    )
+    return cp.asnumpy(out)
 
 
 def token_stream(rng, n):

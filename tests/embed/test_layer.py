@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rowcache.embed.layer import NgramEmbedding
+from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.ngram.context import NgramContext
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.ngram.ids import ngram_ids, ngram_ids_loop_reference
@@ -19,6 +20,7 @@ from tests.embed.support import (
     DIMS,
     bits,
     cached_model,
+    gpu_reference,
     random_weights,
     shared_cache_model,
     token_stream,
@@ -128,10 +130,10 @@ def test_layer_staging_allocated_once(rng):
     emb = NgramEmbedding(DIMS, word, tables, projs)
     x = token_stream(rng, 64)
     emb.embed(x, 64)
-    stack = emb._stack
+    stack = emb._staging.stack
     for k in (1, 10, 64):
         emb.embed(x, k)
-        assert emb._stack is stack
+        assert emb._staging.stack is stack
     assert emb.resident_bytes() > sum(t.nbytes for t in tables) + word.nbytes
     assert emb.embed(x, 0).shape == (0, 48)
 
@@ -324,15 +326,21 @@ def test_gather_stacked_reference_matches_per_table(rng):
     np.testing.assert_array_equal(bits(out[:, :12]), bits(tables[0][ids[0]]))
     np.testing.assert_array_equal(bits(out[:, 12:24]), bits(fp8.gather(ids[1])))
     np.testing.assert_array_equal(bits(out[:, 36:]), bits(tables[3][ids[3]]))
+    np.testing.assert_array_equal(bits(gather_stacked(ids, st)), bits(out))  # out allocated
     with pytest.raises(ConfigError, match="one width"):
         StackedTables([(tables[0], None), (word, None)])
 
 
 @pytest.mark.gpu
-def test_layer_gpu_fused_equals_per_table_kernels(rng, tmp_path):
+def test_layer_gpu_mixed_tables_equal_the_reference(rng, tmp_path):
+    """Resident BF16, FP8 and cached tables mixed on the GPU: steps from host tokens (hash
+    and gathers in one launch, the cached table through its device map) and from device
+    tokens (hashed on the device, resolved first, gathered by slot) equal the NumPy
+    reference's ids and gathers under the one GEMM-and-sum tail, bit for bit."""
     import cupy as cp
 
     from rowcache.cache.row_cache import NgramRowCache
+    from rowcache.embed.ngram.batch import NgramBatch
     from rowcache.embed.tables import CachedTable
     from rowcache.kernels.gemm import gemm_bf16_f32, scale_sum, scale_sum_reference
     from rowcache.kernels.ngram.stacked import StackedTables, gather_stacked
@@ -348,29 +356,32 @@ def test_layer_gpu_fused_equals_per_table_kernels(rng, tmp_path):
             Bf16Table(cp.asarray(tables[2])),
             CachedTable(cache),
         ]
-        fused = NgramEmbedding(DIMS, cp.asarray(word), mixed, projs)
-        plain = NgramEmbedding(DIMS, cp.asarray(word), mixed, projs, fused=False)
-        assert fused._stacked is not None and plain._stacked is None
+        emb = NgramEmbedding(DIMS, cp.asarray(word), mixed, projs)
+        assert emb.runner == "eager"
+        ref_tables = [*mixed[:3], tables[3]]  # the cached table's reference: its source
         x = token_stream(rng, 700)
         for a, b in [(0, 300), (300, 301), (301, 700)]:
-            c = cp.asarray(x[max(0, a - 2) : b])
+            c = x[max(0, a - 2) : b]
             k = b - a
-            np.testing.assert_array_equal(
-                cp.asnumpy(fused.embed(c, k)).view(np.uint16),
-                cp.asnumpy(plain.embed(c, k)).view(np.uint16),
-            )
+            want = gpu_reference(DIMS, word, ref_tables, projs, NgramBatch.single(DIMS, c, k))
+            for tokens in (c, cp.asarray(c)):  # host tokens, device tokens
+                np.testing.assert_array_equal(bits(cp.asnumpy(emb.embed(tokens, k))), bits(want))
         with pytest.raises(ConfigError, match=r"ctx_tokens\[5\] = 131072"):
             bad = x[:10].copy()
             bad[5] = 131072
-            fused.embed(cp.asarray(bad), 3)
+            emb.embed(cp.asarray(bad), 3)
         with pytest.raises(ConfigError, match=r"contexts\[1\]\[2\] = 131072"):
-            fused.embed_batch([cp.asarray(x[:4]), cp.asarray(bad[3:9])], [1, 1])
-        dev_ctx = [cp.asarray(x[10:14]), cp.asarray(x[50:54]), cp.asarray(x[90:190])]
+            emb.embed_batch([cp.asarray(x[:4]), cp.asarray(bad[3:9])], [1, 1])
+        host_ctx = [x[10:14], x[50:54], x[90:190]]
+        want = gpu_reference(
+            DIMS, word, ref_tables, projs, NgramBatch.from_contexts(DIMS, host_ctx, [1, 1, 60])
+        )
+        dev_ctx = [cp.asarray(c) for c in host_ctx]
         np.testing.assert_array_equal(
-            cp.asnumpy(fused.embed_batch(dev_ctx, [1, 1, 60])).view(np.uint16),
-            cp.asnumpy(plain.embed_batch([cp.asnumpy(c) for c in dev_ctx], [1, 1, 60])).view(
-                np.uint16
-            ),
+            bits(cp.asnumpy(emb.embed_batch(dev_ctx, [1, 1, 60]))), bits(want)
+        )
+        np.testing.assert_array_equal(
+            bits(cp.asnumpy(emb.embed_batch(host_ctx, [1, 1, 60]))), bits(want)
         )
         assert cache.pinned == 0
         # the stacked gather on its own, unaligned width (d = 12 bf16 = 24 bytes: no vec path)
@@ -591,28 +602,14 @@ def test_layer_gpu_packed_and_shared_cache(rng, tmp_path):
             projs,
             cuda_graphs=True,
         )
+        # mixed: resident tables and parts of the shared cache, the word table cached too
         mixed = NgramEmbedding(
             DIMS,
             CachedTable(word_cache),
             [dev_tables[0], CachedTable(shared, 1), dev_tables[2], CachedTable(shared, 3)],
             projs,
-            fused=False,
         )
-        # fused, mixed, through the device maps; and fused with the host resolve first
-        mixed_lookup = NgramEmbedding(
-            DIMS,
-            CachedTable(word_cache),
-            [dev_tables[0], CachedTable(shared, 1), dev_tables[2], CachedTable(shared, 3)],
-            projs,
-        )
-        host_first = NgramEmbedding(
-            DIMS,
-            cp.asarray(word),
-            [CachedTable(shared, k) for k in range(4)],
-            projs,
-            device_lookup=False,
-        )
-        assert mixed_lookup._fused_ids and not host_first._fused_ids
+        assert graphed.runner == "graphs" and mixed.runner == "eager"
         cpu = NgramEmbedding(DIMS, word, tables, projs)
         S = 5
         x = [token_stream(rng, 80) for _ in range(S)]
@@ -621,15 +618,15 @@ def test_layer_gpu_packed_and_shared_cache(rng, tmp_path):
             batch = ctx.step(np.concatenate([s[a:b] for s in x]), np.full(S, b - a))
             want = cp.asnumpy(eager.embed_packed(batch)).view(np.uint16)
             np.testing.assert_array_equal(
-                cp.asnumpy(cached.embed_packed(batch)).view(np.uint16), want
+                bits(gpu_reference(DIMS, word, tables, projs, batch)), want
             )
-            np.testing.assert_array_equal(
-                cp.asnumpy(mixed.embed_packed(batch)).view(np.uint16), want
-            )
-            for emb in (graphed, mixed_lookup, host_first):
+            for emb in (cached, graphed, mixed):
                 np.testing.assert_array_equal(
                     cp.asnumpy(emb.embed_packed(batch)).view(np.uint16), want
                 )
+            # from device tokens: resolved first, gathered by slot
+            dev = NgramBatch(DIMS, cp.asarray(batch.tokens), batch.ctx_lens, batch.seq_lens)
+            np.testing.assert_array_equal(bits(cp.asnumpy(mixed.embed_packed(dev))), want)
             ref = cpu.embed_packed(batch).astype(np.float32)
             np.testing.assert_allclose(
                 want.view(BF16).astype(np.float32), ref, rtol=2e-2, atol=1e-5
@@ -638,7 +635,7 @@ def test_layer_gpu_packed_and_shared_cache(rng, tmp_path):
         with pytest.raises(ConfigError, match=r"contexts\[1\]\[1\] = 1000"):
             eager.embed_batch([cp.asarray(x[0][:3]), cp.asarray(np.array([1, 1000]))], [1, 1])
         assert shared.pinned == 0 and word_cache.pinned == 0
-        assert any(g.graph is not None for g in graphed._graphs.values())
+        assert any(g.graph is not None for g in graphed._runner.graphs.values())
         assert shared.stats().misses > 0  # the graphed steps faulted rows in as well
     finally:
         store.close()
@@ -667,7 +664,7 @@ def test_layer_gpu_cuda_graphs_equal_eager(rng):
         np.testing.assert_array_equal(cp.asnumpy(got).view(np.uint16), want)
     # two shapes (the 20-token prefill once, then decode steps): the decode one replays;
     # a decode context is the kept max_ngram - 1 tokens plus the new one, per sequence
-    assert sorted((k, g.graph is not None) for k, g in graphs._graphs.items()) == [
+    assert sorted((k, g.graph is not None) for k, g in graphs._runner.graphs.items()) == [
         ((S * DIMS.max_ngram, S, True), True),
         ((100, 100, True), False),
     ]
@@ -679,7 +676,7 @@ def test_layer_gpu_cuda_graphs_equal_eager(rng):
         np.testing.assert_array_equal(
             cp.asnumpy(out).view(np.uint16), cp.asnumpy(eager.embed(c, 30)).view(np.uint16)
         )
-    assert graphs._graphs[(40, 30, False)].graph is not None
+    assert graphs._runner.graphs[(40, 30, False)].graph is not None
 
 
 def test_static_step_needs_resident_gpu_tables(rng):
@@ -778,7 +775,7 @@ def test_static_step_replays_bit_identical_to_eager(rng):
             step = emb.static_step(batch)
         else:
             step.load(batch)
-        step.launch()
+        step.run()
         np.testing.assert_array_equal(bits(cp.asnumpy(step.out)), want)
     assert step is not None and step.graph is not None and step.runs == 30
     # issue() inside a caller's own capture: the same work, replayed by the caller's graph
@@ -851,7 +848,6 @@ def test_layer_gpu_gemm_splits_paths_bit_identical(rng, splits):
     word, tables, projs = random_weights(rng, dims)
     dev = [cp.asarray(t) for t in tables]
     eager = NgramEmbedding(dims, cp.asarray(word), dev, projs, gemm_splits=splits)
-    plain = NgramEmbedding(dims, cp.asarray(word), dev, projs, gemm_splits=splits, fused=False)
     graphs = NgramEmbedding(
         dims, cp.asarray(word), dev, projs, gemm_splits=splits, cuda_graphs=True
     )
@@ -862,8 +858,11 @@ def test_layer_gpu_gemm_splits_paths_bit_identical(rng, splits):
     for a, b in [(0, 12), *[(k, k + 1) for k in range(12, 20)]]:
         batch = ctx.step(np.concatenate([s[a:b] for s in x]), np.full(S, b - a))
         want = bits(cp.asnumpy(eager.embed_packed(batch)))
-        np.testing.assert_array_equal(bits(cp.asnumpy(plain.embed_packed(batch))), want)
+        ref = gpu_reference(dims, word, tables, projs, batch, gemm_splits=splits)
+        np.testing.assert_array_equal(bits(ref), want)
         np.testing.assert_array_equal(bits(cp.asnumpy(graphs.embed_packed(batch))), want)
+        dev = NgramBatch(dims, cp.asarray(batch.tokens), batch.ctx_lens, batch.seq_lens)
+        np.testing.assert_array_equal(bits(cp.asnumpy(eager.embed_packed(dev))), want)
         ref = cpu.embed_packed(batch).astype(np.float32)
         np.testing.assert_allclose(want.view(BF16).astype(np.float32), ref, rtol=2e-2, atol=1e-5)
 
@@ -886,8 +885,9 @@ def test_copy_from_mapped_gpu(rng, n):
 
 @pytest.mark.gpu
 def test_layer_gpu_cached_with_overlay_and_faults_equals_resident(rng, tmp_path):
-    """The fused step through the device maps with an overlay: a step that faults runs its
-    device part again (gathers, overlay, GEMM, sum) and still equals the resident one."""
+    """The GPU step through the device maps with an overlay: steps that fault (resolved
+    first, or their device part run again: gathers, overlay, GEMM, sum) still equal the
+    resident one."""
     import cupy as cp
 
     from rowcache.embed.tables import CachedTable
@@ -905,7 +905,7 @@ def test_layer_gpu_cached_with_overlay_and_faults_equals_resident(rng, tmp_path)
         cached = NgramEmbedding(
             DIMS, CachedTable(word_cache), [CachedTable(shared, k) for k in range(4)], projs
         )
-        assert cached._fused_ids and cached.device_lookup
+        assert cached.runner == "eager"
         faulted = 0
         for _ in range(12):
             x = np.concatenate([token_stream(rng, 40), changed])
@@ -924,13 +924,13 @@ def test_layer_gpu_cached_with_overlay_and_faults_equals_resident(rng, tmp_path)
 @pytest.mark.parametrize("graphs", [False, True])
 @pytest.mark.parametrize("check", [True, False])
 def test_layer_gpu_cached_step_order_equals_resident(rng, tmp_path, graphs, check, monkeypatch):
-    """The fused step's order (eager, or replayed from a graph), on a decode stream over a
-    small arena where some steps fault and some do not; every step equals the resident one.
-    check (an eager step of at most CHECK_TOKENS tokens): it asks its caches first, so a
-    step that faults resolves first and every step runs its device part once. Without the
-    check (a graph replay; or CHECK_TOKENS = 0, as for larger steps): after a step that
-    faulted, the step resolves first and runs its device part once; after one that did
-    not, the device part runs first, and again when the resolve faulted."""
+    """The one order of a GPU step's host resolve and device part (eager, or replayed from
+    a graph), on a decode stream over a small arena where some steps fault and some do
+    not; every step equals the resident one. With the check (a step of at most
+    CHECK_TOKENS tokens) a step that would fault resolves first and runs its device part
+    once, one that would not runs it first and resolves after; without it (CHECK_TOKENS =
+    0, as for larger steps) the device part runs first, and again when the resolve
+    faulted. The order depends on the call alone: never on the steps before it."""
     import cupy as cp
 
     import rowcache.embed.step.cached_groups as cached_groups
@@ -938,7 +938,6 @@ def test_layer_gpu_cached_step_order_equals_resident(rng, tmp_path, graphs, chec
 
     if not check:
         monkeypatch.setattr(cached_groups, "CHECK_TOKENS", 0)
-    check = check and not graphs
     store, shared, word_cache, word, tables, projs = shared_cache_model(
         rng, tmp_path, device="cuda", slots_frac=0.3
     )
@@ -951,37 +950,39 @@ def test_layer_gpu_cached_step_order_equals_resident(rng, tmp_path, graphs, chec
             projs,
             cuda_graphs=graphs,
         )
-        assert cached._fused_ids and not cached._resolve_first
-        runs: list[int] = []
-        real = cached._verified
+        assert cached.runner == ("graphs" if graphs else "eager")
+        groups = cached._groups
+        events: list[str] = []
+        real_ordered, real_resolve = groups.ordered, groups._resolve_beside
 
-        def counted(batch, device_part, **kw):
-            runs.append(0)
-
+        def ordered(batch, device_part):
             def part():
-                runs[-1] += 1
+                events.append("device")
                 device_part()
 
-            real(batch, part, **kw)
+            real_ordered(batch, part)
 
-        monkeypatch.setattr(cached, "_verified", counted)
+        def resolve(batch, ids):
+            events.append("resolve")
+            return real_resolve(batch, ids)
+
+        monkeypatch.setattr(groups, "ordered", ordered)
+        monkeypatch.setattr(groups, "_resolve_beside", resolve)
         x = np.concatenate([token_stream(rng, 30)] * 6)  # repeats: hits after the first pass
         ctx_r, ctx_c = NgramContext(DIMS), NgramContext(DIMS)
-        orders, faulted = set(), []
+        faulted = []
         for k in range(x.size):
-            first = cached._resolve_first
-            orders.add(first)
+            events.clear()
             before = shared.stats().misses + word_cache.stats().misses
             got = cached.embed(ctx_c.step(x[k : k + 1]), 1)
             faulted.append(shared.stats().misses + word_cache.stats().misses > before)
             if check:
-                assert runs[-1] == 1 and not cached._resolve_first
+                want_events = ["resolve", "device"] if faulted[-1] else ["device", "resolve"]
             else:
-                assert cached._resolve_first == faulted[-1]
-                assert runs[-1] == (2 if faulted[-1] and not first else 1)
+                want_events = ["device", "resolve"] + (["device"] if faulted[-1] else [])
+            assert events == want_events, (k, faulted[-1])
             want = resident.embed(ctx_r.step(x[k : k + 1]), 1)
             np.testing.assert_array_equal(bits(cp.asnumpy(got)), bits(cp.asnumpy(want)))
-        assert orders == ({False} if check else {False, True})
         assert any(faulted) and not all(faulted)
         assert shared.pinned == 0 and word_cache.pinned == 0
     finally:

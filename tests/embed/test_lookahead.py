@@ -101,7 +101,7 @@ def test_gpu_prefetch_next_chunk_equals_resident(rng, tmp_path, graphs, wait):
         rng, tmp_path, device="cuda", cuda_graphs=graphs
     )
     try:
-        assert cached.device_lookup
+        assert cached.runner == ("graphs" if graphs else "eager")
         _chunked_prefill_with_lookahead(rng, resident, cached, [shared, word_cache], wait)
     finally:
         store.close()

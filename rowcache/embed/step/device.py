@@ -3,7 +3,7 @@
 Owns :class:`DeviceStep` (pinned upload ring, device tokens and ids, and for graph
 steps the stack / projection / word-row / output buffers a captured graph points at),
 :class:`StepShape` and the packing of an ``NgramBatch`` into one upload (``pack_upload``).
-Does not launch kernels (``rowcache.embed.step.fused``, ``rowcache.embed.step.composed``).
+Does not launch kernels (``rowcache.embed.step.stages``).
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ class DeviceStep:
     def __init__(
         self,
         cp: Any,
-        T: int,
         cap_len: int,
         cap_rows: int,
         staging: tuple[tuple[int, int], int, int] | None = None,
@@ -80,9 +79,6 @@ class DeviceStep:
         self._events: list[Any] = [None] * ring  # the buffer's event while a copy reads it
         self._next = 0
         self.dev = cp.empty(max(words, 1), dtype=cp.int64)
-        # ids are only materialized by the unfused step (graph steps hash and gather at once)
-        self.ids_all = cp.empty(1 if staging else max(T * cap_len, 1), dtype=cp.int64)
-        self.ids_sel = cp.empty(1 if staging else max(T * cap_rows, 1), dtype=cp.int64)
         self.stack = self.proj = self.words = self.out = None
         if staging is not None:
             (n, td), D, S = staging
@@ -94,7 +90,7 @@ class DeviceStep:
 
     @property
     def nbytes(self) -> int:
-        arrays = [self.dev, self.ids_all, self.ids_sel, self.stack, self.proj, self.words, self.out]
+        arrays = [self.dev, self.stack, self.proj, self.words, self.out]
         return sum(int(a.nbytes) for a in arrays if a is not None)
 
     def host(self) -> np.ndarray:

@@ -1,9 +1,13 @@
-"""Graph replay of the GPU embedding step, and :class:`StaticStep`.
+"""The GPU step on fixed buffers (:class:`StaticStep`), and the runner that replays it.
 
-Owns the mixin :class:`GraphStep` (``cuda_graphs=True``: a step per shape replayed
-from a CUDA graph, cached rows resolved on the host meanwhile; and
-``NgramEmbedding.static_step``) and :class:`StaticStep`, the resident step on fixed
-buffers (``rowcache.embed.step.device.DeviceStep``) a server captures into its own graph.
+Owns :class:`StaticStep`, a step planned for one shape (tokens, rows, several sequences)
+on buffers a captured CUDA graph points at (``plan``: its constructor; ``run``: eagerly
+the first time, captured the second, replayed afterwards), and :class:`GraphRunner`
+(``cuda_graphs=True``): a ``StaticStep`` per shape for the calls of host tokens with no
+overlay, the scaled sum after the graph into each call's own output, the host resolve
+ordered around it by ``CachedGroups.ordered``; other calls run eagerly
+(``rowcache.embed.step.runners.EagerRunner``). ``NgramEmbedding.static_step`` is the other
+use of a ``StaticStep``: resident tables, the sum inside, captured by a server.
 """
 
 from __future__ import annotations
@@ -12,120 +16,38 @@ from typing import Any
 
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.step.device import DeviceStep, StepShape, pack_upload
+from rowcache.embed.step.inputs import RowsInPlace
+from rowcache.embed.step.runners import EagerRunner
+from rowcache.embed.step.stages import Stages, StepCall
 from rowcache.errors import ConfigError
-from rowcache.kernels.gemm import gemm_bf16_f32_parts, project_and_sum, scale_sum
 from rowcache.kernels.reference import BF16
 
 
-class GraphStep:
-    """Graph replay of :class:`rowcache.embed.layer.NgramEmbedding`'s step (a mixin)."""
-
-    dims: Any
-    device: str
-    word: Any
-    tables: list[Any]
-    _xp: Any
-    _wcat: Any
-    _groups: list[Any]
-    _graphs: dict[tuple[int, int, bool], StaticStep]
-
-    def _run_graph(self, batch: NgramBatch, out: Any) -> Any:
-        """A step replayed from a CUDA graph per (tokens, rows, multi) shape: upload,
-        hash + gathers (cached tables through their device maps) and the GEMM in the
-        graph, the scaled sum eagerly after it into a fresh output (or ``out``), so
-        results behave as on the eager path; cached rows resolved on the host once
-        both are queued (graph and sum run again after a fault; after a step that
-        faulted, resolved first and run once: ``CachedGroups._verified``). The first
-        call of a shape runs eagerly into the shape's own buffers (compiling the
-        kernels, loading cuBLAS's), the second captures, later ones replay.
-        """
-        key = (batch.length, batch.n, batch.num_seqs > 1)
-        step = self._graphs.get(key)
-        if step is None:
-            step = self._graphs[key] = StaticStep(self, key, with_sum=False)
-        step.load(batch)
-        if out is None:
-            out = self._xp.empty((batch.n, self.dims.hidden_size), dtype=BF16)
-        scale = float(1 + self.dims.num_tables)
-
-        def device_part() -> None:  # the sum queued before the host resolve, as eagerly
-            step.launch()
-            scale_sum(step.words, step.proj, scale, out=out)
-
-        try:
-            self._verified(batch, device_part)  # resolve after (or first, after a fault)
-        finally:
-            self._end_batches()
-        return out
-
-    def static_step(self, batch: NgramBatch) -> StaticStep:
-        """A resident GPU step of ``batch``'s shape on fixed buffers, for CUDA graphs.
-
-        For servers that replay their whole decode step from one graph: the returned
-        :class:`StaticStep` holds pinned input, device staging and output buffers;
-        ``load(batch)`` refills the input on the host, ``launch()`` replays the
-        captured upload, hash + gathers, GEMM and scaled sum into ``.out``, and
-        ``issue()`` queues the same work on the current stream (to capture it inside
-        a larger graph). ``batch`` (host tokens) is loaded; the first ``launch()`` runs
-        eagerly, the second captures. Needs resident tables on the GPU and
-        ``fused=True`` (cached tables need their rows resolved on the host each step).
-        """
-        if not self._fused_ids or self._groups:
-            raise ConfigError(
-                "static_step needs resident tables on the GPU and fused=True "
-                f"(this embedding: device {self.device!r}, tables "
-                f"{[t.kind for t in (self.word, *self.tables)]})"
-            )
-        if not isinstance(batch, NgramBatch) or batch.on_device:
-            raise ConfigError("static_step takes an NgramBatch of host tokens")
-        if batch.dims != self.dims:
-            raise ConfigError("the NgramBatch was built for other NgramDims")
-        step = StaticStep(self, (batch.length, batch.n, batch.num_seqs > 1), with_sum=True)
-        step.load(batch)
-        return step
-
-    def _issue_step(self, step: StaticStep) -> None:
-        """``step``'s work on the current stream (capturable): upload, hash + gathers,
-        GEMM, and with ``step.with_sum`` the scaled sum into ``step.out``."""
-        self._upload_gather(step.buf, step.buf.hosts[0], step.shape, step.stack, step.words)
-        if step.with_sum:
-            project_and_sum(
-                step.stack,
-                self._wcat,
-                step.words,
-                proj=step.proj,
-                out=step.out,
-                denom=float(1 + self.dims.num_tables),
-            )
-        else:  # the sum comes after the host resolve, outside the graph (cached tables)
-            gemm_bf16_f32_parts(step.stack, self._wcat, out=step.proj)
-
-
 class StaticStep:
-    """A resident GPU embedding step on fixed buffers, replayed from a CUDA graph.
+    """A GPU embedding step on fixed buffers, replayed from a CUDA graph.
 
-    Made by :meth:`NgramEmbedding.static_step` (and used inside ``cuda_graphs=True``).
+    Made by :meth:`NgramEmbedding.static_step` (and by ``cuda_graphs=True``'s runner).
     Everything a captured graph points at lives here: the pinned upload buffer, the
     device tokens, the stacked rows ``stack`` bfloat16[n, T*d], the word rows ``words``
-    bfloat16[n, D], the projection ``proj`` float32[n, D] and, with ``with_sum``, the
+    bfloat16[n, D], the projection ``proj`` float32[S, n, D] and, with ``with_sum``, the
     output ``out`` bfloat16[n, D]. The shape (tokens, rows, several sequences) is
     fixed; the tables, projections and token values are not baked in beyond their
     addresses.
 
-    Use: ``load(batch)`` (host only: waits until the previous launch has copied the
-    pinned buffer, then packs the batch into it), ``launch()`` (the first launch
-    runs eagerly, compiling kernels and loading cuBLAS's; the second captures; later
-    ones replay), read ``out``. ``issue()`` queues the same work on the current
-    stream, e.g. inside a capture of a larger graph.
+    Use: ``load(batch)`` (host only: waits until the previous run has copied the
+    pinned buffer, then packs the batch into it), ``run()`` (the first run is eager,
+    compiling kernels and loading cuBLAS's; the second captures; later ones replay;
+    ``launch()`` is the same), read ``out``. ``issue()`` queues the same work on the
+    current stream, e.g. inside a capture of a larger graph.
     """
 
-    def __init__(self, emb: GraphStep, key: tuple[int, int, bool], *, with_sum: bool) -> None:
-        L, n, multi = key
-        self._emb = emb
-        self.shape = StepShape(L, n, multi)
+    def __init__(self, stages: Stages, shape: StepShape, parts: int, *, with_sum: bool) -> None:
+        self._stages = stages
+        self.shape = shape
         self.with_sum = with_sum
-        dims = emb.dims
-        self.buf = DeviceStep(emb._xp, dims.num_tables, L, n, emb._staging_shapes(n), out=with_sum)
+        dims, n = stages.dims, shape.n
+        staging = ((n, dims.num_tables * dims.table_dim), dims.hidden_size, parts)
+        self.buf = DeviceStep(stages.xp, shape.length, n, staging, out=with_sum)
         self.stack: Any = self.buf.stack
         self.proj: Any = self.buf.proj
         self.words: Any = self.buf.words
@@ -151,13 +73,20 @@ class StaticStep:
         pack_upload(self.buf.host(), batch)
 
     def issue(self) -> None:
-        """Queue the step on the current stream (capturable once it ran eagerly)."""
-        self._emb._issue_step(self)
+        """Queue the step on the current stream (capturable once it ran eagerly): the
+        upload, hash and gathers, the GEMM, and with ``with_sum`` the scaled sum into
+        ``out``."""
+        st = self._stages
+        st.hash_gather(self.buf, self.buf.hosts[0], self.shape, self.stack, self.words)
+        if self.with_sum:
+            st.project(self.stack, self.words, self.proj, self.out)
+        else:  # the sum comes after the host resolve, outside the graph (GraphRunner)
+            st.project_parts(self.stack, self.proj)
 
-    def launch(self, stream: Any = None) -> None:
+    def run(self, stream: Any = None) -> None:
         """Run the step on ``stream`` (default: the current stream): eagerly the first
         time, captured the second, replayed afterwards."""
-        cp = self._emb._xp
+        cp = self._stages.xp
         stream = cp.cuda.get_current_stream() if stream is None else stream
         if self.graph is None and self.runs >= 1:
             cap = cp.cuda.Stream(non_blocking=True)  # capture needs a non-default stream
@@ -175,3 +104,74 @@ class StaticStep:
                 self.issue()
         self.runs += 1
         self.buf.uploaded(stream)
+
+    launch = run
+
+
+class GraphRunner:
+    """The GPU runner that replays a step per shape from a CUDA graph (``cuda_graphs``).
+
+    Calls of host tokens with no overlay: the upload, hash + gathers (cached tables
+    through their device maps) and the GEMM from the shape's graph, then the scaled sum
+    into a fresh output (or ``out``), so results behave as on the eager runner; the host
+    resolve ordered around both (``CachedGroups.ordered``: before them when a small step
+    would fault; else after, and both again when it faulted). The first call of a shape
+    runs eagerly into the shape's own buffers, the second captures, later ones replay.
+    Other calls (device tokens, rows, an overlay) run on ``eager``.
+    """
+
+    name = "graphs"
+
+    def __init__(self, stages: Stages, eager: EagerRunner) -> None:
+        self.stages, self.eager = stages, eager
+        self.graphs: dict[tuple[int, int, bool], StaticStep] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return self.eager.nbytes + sum(s.nbytes for s in self.graphs.values())
+
+    def plan(self, shape: StepShape) -> StaticStep:
+        """The shape's step (made once, kept until :meth:`clear`)."""
+        key = (shape.length, shape.n, shape.num_seqs > 1)
+        step = self.graphs.get(key)
+        if step is None:
+            parts = self.eager.staging.parts(shape.n)
+            step = self.graphs[key] = StaticStep(self.stages, shape, parts, with_sum=False)
+        return step
+
+    def clear(self) -> None:
+        self.graphs.clear()
+
+    def run(self, inputs: Any, call: StepCall) -> Any:
+        """Run one call's input adapter (``rowcache.embed.step.inputs``)."""
+        return inputs.run(self, call)
+
+    def run_host(self, batch: NgramBatch, call: StepCall) -> Any:
+        if call.overlay is not None:
+            return self.eager.run_host(batch, call)
+        st = self.stages
+        step = self.plan(StepShape.of(batch))
+        step.load(batch)
+        out = call.out
+        if out is None:
+            out = st.xp.empty((batch.n, st.dims.hidden_size), dtype=BF16)
+
+        def device_part() -> None:  # the sum queued before a host resolve that follows
+            step.run()
+            st.sum_parts(step.words, step.proj, out)
+
+        try:
+            st.groups.ordered(batch, device_part)
+        finally:
+            st.groups.end_batches()
+        return out
+
+    def run_device(self, batch: NgramBatch, call: StepCall) -> Any:
+        return self.eager.run_device(batch, call)
+
+    def run_rows(self, rows: RowsInPlace, call: StepCall) -> Any:
+        """Rows read in place, or with an overlay, run eagerly; other rows are packed on
+        the host and replayed as host tokens."""
+        if call.overlay is not None or self.eager.in_place(rows, call):
+            return self.eager.run_rows(rows, call)
+        return self.run_host(rows.packed(self.stages.dims, self.eager.rows_host(rows)).batch, call)

@@ -99,9 +99,14 @@ def item_launch(items: int) -> tuple[tuple[int], tuple[int, int]]:
     return (min(max(1, -(-items // 8)), 65535 * 8),), (32, 8)
 
 
-def gather_stacked_reference(ids: np.ndarray, tables: StackedTables, out: np.ndarray) -> np.ndarray:
-    """``out[:, i*d:(i+1)*d] = gather of table i at ids[i]``: ids int[T, n], out bfloat16[n, T*d]."""
+def gather_stacked_reference(
+    ids: np.ndarray, tables: StackedTables, out: np.ndarray | None = None
+) -> np.ndarray:
+    """``out[:, i*d:(i+1)*d] = gather of table i at ids[i]``: ids int[T, n], out bfloat16[n, T*d]
+    (allocated when None)."""
     d = tables.dim
+    if out is None:
+        out = np.empty((np.shape(ids)[1], len(tables.tables) * d), dtype=BF16)
     for i, (a, s) in enumerate(tables.tables):  # loop over tables (T), vectorized over rows
         block = out[:, i * d : (i + 1) * d]
         if s is None:
@@ -111,7 +116,7 @@ def gather_stacked_reference(ids: np.ndarray, tables: StackedTables, out: np.nda
     return out
 
 
-def gather_stacked(ids: Any, tables: StackedTables, out: Any) -> Any:
+def gather_stacked(ids: Any, tables: StackedTables, out: Any = None) -> Any:
     """Every table's rows into one stacked buffer, one kernel launch on the GPU.
 
     Parameters
@@ -121,7 +126,7 @@ def gather_stacked(ids: Any, tables: StackedTables, out: Any) -> Any:
         On the GPU the ids are trusted to be in range (no sync); the columns must be
         contiguous (a column slice ``ids[:, a:b]`` of a contiguous array is fine).
     tables : StackedTables
-    out : bfloat16[n, T*d], C-contiguous, same device.
+    out : bfloat16[n, T*d], C-contiguous, same device; allocated when None.
 
     Bit-identical to ``rowcache.kernels.batched_embed`` / ``batched_embed_fp8`` per table.
     """
@@ -130,6 +135,8 @@ def gather_stacked(ids: Any, tables: StackedTables, out: Any) -> Any:
     cp = require_cupy("gather_stacked")
     T, d = len(tables.tables), tables.dim
     n = int(ids.shape[1])
+    if out is None:
+        out = cp.empty((n, T * d), dtype=BF16)
     if ids.dtype != cp.int64 or ids.shape[0] != T or (n > 1 and ids.strides[1] != 8):
         raise ConfigError(f"gather_stacked: ids must be int64[{T}, n] with contiguous columns")
     if out.dtype != BF16 or out.shape != (n, T * d) or not out.flags.c_contiguous:

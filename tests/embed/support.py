@@ -104,22 +104,31 @@ def cached_model(rng, tmp_path, *, slots_frac=0.25, dtype="bf16", device="cpu", 
     return store, caches, word, tables, projs, cached
 
 
-def shared_cache_model(rng, tmp_path, *, slots_frac=0.3, dtype="bf16", device="cpu"):
+def shared_cache_model(
+    rng, tmp_path, *, slots_frac=0.3, dtype="bf16", device="cpu", shared_kw=None
+):
+    """A store of four tables and a word table; a shared arena over the four
+    (``NgramRowCache.assemble(..., **shared_kw)``: e.g. ``tuning``, ``part_reader``) and a
+    cache of the word table."""
     word, tables, projs = random_weights(rng)
     named = {f"t{i}": t for i, t in enumerate(tables)}
     named["word"] = word
     store = build_store(tmp_path / f"shared-{dtype}-{device}", named, dtype=dtype, progress=False)
     total = sum(t.shape[0] for t in tables)
-    shared = NgramRowCache(
-        store, [f"t{i}" for i in range(len(tables))], slots=int(total * slots_frac), device=device
+    shared = NgramRowCache.assemble(
+        store,
+        [f"t{i}" for i in range(len(tables))],
+        slots=int(total * slots_frac),
+        device=device,
+        **(shared_kw or {}),
     )
     word_cache = NgramRowCache(store, "word", slots=DIMS.vocab_size // 2, device=device)
     return store, shared, word_cache, word, tables, projs
 
 
-def lookahead_models(rng, tmp_path, device="cpu", **kw):
+def lookahead_models(rng, tmp_path, device="cpu", shared_kw=None, **kw):
     store, shared, word_cache, word, tables, projs = shared_cache_model(
-        rng, tmp_path, device=device, slots_frac=0.6
+        rng, tmp_path, device=device, slots_frac=0.6, shared_kw=shared_kw
     )
     if device == "cuda":
         import cupy as cp

@@ -4,11 +4,16 @@ step that needs it."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
 from rowcache.embed.ngram.context import NgramBatchContext, NgramContext
+from rowcache.cache.row_cache import Tuning
 from rowcache.errors import CorruptDataError
+from tests.cache.support import Hooked
 from tests.embed.support import DIMS, bits, lookahead_models, token_stream
 
 
@@ -69,17 +74,17 @@ def test_prefetch_packed_and_batch_forms(rng, tmp_path):
         store.close()
 
 
-def test_prefetch_failure_raises_at_the_step_that_needs_it(rng, tmp_path, monkeypatch):
-    store, shared, word_cache, resident, cached = lookahead_models(rng, tmp_path)
+def test_prefetch_failure_raises_at_the_step_that_needs_it(rng, tmp_path):
+    fail = [True]
+
+    def failing(rows):
+        if fail[0] and threading.current_thread().name.startswith("rowcache-prefetch"):
+            raise CorruptDataError("injected: read failed")
+
+    store, shared, word_cache, resident, cached = lookahead_models(
+        rng, tmp_path, shared_kw={"part_reader": lambda reads: Hooked(reads, failing)}
+    )
     try:
-        real = shared._read_parts
-
-        def failing(rows, staging, reader=None):
-            if reader is not None:  # the prefetch thread's reads
-                raise CorruptDataError("injected: read failed")
-            return real(rows, staging, reader)
-
-        monkeypatch.setattr(shared, "_read_parts", failing)
         x = token_stream(rng, 50)
         h = cached.prefetch(x)
         h.wait()
@@ -87,7 +92,7 @@ def test_prefetch_failure_raises_at_the_step_that_needs_it(rng, tmp_path, monkey
         with pytest.raises(CorruptDataError, match="prefetch of row"):
             cached.embed(x, 50)
         assert shared.pinned == 0 and word_cache.pinned == 0
-        monkeypatch.setattr(shared, "_read_parts", real)
+        fail[0] = False
         np.testing.assert_array_equal(bits(cached.embed(x, 50)), bits(resident.embed(x, 50)))
     finally:
         store.close()
@@ -107,19 +112,11 @@ def test_gpu_prefetch_next_chunk_equals_resident(rng, tmp_path, graphs, wait):
         store.close()
 
 
-def _slow_prefetch_thread(cache, seconds=0.002):
-    """Prefetch-thread reads of ``cache`` sleep first, so steps meet pieces still queued."""
-    import threading
-    import time
-
-    real = cache._read_parts
-
-    def slow(rows, staging, reader=None):
-        if threading.current_thread().name.startswith("rowcache-prefetch"):
-            time.sleep(seconds)
-        return real(rows, staging, reader)
-
-    cache._read_parts = slow
+def _slow_prefetch_thread(rows, seconds=0.002):
+    """A hook on a cache's reads: prefetch-thread reads sleep first, so steps meet pieces
+    still queued."""
+    if threading.current_thread().name.startswith("rowcache-prefetch"):
+        time.sleep(seconds)
 
 
 @pytest.mark.parametrize(
@@ -130,21 +127,21 @@ def _slow_prefetch_thread(cache, seconds=0.002):
         pytest.param("cuda-graphs", marks=pytest.mark.gpu),
     ],
 )
-def test_steps_take_over_rows_of_queued_pieces_and_equal_resident(
-    rng, tmp_path, device, monkeypatch
-):
+def test_steps_take_over_rows_of_queued_pieces_and_equal_resident(rng, tmp_path, device):
     """Prefetches read in pieces of 8 rows, slowly: each step reads the rows of pieces not
     started yet itself; outputs stay bit for bit those of resident tables, and no row is
     faulted (every one was prefetched)."""
-    import rowcache.cache.prefetch_book as prefetch_book
-
-    monkeypatch.setattr(prefetch_book, "PIECE_ROWS", 8)
     dev = "cuda" if device.startswith("cuda") else "cpu"
     kw = {"cuda_graphs": True} if device == "cuda-graphs" else {}
-    store, shared, word_cache, resident, cached = lookahead_models(rng, tmp_path, device=dev, **kw)
+    shared_kw = {
+        "tuning": Tuning(piece_rows=8),
+        "part_reader": lambda reads: Hooked(reads, _slow_prefetch_thread),
+    }
+    store, shared, word_cache, resident, cached = lookahead_models(
+        rng, tmp_path, device=dev, shared_kw=shared_kw, **kw
+    )
     try:
-        _slow_prefetch_thread(shared)
         _chunked_prefill_with_lookahead(rng, resident, cached, [shared, word_cache], False)
-        assert shared._rows_taken > 0  # some step did take rows over
+        assert shared.rows_taken > 0  # some step did take rows over
     finally:
         store.close()

@@ -327,7 +327,7 @@ def test_from_pretrained_defer_reads_on_the_cpu_reads_at_once(weights, rng, tmp_
     out = mod(ids, ctx)
     mod.settle()
     np.testing.assert_array_equal(_bits(out), _bits(ref(ids, ctx)))
-    assert all(c._deferred is None for c in mod.emb.caches)
+    assert not any(c.pending for c in mod.emb.caches)
 
 
 def test_settle_settles_every_cache_and_raises_the_first_failure(weights, tmp_path):
@@ -343,10 +343,10 @@ def test_settle_settles_every_cache_and_raises_the_first_failure(weights, tmp_pa
     try:
         for c in caches:
             assert c.resolve_deferred(np.arange(5)) == 5
-            assert c._deferred is not None
+            assert c.pending
         with pytest.raises(CorruptDataError, match="checksum"):
             mod.settle()
-        assert all(c._deferred is None for c in caches)
+        assert not any(c.pending for c in caches)
         assert all(c.stats().misses == 0 and c.slot_map()[0].max() < 0 for c in caches)
     finally:
         restore(saved)
@@ -567,7 +567,7 @@ def test_gpu_forward_defer_reads_settles_and_raises_a_failed_read(weights, rng, 
     def step(k):
         ids, ctx = hist[:, k : k + 1], hist[:, k - KEEP : k]
         out = mod(ids.cuda(), ctx.cuda())
-        pending = any(c._deferred is not None for c in caches)
+        pending = any(c.pending for c in caches)
         tok = cp.asarray(torch.cat([ctx, ids], 1).reshape(-1).numpy())
         want = res.embed_packed(tok, np.full(B, KEEP + 1), np.full(B, 1)).get()
         return out, want, pending

@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from rowcache.embed.ngram.context import NgramBatchContext, NgramContext
 from rowcache.cache.row_cache import Tuning
+from rowcache.embed.ngram.context import NgramBatchContext, NgramContext
 from rowcache.errors import CorruptDataError
 from tests.cache.support import Hooked
 from tests.embed.support import DIMS, bits, lookahead_models, token_stream

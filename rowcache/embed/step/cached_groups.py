@@ -175,7 +175,10 @@ class CachedGroups:
     # --- the caches' streams and batches ------------------------------------------------
     def after_caches(self) -> None:
         """Order the current stream after every cache's stream (their faults' writes),
-        with finished prefetches committed first (their rows in the device maps)."""
+        with finished prefetches committed first (their rows in the device maps). A
+        no-op on the CPU, where every write is done when its call returns."""
+        if self._xp is np:
+            return
         cur = self._xp.cuda.get_current_stream()
         for g in self._groups:
             g.cache.poll()

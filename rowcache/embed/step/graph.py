@@ -16,7 +16,7 @@ from typing import Any
 
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.step.device import DeviceStep, StepShape, pack_upload
-from rowcache.embed.step.inputs import RowsInPlace
+from rowcache.embed.step.inputs import DeviceTokens, HostTokens, RowsInPlace
 from rowcache.embed.step.runners import EagerRunner
 from rowcache.embed.step.stages import Stages, StepCall
 from rowcache.errors import ConfigError
@@ -142,7 +142,7 @@ class GraphRunner:
     def clear(self) -> None:
         self.graphs.clear()
 
-    def run(self, inputs: Any, call: StepCall) -> Any:
+    def run(self, inputs: HostTokens | DeviceTokens | RowsInPlace, call: StepCall) -> Any:
         """Run one call's input adapter (``rowcache.embed.step.inputs``)."""
         return inputs.run(self, call)
 

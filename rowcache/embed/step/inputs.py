@@ -9,7 +9,7 @@ runner's step for its kind). Does not run stages (``rowcache.embed.step.runners`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,6 +24,19 @@ from rowcache.kernels.ngram.rows import first_bad_token, rows_packed
 _D2H = 2  # cudaMemcpyDeviceToHost
 
 
+class Runner(Protocol):
+    """What an input adapter hands itself to: a runner's step for each kind of input
+    (``CpuRunner``, ``EagerRunner``, ``GraphRunner``)."""
+
+    name: str
+
+    def run_host(self, batch: NgramBatch, call: StepCall) -> Any: ...
+
+    def run_device(self, batch: NgramBatch, call: StepCall) -> Any: ...
+
+    def run_rows(self, rows: RowsInPlace, call: StepCall) -> Any: ...
+
+
 class HostTokens:
     """A batch of host tokens (``NgramBatch``, checked when it was built)."""
 
@@ -36,7 +49,7 @@ class HostTokens:
     def shape(self) -> StepShape:
         return StepShape.of(self.batch)
 
-    def run(self, runner: Any, call: StepCall) -> Any:
+    def run(self, runner: Runner, call: StepCall) -> Any:
         return runner.run_host(self.batch, call)
 
 
@@ -57,7 +70,7 @@ class DeviceTokens:
         b = self.batch
         return HostTokens(NgramBatch(b.dims, b.tokens.get(), b.ctx_lens, b.seq_lens))
 
-    def run(self, runner: Any, call: StepCall) -> Any:
+    def run(self, runner: Runner, call: StepCall) -> Any:
         return runner.run_device(self.batch, call)
 
 
@@ -113,7 +126,7 @@ class RowsInPlace:
     def on_device(self) -> bool:
         return is_device_array(self.ids)
 
-    def run(self, runner: Any, call: StepCall) -> Any:
+    def run(self, runner: Runner, call: StepCall) -> Any:
         return runner.run_rows(self, call)
 
     def packed(self, dims: NgramDims, host: np.ndarray | None = None) -> HostTokens:

@@ -28,7 +28,7 @@ import numpy as np
 
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.step.device import StepShape, pack_upload
-from rowcache.embed.step.inputs import DeviceTokens, RowsInPlace
+from rowcache.embed.step.inputs import DeviceTokens, HostTokens, RowsInPlace
 from rowcache.embed.step.stages import Stages, StepCall
 from rowcache.embed.step.staging import Staging, StepBuffers
 
@@ -111,7 +111,7 @@ class CpuRunner:
         """A step of ``shape`` on the staging buffers (``out`` as given or fresh)."""
         return Step(self.stages, self.staging.buffers(shape, out, tokens=False))
 
-    def run(self, inputs: Any, call: StepCall) -> Any:
+    def run(self, inputs: HostTokens | DeviceTokens | RowsInPlace, call: StepCall) -> Any:
         """Run one call's input adapter (``rowcache.embed.step.inputs``)."""
         return inputs.run(self, call)
 
@@ -145,7 +145,7 @@ class EagerRunner:
         buffers of a step from host tokens."""
         return Step(self.stages, self.staging.buffers(shape, out, tokens=tokens))
 
-    def run(self, inputs: Any, call: StepCall) -> Any:
+    def run(self, inputs: HostTokens | DeviceTokens | RowsInPlace, call: StepCall) -> Any:
         """Run one call's input adapter (``rowcache.embed.step.inputs``)."""
         return inputs.run(self, call)
 

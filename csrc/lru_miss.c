@@ -2,8 +2,8 @@
  *
  * lru_plan: dedup, exhaustion test and victims of a resolve with misses, changing nothing;
  * lru_commit: once the reads succeeded, the maps, pins, LRU log and per-part miss counts.
- * Their reference is NgramRowCache's Python path (rowcache/cache/fault.py,
- * rowcache/cache/lru.py); tests/rowcache/test_miss_native.py compares the two;
+ * Their reference is NgramRowCache's Python path (rowcache/cache/faulter.py,
+ * rowcache/cache/lru.py); tests/cache/test_miss_native.py compares the two;
  * tests/kernels/test_host.py compares a call in parts with the same call on one thread.
  * Uses csrc/lru_hits.c's sort and compaction; a large call's parts run on the step's pool
  * (csrc/pool.c).
@@ -118,7 +118,7 @@ static void *plan_scan(void *arg) {
  * The first half of a resolve with misses (NgramRowCache._resolve_unique's Python path up
  * to its read); changes no state. work is [uniq | slots | missing | victims | evicted], n
  * each: the call's n_u distinct rows ascending, their slots (-1: missing), the n_miss
- * missing rows ascending, their victims (LruLog._choose_victims: the first live log
+ * missing rows ascending, their victims (Lru.choose_victims: the first live log
  * entries from head whose slot is not pinned (last_used != batch), not busy and not a hit
  * of this call) and the n_ev rows mapped in those victims (slot_row >= 0, victim order).
  * fresh_hits: hit slots not yet used in this batch; avail: slots neither pinned nor busy.
@@ -126,7 +126,7 @@ static void *plan_scan(void *arg) {
  * the last victim (new_head = end = head when nothing is missing).
  * passed_busy: the victims' scan passed a live entry of a busy slot (one a prefetch in
  * flight holds; of a BUSY_READ slot, one neither pinned nor a hit of this call:
- * NgramRowCache._passed_busy(end), found in the scan instead of over every job's slots).
+ * Lru.passed_reserved(end), found in the scan instead of over every job's slots).
  * status 0: planned. status 1: n_miss > avail - fresh_hits (the arena is exhausted).
  * status 2: ids[n_u] is outside [0, rows). status 3: the log ended before n_miss victims
  * (cannot happen after the availability test). status 4: a row of the call is in a
@@ -347,7 +347,7 @@ static void *commit_touch(void *arg) {
  * new_head) from lru_plan, unmaps the evicted rows, maps the missing rows to their
  * victims, pins the call's slots (last_used = batch) and logs them at tail in ascending
  * row order (compacting the log first when it lacks room for n_u entries, as
- * LruLog._log_slots), adds each part's misses (parts: row_offsets) to part_misses, and
+ * Lru.log_slots), adds each part's misses (parts: row_offsets) to part_misses, and
  * writes the slots of ids to out. fresh: slots not used in this batch before (victims
  * included). Arguments are checked before anything changes. threads (default 1): of the
  * compaction (rc_compact_log), and of the pins, log entries and out (parts of at least

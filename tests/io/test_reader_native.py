@@ -289,7 +289,7 @@ def test_truncated_shard_short_read_in_one_part_leaves_every_part_unchanged(tmp_
     os.truncate(os.path.join(store.path, rec.file), rec.length - 100)
     # the page checks would also catch it; without them, the short read itself must
     store.reader = make_reader(store, checked=False, engine=engine)
-    cache._reader = store.reader
+    cache = NgramRowCache(store, [f"t{k}" for k in range(len(store.tables))], slots=500)
     ids = np.concatenate(
         [cache.global_ids(0, [1, 2, 3]), cache.global_ids(1, [7]), cache.global_ids(2, [last, 0])]
     )
@@ -317,13 +317,13 @@ def test_one_fault_batch_for_all_parts_of_a_shared_arena(tmp_path, engine):
     store, tabs = fresh_store(tmp_path)
     cache = cache_on(store, engine)
     calls = []
-    real = cache._reader.read_batch
+    real = store.reader.read_batch  # the cache's demand reader
 
     def spy(rows, bounds, tables, bases, out):
         calls.append(int(np.count_nonzero(np.diff(bounds))))  # parts with rows
         return real(rows, bounds, tables, bases, out)
 
-    cache._reader.read_batch = spy
+    store.reader.read_batch = spy
     rng = np.random.default_rng(5)
     per = [np.sort(rng.choice(2000, 40, replace=False)) for _ in range(3)]
     ids = np.concatenate([cache.global_ids(k, per[k]) for k in range(3)])
@@ -431,9 +431,11 @@ def test_options_carry_spin_us_and_prefetch_reader_sleeps(stores):
     r = make_reader(stores[0], spin_us=7)
     assert r.options()["spin_us"] == 7
     assert r.options(spin_us=0)["spin_us"] == 0
-    cache = NgramRowCache(stores[0], "t0", slots=64)
-    assert cache._reader.spin_us > 0 and cache._prefetch_reader().spin_us == 0
-    assert not cache._reader.background and cache._prefetch_reader().background
+    made = []  # the cache's reads (a PartReader)
+    NgramRowCache.assemble(stores[0], "t0", slots=64, part_reader=lambda r: made.append(r) or r)
+    demand, prefetch = made[0].reader, made[0].prefetch_reader()
+    assert demand.spin_us > 0 and prefetch.spin_us == 0
+    assert not demand.background and prefetch.background
 
 
 @pytest.mark.parametrize("engine", ["uring", "threads"])

@@ -1,9 +1,10 @@
-"""The n-gram embedding layer: LongCat ids, tables, the fused embedding, the overlay.
+"""The n-gram embedding layer: LongCat ids, tables, the embedding step, the overlay.
 
 ``NgramDims`` and ``ngram_ids`` implement the hashing contract of
 ``docs/ngram-spec.md``; ``NgramContext`` the per-sequence incremental contract;
 ``Bf16Table``, ``Fp8Table`` and ``CachedTable`` the table variants (mixed freely);
-``NgramEmbedding`` the fused layer; ``rowcache.embed.overlay.overlay.TokenOverlay`` per-sequence adapters;
+``NgramEmbedding`` the layer (its step one pipeline: ``rowcache.embed.step``);
+``rowcache.embed.overlay.overlay.TokenOverlay`` per-sequence adapters;
 ``load_ngram_embedding`` a LongCat-style ``.safetensors`` checkpoint;
 ``TorchNgramEmbedding`` the ``torch.nn.Module`` (loaded on first use: ``import rowcache.embed``
 never imports torch).

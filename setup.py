@@ -38,8 +38,12 @@ class OptionalBuildExt(build_ext):
             print(f"warning: {ext.name} not built ({e}); using its Python path", file=sys.stderr)
 
 
-HOST_SOURCES = ["host_module", "pool", "pybuf", "ngram_hash", "lru_hits", "lru_miss", "lru_touch"]
-HOST_HEADERS = ["pool", "pybuf", "ngram_hash", "lru_hits", "lru_miss", "lru_slots", "lru_touch"]
+HOST_SOURCES = [
+    "host_module", "pool", "pybuf", "ngram_hash", "lru_state", "lru_hits", "lru_miss", "lru_touch"
+]
+HOST_HEADERS = [
+    "pool", "pybuf", "ngram_hash", "lru_state", "lru_hits", "lru_miss", "lru_slots", "lru_touch"
+]
 
 ext_modules = [
     Extension(

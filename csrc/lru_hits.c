@@ -1,13 +1,15 @@
-/* csrc/lru_hits.c: lru_hits and lru_compact of rowcache.kernels._host, and the pieces of the
- * row cache's LRU that the miss path and the deferred touch reuse.
+/* csrc/lru_hits.c: LruState.hits and LruState.compact of rowcache.kernels._host
+ * (csrc/lru_state.h), and the pieces of the row cache's LRU that the miss path and the
+ * deferred touch reuse.
  *
- * lru_hits: the all-hits path of NgramRowCache.resolve: map ids to slots, and when every
+ * hits: the all-hits path of NgramRowCache.resolve (rowcache.cache.lru.Lru.hits; its
+ *   Python reference is the faulter's Python path): map ids to slots, and when every
  *   row is resident, pin and touch the call's unique slots in ascending row order (the
  *   cache's tie rule) in the LRU log. A large call is split into contiguous parts of the
  *   ids on the step's pool (csrc/pool.c): the parts of a shared arena's step are its
  *   tables, whose global ids are disjoint ranges.
- * lru_compact: the LRU log's compaction (rc_compact_log, also the miss path's and the
- *   toucher's).
+ * compact: the LRU log's compaction (rc_compact_log, also the miss path's and the
+ *   toucher's; its reference: Lru.compact without the native module).
  * The sort of a call's ids (rc_radix_sort, rc_sort_ids) and a part's scan and touch
  * (rc_hits_scan, rc_hits_touch) are the miss path's and the toucher's too.
  */
@@ -18,6 +20,7 @@
 #include <string.h>
 
 #include "lru_hits.h"
+#include "lru_state.h"
 #include "pool.h"
 #include "pybuf.h"
 
@@ -172,50 +175,47 @@ int rc_scan_status(const HitsPart *part, int K, Py_ssize_t *bad) {
     return status;
 }
 
-/* lru_hits(ids i64[n], rows, row_slot i32[R], last_used i64[S], log i32[C], log_pos i32[S],
- *          tail, batch, out i32[n], scratch i32[2n][, threads]) -> (status, a, b)
+/* LruState.hits(ids i64[n], tail, batch, out i32[n], scratch i32[2n][, threads])
+ *     -> (status, a, b)
+ * On the state's row_slot [R], last_used, log and log_pos:
  * status 0: every row resident; out = slots; the unique slots were pinned (last_used =
  *   batch) and logged at tail in ascending row order; a = fresh (slots not used in this
  *   batch before), b = new tail.
  * status 1: a row is not resident; out = slots (-1 where missing); nothing changed.
- * status 2: ids[a] is outside [0, rows); nothing changed.
+ * status 2: ids[a] is outside [0, R); nothing changed.
  * status 3: the log has no room at tail for the call's distinct slots; nothing changed
  *   (compact first).
  * threads (default 1): the ids are split into up to that many contiguous parts (each at
  * least HITS_GRAIN ids), scanned and sorted in parallel; when the parts' sorted ids are
  * disjoint ascending ranges (a shared arena's step: one part per table, or within one),
  * they are logged in parallel too, else the whole call is sorted and logged by one. */
-PyObject *rc_lru_hits(PyObject *self, PyObject *args) {
-    PyObject *o_ids, *o_rs, *o_lu, *o_log, *o_lp, *o_out, *o_scr;
-    long long rows, batch;
+PyObject *rc_state_hits(LruState *st, PyObject *args) {
+    PyObject *o_ids, *o_out, *o_scr;
+    long long batch;
     Py_ssize_t tail;
     int threads = 1;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OLOOOOnLOO|i", &o_ids, &rows, &o_rs, &o_lu, &o_log, &o_lp,
-                          &tail, &batch, &o_out, &o_scr, &threads)) {
+    if (!PyArg_ParseTuple(args, "OnLOO|i", &o_ids, &tail, &batch, &o_out, &o_scr, &threads)) {
         return NULL;
     }
-    Buf b[7];
+    Buf b[3];
     memset(b, 0, sizeof b);
-    if (rc_buf_get(o_ids, &b[0], 8, 0, "ids") || rc_buf_get(o_rs, &b[1], 4, 0, "row_slot") ||
-        rc_buf_get(o_lu, &b[2], 8, 1, "last_used") || rc_buf_get(o_log, &b[3], 4, 1, "log") ||
-        rc_buf_get(o_lp, &b[4], 4, 1, "log_pos") || rc_buf_get(o_out, &b[5], 4, 1, "out") ||
-        rc_buf_get(o_scr, &b[6], 4, 1, "scratch")) {
-        rc_buf_release(b, 7);
+    if (rc_buf_get(o_ids, &b[0], 8, 0, "ids") || rc_buf_get(o_out, &b[1], 4, 1, "out") ||
+        rc_buf_get(o_scr, &b[2], 4, 1, "scratch")) {
+        rc_buf_release(b, 3);
         return NULL;
     }
-    Py_ssize_t n = COUNT(b[0]), R = COUNT(b[1]), S = COUNT(b[2]), cap = COUNT(b[3]);
-    if (COUNT(b[4]) != S || COUNT(b[5]) < n || COUNT(b[6]) < 2 * n || rows > R || tail < 0 ||
-        tail > cap) {
-        rc_buf_release(b, 7);
-        PyErr_SetString(PyExc_ValueError, "lru_hits: inconsistent shapes");
+    Py_ssize_t n = COUNT(b[0]), S = st->S, cap = st->cap;
+    long long rows = st->R;
+    if (COUNT(b[1]) < n || COUNT(b[2]) < 2 * n || tail < 0 || tail > cap) {
+        rc_buf_release(b, 3);
+        PyErr_SetString(PyExc_ValueError, "LruState.hits: inconsistent shapes");
         return NULL;
     }
     HitsPart part[MAXT];
     int K = rc_split_count(threads, n, HITS_GRAIN);
     for (int k = 0; k < K; k++) {
-        part[k] = (HitsPart){b[0].view.buf, b[1].view.buf, b[2].view.buf, b[3].view.buf,
-                             b[4].view.buf, b[5].view.buf, b[6].view.buf, n, S, rows, batch,
+        part[k] = (HitsPart){b[0].view.buf, st->row_slot, st->last_used, st->log,
+                             st->log_pos, b[1].view.buf, b[2].view.buf, n, S, rows, batch,
                              n * k / K, n * (k + 1) / K, 0, 0, 0, 0, 0, 0};
     }
     int status = 0;
@@ -224,7 +224,7 @@ PyObject *rc_lru_hits(PyObject *self, PyObject *args) {
     rc_pool_parallel(K, rc_hits_scan, (char *)part, sizeof part[0]);
     status = rc_scan_status(part, K, &a);
     if (status == 0 && K > 1) {
-        int32_t *scr = b[6].view.buf;
+        int32_t *scr = b[2].view.buf;
         int disjoint = 1;
         for (int k = 1; k < K; k++) {
             disjoint &= scr[part[k].lo - 1] < scr[part[k].lo]; /* last of k-1 < first of k */
@@ -253,7 +253,7 @@ PyObject *rc_lru_hits(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    rc_buf_release(b, 7);
+    rc_buf_release(b, 3);
     return Py_BuildValue("(inn)", status, a, c);
 }
 
@@ -350,35 +350,24 @@ Py_ssize_t rc_compact_log(int32_t *log, int32_t *log_pos, Py_ssize_t S, Py_ssize
     return base;
 }
 
-/* lru_compact(log i32[C], log_pos i32[S], head, tail[, threads]) -> new tail
+/* LruState.compact(head, tail[, threads]) -> new tail
  * Moves the live entries of log[head:tail] (log_pos[slot] == position) to the front, in
- * order, and points log_pos at their new positions: NgramRowCache._compact's loop, on up
- * to `threads` threads (default 1) of the step's pool. */
-PyObject *rc_lru_compact(PyObject *self, PyObject *args) {
-    PyObject *o_log, *o_lp;
+ * order, and points log_pos at their new positions: Lru.compact's loop, on up to
+ * `threads` threads (default 1) of the step's pool. */
+PyObject *rc_state_compact(LruState *st, PyObject *args) {
     Py_ssize_t head, tail;
     int threads = 1;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OOnn|i", &o_log, &o_lp, &head, &tail, &threads)) {
+    if (!PyArg_ParseTuple(args, "nn|i", &head, &tail, &threads)) {
         return NULL;
     }
-    Buf b[2];
-    memset(b, 0, sizeof b);
-    if (rc_buf_get(o_log, &b[0], 4, 1, "log") || rc_buf_get(o_lp, &b[1], 4, 1, "log_pos")) {
-        rc_buf_release(b, 2);
-        return NULL;
-    }
-    int32_t *log = b[0].view.buf, *log_pos = b[1].view.buf;
-    Py_ssize_t cap = COUNT(b[0]), S = COUNT(b[1]);
-    if (head < 0 || head > tail || tail > cap) {
-        rc_buf_release(b, 2);
-        PyErr_SetString(PyExc_ValueError, "lru_compact: bad head/tail");
+    if (head < 0 || head > tail || tail > st->cap) {
+        PyErr_SetString(PyExc_ValueError, "LruState.compact: bad head/tail");
         return NULL;
     }
     Py_ssize_t k = 0;
     Py_BEGIN_ALLOW_THREADS
-    k = rc_compact_log(log, log_pos, S, head, tail, threads, rc_pool_get(POOL_STEP), 0);
+    k = rc_compact_log(st->log, st->log_pos, st->S, head, tail, threads,
+                       rc_pool_get(POOL_STEP), 0);
     Py_END_ALLOW_THREADS
-    rc_buf_release(b, 2);
     return PyLong_FromSsize_t(k);
 }

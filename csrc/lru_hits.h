@@ -44,8 +44,6 @@ int rc_scan_status(const HitsPart *part, int K, Py_ssize_t *bad);
 /* The log's compaction on up to `threads` threads of `pool`; returns the new tail. */
 Py_ssize_t rc_compact_log(int32_t *log, int32_t *log_pos, Py_ssize_t S, Py_ssize_t head,
                           Py_ssize_t tail, int threads, Pool *pool, int wait);
-PyObject *rc_lru_hits(PyObject *self, PyObject *args);
-PyObject *rc_lru_compact(PyObject *self, PyObject *args);
 #pragma GCC visibility pop
 
 #endif

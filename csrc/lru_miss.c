@@ -1,7 +1,9 @@
 /* csrc/lru_miss.c: the miss path of NgramRowCache.resolve in rowcache.kernels._host.
  *
- * lru_plan: dedup, exhaustion test and victims of a resolve with misses, changing nothing;
- * lru_commit: once the reads succeeded, the maps, pins, LRU log and per-part miss counts.
+ * LruState.plan (csrc/lru_state.h): dedup, exhaustion test and victims of a resolve with
+ * misses, changing nothing (its result: rowcache.cache.plan.MissPlan);
+ * LruState.commit: once the reads succeeded, the maps, slot states, pins, LRU log and
+ * per-part miss counts.
  * Their reference is NgramRowCache's Python path (rowcache/cache/faulter.py,
  * rowcache/cache/lru.py); tests/cache/test_miss_native.py compares the two;
  * tests/kernels/test_host.py compares a call in parts with the same call on one thread.
@@ -16,6 +18,7 @@
 #include "lru_hits.h"
 #include "lru_miss.h"
 #include "lru_slots.h"
+#include "lru_state.h"
 #include "pool.h"
 #include "pybuf.h"
 
@@ -111,10 +114,11 @@ static void *plan_scan(void *arg) {
     return NULL;
 }
 
-/* lru_plan(ids i64[n], rows, row_slot i32[R], slot_row i32[S], last_used i64[S], log i32[C],
- *          log_pos i32[S], head, tail, batch, state u8[S] | None, avail, work i32[5n],
- *          scratch i32[2n][, threads]) -> (status, n_u, n_miss, fresh_hits, n_ev, new_head,
- *          end, passed_busy)
+/* LruState.plan(ids i64[n], head, tail, batch, reserved, avail, work i32[5n],
+ *                scratch i32[2n][, threads]) -> (status, n_u, n_miss, fresh_hits, n_ev,
+ *                new_head, end, passed_busy)
+ * On the state's row_slot [R], slot_row, last_used, log, log_pos and (with `reserved`: some
+ * slots are reserved by prefetch pieces) its slot states.
  * The first half of a resolve with misses (NgramRowCache._resolve_unique's Python path up
  * to its read); changes no state. work is [uniq | slots | missing | victims | evicted], n
  * each: the call's n_u distinct rows ascending, their slots (-1: missing), the n_miss
@@ -135,39 +139,32 @@ static void *plan_scan(void *arg) {
  * contiguous parts of the ids (each at least PLAN_GRAIN) on the step's pool; when the
  * parts' sorted ids are not disjoint ascending ranges (a shared arena's step is: its ids
  * come table by table), one part scans the whole call. The result does not depend on it. */
-PyObject *rc_lru_plan(PyObject *self, PyObject *args) {
-    PyObject *o_ids, *o_rs, *o_sr, *o_lu, *o_log, *o_lp, *o_busy, *o_work, *o_scr;
-    long long rows, batch;
+PyObject *rc_state_plan(LruState *st, PyObject *args) {
+    PyObject *o_ids, *o_work, *o_scr;
+    long long batch;
     Py_ssize_t head, tail, avail;
-    int threads = 1;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OLOOOOOnnLOnOO|i", &o_ids, &rows, &o_rs, &o_sr, &o_lu, &o_log,
-                          &o_lp, &head, &tail, &batch, &o_busy, &avail, &o_work, &o_scr,
-                          &threads)) {
+    int reserved, threads = 1;
+    if (!PyArg_ParseTuple(args, "OnnLpnOO|i", &o_ids, &head, &tail, &batch, &reserved, &avail,
+                          &o_work, &o_scr, &threads)) {
         return NULL;
     }
-    Buf b[9];
+    Buf b[3];
     memset(b, 0, sizeof b);
-    int has_busy = o_busy != Py_None;
-    if (rc_buf_get(o_ids, &b[0], 8, 0, "ids") || rc_buf_get(o_rs, &b[1], 4, 0, "row_slot") ||
-        rc_buf_get(o_sr, &b[2], 4, 0, "slot_row") || rc_buf_get(o_lu, &b[3], 8, 0, "last_used") ||
-        rc_buf_get(o_log, &b[4], 4, 0, "log") || rc_buf_get(o_lp, &b[5], 4, 0, "log_pos") ||
-        (has_busy && rc_buf_get(o_busy, &b[6], 1, 0, "busy")) ||
-        rc_buf_get(o_work, &b[7], 4, 1, "work") || rc_buf_get(o_scr, &b[8], 4, 1, "scratch")) {
-        rc_buf_release(b, 9);
+    if (rc_buf_get(o_ids, &b[0], 8, 0, "ids") || rc_buf_get(o_work, &b[1], 4, 1, "work") ||
+        rc_buf_get(o_scr, &b[2], 4, 1, "scratch")) {
+        rc_buf_release(b, 3);
         return NULL;
     }
-    const int64_t *ids = b[0].view.buf, *last_used = b[3].view.buf;
-    const int32_t *row_slot = b[1].view.buf, *slot_row = b[2].view.buf;
-    const int32_t *log = b[4].view.buf, *log_pos = b[5].view.buf;
-    const uint8_t *busy = has_busy ? b[6].view.buf : NULL;
-    int32_t *work = b[7].view.buf, *scr = b[8].view.buf;
-    Py_ssize_t n = COUNT(b[0]), R = COUNT(b[1]), S = COUNT(b[3]), cap = COUNT(b[4]);
-    if (COUNT(b[2]) != S || COUNT(b[5]) != S || (has_busy && COUNT(b[6]) != S) ||
-        COUNT(b[7]) < 5 * n || COUNT(b[8]) < 2 * n || rows > R || rows > INT32_MAX ||
-        head < 0 || head > tail || tail > cap) {
-        rc_buf_release(b, 9);
-        PyErr_SetString(PyExc_ValueError, "lru_plan: inconsistent shapes");
+    const int64_t *ids = b[0].view.buf, *last_used = st->last_used;
+    const int32_t *row_slot = st->row_slot, *slot_row = st->slot_row;
+    const int32_t *log = st->log, *log_pos = st->log_pos;
+    const uint8_t *busy = reserved ? st->state : NULL;
+    int32_t *work = b[1].view.buf, *scr = b[2].view.buf;
+    Py_ssize_t n = COUNT(b[0]), R = st->R, S = st->S, cap = st->cap;
+    long long rows = R;
+    if (COUNT(b[1]) < 5 * n || COUNT(b[2]) < 2 * n || head < 0 || head > tail || tail > cap) {
+        rc_buf_release(b, 3);
+        PyErr_SetString(PyExc_ValueError, "LruState.plan: inconsistent shapes");
         return NULL;
     }
     int32_t *uniq = work, *slots = work + n, *missing = work + 2 * n, *victims = work + 3 * n;
@@ -290,7 +287,7 @@ PyObject *rc_lru_plan(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    rc_buf_release(b, 9);
+    rc_buf_release(b, 3);
     return Py_BuildValue("(innnnnni)", status, n_u, n_miss, fresh, n_ev, new_head, end,
                          passed_busy);
 }
@@ -339,52 +336,46 @@ static void *commit_touch(void *arg) {
     return NULL;
 }
 
-/* lru_commit(ids i64[n], work i32[5n], n_u, n_miss, n_ev, row_slot i32[R], slot_row i32[S],
- *            last_used i64[S], log i32[C], log_pos i32[S], head, tail, batch,
- *            row_offsets i64[P + 1], part_misses i64[P], out i32[n][, threads])
- *     -> (fresh, head, tail)
+/* LruState.commit(ids i64[n], work i32[5n], n_u, n_miss, n_ev, head, tail, batch,
+ *                  out i32[n][, threads]) -> (fresh, head, tail)
+ * On the state's arrays (row_offsets and part_misses: the parts').
  * The second half, once the missing rows' reads succeeded: with work and head (its
- * new_head) from lru_plan, unmaps the evicted rows, maps the missing rows to their
- * victims, pins the call's slots (last_used = batch) and logs them at tail in ascending
- * row order (compacting the log first when it lacks room for n_u entries, as
+ * new_head) from plan, unmaps the evicted rows, maps the missing rows to their victims
+ * (their states RC_SLOT_RESIDENT), pins the call's slots (last_used = batch) and logs them
+ * at tail in ascending row order (compacting the log first when it lacks room for n_u entries, as
  * Lru.log_slots), adds each part's misses (parts: row_offsets) to part_misses, and
  * writes the slots of ids to out. fresh: slots not used in this batch before (victims
  * included). Arguments are checked before anything changes. threads (default 1): of the
  * compaction (rc_compact_log), and of the pins, log entries and out (parts of at least
  * PLAN_GRAIN distinct rows), on the step's pool. */
-PyObject *rc_lru_commit(PyObject *self, PyObject *args) {
-    PyObject *o_ids, *o_work, *o_rs, *o_sr, *o_lu, *o_log, *o_lp, *o_off, *o_pm, *o_out;
+PyObject *rc_state_commit(LruState *st, PyObject *args) {
+    PyObject *o_ids, *o_work, *o_out;
     Py_ssize_t n_u, n_miss, n_ev, head, tail;
     long long batch;
     int threads = 1;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OOnnnOOOOOnnLOOO|i", &o_ids, &o_work, &n_u, &n_miss, &n_ev,
-                          &o_rs, &o_sr, &o_lu, &o_log, &o_lp, &head, &tail, &batch, &o_off,
-                          &o_pm, &o_out, &threads)) {
+    if (!PyArg_ParseTuple(args, "OOnnnnnLO|i", &o_ids, &o_work, &n_u, &n_miss, &n_ev, &head,
+                          &tail, &batch, &o_out, &threads)) {
         return NULL;
     }
-    Buf b[10];
+    Buf b[3];
     memset(b, 0, sizeof b);
     if (rc_buf_get(o_ids, &b[0], 8, 0, "ids") || rc_buf_get(o_work, &b[1], 4, 1, "work") ||
-        rc_buf_get(o_rs, &b[2], 4, 1, "row_slot") || rc_buf_get(o_sr, &b[3], 4, 1, "slot_row") ||
-        rc_buf_get(o_lu, &b[4], 8, 1, "last_used") || rc_buf_get(o_log, &b[5], 4, 1, "log") ||
-        rc_buf_get(o_lp, &b[6], 4, 1, "log_pos") || rc_buf_get(o_off, &b[7], 8, 0, "row_offsets") ||
-        rc_buf_get(o_pm, &b[8], 8, 1, "part_misses") || rc_buf_get(o_out, &b[9], 4, 1, "out")) {
-        rc_buf_release(b, 10);
+        rc_buf_get(o_out, &b[2], 4, 1, "out")) {
+        rc_buf_release(b, 3);
         return NULL;
     }
-    const int64_t *ids = b[0].view.buf, *off = b[7].view.buf;
-    int32_t *work = b[1].view.buf, *row_slot = b[2].view.buf, *slot_row = b[3].view.buf;
-    int64_t *last_used = b[4].view.buf, *part_misses = b[8].view.buf;
-    int32_t *log = b[5].view.buf, *log_pos = b[6].view.buf, *out = b[9].view.buf;
-    Py_ssize_t n = COUNT(b[0]), R = COUNT(b[2]), S = COUNT(b[4]), cap = COUNT(b[5]);
-    Py_ssize_t P = COUNT(b[8]);
+    const int64_t *ids = b[0].view.buf, *off = st->row_offsets;
+    int32_t *work = b[1].view.buf, *row_slot = st->row_slot, *slot_row = st->slot_row;
+    int64_t *last_used = st->last_used, *part_misses = st->part_misses;
+    int32_t *log = st->log, *log_pos = st->log_pos, *out = b[2].view.buf;
+    uint8_t *state = st->state;
+    Py_ssize_t n = COUNT(b[0]), R = st->R, S = st->S, cap = st->cap, P = st->P;
     /* S + n_u <= cap: after a compaction (at most S live entries) the call's entries fit */
-    if (COUNT(b[1]) < 5 * n || COUNT(b[3]) != S || COUNT(b[6]) != S || COUNT(b[9]) < n ||
-        P < 1 || COUNT(b[7]) != P + 1 || n_ev < 0 || n_ev > n_miss || n_miss > n_u || n_u > n ||
-        n_u > S || S + n_u > cap || head < 0 || head > tail || tail > cap) {
-        rc_buf_release(b, 10);
-        PyErr_SetString(PyExc_ValueError, "lru_commit: inconsistent shapes");
+    if (COUNT(b[1]) < 5 * n || COUNT(b[2]) < n || n_ev < 0 || n_ev > n_miss ||
+        n_miss > n_u || n_u > n || n_u > S || S + n_u > cap || head < 0 || head > tail ||
+        tail > cap) {
+        rc_buf_release(b, 3);
+        PyErr_SetString(PyExc_ValueError, "LruState.commit: inconsistent shapes");
         return NULL;
     }
     int32_t *uniq = work, *slots = work + n, *missing = work + 2 * n, *victims = work + 3 * n;
@@ -424,6 +415,7 @@ PyObject *rc_lru_commit(PyObject *self, PyObject *args) {
                 int32_t s = victims[k++];
                 row_slot[uniq[j]] = s;
                 slot_row[s] = uniq[j];
+                state[s] = RC_SLOT_RESIDENT; /* a victim was free or resident */
                 slots[j] = s;
             }
         }
@@ -453,9 +445,9 @@ PyObject *rc_lru_commit(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    rc_buf_release(b, 10);
+    rc_buf_release(b, 3);
     if (bad) {
-        PyErr_SetString(PyExc_ValueError, "lru_commit: a row or slot out of range, or not lru_plan's work");
+        PyErr_SetString(PyExc_ValueError, "LruState.commit: a row or slot out of range, or not plan's work");
         return NULL;
     }
     return Py_BuildValue("(nnn)", fresh, head, tail);

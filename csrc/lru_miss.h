@@ -8,8 +8,6 @@
 #include <Python.h>
 
 #pragma GCC visibility push(hidden) /* shared between this module's files only */
-PyObject *rc_lru_plan(PyObject *self, PyObject *args);
-PyObject *rc_lru_commit(PyObject *self, PyObject *args);
 #pragma GCC visibility pop
 
 #endif

@@ -6,22 +6,20 @@
  * slots. Only the scan decides what the caller gets back (the slots, or a miss), so a
  * large all-hits call can return after it and leave the touch to a background thread:
  *
- * lru_scan(ids i64[n], rows, row_slot i32[R], out i32[n], scratch i32[2n][, threads])
- *     -> (status, a)
+ * LruState.scan(ids i64[n], out i32[n], scratch i32[2n][, threads]) -> (status, a)
  *   status 0: every row resident; out = slots; scratch[:n] = the ids as int32 keys (the
  *   touch's input). 1: a row is not resident (out = slots, -1 where missing). 2: ids[a]
- *   is outside [0, rows). Changes no cache state.
- * lru_touch_start(row_slot, last_used i64[S], log i32[C], log_pos i32[S], scratch, n,
- *                 head, tail, batch[, threads[, after]]) -> handle (an int)
- *   lru_hits' status-0 work on the keys of lru_scan, run by the toucher thread: sort,
- *   pin the distinct slots (last_used = batch) and log them from tail in ascending row
- *   order, the log compacted first when it has no room. The arrays are held (buffer
- *   views) until the wait; the caller must not read or write them before it (but for
- *   row_slot, which no touch writes). When MAX_TOUCH touches are pending, the call runs
- *   the touch itself and returns its result tuple instead of a handle. `after`: the
- *   handle of a touch of the same cache not yet waited for; this one runs after it and
- *   starts from the log bounds it leaves (head and tail are then ignored), or gives its
- *   status 3 without running when that one gave 3.
+ *   is outside [0, R). Changes no cache state.
+ * LruState.touch_start(scratch, n, head, tail, batch[, threads[, after]]) -> handle (an int)
+ *   hits' status-0 work on the keys of scan, run by the toucher thread: sort, pin the
+ *   distinct slots (last_used = batch) and log them from tail in ascending row order, the
+ *   log compacted first when it has no room. The job holds a reference to the state and
+ *   the scratch's buffer until the wait; the caller must not read or write last_used, the
+ *   log or log_pos before it (row_slot no touch writes). When MAX_TOUCH touches are
+ *   pending, the call runs the touch itself and returns its result tuple instead of a
+ *   handle. `after`: the handle of a touch of the same cache not yet waited for; this one
+ *   runs after it and starts from the log bounds it leaves (head and tail are then
+ *   ignored), or gives its status 3 without running when that one gave 3.
  * lru_touch_wait(handle) -> (status, fresh, head, tail)
  *   Waits for the touch (GIL released) and releases its arrays. status 0, or 3: no room
  *   in the log even after compaction (cannot happen with C >= 2 S; nothing logged).
@@ -39,6 +37,7 @@
 #include <string.h>
 
 #include "lru_hits.h"
+#include "lru_state.h"
 #include "lru_touch.h"
 #include "pool.h"
 #include "pybuf.h"
@@ -46,7 +45,8 @@
 #define MAX_TOUCH 32 /* touches pending at once (more: run by their caller) */
 
 typedef struct {
-    Buf b[5]; /* row_slot, last_used, log, log_pos, scratch */
+    LruState *st; /* the arrays it touches (a reference, dropped at the wait) */
+    Buf scr;      /* the keys: scratch i32[2n] */
     Py_ssize_t n, head, tail, fresh;
     long long batch;
     int threads, status;
@@ -77,13 +77,13 @@ static void *hits_sort(void *arg) {
     return NULL;
 }
 
-/* lru_hits' work after its scan, on lru_scan's keys (GIL not needed); `wait`: the toucher,
+/* hits' work after its scan, on scan's keys (GIL not needed); `wait`: the toucher,
  * on the touch pool; 0: the caller itself, on the step's pool (not waited for if busy). */
 static void touch_run(TouchJob *j, int wait) {
-    int32_t *row_slot = j->b[0].view.buf, *log = j->b[2].view.buf, *log_pos = j->b[3].view.buf;
-    int32_t *scr = j->b[4].view.buf;
-    int64_t *last_used = j->b[1].view.buf;
-    Py_ssize_t n = j->n, S = COUNT(j->b[1]), cap = COUNT(j->b[2]), R = COUNT(j->b[0]);
+    int32_t *row_slot = j->st->row_slot, *log = j->st->log, *log_pos = j->st->log_pos;
+    int32_t *scr = j->scr.view.buf;
+    int64_t *last_used = j->st->last_used;
+    Py_ssize_t n = j->n, S = j->st->S, cap = j->st->cap, R = j->st->R;
     HitsPart part[MAXT];
     int K = rc_split_count(j->threads, n, HITS_GRAIN);
     for (int k = 0; k < K; k++) {
@@ -213,32 +213,30 @@ static int touch_start_thread(void) {
     return touch.started;
 }
 
-PyObject *rc_lru_scan(PyObject *self, PyObject *args) {
-    PyObject *o_ids, *o_rs, *o_out, *o_scr;
-    long long rows;
+PyObject *rc_state_scan(LruState *st, PyObject *args) {
+    PyObject *o_ids, *o_out, *o_scr;
     int threads = 1;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OLOOO|i", &o_ids, &rows, &o_rs, &o_out, &o_scr, &threads)) {
+    if (!PyArg_ParseTuple(args, "OOO|i", &o_ids, &o_out, &o_scr, &threads)) {
         return NULL;
     }
-    Buf b[4];
+    Buf b[3];
     memset(b, 0, sizeof b);
-    if (rc_buf_get(o_ids, &b[0], 8, 0, "ids") || rc_buf_get(o_rs, &b[1], 4, 0, "row_slot") ||
-        rc_buf_get(o_out, &b[2], 4, 1, "out") || rc_buf_get(o_scr, &b[3], 4, 1, "scratch")) {
-        rc_buf_release(b, 4);
+    if (rc_buf_get(o_ids, &b[0], 8, 0, "ids") || rc_buf_get(o_out, &b[1], 4, 1, "out") ||
+        rc_buf_get(o_scr, &b[2], 4, 1, "scratch")) {
+        rc_buf_release(b, 3);
         return NULL;
     }
     Py_ssize_t n = COUNT(b[0]);
-    if (COUNT(b[2]) < n || COUNT(b[3]) < 2 * n || rows > COUNT(b[1])) {
-        rc_buf_release(b, 4);
-        PyErr_SetString(PyExc_ValueError, "lru_scan: inconsistent shapes");
+    if (COUNT(b[1]) < n || COUNT(b[2]) < 2 * n) {
+        rc_buf_release(b, 3);
+        PyErr_SetString(PyExc_ValueError, "LruState.scan: inconsistent shapes");
         return NULL;
     }
     HitsPart part[MAXT];
     int K = rc_split_count(threads, n, HITS_GRAIN);
     for (int k = 0; k < K; k++) {
-        part[k] = (HitsPart){b[0].view.buf, b[1].view.buf, NULL, NULL, NULL, b[2].view.buf,
-                             b[3].view.buf, n, 0, rows, 0, n * k / K, n * (k + 1) / K,
+        part[k] = (HitsPart){b[0].view.buf, st->row_slot, NULL, NULL, NULL, b[1].view.buf,
+                             b[2].view.buf, n, 0, st->R, 0, n * k / K, n * (k + 1) / K,
                              0, 0, 0, 0, 0, 1};
     }
     int status = 0;
@@ -247,50 +245,51 @@ PyObject *rc_lru_scan(PyObject *self, PyObject *args) {
     rc_pool_parallel(K, rc_hits_scan, (char *)part, sizeof part[0]);
     Py_END_ALLOW_THREADS
     status = rc_scan_status(part, K, &a);
-    rc_buf_release(b, 4);
+    rc_buf_release(b, 3);
     return Py_BuildValue("(in)", status, a);
 }
 
 static PyObject *touch_result(TouchJob *j) {
     if (j->status == 4) {
         PyErr_SetString(PyExc_ValueError,
-                        "lru_touch_start: a key in scratch is not a row id (0 <= key < len(row_slot))");
+                        "LruState.touch_start: a key in scratch is not a row id (0 <= key < len(row_slot))");
         return NULL;
     }
     return Py_BuildValue("(innn)", j->status, j->fresh, j->head, j->tail);
 }
 
-PyObject *rc_lru_touch_start(PyObject *self, PyObject *args) {
-    PyObject *o[5];
+/* Releases what a finished (or refused) job holds: its keys and its state (GIL held). */
+static void job_release(TouchJob *j) {
+    rc_buf_release(&j->scr, 1);
+    Py_CLEAR(j->st);
+}
+
+PyObject *rc_state_touch_start(LruState *st, PyObject *args) {
+    PyObject *o_scr;
     Py_ssize_t n, head, tail;
     long long batch;
     int threads = 1, after = -1;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOOnnnL|ii", &o[0], &o[1], &o[2], &o[3], &o[4], &n, &head,
-                          &tail, &batch, &threads, &after)) {
+    if (!PyArg_ParseTuple(args, "OnnnL|ii", &o_scr, &n, &head, &tail, &batch, &threads,
+                          &after)) {
         return NULL;
     }
     if (after < -1 || after >= MAX_TOUCH) {
-        PyErr_Format(PyExc_ValueError, "lru_touch_start: no touch %d to follow", after);
+        PyErr_Format(PyExc_ValueError, "LruState.touch_start: no touch %d to follow", after);
         return NULL;
     }
     TouchJob job;
     memset(&job, 0, sizeof job);
-    static const char *names[5] = {"row_slot", "last_used", "log", "log_pos", "scratch"};
-    static const Py_ssize_t sizes[5] = {4, 8, 4, 4, 4};
-    for (int i = 0; i < 5; i++) {
-        if (rc_buf_get(o[i], &job.b[i], sizes[i], i > 0, names[i])) {
-            rc_buf_release(job.b, 5);
-            return NULL;
-        }
-    }
-    Py_ssize_t S = COUNT(job.b[1]), cap = COUNT(job.b[2]);
-    if (COUNT(job.b[3]) != S || n < 1 || COUNT(job.b[4]) < 2 * n || head < 0 || head > tail ||
-        tail > cap) {
-        rc_buf_release(job.b, 5);
-        PyErr_SetString(PyExc_ValueError, "lru_touch_start: inconsistent shapes");
+    if (rc_buf_get(o_scr, &job.scr, 4, 1, "scratch")) {
+        rc_buf_release(&job.scr, 1);
         return NULL;
     }
+    if (n < 1 || COUNT(job.scr) < 2 * n || head < 0 || head > tail || tail > st->cap) {
+        rc_buf_release(&job.scr, 1);
+        PyErr_SetString(PyExc_ValueError, "LruState.touch_start: inconsistent shapes");
+        return NULL;
+    }
+    Py_INCREF(st);
+    job.st = st;
     job.n = n;
     job.head = head;
     job.tail = tail;
@@ -334,15 +333,15 @@ PyObject *rc_lru_touch_start(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     if (bad) {
-        rc_buf_release(job.b, 5);
-        PyErr_Format(PyExc_ValueError, "lru_touch_start: no touch %d to follow", after);
+        job_release(&job);
+        PyErr_Format(PyExc_ValueError, "LruState.touch_start: no touch %d to follow", after);
         return NULL;
     }
     if (slot >= 0) {
         return PyLong_FromLong(slot);
     }
     PyObject *res = touch_result(&job);
-    rc_buf_release(job.b, 5);
+    job_release(&job);
     return res;
 }
 
@@ -371,7 +370,7 @@ PyObject *rc_lru_touch_wait(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *res = touch_result(j);
-    rc_buf_release(j->b, 5); /* under the GIL; the slot is then free */
+    job_release(j); /* under the GIL; the slot is then free */
     pthread_mutex_lock(&touch.mu);
     j->state = 0;
     pthread_mutex_unlock(&touch.mu);

@@ -1,5 +1,5 @@
 /* csrc/lru_touch.h: the deferred touch of rowcache.kernels._host (csrc/lru_touch.c):
- * lru_scan, lru_touch_start, lru_touch_wait. */
+ * LruState.scan and LruState.touch_start (csrc/lru_state.h), and lru_touch_wait. */
 #ifndef ROWCACHE_LRU_TOUCH_H
 #define ROWCACHE_LRU_TOUCH_H
 
@@ -9,8 +9,6 @@
 #include <Python.h>
 
 #pragma GCC visibility push(hidden) /* shared between this module's files only */
-PyObject *rc_lru_scan(PyObject *self, PyObject *args);
-PyObject *rc_lru_touch_start(PyObject *self, PyObject *args);
 PyObject *rc_lru_touch_wait(PyObject *self, PyObject *args);
 #pragma GCC visibility pop
 

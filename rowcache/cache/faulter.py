@@ -1,7 +1,7 @@
 """The faulter of ``NgramRowCache``: a resolve with misses, read and committed, now or later.
 
-Owns :class:`Faulter`: a resolve's path through the LRU's plan (natively: C ``lru_plan``
-and ``lru_commit`` around the read, ``csrc/lru_miss.c``; the Python path is their reference,
+Owns :class:`Faulter`: a resolve's path through the LRU's plan (natively: C ``LruState.plan``
+and ``LruState.commit`` around the read, ``csrc/lru_miss.c``; the Python path is their reference,
 with the same victims, log, maps, stats and errors), the read into the arena's staging
 buffer, the scatter (CPU) or the one GPU launch, and the rows claimed from prefetch pieces
 in flight; and :class:`PendingFault`, a fault whose read outlives its call
@@ -296,7 +296,7 @@ class Faulter:
         flight. A refused commit (arguments that do not fit: nothing changed) undoes the
         claim."""
         try:  # (it checks its arguments before any change)
-            self.lru.commit(plan, out, self.parts.row_offsets)
+            self.lru.commit(plan, out)
         except BaseException:
             if claim is not None:
                 self.prefetcher.unclaim(claim)

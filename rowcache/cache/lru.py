@@ -84,9 +84,12 @@ class Lru:
     Parameters
     ----------
     slots : the slot table (read here; written by the native commit only).
-    counters : where the hits of deferred touches are counted.
+    counters : where the hits of deferred touches are counted (and the native commit
+        counts each part's misses, in place).
     native : the native host kernels (``rowcache.kernels.host.native``), or None for the
-        Python reference everywhere.
+        Python reference everywhere. With them the LRU makes one ``LruState`` (C) over the
+        slot table's and its own arrays, once: its calls pass ids and a plan.
+    part_offsets : int64[parts + 1], the parts' first global rows and the total.
     defer_min : ids from which an all-hits call defers its touch (:data:`DEFER_MIN`).
     log_slack : log entries beyond the slots (default ``max(slots, 2**14)``; at least
         ``slots``): fewer compact more often.
@@ -104,6 +107,7 @@ class Lru:
         slots: SlotTable,
         counters: Counters,
         native: Any,
+        part_offsets: np.ndarray,
         *,
         defer_min: int = DEFER_MIN,
         log_slack: int | None = None,
@@ -131,6 +135,12 @@ class Lru:
         # deferred touches, oldest first: (handle or result, its batch, the scratch it holds)
         self._touching: list[tuple[Any, int, np.ndarray]] = []
         self._miss_threads = HOST_THREADS if slots.rows >= MISS_PARTS_MIN_ROWS else 1
+        self._c: Any = None  # the native state: these arrays, held by C (csrc/lru_state.h)
+        if native is not None:
+            self._c = native.LruState(slots.row_slot, slots.slot_row, slots.state,
+                                      self.last_used, self.log, self.log_pos,
+                                      np.ascontiguousarray(part_offsets, dtype=np.int64),
+                                      counters.part_misses)  # fmt: skip
 
     def __del__(self) -> None:
         # a touch still in flight holds the arrays (and a slot of the C side): finish it
@@ -176,10 +186,8 @@ class Lru:
 
     def _start_touch(self, scratch: np.ndarray, n: int, after: int = -1) -> None:
         """Hand the touch of an all-hits call (its keys in ``scratch``) to the toucher."""
-        handle = self.native.lru_touch_start(
-            self.slots.row_slot, self.last_used, self.log, self.log_pos, scratch, n,
-            self.head, self.tail, self.batch, TOUCH_THREADS, after,
-        )  # fmt: skip
+        handle = self._c.touch_start(scratch, n, self.head, self.tail, self.batch,
+                                     TOUCH_THREADS, after)  # fmt: skip
         self._touching.append((handle, self.batch, scratch))
         self.counters.lookups += n
 
@@ -195,27 +203,20 @@ class Lru:
         ``(HIT, slots)`` with the call touched and counted (its touch deferred for a call
         of ``defer_min`` ids or more), ``(MISS, None)`` with nothing changed, or ``(ELSE,
         None)`` where the Python path must look (a bad id)."""
-        native = self.native
+        c = self._c
         n = ids.size
         scratch = self._scratch_for(n)
         out = np.empty(n, dtype=np.int32)
         if n >= self.defer_min:
-            status, _ = native.lru_scan(ids, self.slots.rows, self.slots.row_slot, out, scratch,
-                                        HOST_THREADS)  # fmt: skip
+            status, _ = c.scan(ids, out, scratch, HOST_THREADS)
             if status == 0:  # every row resident: the touch goes on in the background
                 self._start_touch(scratch, n)
                 return HIT, out
             return (MISS, None) if status == 1 else (ELSE, None)
-        status, fresh, tail = native.lru_hits(
-            ids, self.slots.rows, self.slots.row_slot, self.last_used, self.log, self.log_pos,
-            self.tail, self.batch, out, scratch, HOST_THREADS,
-        )  # fmt: skip
+        status, fresh, tail = c.hits(ids, self.tail, self.batch, out, scratch, HOST_THREADS)
         if status == 3:  # the log is full: compact, then once more
             self.compact()
-            status, fresh, tail = native.lru_hits(
-                ids, self.slots.rows, self.slots.row_slot, self.last_used, self.log,
-                self.log_pos, self.tail, self.batch, out, scratch, HOST_THREADS,
-            )  # fmt: skip
+            status, fresh, tail = c.hits(ids, self.tail, self.batch, out, scratch, HOST_THREADS)
         if status == 1:
             return MISS, None
         if status != 0:
@@ -248,8 +249,7 @@ class Lru:
             else:
                 self._scratch = scratch
         out = np.empty(n, dtype=np.int32)
-        status, _ = self.native.lru_scan(ids, self.slots.rows, self.slots.row_slot, out,
-                                         scratch, HOST_THREADS)  # fmt: skip
+        status, _ = self._c.scan(ids, out, scratch, HOST_THREADS)
         if status == 1:
             self.finish_touches()
             return MISS, None
@@ -263,39 +263,35 @@ class Lru:
         contiguous int64 vector) is mapped, 1 one is not, 2 a bad id."""
         n = ids.size
         scratch = np.empty(2 * n, dtype=np.int32)  # not the cache's: a touch may hold it
-        status, _ = self.native.lru_scan(ids, self.slots.rows, self.slots.row_slot,
-                                         np.empty(n, dtype=np.int32), scratch, 1)  # fmt: skip
+        status, _ = self._c.scan(ids, np.empty(n, dtype=np.int32), scratch, 1)
         return int(status)
 
     # -- the native miss path ----------------------------------------------
     def plan(self, ids: np.ndarray) -> MissPlan:
-        """Plan a resolve of ``ids`` (C ``lru_plan``, changing nothing): dedup, the
+        """Plan a resolve of ``ids`` (C ``LruState.plan``, changing nothing): dedup, the
         missing rows, exhaustion (against the slots neither pinned nor reserved), the
         victims and the rows they evict."""
         n = ids.size
         scratch = self._scratch_for(n)
         work = np.empty(5 * n, dtype=np.int32)  # [uniq | slots | missing | victims | evicted]
         t = self.slots
-        status, n_u, n_miss, fresh_hits, n_ev, head, end, passed = self.native.lru_plan(
-            ids, t.rows, t.row_slot, t.slot_row, self.last_used, self.log, self.log_pos,
-            self.head, self.tail, self.batch, t.state if t.reserved else None,
-            self.free_or_unpinned(), work, scratch, self._miss_threads,
+        status, n_u, n_miss, fresh_hits, n_ev, head, end, passed = self._c.plan(
+            ids, self.head, self.tail, self.batch, t.reserved > 0, self.free_or_unpinned(),
+            work, scratch, self._miss_threads,
         )  # fmt: skip
         return MissPlan(ids, work, status, n_u, n_miss, fresh_hits, n_ev, head, end,
                         bool(passed), self.batch)  # fmt: skip
 
-    def commit(self, plan: MissPlan, out: np.ndarray, part_offsets: np.ndarray) -> int:
-        """Commit a plan whose reads succeeded (C ``lru_commit``): unmap the evicted rows,
-        map the missing ones into their victims, pin the call's slots (while the plan's
-        batch lasts) and log them, add each part's misses, write the slots of the ids to
-        ``out``. Returns the slots newly pinned (counted as hits and misses here). Refuses
+    def commit(self, plan: MissPlan, out: np.ndarray) -> int:
+        """Commit a plan whose reads succeeded (C ``LruState.commit``): unmap the evicted
+        rows, map the missing ones into their victims (resident), pin the call's slots
+        (while the plan's batch lasts) and log them, add each part's misses, write the
+        slots of the ids to ``out``. Returns the slots newly pinned (counted as hits and misses here). Refuses
         arguments that do not fit (``ValueError``) before any change."""
-        fresh, self.head, self.tail = self.native.lru_commit(
-            plan.ids, plan.work, plan.n_u, plan.n_miss, plan.n_ev, self.slots.row_slot,
-            self.slots.slot_row, self.last_used, self.log, self.log_pos, plan.head, self.tail,
-            plan.batch, part_offsets, self.counters.part_misses, out, self._miss_threads,
+        fresh, self.head, self.tail = self._c.commit(
+            plan.ids, plan.work, plan.n_u, plan.n_miss, plan.n_ev, plan.head, self.tail,
+            plan.batch, out, self._miss_threads,
         )  # fmt: skip
-        self.slots.settled(plan.victims)
         self.counters.count_call(plan.n, fresh, plan.n_miss, plan.n_ev)
         if plan.batch == self.batch:  # (a deferred call's batch may have ended: no pins)
             self.pinned += fresh
@@ -362,7 +358,7 @@ class Lru:
         """True when victims taken up to log position ``end`` skipped a slot that a
         prefetch in flight holds (the LRU would have taken it had the read landed): a live
         log entry of a reserved slot before ``end``. Every entry before the head is stale,
-        so the scan is the victims' window (``lru_plan`` tells the native path the same)."""
+        so the scan is the victims' window (``LruState.plan`` tells the native path the same)."""
         if not self.slots.reserved or end <= self.head:
             return False
         s = self.log[self.head : end]
@@ -421,9 +417,8 @@ class Lru:
 
     def compact(self) -> None:
         """Move the log's live entries to its front (in C where built)."""
-        if self.native is not None:
-            self.tail = self.native.lru_compact(self.log, self.log_pos, self.head, self.tail,
-                                                HOST_THREADS)  # fmt: skip
+        if self._c is not None:
+            self.tail = self._c.compact(self.head, self.tail, HOST_THREADS)
             self.head = 0
             return
         live = self.log[self.head : self.tail]

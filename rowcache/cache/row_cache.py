@@ -205,8 +205,8 @@ class NgramRowCache:
         self._counters = Counters(len(self.parts))
         self._slots = SlotTable(self.rows, self.num_slots)
         native = _native if tuning.native else None
-        self._lru = Lru(self._slots, self._counters, native, defer_min=tuning.defer_min,
-                        log_slack=tuning.log_slack)  # fmt: skip
+        self._lru = Lru(self._slots, self._counters, native, self.row_offsets,
+                        defer_min=tuning.defer_min, log_slack=tuning.log_slack)  # fmt: skip
         self._arena = Arena(self.num_slots, self.dim, self.record_bytes, self.dtype, device,
                             self.arena_kind, xp)  # fmt: skip
         self._reads = reads

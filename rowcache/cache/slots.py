@@ -3,7 +3,8 @@
 Owns :class:`SlotState` (one enum for a slot: free, resident, being read by a prefetch
 piece, read again by a resolve; its values are the native module's ``SLOT_*`` constants,
 ``csrc/lru_slots.h``) and :class:`SlotTable`, the only writer of row -> slot, slot -> row
-and the slots' states (the native commit writes the same arrays, ``csrc/lru_miss.c``), with
+and the slots' states (the native commit, ``LruState.commit`` in ``csrc/lru_miss.c``, is
+its C: it maps a plan's misses into their victims in the same arrays), with
 :meth:`SlotTable.check`. Decides no recency and no victims (``rowcache.cache.lru``).
 """
 
@@ -59,14 +60,10 @@ class SlotTable:
 
     def map(self, rows: np.ndarray, slots: np.ndarray, evicted: np.ndarray) -> None:
         """A fault's commit: unmap the ``evicted`` rows (held by some of ``slots``), map
-        ``rows`` into ``slots`` (the Python path's mirror of ``lru_commit``)."""
+        ``rows`` into ``slots`` (the Python path's mirror of ``LruState.commit``)."""
         self.row_slot[evicted] = -1
         self.row_slot[rows] = slots
         self.slot_row[slots] = rows
-        self.state[slots] = RESIDENT
-
-    def settled(self, slots: np.ndarray) -> None:
-        """The native commit mapped ``slots`` (its victims): they are resident."""
         self.state[slots] = RESIDENT
 
     def reserve(self, rows: np.ndarray, slots: np.ndarray, evicted: np.ndarray) -> None:

@@ -88,11 +88,25 @@ def hits_arrays(rng, rows=120_000, slots=60_000, spare=30_000):
     return row_slot, last_used, log, log_pos, np.sort(mapped)
 
 
+def lru_state(row_slot=None, last_used=None, log=None, log_pos=None):
+    """The native ``LruState`` over these arrays (the cache's are its slot table's and LRU's),
+    the rest made up (as many slots as ``log_pos`` or ``last_used`` has, else one; nothing
+    mapped; one part): for calls that read only some of them."""
+    S = next((a.size for a in (log_pos, last_used) if a is not None), 1)
+    row_slot = np.full(S, -1, np.int32) if row_slot is None else row_slot
+    last_used = np.zeros(S, np.int64) if last_used is None else last_used
+    log = np.zeros(S, np.int32) if log is None else log
+    log_pos = np.zeros(S, np.int32) if log_pos is None else log_pos
+    slot_row, state = np.full(S, -1, np.int32), np.zeros(S, np.uint8)
+    offsets, part_misses = np.array([0, row_slot.size], np.int64), np.zeros(1, np.int64)
+    return host.native.LruState(
+        row_slot, slot_row, state, last_used, log, log_pos, offsets, part_misses
+    )
+
+
 def hits_call(ids, arrays, threads, tail):
     row_slot, last_used, log, log_pos = (a.copy() for a in arrays[:4])
     out = np.zeros(ids.size, dtype=np.int32)
     scratch = np.zeros(2 * ids.size, dtype=np.int32)
-    res = host.native.lru_hits(
-        ids, row_slot.size, row_slot, last_used, log, log_pos, tail, 2, out, scratch, threads
-    )
+    res = lru_state(row_slot, last_used, log, log_pos).hits(ids, tail, 2, out, scratch, threads)
     return res, out, last_used, log, log_pos

@@ -20,7 +20,7 @@ from rowcache.cache.row_cache import Tuning
 from rowcache.cache.slots import READ, READING, RESIDENT
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.kernels.ngram.hash import ngram_hash_reference
-from tests.kernels.support import assert_same_runs, hits_arrays, hits_call
+from tests.kernels.support import assert_same_runs, hits_arrays, hits_call, lru_state
 
 DIMS = NgramDims(vocab_size=500, hidden_size=48, max_ngram=4, splits=2, ratio=3, eos_token_id=2)
 
@@ -215,44 +215,44 @@ def test_lru_plan_and_commit_check_their_arguments_and_change_nothing_on_error()
         pytest.skip("rowcache.kernels._host not built")
     nat = host.native
     rs, sr, lu, log, lp = _lru_arrays()
+    state = np.zeros(6, dtype=np.uint8)  # every slot free
+    off, pm, out = (
+        np.array([0, 10, 20], dtype=np.int64),
+        np.zeros(2, np.int64),
+        np.empty(4, np.int32),
+    )
     ids = np.array([7, 3, 7, 12], dtype=np.int64)
     work, scratch = np.empty(5 * ids.size, dtype=np.int32), np.empty(2 * ids.size, np.int32)
-    saved = [a.copy() for a in (rs, sr, lu, log, lp)]
+    saved = [a.copy() for a in (rs, sr, lu, log, lp, state)]
+    c = nat.LruState(rs, sr, state, lu, log, lp, off, pm)
 
-    def plan(**kw):
-        a = dict(ids=ids, rs=rs, sr=sr, lu=lu, log=log, lp=lp, busy=None, work=work)
-        a.update(kw)
-        return nat.lru_plan(a["ids"], 20, a["rs"], a["sr"], a["lu"], a["log"], a["lp"], 0, 6,
-                            0, a["busy"], 6, a["work"], scratch)  # fmt: skip
+    def plan(ids=ids, work=work):
+        return c.plan(ids, 0, 6, 0, False, 6, work, scratch)
 
     with pytest.raises(TypeError, match="ids"):
         plan(ids=ids.astype(np.int32))
     with pytest.raises(ValueError, match="shapes"):
         plan(work=work[:-1])
+    with pytest.raises(ValueError, match="shapes"):  # the arrays are checked once, when made
+        nat.LruState(rs, sr, np.zeros(5, np.uint8), lu, log, lp, off, pm)
     with pytest.raises(ValueError, match="shapes"):
-        plan(busy=np.zeros(5, dtype=bool))
+        nat.LruState(rs, sr, state, lu, log, lp, np.array([0, 10, 19]), pm)
     assert plan(ids=np.array([3, 20], dtype=np.int64))[:2] == (2, 1)  # ids[1] out of range
     status, n_u, n_miss, fresh, n_ev, head, end, passed = plan()
     assert (status, n_u, n_miss, fresh, n_ev, head, end, passed) == (0, 3, 3, 0, 0, 3, 3, 0)
     np.testing.assert_array_equal(work[:3], [3, 7, 12])  # unique rows, ascending
     np.testing.assert_array_equal(work[8:11], [3, 7, 12])  # all missing
     np.testing.assert_array_equal(work[12:15], [0, 1, 2])  # victims: the log's head
-    for a, b in zip((rs, sr, lu, log, lp), saved):
+    for a, b in zip((rs, sr, lu, log, lp, state), saved):
         np.testing.assert_array_equal(a, b)  # the plan changes nothing
-    off, pm, out = (
-        np.array([0, 10, 20], dtype=np.int64),
-        np.zeros(2, np.int64),
-        np.empty(4, np.int32),
-    )
     bad = work.copy()
     bad[12] = 99  # a victim outside the arena
     with pytest.raises(ValueError, match="out of range"):
-        nat.lru_commit(ids, bad, n_u, n_miss, n_ev, rs, sr, lu, log, lp, head, 6, 0, off, pm, out)
-    for a, b in zip((rs, sr, lu, log, lp, pm), [*saved, np.zeros(2, np.int64)]):
+        c.commit(ids, bad, n_u, n_miss, n_ev, head, 6, 0, out)
+    for a, b in zip((rs, sr, lu, log, lp, state, pm), [*saved, np.zeros(2, np.int64)]):
         np.testing.assert_array_equal(a, b)  # a refused commit changes nothing
-    fresh, head, tail = nat.lru_commit(
-        ids, work, n_u, n_miss, n_ev, rs, sr, lu, log, lp, head, 6, 0, off, pm, out
-    )
+    fresh, head, tail = c.commit(ids, work, n_u, n_miss, n_ev, head, 6, 0, out)
+    np.testing.assert_array_equal(state, [RESIDENT] * 3 + [0] * 3)  # the victims hold rows
     assert (fresh, head, tail) == (3, 3, 9)  # entries before the head are stale
     np.testing.assert_array_equal(out, [1, 0, 1, 2])
     np.testing.assert_array_equal(pm, [2, 1])
@@ -271,8 +271,11 @@ def test_lru_plan_says_when_its_victims_pass_a_busy_slot_or_a_row_is_in_flight()
     ids = np.array([7, 3, 12], dtype=np.int64)
     work, scratch = np.empty(15, dtype=np.int32), np.empty(6, np.int32)
 
-    def plan(busy, rs=rs, sr=sr):
-        return nat.lru_plan(ids, 20, rs, sr, lu, log, lp, 0, 6, 0, busy, 6, work, scratch)
+    off, pm = np.array([0, 20], dtype=np.int64), np.zeros(1, np.int64)
+
+    def plan(busy, rs=rs, sr=sr, lu=lu):
+        c = nat.LruState(rs, sr, busy, lu, log, lp, off, pm)
+        return c.plan(ids, 0, 6, 0, True, 6, work, scratch)
 
     busy = np.full(6, RESIDENT, dtype=np.uint8)
     busy[1] = READING  # in flight: not a victim, and passed over
@@ -301,7 +304,7 @@ def test_lru_plan_says_when_its_victims_pass_a_busy_slot_or_a_row_is_in_flight()
     np.testing.assert_array_equal(work[9:11], [0, 2])
     lu2 = lu.copy()
     lu2[1] = 0  # pinned in this batch (batch 0): no victim, and a hit of it in any order
-    r = nat.lru_plan(ids, 20, rs2, sr2, lu2, log, lp, 0, 6, 0, busy, 6, work, scratch)
+    r = plan(busy, rs2, sr2, lu2)
     assert (r[0], r[2], r[7]) == (0, 2, 0)
     np.testing.assert_array_equal(work[9:11], [0, 2])
     busy[1], busy[4] = RESIDENT, READING  # still being read: status 4 for a row of the call in it
@@ -389,9 +392,7 @@ def test_lru_hits_logs_distinct_slots_in_row_order(n, rows):
     log_pos = np.zeros(S, dtype=np.int32)
     out = np.zeros(n, dtype=np.int32)
     scratch = np.zeros(2 * n, dtype=np.int32)
-    status, fresh, tail = host.native.lru_hits(
-        ids, rows, row_slot, last_used, log, log_pos, 0, 1, out, scratch
-    )
+    status, fresh, tail = lru_state(row_slot, last_used, log, log_pos).hits(ids, 0, 1, out, scratch)
     want = row_slot[np.unique(ids)]
     assert (status, fresh, tail) == (0, want.size, want.size)
     np.testing.assert_array_equal(log[:tail], want)
@@ -439,7 +440,7 @@ def test_lru_compact_threads_equal_the_serial_pass_and_python(seed):
     want_tail = _compact_reference(*want, head, tail)
     for threads in (1, 2, 5, 16):
         got = [log.copy(), log_pos.copy()]
-        assert host.native.lru_compact(*got, head, tail, threads) == want_tail, threads
+        assert lru_state(None, None, *got).compact(head, tail, threads) == want_tail, threads
         np.testing.assert_array_equal(got[0][:want_tail], want[0][:want_tail])
         np.testing.assert_array_equal(got[0][want_tail:], log[want_tail:])  # untouched after
         np.testing.assert_array_equal(got[1], want[1])
@@ -447,7 +448,7 @@ def test_lru_compact_threads_equal_the_serial_pass_and_python(seed):
 
 @pytest.mark.skipif(host.native is None, reason="no native module")
 def test_lru_commit_compacts_a_full_log_on_threads_as_on_one():
-    """A miss that finds the log full compacts it first (lru_commit): on 4 threads of the
+    """A miss that finds the log full compacts it first (LruState.commit): on 4 threads of the
     step's pool (a log long enough to be split) as on one, and the slots land the same."""
     nat, rng = host.native, np.random.default_rng(11)
     S, R = 300_000, 700_000
@@ -469,12 +470,11 @@ def test_lru_commit_compacts_a_full_log_on_threads_as_on_one():
     for threads in (1, 4):
         rs, sr, lu, lg, lp = (a.copy() for a in (row_slot, slot_row, last_used, log, log_pos))
         work, scratch = np.empty(5 * n, dtype=np.int32), np.empty(2 * n, dtype=np.int32)
-        status, n_u, n_miss, _, n_ev, head, _, _ = nat.lru_plan(
-            ids, R, rs, sr, lu, lg, lp, 0, C, 0, None, S, work, scratch)  # fmt: skip
-        assert (status, n_miss, n_ev) == (0, n, n)
         off, pm, out = np.array([0, R], np.int64), np.zeros(1, np.int64), np.empty(n, np.int32)
-        res = nat.lru_commit(ids, work, n_u, n_miss, n_ev, rs, sr, lu, lg, lp, head, C, 0,
-                             off, pm, out, threads)  # fmt: skip
+        c = nat.LruState(rs, sr, np.full(S, RESIDENT, np.uint8), lu, lg, lp, off, pm)
+        status, n_u, n_miss, _, n_ev, head, _, _ = c.plan(ids, 0, C, 0, False, S, work, scratch)
+        assert (status, n_miss, n_ev) == (0, n, n)
+        res = c.commit(ids, work, n_u, n_miss, n_ev, head, C, 0, out, threads)
         assert res[2] == S  # compacted: the S - n live entries past the victims, then n
         got.append((res, out, rs, sr, lu, lg[: res[2]], lp))
     for a, b in zip(*got):
@@ -509,29 +509,27 @@ def test_lru_plan_and_commit_in_parts_as_on_one_thread(layout, seed):
     ]).astype(np.int64)  # fmt: skip
     miss = rng.integers(0, ids.size, ids.size // 100)
     ids[miss] = ids[miss] // per * per + rng.integers(0, per, miss.size)
-    busy = None
+    busy = np.full(S, RESIDENT, dtype=np.uint8)  # the slot states (unused but for busy_hit)
     if layout == "shuffled":
         rng.shuffle(ids)
     elif layout == "bad_id":
         ids[rng.integers(ids.size // 2, ids.size, 2)] = R + 5
     elif layout == "busy_hit":
-        busy = np.zeros(S, dtype=np.uint8)
-        busy[row_slot[ids[-3]]] = 1
+        busy[row_slot[ids[-3]]] = READING
     n = ids.size
     got = []
     for threads in (1, 2, 3, 5, 16):
         rs, sr, lu, lg, lp = (a.copy() for a in (row_slot, slot_row, last_used, log, log_pos))
         work, scratch = np.zeros(5 * n, dtype=np.int32), np.empty(2 * n, dtype=np.int32)
-        plan = nat.lru_plan(ids, R, rs, sr, lu, lg, lp, 0, S, 3, busy, S - 2_000, work,
-                            scratch, threads)  # fmt: skip
+        off, pm = np.arange(T + 1, dtype=np.int64) * per, np.zeros(T, np.int64)
+        c = nat.LruState(rs, sr, busy.copy(), lu, lg, lp, off, pm)
+        plan = c.plan(ids, 0, S, 3, layout == "busy_hit", S - 2_000, work, scratch, threads)
         status, n_u, n_miss, _, n_ev, head = plan[:6]
         res = out = None
         if status == 0:
             assert n_miss > 0
-            off = np.arange(T + 1, dtype=np.int64) * per
-            pm, out = np.zeros(T, np.int64), np.empty(n, np.int32)
-            res = nat.lru_commit(ids, work, n_u, n_miss, n_ev, rs, sr, lu, lg, lp, head, S, 3,
-                                 off, pm, out, threads)  # fmt: skip
+            out = np.empty(n, np.int32)
+            res = c.commit(ids, work, n_u, n_miss, n_ev, head, S, 3, out, threads)
             np.testing.assert_array_equal(out, rs[ids])
         else:
             assert status == {"bad_id": 2, "busy_hit": 4}[layout]

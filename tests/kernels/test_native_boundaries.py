@@ -100,11 +100,14 @@ def test_lru_touch_refuses_keys_that_are_not_row_ids():
         last_used = np.zeros(S, dtype=np.int64)
         log = np.zeros(64, dtype=np.int32)
         log_pos = np.full(S, -1, dtype=np.int32)
+        slot_row, state = np.full(S, -1, dtype=np.int32), np.zeros(S, dtype=np.uint8)
+        lru = _host.LruState(row_slot, slot_row, state, last_used, log, log_pos,
+                             np.array([0, 16], dtype=np.int64), np.zeros(1, dtype=np.int64))
         for keys in ([1, 2, 3, 1 << 30], [-5, 0, 1, 2]):
             scratch = np.zeros(2 * n, dtype=np.int32)
             scratch[:n] = keys
             try:
-                h = _host.lru_touch_start(row_slot, last_used, log, log_pos, scratch, n, 0, 0, 1, 1)
+                h = lru.touch_start(scratch, n, 0, 0, 1, 1)
                 res = h if isinstance(h, tuple) else _host.lru_touch_wait(h)
                 print("accepted", res)
             except ValueError as e:
@@ -115,7 +118,9 @@ def test_lru_touch_refuses_keys_that_are_not_row_ids():
     lines = out.splitlines()
     assert (
         lines[:2]
-        == ["refused: lru_touch_start: a key in scratch is not a row id (0 <= key < len(row_slot))"]
+        == [
+            "refused: LruState.touch_start: a key in scratch is not a row id (0 <= key < len(row_slot))"
+        ]
         * 2
     ), out
     assert lines[2] == "untouched 0 0", out

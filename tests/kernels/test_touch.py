@@ -16,21 +16,21 @@ from hypothesis import strategies as st
 import rowcache
 import rowcache.kernels.host as host
 from rowcache.cache.row_cache import Tuning
-from tests.kernels.support import assert_same_runs, hits_arrays, hits_call
+from tests.kernels.support import assert_same_runs, hits_arrays, hits_call, lru_state
 
 pytestmark = pytest.mark.skipif(host.native is None, reason="rowcache.kernels._host not built")
 
 
 def _deferred_call(ids, arrays, threads, tail, head=0):
-    """lru_scan, then lru_touch_start and its wait, on copies of ``arrays``."""
+    """LruState.scan, then touch_start and its wait, on copies of ``arrays``."""
     nat = host.native
     row_slot, last_used, log, log_pos = (a.copy() for a in arrays[:4])
     out = np.zeros(ids.size, dtype=np.int32)
     scratch = np.zeros(2 * ids.size, dtype=np.int32)
-    status, bad = nat.lru_scan(ids, row_slot.size, row_slot, out, scratch, threads)
+    status, bad = lru_state(row_slot).scan(ids, out, scratch, threads)
     if status:
         return (status, bad), out, last_used, log, log_pos
-    h = nat.lru_touch_start(row_slot, last_used, log, log_pos, scratch, ids.size, head, tail, 2,
+    h = lru_state(row_slot, last_used, log, log_pos).touch_start(scratch, ids.size, head, tail, 2,
                             threads)  # fmt: skip
     res = h if type(h) is tuple else nat.lru_touch_wait(h)
     return res, out, last_used, log, log_pos
@@ -79,7 +79,7 @@ def test_scan_and_deferred_touch_equal_lru_hits(case, threads):
         compacted = hits_call(ids, arrays, 1, tail)
         assert compacted[0][0] == 3  # lru_hits leaves the compaction to its caller
         ref = [a.copy() for a in arrays[:4]]
-        new_tail = host.native.lru_compact(ref[2], ref[3], 0, tail)
+        new_tail = lru_state(None, None, ref[2], ref[3]).compact(0, tail)
         want = hits_call(ids, (*ref, mapped), 1, new_tail)
         assert got[0] == (0, want[0][1], 0, want[0][2])
     else:
@@ -95,9 +95,9 @@ def test_touch_arguments_are_checked_and_many_pending_touches_finish():
     row_slot, last_used, log, log_pos, mapped = hits_arrays(rng, 5000, 2000, 2000)
     scratch = np.zeros(64, dtype=np.int32)
     with pytest.raises(ValueError, match="shapes"):
-        nat.lru_touch_start(row_slot, last_used, log, log_pos, scratch, 33, 0, 2000, 1)
+        lru_state(row_slot, last_used, log, log_pos).touch_start(scratch, 33, 0, 2000, 1)
     with pytest.raises(TypeError, match="last_used"):
-        nat.lru_touch_start(row_slot, log, log, log_pos, scratch, 4, 0, 2000, 1)
+        lru_state(row_slot, log, log, log_pos).touch_start(scratch, 4, 0, 2000, 1)
     with pytest.raises(ValueError, match="no touch"):
         nat.lru_touch_wait(99)
     # more touches pending than the C side holds (32): the later ones run in the call
@@ -106,8 +106,8 @@ def test_touch_arguments_are_checked_and_many_pending_touches_finish():
     for lu, lg, lp in arrays:
         ids = np.sort(rng.choice(mapped, 30)).astype(np.int64)
         out, scr = np.empty(30, np.int32), np.empty(60, np.int32)
-        assert nat.lru_scan(ids, row_slot.size, row_slot, out, scr)[0] == 0
-        handles.append(nat.lru_touch_start(row_slot, lu, lg, lp, scr, 30, 0, 2000, 2))
+        assert lru_state(row_slot).scan(ids, out, scr)[0] == 0
+        handles.append(lru_state(row_slot, lu, lg, lp).touch_start(scr, 30, 0, 2000, 2))
         ref = hits_call(ids, (row_slot, last_used, log, log_pos), 1, 2000)
         want.append(ref)
     assert sum(type(h) is tuple for h in handles) >= 8  # ran by their callers
@@ -120,18 +120,17 @@ def test_touch_arguments_are_checked_and_many_pending_touches_finish():
 
 
 def _sequential(steps, arrays, tail):
-    """lru_hits call after call (compacting when it answers 3, as the cache does) on
+    """LruState.hits call after call (compacting when it answers 3, as the cache does) on
     copies of ``arrays``: per call (fresh, head, tail), and the arrays after the last."""
-    nat = host.native
     row_slot, last_used, log, log_pos = (a.copy() for a in arrays[:4])
     head, got = 0, []
     for ids, batch in steps:
         out, scr = np.empty(ids.size, np.int32), np.empty(2 * ids.size, np.int32)
-        args = (row_slot.size, row_slot, last_used, log, log_pos)
-        st_, fresh, t = nat.lru_hits(ids, *args, tail, batch, out, scr, 2)
+        c = lru_state(row_slot, last_used, log, log_pos)
+        st_, fresh, t = c.hits(ids, tail, batch, out, scr, 2)
         if st_ == 3:
-            tail, head = nat.lru_compact(log, log_pos, head, tail), 0
-            st_, fresh, t = nat.lru_hits(ids, *args, tail, batch, out, scr, 2)
+            tail, head = c.compact(head, tail), 0
+            st_, fresh, t = c.hits(ids, tail, batch, out, scr, 2)
         assert st_ == 0
         tail = t
         got.append((0, fresh, head, tail))
@@ -155,11 +154,11 @@ def test_chained_touches_equal_lru_hits_in_turn(spare, threads):
     handles, keep = [], []
     for k, (ids, batch) in enumerate(steps):
         out, scr = np.empty(ids.size, np.int32), np.empty(2 * ids.size, np.int32)
-        assert nat.lru_scan(ids, row_slot.size, row_slot, out, scr, threads)[0] == 0
+        assert lru_state(row_slot).scan(ids, out, scr, threads)[0] == 0
         np.testing.assert_array_equal(out, row_slot[ids])
         head, tail = (0, mapped.size) if k == 0 else (0, 0)  # ignored when following
         after = handles[-1] if handles else -1
-        handles.append(nat.lru_touch_start(row_slot, last_used, log, log_pos, scr, ids.size,
+        handles.append(lru_state(row_slot, last_used, log, log_pos).touch_start(scr, ids.size,
                                            head, tail, batch, threads, after))  # fmt: skip
         keep.append(scr)
     assert [nat.lru_touch_wait(h) for h in handles] == want
@@ -178,24 +177,24 @@ def test_chained_touch_arguments_and_a_follower_run_by_its_caller():
     row_slot, mapped = arrays[0], arrays[4]
     ids = np.sort(rng.choice(mapped, 300)).astype(np.int64)
     out, scr = np.empty(300, np.int32), np.empty(600, np.int32)
-    assert nat.lru_scan(ids, row_slot.size, row_slot, out, scr)[0] == 0
+    assert lru_state(row_slot).scan(ids, out, scr)[0] == 0
     lu, lg, lp = (a.copy() for a in arrays[1:4])
     for bad in (-2, 32, 5):  # 5: no such touch pending
         with pytest.raises(ValueError, match="no touch"):
-            nat.lru_touch_start(row_slot, lu, lg, lp, scr, 300, 0, 2000, 2, 1, bad)
+            lru_state(row_slot, lu, lg, lp).touch_start(scr, 300, 0, 2000, 2, 1, bad)
     steps = [(ids, 2), (ids[::-1].copy(), 3)]
     want, final = _sequential(steps, arrays, 2000)
     fillers = []  # the other slots, held by touches of their own arrays
     for _ in range(40):
         a = [x.copy() for x in arrays[1:4]]
         fs = np.empty(600, np.int32)
-        assert nat.lru_scan(ids, row_slot.size, row_slot, out, fs)[0] == 0
+        assert lru_state(row_slot).scan(ids, out, fs)[0] == 0
         fillers.append((a, fs))
-    first = nat.lru_touch_start(row_slot, lu, lg, lp, scr, 300, 0, 2000, 2, 2)
-    fillers = [(nat.lru_touch_start(row_slot, *a, fs, 300, 0, 2000, 2), a) for a, fs in fillers]
+    first = lru_state(row_slot, lu, lg, lp).touch_start(scr, 300, 0, 2000, 2, 2)
+    fillers = [(lru_state(row_slot, *a).touch_start(fs, 300, 0, 2000, 2), a) for a, fs in fillers]
     s2 = np.empty(600, np.int32)
-    assert nat.lru_scan(steps[1][0], row_slot.size, row_slot, out, s2)[0] == 0
-    second = nat.lru_touch_start(row_slot, lu, lg, lp, s2, 300, 0, 0, 3, 2, first)
+    assert lru_state(row_slot).scan(steps[1][0], out, s2)[0] == 0
+    second = lru_state(row_slot, lu, lg, lp).touch_start(s2, 300, 0, 0, 3, 2, first)
     assert type(second) is tuple  # no slot free: run here, after the first
     assert [nat.lru_touch_wait(first), second] == want
     for u, v in zip((lu, lg, lp), final):

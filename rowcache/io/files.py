@@ -3,18 +3,21 @@
 Owns the store's shard files as the reader's engines see them: every file numbered once
 (table after table, ``file_base[t] + s``), and the descriptor table ``fds`` (int32, -1: not
 open), which the native engine reads in place; files are opened on first need (``O_DIRECT``
-where asked), under a lock, and named in the error of a missing one. It does not read.
+where asked), under a lock, never through a link and never waiting on a FIFO (``O_NOFOLLOW``,
+``O_NONBLOCK``, then a regular file or refused), and named as the user knows them in every
+error (the store's path, not ``/proc/self/fd/N``). It does not read.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 import threading
 
 import numpy as np
 
-from rowcache.errors import ConfigError, CorruptDataError
+from rowcache.errors import ConfigError, CorruptDataError, StoreChangedError
 from rowcache.store import format as fmt
 
 
@@ -23,13 +26,22 @@ class ShardFiles:
 
     ``shard_files[t][s]`` names shard ``s`` of table ``t`` inside ``root``. File ``f``
     (``file_base[t] + s``) is shard ``file_shard[f]`` of table ``file_table[f]``; its
-    descriptor is ``fds[f]`` once open. Thread-safe.
+    descriptor is ``fds[f]`` once open. ``store_path`` is the store's path as its user
+    gave it, where ``root`` is another name of its directory (``/proc/self/fd/N``, pinned by
+    the store handle): errors name it, and a shard missing because ``store_path`` names
+    another directory now is a ``StoreChangedError``. Thread-safe.
     """
 
     def __init__(
-        self, root: str, tables: list[fmt.TableInfo], shard_files: list[list[str]], direct: bool
+        self,
+        root: str,
+        tables: list[fmt.TableInfo],
+        shard_files: list[list[str]],
+        direct: bool,
+        store_path: str | None = None,
     ) -> None:
         self.root = root
+        self.store_path = store_path if store_path is not None else root
         self.tables = tables
         self.shard_files = shard_files
         self.direct = direct
@@ -42,11 +54,62 @@ class ShardFiles:
         self._lock = threading.Lock()
         self._opened_all = False  # every shard file open (native batches read apart)
 
+    def _where(self, t: int, s: int) -> str:
+        return f"shard file {self.shard_files[t][s]} (table {self.tables[t].name!r}, shard {s})"
+
+    def replaced(self) -> bool:
+        """True if ``store_path`` no longer names the directory ``root`` names."""
+        if self.store_path == self.root:
+            return False
+        try:
+            a, b = os.stat(self.root), os.stat(self.store_path)
+        except OSError:
+            return True
+        return (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino)
+
     def missing_shard(self, t: int, s: int) -> CorruptDataError:
+        if self.replaced():
+            return StoreChangedError(
+                f"{self.store_path}: the store this reader was made for was replaced or "
+                f"removed since, and its {self._where(t, s)} is gone; open the path again"
+            )
         return CorruptDataError(
-            f"shard file {self.shard_files[t][s]} (table {self.tables[t].name!r}, "
-            f"shard {s}) is missing from {self.root}; run `rowcache verify`"
+            f"{self._where(t, s)} is missing from {self.store_path}; run `rowcache verify`"
         )
+
+    def _open_file(self, t: int, s: int) -> int:
+        """Open shard ``s`` of table ``t``: a regular file, never a link, never waited on."""
+        name = self.shard_files[t][s]
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(os.path.join(self.root, name), flags | (os.O_DIRECT if self.direct else 0))
+        except FileNotFoundError as e:
+            raise self.missing_shard(t, s) from e
+        except OSError as e:
+            if self.direct and e.errno == errno.EINVAL:
+                raise ConfigError(
+                    f"direct=True: the file system of {self.store_path} refuses O_DIRECT; "
+                    "use direct=False"
+                ) from e
+            if e.errno == errno.ELOOP:
+                raise CorruptDataError(
+                    f"{self._where(t, s)} in {self.store_path} is a symbolic link; a store's "
+                    "shards are never links (refusing to follow it): run `rowcache verify`"
+                ) from None
+            shown = os.path.join(self.store_path, name)  # OSError(EACCES, ...) is a PermissionError
+            raise OSError(
+                e.errno, f"cannot open {self._where(t, s)}: {e.strerror}", shown
+            ) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CorruptDataError(
+                    f"{self._where(t, s)} in {self.store_path} is not a regular file (a FIFO, "
+                    "a device or a directory); refusing to read it: run `rowcache verify`"
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def fd(self, t: int, s: int) -> int:
         """The descriptor of shard ``s`` of table ``t``, opened the first time."""
@@ -57,19 +120,7 @@ class ShardFiles:
         with self._lock:
             fd = self._open.get(key)
             if fd is None:
-                path = os.path.join(self.root, self.shard_files[t][s])
-                flags = os.O_RDONLY | (os.O_DIRECT if self.direct else 0)
-                try:
-                    fd = os.open(path, flags)
-                except FileNotFoundError as e:
-                    raise self.missing_shard(t, s) from e
-                except OSError as e:
-                    if self.direct and e.errno == errno.EINVAL:
-                        raise ConfigError(
-                            f"direct=True: the file system of {self.root} refuses O_DIRECT; "
-                            "use direct=False"
-                        ) from e
-                    raise
+                fd = self._open_file(t, s)
                 if not self.direct:
                     # Row reads are random: kernel readahead would only read pages nobody asked for.
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)

@@ -81,6 +81,9 @@ class RowReader:
         any other reader of the process that is not ``background`` runs a batch, this one
         submits no new read (its reads in flight finish), so a step's fault does not queue
         behind a prefetch's thousands of reads. The cache's prefetch reader sets it.
+    store_path : the store's path as its user gave it, where ``root`` is another name of
+        its directory (``RowStore`` gives ``/proc/self/fd/N``): errors name it, and a shard
+        gone because the path names another store now is a ``StoreChangedError``.
 
     Attributes: the options above, ``root``, ``tables``, ``shard_files``, ``engine`` (the
     engine's name: ``"uring"``, ``"threads"``, ``"python"``; ``"kvikio"`` for a
@@ -106,6 +109,7 @@ class RowReader:
         verify_pages: bool = True,
         spin_us: int = DEFAULT_SPIN_US,
         background: bool = False,
+        store_path: str | None = None,
     ) -> None:
         if (
             isinstance(queue_depth, bool)
@@ -143,7 +147,8 @@ class RowReader:
         self.page_crcs = page_crcs
         self._engine_asked = engine
         self._rec_of: dict[bytes, int] = {}
-        self.files = ShardFiles(root, tables, shard_files, direct)
+        self.store_path = store_path
+        self.files = ShardFiles(root, tables, shard_files, direct, store_path)
         self.planner = ReadPlanner(tables, self.files.file_base, merge_gap, max_extent, page_crcs)
         self.read_engine = self.new_engine(engine)
         self.engine: str = self.read_engine.name
@@ -184,6 +189,7 @@ class RowReader:
             "verify_pages": self.verify_pages,
             "spin_us": self.spin_us,
             "background": self.background,
+            "store_path": self.store_path,
         }
         opts.update(changes)
         return opts

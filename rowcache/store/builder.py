@@ -17,11 +17,10 @@ from __future__ import annotations
 import datetime as _dt
 import errno
 import os
-import re
 import resource
 import shutil
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,6 +33,7 @@ from rowcache.kernels.loader import gpu_available
 from rowcache.store import format as fmt
 from rowcache.store import replace
 from rowcache.store.handle import RowStore, lmdb_error
+from rowcache.store.marker import is_store, write_marker
 from rowcache.store.pages import Fp8Pages, check_finite, pack_pages, to_records
 from rowcache.store.sources import Source, resolve_source
 
@@ -44,7 +44,9 @@ CHUNK_BYTES = 32 << 20  # input bytes per streamed chunk
 FP8_ENGINE: str | None = None
 FP8_THREADS: int | None = None  # threads of the "cpu" engine; None: this process's cores - 1
 MAP_SIZE = 1 << 34  # LMDB map size: address space only, the file grows with data
-_SHARD_NAME = re.compile(r"t\d{4}-s\d{6}\.bin")
+# The file system's free space, asked before a build starts (os.statvfs; a test of a full
+# disk sets it to report less, as no file system can be filled here without root).
+STATVFS: Callable[[str], Any] = os.statvfs
 
 
 def _tables_dict(tables: Any) -> dict[str, Any]:
@@ -87,7 +89,7 @@ def _write_table(
     bar: Any,
 ) -> list[tuple[fmt.ShardRecord, np.ndarray]]:
     """Write the shard files of table ``t``; per shard its record and page CRCs."""
-    row_bytes = src.dim * src.array.dtype.itemsize
+    row_bytes = src.dim * src.dtype.itemsize
     chunk_rows = max(info.rows_per_page, CHUNK_BYTES // max(1, row_bytes))
     chunk_rows -= chunk_rows % info.rows_per_page  # every chunk but a shard's last is whole pages
     fp8 = Fp8Pages(info, chunk_rows, _fp8_engine(), FP8_THREADS) if dtype == "fp8" else None
@@ -129,7 +131,7 @@ def _write_shard(
     fp8: Fp8Pages | None,
 ) -> tuple[fmt.ShardRecord, np.ndarray]:
     """Write shard ``s`` of table ``t``: its record and page CRCs."""
-    row_bytes = src.dim * src.array.dtype.itemsize
+    row_bytes = src.dim * src.dtype.itemsize
     first, count = info.shard_rows(s)
     name = fmt.shard_file_name(t, s)
     fd = os.open(os.path.join(root, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -176,14 +178,6 @@ def _write_shard(
     return rec, page_crcs
 
 
-def _is_store(path: str) -> bool:
-    """A rowcache store's layout: ``index.lmdb`` plus shard files, nothing else."""
-    names = os.listdir(path)
-    if fmt.INDEX_NAME not in names or not os.path.isdir(os.path.join(path, fmt.INDEX_NAME)):
-        return False
-    return all(n == fmt.INDEX_NAME or _SHARD_NAME.fullmatch(n) for n in names)
-
-
 def _write_index(tmp: str, path: str, shard_recs: list[Any], meta: dict[str, Any]) -> None:
     """Shard and page-CRC records, then the meta record in its own last transaction."""
     index = os.path.join(tmp, fmt.INDEX_NAME)
@@ -224,6 +218,44 @@ def _explain_eio(err: Exception, index: str) -> Exception:
             errno.EFBIG, f"{err.strerror} (the file size limit, ulimit -f, is {soft} bytes)"
         )
     return err
+
+
+def needed_bytes(infos: list[fmt.TableInfo]) -> int:
+    """Disk space a build of ``infos`` needs beside what is there: every shard file, the
+    index (its page-CRC records, 4 bytes a page, twice over for LMDB's pages and tree, and
+    1 MiB), and 1 % more and 16 MiB for the file system's own blocks. An overwrite keeps the
+    old store until the new one is complete, so the old one's space never counts as free."""
+    shards = sum(i.shard_bytes(s) for i in infos for s in range(i.shards))
+    pages = shards // fmt.PAGE
+    index = 2 * (4 * pages + 512 * sum(i.shards for i in infos)) + (1 << 20)
+    return shards + index + (shards + index) // 100 + (16 << 20)
+
+
+def _check_free_space(parent: str, path: str, infos: list[fmt.TableInfo]) -> None:
+    """``OSError(ENOSPC)`` before anything is written where the file system holding
+    ``parent`` has less free space than the build needs, saying both."""
+    need = needed_bytes(infos)
+    try:
+        st = STATVFS(parent)
+    except OSError:
+        return  # no figure to compare with: a full disk is still a clean ENOSPC later
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        old = " (the store there now is removed only once the new one is complete)"
+        raise OSError(
+            errno.ENOSPC,
+            f"building {path} needs {_size(need)} of disk (shards, index and headroom) and "
+            f"the file system of {parent} has {_size(free)} free"
+            + (old if os.path.lexists(path) else "")
+            + ": free space or build elsewhere",
+        )
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit} ({n:,} bytes)"
+    return f"{n:,} bytes"
 
 
 def build_store(
@@ -274,13 +306,45 @@ def build_store(
     if os.path.lexists(path) and not overwrite:
         raise ConfigError(f"path {path!r} already exists; pass overwrite=True to replace it")
     if os.path.lexists(path):
-        replace.check_replaceable(path, _is_store)
+        replace.check_replaceable(path, is_store)
     sources = [resolve_source(n, s) for n, s in _tables_dict(tables).items()]
     infos = [fmt.TableInfo.make(s.name, s.rows, s.dim, dtype, shard_bytes) for s in sources]
 
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    try:
+        _check_free_space(parent, path, infos)
+        return _build(
+            path, sources, infos, dtype, overwrite, progress, shard_bytes, allow_nonfinite
+        )
+    finally:
+        for s in sources:
+            s.close()
+
+
+def _build(
+    path: str,
+    sources: list[Source],
+    infos: list[fmt.TableInfo],
+    dtype: str,
+    overwrite: bool,
+    progress: bool,
+    shard_bytes: int,
+    allow_nonfinite: bool,
+) -> RowStore:
+    """Build in a locked sibling, open what was built, then switch it in (build_store)."""
+
+    def check_existing(p: str) -> None:
+        if not overwrite:
+            raise ConfigError(
+                f"path {p!r} appeared during the build (another build of it finished first?); "
+                "pass overwrite=True to replace it"
+            )
+        replace.check_replaceable(p, is_store)
+
     replace.remove_leftovers(path)  # also finishes a half-done switch of an earlier build
     tmp, lock = replace.new_sibling(path, "building")
+    store = None
     try:
         try:
             shard_recs = _write_shards(tmp, sources, infos, dtype, allow_nonfinite, progress)
@@ -302,29 +366,32 @@ def build_store(
                 },
             }
             _write_index(tmp, path, shard_recs, meta)
+            write_marker(tmp)
             replace._step("committed")
-            # What is at `path` may have changed during a long build: check it again.
-            if os.path.lexists(path):
-                if not overwrite:
-                    raise ConfigError(
-                        f"path {path!r} appeared during the build; pass overwrite=True to replace it"
-                    )
-                replace.check_replaceable(path, _is_store)
+            # The store this call built, opened before the switch by its own directory:
+            # the call returns it whatever other builds make of `path` afterwards.
+            store = RowStore.open_dir(lock.fd, path)
+            if os.path.lexists(path):  # `path` may have changed during a long build
+                check_existing(path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         try:
-            replace.switch(tmp, path)
+            replace.switch(tmp, path, check_existing)
         except BaseException:
             # Whatever `tmp` holds now (our unused build, or the old store after the
             # exchange) is garbage; a missing `path` is restored below.
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+    except BaseException:
+        if store is not None:
+            store.close()
+        raise
     finally:
         lock.close()
         if not os.path.lexists(path):
             replace.recover(path)
-    return RowStore.open(path)
+    return store
 
 
 def _write_shards(
@@ -335,7 +402,7 @@ def _write_shards(
     allow_nonfinite: bool,
     progress: bool,
 ) -> list[Any]:
-    total = sum(s.rows * s.dim * s.array.dtype.itemsize for s in sources)
+    total = sum(s.rows * s.dim * s.dtype.itemsize for s in sources)
     bar = None
     if progress:
         from tqdm import tqdm

@@ -46,6 +46,8 @@ META_KEY = b"M"
 SHARD_PREFIX = b"S"
 CRC_PREFIX = b"C"
 INDEX_NAME = "index.lmdb"
+INDEX_FILE = "data.mdb"  # the LMDB data file inside INDEX_NAME
+MARKER_NAME = "rowcache-store.json"  # the marker a build writes last (rowcache.store.marker)
 
 Dtype = Literal["bf16", "fp8"]
 
@@ -98,7 +100,7 @@ def check_file_name(name: Any, where: str) -> str:
     """
     ok = (
         type(name) is str
-        and name not in ("", ".", "..", INDEX_NAME)
+        and name not in ("", ".", "..", INDEX_NAME, MARKER_NAME)
         and not name.startswith(".")
         and "/" not in name
         and "\\" not in name
@@ -108,7 +110,7 @@ def check_file_name(name: Any, where: str) -> str:
     if not ok:
         raise FormatError(
             f"{where}: field 'file' is {name!r}; a shard file must be a plain file name "
-            "inside the store (no directory, no '..', not hidden, not the index)"
+            "inside the store (no directory, no '..', not hidden, not the index or the marker)"
         )
     return name
 

@@ -29,14 +29,16 @@ from rowcache.errors import (
 from rowcache.io.reader import DEFAULT_MERGE_GAP, ReadStats, RowReader
 from rowcache.store import format as fmt
 from rowcache.store import replace
-from rowcache.store.index import check_lmdb_file, check_shard_files, lmdb_error, read_index
+from rowcache.store.index import check_lmdb_header, check_shard_files, lmdb_error, read_index
 from rowcache.store.replace import Leftover, find_leftovers, remove_leftovers
+from rowcache.store.safeopen import FILE_FLAGS
 
 __all__ = [
     "Leftover",
     "RowStore",
+    "StoreDir",
     "VerifyReport",
-    "check_lmdb_file",
+    "check_lmdb_header",
     "check_row_ids",
     "find_leftovers",
     "lmdb_error",
@@ -106,6 +108,45 @@ def _pinned_root(dirfd: int, path: str) -> str:
     return path
 
 
+def _replaced(dirfd: int, path: str) -> bool:
+    """True if ``path`` no longer names the directory ``dirfd`` (another build replaced
+    or removed it)."""
+    try:
+        st = os.fstat(dirfd)
+        cur = os.stat(path)
+    except OSError:
+        return True
+    return st.st_nlink == 0 or (cur.st_dev, cur.st_ino) != (st.st_dev, st.st_ino)
+
+
+OPEN_ATTEMPTS = 3  # opens of a path that another build replaces meanwhile, before giving up
+
+
+class StoreDir:
+    """The descriptor of an opened store directory, the one way its files are reached.
+
+    Readers open shard files through ``root`` (``/proc/self/fd/N``), so the descriptor must
+    outlive every reader that may open one: the handle holds it until ``close()``, and
+    every reader made from the handle pins it for the reader's life (:meth:`pin`). It is
+    closed when the last of them is gone, never while a reader could open a file through a
+    reused descriptor number.
+    """
+
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd = fd
+        self.root = _pinned_root(fd, path)
+        self._close = weakref.finalize(self, os.close, fd)
+
+    def pin(self, reader: RowReader) -> RowReader:
+        """Keep this directory open while ``reader`` lives; returns ``reader``."""
+        weakref.finalize(reader, _unpin, self)
+        return reader
+
+
+def _unpin(directory: StoreDir) -> None:
+    """Drops the finalizer's reference to ``directory`` (see :meth:`StoreDir.pin`)."""
+
+
 class RowStore:
     """A store opened read-only. Use :meth:`open`; see ``rowcache.build_store``.
 
@@ -113,7 +154,9 @@ class RowStore:
     on, so a build that replaces ``path`` meanwhile is never read through it; if the
     replaced store's files are gone when a read needs them, the read raises
     ``StoreChangedError`` (open ``path`` again). ``page_crcs[t][s]`` is the uint32
-    CRC32C of every 4 KiB page of shard ``s`` of table ``t``.
+    CRC32C of every 4 KiB page of shard ``s`` of table ``t``. After :meth:`close`, every
+    read, check and new reader is refused (``ConfigError``); readers made before it keep
+    reading the store they were made for.
 
     Thread safety: ``read_rows``/``read_records`` may be called from several
     threads at once (the reader owns per-call buffers).
@@ -129,8 +172,7 @@ class RowStore:
         reader: RowReader,
         *,
         page_crcs: list[list[np.ndarray]] | None = None,
-        root: str | None = None,
-        dirfd: int = -1,
+        directory: StoreDir | None = None,
     ) -> None:
         self.path = path
         self.dtype = dtype
@@ -139,9 +181,10 @@ class RowStore:
         self.meta = meta
         self.reader = reader
         self.page_crcs = page_crcs if page_crcs is not None else []
-        self.root = root if root is not None else path  # where this handle's files are
-        self._dirfd = dirfd
-        self._close_dir = weakref.finalize(self, os.close, dirfd) if dirfd >= 0 else None
+        self.root = directory.root if directory is not None else path  # where its files are
+        self._dir = directory
+        self._dirfd = directory.fd if directory is not None else -1
+        self.closed = False
 
     @classmethod
     def open(
@@ -159,43 +202,94 @@ class RowStore:
         (see ``rowcache.io.reader.RowReader``). ``check_shards``: a missing shard file or
         one of the wrong size is a ``CorruptDataError`` (pass False to open a damaged
         store anyway, to ``verify`` it). A half-done switch of an interrupted build is
-        finished first (see ``rowcache.store.replace.recover``).
+        finished first (see ``rowcache.store.replace.recover``). A store that another
+        build replaces while it is being opened is opened again (the new one); after
+        ``OPEN_ATTEMPTS`` such replacements, ``StoreChangedError``.
         """
         path = os.path.abspath(os.fspath(path))
-        if not os.path.lexists(path):
-            replace.recover(path)
-        try:
-            dirfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        except FileNotFoundError:
-            raise FormatError(f"{path}: no such directory, so no rowcache store") from None
-        except NotADirectoryError:
-            raise FormatError(f"{path}: not a directory, so not a rowcache store") from None
-        try:
-            root = _pinned_root(dirfd, path)
-            dtype, tables, shards, crcs, meta = read_index(root, path)
-            check_shard_files(dirfd, path, tables, shards, missing_ok=not check_shards)
-            reader = RowReader(
-                root,
-                tables,
-                [[r.file for r in recs] for recs in shards],
-                queue_depth=queue_depth,
-                direct=direct,
-                merge_gap=merge_gap,
-                page_crcs=crcs,
-            )
-        except BaseException:
-            os.close(dirfd)
-            raise
-        return cls(
-            path, dtype, tables, shards, meta, reader, page_crcs=crcs, root=root, dirfd=dirfd
+        last: Exception | None = None
+        for _ in range(OPEN_ATTEMPTS):
+            if not os.path.lexists(path):
+                replace.recover(path)
+            try:
+                dirfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                replace.recover(path)  # waits for a fallback switch that has `path` away
+                if os.path.lexists(path):
+                    continue
+                raise FormatError(f"{path}: no such directory, so no rowcache store") from None
+            except NotADirectoryError:
+                raise FormatError(f"{path}: not a directory, so not a rowcache store") from None
+            try:
+                return cls.open_dir(
+                    dirfd,
+                    path,
+                    queue_depth=queue_depth,
+                    direct=direct,
+                    merge_gap=merge_gap,
+                    check_shards=check_shards,
+                )
+            except (FormatError, CorruptDataError) as e:
+                if not _replaced(dirfd, path):
+                    raise
+                last = e  # what was read was a store being replaced: open the new one
+            finally:
+                os.close(dirfd)
+        raise StoreChangedError(
+            f"{path}: the store was replaced {OPEN_ATTEMPTS} times while being opened (builds "
+            f"of the path are running; the last open saw: {last}); open the path again"
         )
+
+    @classmethod
+    def open_dir(
+        cls,
+        dirfd: int,
+        path: str,
+        *,
+        queue_depth: int = 32,
+        direct: bool = False,
+        merge_gap: int = DEFAULT_MERGE_GAP,
+        check_shards: bool = True,
+    ) -> RowStore:
+        """Open the store in the directory ``dirfd`` (which stays the caller's: the handle
+        opens the directory again through it), named ``path`` in its messages and :attr:`path`: the builder
+        opens the store it built before the switch makes it ``path``, so that it returns
+        that store and never another build's. Otherwise as :meth:`open`."""
+        # A descriptor of its own (not a dup: a dup would share the builder's flock).
+        own = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dirfd)
+        directory = StoreDir(own, path)
+        dtype, tables, shards, crcs, meta = read_index(directory.fd, path)
+        check_shard_files(directory.fd, path, tables, shards, missing_ok=not check_shards)
+        reader = RowReader(
+            directory.root,
+            tables,
+            [[r.file for r in recs] for recs in shards],
+            queue_depth=queue_depth,
+            direct=direct,
+            merge_gap=merge_gap,
+            page_crcs=crcs,
+            store_path=path,
+        )
+        directory.pin(reader)
+        return cls(path, dtype, tables, shards, meta, reader, page_crcs=crcs, directory=directory)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ConfigError(
+                f"RowStore({self.path!r}) is closed; open the store again with RowStore.open"
+            )
 
     def new_reader(self, cls: type[RowReader] = RowReader, **kw: Any) -> RowReader:
         """Another reader (``cls``: RowReader or a subclass) over this handle's files,
-        with its page CRCs where ``cls`` takes them; ``kw`` are its settings."""
+        with its page CRCs where ``cls`` takes them; ``kw`` are its settings. The reader
+        keeps the store's directory open for its life (it reads this store, even after
+        the handle is closed)."""
+        self._check_open()
         files = [[r.file for r in recs] for recs in self.shards]
         kw.setdefault("page_crcs", self.page_crcs)
-        return cls(self.root, self.tables, files, **kw)
+        kw.setdefault("store_path", self.path)
+        reader = cls(self.root, self.tables, files, **kw)
+        return self._dir.pin(reader) if self._dir is not None else reader
 
     @property
     def store_id(self) -> str | None:
@@ -204,14 +298,8 @@ class RowStore:
 
     def changed(self) -> bool:
         """True if ``path`` no longer holds the store this handle opened."""
-        if self._dirfd < 0:
-            return False
-        try:
-            st = os.fstat(self._dirfd)
-            cur = os.stat(self.path)
-        except OSError:
-            return True
-        return st.st_nlink == 0 or (cur.st_dev, cur.st_ino) != (st.st_dev, st.st_ino)
+        self._check_open()
+        return self._dirfd >= 0 and _replaced(self._dirfd, self.path)
 
     def _changed_error(self, e: CorruptDataError) -> CorruptDataError:
         msg = str(e)
@@ -249,6 +337,7 @@ class RowStore:
         self, table: str | int, rows: np.ndarray, out: np.ndarray | None = None
     ) -> tuple[np.ndarray, ReadStats]:
         """Raw records of **sorted unique, in-range** ``rows`` (the cache's fault path)."""
+        self._check_open()
         try:
             return self.reader.read_records(self.table_index(table), rows, out)
         except CorruptDataError as e:
@@ -270,6 +359,7 @@ class RowStore:
         bfloat16[n, dim] for a BF16 store, or ``(codes uint8[n, dim], scales float32[n])``
         for an FP8 store.
         """
+        self._check_open()
         t = self.table_index(table)
         info = self.tables[t]
         ids = check_row_ids(row_ids, info.rows)
@@ -296,6 +386,7 @@ class RowStore:
         shard is reported, never raised: open a damaged store with
         ``RowStore.open(path, check_shards=False)`` to verify it.
         """
+        self._check_open()
         problems: list[str] = []
         total = sum(r.length for recs in self.shards for r in recs)
         bar = None
@@ -332,7 +423,7 @@ class RowStore:
         where = f"(table {self.tables[t].name!r}, shard {r.shard})"
         # O_NONBLOCK: a FIFO put in a shard's place opens at once (to be refused below)
         # instead of waiting for a writer; a regular file's reads ignore it.
-        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        flags = FILE_FLAGS
         try:
             fd = (
                 os.open(r.file, flags, dir_fd=self._dirfd)
@@ -395,9 +486,15 @@ class RowStore:
         )
 
     def close(self) -> None:
+        """Close the handle's reader and let go of the store's directory (closed once no
+        reader made from this handle is left). Every later read, check or new reader of
+        this handle raises ``ConfigError``; closing twice is harmless."""
+        if self.closed:
+            return
+        self.closed = True
         self.reader.close()
-        if self._close_dir is not None:
-            self._close_dir()
+        self._dir = None
+        self._dirfd = -1
 
     def __enter__(self) -> RowStore:
         return self

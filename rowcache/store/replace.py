@@ -4,27 +4,29 @@ Owns the one moment a build becomes visible. ``switch`` exchanges the finished b
 with the store at ``path`` in one ``renameat2(RENAME_EXCHANGE)`` (Linux), so ``path``
 holds the complete old or the complete new store at every instant; where the call is
 missing it falls back to two renames and ``recover`` finishes a half-done switch on
-the next open or build. Also owns the sibling directories builds leave behind
+the next open or build (and only then: a store the new one replaced is never put back).
+Also owns the sibling directories builds leave behind
 (``.NAME.building-*``, ``.NAME.old-*``, ``.NAME.switch-*``), the ``flock`` by which a
 live build marks the ones it owns, and finding and removing the others.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
 import os
 import platform
 import shutil
-import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from rowcache.errors import ConfigError
 
 KINDS = ("building", "old", "switch")  # in-progress build; old store being removed; mid-switch
+RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 _SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "ppc64le": 357, "s390x": 347}
 AT_FDCWD = -100
@@ -57,7 +59,7 @@ class Leftover:
 
 
 # -- renameat2 -------------------------------------------------------------------
-def _renameat2() -> Callable[[bytes, bytes], int] | None:
+def _renameat2() -> Callable[[bytes, bytes, int], int] | None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
     except OSError:
@@ -65,29 +67,48 @@ def _renameat2() -> Callable[[bytes, bytes], int] | None:
     fn = getattr(libc, "renameat2", None)
     if fn is not None:
         fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-        return lambda a, b: fn(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE)
+        return lambda a, b, flags: fn(AT_FDCWD, a, AT_FDCWD, b, flags)
     nr = _SYS_RENAMEAT2.get(platform.machine())
     if nr is None or not hasattr(libc, "syscall"):
         return None
     sc = libc.syscall
-    return lambda a, b: sc(
-        ctypes.c_long(nr), AT_FDCWD, a, AT_FDCWD, b, ctypes.c_uint(RENAME_EXCHANGE)
-    )
+    return lambda a, b, flags: sc(ctypes.c_long(nr), AT_FDCWD, a, AT_FDCWD, b, ctypes.c_uint(flags))
 
 
+# renameat2 where the platform has it; None gives the two-rename fallback (the switch's
+# tests set it to None to run the fallback; it is not an option of the public API).
 _EXCHANGE = _renameat2() if os.name == "posix" and platform.system() == "Linux" else None
 
 
-def exchange(a: str, b: str) -> bool:
-    """Swap directories ``a`` and ``b`` atomically; False where the platform cannot."""
+def _renameat2_call(a: str, b: str, flags: int) -> bool:
+    """renameat2(a, b, flags); False where the platform or file system cannot."""
     if _EXCHANGE is None:
         return False
-    if _EXCHANGE(os.fsencode(a), os.fsencode(b)) == 0:
+    if _EXCHANGE(os.fsencode(a), os.fsencode(b), flags) == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):  # old kernel or file system
         return False
-    raise OSError(err, f"renameat2({a!r}, {b!r}, RENAME_EXCHANGE): {os.strerror(err)}")
+    raise OSError(err, f"renameat2({a!r}, {b!r}): {os.strerror(err)}", b)
+
+
+def exchange(a: str, b: str) -> bool:
+    """Swap directories ``a`` and ``b`` atomically; False where the platform cannot."""
+    return _renameat2_call(a, b, RENAME_EXCHANGE)
+
+
+def rename_new(a: str, b: str) -> None:
+    """Rename ``a`` to ``b`` where nothing is at ``b``: ``FileExistsError`` if something
+    is (``RENAME_NOREPLACE``; a plain rename where renameat2 is missing, which may only
+    replace an empty directory)."""
+    if _renameat2_call(a, b, RENAME_NOREPLACE):
+        return
+    try:
+        os.rename(a, b)
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise FileExistsError(e.errno, f"{b} exists", b) from None
+        raise
 
 
 def fsync_dir(path: str) -> None:
@@ -141,7 +162,10 @@ def new_sibling(path: str, kind: str) -> tuple[str, DirLock]:
     while True:
         tmp = sibling_name(path, kind)
         os.mkdir(tmp)
-        lock = DirLock(tmp)
+        try:
+            lock = DirLock(tmp)
+        except FileNotFoundError:
+            continue  # a concurrent cleaner removed it before we locked it
         # A concurrent cleaner may have removed it between mkdir and flock: start again.
         try:
             if os.stat(tmp).st_ino == os.fstat(lock.fd).st_ino:
@@ -224,78 +248,97 @@ def remove_leftovers(path: str | os.PathLike[str]) -> list[Leftover]:
     return removed
 
 
-def recover(path: str | os.PathLike[str], wait_s: float = 2.0) -> bool:
+def _token(sibling: str) -> str:
+    """The random part of a ``.NAME.<kind>-<token>`` sibling's name."""
+    return os.path.basename(sibling).rsplit("-", 1)[-1]
+
+
+def _build_of(switch_dir: str, path: str) -> str:
+    """The build directory whose fallback switch moved the store at ``path`` to
+    ``switch_dir``: both carry one token (see :func:`switch`)."""
+    parent, base = os.path.split(path)
+    return os.path.join(parent, f".{base}.building-{_token(switch_dir)}")
+
+
+@contextlib.contextmanager
+def switch_lock(path: str) -> Iterator[None]:
+    """Held while a switch of a store in ``path``'s parent directory renames, and while
+    :func:`recover` looks for a half-done one: an exclusive ``flock`` on the parent, so two
+    builds' switches (and a recovery) never interleave their renames. Released before the
+    old store is removed; without a parent that can be opened, nothing is held."""
+    try:
+        lock = DirLock(os.path.dirname(path))
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.close()
+
+
+def recover(path: str | os.PathLike[str]) -> bool:
     """Finish a half-done non-atomic switch: put the moved-away store back at ``path``.
 
-    Only where ``path`` is missing and a ``.NAME.switch-*`` sibling exists (the state
-    between the two renames of the fallback switch). A switch still owned by a live
-    build is waited for (it takes microseconds) up to ``wait_s``. True if restored.
+    Only where ``path`` is missing and a ``.NAME.switch-T`` sibling exists whose build,
+    ``.NAME.building-T``, is still there: the state a process that died between the two
+    renames of the fallback switch leaves, before the new store took ``path``. A switch
+    sibling without its build is a store the new one has replaced: it is never put back
+    (a store deleted after the switch stays deleted), only removed as a leftover. Runs
+    under :func:`switch_lock`, so a switch in progress is waited for, never undone. True if
+    restored.
     """
     p = os.path.abspath(os.fspath(path))
-    deadline = time.monotonic() + wait_s
-    while not os.path.lexists(p):
-        cands = [lo for lo in find_leftovers(p) if lo.kind == "switch"]
-        if not cands:
+    if os.path.lexists(p):
+        return False
+    with switch_lock(p):
+        if os.path.lexists(p):
             return False
-        if all(lo.live for lo in cands):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
-            continue
-        for lo in cands:
+        for lo in find_leftovers(p):
+            if lo.kind != "switch" or not os.path.isdir(_build_of(lo.path, p)):
+                continue
             lock = try_lock(lo.path)
             if lock is None:
                 continue
             try:
-                if not os.path.lexists(p):
-                    os.rename(lo.path, p)
-                    fsync_dir(os.path.dirname(p))
-                    return True
+                os.rename(lo.path, p)
+                fsync_dir(os.path.dirname(p))
+                return True
             finally:
                 lock.close()
     return False
 
 
 # -- the switch ------------------------------------------------------------------
-def switch(tmp: str, path: str) -> None:
+def switch(tmp: str, path: str, check_existing: Callable[[str], None]) -> None:
     """Make the finished build ``tmp`` the store at ``path``, removing the old one.
 
-    ``path`` always holds the old or the new store: one ``rename`` when ``path`` does
-    not exist, one ``renameat2(RENAME_EXCHANGE)`` when it does. Without renameat2 the
-    old store is first moved to ``.NAME.switch-*`` (which :func:`recover` restores if
-    the process dies before the second rename). The parent directory is fsynced
-    before the old store is removed.
+    ``path`` always holds the old or the new store: one ``renameat2(RENAME_NOREPLACE)``
+    when ``path`` does not exist, one ``renameat2(RENAME_EXCHANGE)`` when it does, after
+    ``check_existing(path)`` (which raises where what is there may not be replaced). The
+    check and the renames run under :func:`switch_lock`: another build's switch of the same
+    path comes wholly before or wholly after, and finds this build's store at ``path``.
+    Without renameat2 the old store is first moved to ``.NAME.switch-T`` (T: the token of
+    ``tmp``'s name, which :func:`recover` uses to restore it only if the process dies
+    before the second rename). The parent directory is fsynced before the old store is
+    removed.
     """
     parent = os.path.dirname(path)
-    if not os.path.lexists(path):
-        os.rename(tmp, path)
-        _step("renamed")
-        fsync_dir(parent)
-        _step("synced")
-        return
-    if exchange(tmp, path):
-        _step("exchanged")
-        # ``tmp`` now holds the old store (unlocked: our build lock followed the new one).
-        old_lock = try_lock(tmp)
-        if old_lock is None:  # a concurrent cleaner took it: it removes it
-            fsync_dir(parent)
-            _step("synced")
-            return
-        old = sibling_name(path, "old")
-        os.rename(tmp, old)
-        _step("old-renamed")
-    else:
-        moved = sibling_name(path, "switch")
-        old_lock = DirLock(path)
-        os.rename(path, moved)  # path is missing from here ...
-        _step("old-moved")
-        os.rename(tmp, path)  # ... to here; recover() restores `moved` if we die between
-        _step("new-moved")
-        old = sibling_name(path, "old")
-        os.rename(moved, old)
-        _step("old-renamed")
+    with switch_lock(path):
+        old, old_lock = None, None
+        try:
+            if os.path.lexists(path):
+                raise FileExistsError(errno.EEXIST, "exists", path)
+            rename_new(tmp, path)
+        except FileExistsError:
+            check_existing(path)
+            old, old_lock = _move_in(tmp, path, parent)
+        else:
+            _step("renamed")
     fsync_dir(parent)
     _step("synced")
+    if old is None or old_lock is None:
+        return
     try:
         remove_tree(old, step="old-removing")
     except OSError:
@@ -303,6 +346,44 @@ def switch(tmp: str, path: str) -> None:
     finally:
         old_lock.close()
     _step("old-removed")
+
+
+def _move_in(tmp: str, path: str, parent: str) -> tuple[str | None, DirLock | None]:
+    """Exchange ``tmp`` with the store at ``path`` (or the two-rename fallback); the old
+    store's new name and its lock, or ``(None, None)`` where another holds it."""
+    if exchange(tmp, path):
+        _step("exchanged")
+        # ``tmp`` now holds the old store (unlocked: our build lock followed the new one).
+        old_lock = try_lock(tmp)
+        if old_lock is None:  # the build that made it still holds it: left as a leftover
+            return None, None
+        try:
+            old = sibling_name(path, "old")
+            os.rename(tmp, old)
+            _step("old-renamed")
+        except BaseException:
+            old_lock.close()
+            raise
+        return old, old_lock
+    moved = os.path.join(parent, f".{os.path.basename(path)}.switch-{_token(tmp)}")
+    old_lock = DirLock(path)
+    try:
+        os.rename(path, moved)  # path is missing from here ...
+        try:
+            _step("old-moved")
+            os.rename(tmp, path)  # ... to here; recover() restores `moved` if we die between
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.rename(moved, path)  # an error, not a crash: put the old store back now
+            raise
+        _step("new-moved")
+        old = sibling_name(path, "old")
+        os.rename(moved, old)
+        _step("old-renamed")
+    except BaseException:
+        old_lock.close()
+        raise
+    return old, old_lock
 
 
 def check_replaceable(path: str, is_store: Callable[[str], bool]) -> None:

@@ -1,9 +1,10 @@
 """Table sources for the builder: in-memory arrays, ``.npy`` files, ``.safetensors`` tensors.
 
 Owns turning what a user hands ``build_store`` into a uniform streaming reader
-(``rows``, ``dim``, ``read(start, stop)``). ``.npy`` and ``.safetensors`` are
-memory-mapped, never loaded whole, so a 63 GB table set streams through a bounded
-amount of memory. Also owns reading the safetensors format itself: a file's header and a
+(``rows``, ``dim``, ``read(start, stop)``). ``.npy`` and ``.safetensors`` tables are read
+a block at a time with ``pread``, never loaded whole (a 63 GB table set streams through a
+bounded amount of memory) and never memory-mapped for their rows (a file cut short during
+the build is an error naming it, not a SIGBUS). Also owns reading the safetensors format itself: a file's header and a
 sharded checkpoint's ``model.safetensors.index.json``, both checked before they are trusted
 (a malformed file is a one-line ``FormatError`` naming it and the tensor, never a huge read,
 a hang or a traceback). Does not convert or quantize; the builder does.
@@ -17,7 +18,6 @@ import os
 import stat
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
@@ -30,25 +30,84 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 _ST_DTYPES = {"BF16": BF16, "F32": np.dtype("<f4"), "F16": np.dtype("<f2")}
 
 
-@dataclass(frozen=True)
 class Source:
-    """A 2-D table to stream: ``array`` is in memory or memory-mapped, never copied whole."""
+    """A 2-D table to stream, never copied whole: an array in memory, or the rows of a file.
 
-    name: str
-    array: np.ndarray
-    origin: str
+    A file's rows (a ``.npy`` file's, a ``.safetensors`` tensor's) are read with ``pread``
+    through a descriptor opened once, at ``offset``, never memory-mapped: a file cut short
+    during the build would make a read of a mapped page past its new end a SIGBUS; here it
+    is a ``FormatError`` naming the file. Call :meth:`close` when done (the builder does).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        origin: str,
+        array: np.ndarray,
+        file: str | None = None,
+        offset: int = 0,
+    ) -> None:
+        """``array`` is the table itself, or (with ``file``) a view whose dtype and shape
+        describe the file's rows at ``offset``; it is never read then."""
+        self.name = name
+        self.origin = origin
+        self.dtype = array.dtype
+        self.shape = (int(array.shape[0]), int(array.shape[1]))
+        self.file = file
+        self.offset = offset
+        self._array = None if file is not None else array
+        self._fd = -1
+        if file is not None:
+            with _open_regular(file, "table source") as (fd, size):
+                need = offset + self.rows * self.dim * self.dtype.itemsize
+                if size < need:
+                    raise FormatError(
+                        f"{file}: {size:,} bytes, but table {name!r} ({self.rows:,} x "
+                        f"{self.dim} {self.dtype}) needs {need:,}: the file is truncated"
+                    )
+                self._fd = os.dup(fd)
 
     @property
     def rows(self) -> int:
-        return int(self.array.shape[0])
+        return self.shape[0]
 
     @property
     def dim(self) -> int:
-        return int(self.array.shape[1])
+        return self.shape[1]
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _pread(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` of the file, read into a new array."""
+        out = np.empty((stop - start, self.dim), dtype=self.dtype)
+        buf = out.reshape(-1).view(np.uint8).data
+        row = self.dim * self.dtype.itemsize
+        pos, got = self.offset + start * row, 0
+        while got < buf.nbytes:
+            try:
+                n = os.preadv(self._fd, [buf[got:]], pos + got)
+            except OSError as e:
+                raise OSError(
+                    e.errno, f"reading table {self.name!r} from {self.file}: {e.strerror}"
+                ) from e
+            if n == 0:
+                raise FormatError(
+                    f"{self.file}: the source of table {self.name!r} ended at byte "
+                    f"{pos + got:,} while being read (rows {start:,}..{stop - 1:,} need bytes "
+                    f"up to {pos + buf.nbytes:,}): was it cut short or replaced during the build?"
+                )
+            got += n
+        return out
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` as bf16 or float32 (float16 is widened to float32)."""
-        block = self.array[start:stop]
+        if self._array is None:
+            block = self._pread(start, stop)
+            return block.astype(np.float32) if block.dtype == np.float16 else block
+        block = self._array[start:stop]
         if block.dtype == np.float16:
             return block.astype(np.float32)
         # A private copy: writing straight from a memory map faults its pages in inside
@@ -56,13 +115,26 @@ class Source:
         return np.array(block, copy=True)
 
     def view(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``[start, stop)`` without a copy where the dtype allows (bf16, float32):
-        for consumers that read every value once (the FP8 quantize), a private copy is
-        one more pass over memory. float16 is widened to float32, as by :meth:`read`."""
-        block = self.array[start:stop]
+        """Rows ``[start, stop)`` without a copy where the dtype allows (bf16, float32 in
+        memory): for consumers that read every value once (the FP8 quantize), a private
+        copy is one more pass over memory. A file's rows are read (:meth:`read`)."""
+        if self._array is None:
+            return self.read(start, stop)
+        block = self._array[start:stop]
         if block.dtype == np.float16:
             return block.astype(np.float32)
         return block
+
+
+def _file_source(name: str, arr: np.ndarray, path: str, origin: str) -> Source:
+    """A :class:`Source` reading ``path`` where the memory map ``arr`` shows its table (the
+    map only tells dtype, shape and offset; it is never read): with ``pread`` where the rows
+    lie in C order, through the map for a .npy file saved in Fortran order."""
+    offset = int(arr.offset) if isinstance(arr, np.memmap) else -1
+    arr = _as_table_array(arr, name, origin)
+    if offset < 0 or not arr.flags.c_contiguous:
+        return Source(name, origin, arr)
+    return Source(name, origin, arr, path, offset)
 
 
 def _as_table_array(arr: np.ndarray, name: str, origin: str) -> np.ndarray:
@@ -347,7 +419,7 @@ def resolve_source(name: str, src: Any) -> Source:
     the tensor's shard through its ``weight_map``.
     """
     if isinstance(src, np.ndarray):
-        return Source(name, _as_table_array(src, name, "array"), "array")
+        return Source(name, "array", _as_table_array(src, name, "array"))
     if isinstance(src, str) and split_tensor_source(src) is not None:
         src = split_tensor_source(src)
     if isinstance(src, tuple) and len(src) == 2:
@@ -368,7 +440,7 @@ def resolve_source(name: str, src: Any) -> Source:
                     "exist: download that shard"
                 )
         arr = safetensors_tensor(path, tensor)
-        return Source(name, _as_table_array(arr, name, f"{path}:{tensor}"), f"{path}:{tensor}")
+        return _file_source(name, arr, path, f"{path}:{tensor}")
     if isinstance(src, (str, os.PathLike)):
         path = os.fspath(src)
         if not os.path.exists(path):
@@ -384,7 +456,7 @@ def resolve_source(name: str, src: Any) -> Source:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError, EOFError) as e:
             raise FormatError(f"{path}: not a readable .npy file ({e or 'empty'})") from e
-        return Source(name, _as_table_array(arr, name, path), path)
+        return _file_source(name, arr, path, path)
     raise ConfigError(
         f"tables[{name!r}]: a source of type {type(src).__name__} is not supported; allowed: "
         "2-D numpy array, .npy path, (file.safetensors, tensor name)"

@@ -15,6 +15,7 @@ import rowcache
 from rowcache.errors import ConfigError, CorruptDataError, FormatError, RowRangeError
 from rowcache.store import format as fmt
 from rowcache.store.handle import RowStore
+from rowcache.store.marker import write_marker
 
 BF16 = ml_dtypes.bfloat16
 
@@ -288,6 +289,7 @@ def test_store_without_meta_record_does_not_open(tmp_path, rng):
     with env.begin(write=True) as txn:
         txn.delete(fmt.META_KEY)
     env.close()
+    write_marker(tmp_path / "s")  # as a builder that wrote these records would
     with pytest.raises(FormatError, match="no meta record"):
         RowStore.open(tmp_path / "s")
 
@@ -309,6 +311,7 @@ def test_corrupt_meta_field_is_named(tmp_path, rng, field, value, match):
         meta[field] = value
         txn.put(fmt.META_KEY, json.dumps(meta).encode())
     env.close()
+    write_marker(tmp_path / "s")  # as a builder that wrote these records would
     with pytest.raises(FormatError, match=match):
         RowStore.open(tmp_path / "s")
 
@@ -321,6 +324,7 @@ def test_inconsistent_table_field_is_named(tmp_path, rng):
         meta["tables"][0]["record_bytes"] = 9
         txn.put(fmt.META_KEY, json.dumps(meta).encode())
     env.close()
+    write_marker(tmp_path / "s")  # as a builder that wrote these records would
     with pytest.raises(FormatError, match=r"tables\[0\].record_bytes"):
         RowStore.open(tmp_path / "s")
 

@@ -21,6 +21,7 @@ from rowcache.errors import ConfigError, CorruptDataError, FormatError, RowRange
 from rowcache.io.reader import RowReader
 from rowcache.store import format as fmt
 from rowcache.store.handle import RowStore, lmdb_error
+from rowcache.store.marker import write_marker
 
 BF16 = ml_dtypes.bfloat16
 
@@ -37,10 +38,14 @@ def small(tmp_path, rng):
 
 
 def edit_index(path, fn):
+    """Edit a store's index records as a faulty or hostile builder would write them, and
+    record the edited index in the marker as the builder does (a damaged index is the
+    checksum's case, a wrong record the records' checks')."""
     env = lmdb.open(os.path.join(path, fmt.INDEX_NAME), subdir=True, lock=False)
     with env.begin(write=True) as txn:
         fn(txn)
     env.close()
+    write_marker(path)
 
 
 def edit_json(path, key, fn):
@@ -339,8 +344,14 @@ def test_truncated_or_flipped_data_mdb_never_kills_the_process(tmp_path, rng):
         assert code in (0, 3), f"{cases[p]}: exit {code} (not a RowCacheError)"
         if isinstance(cases[p], int):
             assert code == 3, f"truncated to {cases[p]} bytes and it opened"
+    cut = tmp_path / f"c{sizes.index(9000)}"
+    with pytest.raises(
+        FormatError, match=r"data.mdb is 9,000 bytes, the store's marker .* records"
+    ):
+        RowStore.open(cut)
+    os.unlink(cut / fmt.MARKER_NAME)  # a store built before markers: its LMDB header's word
     with pytest.raises(FormatError, match=r"data.mdb is 9000 bytes but its LMDB header says"):
-        RowStore.open(tmp_path / f"c{sizes.index(9000)}")
+        RowStore.open(cut)
 
 
 def test_build_never_leaves_an_lmdb_lock_file(small):

@@ -19,6 +19,7 @@ from rowcache.errors import ConfigError, CorruptDataError, FormatError, StoreCha
 from rowcache.store import format as fmt
 from rowcache.store import replace
 from rowcache.store.handle import RowStore, find_leftovers
+from rowcache.store.marker import write_marker
 
 BF16 = ml_dtypes.bfloat16
 
@@ -165,6 +166,7 @@ def test_overwrite_replaces_an_empty_directory_and_an_old_format_store(tmp_path,
         meta["version"] = 1
         txn.put(fmt.META_KEY, json.dumps(meta).encode())
     env.close()
+    write_marker(tmp_path / "s")
     with pytest.raises(FormatError, match="version"):
         RowStore.open(tmp_path / "s")
     s = rowcache.build_store(tmp_path / "s", [table(rng, 12)], overwrite=True, progress=False)

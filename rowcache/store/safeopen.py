@@ -1,0 +1,99 @@
+"""Opening a store's own files: never through a link, never waiting on a FIFO.
+
+Owns the one way the store package opens what lies inside a store directory (the marker,
+the index directory and its data file): relative to the directory's descriptor, with
+``O_NOFOLLOW`` (a link put in a file's place is refused, not followed out of the store) and
+``O_NONBLOCK`` (a FIFO or a device opens at once instead of waiting for a writer), then
+``fstat``: a regular file, or a :class:`FormatError` naming the file as its user knows it.
+The shard files the reader opens are held to the same rule by ``rowcache.io.files``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from rowcache.errors import FormatError
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+FILE_FLAGS = os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW | _CLOEXEC
+
+
+def _refused(e: OSError, dirfd: int, name: str, shown: str, what: str) -> FormatError | None:
+    """The error for a link or a non-directory where ``what`` should be (None: another error).
+    ``O_NOFOLLOW | O_DIRECTORY`` fails with ``ENOTDIR`` on a link: ``lstat`` tells them apart."""
+    link = e.errno == errno.ELOOP
+    if e.errno == errno.ENOTDIR:
+        try:
+            link = stat.S_ISLNK(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode)
+        except OSError:
+            pass
+    if link:
+        return FormatError(
+            f"{shown}: the {what} is a symbolic link; a store's files are never links "
+            "(refusing to follow it): rebuild the store with `rowcache build`"
+        )
+    if e.errno == errno.ENOTDIR:
+        return FormatError(f"{shown}: the {what} is not a directory; the store is damaged")
+    return None
+
+
+def open_dir_at(dirfd: int, name: str, shown: str, what: str) -> int:
+    """The descriptor of directory ``name`` inside ``dirfd``; ``FileNotFoundError`` if it is
+    missing, ``FormatError`` if it is a link or not a directory."""
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=dirfd)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        err = _refused(e, dirfd, name, shown, what)
+        if err is None:
+            raise FormatError(f"{shown}: cannot open the {what} ({e.strerror})") from e
+        raise err from None
+
+
+def open_file_at(dirfd: int, name: str, shown: str, what: str) -> tuple[int, int]:
+    """``(fd, size)`` of regular file ``name`` inside ``dirfd``; ``FileNotFoundError`` if it
+    is missing, ``FormatError`` if it is a link, a FIFO, a device or a directory."""
+    try:
+        fd = os.open(name, FILE_FLAGS, dir_fd=dirfd)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        err = _refused(e, dirfd, name, shown, what)
+        if err is None:
+            raise FormatError(f"{shown}: cannot open the {what} ({e.strerror})") from e
+        raise err from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FormatError(
+                f"{shown}: the {what} is not a regular file (a FIFO, a device or a directory); "
+                "refusing to read it: rebuild the store with `rowcache build`"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def read_exact(fd: int, n: int, offset: int, shown: str, what: str) -> bytes:
+    """``n`` bytes at ``offset``; ``FormatError`` if the file ends first (cut while read)."""
+    parts, got = [], 0
+    while got < n:
+        try:
+            b = os.pread(fd, n - got, offset + got)
+        except OSError as e:
+            raise OSError(e.errno, f"{shown}: reading the {what}: {e.strerror}") from e
+        if not b:
+            raise FormatError(
+                f"{shown}: the {what} ended at byte {offset + got:,} while being read "
+                "(cut short or replaced meanwhile)"
+            )
+        parts.append(b)
+        got += len(b)
+    return b"".join(parts)

@@ -76,7 +76,7 @@ class PendingFault:
         f.commit(self.plan, self.claim, np.empty(self.plan.n, dtype=np.int32))
         t5 = time.perf_counter()
         f.counters.fault_seconds += (t2 - t0) + (t5 - t3)  # the host's: plan, launch, join, commit
-        f.counters.phases += (t1 - t0, t4 - t3, t5 - t4, t2 - t1)
+        f.counters.count_phases(t1 - t0, t4 - t3, t5 - t4, t2 - t1)
 
 
 class Faulter:
@@ -276,7 +276,7 @@ class Faulter:
         if m:
             t4 = time.perf_counter()
             self.counters.fault_seconds += t4 - t0
-            self.counters.phases += (t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+            self.counters.count_phases(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
         return out
 
     @staticmethod

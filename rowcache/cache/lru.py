@@ -275,12 +275,10 @@ class Lru:
         scratch = self._scratch_for(n)
         work = np.empty(5 * n, dtype=np.int32)  # [uniq | slots | missing | victims | evicted]
         t = self.slots
-        status, n_u, n_miss, fresh_hits, n_ev, head, end, passed = self._c.plan(
-            ids, self.head, self.tail, self.batch, t.reserved > 0, self.free_or_unpinned(),
-            work, scratch, self._miss_threads,
-        )  # fmt: skip
-        return MissPlan(ids, work, status, n_u, n_miss, fresh_hits, n_ev, head, end,
-                        bool(passed), self.batch)  # fmt: skip
+        planned = self._c.plan(ids, self.head, self.tail, self.batch, t.reserved > 0,
+                               t.num_slots - self.pinned - t.reserved, work, scratch,
+                               self._miss_threads)  # fmt: skip
+        return MissPlan.of(ids, work, planned, self.batch)
 
     def commit(self, plan: MissPlan, out: np.ndarray) -> int:
         """Commit a plan whose reads succeeded (C ``LruState.commit``): unmap the evicted

@@ -30,13 +30,14 @@ class MissPlan:
     """A planned resolve with misses (planning changes nothing).
 
     ``ids``: int64[n] as passed. ``work``: int32[5n], ``[uniq | slots | missing | victims |
-    evicted]`` (read through the properties). ``n_u`` distinct rows (``uniq``, ascending;
-    ``slots``: -1 where missing), ``n_miss`` missing (``missing``, ascending; ``victims``,
+    evicted]``. ``n_u`` distinct rows (ascending, ``work[:n_u]``; their slots, -1 where
+    missing, ``work[n:n + n_u]``), ``n_miss`` missing (``missing``, ascending; ``victims``,
     their slots to be), ``n_ev`` rows evicted (``evicted``). ``fresh_hits``: hit slots not
     yet pinned in this batch. ``head``: the log head after the commit. ``end``: the log
     position just past the last victim. ``passed_reserved``: the victims' scan passed a slot
     a prefetch piece in flight holds. ``status``: :data:`PLANNED` or why not. ``batch``:
     the batch the plan was made in (its commit pins only while that batch lasts).
+    ``missing``, ``victims``, ``evicted``: int32 views of ``work``.
     """
 
     ids: np.ndarray
@@ -50,23 +51,28 @@ class MissPlan:
     end: int
     passed_reserved: bool
     batch: int
+    missing: np.ndarray
+    victims: np.ndarray
+    evicted: np.ndarray
+
+    @classmethod
+    def of(cls, ids: np.ndarray, work: np.ndarray, planned: tuple, batch: int) -> MissPlan:
+        """The plan of ``ids`` from the native plan's result ``planned`` (status, n_u,
+        n_miss, fresh_hits, n_ev, head, end, passed) over ``work``, made in ``batch``.
+        (Filled without the frozen ``__init__``'s per-field ``object.__setattr__``: this is
+        on every fault's path; the value is as frozen.)"""
+        status, n_u, n_miss, fresh_hits, n_ev, head, end, passed = planned
+        n = ids.size
+        plan = object.__new__(cls)
+        plan.__dict__.update(
+            ids=ids, work=work, status=status, n_u=n_u, n_miss=n_miss, fresh_hits=fresh_hits,
+            n_ev=n_ev, head=head, end=end, passed_reserved=bool(passed), batch=batch,
+            missing=work[2 * n : 2 * n + n_miss], victims=work[3 * n : 3 * n + n_miss],
+            evicted=work[4 * n : 4 * n + n_ev],
+        )  # fmt: skip
+        return plan
 
     @property
     def n(self) -> int:
         """Ids of the call."""
         return int(self.ids.size)
-
-    @property
-    def missing(self) -> np.ndarray:
-        """int32[n_miss]: the missing rows, ascending."""
-        return self.work[2 * self.n : 2 * self.n + self.n_miss]
-
-    @property
-    def victims(self) -> np.ndarray:
-        """int32[n_miss]: the slots the missing rows take, in their order."""
-        return self.work[3 * self.n : 3 * self.n + self.n_miss]
-
-    @property
-    def evicted(self) -> np.ndarray:
-        """int32[n_ev]: the rows the victims held."""
-        return self.work[4 * self.n : 4 * self.n + self.n_ev]

@@ -485,7 +485,7 @@ class NgramRowCache:
         """float64[4]: seconds of the demand faults' phases since creation, summed: plan,
         read, commit (with the CPU's scatter), launch (a copy; a deferred fault's read is
         the time its join waited)."""
-        return self._counters.phases.copy()
+        return self._counters.phases()
 
     @property
     def info(self) -> TableInfo:

@@ -55,12 +55,12 @@ class CacheStats:
 class Counters:
     """The running counts behind :class:`CacheStats` (attributes of the same names), the
     misses per part (``part_misses``, int64[parts]: the native commit adds to it in place)
-    and the demand faults' phase times (``phases``: plan, read, commit, launch; summed,
-    never reset)."""
+    and the demand faults' phase times (:meth:`phases`: plan, read, commit, launch; summed,
+    never reset; four floats, so that a fault adds to them without an array operation)."""
 
     def __init__(self, parts: int) -> None:
         self.part_misses = np.zeros(parts, dtype=np.int64)
-        self.phases = np.zeros(4)
+        self.plan_s = self.read_s = self.commit_s = self.launch_s = 0.0
         self.reset()
 
     def reset(self) -> None:
@@ -71,6 +71,17 @@ class Counters:
         self.fault_seconds = 0.0
         self.prefetch_wait_seconds = 0.0
         self.part_misses[:] = 0
+
+    def count_phases(self, plan: float, read: float, commit: float, launch: float) -> None:
+        """A demand fault's phase times (seconds)."""
+        self.plan_s += plan
+        self.read_s += read
+        self.commit_s += commit
+        self.launch_s += launch
+
+    def phases(self) -> np.ndarray:
+        """float64[4]: the phase times summed: plan, read, commit, launch."""
+        return np.array([self.plan_s, self.read_s, self.commit_s, self.launch_s])
 
     def count_read(self, read: tuple[int, int, int]) -> None:
         """A read's (rows, bytes, ops)."""

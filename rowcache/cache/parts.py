@@ -1,7 +1,7 @@
 """Reading a cache's rows: global row ids of its parts, through the store's readers.
 
-Owns :class:`PartReader`: the cache's demand reader (the store's, or a sibling with other
-options, or kvikio's), the prefetch thread's reader (its own, yielding the disk) and a
+Owns :class:`PartReader`: the choice of the cache's demand reader (the store's, or a sibling
+with other options, or kvikio's: :meth:`PartReader.demand_reader`) and its use, the prefetch thread's reader (its own, yielding the disk) and a
 reader for reads apart (where another cache reads apart on the shared reader), and the
 translation of global rows into one read plan over the parts. Touches no cache state, so
 the prefetch thread calls it too. Tests and benchmarks wrap it (a reader that delays or
@@ -68,6 +68,30 @@ class PartReader:
     def reads_apart_alone(self) -> bool:
         """A reader of its own was made for reads apart (the shared one was busy)."""
         return self._apart is not None
+
+    @staticmethod
+    def demand_reader(
+        store: RowStore, device: str, reader: str, queue_depth: int | None, direct: bool | None
+    ) -> tuple[RowReader, str]:
+        """A cache's demand reader and its kind: the store's reader where the options are
+        its own, else a sibling (the same pinned files and page checks) with
+        ``queue_depth``/``direct``; ``"kvikio"`` a kvikio reader; ``"auto"`` kvikio only on
+        the GPU where GPUDirect Storage is available."""
+        base = store.reader
+        qd = base.queue_depth if queue_depth is None else queue_depth
+        use_direct = base.direct if direct is None else direct
+        if reader == "auto":
+            from rowcache.io.kvikio_reader import gds_available
+
+            reader = "kvikio" if device == "cuda" and gds_available() else "posix"
+        if reader == "kvikio":
+            from rowcache.io.kvikio_reader import KvikioRowReader
+
+            opts = base.options(queue_depth=qd, direct=False)
+            return store.new_reader(KvikioRowReader, **opts), "kvikio"
+        if qd == base.queue_depth and use_direct == base.direct:
+            return base, "posix"
+        return store.new_reader(**base.options(queue_depth=qd, direct=use_direct)), "posix"
 
     def prefetch_reader(self) -> RowReader:
         """The reader prefetch pieces use: a POSIX reader of their own (its own ring and

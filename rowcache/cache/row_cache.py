@@ -13,55 +13,26 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from rowcache.cache.arena import Arena
+from rowcache.cache.config import CacheLayout, Tuning
 from rowcache.cache.faulter import Faulter
-from rowcache.cache.lru import DEFER_MIN, HIT, MISS, Lru, sorted_unique
+from rowcache.cache.lru import HIT, MISS, Lru, sorted_unique
 from rowcache.cache.parts import PartReader
 from rowcache.cache.prefetch import PrefetchHandle, PrefetchJob
-from rowcache.cache.prefetcher import PIECE_ROWS, Prefetcher
+from rowcache.cache.prefetcher import Prefetcher
 from rowcache.cache.slots import READING, SlotTable
 from rowcache.cache.stats import CacheStats, Counters
 from rowcache.errors import ConfigError
-from rowcache.io.reader import RowReader
 from rowcache.kernels.host import native as _native
 from rowcache.kernels.loader import require_cupy
 from rowcache.store.format import TableInfo
 from rowcache.store.handle import RowStore, check_row_ids
 
 __all__ = ["CacheStats", "NgramRowCache", "Tuning"]
-
-POLICIES = ("lru",)
-DEVICES = ("cpu", "cuda")
-ARENAS = ("device", "host")
-READERS = ("auto", "posix", "kvikio")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Tuning:
-    """Settings of the cache's pieces that the public constructor leaves at their defaults
-    (``NgramRowCache.assemble``: tests and benchmarks). ``defer_min``: ids from which an
-    all-hits call defers its touch (the LRU's). ``piece_rows``: rows a prefetch piece.
-    ``merge_in_flight``: a native resolve reads rows in flight in its own demand read
-    (False: apart, before it). ``native``: the native host kernels where built (False:
-    the Python reference paths). ``log_slack``: the LRU log's entries beyond the slots
-    (None: its default; fewer compact more often)."""
-
-    defer_min: int = DEFER_MIN
-    piece_rows: int = PIECE_ROWS
-    merge_in_flight: bool = True
-    native: bool = True
-    log_slack: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("defer_min", "piece_rows"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name}={v!r}: give an int >= 1")
 
 
 class NgramRowCache:
@@ -146,59 +117,15 @@ class NgramRowCache:
         arena: str, queue_depth: int | None, direct: bool | None, tuning: Tuning,
         part_reader: Callable[[PartReader], PartReader] | None,
     ) -> None:  # fmt: skip
-        if not isinstance(store, RowStore):
-            raise ConfigError(f"store must be a RowStore, got {type(store).__name__}")
-        self.store = store
-        names: list[Any] = list(table) if isinstance(table, (list, tuple)) else [table]
-        if not names:
-            raise ConfigError(
-                "table=[]: give a table, or a non-empty list of tables to share the arena"
-            )
-        self.part_tables = [store.table_index(t) for t in names]
-        if len(set(self.part_tables)) != len(self.part_tables):
-            raise ConfigError(f"table={table!r} names a table twice")
-        self.parts = [store.tables[i] for i in self.part_tables]
-        first = self.parts[0]
-        for p in self.parts[1:]:
-            if p.dim != first.dim:
-                raise ConfigError(
-                    f"table={table!r}: tables sharing an arena need one width; "
-                    f"{first.name!r} has dim {first.dim}, {p.name!r} has {p.dim}"
-                )
-        rows = np.array([p.rows for p in self.parts], dtype=np.int64)
-        self.row_offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
-        self.rows = int(self.row_offsets[-1])
-        if self.rows >= 2**31:
-            raise ConfigError(
-                f"table={table!r} has {self.rows} rows; one cache maps fewer than 2**31 "
-                "(its maps are int32): split the tables over several caches"
-            )
-        self.dim, self.record_bytes, self.dtype = first.dim, first.record_bytes, store.dtype
-        self.name = "+".join(p.name for p in self.parts)
-        for arg, value, allowed in (("device", device, DEVICES), ("reader", reader, READERS),
-                                    ("arena", arena, ARENAS)):  # fmt: skip
-            if value not in allowed:
-                raise ConfigError(
-                    f"{arg}={value!r} is not supported; allowed: {', '.join(allowed)}"
-                )
-        if policy not in POLICIES:
-            raise ConfigError(
-                f"policy={policy!r} is not supported; allowed: {', '.join(POLICIES)} "
-                "(compare others offline with rowcache.tools.miss_ratio_curve)"
-            )
-        if (
-            isinstance(slots, bool)
-            or not isinstance(slots, (int, np.integer))
-            or not 1 <= slots <= self.rows
-        ):
-            raise ConfigError(
-                f"slots={slots!r}: give an integer in 1..{self.rows} (the rows of {self.name!r})"
-            )
-        self.num_slots = int(slots)
-        self.device, self.policy = device, policy
-        self.arena_kind = arena if device == "cuda" else "host"
+        lay = CacheLayout.of(store, table, slots, device, policy, reader, arena)
+        self.store, self.part_tables, self.parts = store, lay.part_tables, lay.parts
+        self.row_offsets, self.rows, self.name = lay.row_offsets, lay.rows, lay.name
+        self.dim, self.record_bytes, self.dtype = lay.dim, lay.record_bytes, lay.dtype
+        self.num_slots, self.device, self.policy = lay.num_slots, device, policy
+        self.arena_kind = lay.arena_kind
         xp: Any = require_cupy("NgramRowCache(device='cuda')") if device == "cuda" else np
-        demand, self.reader_kind = self._make_reader(reader, queue_depth, direct)
+        demand, self.reader_kind = PartReader.demand_reader(store, device, reader, queue_depth,
+                                                           direct)  # fmt: skip
         reads = PartReader(store, self.part_tables, self.row_offsets, demand)
         reads = part_reader(reads) if part_reader is not None else reads
         self._lock = threading.RLock()
@@ -216,26 +143,6 @@ class NgramRowCache:
         self._faulter = Faulter(self._slots, self._lru, self._arena, reads, self._counters,
                                 self._prefetcher, self.name)  # fmt: skip
         self.table, self.scales = self._arena.table, self._arena.scales
-
-    def _make_reader(
-        self, reader: str, queue_depth: int | None, direct: bool | None
-    ) -> tuple[RowReader, str]:
-        base = self.store.reader
-        qd = base.queue_depth if queue_depth is None else queue_depth
-        use_direct = base.direct if direct is None else direct
-        if reader == "auto":
-            from rowcache.io.kvikio_reader import gds_available
-
-            reader = "kvikio" if self.device == "cuda" and gds_available() else "posix"
-        # siblings of the store's reader: the same pinned files and page checks
-        if reader == "kvikio":
-            from rowcache.io.kvikio_reader import KvikioRowReader
-
-            opts = base.options(queue_depth=qd, direct=False)
-            return self.store.new_reader(KvikioRowReader, **opts), "kvikio"
-        if qd == base.queue_depth and use_direct == base.direct:
-            return base, "posix"
-        return self.store.new_reader(**base.options(queue_depth=qd, direct=use_direct)), "posix"
 
     # -- the order of every call -----------------------------------------------
     def _catch_up(self) -> None:

@@ -371,11 +371,11 @@ class Lru:
         is stale then)."""
         self.head = head
 
-    def pin(self, slots: np.ndarray, batch: int | None = None) -> np.ndarray:
-        """Mark ``slots`` used in ``batch`` (default: this one) for a victim choice;
-        returns their last uses, for :meth:`unpin`."""
+    def pin(self, slots: np.ndarray) -> np.ndarray:
+        """Mark ``slots`` used in this batch for a victim choice (a call's hits: no
+        victims); returns their last uses, for :meth:`unpin`."""
         was = self.last_used[slots]
-        self.last_used[slots] = self.batch if batch is None else batch
+        self.last_used[slots] = self.batch
         return was
 
     def unpin(self, slots: np.ndarray, was: np.ndarray) -> None:

@@ -97,10 +97,6 @@ class SlotTable:
         self.state[kept] = RESIDENT
         self.reserved -= int(slots.size + kept.size)
 
-    def reading(self, slots: np.ndarray) -> np.ndarray:
-        """bool[len(slots)]: which are still being read by their pieces."""
-        return self.state[slots] == READING
-
     def reading_slots(self, ids: np.ndarray) -> np.ndarray:
         """The slots (sorted, unique) of the rows of ``ids`` still being read by pieces."""
         s = self.row_slot[ids]

@@ -134,6 +134,7 @@ class Faulter:
         self.last_faults = 0
         if ids.size == 0:
             return np.empty(0, dtype=np.int32)
+        ids = np.ascontiguousarray(ids)  # (checked ids may be a strided view; C needs a vector)
         pf = self.prefetcher
         if pf.jobs:
             pf.reap()
@@ -211,9 +212,9 @@ class Faulter:
         victims' scan passed a reserved slot. Rows in flight are claimed and read in the
         call's own read, beside its misses, into the slots their pieces reserved; where
         that read fails, or the plan must wait for pieces, the claim is undone and the
-        call settles those prefetches as the Python path does and plans again."""
+        call settles those prefetches as the Python path does and plans again. ``ids``: a
+        contiguous int64 vector in range (the caller's check)."""
         self.last_faults = 0
-        ids = np.ascontiguousarray(ids)
         n = ids.size
         pf = self.prefetcher
         t0 = time.perf_counter()

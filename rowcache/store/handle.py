@@ -1,11 +1,13 @@
 """``RowStore``: a read-only view of a built store, its row reads and its self-check.
 
-Owns opening a store (checking the LMDB file before LMDB maps it, validating the meta
-record, every shard record and its page CRCs, and every shard file's size up front,
-then closing the LMDB environment, so no LMDB handle outlives ``open`` and stores
-survive ``fork``), holding the opened store directory so a handle never reads a store
-that replaced it, validating row ids, ``read_rows`` (the ground truth the cache is
-tested against) and ``verify``. The I/O is ``rowcache.io.reader``, the index checks
+Owns opening a store (the index checked before LMDB maps a private copy of it, the meta
+record, every shard record and its page CRCs validated, every shard file's size checked up
+front, then the LMDB environment closed, so no LMDB handle outlives ``open`` and stores
+survive ``fork``; an open that another build's switch overtook starts again at the new
+store), holding the opened store directory (``StoreDir``) so a handle, and every reader made
+from it, never reads a store that replaced it or through a reused descriptor, refusing every
+call once closed, validating row ids, ``read_rows`` (the ground truth the cache is tested
+against) and ``verify``. The I/O is ``rowcache.io.reader``, the index checks
 ``rowcache.store.index``, the layout ``rowcache.store.format``, replacing stores ``rowcache.store.replace``.
 """
 

@@ -174,7 +174,7 @@ def test_open_while_another_thread_rebuilds_gives_old_or_new_or_store_changed(
     finally:
         t.join(60)
     assert not errors, errors
-    assert opened > 0
+    assert opened > 0, (opened, changed)
 
 
 # -- 6: a cache whose store was replaced ----------------------------------------------

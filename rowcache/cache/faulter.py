@@ -1,8 +1,7 @@
 """The faulter of ``NgramRowCache``: a resolve with misses, read and committed, now or later.
 
-Owns :class:`Faulter`: a resolve's path through the LRU's plan (natively: C ``LruState.plan``
-and ``LruState.commit`` around the read, ``csrc/lru_miss.c``; the Python path is their reference,
-with the same victims, log, maps, stats and errors), the read into the arena's staging
+Owns :class:`Faulter`: a resolve's path through the LRU's plan and commit around the read
+(``rowcache.cache.lru``: in C, or their Python reference), the read into the arena's staging
 buffer, the scatter (CPU) or the one GPU launch, and the rows claimed from prefetch pieces
 in flight; and :class:`PendingFault`, a fault whose read outlives its call
 (``resolve_deferred``: :meth:`Faulter.start` starts the read, :meth:`PendingFault.finish`
@@ -17,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rowcache.cache.arena import Arena
-from rowcache.cache.lru import Lru, sorted_unique
+from rowcache.cache.lru import Lru
 from rowcache.cache.parts import PartReader
 from rowcache.cache.plan import EXHAUSTED, IN_FLIGHT, MissPlan
 from rowcache.cache.prefetcher import InFlightClaim, Prefetcher
@@ -140,62 +139,9 @@ class Faulter:
             pf.reap()
         if pf.failed or (pf.jobs and self.lru.native is None):
             pf.settle(ids)  # prefetches this call needs: waited for, reaped, errors raised
-        if self.lru.native is not None:  # (it settles a row in flight itself: IN_FLIGHT)
-            return self.resolve_native(ids, device_out, defer)
-        return self._resolve_python(ids)
+        return self.fault(ids, device_out, defer)  # (it settles a row in flight: IN_FLIGHT)
 
-    def _resolve_python(self, ids: np.ndarray) -> np.ndarray:
-        """The Python path: the reference of :meth:`resolve_native` (tests compare them)."""
-        t, lru = self.slots, self.lru
-        s = t.row_slot[ids]
-        if int(s.min()) >= 0:  # every row resident: the hot path (no fault, no eviction)
-            lru.count(ids.size, t.row_slot[sorted_unique(ids)], 0, 0)
-            self.last_faults = self.prefetcher.shown
-            return s
-        rows_u = sorted_unique(ids)  # the call's rows, ascending: the touch order
-        slots_u = t.row_slot[rows_u]
-        miss = slots_u < 0
-        missing = rows_u[miss]
-        uhit = slots_u[~miss]
-        n_miss = int(missing.size)
-        free = lru.free_or_unpinned() - lru.fresh(uhit)
-        if n_miss > free and t.reserved:
-            self.prefetcher.wait_all()  # reserved slots count as free once their reads land
-            return self.resolve(ids)
-        if n_miss > free:
-            raise self._exhausted(n_miss, free)
-        t0 = time.perf_counter()
-        was = lru.pin(uhit)  # the call's hits are no victims
-        try:
-            victims, new_head, end = lru.choose_victims(n_miss)
-            if t.reserved and lru.passed_reserved(end):
-                # LRU order reaches a slot still in flight: as if it had landed, wait
-                lru.unpin(uhit, was)
-                self.prefetcher.wait_all()
-                return self.resolve(ids)
-            old = t.slot_row[victims]
-            evicted = old[old >= 0]
-            self._fault(missing, victims, evicted)  # raises before any other change
-        except BaseException:
-            lru.unpin(uhit, was)  # a failed call changes nothing
-            raise
-        # Commit: unmap victims, map the new rows. Every log entry before new_head is
-        # now stale (a victim's, or a hit's that the touch re-logs), so the head skips them.
-        lru.set_head(new_head)
-        t.map(missing, victims, evicted)
-        self.last_faults = n_miss + self.prefetcher.shown
-        c = self.counters
-        if c.part_misses.size > 1:  # global rows ascending: each part's misses are one run
-            c.part_misses += np.diff(np.searchsorted(missing, self.parts.row_offsets))
-        else:
-            c.part_misses[0] += n_miss
-        c.fault_seconds += time.perf_counter() - t0
-        slots_u[miss] = victims
-        lru.unpin(uhit, was)  # the count tells fresh hits by their last use
-        lru.count(ids.size, slots_u, n_miss, int(evicted.size))
-        return t.row_slot[ids]
-
-    def resolve_native(
+    def fault(
         self,
         ids: np.ndarray,
         device_out: bool = False,
@@ -203,9 +149,11 @@ class Faulter:
         settled: bool = False,
         claim: InFlightClaim | None = None,
     ) -> Any:
-        """The path of :meth:`resolve` in two C calls around the read: the LRU's plan
-        (dedup, victims, exhaustion; changes nothing), the read, the LRU's commit (maps,
-        pins, log, part misses), then on the GPU the fault's one launch. A failed call
+        """The path of :meth:`resolve` in two LRU calls around the read: the LRU's plan
+        (dedup, victims, exhaustion; changes nothing: a :class:`MissPlan`), the read, the
+        LRU's commit (maps, pins, log, part misses), then on the GPU the fault's one launch
+        (the plan and commit in C, or their Python reference: the same victims, log, maps,
+        stats and errors). A failed call
         changes nothing (but for a failed launch, after the commit: a device that refuses
         a launch is unusable anyway). With prefetches in flight (finished ones reaped by
         the caller) the plan tells whether a row of the call is in flight and whether its
@@ -228,7 +176,7 @@ class Faulter:
             claim = pf.claim(ids)
             if claim is None:
                 pf.settle(ids)
-            return self.resolve_native(ids, device_out, defer, True, claim)
+            return self.fault(ids, device_out, defer, True, claim)
         if status == EXHAUSTED and not self.slots.reserved:
             raise self._exhausted(plan.n_miss, self.lru.free_or_unpinned() - plan.fresh_hits)
         if status == EXHAUSTED or (plan.n_miss and self.slots.reserved and plan.passed_reserved):
@@ -243,7 +191,7 @@ class Faulter:
         m = rows.size
         gpu = bool(m) and self.arena.gpu
         t1 = t2 = time.perf_counter()
-        if m and defer and not device_out:
+        if m and defer and not device_out and self.lru.native is not None:
             pending = self.start(plan, claim, t0)
             if pending is not None:
                 self.pending = pending
@@ -256,7 +204,7 @@ class Faulter:
                     raise
                 pf.unclaim(claim)  # read apart, or waited for, as the Python path does
                 pf.settle(ids)
-                return self.resolve_native(ids, device_out, defer, settled=True)
+                return self.fault(ids, device_out, defer, settled=True)
             t2 = time.perf_counter()
             if not self.arena.gpu:
                 self.arena.scatter(records, slots)
@@ -304,21 +252,6 @@ class Faulter:
             raise
         if claim is not None:
             self.prefetcher.claimed(claim)
-
-    def _fault(self, rows: np.ndarray, victims: np.ndarray, evicted: np.ndarray) -> None:
-        """Read ``rows`` (sorted, unique) and write them into ``victims``' arena rows; on
-        the GPU the device map's update (``evicted`` rows unmapped, ``rows`` mapped) goes
-        in the same launch, after the reads succeeded."""
-        records = self._read(rows)
-        if not self.arena.gpu:
-            self.arena.scatter(records, victims)
-            return
-        n, e = rows.size, evicted.size
-        side = self.arena.side_ints(2 * n + e)
-        side[:n] = victims
-        side[n : 2 * n] = rows
-        side[2 * n : 2 * n + e] = evicted
-        self.arena.launch(n, e, None)
 
     def _read(self, rows: np.ndarray) -> np.ndarray:
         """Read ``rows`` (sorted, unique) into the staging buffer; returns their records.

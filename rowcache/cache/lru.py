@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.cache.plan import MissPlan
+from rowcache.cache.plan import BAD_ID, EXHAUSTED, IN_FLIGHT, PLANNED, MissPlan
 from rowcache.cache.slots import READ, READING, SlotTable
 from rowcache.cache.stats import Counters
 from rowcache.errors import ConfigError
@@ -135,11 +135,11 @@ class Lru:
         # deferred touches, oldest first: (handle or result, its batch, the scratch it holds)
         self._touching: list[tuple[Any, int, np.ndarray]] = []
         self._miss_threads = HOST_THREADS if slots.rows >= MISS_PARTS_MIN_ROWS else 1
+        self._offsets = np.ascontiguousarray(part_offsets, dtype=np.int64)
         self._c: Any = None  # the native state: these arrays, held by C (csrc/lru_state.h)
         if native is not None:
             self._c = native.LruState(slots.row_slot, slots.slot_row, slots.state,
-                                      self.last_used, self.log, self.log_pos,
-                                      np.ascontiguousarray(part_offsets, dtype=np.int64),
+                                      self.last_used, self.log, self.log_pos, self._offsets,
                                       counters.part_misses)  # fmt: skip
 
     def __del__(self) -> None:
@@ -266,44 +266,94 @@ class Lru:
         status, _ = self._c.scan(ids, np.empty(n, dtype=np.int32), scratch, 1)
         return int(status)
 
-    # -- the native miss path ----------------------------------------------
+    # -- the miss path: a plan, then its commit --------------------------------
     def plan(self, ids: np.ndarray) -> MissPlan:
-        """Plan a resolve of ``ids`` (C ``LruState.plan``, changing nothing): dedup, the
-        missing rows, exhaustion (against the slots neither pinned nor reserved), the
-        victims and the rows they evict."""
+        """Plan a resolve of ``ids`` (a contiguous int64 vector), changing nothing: dedup,
+        the missing rows, exhaustion (against the slots neither pinned nor reserved), the
+        victims and the rows they evict. C ``LruState.plan``, or its Python reference
+        (:meth:`_plan_python`) without the native module."""
         n = ids.size
-        scratch = self._scratch_for(n)
         work = np.empty(5 * n, dtype=np.int32)  # [uniq | slots | missing | victims | evicted]
         t = self.slots
-        planned = self._c.plan(ids, self.head, self.tail, self.batch, t.reserved > 0,
-                               t.num_slots - self.pinned - t.reserved, work, scratch,
-                               self._miss_threads)  # fmt: skip
+        avail = t.num_slots - self.pinned - t.reserved
+        if self._c is None:
+            return MissPlan.of(ids, work, self._plan_python(ids, work, avail), self.batch)
+        planned = self._c.plan(ids, self.head, self.tail, self.batch, t.reserved > 0, avail,
+                               work, self._scratch_for(n), self._miss_threads)  # fmt: skip
         return MissPlan.of(ids, work, planned, self.batch)
 
     def commit(self, plan: MissPlan, out: np.ndarray) -> int:
-        """Commit a plan whose reads succeeded (C ``LruState.commit``): unmap the evicted
-        rows, map the missing ones into their victims (resident), pin the call's slots
-        (while the plan's batch lasts) and log them, add each part's misses, write the
-        slots of the ids to ``out``. Returns the slots newly pinned (counted as hits and misses here). Refuses
-        arguments that do not fit (``ValueError``) before any change."""
-        fresh, self.head, self.tail = self._c.commit(
-            plan.ids, plan.work, plan.n_u, plan.n_miss, plan.n_ev, plan.head, self.tail,
-            plan.batch, out, self._miss_threads,
-        )  # fmt: skip
+        """Commit a plan whose reads succeeded: unmap the evicted rows, map the missing ones
+        into their victims (resident), pin the call's slots (while the plan's batch lasts)
+        and log them, add each part's misses, write the slots of the ids to ``out``; count
+        the call. Returns the slots newly pinned. C ``LruState.commit`` (which refuses
+        arguments that do not fit, ``ValueError``, before any change), or its Python
+        reference (:meth:`_commit_python`)."""
+        if self._c is None:
+            fresh = self._commit_python(plan, out)
+        else:
+            fresh, self.head, self.tail = self._c.commit(
+                plan.ids, plan.work, plan.n_u, plan.n_miss, plan.n_ev, plan.head, self.tail,
+                plan.batch, out, self._miss_threads,
+            )  # fmt: skip
         self.counters.count_call(plan.n, fresh, plan.n_miss, plan.n_ev)
         if plan.batch == self.batch:  # (a deferred call's batch may have ended: no pins)
             self.pinned += fresh
         return int(fresh)
 
-    # -- the Python reference ----------------------------------------------
-    def count(self, lookups: int, slots_u: np.ndarray, n_miss: int, evictions: int) -> None:
-        """Count a call, then pin and touch its unique slots (ascending row order)."""
-        # not yet used in this batch: newly pinned (a faulted row's victim slot was unpinned)
-        fresh = int(np.count_nonzero(self.last_used[slots_u] != self.batch))
-        self.counters.count_call(lookups, fresh, n_miss, evictions)
-        self.pinned += fresh
-        self.touch(slots_u)
+    def _plan_python(self, ids: np.ndarray, work: np.ndarray, avail: int) -> tuple:
+        """The reference of C ``LruState.plan`` (``csrc/lru_miss.c``): the same status,
+        counts, work, head, end and passed flag (tests compare the two)."""
+        n, t, head = ids.size, self.slots, self.head
+        bad = np.flatnonzero((ids < 0) | (ids >= t.rows))
+        if bad.size:
+            return BAD_ID, int(bad[0]), 0, 0, 0, head, head, 0
+        uniq = sorted_unique(ids)
+        n_u = uniq.size
+        slots_u = t.row_slot[uniq]
+        miss = slots_u < 0
+        missing = uniq[miss]
+        n_miss = missing.size
+        hits = np.sort(slots_u[~miss])
+        fresh = self.fresh(hits)
+        work[:n_u] = uniq
+        work[n : n + n_u] = slots_u
+        work[2 * n : 2 * n + n_miss] = missing
+        if t.reserved and bool((t.state[hits] == READING).any()):
+            return IN_FLIGHT, n_u, n_miss, fresh, 0, head, head, 0
+        if n_miss and n_miss > avail - fresh:
+            return EXHAUSTED, n_u, n_miss, fresh, 0, head, head, 0
+        if not n_miss:
+            return PLANNED, n_u, 0, fresh, 0, head, head, 0
+        victims, new_head, end = self.choose_victims(n_miss, hits)  # the call's hits: none
+        passed = self.passed_reserved(end, hits)
+        old = t.slot_row[victims]
+        evicted = old[old >= 0]
+        work[3 * n : 3 * n + n_miss] = victims
+        work[4 * n : 4 * n + evicted.size] = evicted
+        return PLANNED, n_u, n_miss, fresh, evicted.size, new_head, end, int(passed)
 
+    def _commit_python(self, plan: MissPlan, out: np.ndarray) -> int:
+        """The reference of C ``LruState.commit``: the slot table maps the misses into the
+        victims, the log's head moves to the plan's, the call's slots are pinned for the
+        plan's batch and logged (compacting first where the log is full)."""
+        n = plan.n
+        slots_u = plan.work[n : n + plan.n_u].copy()
+        miss = slots_u < 0
+        if int(np.count_nonzero(miss)) != plan.n_miss:
+            raise ValueError("commit: the plan's slots do not match its missing rows")
+        self.slots.map(plan.missing, plan.victims, plan.evicted)
+        slots_u[miss] = plan.victims
+        self.head = plan.head  # every entry before it is stale once the slots are re-logged
+        fresh = int(np.count_nonzero(self.last_used[slots_u] != plan.batch))
+        self.last_used[slots_u] = plan.batch
+        self.log_slots(slots_u)
+        # global rows ascending: each part's misses are one run
+        self.counters.part_misses += np.diff(np.searchsorted(plan.missing, self._offsets))
+        out[:n] = self.slots.row_slot[plan.ids]
+        return fresh
+
+    # -- victims and the log (the Python plan's, and the prefetcher's) ------
     def fresh(self, slots: np.ndarray) -> int:
         """Of ``slots`` (distinct), those not yet pinned in this batch."""
         return int(np.count_nonzero(self.last_used[slots] != self.batch))
@@ -352,41 +402,26 @@ class Lru:
         head = last_taken + 1 if first_kept < 0 else first_kept
         return victims, head, last_taken + 1
 
-    def passed_reserved(self, end: int) -> bool:
+    def passed_reserved(self, end: int, spare: np.ndarray | None = None) -> bool:
         """True when victims taken up to log position ``end`` skipped a slot that a
         prefetch in flight holds (the LRU would have taken it had the read landed): a live
-        log entry of a reserved slot before ``end``. Every entry before the head is stale,
-        so the scan is the victims' window (``LruState.plan`` tells the native path the same)."""
+        log entry of a reserved slot before ``end``, but a READ slot pinned or in ``spare``
+        (sorted: a call's hits; no victim in any order). Every entry before the head is
+        stale, so the scan is the victims' window (``LruState.plan`` tells the same)."""
         if not self.slots.reserved or end <= self.head:
             return False
         s = self.log[self.head : end]
         live = self.log_pos[s] == np.arange(self.head, end, dtype=np.int32)
         b = self.slots.state[s]
-        # (a READ slot pinned in this batch: a hit of it, no victim in any order)
-        passed = (b == READING) | ((b == READ) & (self.last_used[s] != self.batch))
-        return bool((live & passed).any())
+        read = (b == READ) & (self.last_used[s] != self.batch)
+        if spare is not None and spare.size:
+            read &= ~member(s, spare)
+        return bool((live & ((b == READING) | read)).any())
 
     def set_head(self, head: int) -> None:
         """The head after a commit that re-logs its victims (every entry before ``head``
         is stale then)."""
         self.head = head
-
-    def pin(self, slots: np.ndarray) -> np.ndarray:
-        """Mark ``slots`` used in this batch for a victim choice (a call's hits: no
-        victims); returns their last uses, for :meth:`unpin`."""
-        was = self.last_used[slots]
-        self.last_used[slots] = self.batch
-        return was
-
-    def unpin(self, slots: np.ndarray, was: np.ndarray) -> None:
-        """Undo :meth:`pin`."""
-        self.last_used[slots] = was
-
-    def touch(self, slots_u: np.ndarray) -> None:
-        """Pin the call's unique slots (last use = this batch) and move them to the
-        tail of the LRU log."""
-        self.last_used[slots_u] = self.batch
-        self.log_slots(slots_u)
 
     def log_slots(self, slots_u: np.ndarray) -> None:
         """Move distinct slots to the tail of the LRU log, in the given order."""

@@ -175,7 +175,7 @@ class NgramRowCache:
                     return out
                 if found == MISS:  # (the touches are finished)
                     self._prefetcher.start_call()
-                    return self._faulter.resolve_native(row_ids, device_out, defer)
+                    return self._faulter.fault(row_ids, device_out, defer)
             self._catch_up()
             if native and row_ids.size:
                 found, out = self._lru.hits(row_ids)
@@ -184,7 +184,7 @@ class NgramRowCache:
                     return out
                 if found == MISS:  # (the ids are in range)
                     self._prefetcher.start_call()
-                    return self._faulter.resolve_native(row_ids, device_out, defer)
+                    return self._faulter.fault(row_ids, device_out, defer)
             ids = check_row_ids(row_ids, self.rows)
             self._prefetcher.start_call()
             return self._faulter.resolve(ids, device_out, defer)

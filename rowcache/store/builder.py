@@ -7,9 +7,11 @@ as is, FP8 quantized on build with the per-row absmax rule of ``rowcache.kernels
 the GPU when one is usable, else by native C threads over row blocks, the same bits
 either way; the engine chosen here, ``FP8_ENGINE``), writes
 shard files with a CRC32C per page (the write and CRC of a chunk overlap the next one's
-read and quantize), and commits the LMDB meta record last. The build
-happens in a locked sibling directory that ``rowcache.store.replace.switch`` makes the
-store at ``path`` in one atomic exchange, so ``path`` always holds a complete store.
+read and quantize), commits the LMDB meta record last and then writes the store's marker
+(``rowcache.store.marker``: the index's length and CRC32C). It checks the free space up
+front (``needed_bytes``). The build happens in a locked sibling directory, opened as a
+store (the one ``build_store`` returns) before ``rowcache.store.replace.switch`` makes it
+the store at ``path`` in one atomic exchange, so ``path`` always holds a complete store.
 """
 
 from __future__ import annotations
@@ -293,7 +295,12 @@ def build_store(
     exchanged with ``path`` in one atomic ``renameat2`` (see ``rowcache.store.replace``);
     ``path`` holds the old or the new store at every instant, and an exception leaves
     it as it was. Leftovers of earlier builds of ``path`` that no live build owns are
-    removed first. Disk full or an I/O error is an ``OSError`` with its errno.
+    removed first. The store returned is the one this call built, opened before the
+    switch: never another build's, whatever runs at ``path`` meanwhile (a build of the same
+    path that takes it first is a ``ConfigError`` without ``overwrite``). A file system with
+    less free space than the build needs (``needed_bytes``) is an ``OSError(ENOSPC)`` before
+    anything is written, saying both figures; disk full or an I/O error later is an
+    ``OSError`` with its errno.
     """
     if dtype not in fmt.DTYPES:
         raise ConfigError(f"dtype={dtype!r} is not supported; allowed: {', '.join(fmt.DTYPES)}")
@@ -310,10 +317,8 @@ def build_store(
     sources = [resolve_source(n, s) for n, s in _tables_dict(tables).items()]
     infos = [fmt.TableInfo.make(s.name, s.rows, s.dim, dtype, shard_bytes) for s in sources]
 
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     try:
-        _check_free_space(parent, path, infos)
         return _build(
             path, sources, infos, dtype, overwrite, progress, shard_bytes, allow_nonfinite
         )
@@ -343,6 +348,7 @@ def _build(
         replace.check_replaceable(p, is_store)
 
     replace.remove_leftovers(path)  # also finishes a half-done switch of an earlier build
+    _check_free_space(os.path.dirname(path), path, infos)  # what the leftovers held is free
     tmp, lock = replace.new_sibling(path, "building")
     store = None
     try:

@@ -17,6 +17,7 @@ import json
 import os
 import stat
 import struct
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,6 +58,7 @@ class Source:
         self.offset = offset
         self._array = None if file is not None else array
         self._fd = -1
+        self._close: Any = None
         if file is not None:
             with _open_regular(file, "table source") as (fd, size):
                 need = offset + self.rows * self.dim * self.dtype.itemsize
@@ -66,6 +68,7 @@ class Source:
                         f"{self.dim} {self.dtype}) needs {need:,}: the file is truncated"
                     )
                 self._fd = os.dup(fd)
+            self._close = weakref.finalize(self, os.close, self._fd)  # if never closed
 
     @property
     def rows(self) -> int:
@@ -76,8 +79,8 @@ class Source:
         return self.shape[1]
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
+        if self._close is not None:
+            self._close()
             self._fd = -1
 
     def _pread(self, start: int, stop: int) -> np.ndarray:

@@ -4,7 +4,8 @@ A header length of 2**62, a FIFO or deeply nested JSON could end a call in a hug
 hang or a signal; in a child each shows as what it is (an exit status, a ``MemoryError`` under
 the child's address-space limit) instead of taking pytest down. One interpreter imports
 rowcache once and forks per case, so a dozen cases cost one start-up. Used by the tests of
-``.safetensors`` files (``tests/store``) and of sharded checkpoints (``tests/embed``).
+``.safetensors`` files and of attacks on a store (``tests/store``) and of sharded checkpoints
+(``tests/embed``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ def call(kind, args):
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             rc = main(args)
         return {"rc": rc, "stderr": err.getvalue()}
+    if kind == "python":
+        scope = {"__name__": "case"}
+        exec(args, scope)
+        return scope.get("result")
     raise AssertionError(kind)
 
 
@@ -90,7 +95,9 @@ def run_cases(cases: dict[str, list[tuple[str, Any]]], workdir: Any) -> dict[str
 
     ``cases`` maps a name to calls ``(kind, args)``: kind ``build_store`` (args ``[path,
     tables]``, a tuple source as a list), ``checkpoint``, ``table_sources`` (``[path]``),
-    ``load_pretrained`` (``[path, kwargs]``) or ``cli`` (argv of ``rowcache``). An outcome is
+    ``load_pretrained`` (``[path, kwargs]``), ``cli`` (argv of ``rowcache``) or ``python``
+    (args: Python source run in a fresh scope; its ``result`` variable, JSON-serializable, is
+    the call's result: an attack that builds, damages and opens a store). An outcome is
     ``{"kind", "result"}`` or ``{"kind", "error", "message"}`` (with ``traceback`` for an
     error that is not a ``RowCacheError``).
     """

@@ -1,8 +1,9 @@
-"""Attacks on a store that could end in a signal or a hang, each in a child with a timeout
-(issue 39, items 1, 2, 8 and 9): a flipped bit anywhere in the index's first pages or its
-marker, a FIFO in place of the index, the marker or a shard (before and after open), a
-shard the user may not read, a source cut short during the build. Each case asserts no
-signal, no hang, the exact error class and a message naming the file."""
+"""Attacks on a store that could end in a signal or a hang, each in a forked child with a
+timeout (``tests.store.refusals``, kind ``python``; issue 39, items 1, 2, 8 and 9): a flipped
+bit anywhere in the index's first pages or its marker, a FIFO in place of the index, the
+marker or a shard (before and after open), a shard the user may not read, a source cut short
+during the build. Each case asserts no signal, no hang, the exact error class and a message
+naming the file."""
 
 from __future__ import annotations
 
@@ -12,7 +13,46 @@ import tempfile
 
 import pytest
 
-from tests.store.attacks import assert_clean, run_attacks
+from tests.store.refusals import run_cases
+
+# In scope of every case: `work` (its own empty directory) and these helpers.
+PRELUDE = r"""
+import json, os
+import ml_dtypes
+import numpy as np
+import rowcache
+from rowcache.errors import RowCacheError
+from rowcache.store.handle import RowStore
+
+
+def build(path, rows=300, dim=16, seed=0, **kw):
+    x = np.random.default_rng(seed).standard_normal((rows, dim), dtype=np.float32)
+    x = x.astype(ml_dtypes.bfloat16)
+    kw.setdefault("shard_bytes", 8192)
+    rowcache.build_store(path, {"t": x}, progress=False, **kw).close()
+    return x
+
+
+def rows_of(store):
+    return store.read_rows("t", np.arange(store.tables[0].rows)).view(np.uint16)
+
+
+def outcome(fn):
+    try:
+        return {"ok": fn()}
+    except (RowCacheError, OSError) as e:
+        return {"error": type(e).__name__, "message": str(e)}
+"""
+
+
+def assert_clean(outcome):
+    """The child ended normally (no signal, no hang: SIGALRM after 30 s) and its case ran
+    to the end; returns the case's ``result``."""
+    assert outcome["status"] == 0, f"the child ended with status {outcome['status']}"
+    (call,) = outcome["calls"]
+    assert "result" in call, call
+    return call["result"]
+
 
 # Item 1, the "Done when" fuzz: every bit of the two LMDB meta pages' first 256 bytes (the
 # meta records: magic, page size, roots, last page, transaction id), 1,500 bits drawn from
@@ -138,8 +178,7 @@ for kind in ("npy", "safetensors"):
 
 EACCES = r"""
 import ctypes
-base = BASE
-s = os.path.join(base, "s")
+s = os.path.join(work, "s")
 build(s)
 os.chmod(os.path.join(s, "t0000-s000001.bin"), 0)
 if os.getuid() == 0:  # root reads any file: read as nobody, keeping /proc/self/fd readable
@@ -153,12 +192,17 @@ result = {"root": h.root, "read": outcome(lambda: rows_of(h) and None)}
 
 @pytest.fixture(scope="module")
 def attacks(tmp_path_factory):
+    work = tmp_path_factory.mktemp("attacks")
     base = tempfile.mkdtemp(prefix="rowcache-eacces-")
     os.chmod(base, 0o755)  # the unprivileged child must reach the store
+    cases = {"fuzz": FUZZ, "fifo": FIFO, "cut": CUT_SOURCE, "eacces": EACCES}
     try:
-        eacces = EACCES.replace("BASE", repr(base))
-        cases = {"fuzz": FUZZ, "fifo": FIFO, "cut": CUT_SOURCE, "eacces": eacces}
-        yield run_attacks(cases, tmp_path_factory.mktemp("attacks"))
+        code = {}
+        for name, body in cases.items():
+            d = base if name == "eacces" else str(work / name)
+            os.makedirs(d, exist_ok=True)
+            code[name] = [("python", f"{PRELUDE}\nwork = {d!r}\n{body}")]
+        yield run_cases(code, work)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

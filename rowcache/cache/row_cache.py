@@ -24,7 +24,7 @@ from rowcache.cache.lru import HIT, MISS, Lru, sorted_unique
 from rowcache.cache.parts import PartReader
 from rowcache.cache.prefetch import PrefetchHandle, PrefetchJob
 from rowcache.cache.prefetcher import Prefetcher
-from rowcache.cache.slots import READING, SlotTable
+from rowcache.cache.slots import SlotTable
 from rowcache.cache.stats import CacheStats, Counters
 from rowcache.errors import ConfigError
 from rowcache.kernels.host import native as _native
@@ -153,16 +153,17 @@ class NgramRowCache:
         if self._lru.touching:
             self._lru.finish_touches()
 
-    def _native_ids(self, row_ids: Any) -> bool:
+    def _native_ids(self, row_ids: Any, prefetch_idle: bool | None = None) -> bool:
         """``row_ids`` may take the native hit path: a contiguous int64 NumPy vector, the
-        native module built, no prefetch to settle."""
+        native module built, no prefetch to settle (``prefetch_idle``, default: the
+        prefetcher's)."""
         return (
             self._lru.native is not None
             and type(row_ids) is np.ndarray
             and row_ids.dtype == np.int64
             and row_ids.ndim == 1
             and row_ids.flags.c_contiguous
-            and self._prefetcher.idle
+            and (self._prefetcher.idle if prefetch_idle is None else prefetch_idle)
         )
 
     def _resolve(self, row_ids: Any, device_out: bool, defer: bool) -> Any:
@@ -261,22 +262,11 @@ class NgramRowCache:
         with self._lock:
             if self._faulter.pending is not None:
                 self._faulter.finish_pending()
-            if (
-                self._lru.native is not None
-                and type(row_ids) is np.ndarray
-                and row_ids.dtype == np.int64
-                and row_ids.ndim == 1
-                and row_ids.flags.c_contiguous
-                and not self._slots.reserved
-            ):  # one C scan of the row map (a deferred touch changes no mapping)
-                status = self._lru.all_resident(row_ids)
+            if self._native_ids(row_ids, prefetch_idle=not self._slots.reserved):
+                status = self._lru.all_resident(row_ids)  # (no touch changes a mapping)
                 if status < 2:  # 2: a bad id, raised below
                     return status == 0
-            ids = check_row_ids(row_ids, self.rows)
-            s = self._slots.row_slot[ids]
-            if s.size and int(s.min()) < 0:
-                return False
-            return not (self._slots.reserved and bool((self._slots.state[s] >= READING).any()))
+            return self._slots.holds(check_row_ids(row_ids, self.rows))
 
     @property
     def last_faults(self) -> int:

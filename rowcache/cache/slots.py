@@ -97,6 +97,14 @@ class SlotTable:
         self.state[kept] = RESIDENT
         self.reserved -= int(slots.size + kept.size)
 
+    def holds(self, ids: np.ndarray) -> bool:
+        """Every row of ``ids`` (checked) is mapped and none is reserved by a prefetch piece
+        not yet reaped."""
+        s = self.row_slot[ids]
+        if s.size and int(s.min()) < 0:
+            return False
+        return not (self.reserved and bool((self.state[s] >= READING).any()))
+
     def reading_slots(self, ids: np.ndarray) -> np.ndarray:
         """The slots (sorted, unique) of the rows of ``ids`` still being read by pieces."""
         s = self.row_slot[ids]

@@ -39,10 +39,12 @@ class OptionalBuildExt(build_ext):
 
 
 HOST_SOURCES = [
-    "host_module", "pool", "pybuf", "ngram_hash", "lru_state", "lru_hits", "lru_miss", "lru_touch"
+    "host_module", "pool", "pybuf", "ngram_hash", "engram_hash",
+    "lru_state", "lru_hits", "lru_miss", "lru_touch",
 ]
 HOST_HEADERS = [
-    "pool", "pybuf", "ngram_hash", "lru_state", "lru_hits", "lru_miss", "lru_slots", "lru_touch"
+    "pool", "pybuf", "ngram_hash", "engram_hash",
+    "lru_state", "lru_hits", "lru_miss", "lru_slots", "lru_touch",
 ]
 
 ext_modules = [

@@ -2,6 +2,7 @@
  * is the module (its method table, its LruState type and slot constants, PyInit__host);
  * the functions live in:
  *   csrc/ngram_hash.c  hash_packed
+ *   csrc/engram_hash.c EngramHasher: DeepSeek Engram's head ids (docs/engram-spec.md)
  *   csrc/lru_state.c   LruState: the row cache's arrays, held once (csrc/lru_state.h)
  *   csrc/lru_hits.c    LruState.hits, .compact (and the sort, scan and compaction the others use)
  *   csrc/lru_miss.c    LruState.plan, .commit
@@ -39,6 +40,7 @@
 #include "lru_state.h"  /* LruState: the arrays, held once; the LRU's calls are its methods */
 #include "lru_touch.h"  /* lru_touch_wait: the deferred touch */
 #include "ngram_hash.h" /* hash_packed */
+#include "engram_hash.h" /* EngramHasher */
 
 static PyMethodDef methods[] = {
     {"hash_packed", rc_hash_packed, METH_VARARGS, "LongCat ids of a packed batch's embedded positions."},
@@ -50,11 +52,12 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "rowcache.kernels._ho
                                     methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__host(void) {
-    if (PyType_Ready(&rc_LruStateType) < 0) {
+    if (PyType_Ready(&rc_LruStateType) < 0 || PyType_Ready(&rc_EngramHasherType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL || PyModule_AddObjectRef(m, "LruState", (PyObject *)&rc_LruStateType) ||
+        PyModule_AddObjectRef(m, "EngramHasher", (PyObject *)&rc_EngramHasherType) ||
         PyModule_AddIntConstant(m, "SLOT_FREE", RC_SLOT_FREE) ||
         PyModule_AddIntConstant(m, "SLOT_RESIDENT", RC_SLOT_RESIDENT) ||
         PyModule_AddIntConstant(m, "SLOT_READING", RC_SLOT_READING) ||

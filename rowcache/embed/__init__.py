@@ -6,6 +6,8 @@
 ``NgramEmbedding`` the layer (its step one pipeline: ``rowcache.embed.step``);
 ``rowcache.embed.overlay.overlay.TokenOverlay`` per-sequence adapters;
 ``load_ngram_embedding`` a LongCat-style ``.safetensors`` checkpoint;
+``EngramConfig``, ``CompressedVocab``, ``EngramHash`` and ``EngramContext`` DeepSeek's
+Engram hash (``docs/engram-spec.md``);
 ``TorchNgramEmbedding`` the ``torch.nn.Module`` (loaded on first use: ``import rowcache.embed``
 never imports torch).
 """
@@ -18,6 +20,9 @@ from rowcache.embed.checkpoint import (
     load_pretrained,
     table_sources,
 )
+from rowcache.embed.engram.config import EngramConfig
+from rowcache.embed.engram.hash import EngramContext, EngramHash
+from rowcache.embed.engram.vocab import CompressedVocab
 from rowcache.embed.layer import NgramEmbedding, StaticStep
 from rowcache.embed.ngram.batch import NgramBatch, hash_positions
 from rowcache.embed.ngram.context import NgramBatchContext, NgramContext
@@ -30,6 +35,10 @@ __all__ = [
     "Bf16Table",
     "CachedTable",
     "Checkpoint",
+    "CompressedVocab",
+    "EngramConfig",
+    "EngramContext",
+    "EngramHash",
     "Fp8Table",
     "NgramBatch",
     "NgramBatchContext",

@@ -1,0 +1,240 @@
+"""The parameters of an Engram hash, and the head moduli they fix.
+
+Owns :class:`EngramConfig` (frozen, validated; DeepSeek's demo values as the defaults;
+``from_config`` reads a checkpoint's ``engram_*`` fields) and :func:`head_primes`
+(docs/engram-spec.md section 3: a distinct prime row count for every head of every layer).
+The multipliers depend on the compressed vocabulary as well and live with the hash
+(``rowcache.embed.engram.hash``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rowcache.errors import ConfigError
+
+MAX_NGRAM = 16  # the native hash's bound (csrc/engram_hash.c)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngramConfig:
+    """An Engram hash's parameters (docs/engram-spec.md).
+
+    Parameters
+    ----------
+    vocab_per_ngram : rows sought per n-gram order 2..max_ngram (each head's prime is the
+        next unused prime above it); the demo's ``129280 * 5`` for orders 2 and 3.
+    max_ngram : the longest n-gram (2..16).
+    n_embed_per_ngram : the width of one order's heads together (``n_head_per_ngram`` heads
+        of ``n_embed_per_ngram / n_head_per_ngram`` values).
+    n_head_per_ngram : heads per order.
+    layer_ids : the layers that hold Engram memory (distinct, ascending order not required;
+        primes are assigned in the order given, as the reference does).
+    pad_id : the token read before a sequence's start (mapped through the compressed
+        vocabulary).
+    seed : the multipliers' seed.
+    compressed_vocab_size : where a checkpoint states it, the size the compressed vocabulary
+        must have (checked by :class:`~rowcache.embed.engram.hash.EngramHash`); else None.
+    defaults_used : the fields :meth:`from_config` did not find (not compared).
+    """
+
+    vocab_per_ngram: tuple[int, ...] = (646400, 646400)
+    max_ngram: int = 3
+    n_embed_per_ngram: int = 512
+    n_head_per_ngram: int = 8
+    layer_ids: tuple[int, ...] = (1, 15)
+    pad_id: int = 2
+    seed: int = 0
+    compressed_vocab_size: int | None = None
+    defaults_used: tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        def integer(name: str, value: Any, low: int) -> int:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                raise ConfigError(f"{name}={value!r}: give an integer >= {low}")
+            return int(value)
+
+        n = integer("max_ngram", self.max_ngram, 2)
+        if n > MAX_NGRAM:
+            raise ConfigError(f"max_ngram={n}: at most {MAX_NGRAM}")
+        vocab = _int_tuple("vocab_per_ngram", self.vocab_per_ngram)
+        if len(vocab) != n - 1:
+            raise ConfigError(
+                f"vocab_per_ngram={self.vocab_per_ngram!r}: give one size per order 2..{n} "
+                f"({n - 1} values)"
+            )
+        for v in vocab:
+            integer("vocab_per_ngram", v, 2)
+        heads = integer("n_head_per_ngram", self.n_head_per_ngram, 1)
+        width = integer("n_embed_per_ngram", self.n_embed_per_ngram, 1)
+        if width % heads:
+            raise ConfigError(
+                f"n_embed_per_ngram={width} must be divisible by n_head_per_ngram={heads}"
+            )
+        layers = _int_tuple("layer_ids", self.layer_ids)
+        if not layers:
+            raise ConfigError("layer_ids=(): give the layers that hold Engram memory")
+        for layer in layers:
+            integer("layer_ids", layer, 0)
+        if len(set(layers)) != len(layers):
+            raise ConfigError(f"layer_ids={self.layer_ids!r} names a layer twice")
+        integer("pad_id", self.pad_id, 0)
+        integer("seed", self.seed, 0)
+        if self.compressed_vocab_size is not None:
+            integer("compressed_vocab_size", self.compressed_vocab_size, 1)
+        object.__setattr__(self, "vocab_per_ngram", vocab)
+        object.__setattr__(self, "layer_ids", layers)
+
+    @property
+    def head_dim(self) -> int:
+        """Values per head row: ``n_embed_per_ngram / n_head_per_ngram`` (demo: 64)."""
+        return self.n_embed_per_ngram // self.n_head_per_ngram
+
+    @property
+    def heads_per_layer(self) -> int:
+        """Head tables of one layer, ``(max_ngram - 1) * n_head_per_ngram`` (demo: 16): the
+        columns of the hash's ids."""
+        return (self.max_ngram - 1) * self.n_head_per_ngram
+
+    @property
+    def output_dim(self) -> int:
+        """Width of one position's looked-up rows, ``(max_ngram - 1) * n_embed_per_ngram``."""
+        return (self.max_ngram - 1) * self.n_embed_per_ngram
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> EngramConfig:
+        """The hash of a checkpoint's ``config.json`` dict (or its ``engram_config`` part).
+
+        Reads the names ports use (``engram_layer_ids``, ``engram_vocab_size`` or
+        ``engram_num_embeddings``, ``engram_max_ngram_size``, ``engram_n_heads``,
+        ``engram_head_dim`` or ``engram_n_embed_per_ngram``, ``engram_pad_token_id``,
+        ``engram_seed``, ``engram_compressed_vocab_size``) and the demo's own names
+        (``layer_ids``, ``max_ngram_size``, ...). Fields not found keep the demo's values and
+        are listed in ``defaults_used``; a found value that is invalid is a ConfigError
+        naming the config's key.
+        """
+        if not isinstance(config, Mapping):
+            raise ConfigError(f"config must be a dict, got {type(config).__name__}")
+        nested = config.get("engram_config")
+        if isinstance(nested, Mapping):
+            config = {**config, **nested}
+        found: dict[str, Any] = {}
+        keys: dict[str, str] = {}
+
+        def take(name: str, *aliases: str) -> Any:
+            for key in aliases:
+                if key in config and config[key] is not None:
+                    keys[name] = key
+                    return config[key]
+            return None
+
+        n = take("max_ngram", "engram_max_ngram_size", "max_ngram_size", "max_ngram")
+        if n is not None:
+            found["max_ngram"] = n
+        heads = take("n_head_per_ngram", "engram_n_heads", "n_head_per_ngram")
+        if heads is not None:
+            found["n_head_per_ngram"] = heads
+        width = take("n_embed_per_ngram", "engram_n_embed_per_ngram", "n_embed_per_ngram")
+        head_dim = config.get("engram_head_dim")
+        if width is None and head_dim is not None:
+            keys["n_embed_per_ngram"] = "engram_head_dim"
+            h = found.get("n_head_per_ngram", cls.n_head_per_ngram)
+            width = head_dim * h if isinstance(head_dim, int) and isinstance(h, int) else head_dim
+        if width is not None:
+            found["n_embed_per_ngram"] = width
+        vocab = take(
+            "vocab_per_ngram", "engram_vocab_size", "engram_num_embeddings", "vocab_per_ngram"
+        )
+        if vocab is not None:
+            if isinstance(vocab, (int, np.integer)) and not isinstance(vocab, bool):
+                orders = int(found.get("max_ngram", cls.max_ngram)) - 1
+                vocab = (vocab,) * max(orders, 1)  # one size for every order
+            found["vocab_per_ngram"] = vocab
+        for name, aliases in (
+            ("layer_ids", ("engram_layer_ids", "layer_ids")),
+            ("pad_id", ("engram_pad_token_id", "engram_pad_id", "pad_id")),
+            ("seed", ("engram_seed", "seed")),
+            ("compressed_vocab_size", ("engram_compressed_vocab_size",)),
+        ):
+            v = take(name, *aliases)
+            if v is not None:
+                found[name] = v
+        missing = tuple(
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.name not in found and f.name not in ("defaults_used", "compressed_vocab_size")
+        )
+        try:
+            return cls(**found, defaults_used=missing)
+        except ConfigError as e:
+            message = str(e)
+            for name, key in keys.items():
+                if message.startswith(f"{name}="):
+                    message = f"config[{key!r}]: {message}"
+                    break
+            raise ConfigError(message) from None
+
+
+def _int_tuple(name: str, value: Any) -> tuple[int, ...]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ConfigError(f"{name}={value!r}: give a sequence of integers")
+    items = tuple(value)
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ConfigError(f"{name}={value!r}: give a sequence of integers")
+    return tuple(int(v) for v in items)
+
+
+def is_prime(n: int) -> bool:
+    """Exact primality for ``n < 3.3 * 10**24`` (deterministic Miller-Rabin, the first 13
+    primes as bases), so for every 64-bit row count."""
+    if n < 2:
+        return False
+    small = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41)
+    for p in small:
+        if n % p == 0:
+            return n == p
+    d, s = n - 1, 0
+    while d % 2 == 0:
+        d //= 2
+        s += 1
+    for a in small:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(s - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def head_primes(config: EngramConfig) -> dict[int, np.ndarray]:
+    """Each layer's head row counts, int64 ``[max_ngram - 1, n_head_per_ngram]``.
+
+    For every layer in ``layer_ids`` order, every order ``n`` and every head: the smallest
+    prime above the search start (``vocab_per_ngram[n - 2] - 1``, then the head before's
+    prime) not used by any earlier head of any layer (docs/engram-spec.md section 3).
+    """
+    used: set[int] = set()
+    out: dict[int, np.ndarray] = {}
+    for layer in config.layer_ids:
+        rows = np.empty((config.max_ngram - 1, config.n_head_per_ngram), dtype=np.int64)
+        for order in range(2, config.max_ngram + 1):
+            start = config.vocab_per_ngram[order - 2] - 1
+            for h in range(config.n_head_per_ngram):
+                p = start + 1
+                while p in used or not is_prime(p):
+                    p += 1
+                used.add(p)
+                rows[order - 2, h] = p
+                start = p
+        out[layer] = rows
+    return out

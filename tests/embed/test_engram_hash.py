@@ -1,0 +1,331 @@
+"""Engram's hash (issue 40, part 1): config, compressed vocabulary, head primes, multipliers
+and the native hash, against DeepSeek's reference on real text and the NumPy spec."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rowcache.embed.engram.config import EngramConfig, head_primes, is_prime
+from rowcache.embed.engram.hash import EngramContext, EngramHash, hash_reference
+from rowcache.embed.engram.vocab import CompressedVocab
+from rowcache.errors import ConfigError
+from rowcache.kernels import host
+from rowcache.tools.tokens import tokenizer_json_path
+
+DATA = pathlib.Path(__file__).parent / "data" / "engram_reference.json"
+
+
+def _sha(a: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a, dtype="<i8").tobytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def deepseek_vocab(tmp_path_factory):
+    return CompressedVocab.from_tokenizer(
+        tokenizer_json_path("deepseek"), cache_dir=tmp_path_factory.mktemp("vocab")
+    )
+
+
+def test_hash_equals_deepseeks_reference_on_real_text(deepseek_vocab):
+    ref = json.loads(DATA.read_text())
+    assert len(deepseek_vocab) == ref["compressed_vocab"] == 99_092
+    assert _sha(deepseek_vocab.lookup) == ref["lookup_sha256"]
+    h = EngramHash(EngramConfig(), deepseek_vocab)
+    assert h.pad == ref["pad"]
+    tokens = np.array(ref["tokens"], dtype=np.int64)
+    ids = h.hash(tokens)
+    for layer in (1, 15):
+        assert h.multipliers[layer].tolist() == ref["multipliers"][str(layer)]
+        assert h.primes[layer].tolist() == ref["primes"][str(layer)]
+        assert ids[layer].shape == (2, 1500, 16)
+        assert ids[layer][:, ::97].tolist() == ref["ids_sample"][str(layer)]
+        assert _sha(ids[layer]) == ref["ids_sha256"][str(layer)]
+        assert (ids[layer] < h.primes[layer].reshape(-1)).all() and (ids[layer] >= 0).all()
+    assert h.table_rows(1) == sum(map(sum, ref["primes"]["1"]))
+
+
+def _random_case(rng, n, heads, layers, vocab_rows):
+    V = int(rng.integers(5, 3000))
+    lookup = np.empty(V, dtype=np.int64)  # numbered by first appearance, as the rule does
+    keys: dict[int, int] = {}
+    for t, k in enumerate(rng.integers(0, max(2, V // 3), V)):
+        lookup[t] = keys.setdefault(int(k), len(keys))
+    cfg = EngramConfig(
+        vocab_per_ngram=tuple(int(v) for v in rng.integers(2, vocab_rows, n - 1)),
+        max_ngram=n,
+        n_embed_per_ngram=heads * 4,
+        n_head_per_ngram=heads,
+        layer_ids=tuple(int(x) for x in rng.choice(60, layers, replace=False)),
+        pad_id=int(rng.integers(0, V)),
+        seed=int(rng.integers(0, 1000)),
+    )
+    return cfg, CompressedVocab(lookup)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_native_hash_equals_the_numpy_spec(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 7))
+    cfg, vocab = _random_case(rng, n, int(rng.integers(1, 6)), int(rng.integers(1, 4)), 10**7)
+    h = EngramHash(cfg, vocab)
+    B, T = int(rng.integers(1, 5)), int(rng.integers(0, 300))
+    tokens = rng.integers(0, vocab.tokenizer_size, (B, T))
+    ctx = rng.integers(0, vocab.tokenizer_size, (B, int(rng.integers(0, 2 * n))))
+    got = h.hash(tokens, ctx)
+    xc = vocab.compress(h.padded(tokens, ctx))
+    for layer in cfg.layer_ids:
+        want = hash_reference(xc, n - 1, h.multipliers[layer], h.primes[layer])
+        assert got[layer].shape == (B, T, cfg.heads_per_layer)
+        np.testing.assert_array_equal(got[layer], want)
+
+
+def test_native_hash_over_threads_equals_one_thread():
+    rng = np.random.default_rng(5)
+    cfg, vocab = _random_case(rng, 4, 8, 2, 10**8)
+    h = EngramHash(cfg, vocab)
+    x = h.padded(rng.integers(0, vocab.tokenizer_size, (3, 5000)))
+    outs = []
+    for threads in (1, 4):
+        out = np.empty((2, 3, 5000, cfg.heads_per_layer), dtype=np.int64)
+        h._native.hash(x, 3, 3, out, threads)
+        outs.append(out)
+    np.testing.assert_array_equal(*outs)
+
+
+def test_hash_into_a_given_buffer():
+    rng = np.random.default_rng(4)
+    cfg, vocab = _random_case(rng, 3, 2, 2, 10**5)
+    h = EngramHash(cfg, vocab)
+    tokens = rng.integers(0, vocab.tokenizer_size, (2, 30))
+    out = np.full((2, 2, 30, cfg.heads_per_layer), -7, dtype=np.int64)
+    got = h.hash(tokens, out=out)
+    for i, layer in enumerate(cfg.layer_ids):
+        assert np.shares_memory(got[layer], out)
+        np.testing.assert_array_equal(out[i], h.hash(tokens)[layer])
+    for bad in (out[:, :1], out.astype(np.int32), out.transpose(0, 2, 1, 3), [[1]]):
+        with pytest.raises(ConfigError, match="out: give a writable C-contiguous int64"):
+            h.hash(tokens, out=bad)
+
+
+def test_no_native_module_runs_the_reference(monkeypatch):
+    rng = np.random.default_rng(1)
+    cfg, vocab = _random_case(rng, 3, 4, 2, 10**6)
+    h = EngramHash(cfg, vocab)
+    tokens = rng.integers(0, vocab.tokenizer_size, (2, 50))
+    native = h.hash(tokens)
+    monkeypatch.setattr(host, "native", None)
+    for layer, ids in h.hash(tokens).items():
+        np.testing.assert_array_equal(ids, native[layer])
+
+
+def test_context_prefill_then_decode_equals_one_prefill():
+    rng = np.random.default_rng(2)
+    cfg, vocab = _random_case(rng, 4, 3, 2, 10**6)
+    h = EngramHash(cfg, vocab)
+    tokens = rng.integers(0, vocab.tokenizer_size, (3, 40))
+    whole = h.hash(tokens)
+    ctx = EngramContext(h, batch=3)
+    parts = [ctx.step(tokens[:, :17])]
+    parts += [ctx.step(tokens[:, t : t + 1]) for t in range(17, 30)]
+    parts.append(ctx.step(tokens[:, 30:]))
+    for layer in cfg.layer_ids:
+        np.testing.assert_array_equal(
+            np.concatenate([p[layer] for p in parts], axis=1), whole[layer]
+        )
+    # the same with the context given by hand: any longer look-back is cut to the last 3
+    for layer, ids in h.hash(tokens[:, 25:], context=tokens[:, :25]).items():
+        np.testing.assert_array_equal(ids, whole[layer][:, 25:])
+    ctx.reset()
+    assert (ctx.kept == cfg.pad_id).all()
+
+
+def test_head_primes_distinct_and_above_their_start():
+    cfg = EngramConfig(vocab_per_ngram=(100, 100, 50), max_ngram=4, layer_ids=(3, 0, 7))
+    primes = head_primes(cfg)
+    flat = np.concatenate([primes[layer].reshape(-1) for layer in (3, 0, 7)])
+    assert len(set(flat.tolist())) == flat.size and all(is_prime(int(p)) for p in flat)
+    assert primes[3][0, 0] == 101 and primes[3][2, 0] == 53
+    assert (np.diff(primes[3][0]) > 0).all()  # each head searches above the one before
+    assert primes[0][0, 0] > primes[3][0, -1]  # layers in the order given, primes not reused
+    sieve = np.ones(20000, dtype=bool)
+    sieve[:2] = False
+    for i in range(2, 142):
+        sieve[i * i :: i] = False
+    assert [is_prime(i) for i in range(20000)] == sieve.tolist()
+    assert is_prime(2**61 - 1) and not is_prime((2**31 - 1) * (2**61 - 1))
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"max_ngram": 1}, "max_ngram"),
+        ({"max_ngram": 17, "vocab_per_ngram": (9,) * 16}, "max_ngram"),
+        ({"vocab_per_ngram": (10,)}, "one size per order"),
+        ({"vocab_per_ngram": (10, 1)}, "vocab_per_ngram"),
+        ({"n_embed_per_ngram": 100}, "divisible"),
+        ({"layer_ids": (1, 1)}, "twice"),
+        ({"layer_ids": ()}, "layer_ids"),
+        ({"layer_ids": (-1,)}, "layer_ids"),
+        ({"pad_id": True}, "pad_id"),
+        ({"vocab_per_ngram": "ab"}, "sequence"),
+    ],
+)
+def test_config_refusals(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        EngramConfig(**kw)
+
+
+def test_config_from_a_checkpoints_fields():
+    cfg = EngramConfig.from_config(
+        {
+            "hidden_size": 4096,
+            "engram_layer_ids": [1, 14],
+            "engram_max_ngram_size": 4,
+            "engram_n_heads": 8,
+            "engram_head_dim": 32,
+            "engram_vocab_size": [1000, 2000, 3000],
+        }
+    )
+    assert cfg.layer_ids == (1, 14) and cfg.max_ngram == 4 and cfg.n_embed_per_ngram == 256
+    assert cfg.vocab_per_ngram == (1000, 2000, 3000) and cfg.head_dim == 32
+    assert set(cfg.defaults_used) == {"pad_id", "seed"}
+    assert (
+        EngramConfig.from_config({}).defaults_used
+        and EngramConfig.from_config({}) == EngramConfig()
+    )
+    nested = EngramConfig.from_config({"engram_config": {"layer_ids": [2, 15], "seed": 3}})
+    assert nested.layer_ids == (2, 15) and nested.seed == 3
+    with pytest.raises(ConfigError, match=r"config\['engram_layer_ids'\]"):
+        EngramConfig.from_config({"engram_layer_ids": [3, 3]})
+    with pytest.raises(ConfigError, match="compresses to"):
+        EngramHash(EngramConfig(compressed_vocab_size=5), CompressedVocab([0, 1, 2, 0]))
+
+
+def test_tokens_outside_the_vocabulary_are_named(monkeypatch):
+    h = EngramHash(EngramConfig(pad_id=0), CompressedVocab([0, 1, 2, 0]))
+    with pytest.raises(ConfigError, match=r"tokens\[1, 1\] = 4 is outside"):
+        h.hash([[0, 1], [2, 4]])
+    with pytest.raises(ConfigError, match=r"context\[0, 2\] = -1 is outside"):
+        h.hash([[0, 1]], context=[[0, 0, -1]])
+    monkeypatch.setattr(host, "native", None)  # the reference path names it the same way
+    with pytest.raises(ConfigError, match=r"tokens\[0, 1\] = -1 is outside"):
+        h.hash([[0, -1]])
+    with pytest.raises(ConfigError, match="integer"):
+        h.hash([[0.5]])
+    with pytest.raises(ConfigError, match="pad_id"):
+        EngramHash(EngramConfig(pad_id=9), CompressedVocab([0, 1, 2, 0]))
+    with pytest.raises(ConfigError, match="first appearance"):
+        CompressedVocab([0, 2, 1])
+    assert h.hash(np.zeros((2, 0), dtype=np.int64))[1].shape == (2, 0, 16)
+
+
+def test_vocab_cache_is_kept_and_a_damaged_one_rebuilt(tmp_path, deepseek_vocab):
+    path = tokenizer_json_path("deepseek")
+    v = CompressedVocab.from_tokenizer(path, cache_dir=tmp_path)
+    (kept,) = (tmp_path / "engram-vocab").iterdir()
+    np.testing.assert_array_equal(v.lookup, deepseek_vocab.lookup)
+    data = bytearray(kept.read_bytes())
+    data[5000] ^= 0x10  # one bit of one id: the checksum refuses it, the map is rebuilt
+    kept.write_bytes(bytes(data))
+    np.testing.assert_array_equal(
+        CompressedVocab.from_tokenizer(path, cache_dir=tmp_path).lookup, deepseek_vocab.lookup
+    )
+    assert kept.read_bytes() != bytes(data)  # and kept again, sound
+    kept.write_bytes(b"")
+    assert len(CompressedVocab.from_tokenizer(path, cache_dir=tmp_path)) == 99_092
+
+
+def test_vocab_cache_never_follows_a_link_or_waits_on_a_fifo(tmp_path):
+    """In a child process with a timeout: a FIFO or a symlink where the kept map would be is
+    not read (the map is built); an unwritable cache directory only skips the keeping."""
+    code = f"""
+import os, pathlib, sys
+from rowcache.embed.engram.vocab import CompressedVocab
+from rowcache.tools.tokens import tokenizer_json_path
+p = tokenizer_json_path("deepseek")
+root = pathlib.Path({str(tmp_path)!r})
+v = CompressedVocab.from_tokenizer(p, cache_dir=root / "a")
+(kept,) = (root / "a" / "engram-vocab").iterdir()
+other = root / "elsewhere"; other.write_bytes(kept.read_bytes())
+for kind in ("fifo", "link"):
+    kept.unlink()
+    os.mkfifo(kept) if kind == "fifo" else os.symlink(other, kept)
+    w = CompressedVocab.from_tokenizer(p, cache_dir=root / "a")
+    assert (w.lookup == v.lookup).all(), kind
+blocked = root / "ro"; blocked.write_text("a file, not a directory")
+assert len(CompressedVocab.from_tokenizer(p, cache_dir=blocked)) == len(v)
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_native_hash_refuses_bad_arguments_in_a_child():
+    """The extension's own checks (once per call): never a signal, a ValueError each."""
+    code = """
+import numpy as np
+from rowcache.kernels import host
+E = host.native.EngramHasher
+lk = np.arange(10, dtype=np.int64); m = np.ones((1, 3), np.int64) * 3
+p = np.full((1, 4), 7, np.int64); x = np.zeros((2, 5), np.int64); o = np.empty((1, 2, 3, 4), np.int64)
+made = [
+  (lk, m, p, 2),                                   # sound
+  (lk, m, p, 3),                                   # heads disagree with primes
+  (lk, m, np.full((1, 4), 1, np.int64), 2),        # a prime below 2
+  (lk, m * 2**62, p, 2),                           # multipliers that wrap
+  (lk + 5, m, p, 2),                               # lookup outside [0, V)
+  (lk[:0], m, p, 2),                               # empty lookup
+  (lk, m, p[:, :3], 2),                            # primes not [L, (N - 1) * heads]
+  (lk, np.ones((1, 17), np.int64), np.full((1, 32), 7, np.int64), 2),  # max_ngram 17
+]
+calls = [
+  (x, 2, 2, o),                                    # sound
+  (x, 3, 2, o),                                    # B does not divide tokens
+  (x, 2, 1, o),                                    # ctx below max_ngram - 1
+  (x, 2, 6, o),                                    # ctx past W
+  (x + 10, 2, 2, o),                               # tokens outside the vocabulary
+  (x - 1, 2, 2, o),                                # negative tokens
+  (x, 2, 2, o[:, :1]),                             # out too small
+  (x, 0, 2, o),                                    # B = 0
+]
+res = []
+for c in made:
+    try:
+        E(*c); res.append("ok")
+    except ValueError:
+        res.append("ValueError")
+h = E(*made[0])
+for c in calls:
+    try:
+        h.hash(*c); res.append("ok")
+    except ValueError:
+        res.append("ValueError")
+try:
+    E.__new__(E).hash(x, 2, 2, o); res.append("ok")
+except ValueError:
+    res.append("ValueError")
+print(",".join(res))
+"""
+    if host.native is None:
+        pytest.skip("no native module")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().split(",") == (["ok"] + ["ValueError"] * 7) * 2 + ["ValueError"]
+
+
+def test_no_engram_state_leaks_between_hashes():
+    rng = np.random.default_rng(9)
+    cfg, vocab = _random_case(rng, 3, 2, 1, 1000)
+    h = EngramHash(cfg, vocab)
+    t = rng.integers(0, vocab.tokenizer_size, (1, 20))
+    a = h.hash(t)
+    h.hash(rng.integers(0, vocab.tokenizer_size, (4, 100)))
+    for layer, ids in h.hash(t).items():
+        np.testing.assert_array_equal(ids, a[layer])

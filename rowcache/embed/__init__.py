@@ -7,7 +7,8 @@
 ``rowcache.embed.overlay.overlay.TokenOverlay`` per-sequence adapters;
 ``load_ngram_embedding`` a LongCat-style ``.safetensors`` checkpoint;
 ``EngramConfig``, ``CompressedVocab``, ``EngramHash`` and ``EngramContext`` DeepSeek's
-Engram hash (``docs/engram-spec.md``);
+Engram hash (``docs/engram-spec.md``), ``EngramMemory`` its lookup through the same tables
+(``TorchEngramMemory`` its module);
 ``TorchNgramEmbedding`` the ``torch.nn.Module`` (loaded on first use: ``import rowcache.embed``
 never imports torch).
 """
@@ -22,6 +23,7 @@ from rowcache.embed.checkpoint import (
 )
 from rowcache.embed.engram.config import EngramConfig
 from rowcache.embed.engram.hash import EngramContext, EngramHash
+from rowcache.embed.engram.memory import EngramMemory, EngramPrefetch
 from rowcache.embed.engram.vocab import CompressedVocab
 from rowcache.embed.layer import NgramEmbedding, StaticStep
 from rowcache.embed.ngram.batch import NgramBatch, hash_positions
@@ -39,6 +41,8 @@ __all__ = [
     "EngramConfig",
     "EngramContext",
     "EngramHash",
+    "EngramMemory",
+    "EngramPrefetch",
     "Fp8Table",
     "NgramBatch",
     "NgramBatchContext",
@@ -48,6 +52,7 @@ __all__ = [
     "OverlayAdapterInfo",
     "StaticStep",
     "TokenOverlay",
+    "TorchEngramMemory",
     "TorchNgramEmbedding",
     "TorchStaticStep",
     "hash_positions",
@@ -65,6 +70,10 @@ def __getattr__(name: str) -> object:
         from rowcache.embed.torch.module import TorchNgramEmbedding
 
         return TorchNgramEmbedding
+    if name == "TorchEngramMemory":
+        from rowcache.embed.torch.engram import TorchEngramMemory
+
+        return TorchEngramMemory
     if name == "TorchStaticStep":
         from rowcache.embed.torch.static import TorchStaticStep
 

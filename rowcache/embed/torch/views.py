@@ -135,3 +135,27 @@ def capturing() -> bool:
     if _CAPTURING is not None:
         return bool(_CAPTURING())
     return torch.cuda.is_current_stream_capturing()
+
+
+class TorchStreams:
+    """cupy's view of each torch stream a module has run on (one per stream, kept)."""
+
+    def __init__(self) -> None:
+        self._streams: dict[int, Any] = {}
+
+    def __call__(self, raw: int, index: int) -> Any:
+        """cupy's stream for torch's raw stream ``raw`` on device ``index``."""
+        import warnings
+
+        import cupy as cp
+
+        ext = self._streams.get(raw)
+        if ext is None:
+            if raw == 0:  # torch's default stream is the legacy null stream: cupy's own
+                ext = cp.cuda.Stream.null
+            else:
+                with warnings.catch_warnings():  # cupy 14 deprecates it for a
+                    warnings.simplefilter("ignore")  # from_external whose form varies
+                    ext = cp.cuda.ExternalStream(raw, index)
+            self._streams[raw] = ext
+        return ext

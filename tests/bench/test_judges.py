@@ -148,3 +148,21 @@ def test_fullsize_quick_reports_anonymous_peak_and_verifies(tmp_path):
     assert row["tables"] == 3 and row["verify_ok"] is True
     assert row["peak_RssAnon_MB"] >= row["RssAnon_before_MB"] > 0
     assert row["ratio_vs_plain"] == pytest.approx(row["source_GB_s"] / row["plain_write_GB_s"])
+
+
+def test_engram_quick_compares_cached_with_resident():
+    rep = json.loads(judge("engram", "--json"))
+    modes = {r["mode"]: r for r in rep["results"]}
+    assert set(modes) == {"decode x1", "decode x64", "prefill 512"}
+    for r in modes.values():
+        assert r["resident tok/s"] > 0 and r["cached tok/s"] > 0
+        assert r["cached/resident"] == pytest.approx(r["cached tok/s"] / r["resident tok/s"])
+        assert 0 <= r["hit_rate"] <= 1 and r["prefetched_per_token"] > 0
+    assert rep["settings"]["store_bytes"] > 0 and rep["settings"]["engram_layers"] == [1, 15]
+
+
+def test_engram_hash_quick_equals_reference_and_times_both():
+    proc = run_judge("engram_hash", "--repeat", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert len(rows) == 6 and all(r["native_ns"] > 0 and r["reference_ns"] > 0 for r in rows)

@@ -41,6 +41,7 @@ from rowcache.tools.stack import batch_stack_distances, dedup_batches, lru_stack
 from rowcache.tools.tokens import iter_requests
 from rowcache.tools.trace import ServerModel, Trace, schedule_request
 from rowcache.tools.trace_build import TraceWriter, build_trace, write_manifest
+from rowcache.tools.trace_tables import as_trace_tables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -170,7 +171,7 @@ def write_synthetic_trace(
             flush(start)
     flush(None)
     writer.close()
-    write_manifest(path, writer, dims, model, n_req, last_step + 1)
+    write_manifest(path, writer, as_trace_tables(dims), model, n_req, last_step + 1)
     return Trace.open(path)
 
 

@@ -70,6 +70,47 @@ def _dims(args: argparse.Namespace) -> Any:
     return NgramDims.longcat_flash_lite()
 
 
+def _engram_hash(args: argparse.Namespace) -> Any:
+    """``--engram demo | v41 | config.json``: the Engram hash whose head tables to trace, over
+    the compressed vocabulary of ``--tokenizer`` (a tokenizer.json: the hash needs the real
+    tokenizer's ids)."""
+    from rowcache.embed.engram.config import EngramConfig
+    from rowcache.embed.engram.hash import EngramHash
+    from rowcache.embed.engram.vocab import CompressedVocab
+    from rowcache.tools.tokens import OFFLINE_TOKENIZERS, tokenizer_json_path
+
+    if args.config:
+        raise ConfigError("--engram and --config: give one (--engram takes a config.json)")
+    spec = args.engram
+    if spec == "demo":
+        cfg = EngramConfig()
+    elif spec == "v41":
+        cfg = EngramConfig.reported_v41()
+    else:
+        try:
+            meta = json.loads(Path(spec).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(
+                f"--engram {spec}: give demo, v41 or a readable config.json ({e})"
+            ) from e
+        except RecursionError:
+            raise ConfigError(f"--engram {spec}: not a config.json: nested too deeply") from None
+        try:
+            cfg = EngramConfig.from_config(meta)
+        except ConfigError as e:
+            raise ConfigError(f"--engram {spec}: {e}") from e
+    if args.tokenizer in OFFLINE_TOKENIZERS:
+        raise ConfigError(
+            f"--tokenizer {args.tokenizer}: --engram needs a real tokenizer (deepseek or a "
+            "tokenizer.json): its hash compresses that tokenizer's ids"
+        )
+    try:
+        vocab = CompressedVocab.from_tokenizer(tokenizer_json_path(args.tokenizer))
+    except ConfigError as e:
+        raise ConfigError(f"--tokenizer: {e}") from e
+    return EngramHash(cfg, vocab)
+
+
 def emit_json(obj: dict[str, Any]) -> None:
     print(
         json.dumps(obj, indent=1, default=lambda x: x.tolist() if hasattr(x, "tolist") else str(x))
@@ -117,20 +158,21 @@ def _cmd_trace(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out}: is a file")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         raise ConfigError(f"--out {out}: exists and is not empty; pass --overwrite to replace it")
-    dims = _dims(args)
+    dims = _engram_hash(args) if args.engram else _dims(args)
     model = ServerModel(batch=args.batch, chunk=args.chunk, decode=args.decode)
     # The tokenizer is loaded (and a bad one refused) before anything is written.
     files = input_files(inputs)
     tokenizer: Any = args.tokenizer
+    vocab_size = dims.vocab.tokenizer_size if args.engram else dims.vocab_size
     if any(f.suffix.lower() not in TOKEN_SUFFIXES for f in files):
         try:
-            tokenizer = make_tokenizer(args.tokenizer, dims.vocab_size)
+            tokenizer = make_tokenizer(args.tokenizer, vocab_size)
         except ConfigError as e:
             raise ConfigError(f"--tokenizer: {e}") from e
     reqs = iter_requests(
         files,
-        vocab_size=dims.vocab_size,
-        eos_token_id=dims.eos_token_id,
+        vocab_size=vocab_size,
+        eos_token_id=-1 if args.engram else dims.eos_token_id,  # Engram: a file, a request
         tokenizer=tokenizer,
         max_request_tokens=args.max_request_tokens,
     )
@@ -356,6 +398,13 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("-o", "--out", required=True, help="trace directory to write")
     p.add_argument("--config", help="model config.json (default: LongCat-Flash-Lite dims)")
+    p.add_argument(
+        "--engram",
+        metavar="SPEC",
+        help="trace DeepSeek Engram's head tables instead of LongCat's: demo (the reference "
+        "demo's config), v41 (the reported V4.1-Flash shape, unconfirmed) or a checkpoint's "
+        "config.json (its engram_* fields); each head of each Engram layer is a table",
+    )
     p.add_argument(
         "--tokenizer",
         default="deepseek",

@@ -310,11 +310,13 @@ def profile_trace(
                 "curve), or use the exact method (--method exact)"
             )
     splits = trace.dims.get("splits")
-    orders = (
-        tuple(t // int(splits) + 2 for t in range(trace.num_tables))
-        if isinstance(splits, int) and splits > 0
-        else ()
-    )
+    listed = trace.dims.get("table_orders")  # an Engram trace lists each head's order
+    if isinstance(listed, list) and len(listed) == trace.num_tables:
+        orders = tuple(int(o) for o in listed)
+    elif isinstance(splits, int) and splits > 0:
+        orders = tuple(t // int(splits) + 2 for t in range(trace.num_tables))
+    else:
+        orders = ()
     return ProfileReport(
         trace=str(trace.path),
         tokens=trace.positions,

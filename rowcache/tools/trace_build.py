@@ -1,7 +1,8 @@
 """Writing a row-id trace: the modelled server's schedule hashed into chunk files.
 
 Owns :func:`build_trace` (requests streamed in, scheduled by
-:class:`rowcache.tools.trace.ServerModel`, hashed by ``rowcache.kernels.ngram.hash``, written as
+:class:`rowcache.tools.trace.ServerModel`, hashed by the traced tables'
+(``rowcache.tools.trace_tables``: LongCat's or Engram's), written as
 ``rows-NNNNN.npy`` / ``steps-NNNNN.npy`` chunks into a temporary sibling that is moved
 into place whole), its chunk writer and :func:`write_manifest` (the manifest last and
 atomically: a trace is valid once it exists). Memory stays bounded: requests stream in,
@@ -24,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError
-from rowcache.kernels.ngram.hash import ngram_hash
 from rowcache.tools.trace import (
     MANIFEST,
     TRACE_FORMAT,
@@ -34,6 +34,7 @@ from rowcache.tools.trace import (
     TraceChunk,
     schedule_request,
 )
+from rowcache.tools.trace_tables import as_trace_tables
 
 
 class TraceWriter:
@@ -71,30 +72,24 @@ class TraceWriter:
 
 
 def write_manifest(
-    out: Path, writer: Any, dims: Any, model: Any, requests: int, steps: int
+    out: Path, writer: Any, tables: Any, model: Any, requests: int, steps: int
 ) -> None:
     """Write a trace's manifest last and atomically: the trace is valid once it exists.
 
-    ``writer`` is the trace's chunk writer (closed); ``dims`` the NgramDims whose tables
-    the rows address; ``model`` the ServerModel that scheduled the requests.
+    ``writer`` is the trace's chunk writer (closed); ``tables`` the
+    :class:`~rowcache.tools.trace_tables.TraceTables` the rows address; ``model`` the
+    ServerModel that scheduled the requests.
     """
     manifest = {
         "format": TRACE_FORMAT,
         "version": TRACE_VERSION,
-        "num_tables": dims.num_tables,
-        "table_rows": [int(dims.table_rows(i)) for i in range(dims.num_tables)],
+        "num_tables": tables.num_tables,
+        "table_rows": [tables.table_rows(i) for i in range(tables.num_tables)],
         "positions": writer.positions,
         "requests": requests,
         "steps": steps,
         "model": asdict(model),
-        "dims": {
-            "vocab_size": dims.vocab_size,
-            "hidden_size": dims.hidden_size,
-            "max_ngram": dims.max_ngram,
-            "splits": dims.splits,
-            "ratio": dims.ratio,
-            "eos_token_id": dims.eos_token_id,
-        },
+        "dims": tables.manifest(),
         "chunks": [asdict(c) for c in writer.chunks],
     }
     tmp = out / (MANIFEST + ".tmp")
@@ -118,7 +113,8 @@ def build_trace(
     ----------
     requests : iterable of int[L_r]
         Token ids of each request, in arrival order.
-    dims : rowcache.embed.NgramDims
+    dims : rowcache.embed.NgramDims (LongCat's tables) or rowcache.embed.EngramHash
+        (Engram's head tables; ``rowcache.tools.trace_tables``)
     out : path
         A new (or, with ``overwrite``, replaced) trace directory.
     model : ServerModel
@@ -130,6 +126,7 @@ def build_trace(
     Trace
     """
     model = model or ServerModel()
+    tables = as_trace_tables(dims)
     if chunk_positions < 1:
         raise ConfigError(f"chunk_positions must be >= 1; got {chunk_positions}")
     out = Path(out)
@@ -146,7 +143,7 @@ def build_trace(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         tmp.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would become the trace's mode
-        _write_trace(requests, dims, tmp, model, int(chunk_positions), progress)
+        _write_trace(requests, tables, tmp, model, int(chunk_positions), progress)
         _move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -188,25 +185,19 @@ def _move_into_place(tmp: Path, out: Path) -> None:
     tmp.rmdir()
 
 
-def _request_ids(dims: Any, tokens: np.ndarray) -> np.ndarray:
-    """The ids of every table at every position of one request: int64[T, L].
-
-    The LongCat hash of ``rowcache.kernels.ngram.hash`` (what ``rowcache.embed.ngram_ids`` computes); tokens
-    outside ``[0, vocab_size)`` raise ``TokenRangeError`` (a ``ConfigError``).
-    """
+def _request_ids(tables: Any, tokens: np.ndarray) -> np.ndarray:
+    """The ids of every table at every position of one request: int64[T, L]."""
     if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
         raise ConfigError(
             f"request tokens must be a 1-D integer array of token ids, got "
             f"{tokens.dtype}{list(tokens.shape)}"
         )
-    return ngram_hash(
-        tokens, dims.multipliers, dims.all_table_rows, dims.eos_token_id, vocab=dims.vocab_size
-    )
+    return tables.request_ids(tokens)
 
 
 def _write_trace(
     requests: Iterable[np.ndarray],
-    dims: Any,
+    tables: Any,
     out: Path,
     model: ServerModel,
     chunk_positions: int,
@@ -226,7 +217,7 @@ def _write_trace(
     n_req = 0
     last_step = -1
     stride = np.int64(model.batch)
-    biggest = max(int(dims.table_rows(i)) for i in range(dims.num_tables))
+    biggest = max(tables.table_rows(i) for i in range(tables.num_tables))
     row_dtype = np.int32 if biggest <= np.iinfo(np.int32).max else np.int64
 
     def flush(before: int | None) -> None:
@@ -251,7 +242,7 @@ def _write_trace(
         _, _, n_steps = model.units(tokens.size)
         heapq.heappush(free, (start + n_steps, slot))
         steps = schedule_request(model, tokens.size, start)
-        ids = _request_ids(dims, tokens)
+        ids = _request_ids(tables, tokens)
         # Sort key: step-major, slot-minor (round robin), token order kept by the stable sort.
         pend_key.append(steps * stride + slot)
         pend_rows.append(ids.astype(row_dtype))
@@ -270,4 +261,4 @@ def _write_trace(
         )
     flush(None)
     writer.close()
-    write_manifest(out, writer, dims, model, n_req, last_step + 1)
+    write_manifest(out, writer, tables, model, n_req, last_step + 1)

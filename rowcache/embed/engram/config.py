@@ -107,6 +107,20 @@ class EngramConfig:
         return (self.max_ngram - 1) * self.n_embed_per_ngram
 
     @classmethod
+    def reported_v41(cls) -> EngramConfig:
+        """The shape reported for DeepSeek-V4.1-Flash (unconfirmed; docs/engram-spec.md
+        section 6): layers 1 and 14, orders 2..4 of 8 heads, 256 values a head, ~16M rows a
+        head (~384M a layer). Its hash's other parameters are the demo's; read a real
+        checkpoint's with :meth:`from_config`."""
+        return cls(
+            vocab_per_ngram=(16_000_000,) * 3,
+            max_ngram=4,
+            n_embed_per_ngram=2048,
+            n_head_per_ngram=8,
+            layer_ids=(1, 14),
+        )
+
+    @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> EngramConfig:
         """The hash of a checkpoint's ``config.json`` dict (or its ``engram_config`` part).
 

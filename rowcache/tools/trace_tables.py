@@ -77,7 +77,7 @@ class EngramTraceTables:
         )
         self.num_tables = int(self._rows.size)
         self.vocab_size = int(engram_hash.vocab.tokenizer_size)
-        self.eos_token_id = None
+        self.eos_token_id: int | None = None
 
     def table_rows(self, i: int) -> int:
         return int(self._rows[i])
@@ -110,7 +110,7 @@ class EngramTraceTables:
 def as_trace_tables(tables: Any) -> TraceTables:
     """``tables`` as a :class:`TraceTables`: an ``NgramDims`` or ``EngramHash`` is wrapped."""
     if hasattr(tables, "request_ids") and hasattr(tables, "manifest"):
-        return tables  # type: ignore[no-any-return]
+        return tables  # type: ignore[no-any-return, unused-ignore]
     from rowcache.embed.engram.hash import EngramHash
     from rowcache.embed.ngram.dims import NgramDims
 

@@ -166,7 +166,7 @@ def _step_split(res: list[Any], cached: list[Any]) -> dict[str, Any]:
             lat = np.array([v[0] - v[11] for v in x]) * 1e3
             out[f"step_ms_p50_{tag}"] = float(np.percentile(lat, 50))
             out[f"step_ms_p99_{tag}"] = float(np.percentile(lat, 99))
-    if len(cached[0]) > 10 and faulted.any():  # the demand fault's phases (rowcache.cache.fault)
+    if len(cached[0]) > 10 and faulted.any():  # the demand fault's phases (rowcache.cache.faulter)
         ph = np.array([x[10] for x in cached])[faulted].mean(axis=0) * 1e3
         out["fault_phases_ms"] = dict(zip(("plan", "read", "commit", "launch"), map(float, ph)))
     return out

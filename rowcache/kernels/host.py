@@ -5,8 +5,9 @@ optionally with per-table offsets added: the global ids of a shared arena) and i
 NumPy reference :func:`hash_positions_reference`, plus the loader of the native
 module ``rowcache.kernels._host`` (``csrc/host_module.c`` and the files it names), which also holds the row cache's
 LRU bookkeeping: the all-hits path, the miss path's plan and commit, compaction
-(``rowcache.cache.lru`` and ``rowcache.cache.fault`` call them; their reference is the cache's
-Python path). Without the native module the references run, with the same results.
+(``rowcache.cache.lru.Lru`` and ``rowcache.cache.faulter`` call them; their reference is the cache's
+Python path), and Engram's ``EngramHasher`` (``rowcache.embed.engram.hash``; its reference is
+``hash_reference`` there). Without the native module the references run, with the same results.
 """
 
 from __future__ import annotations

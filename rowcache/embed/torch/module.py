@@ -14,7 +14,6 @@ Does not hash, gather or cache (``rowcache.embed.layer``) nor read checkpoints (
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +26,7 @@ from rowcache.embed.torch import packed as torch_packed
 from rowcache.embed.torch.views import (
     MAX_VIEWS,
     TensorViews,
+    TorchStreams,
     capturing,
     check_token_ids,
     raw_stream,
@@ -79,7 +79,7 @@ class TorchNgramEmbedding(torch.nn.Module):
         self.overlay = overlay
         self._device = torch.device(emb.device)
         self._cuda = self._device.type == "cuda"
-        self._streams: dict[int, Any] = {}  # torch's raw stream -> cupy's view of it
+        self._streams = TorchStreams()  # torch's raw stream -> cupy's view of it
         self._views = TensorViews()
         # checked int64 [B, W] tensors by (address, shape, strides, dtype): (view, device
         # index, B, device, B * W, the output's shape as ids, look-back columns as a
@@ -256,7 +256,7 @@ class TorchNgramEmbedding(torch.nn.Module):
         if self._cp.cuda.get_current_stream().ptr == raw:
             self.emb._rows_known(a[0], cv, c, view)
         else:
-            with self._stream(raw, index):
+            with self._streams(raw, index):
                 self.emb._rows_known(a[0], cv, c, view)
         return out
 
@@ -317,7 +317,7 @@ class TorchNgramEmbedding(torch.nn.Module):
             if cp.cuda.get_current_stream().ptr == raw:
                 self.emb.embed_rows(*args, out=views(out), **kw)
             else:
-                with self._stream(raw, index):
+                with self._streams(raw, index):
                     self.emb.embed_rows(*args, out=views(out), **kw)
             return out
         plan = torch_packed.plan(self.dims, ids, ctx, mask, cpu=not self._cuda)
@@ -326,7 +326,7 @@ class TorchNgramEmbedding(torch.nn.Module):
         if cp.cuda.get_current_stream().ptr == raw:
             torch_packed.run(self.emb, plan, out, dest, views, kw)
         else:
-            with self._stream(raw, index):
+            with self._streams(raw, index):
                 torch_packed.run(self.emb, plan, out, dest, views, kw)
         return out
 
@@ -351,21 +351,6 @@ class TorchNgramEmbedding(torch.nn.Module):
                 f"seq_slot must be an int or int[B={B}], got {arr.dtype}{list(arr.shape)}"
             )
         return arr.astype(np.int32)
-
-    def _stream(self, raw: int, index: int) -> Any:
-        """cupy's view of torch's stream ``raw`` on device ``index`` (one per stream, kept)."""
-        import cupy as cp
-
-        ext = self._streams.get(raw)
-        if ext is None:
-            if raw == 0:  # torch's default stream is the legacy null stream: cupy's own
-                ext = cp.cuda.Stream.null
-            else:
-                with warnings.catch_warnings():  # cupy 14 deprecates it for a
-                    warnings.simplefilter("ignore")  # from_external whose form varies
-                    ext = cp.cuda.ExternalStream(raw, index)
-            self._streams[raw] = ext
-        return ext
 
     # --- CUDA graphs ------------------------------------------------------------
     def static_step(self, batch_size: int, seq_len: int, context_len: int = 0) -> Any:

@@ -14,7 +14,7 @@ import torch
 
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.torch.module import TorchNgramEmbedding
-from rowcache.embed.torch.views import capturing, raw_stream
+from rowcache.embed.torch.views import TorchStreams, capturing, raw_stream
 from rowcache.errors import ConfigError
 
 _D2H = 2  # cudaMemcpyDeviceToHost
@@ -37,6 +37,7 @@ class TorchStaticStep:
         self, module: TorchNgramEmbedding, batch_size: int, seq_len: int, context_len: int = 0
     ) -> None:
         emb = module.emb
+        self._streams = TorchStreams()  # cupy's view of torch's current stream
         for name, v, lo in (
             ("batch_size", batch_size, 1),
             ("seq_len", seq_len, 1),
@@ -96,7 +97,7 @@ class TorchStaticStep:
         if self._multi:
             self._dev[B * (c + L) :].view(B, L).copy_(input_ids)
         index = input_ids.get_device()
-        stream = self.module._stream(raw_stream(index), index)
+        stream = self._streams(raw_stream(index), index)
         cp.cuda.runtime.memcpyAsync(
             self._host.ctypes.data, self._dev.data_ptr(), self._dev.numel() * 8, _D2H, stream.ptr
         )

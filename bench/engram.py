@@ -138,7 +138,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.quick:
-        args.rows_per_layer, args.tokens, args.layers = 40_000, 3000, 20
+        args.rows_per_layer, args.tokens, args.layers = 20_000, 800, 20
+        args.arena_fraction = 0.5  # a prefill step's 16,384 rows fit
         args.layer_us, args.token_us = 5.0, 0.1
     from rowcache import NgramRowCache, build_store
     from rowcache.embed.engram.hash import EngramHash

@@ -226,30 +226,52 @@ def test_tokens_outside_the_vocabulary_are_named(monkeypatch):
     assert h.hash(np.zeros((2, 0), dtype=np.int64))[1].shape == (2, 0, 16)
 
 
-def test_vocab_cache_is_kept_and_a_damaged_one_rebuilt(tmp_path, deepseek_vocab):
-    path = tokenizer_json_path("deepseek")
-    v = CompressedVocab.from_tokenizer(path, cache_dir=tmp_path)
-    (kept,) = (tmp_path / "engram-vocab").iterdir()
-    np.testing.assert_array_equal(v.lookup, deepseek_vocab.lookup)
+def _small_tokenizer(path):
+    """A 306-token word-level tokenizer.json at ``path`` (three spellings of "hello", a
+    space, a newline): the compression rule in a few milliseconds instead of DeepSeek's
+    129,280 ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(300)}
+    vocab.update({"Hello": 300, "hello": 301, "HÉLLO": 302, " ": 303, "\n": 304, "[UNK]": 305})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path))
+    return str(path)
+
+
+def test_small_tokenizer_compresses_by_normalized_text(tmp_path):
+    v = CompressedVocab.from_tokenizer(_small_tokenizer(tmp_path / "t.json"), cache_dir=tmp_path)
+    assert v.tokenizer_size == 306 and len(v) == 303
+    assert v.lookup[300] == v.lookup[301] == v.lookup[302]  # Hello, hello, HÉLLO
+    assert v.lookup[303] == v.lookup[304]  # " " is kept as " "; "\n" alone becomes " " too
+    assert list(v.lookup[:300]) == list(range(300))
+
+
+def test_vocab_cache_is_kept_and_a_damaged_one_rebuilt(tmp_path):
+    path = _small_tokenizer(tmp_path / "tokenizer.json")
+    cache = tmp_path / "cache"
+    v = CompressedVocab.from_tokenizer(path, cache_dir=cache)
+    (kept,) = (cache / "engram-vocab").iterdir()
     data = bytearray(kept.read_bytes())
-    data[5000] ^= 0x10  # one bit of one id: the checksum refuses it, the map is rebuilt
+    data[100] ^= 0x10  # one bit of one id: the checksum refuses it, the map is rebuilt
     kept.write_bytes(bytes(data))
     np.testing.assert_array_equal(
-        CompressedVocab.from_tokenizer(path, cache_dir=tmp_path).lookup, deepseek_vocab.lookup
+        CompressedVocab.from_tokenizer(path, cache_dir=cache).lookup, v.lookup
     )
     assert kept.read_bytes() != bytes(data)  # and kept again, sound
     kept.write_bytes(b"")
-    assert len(CompressedVocab.from_tokenizer(path, cache_dir=tmp_path)) == 99_092
+    assert len(CompressedVocab.from_tokenizer(path, cache_dir=cache)) == len(v)
 
 
 def test_vocab_cache_never_follows_a_link_or_waits_on_a_fifo(tmp_path):
     """In a child process with a timeout: a FIFO or a symlink where the kept map would be is
     not read (the map is built); an unwritable cache directory only skips the keeping."""
+    tok = _small_tokenizer(tmp_path / "tokenizer.json")
     code = f"""
-import os, pathlib, sys
+import os, pathlib
 from rowcache.embed.engram.vocab import CompressedVocab
-from rowcache.tools.tokens import tokenizer_json_path
-p = tokenizer_json_path("deepseek")
+p = {tok!r}
 root = pathlib.Path({str(tmp_path)!r})
 v = CompressedVocab.from_tokenizer(p, cache_dir=root / "a")
 (kept,) = (root / "a" / "engram-vocab").iterdir()

@@ -42,11 +42,11 @@ def _refused(e: OSError, dirfd: int, name: str, shown: str, what: str) -> Format
     return None
 
 
-def open_dir_at(dirfd: int, name: str, shown: str, what: str) -> int:
-    """The descriptor of directory ``name`` inside ``dirfd``; ``FileNotFoundError`` if it is
-    missing, ``FormatError`` if it is a link or not a directory."""
+def _open_at(dirfd: int, name: str, flags: int, shown: str, what: str) -> int:
+    """``os.open(name, flags, dir_fd=dirfd)``; a missing name stays ``FileNotFoundError``,
+    any other refusal is a ``FormatError`` naming ``shown`` and ``what``."""
     try:
-        return os.open(name, DIR_FLAGS, dir_fd=dirfd)
+        return os.open(name, flags, dir_fd=dirfd)
     except FileNotFoundError:
         raise
     except OSError as e:
@@ -54,20 +54,18 @@ def open_dir_at(dirfd: int, name: str, shown: str, what: str) -> int:
         if err is None:
             raise FormatError(f"{shown}: cannot open the {what} ({e.strerror})") from e
         raise err from None
+
+
+def open_dir_at(dirfd: int, name: str, shown: str, what: str) -> int:
+    """The descriptor of directory ``name`` inside ``dirfd``; ``FileNotFoundError`` if it is
+    missing, ``FormatError`` if it is a link or not a directory."""
+    return _open_at(dirfd, name, DIR_FLAGS, shown, what)
 
 
 def open_file_at(dirfd: int, name: str, shown: str, what: str) -> tuple[int, int]:
     """``(fd, size)`` of regular file ``name`` inside ``dirfd``; ``FileNotFoundError`` if it
     is missing, ``FormatError`` if it is a link, a FIFO, a device or a directory."""
-    try:
-        fd = os.open(name, FILE_FLAGS, dir_fd=dirfd)
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        err = _refused(e, dirfd, name, shown, what)
-        if err is None:
-            raise FormatError(f"{shown}: cannot open the {what} ({e.strerror})") from e
-        raise err from None
+    fd = _open_at(dirfd, name, FILE_FLAGS, shown, what)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -13,7 +13,9 @@ Series, in one run on the same tokens:
 - ``host``: the tables in pinned host memory mapped into the device, gathered by the GPU
   (what the engines do by default);
 - ``cached``: a store on disk (``build_store``) behind one ``NgramRowCache`` arena shared by
-  both layers (``--arena-fraction`` of their rows), prefetched at the step's start.
+  both layers (``--arena-fraction`` of their rows), prefetched at the step's start;
+- ``lookahead`` (prefill): the same, with the next chunk's rows prefetched a step ahead too
+  (a prefill chunk's tokens are known before its step; a decode token is not).
 For each: tokens/s, and for ``cached`` the ratio to resident, the hit rate, rows faulted a
 token, the time a step still waited for reads after its window (``wait``), so the window it
 would need (window + wait); and the disk's floor for the same number of 4 KiB reads (O_DIRECT
@@ -201,6 +203,7 @@ def main() -> None:
             return EngramMemory(h, {layer: CachedTable(cache, i) for i, layer in enumerate(layers)})
 
         series["cached"] = cached_memory
+        series["lookahead"] = cached_memory  # prefill: the next chunk's rows read a step ahead
         model = Model(args.device, args.layer_us, args.token_us, args.layers)
         first, second = cfg.layer_ids[0], cfg.layer_ids[1]
         results = []
@@ -211,9 +214,11 @@ def main() -> None:
             timed: dict[str, float] = {}
             extra: dict[str, Any] = {}
             for name, make in series.items():
+                if name == "lookahead" and T == 1:
+                    continue  # a decode step's next token is not known before it
                 drop_cache(store_files(store))
                 mem = make()
-                cache = mem.tables[first].cache if name == "cached" else None
+                cache = mem.tables[first].cache if name in ("cached", "lookahead") else None
                 kept = np.full((B, h.keep), cfg.pad_id, dtype=np.int64)
                 start = int(args.warm * steps)
                 t_steps = 0.0
@@ -226,8 +231,11 @@ def main() -> None:
                         t_steps = 0.0
                     piece = toks[:, s * T : (s + 1) * T]
                     t0 = time.perf_counter()
-                    if name == "cached":
+                    if cache is not None:
                         mem.prefetch(piece, kept)
+                    if name == "lookahead" and s + 1 < steps:
+                        after = np.concatenate([kept, piece], axis=1)[:, -h.keep :]
+                        mem.prefetch(toks[:, (s + 1) * T : (s + 2) * T], after)
                     model.run(first, B * T)  # the layers before the first Engram layer
                     w0 = time.perf_counter()
                     mem.lookup(first, piece, kept)
@@ -245,7 +253,9 @@ def main() -> None:
                     kept = np.concatenate([kept, piece], axis=1)[:, -h.keep :]
                 n_tok = (steps - start) * B * T
                 timed[name] = n_tok / t_steps
-                if cache is not None and stats0 is not None:
+                if name == "lookahead":
+                    extra["lookahead_wait_ms_step"] = 1e3 * waited / (steps - start)
+                elif cache is not None and stats0 is not None:
                     st = cache.stats()
                     looked = (st.hits + st.misses) - (stats0.hits + stats0.misses)
                     hit = (st.hits - stats0.hits) / looked if looked else 0.0
@@ -273,6 +283,8 @@ def main() -> None:
             row = {"mode": mode}
             row.update({f"{k} tok/s": v for k, v in timed.items()})
             row["cached/resident"] = timed["cached"] / timed["resident"]
+            if "lookahead" in timed:
+                row["lookahead/resident"] = timed["lookahead"] / timed["resident"]
             if "host" in timed:
                 row["host/resident"] = timed["host"] / timed["resident"]
             row["window_ms"] = window_ms

@@ -159,6 +159,8 @@ def test_engram_quick_compares_cached_with_resident():
         assert r["cached/resident"] == pytest.approx(r["cached tok/s"] / r["resident tok/s"])
         assert 0 <= r["hit_rate"] <= 1 and r["prefetched_per_token"] > 0
     assert rep["settings"]["store_bytes"] > 0 and rep["settings"]["engram_layers"] == [1, 15]
+    la = modes["prefill 512"]  # prefill chunks are read a step ahead; decode steps cannot be
+    assert la["lookahead tok/s"] > 0 and "lookahead tok/s" not in modes["decode x1"]
 
 
 def test_engram_hash_quick_equals_reference_and_times_both():

@@ -156,3 +156,27 @@ def test_cached_equals_resident_on_the_gpu(tmp_path, dtype):
         cached.end_step()
         ctx_r.step(piece)
         ctx_c.step(piece)
+
+
+def test_a_step_reuses_its_prefetch_hash_across_the_next_steps_prefetch(tmp_path):
+    h, _, resident, cached, _ = _setup(tmp_path)
+    rng = np.random.default_rng(5)
+    a, b = rng.integers(0, 500, (2, 6)), rng.integers(0, 500, (2, 6))
+    calls = []
+    real = h.hash
+
+    def counting(tokens, context=None, **kw):
+        calls.append(np.asarray(tokens).shape)
+        return real(tokens, context, **kw)
+
+    h.hash = counting  # the instance's method, counted (resident uses the same hash)
+    try:
+        cached.prefetch(a)
+        cached.prefetch(b, a[:, -h.keep :])  # the next chunk, one step ahead
+        got = [cached.lookup(layer, a) for layer in CFG.layer_ids]
+        assert len(calls) == 2  # a's rows came from its prefetch's hash
+        for layer, g in zip(CFG.layer_ids, got):
+            np.testing.assert_array_equal(_bits(g), _bits(resident.lookup(layer, a)))
+    finally:
+        del h.hash
+    cached.end_step()

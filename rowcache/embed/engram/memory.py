@@ -128,7 +128,7 @@ class EngramMemory:
         self.tables = dict(tables)
         self.device = devices.pop()
         self._offsets = {layer: engram_hash.head_offsets(layer) for layer in engram_hash.layer_ids}
-        self._last: tuple[np.ndarray, np.ndarray | None, dict[int, np.ndarray]] | None = None
+        self._recent: list[tuple[np.ndarray, np.ndarray | None, dict[int, np.ndarray]]] = []
 
     @property
     def output_dim(self) -> int:
@@ -137,28 +137,18 @@ class EngramMemory:
 
     def rows(self, tokens: Any, context: Any = None) -> dict[int, np.ndarray]:
         """Each layer's table rows of the step, int64 ``[B, T, heads_per_layer]`` (the hash's
-        head ids plus each head's offset); the last call's are reused for the same tokens."""
+        head ids plus each head's offset). The rows of the last two steps hashed are kept, so
+        a step's lookups reuse its prefetch's hash, also when the next step's prefetch (a
+        prefill chunk read one step ahead) came in between."""
         t = np.asarray(tokens)
         c = None if context is None else np.asarray(context)
-        last = self._last
-        if (
-            last is not None
-            and last[0].shape == t.shape
-            and np.array_equal(last[0], t)
-            and (
-                (c is None and last[1] is None)
-                or (
-                    c is not None
-                    and last[1] is not None
-                    and last[1].shape == c.shape
-                    and np.array_equal(last[1], c)
-                )
-            )
-        ):
-            return last[2]
+        for kt, kc, rows in self._recent:
+            if _same(kt, t) and ((c is None and kc is None) or (kc is not None and _same(kc, c))):
+                return rows
         ids = self.hash.hash(t, c)
         rows = {layer: ids[layer] + self._offsets[layer] for layer in ids}
-        self._last = (np.array(t, copy=True), None if c is None else np.array(c, copy=True), rows)
+        kept = (np.array(t, copy=True), None if c is None else np.array(c, copy=True), rows)
+        self._recent = [kept, *self._recent[:1]]
         return rows
 
     def prefetch(self, tokens: Any, context: Any = None) -> EngramPrefetch:
@@ -222,3 +212,7 @@ class EngramMemory:
     def __repr__(self) -> str:
         kinds = ", ".join(f"{layer}: {type(t).__name__}" for layer, t in self.tables.items())
         return f"EngramMemory({{{kinds}}}, device={self.device!r})"
+
+
+def _same(a: np.ndarray, b: np.ndarray | None) -> bool:
+    return b is not None and a.shape == b.shape and bool(np.array_equal(a, b))

@@ -9,8 +9,10 @@
 ``EngramConfig``, ``CompressedVocab``, ``EngramHash`` and ``EngramContext`` DeepSeek's
 Engram hash (``docs/engram-spec.md``), ``EngramMemory`` its lookup through the same tables
 (``TorchEngramMemory`` its module);
-``TorchNgramEmbedding`` the ``torch.nn.Module`` (loaded on first use: ``import rowcache.embed``
-never imports torch).
+``TorchNgramEmbedding`` the ``torch.nn.Module``; ``ShardedNgramEmbedding`` (and
+``ShardPlacement``, ``TorchShardedNgramEmbedding``) the tables spread over the ranks of a
+``torch.distributed`` group (all loaded on first use: ``import rowcache.embed`` never
+imports torch).
 """
 
 from __future__ import annotations
@@ -50,10 +52,13 @@ __all__ = [
     "NgramDims",
     "NgramEmbedding",
     "OverlayAdapterInfo",
+    "ShardPlacement",
+    "ShardedNgramEmbedding",
     "StaticStep",
     "TokenOverlay",
     "TorchEngramMemory",
     "TorchNgramEmbedding",
+    "TorchShardedNgramEmbedding",
     "TorchStaticStep",
     "hash_positions",
     "load_ngram_embedding",
@@ -74,6 +79,14 @@ def __getattr__(name: str) -> object:
         from rowcache.embed.torch.engram import TorchEngramMemory
 
         return TorchEngramMemory
+    if name in ("ShardedNgramEmbedding", "ShardPlacement"):  # torch.distributed
+        from rowcache.embed import sharded
+
+        return getattr(sharded, name)
+    if name == "TorchShardedNgramEmbedding":
+        from rowcache.embed.torch.sharded import TorchShardedNgramEmbedding
+
+        return TorchShardedNgramEmbedding
     if name == "TorchStaticStep":
         from rowcache.embed.torch.static import TorchStaticStep
 

@@ -1,0 +1,609 @@
+"""The n-gram embedding with its tables spread over the ranks of a ``torch.distributed`` group.
+
+Owns :class:`ShardPlacement` (which rank holds which table, or which row range of a table
+larger than one rank's byte budget) and :class:`ShardedNgramEmbedding` (one rank's part of
+the embedding: its own tables, resident or served by its own row caches, the step's ids
+hashed on every rank, the projected partial sum of its tables, and one ``all_reduce`` (SUM)
+of the float32 partials, then the scaling). Reuses the ids (``NgramBatch.host_ids``), the
+tables (``rowcache.embed.tables``), the stacked projections (``stack_projs``) and the GEMM
+(``rowcache.kernels.gemm``); does not own the caches (``rowcache.cache``) or the
+single-process step (``rowcache.embed.step``). Importing this module imports torch
+(``import rowcache.embed`` does not: the name is loaded on first use). ``docs/sharding.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rowcache.cache.prefetch import PrefetchHandle
+from rowcache.embed.layer_inputs import stack_projs
+from rowcache.embed.ngram.batch import NgramBatch
+from rowcache.embed.ngram.dims import NgramDims
+from rowcache.embed.step.inputs import RowsInPlace
+from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
+from rowcache.errors import ConfigError
+from rowcache.kernels.gemm import gemm_bf16_f32, scale_sum
+from rowcache.kernels.loader import is_device_array, require_cupy
+from rowcache.kernels.reference import BF16
+
+
+@dataclasses.dataclass(frozen=True)
+class TablePiece:
+    """Rows ``[lo, hi)`` of n-gram table ``table``, held by rank ``rank``."""
+
+    table: int
+    lo: int
+    hi: int
+    rank: int
+
+    @property
+    def rows(self) -> int:
+        return self.hi - self.lo
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlacement:
+    """Which rank of a group of ``world_size`` holds which n-gram table (or row range).
+
+    Made by :meth:`plan`: a table of more than ``rank_bytes`` bytes is cut row-wise into
+    ``ceil(bytes / rank_bytes)`` contiguous ranges of near-equal rows (never more than
+    ``world_size``); then the pieces, largest first (ties by table, then first row), go
+    each to the rank holding the fewest bytes so far (ties: the lowest rank) that holds
+    no other piece of the same table: greedy balance by bytes. The word table is
+    rank 0's. The same arguments give the same placement on every rank.
+    """
+
+    dims: NgramDims
+    world_size: int
+    row_bytes: int
+    rank_bytes: int | None
+    pieces: tuple[TablePiece, ...]
+
+    @classmethod
+    def plan(
+        cls,
+        dims: NgramDims,
+        world_size: int,
+        *,
+        rank_bytes: int | None = None,
+        row_bytes: int | None = None,
+    ) -> ShardPlacement:
+        """Place ``dims``' tables over ``world_size`` ranks.
+
+        Parameters
+        ----------
+        dims : NgramDims
+        world_size : int, >= 1
+        rank_bytes : int, optional
+            The most bytes of one table a rank should hold (as stored, not a cache's
+            arena): a larger table is split row-wise into pieces of at most this. None: no
+            split. (A rank may hold several pieces: :meth:`bytes_of` says how much.)
+        row_bytes : int, optional
+            Bytes of one table row; default ``2 * table_dim`` (bfloat16).
+        """
+        if not isinstance(dims, NgramDims):
+            raise ConfigError(f"dims must be an NgramDims, got {type(dims).__name__}")
+        if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)):
+            raise ConfigError(f"world_size={world_size!r} must be an int >= 1")
+        if world_size < 1:
+            raise ConfigError(f"world_size={world_size} must be >= 1")
+        rb = 2 * dims.table_dim if row_bytes is None else int(row_bytes)
+        if rb < 1:
+            raise ConfigError(f"row_bytes={row_bytes!r} must be >= 1")
+        if rank_bytes is not None and int(rank_bytes) < rb:
+            raise ConfigError(
+                f"rank_bytes={rank_bytes!r} must hold at least one row ({rb} bytes), or be None"
+            )
+        cuts: list[tuple[int, int, int]] = []
+        for i in range(dims.num_tables):
+            rows = dims.table_rows(i)
+            k = 1 if rank_bytes is None else -(-rows * rb // int(rank_bytes))
+            if k > world_size:
+                raise ConfigError(
+                    f"table {i} ({rows * rb} bytes) needs {k} ranks of rank_bytes={rank_bytes}, "
+                    f"the group has world_size={world_size}: give more ranks or a larger rank_bytes"
+                )
+            edges = [rows * j // k for j in range(k + 1)]
+            cuts += [(i, edges[j], edges[j + 1]) for j in range(k)]
+        load = [0] * world_size
+        held: list[set[int]] = [set() for _ in range(world_size)]
+        pieces = []
+        for i, lo, hi in sorted(cuts, key=lambda c: (-(c[2] - c[1]), c[0], c[1])):
+            r = min((r for r in range(world_size) if i not in held[r]), key=lambda r: load[r])
+            load[r] += (hi - lo) * rb
+            held[r].add(i)
+            pieces.append(TablePiece(i, lo, hi, r))
+        order = sorted(pieces, key=lambda p: (p.table, p.lo))
+        return cls(dims, int(world_size), rb, None if rank_bytes is None else int(rank_bytes),
+                   tuple(order))  # fmt: skip
+
+    def of_rank(self, rank: int) -> list[TablePiece]:
+        """The pieces rank ``rank`` holds, by table then first row."""
+        return [p for p in self.pieces if p.rank == rank]
+
+    def bytes_of(self, rank: int) -> int:
+        """Table bytes rank ``rank`` holds (as stored)."""
+        return sum(p.rows for p in self.of_rank(rank)) * self.row_bytes
+
+    @property
+    def split_tables(self) -> list[int]:
+        """The tables cut into several row ranges."""
+        counts: dict[int, int] = {}
+        for p in self.pieces:
+            counts[p.table] = counts.get(p.table, 0) + 1
+        return sorted(i for i, c in counts.items() if c > 1)
+
+    def __repr__(self) -> str:
+        per = [
+            "r{}: {}".format(r, ", ".join(_piece_name(p, self.dims) for p in self.of_rank(r)))
+            for r in range(self.world_size)
+        ]
+        return f"ShardPlacement({'; '.join(per)})"
+
+
+def _piece_name(p: TablePiece, dims: NgramDims) -> str:
+    whole = p.lo == 0 and p.hi == dims.table_rows(p.table)
+    return f"t{p.table}" if whole else f"t{p.table}[{p.lo}:{p.hi}]"
+
+
+def _f32(a: Any, xp: Any) -> Any:
+    """float32 of a bfloat16 array (exact: the bf16 bits are the float32's top half)."""
+    return (a.view(xp.uint16).astype(xp.uint32) << 16).view(xp.float32)
+
+
+class _Piece:
+    """One rank's piece: its table, the row offset of the table's ids, and its projection
+    columns in the rank's stacked rows."""
+
+    def __init__(self, piece: TablePiece, table: Any, dims: NgramDims) -> None:
+        full = dims.table_rows(piece.table)
+        if table.dim != dims.table_dim or table.rows not in (piece.rows, full):
+            raise ConfigError(
+                f"the table given for {_piece_name(piece, dims)} is [{table.rows}, {table.dim}]; "
+                f"it must have {piece.rows} rows (the piece's, addressed from its first row) "
+                f"or {full} (the whole table's) of dim {dims.table_dim}"
+            )
+        self.piece, self.table = piece, table
+        self.split = piece.rows != full
+        # the piece's table is addressed by local id (its own rows) or global id (whole)
+        self.offset = piece.lo if table.rows == piece.rows else 0
+
+
+class ShardedNgramEmbedding:
+    """One rank's part of an n-gram embedding spread over a ``torch.distributed`` group.
+
+    ``e_t = (E0[x_t] + sum_i W_i E_i[id_i(t)]) / (1 + T)``: every rank hashes the step's
+    tokens (host hash of its own tables' ids only), gathers its own tables' rows (rows
+    outside a row-split piece count zero), projects them with one GEMM (float32
+    accumulation) into a float32 ``[n, D]`` partial, rank 0 adds the word rows' float32
+    values, one ``all_reduce`` (SUM) adds the partials over the group, and every rank
+    scales the sum into bfloat16. Every call is collective: every rank of the group
+    makes it with the same tokens, in the same order.
+
+    Parameters
+    ----------
+    dims : NgramDims
+    placement : ShardPlacement
+        For the group's size; the same on every rank (checked at construction).
+    word : Bf16Table | Fp8Table | CachedTable | bfloat16[V, D] on rank 0; None elsewhere.
+    tables : sequence
+        This rank's tables, one per piece of ``placement.of_rank(rank)`` in that order:
+        ``Bf16Table``, ``Fp8Table``, ``CachedTable`` or bfloat16 arrays, each holding the
+        piece's rows (addressed from its first row) or the whole table's (a cache over a
+        store of the whole table, addressed by the table's ids; only the piece's rows are
+        ever asked for).
+    projs : the ``T`` projections ``W_i`` (bfloat16 ``[D, d]`` each, or one ``[T, D, d]``),
+        the same on every rank (checked); the rank keeps its tables' columns.
+    group : torch.distributed.ProcessGroup, optional
+        Default the world group (``torch.distributed`` must be initialized).
+    defer_reads : bool
+        On the GPU, this rank's caches resolve with ``NgramRowCache.resolve_deferred``
+        (as ``NgramEmbedding(defer_reads=True)``): :meth:`settle` commits. Ignored on the CPU.
+
+    Tolerance: with one rank the result is bit-identical to ``NgramEmbedding`` on the CPU
+    (same stacked GEMM, same ``(word + proj) / (1 + T)``). With several, the float32 sum
+    is added in another order (per-rank partial GEMMs, then the reduction), so it differs
+    from the single-process sum by float32 rounding; after the bfloat16 cast the outputs
+    differ by at most 1 bf16 ulp (``docs/sharding.md`` has the measured figures).
+    """
+
+    def __init__(
+        self,
+        dims: NgramDims,
+        placement: ShardPlacement,
+        word: Any,
+        tables: Sequence[Any],
+        projs: Any,
+        *,
+        group: Any = None,
+        defer_reads: bool = False,
+    ) -> None:
+        if not isinstance(dims, NgramDims):
+            raise ConfigError(f"dims must be an NgramDims, got {type(dims).__name__}")
+        if not isinstance(placement, ShardPlacement) or placement.dims != dims:
+            raise ConfigError("placement must be a ShardPlacement made for these dims")
+        if not dist.is_available() or not dist.is_initialized():
+            raise ConfigError(
+                "ShardedNgramEmbedding needs torch.distributed initialized "
+                "(torch.distributed.init_process_group) before it is built"
+            )
+        self.dims, self.placement = dims, placement
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.group)
+        self.world_size = dist.get_world_size(self.group)
+        if self.world_size != placement.world_size:
+            raise ConfigError(
+                f"the placement is for world_size={placement.world_size}, the group has "
+                f"{self.world_size} ranks: plan it with ShardPlacement.plan(dims, "
+                f"{self.world_size}, ...)"
+            )
+        mine = placement.of_rank(self.rank)
+        if len(tables) != len(mine):
+            raise ConfigError(
+                f"rank {self.rank} holds {len(mine)} piece(s) "
+                f"({[_piece_name(p, dims) for p in mine]}), got {len(tables)} table(s)"
+            )
+        self._pieces = [_Piece(p, _as_table(t), dims) for p, t in zip(mine, tables)]
+        if (self.rank == 0) != (word is not None):
+            raise ConfigError(
+                f"word is rank 0's table (the word term is added there): rank {self.rank} got "
+                f"{'None' if word is None else type(word).__name__}"
+            )
+        self.word = None if word is None else _as_table(word)
+        if self.word is not None and (
+            self.word.rows != dims.vocab_size or self.word.dim != dims.hidden_size
+        ):
+            raise ConfigError(
+                f"word must be [{dims.vocab_size}, {dims.hidden_size}], got "
+                f"[{self.word.rows}, {self.word.dim}]"
+            )
+        every = [p.table for p in self._pieces] + ([self.word] if self.word is not None else [])
+        devices = {t.device for t in every}
+        if len(devices) > 1:
+            raise ConfigError(f"rank {self.rank}'s tables are on several devices: {devices}")
+        self.device: str = devices.pop() if devices else _group_device(self.group)
+        gpu = self.device == "cuda"
+        self._xp: Any = require_cupy("ShardedNgramEmbedding on cuda") if gpu else np
+        stacked = stack_projs(dims, projs)  # [T*d, D], checked
+        d = dims.table_dim
+        own = [p.piece.table for p in self._pieces]
+        weights = np.concatenate([stacked[i * d : (i + 1) * d] for i in own]) if own else None
+        self._weights = None if weights is None else self._xp.asarray(weights)
+        self._own = np.array(own, dtype=np.int64)
+        self.defer_reads = bool(defer_reads) and gpu
+        cached = [p.table for p in self._pieces if isinstance(p.table, CachedTable)]
+        if isinstance(self.word, CachedTable):
+            cached.append(self.word)
+        self._caches = list({id(t.cache): t.cache for t in cached}.values())
+        self._maps = {id(c): c.device_map() for c in self._caches} if self.defer_reads else {}
+        self._check_same(stacked)
+
+    # --- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_arrays(
+        cls,
+        dims: NgramDims,
+        word: Any,
+        tables: Sequence[Any],
+        projs: Any,
+        *,
+        group: Any = None,
+        rank_bytes: int | None = None,
+        device: str = "cpu",
+    ) -> ShardedNgramEmbedding:
+        """Every rank given the whole tables (bfloat16 arrays, e.g. memory-mapped ``.npy``)
+        keeps its pieces only, resident on ``device``; the word table on rank 0."""
+        if not dist.is_available() or not dist.is_initialized():
+            raise ConfigError("from_arrays needs torch.distributed initialized")
+        group = group if group is not None else dist.group.WORLD
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        placement = ShardPlacement.plan(dims, size, rank_bytes=rank_bytes)
+        if len(tables) != dims.num_tables:
+            raise ConfigError(f"tables has {len(tables)} entries, expected {dims.num_tables}")
+        mine = [
+            Bf16Table(np.ascontiguousarray(np.asarray(tables[p.table])[p.lo : p.hi])).to(device)
+            for p in placement.of_rank(rank)
+        ]
+        w = Bf16Table(np.asarray(word)).to(device) if rank == 0 else None
+        return cls(dims, placement, w, mine, projs, group=group)
+
+    @classmethod
+    def from_store(
+        cls,
+        dims: NgramDims,
+        word: Any,
+        store: Any,
+        projs: Any,
+        *,
+        slots: int,
+        tables: Sequence[str | int] | None = None,
+        group: Any = None,
+        rank_bytes: int | None = None,
+        device: str = "cpu",
+        defer_reads: bool = False,
+    ) -> ShardedNgramEmbedding:
+        """Each rank serves its pieces from one ``NgramRowCache`` of ``slots`` rows over
+        its tables of ``store`` (the node's store, opened by every rank; ``tables``: the
+        store's names or indices of the T n-gram tables, default ``0..T-1``). ``word``:
+        rank 0's word table (a table or a bfloat16 array), None elsewhere."""
+        from rowcache.cache.row_cache import NgramRowCache
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise ConfigError("from_store needs torch.distributed initialized")
+        group = group if group is not None else dist.group.WORLD
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        placement = ShardPlacement.plan(dims, size, rank_bytes=rank_bytes)
+        names = list(range(dims.num_tables)) if tables is None else list(tables)
+        if len(names) != dims.num_tables:
+            raise ConfigError(f"tables has {len(names)} entries, expected {dims.num_tables}")
+        mine = placement.of_rank(rank)
+        parts: list[Any] = []
+        if mine:
+            cache = NgramRowCache(store, [names[p.table] for p in mine], slots=slots,
+                                  device=device)  # fmt: skip
+            parts = [CachedTable(cache, part=k) for k in range(len(mine))]
+        w = None if word is None else _as_table(word)
+        if w is not None and w.device != device:
+            w = w.to(device)
+        return cls(dims, placement, w, parts, projs, group=group, defer_reads=defer_reads)
+
+    def _check_same(self, stacked: np.ndarray) -> None:
+        """Every rank of the group was built with the same dims, placement and projections:
+        one ``all_gather_object``; every rank raises the same error otherwise."""
+        mine = (
+            dataclasses.astuple(self.dims)[:6],
+            self.placement.pieces,
+            self.placement.row_bytes,
+            zlib.crc32(np.ascontiguousarray(stacked).view(np.uint8).tobytes()),
+            self.device,
+        )
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, mine, group=self.group)
+        what = ("dims", "placement", "row bytes", "projections' CRC32", "device")
+        for r, theirs in enumerate(everyone):
+            for k, name in enumerate(what):
+                if theirs[k] != everyone[0][k]:
+                    raise ConfigError(
+                        f"the ranks of the group were built differently: rank {r}'s {name} "
+                        f"is {theirs[k]!r}, rank 0's {everyone[0][k]!r}; build every rank "
+                        "with the same dims, placement (rank_bytes) and projections"
+                    )
+
+    # --- public ---------------------------------------------------------------------------
+    @property
+    def pieces(self) -> list[TablePiece]:
+        """This rank's pieces."""
+        return [p.piece for p in self._pieces]
+
+    @property
+    def caches(self) -> list[Any]:
+        """This rank's distinct row caches."""
+        return list(self._caches)
+
+    def resident_bytes(self) -> int:
+        """Bytes this rank holds: its resident tables, its caches' arenas (once each), its
+        projection columns."""
+        tables = [p.table for p in self._pieces] + ([self.word] if self.word is not None else [])
+        res = sum(t.nbytes for t in tables if not isinstance(t, CachedTable))
+        arenas = {id(t.cache): t.nbytes for t in tables if isinstance(t, CachedTable)}
+        w = 0 if self._weights is None else self._weights.nbytes
+        return int(res + sum(arenas.values()) + w)
+
+    def embed(self, ctx_tokens: Any, seq_len: int, *, out: Any = None) -> Any:
+        """``NgramEmbedding.embed``: the last ``seq_len`` positions of one context."""
+        return self._run(NgramBatch.single(self.dims, _host(ctx_tokens), seq_len), out)
+
+    def embed_batch(
+        self, contexts: Sequence[Any], seq_lens: Sequence[int], *, out: Any = None
+    ) -> Any:
+        """``NgramEmbedding.embed_batch``: several sequences in one pass."""
+        contexts = [_host(c) for c in contexts]
+        return self._run(NgramBatch.from_contexts(self.dims, contexts, seq_lens), out)
+
+    def embed_packed(
+        self, tokens: Any, ctx_lens: Any = None, seq_lens: Any = None, *, out: Any = None
+    ) -> Any:
+        """``NgramEmbedding.embed_packed``: an ``NgramBatch`` or packed tokens."""
+        return self._run(self._batch(tokens, ctx_lens, seq_lens), out)
+
+    def embed_rows(self, ids: Any, ctx: Any = None, *, out: Any = None) -> Any:
+        """``NgramEmbedding.embed_rows``: every token of ``ids[B, L]``, each row after its
+        context row ``ctx[B, C]`` (or none). Returns bfloat16[B * L, hidden_size]."""
+        rows = RowsInPlace.checked(self.dims, ids, ctx)
+        return self._run(rows.packed(self.dims).batch, out)
+
+    def prefetch(self, ctx_tokens: Any, seq_len: int | None = None) -> PrefetchHandle:
+        """Start this rank's caches reading the rows a coming :meth:`embed` of these
+        arguments needs (its own pieces' rows only); returns at once. Not collective."""
+        tokens = _host(ctx_tokens)
+        L = len(tokens) if seq_len is None else seq_len
+        return self._prefetch(NgramBatch.single(self.dims, tokens, L))
+
+    def prefetch_packed(
+        self, tokens: Any, ctx_lens: Any = None, seq_lens: Any = None
+    ) -> PrefetchHandle:
+        """:meth:`prefetch` of a coming :meth:`embed_packed` (same arguments)."""
+        return self._prefetch(self._batch(tokens, ctx_lens, seq_lens))
+
+    def settle(self) -> None:
+        """Commit this rank's deferred reads (``defer_reads``); raises the first failed
+        read's ``CorruptDataError`` after every cache was settled. A no-op otherwise."""
+        first: BaseException | None = None
+        for c in self._caches:
+            try:
+                c.settle()
+            except BaseException as e:
+                first = first or e
+        if first is not None:
+            raise first
+
+    # --- the step ---------------------------------------------------------------------------
+    def _batch(self, tokens: Any, ctx_lens: Any, seq_lens: Any) -> NgramBatch:
+        if isinstance(tokens, NgramBatch):
+            if tokens.dims != self.dims:
+                raise ConfigError("the NgramBatch was built for other NgramDims")
+            if tokens.on_device:
+                return NgramBatch(self.dims, tokens.tokens.get(), tokens.ctx_lens, tokens.seq_lens)
+            return tokens
+        if ctx_lens is None or seq_lens is None:
+            raise ConfigError("packed tokens need ctx_lens and seq_lens (int[S] each)")
+        return NgramBatch(self.dims, _host(tokens), ctx_lens, seq_lens)
+
+    def _piece_ids(self, batch: NgramBatch) -> list[tuple[_Piece, np.ndarray, np.ndarray | None]]:
+        """Per piece: (piece, its table's ids of the piece's rows, the output rows they
+        fill, or None for every row)."""
+        if not self._pieces or batch.n == 0:
+            return []
+        ids = batch.host_ids(self._own)
+        res: list[tuple[_Piece, np.ndarray, np.ndarray | None]] = []
+        for k, p in enumerate(self._pieces):
+            row = ids[k]
+            if not p.split:
+                res.append((p, row - p.offset if p.offset else row, None))
+                continue
+            sel = np.flatnonzero((row >= p.piece.lo) & (row < p.piece.hi))
+            res.append((p, row[sel] - p.offset, sel))
+        return res
+
+    def _prefetch(self, batch: NgramBatch) -> PrefetchHandle:
+        handles = []
+        for p, ids, _ in self._piece_ids(batch):
+            t = p.table
+            if isinstance(t, CachedTable) and ids.size:
+                handles.append(t.cache.prefetch(ids + t.offset))
+        return PrefetchHandle.merge(handles) if handles else PrefetchHandle([], 0, 0)
+
+    def _gather(self, table: Any, ids: np.ndarray) -> Any:
+        """Rows ``ids`` (host int64) of ``table`` on this rank's device: bfloat16[len, d]."""
+        xp = self._xp
+        if isinstance(table, CachedTable) and self.defer_reads:
+            cache = table.cache
+            gid = ids + table.offset
+            cache.resolve_deferred(gid)
+            cur = xp.cuda.get_current_stream()
+            if cache.stream is not None and cache.stream.ptr != cur.ptr:
+                cur.wait_event(cache.stream.record())
+            slots = self._maps[id(cache)][xp.asarray(gid)]
+            return table.gather_slots(slots)
+        if isinstance(table, CachedTable):
+            slots = table.resolve(ids)
+            if xp is not np and cache_stream_differs(table.cache, xp):
+                xp.cuda.get_current_stream().wait_event(table.cache.stream.record())
+            return table.gather_slots(slots)
+        return table.gather(ids if xp is np else xp.asarray(ids))
+
+    def _partial(self, batch: NgramBatch) -> Any:
+        """This rank's float32 ``[n, D]`` share of ``word + sum_i W_i E_i[id_i]``."""
+        xp, d, n, D = self._xp, self.dims.table_dim, batch.n, self.dims.hidden_size
+        pieces = self._piece_ids(batch)
+        if pieces:
+            stack = xp.zeros((n, len(pieces) * d), dtype=BF16)
+            for k, (p, ids, sel) in enumerate(pieces):
+                if sel is None:
+                    stack[:, k * d : (k + 1) * d] = self._gather(p.table, ids)
+                elif sel.size:
+                    rows = self._gather(p.table, ids)
+                    stack[xp.asarray(sel), k * d : (k + 1) * d] = rows
+            partial = gemm_bf16_f32(stack, self._weights)
+        else:
+            partial = xp.zeros((n, D), dtype=xp.float32)
+        if self.word is not None:
+            words = self._gather(self.word, batch.word_ids)
+            partial += _f32(words, xp)
+        return partial
+
+    def _end_batches(self) -> None:
+        """End this rank's caches' batches; on the GPU a cache's later faults first wait for
+        this step's gathers (stream order)."""
+        xp = self._xp
+        if xp is not np and self._caches:
+            done = xp.cuda.get_current_stream().record()
+            for c in self._caches:
+                if cache_stream_differs(c, xp):
+                    c.stream.wait_event(done)
+        for c in self._caches:
+            c.end_batch()
+
+    def _run(self, batch: NgramBatch, out: Any) -> Any:
+        D, xp = self.dims.hidden_size, self._xp
+        n = batch.n
+        if out is not None and (
+            out.shape != (n, D) or out.dtype != BF16 or is_device_array(out) != (xp is not np)
+        ):
+            raise ConfigError(
+                f"out must be bfloat16[{n}, {D}] on {self.device}, got "
+                f"{getattr(out, 'dtype', None)}{list(getattr(out, 'shape', ()))}"
+            )
+        try:
+            partial = self._partial(batch) if n else xp.zeros((0, D), dtype=xp.float32)
+        finally:
+            self._end_batches()
+        self._all_reduce(partial)
+        return self._scaled(partial, out)
+
+    def _all_reduce(self, partial: Any) -> None:
+        """SUM of every rank's float32 partial, in place (one collective, also for n = 0:
+        every rank calls it the same number of times)."""
+        if self._xp is np:
+            t = torch.from_numpy(partial)
+        else:
+            if self._xp.cuda.get_current_stream().ptr != torch.cuda.current_stream().cuda_stream:
+                self._xp.cuda.get_current_stream().synchronize()
+            t = torch.as_tensor(partial, device="cuda")
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+
+    def _scaled(self, total: Any, out: Any) -> Any:
+        """``bf16(total / (1 + T))``, as ``NgramEmbedding``'s ``(word + proj) / (1 + T)``."""
+        denom = float(1 + self.dims.num_tables)
+        if self._xp is np:
+            res = (total / np.float32(denom)).astype(BF16)
+            if out is None:
+                return res
+            out[...] = res
+            return out
+        zero = self._xp.zeros(total.shape, dtype=BF16)  # (0 + x) / denom: the same kernel
+        return scale_sum(zero, total, denom, out=out)
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardedNgramEmbedding(rank={self.rank}/{self.world_size}, "
+            f"pieces={[_piece_name(p, self.dims) for p in self.pieces]}, device={self.device!r})"
+        )
+
+
+def cache_stream_differs(cache: Any, xp: Any) -> bool:
+    """Whether a GPU cache writes its arena on a stream other than the current one."""
+    stream = cache.stream
+    return stream is not None and stream.ptr != xp.cuda.get_current_stream().ptr
+
+
+def _as_table(t: Any) -> Any:
+    if isinstance(t, (Bf16Table, Fp8Table, CachedTable)):
+        return t
+    if getattr(t, "dtype", None) == BF16 and getattr(t, "ndim", 0) == 2:
+        return Bf16Table(t)
+    raise ConfigError(
+        f"a table must be a Bf16Table, Fp8Table, CachedTable or a bfloat16 2-D array, got "
+        f"{type(t).__name__} {getattr(t, 'dtype', '')}"
+    )
+
+
+def _host(tokens: Any) -> Any:
+    """Token ids on the host (every rank hashes on its host: cheap, and the caches'
+    resolve needs host ids)."""
+    return tokens.get() if is_device_array(tokens) else tokens
+
+
+def _group_device(group: Any) -> str:
+    """The device of a rank that holds no table: the group's backend's."""
+    return "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+
+
+__all__ = ["ShardPlacement", "ShardedNgramEmbedding", "TablePiece"]

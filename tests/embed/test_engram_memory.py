@@ -180,3 +180,33 @@ def test_a_step_reuses_its_prefetch_hash_across_the_next_steps_prefetch(tmp_path
     finally:
         del h.hash
     cached.end_step()
+
+
+def test_engram_store_streams_from_a_safetensors_checkpoint(tmp_path):
+    """The layers' tables as a checkpoint holds them (the reference module's
+    ``multi_head_embedding.embedding.weight`` per Engram layer, float32 here) are streamed by
+    ``build_store`` from the file, and serve the same rows as the arrays."""
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    h, arrays, resident, _, _ = _setup(tmp_path)
+    ckpt = tmp_path / "model.safetensors"
+    names = {
+        layer: f"layers.{layer}.engram.multi_head_embedding.embedding.weight"
+        for layer in CFG.layer_ids
+    }
+    safetensors_numpy.save_file(
+        {names[layer]: arrays[f"engram.{layer}"].astype(np.float32) for layer in CFG.layer_ids},
+        str(ckpt),
+    )
+    store = build_store(
+        str(tmp_path / "from-ckpt"),
+        {f"engram.{layer}": (str(ckpt), names[layer]) for layer in CFG.layer_ids},
+        progress=False,
+    )
+    cache = NgramRowCache(store, [f"engram.{layer}" for layer in CFG.layer_ids], slots=700)
+    mem = EngramMemory(h, {layer: CachedTable(cache, i) for i, layer in enumerate(CFG.layer_ids)})
+    tokens = np.random.default_rng(6).integers(0, 500, (2, 9))
+    for layer in CFG.layer_ids:
+        np.testing.assert_array_equal(
+            _bits(mem.lookup(layer, tokens)), _bits(resident.lookup(layer, tokens))
+        )
+    mem.end_step()

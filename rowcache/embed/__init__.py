@@ -52,6 +52,7 @@ __all__ = [
     "NgramDims",
     "NgramEmbedding",
     "OverlayAdapterInfo",
+    "RankFailedError",
     "ShardPlacement",
     "ShardedNgramEmbedding",
     "StaticStep",
@@ -79,7 +80,7 @@ def __getattr__(name: str) -> object:
         from rowcache.embed.torch.engram import TorchEngramMemory
 
         return TorchEngramMemory
-    if name in ("ShardedNgramEmbedding", "ShardPlacement"):  # torch.distributed
+    if name in ("ShardedNgramEmbedding", "ShardPlacement", "RankFailedError"):  # torch.distributed
         from rowcache.embed import sharded
 
         return getattr(sharded, name)

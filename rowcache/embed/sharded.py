@@ -28,7 +28,7 @@ from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.step.inputs import RowsInPlace
 from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
-from rowcache.errors import ConfigError
+from rowcache.errors import ConfigError, RowCacheError
 from rowcache.kernels.gemm import gemm_bf16_f32, scale_sum
 from rowcache.kernels.loader import is_device_array, require_cupy
 from rowcache.kernels.reference import BF16
@@ -176,6 +176,11 @@ class _Piece:
         self.offset = piece.lo if table.rows == piece.rows else 0
 
 
+class RankFailedError(RowCacheError):
+    """A rank of the group failed a step of :class:`ShardedNgramEmbedding` (it raised its
+    own error); the step's output is invalid on every rank."""
+
+
 class ShardedNgramEmbedding:
     """One rank's part of an n-gram embedding spread over a ``torch.distributed`` group.
 
@@ -283,6 +288,7 @@ class ShardedNgramEmbedding:
             cached.append(self.word)
         self._caches = list({id(t.cache): t.cache for t in cached}.values())
         self._maps = {id(c): c.device_map() for c in self._caches} if self.defer_reads else {}
+        self._flag: Any = None  # the last step's failure flag (a device scalar on the GPU)
         self._check_same(stacked)
 
     # --- construction ---------------------------------------------------------------------
@@ -434,7 +440,10 @@ class ShardedNgramEmbedding:
 
     def settle(self) -> None:
         """Commit this rank's deferred reads (``defer_reads``); raises the first failed
-        read's ``CorruptDataError`` after every cache was settled. A no-op otherwise."""
+        read's ``CorruptDataError`` after every cache was settled (on this rank: the
+        others' outputs of that step are invalid too, which their callers learn from
+        this rank's). Then raises ``RankFailedError`` when a rank failed the last step
+        (the GPU's flag, read here). A no-op otherwise."""
         first: BaseException | None = None
         for c in self._caches:
             try:
@@ -443,6 +452,7 @@ class ShardedNgramEmbedding:
                 first = first or e
         if first is not None:
             raise first
+        self._check_flag(wait=True)
 
     # --- the step ---------------------------------------------------------------------------
     def _batch(self, tokens: Any, ctx_lens: Any, seq_lens: Any) -> NgramBatch:
@@ -480,44 +490,60 @@ class ShardedNgramEmbedding:
                 handles.append(t.cache.prefetch(ids + t.offset))
         return PrefetchHandle.merge(handles) if handles else PrefetchHandle([], 0, 0)
 
-    def _gather(self, table: Any, ids: np.ndarray) -> Any:
-        """Rows ``ids`` (host int64) of ``table`` on this rank's device: bfloat16[len, d]."""
+    def _resolve(self, wanted: list[tuple[Any, np.ndarray]]) -> list[Any]:
+        """Arena slots of every cached table's rows of the step (``wanted``: (table, host
+        ids) pairs; None for a resident table): ONE resolve per cache (the ids of its parts
+        concatenated as global ids), so a shared cache faults its misses in one read, and
+        a deferred read (``defer_reads``) is not waited for by a second call. On the GPU
+        the current stream then waits for the cache's stream (its faults' writes)."""
         xp = self._xp
-        if isinstance(table, CachedTable) and self.defer_reads:
-            cache = table.cache
-            gid = ids + table.offset
-            cache.resolve_deferred(gid)
-            cur = xp.cuda.get_current_stream()
-            if cache.stream is not None and cache.stream.ptr != cur.ptr:
-                cur.wait_event(cache.stream.record())
-            slots = self._maps[id(cache)][xp.asarray(gid)]
-            return table.gather_slots(slots)
-        if isinstance(table, CachedTable):
-            slots = table.resolve(ids)
-            if xp is not np and cache_stream_differs(table.cache, xp):
-                xp.cuda.get_current_stream().wait_event(table.cache.stream.record())
-            return table.gather_slots(slots)
-        return table.gather(ids if xp is np else xp.asarray(ids))
+        slots: list[Any] = [None] * len(wanted)
+        by_cache: dict[int, list[int]] = {}
+        for k, (t, _) in enumerate(wanted):
+            if isinstance(t, CachedTable):
+                by_cache.setdefault(id(t.cache), []).append(k)
+        for ks in by_cache.values():
+            cache = wanted[ks[0]][0].cache
+            gids = np.concatenate([wanted[k][1] + wanted[k][0].offset for k in ks])
+            if self.defer_reads:
+                cache.resolve_deferred(gids)
+                got = None
+            else:
+                got = cache.resolve(gids)
+            if xp is not np and cache_stream_differs(cache, xp):
+                xp.cuda.get_current_stream().wait_event(cache.stream.record())
+            if got is None:  # the slots from the device map, in stream order after the read
+                got = self._maps[id(cache)][xp.asarray(gids)]
+            edges = np.cumsum([0] + [wanted[k][1].size for k in ks])
+            for j, k in enumerate(ks):
+                slots[k] = got[int(edges[j]) : int(edges[j + 1])]
+        return slots
 
-    def _partial(self, batch: NgramBatch) -> Any:
-        """This rank's float32 ``[n, D]`` share of ``word + sum_i W_i E_i[id_i]``."""
-        xp, d, n, D = self._xp, self.dims.table_dim, batch.n, self.dims.hidden_size
+    def _partial(self, batch: NgramBatch, partial: Any) -> None:
+        """This rank's share of ``word + sum_i W_i E_i[id_i]`` into ``partial``
+        (float32 ``[n, D]``, zeros, C-contiguous)."""
+        xp, d, n = self._xp, self.dims.table_dim, batch.n
         pieces = self._piece_ids(batch)
-        if pieces:
-            stack = xp.zeros((n, len(pieces) * d), dtype=BF16)
-            for k, (p, ids, sel) in enumerate(pieces):
-                if sel is None:
-                    stack[:, k * d : (k + 1) * d] = self._gather(p.table, ids)
-                elif sel.size:
-                    rows = self._gather(p.table, ids)
-                    stack[xp.asarray(sel), k * d : (k + 1) * d] = rows
-            partial = gemm_bf16_f32(stack, self._weights)
-        else:
-            partial = xp.zeros((n, D), dtype=xp.float32)
+        wanted: list[tuple[Any, np.ndarray]] = [(p.table, ids) for p, ids, _ in pieces]
         if self.word is not None:
-            words = self._gather(self.word, batch.word_ids)
-            partial += _f32(words, xp)
-        return partial
+            wanted.append((self.word, np.asarray(batch.word_ids)))
+        slots = self._resolve(wanted)
+        rows = [
+            t.gather_slots(sl) if sl is not None else t.gather(ids if xp is np else xp.asarray(ids))
+            for (t, ids), sl in zip(wanted, slots)
+        ]
+        if pieces:
+            # bf16 moved as its uint16 bits (cupy copies no ml_dtypes type); rows outside a
+            # row-split piece stay zero: W_i @ 0 adds nothing
+            bits = xp.zeros((n, len(pieces) * d), dtype=xp.uint16)
+            for k, (_, _, sel) in enumerate(pieces):
+                if sel is None:
+                    bits[:, k * d : (k + 1) * d] = rows[k].view(xp.uint16)
+                elif sel.size:
+                    bits[xp.asarray(sel), k * d : (k + 1) * d] = rows[k].view(xp.uint16)
+            gemm_bf16_f32(bits.view(BF16), self._weights, out=partial)
+        if self.word is not None:
+            partial += _f32(rows[-1], xp)
 
     def _end_batches(self) -> None:
         """End this rank's caches' batches; on the GPU a cache's later faults first wait for
@@ -532,21 +558,57 @@ class ShardedNgramEmbedding:
             c.end_batch()
 
     def _run(self, batch: NgramBatch, out: Any) -> Any:
+        """The step: this rank's partial into rows ``[:n]`` of one float32 buffer whose
+        last row carries a failure flag, one ``all_reduce`` of it, the scaling. A rank
+        whose part fails (a bad ``out``, ``ArenaExhaustedError``, a failed read) still
+        joins the reduction, flagged, then raises its error; the other ranks raise
+        ``RankFailedError`` (at once on the CPU; on the GPU at a later call once the step
+        is done, or at :meth:`settle`: the flag is read without a host sync in the step)."""
+        self._check_flag()
         D, xp = self.dims.hidden_size, self._xp
         n = batch.n
-        if out is not None and (
-            out.shape != (n, D) or out.dtype != BF16 or is_device_array(out) != (xp is not np)
-        ):
-            raise ConfigError(
-                f"out must be bfloat16[{n}, {D}] on {self.device}, got "
-                f"{getattr(out, 'dtype', None)}{list(getattr(out, 'shape', ()))}"
-            )
+        buf = xp.zeros((n + 1, D), dtype=xp.float32)
+        error: BaseException | None = None
         try:
-            partial = self._partial(batch) if n else xp.zeros((0, D), dtype=xp.float32)
+            if out is not None and (
+                out.shape != (n, D) or out.dtype != BF16 or is_device_array(out) != (xp is not np)
+            ):
+                raise ConfigError(
+                    f"out must be bfloat16[{n}, {D}] on {self.device}, got "
+                    f"{getattr(out, 'dtype', None)}{list(getattr(out, 'shape', ()))}"
+                )
+            if n:
+                self._partial(batch, buf[:n])
+        except Exception as e:
+            error = e
+            buf[n, 0] = 1.0
         finally:
             self._end_batches()
-        self._all_reduce(partial)
-        return self._scaled(partial, out)
+        self._all_reduce(buf)
+        if error is not None:
+            raise error
+        if xp is np:
+            self._flag = (buf[n, 0], None)
+            self._check_flag()
+        else:
+            self._flag = (buf[n, 0], xp.cuda.get_current_stream().record())
+        return self._scaled(buf[:n], out)
+
+    def _check_flag(self, wait: bool = False) -> None:
+        """Raise ``RankFailedError`` when a rank of the group failed the last step. On the
+        GPU the flag is read once its step is done (``wait``: wait for it; else a step
+        still running is left for a later check: no host sync in the step)."""
+        if self._flag is None:
+            return
+        flag, done = self._flag
+        if done is not None and not wait and not done.done:
+            return
+        self._flag = None
+        if float(flag) > 0:
+            raise RankFailedError(
+                f"{int(float(flag))} rank(s) of the group failed the last step (their own error "
+                f"raised there); its output on rank {self.rank} is invalid, to be dropped"
+            )
 
     def _all_reduce(self, partial: Any) -> None:
         """SUM of every rank's float32 partial, in place (one collective, also for n = 0:
@@ -554,10 +616,17 @@ class ShardedNgramEmbedding:
         if self._xp is np:
             t = torch.from_numpy(partial)
         else:
-            if self._xp.cuda.get_current_stream().ptr != torch.cuda.current_stream().cuda_stream:
+            # the reduction runs in torch's stream order: where cupy's current stream is
+            # another (a direct call, not the module's), the host waits on each side of it
+            apart = (
+                self._xp.cuda.get_current_stream().ptr != torch.cuda.current_stream().cuda_stream
+            )
+            if apart:
                 self._xp.cuda.get_current_stream().synchronize()
             t = torch.as_tensor(partial, device="cuda")
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        if self._xp is not np and apart:
+            torch.cuda.current_stream().synchronize()
 
     def _scaled(self, total: Any, out: Any) -> Any:
         """``bf16(total / (1 + T))``, as ``NgramEmbedding``'s ``(word + proj) / (1 + T)``."""
@@ -568,7 +637,7 @@ class ShardedNgramEmbedding:
                 return res
             out[...] = res
             return out
-        zero = self._xp.zeros(total.shape, dtype=BF16)  # (0 + x) / denom: the same kernel
+        zero = self._xp.zeros(total.shape, dtype=self._xp.uint16).view(BF16)  # (0 + x) / denom
         return scale_sum(zero, total, denom, out=out)
 
     def __repr__(self) -> str:
@@ -606,4 +675,4 @@ def _group_device(group: Any) -> str:
     return "cuda" if dist.get_backend(group) == "nccl" else "cpu"
 
 
-__all__ = ["ShardPlacement", "ShardedNgramEmbedding", "TablePiece"]
+__all__ = ["RankFailedError", "ShardPlacement", "ShardedNgramEmbedding", "TablePiece"]

@@ -21,7 +21,11 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from rowcache.embed.layer import NgramEmbedding  # noqa: E402
-from rowcache.embed.sharded import ShardedNgramEmbedding, ShardPlacement  # noqa: E402
+from rowcache.embed.sharded import (  # noqa: E402
+    RankFailedError,
+    ShardedNgramEmbedding,
+    ShardPlacement,
+)
 from rowcache.errors import ConfigError  # noqa: E402
 from rowcache.store.builder import build_store  # noqa: E402
 from rowcache.store.handle import RowStore  # noqa: E402
@@ -133,6 +137,15 @@ def _scenarios(rank: int, world: int, where: str) -> None:
             projs,
         )
     )  # fmt: skip
+    # one rank fails a step (a bad out=): it raises its error, the others RankFailedError,
+    # and the group goes on
+    bad = np.empty((1, 1), dtype=np.float32) if rank == world - 1 else None
+    try:
+        resident.embed_batch(*steps()[0], out=bad)
+        info["failed"] = None
+    except (ConfigError, RankFailedError) as e:
+        info["failed"] = type(e).__name__
+    res["after"] = resident.embed_batch(*steps()[1])
     np.savez(os.path.join(where, f"rank{rank}.npz"), **{k: bits(v) for k, v in res.items()})
     with open(os.path.join(where, f"rank{rank}.json"), "w") as f:
         json.dump(info, f)
@@ -225,6 +238,10 @@ def test_bad_groups_and_mismatched_ranks_raise_on_every_rank(group):
         )
         assert "'s placement is" in info["placements"]
         assert "[10, 12]" in info["wrong_tables"]
+    names = [info["failed"] for _, info in ranks]
+    assert names == ["RankFailedError"] * (world - 1) + ["ConfigError"]
+    for arrays, _ in ranks:
+        np.testing.assert_array_equal(arrays["after"], arrays["resident1"])
 
 
 # --- a group of one, in this process -----------------------------------------------------

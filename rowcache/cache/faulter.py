@@ -119,9 +119,10 @@ class Faulter:
     def _exhausted(self, n_miss: int, free_or_unpinned: int) -> ArenaExhaustedError:
         return ArenaExhaustedError(
             f"table {self.name!r}: this batch needs {n_miss} more slots but only "
-            f"{free_or_unpinned} of {self.slots.num_slots} are free or unpinned "
-            f"({self.lru.pinned} pinned by the batch); call end_batch() more often, split the "
-            "batch, or give the cache more slots"
+            f"{max(0, free_or_unpinned)} of {self.slots.num_slots} are free or unpinned "
+            f"({self.lru.pinned} pinned by the batch, {self.slots.reserved} reserved by "
+            "prefetches in flight); call end_batch() more often, split the batch, prefetch "
+            "less ahead, or give the cache more slots"
         )
 
     # -- a resolve ---------------------------------------------------------

@@ -21,6 +21,7 @@ from tests.cache.support import (
     check_invariants,
     check_pieces,
     expected,
+    gated_cache,
     gather,
     make_multi_store,
     make_store,
@@ -513,3 +514,24 @@ def test_member_is_isin_against_a_sorted_set(rng):
         s = np.unique(rng.integers(0, hi, k)).astype(np.int32)
         got = member(values, s)
         assert got.dtype == bool and np.array_equal(got, np.isin(values, s)), (n, k, hi)
+
+
+def test_exhaustion_waits_for_prefetches_then_names_pins_and_reservations(tmp_path, rng):
+    """A batch that does not fit while prefetch pieces hold slots first waits for them (their
+    slots may become victims), then is refused with the batch's pins and the slots still
+    reserved by prefetches named (it once said '0 free or unpinned (0 pinned by the batch)'
+    where the pieces held the slots)."""
+    store, _ = make_store(tmp_path, rng)
+    cache, gate = gated_cache(store, "t", 50)
+    cache.resolve(np.arange(30))  # 30 pinned
+    cache.prefetch(np.arange(1000, 1015))  # 15 reserved while the gate holds the read
+    assert gate.started.wait(10)
+    threading.Timer(0.3, gate.open.set).start()  # the pieces land while the resolve waits
+    msg = (
+        r"needs 25 more slots but only 20 of 50 are free or unpinned "
+        r"\(30 pinned by the batch, 0 reserved by prefetches in flight\)"
+    )
+    with pytest.raises(ArenaExhaustedError, match=msg):
+        cache.resolve(np.arange(2000, 2025))
+    cache.end_batch()
+    check_pieces(cache)

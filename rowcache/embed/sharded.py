@@ -216,7 +216,9 @@ class ShardedNgramEmbedding:
     (same stacked GEMM, same ``(word + proj) / (1 + T)``). With several, the float32 sum
     is added in another order (per-rank partial GEMMs, then the reduction), so it differs
     from the single-process sum by float32 rounding; after the bfloat16 cast the outputs
-    differ by at most 1 bf16 ulp (``docs/sharding.md`` has the measured figures).
+    differ by at most 1 bf16 ulp of the larger magnitude, floored near zero at
+    :data:`ULP_FLOOR` of the row's largest value (:func:`max_ulps` ``<= 1``;
+    ``docs/sharding.md`` has the measured figures). Every rank gets the same bits.
     """
 
     def __init__(
@@ -647,6 +649,32 @@ class ShardedNgramEmbedding:
         )
 
 
+#: the magnitude floor of :func:`max_ulps`, as a fraction of a row's largest value
+ULP_FLOOR = 2.0**-12
+
+
+def max_ulps(got: Any, ref: Any, *, floor: float = ULP_FLOOR) -> float:
+    """The largest difference of two bfloat16 ``[n, D]`` outputs (numpy, or their uint16
+    bits) in bf16 ulps of the larger magnitude, floored at ``floor`` times the row's
+    largest ``|ref|``: the tolerance of :class:`ShardedNgramEmbedding` against
+    ``NgramEmbedding`` is ``max_ulps <= 1``.
+
+    The floor is what a float32 sum in another order needs: near zero its result cancels
+    (terms of the row's size, a sum far smaller), and a few float32 ulps of the terms are
+    many bf16 ulps of the tiny result (measured without a floor: up to 27.5, and 256 where
+    the sign flips), yet far below the row's own values. Measured with floors 2^-8 ..
+    2^-14 at LongCat's widths (``docs/sharding.md``): 1.0 each."""
+    a = np.asarray(got).view(np.uint16).astype(np.uint32) << 16
+    b = np.asarray(ref).view(np.uint16).astype(np.uint32) << 16
+    a, b = a.view(np.float32), b.view(np.float32)
+    if a.size == 0:
+        return 0.0
+    row = np.abs(b).max(axis=-1, keepdims=True) * np.float32(floor)
+    mag = np.maximum(np.maximum(np.abs(a), np.abs(b)), row)
+    ulp = np.exp2(np.floor(np.log2(np.maximum(mag, np.finfo(np.float32).tiny))) - 7)
+    return float((np.abs(a.astype(np.float64) - b) / ulp).max())
+
+
 def cache_stream_differs(cache: Any, xp: Any) -> bool:
     """Whether a GPU cache writes its arena on a stream other than the current one."""
     stream = cache.stream
@@ -675,4 +703,11 @@ def _group_device(group: Any) -> str:
     return "cuda" if dist.get_backend(group) == "nccl" else "cpu"
 
 
-__all__ = ["RankFailedError", "ShardPlacement", "ShardedNgramEmbedding", "TablePiece"]
+__all__ = [
+    "ULP_FLOOR",
+    "RankFailedError",
+    "ShardPlacement",
+    "ShardedNgramEmbedding",
+    "TablePiece",
+    "max_ulps",
+]

@@ -168,3 +168,18 @@ def test_engram_hash_quick_equals_reference_and_times_both():
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
     assert len(rows) == 6 and all(r["native_ns"] > 0 and r["reference_ns"] > 0 for r in rows)
+
+
+def test_sharded_quick_matches_single_process_within_one_ulp():
+    rep = json.loads(judge("sharded", "--json"))
+    rows = {(r["ranks"], r["series"]): r for r in rep["results"]}
+    assert set(rows) == {("single", "resident"), (1, "resident"), (1, "cached"),
+                         (2, "resident"), (2, "cached")}  # fmt: skip
+    single = rows[("single", "resident")]["tok/s"]
+    for (ranks, _), r in rows.items():
+        assert r["tok/s"] > 0 and r["MB/rank"] > 0
+        assert r["vs single"] == pytest.approx(r["tok/s"] / single)
+        assert r["max ulp"] <= (0 if ranks in ("single", 1) else 1)
+        assert 0 <= r["reduce share"] <= 1.5  # (the reduction timed alone, beside the step)
+    # two ranks hold less each than one holds
+    assert rows[(2, "resident")]["MB/rank"] < rows[(1, "resident")]["MB/rank"]

@@ -25,6 +25,7 @@ from rowcache.embed.sharded import (  # noqa: E402
     RankFailedError,
     ShardedNgramEmbedding,
     ShardPlacement,
+    max_ulps,
 )
 from rowcache.errors import ConfigError  # noqa: E402
 from rowcache.store.builder import build_store  # noqa: E402
@@ -33,8 +34,8 @@ from tests.embed.support import DIMS, bits, random_weights, token_stream  # noqa
 
 # tables of DIMS are 60,024..60,168 bytes: this budget splits tables 1..3 in two, not table 0
 SPLIT_BYTES = 60_030
-#: the bound the sharded output keeps against the single-process one, in bf16 ulps
-ULP_BOUND = 1
+#: the bound the sharded output keeps against the single-process one (max_ulps)
+ULP_BOUND = 1.0
 
 
 def weights():
@@ -54,16 +55,6 @@ def steps():
 def rows_input():
     rng = np.random.default_rng(2)
     return token_stream(rng, 5 * 7).reshape(5, 7), token_stream(rng, 5 * 4).reshape(5, 4)
-
-
-def ulps(a, b):
-    """Per element: the distance of two bf16 arrays in units of the last place."""
-
-    def ordered(x):
-        v = bits(x).astype(np.int32)
-        return np.where(v & 0x8000, 0x8000 - v, v)  # sign-magnitude -> one integer line
-
-    return np.abs(ordered(a) - ordered(b))
 
 
 # --- the ranks' side -------------------------------------------------------------------
@@ -191,7 +182,7 @@ def test_every_rank_returns_the_single_process_embedding_within_one_ulp(group, s
             for name in ("resident", "split", "cached"):
                 got = arrays[f"{name}{k}"]
                 assert got.shape == ref.shape
-                worst = max(worst, int(ulps(got, ref).max()))
+                worst = max(worst, max_ulps(got, ref))
     print(f"world {world}: worst {worst} ulp")
     assert worst <= ULP_BOUND
     # the ranks agree with each other bit for bit (one all_reduce: the same sum everywhere)
@@ -224,7 +215,7 @@ def test_embed_rows_and_the_torch_module(group, single):
     ids, ctx = rows_input()
     ref = single.embed_rows(ids, ctx)
     for arrays, _ in ranks:
-        assert int(ulps(arrays["rows"], ref).max()) <= ULP_BOUND
+        assert max_ulps(arrays["rows"], ref) <= ULP_BOUND
         np.testing.assert_array_equal(arrays["module"], arrays["rows"])
         assert arrays["empty"].shape == (0, DIMS.hidden_size)
 
@@ -262,6 +253,21 @@ def test_a_group_of_one_is_bit_identical_to_ngram_embedding(group_of_one, single
         np.testing.assert_array_equal(bits(emb.embed_batch(ctxs, lens)),
                                       bits(single.embed_batch(ctxs, lens)))  # fmt: skip
     assert emb.resident_bytes() > sum(t.nbytes for t in tables)
+
+
+def test_max_ulps_counts_bf16_steps_above_the_rows_floor():
+    from rowcache.kernels.reference import BF16
+
+    ref = np.array([[1.0, 0.5, 2.0**-30]], dtype=np.float32).astype(BF16)
+    up = ref.view(np.uint16).copy()
+    up[0, 0] += 1  # the next bf16 above 1.0: 1 ulp
+    assert max_ulps(up, ref) == 1.0
+    up[0, 1] += 2  # 2 ulps at 0.5
+    assert max_ulps(up, ref) == 2.0
+    flip = ref.view(np.uint16).copy()
+    flip[0, 2] ^= 0x8000  # -2^-30: 2 * 2^-30 apart, 256 ulps of 2^-30, far below the row's 1.0
+    assert max_ulps(flip, ref) < 1e-3
+    assert max_ulps(flip, ref, floor=0.0) == 256.0
 
 
 def test_placement_errors():
@@ -320,7 +326,7 @@ def test_nccl_group_of_one_on_the_gpu_matches_the_single_gpu_embedding(tmp_path)
                 ref = cp.asnumpy(single.embed_batch(ctxs, lens))
                 got = cp.asnumpy(cached.embed_batch(ctxs, lens))
                 cached.settle()
-                assert int(ulps(got, ref).max()) <= ULP_BOUND
+                assert max_ulps(got, ref) <= ULP_BOUND
                 np.testing.assert_array_equal(
                     bits(got), bits(cp.asnumpy(resident.embed_batch(ctxs, lens)))
                 )
@@ -329,6 +335,6 @@ def test_nccl_group_of_one_on_the_gpu_matches_the_single_gpu_embedding(tmp_path)
         out = mod(torch.from_numpy(ids).cuda(), torch.from_numpy(ctx).cuda())
         got = out.view(torch.int16).cpu().numpy().reshape(-1, DIMS.hidden_size)
         ref = bits(cp.asnumpy(single.embed_rows(cp.asarray(ids), cp.asarray(ctx))))
-        assert int(ulps(got, ref).max()) <= ULP_BOUND
+        assert max_ulps(got, ref) <= ULP_BOUND
     finally:
         dist.destroy_process_group()

@@ -282,7 +282,13 @@ class ShardedNgramEmbedding:
         d = dims.table_dim
         own = [p.piece.table for p in self._pieces]
         weights = np.concatenate([stacked[i * d : (i + 1) * d] for i in own]) if own else None
-        self._weights = None if weights is None else self._xp.asarray(weights)
+        # the CPU's GEMM (the NumPy reference) takes float32 weights as they are: converted
+        # once here (exact), not every step; cuBLAS takes bf16
+        self._weights = (
+            None
+            if weights is None
+            else (self._xp.asarray(weights) if gpu else weights.astype(np.float32))
+        )
         self._own = np.array(own, dtype=np.int64)
         self.defer_reads = bool(defer_reads) and gpu
         cached = [p.table for p in self._pieces if isinstance(p.table, CachedTable)]

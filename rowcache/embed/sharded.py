@@ -245,6 +245,21 @@ class ShardedNgramEmbedding:
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
+        # a rank that cannot build its part still joins the construction's one collective
+        # (_check_same), so every rank raises and none is left waiting in it
+        stacked: np.ndarray | None = None
+        error: ConfigError | None = None
+        try:
+            stacked = self._build(word, tables, projs, defer_reads)
+        except ConfigError as e:
+            error = e
+        self._check_same(stacked, error)
+
+    def _build(self, word: Any, tables: Sequence[Any], projs: Any, defer_reads: bool) -> np.ndarray:
+        """This rank's part, checked: its pieces' tables, the word table (rank 0), the
+        device, its projection columns, its caches. Returns the stacked projections (for
+        the ranks' comparison)."""
+        dims, placement = self.dims, self.placement
         if self.world_size != placement.world_size:
             raise ConfigError(
                 f"the placement is for world_size={placement.world_size}, the group has "
@@ -297,7 +312,7 @@ class ShardedNgramEmbedding:
         self._caches = list({id(t.cache): t.cache for t in cached}.values())
         self._maps = {id(c): c.device_map() for c in self._caches} if self.defer_reads else {}
         self._flag: Any = None  # the last step's failure flag (a device scalar on the GPU)
-        self._check_same(stacked)
+        return stacked
 
     # --- construction ---------------------------------------------------------------------
     @classmethod
@@ -368,21 +383,29 @@ class ShardedNgramEmbedding:
             w = w.to(device)
         return cls(dims, placement, w, parts, projs, group=group, defer_reads=defer_reads)
 
-    def _check_same(self, stacked: np.ndarray) -> None:
-        """Every rank of the group was built with the same dims, placement and projections:
-        one ``all_gather_object``; every rank raises the same error otherwise."""
+    def _check_same(self, stacked: np.ndarray | None, error: ConfigError | None) -> None:
+        """Every rank of the group built its part, with the same dims, placement and
+        projections: one ``all_gather_object``; every rank raises otherwise (a rank that
+        failed its own error, the others one that names it)."""
+        crc = None if stacked is None else zlib.crc32(stacked.view(np.uint8).tobytes())
         mine = (
+            None if error is None else str(error),
             dataclasses.astuple(self.dims)[:6],
             self.placement.pieces,
             self.placement.row_bytes,
-            zlib.crc32(np.ascontiguousarray(stacked).view(np.uint8).tobytes()),
-            self.device,
+            crc,
+            getattr(self, "device", None),
         )
         everyone: list[Any] = [None] * self.world_size
         dist.all_gather_object(everyone, mine, group=self.group)
+        if error is not None:
+            raise error
+        for r, theirs in enumerate(everyone):
+            if theirs[0] is not None:
+                raise ConfigError(f"rank {r} of the group could not build its part: {theirs[0]}")
         what = ("dims", "placement", "row bytes", "projections' CRC32", "device")
         for r, theirs in enumerate(everyone):
-            for k, name in enumerate(what):
+            for k, name in enumerate(what, start=1):
                 if theirs[k] != everyone[0][k]:
                     raise ConfigError(
                         f"the ranks of the group were built differently: rank {r}'s {name} "

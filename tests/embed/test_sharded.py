@@ -121,13 +121,15 @@ def _scenarios(rank: int, world: int, where: str) -> None:
     info["placements"] = _error(
         lambda: ShardedNgramEmbedding.from_arrays(DIMS, word, tables, projs, rank_bytes=budget)
     )
+    # the last rank alone is given tables of the wrong size: it raises its error, the
+    # others one that names it (none waits in the construction's collective)
     mine = ShardPlacement.plan(DIMS, world)
+    given = [
+        tables[p.table][:10] if rank == world - 1 else tables[p.table] for p in mine.of_rank(rank)
+    ]
     info["wrong_tables"] = _error(
-        lambda: ShardedNgramEmbedding(
-            DIMS, mine, word if rank == 0 else None, [tables[0][:10]] * len(mine.of_rank(rank)),
-            projs,
-        )
-    )  # fmt: skip
+        lambda: ShardedNgramEmbedding(DIMS, mine, word if rank == 0 else None, given, projs)
+    )
     # one rank fails a step (a bad out=): it raises its error, the others RankFailedError,
     # and the group goes on
     bad = np.empty((1, 1), dtype=np.float32) if rank == world - 1 else None
@@ -229,6 +231,8 @@ def test_bad_groups_and_mismatched_ranks_raise_on_every_rank(group):
         )
         assert "'s placement is" in info["placements"]
         assert "[10, 12]" in info["wrong_tables"]
+    for _, info in ranks[:-1]:
+        assert f"rank {world - 1} of the group could not build" in info["wrong_tables"]
     names = [info["failed"] for _, info in ranks]
     assert names == ["RankFailedError"] * (world - 1) + ["ConfigError"]
     for arrays, _ in ranks:

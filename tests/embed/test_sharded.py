@@ -342,3 +342,62 @@ def test_nccl_group_of_one_on_the_gpu_matches_the_single_gpu_embedding(tmp_path)
         assert max_ulps(got, ref) <= ULP_BOUND
     finally:
         dist.destroy_process_group()
+
+
+def _gpu_worker(rank: int, world: int, where: str) -> None:
+    """A rank of an NCCL group, one GPU a rank: resident, row-split and cached (with
+    ``defer_reads``) tables; writes its outputs' bits."""
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    torch.cuda.set_device(rank)
+    import cupy as cp
+
+    cp.cuda.Device(rank).use()
+    dist.init_process_group(
+        "nccl", init_method=f"file://{where}/rendezvous", rank=rank, world_size=world
+    )
+    try:
+        word, tables, projs = weights()
+        resident = ShardedNgramEmbedding.from_arrays(DIMS, word, tables, projs, device="cuda")
+        split = ShardedNgramEmbedding.from_arrays(
+            DIMS, word, tables, projs, device="cuda", rank_bytes=SPLIT_BYTES
+        )
+        store = RowStore.open(os.path.join(where, "store"))
+        cached = ShardedNgramEmbedding.from_store(
+            DIMS, word if rank == 0 else None, store, projs, slots=1500, device="cuda",
+            tables=[f"t{i}" for i in range(DIMS.num_tables)], rank_bytes=SPLIT_BYTES,
+            defer_reads=True,
+        )  # fmt: skip
+        res = {}
+        for k, (ctxs, lens) in enumerate(steps()):
+            for name, emb in (("resident", resident), ("split", split), ("cached", cached)):
+                res[f"{name}{k}"] = bits(cp.asnumpy(emb.embed_batch(ctxs, lens)))
+            cached.settle()
+        np.savez(os.path.join(where, f"rank{rank}.npz"), **res)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_nccl_groups_over_several_gpus_match_the_single_gpu_embedding(tmp_path):
+    pytest.importorskip("cupy")
+    import cupy as cp
+
+    from rowcache.embed.tables import Bf16Table
+
+    world = min(4, torch.cuda.device_count())
+    if world < 2:
+        pytest.skip("needs 2 GPUs or more")
+    word, tables, projs = weights()
+    build_store(tmp_path / "store", {f"t{i}": t for i, t in enumerate(tables)}, progress=False)
+    mp.spawn(_gpu_worker, args=(world, str(tmp_path)), nprocs=world, join=True)
+    single = NgramEmbedding(
+        DIMS, Bf16Table(word).to("cuda"), [Bf16Table(t).to("cuda") for t in tables], projs
+    )
+    ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(world)]
+    for k, (ctxs, lens) in enumerate(steps()):
+        ref = cp.asnumpy(single.embed_batch(ctxs, lens))
+        for z in ranks:
+            np.testing.assert_array_equal(z[f"cached{k}"], z[f"split{k}"])
+            for name in ("resident", "split"):
+                assert max_ulps(z[f"{name}{k}"], ref) <= ULP_BOUND
+                np.testing.assert_array_equal(z[f"{name}{k}"], ranks[0][f"{name}{k}"])

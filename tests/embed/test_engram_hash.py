@@ -224,6 +224,8 @@ def test_tokens_outside_the_vocabulary_are_named(monkeypatch):
     with pytest.raises(ConfigError, match="first appearance"):
         CompressedVocab([0, 2, 1])
     assert h.hash(np.zeros((2, 0), dtype=np.int64))[1].shape == (2, 0, 16)
+    assert h.hash(np.zeros((0, 5), dtype=np.int64))[15].shape == (0, 5, 16)  # no sequences
+    assert h.hash([])[1].shape == (1, 0, 16)  # an empty list is no tokens, not floats
 
 
 def _small_tokenizer(path):

@@ -116,6 +116,16 @@ def test_prefetch_then_lookup_faults_nothing_more(tmp_path):
     assert after.misses == before.misses and after.hits > before.hits
 
 
+def test_empty_steps(tmp_path):
+    _, _, resident, cached, _ = _setup(tmp_path)
+    for mem in (resident, cached):
+        for shape in ((2, 0), (0, 3)):
+            mem.prefetch(np.zeros(shape, dtype=np.int64)).wait(10)
+            e = mem.lookup(1, np.zeros(shape, dtype=np.int64))
+            assert e.shape == (*shape, CFG.output_dim)
+        mem.end_step()
+
+
 def test_lookup_into_out_and_refusals(tmp_path):
     h, _, resident, _, _ = _setup(tmp_path)
     tokens = np.array([[1, 2, 3]])

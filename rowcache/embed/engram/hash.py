@@ -211,6 +211,8 @@ class EngramHash:
             raise ConfigError(
                 f"out: give a writable C-contiguous int64 array of shape {shape}, got {got}"
             )
+        if B == 0 or W == self.keep:  # no positions: nothing to hash
+            return {layer: out[i] for i, layer in enumerate(self.layer_ids)}
         if self._native is not None and host.native is not None:
             try:
                 self._native.hash(x, B, self.keep, out, host.HOST_THREADS)
@@ -274,6 +276,8 @@ class EngramContext:
 
 def _as_2d(name: str, value: Any) -> np.ndarray:
     a = np.asarray(value)
+    if a.size == 0 and a.dtype.kind == "f":  # [] or [[]]: no tokens, not float ones
+        a = a.astype(np.int64)
     if a.dtype.kind not in "iu":
         raise ConfigError(f"{name}: give integer token ids, got {a.dtype}")
     if a.ndim == 1:

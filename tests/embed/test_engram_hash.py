@@ -175,6 +175,8 @@ def test_head_primes_distinct_and_above_their_start():
         ({"layer_ids": (-1,)}, "layer_ids"),
         ({"pad_id": True}, "pad_id"),
         ({"vocab_per_ngram": "ab"}, "sequence"),
+        ({"vocab_per_ngram": (2**41, 5)}, "at most"),
+        ({"n_head_per_ngram": 8192, "n_embed_per_ngram": 8192}, "at most 4096"),
     ],
 )
 def test_config_refusals(kw, match):

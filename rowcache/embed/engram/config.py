@@ -18,7 +18,9 @@ import numpy as np
 
 from rowcache.errors import ConfigError
 
-MAX_NGRAM = 16  # the native hash's bound (csrc/engram_hash.c)
+MAX_NGRAM = 16  # the native hash's bounds (csrc/engram_hash.c)
+MAX_HEADS = 4096
+MAX_HEAD_ROWS = 1 << 40
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +72,14 @@ class EngramConfig:
             )
         for v in vocab:
             integer("vocab_per_ngram", v, 2)
+            if v > MAX_HEAD_ROWS:
+                raise ConfigError(
+                    f"vocab_per_ngram={self.vocab_per_ngram!r}: at most {MAX_HEAD_ROWS:,} rows "
+                    "a head (2**40; a layer's table rows are int64 sums of them)"
+                )
         heads = integer("n_head_per_ngram", self.n_head_per_ngram, 1)
+        if heads > MAX_HEADS:
+            raise ConfigError(f"n_head_per_ngram={heads}: at most {MAX_HEADS}")
         width = integer("n_embed_per_ngram", self.n_embed_per_ngram, 1)
         if width % heads:
             raise ConfigError(

@@ -23,6 +23,7 @@ from rowcache.embed.checkpoint import (
     load_pretrained,
     table_sources,
 )
+from rowcache.embed.engram.checkpoint import load_engram_memory
 from rowcache.embed.engram.config import EngramConfig
 from rowcache.embed.engram.hash import EngramContext, EngramHash
 from rowcache.embed.engram.memory import EngramMemory, EngramPrefetch
@@ -62,6 +63,7 @@ __all__ = [
     "TorchShardedNgramEmbedding",
     "TorchStaticStep",
     "hash_positions",
+    "load_engram_memory",
     "load_ngram_embedding",
     "load_pretrained",
     "ngram_ids",

@@ -155,12 +155,11 @@ def test_demo_cli_cuda_without_a_gpu_names_the_flag(capsys):
 def test_demo_too_large_for_the_machine_is_refused_before_allocating():
     """Issue 39 item 15: `demo --ratio 100000` (tens of TiB) was killed by the kernel with no
     word; now, in a child process, one line with the estimate, what is available and the
-    largest ratio that fits, exit 2, in about the time of an import."""
+    largest ratio that fits, exit 2 (before any allocation: the child's timeout would
+    catch a run that started building)."""
     import subprocess
     import sys
-    import time
 
-    t0 = time.monotonic()
     p = subprocess.run(
         [sys.executable, "-m", "rowcache", "demo", "--ratio", "100000", "--no-progress"],
         capture_output=True,
@@ -172,7 +171,6 @@ def test_demo_too_large_for_the_machine_is_refused_before_allocating():
     assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
     assert "--ratio 100000" in lines[0] and "GiB of host memory" in lines[0]
     assert "is available: give --ratio" in lines[0], lines[0]
-    assert time.monotonic() - t0 < 60
 
 
 def test_demo_memory_estimate_suggests_a_ratio_that_fits(monkeypatch):

@@ -8,7 +8,8 @@ are in csrc/, one file per concept, each with its own header where other files u
   calls or a pread pool, page checksums, the record cut. Linux only.
 - ``rowcache.kernels._host``: the packed host hash (csrc/ngram_hash.c) and the row cache's
   LRU: the all-hits path and the log's compaction (csrc/lru_hits.c), the miss plan and
-  commit (csrc/lru_miss.c), the deferred touch (csrc/lru_touch.c); their thread pool
+  commit (csrc/lru_miss.c), the deferred touch (csrc/lru_touch.c), the row map's hash
+  (csrc/row_map.c); their thread pool
   (csrc/pool.c), buffer helpers (csrc/pybuf.c) and method table (csrc/host_module.c).
 - ``rowcache.kernels._quantize`` (csrc/quantize.c): the builder's FP8 quantize, straight
   into shard pages.
@@ -40,11 +41,11 @@ class OptionalBuildExt(build_ext):
 
 HOST_SOURCES = [
     "host_module", "pool", "pybuf", "ngram_hash", "engram_hash",
-    "lru_state", "lru_hits", "lru_miss", "lru_touch",
+    "lru_state", "lru_hits", "lru_miss", "lru_touch", "row_map",
 ]
 HOST_HEADERS = [
     "pool", "pybuf", "ngram_hash", "engram_hash",
-    "lru_state", "lru_hits", "lru_miss", "lru_slots", "lru_touch",
+    "lru_state", "lru_hits", "lru_miss", "lru_slots", "lru_touch", "row_map",
 ]
 
 ext_modules = [

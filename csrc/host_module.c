@@ -4,6 +4,7 @@
  *   csrc/ngram_hash.c  hash_packed
  *   csrc/engram_hash.c EngramHasher: DeepSeek Engram's head ids (docs/engram-spec.md)
  *   csrc/lru_state.c   LruState: the row cache's arrays, held once (csrc/lru_state.h)
+ *   csrc/row_map.c     RowHash: a row -> slot hash map (csrc/row_map.h), an LruState's map
  *   csrc/lru_hits.c    LruState.hits, .compact (and the sort, scan and compaction the others use)
  *   csrc/lru_miss.c    LruState.plan, .commit
  *   csrc/lru_touch.c   LruState.scan, .touch_start, lru_touch_wait (the toucher thread)
@@ -14,8 +15,9 @@
  *   (docs/ngram-spec.md), with an optional per-table offset added (global ids of a
  *   shared arena). Tokens come checked (rowcache.embed.ngram.batch.NgramBatch checks them
  *   once).
- * LruState(row_slot, slot_row, state, last_used, log, log_pos, row_offsets, part_misses):
- *   made once by rowcache.cache.lru.Lru with the slot table's and the LRU's arrays; a call
+ * LruState(row_map, slot_row, state, last_used, log, log_pos, row_offsets, part_misses):
+ *   made once by rowcache.cache.lru.Lru with the slot table's and the LRU's arrays (the
+ *   row map an int32 array or a RowHash: rowcache.cache.row_map); a call
  *   passes ids and a plan. hits: the all-hits path of NgramRowCache.resolve; plan, commit:
  *   the bookkeeping of a resolve with misses, around its read (csrc/lru_miss.c); scan and
  *   touch_start: the deferred touch; compact: the LRU log's compaction.
@@ -41,6 +43,7 @@
 #include "lru_touch.h"  /* lru_touch_wait: the deferred touch */
 #include "ngram_hash.h" /* hash_packed */
 #include "engram_hash.h" /* EngramHasher */
+#include "row_map.h"     /* RowHash */
 
 static PyMethodDef methods[] = {
     {"hash_packed", rc_hash_packed, METH_VARARGS, "LongCat ids of a packed batch's embedded positions."},
@@ -52,12 +55,14 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "rowcache.kernels._ho
                                     methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__host(void) {
-    if (PyType_Ready(&rc_LruStateType) < 0 || PyType_Ready(&rc_EngramHasherType) < 0) {
+    if (PyType_Ready(&rc_LruStateType) < 0 || PyType_Ready(&rc_EngramHasherType) < 0 ||
+        PyType_Ready(&rc_RowHashType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL || PyModule_AddObjectRef(m, "LruState", (PyObject *)&rc_LruStateType) ||
         PyModule_AddObjectRef(m, "EngramHasher", (PyObject *)&rc_EngramHasherType) ||
+        PyModule_AddObjectRef(m, "RowHash", (PyObject *)&rc_RowHashType) ||
         PyModule_AddIntConstant(m, "SLOT_FREE", RC_SLOT_FREE) ||
         PyModule_AddIntConstant(m, "SLOT_RESIDENT", RC_SLOT_RESIDENT) ||
         PyModule_AddIntConstant(m, "SLOT_READING", RC_SLOT_READING) ||

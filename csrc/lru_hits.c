@@ -82,7 +82,7 @@ void rc_sort_ids(const int64_t *ids, int32_t *keys, int32_t *tmp, Py_ssize_t n) 
 void *rc_hits_scan(void *arg) {
     HitsPart *h = arg;
     const int64_t *ids = h->ids;
-    const int32_t *row_slot = h->row_slot;
+    const RowMap *map = h->map;
     Py_ssize_t lo = h->lo, hi = h->hi;
     h->status = 0;
     h->n_u = 0;
@@ -96,9 +96,9 @@ void *rc_hits_scan(void *arg) {
     /* random reads of a table-sized map: prefetch a few iterations ahead */
     for (Py_ssize_t i = lo; i < hi; i++) {
         if (i + PF < hi) {
-            __builtin_prefetch(&row_slot[ids[i + PF]]);
+            rm_prefetch(map, (int32_t)ids[i + PF]);
         }
-        int32_t s = row_slot[ids[i]];
+        int32_t s = rm_get(map, (int32_t)ids[i]);
         h->out[i] = s;
         if (s < 0) {
             h->status = 1;
@@ -126,17 +126,18 @@ void *rc_hits_scan(void *arg) {
 /* Phase 2 of a part: pin its distinct slots and log them from log[base], ascending. */
 void *rc_hits_touch(void *arg) {
     HitsPart *h = arg;
-    const int32_t *row_slot = h->row_slot, *scr = h->scr + h->lo;
+    const RowMap *map = h->map;
+    const int32_t *scr = h->scr + h->lo;
     int64_t *last_used = h->last_used;
     int32_t *log = h->log, *log_pos = h->log_pos;
     Py_ssize_t m = h->hi - h->lo, c = h->base, fresh = 0, S = h->S;
     long long batch = h->batch;
     for (Py_ssize_t i = 0; i < m; i++) {
         if (i + PF < m) {
-            __builtin_prefetch(&row_slot[scr[i + PF]]);
+            rm_prefetch(map, scr[i + PF]);
         }
         if (i + PF / 2 < m) {
-            int32_t q = row_slot[scr[i + PF / 2]];
+            int32_t q = rm_get(map, scr[i + PF / 2]);
             if (q >= 0 && q < S) {
                 __builtin_prefetch(&last_used[q], 1);
                 __builtin_prefetch(&log_pos[q], 1);
@@ -145,7 +146,7 @@ void *rc_hits_touch(void *arg) {
         if (i > 0 && scr[i] == scr[i - 1]) {
             continue;
         }
-        int32_t s = row_slot[scr[i]];
+        int32_t s = rm_get(map, scr[i]);
         if (s < 0 || s >= S) {
             continue; /* cannot happen: checked by the scan */
         }
@@ -177,7 +178,7 @@ int rc_scan_status(const HitsPart *part, int K, Py_ssize_t *bad) {
 
 /* LruState.hits(ids i64[n], tail, batch, out i32[n], scratch i32[2n][, threads])
  *     -> (status, a, b)
- * On the state's row_slot [R], last_used, log and log_pos:
+ * On the state's row map, last_used, log and log_pos:
  * status 0: every row resident; out = slots; the unique slots were pinned (last_used =
  *   batch) and logged at tail in ascending row order; a = fresh (slots not used in this
  *   batch before), b = new tail.
@@ -214,7 +215,7 @@ PyObject *rc_state_hits(LruState *st, PyObject *args) {
     HitsPart part[MAXT];
     int K = rc_split_count(threads, n, HITS_GRAIN);
     for (int k = 0; k < K; k++) {
-        part[k] = (HitsPart){b[0].view.buf, st->row_slot, st->last_used, st->log,
+        part[k] = (HitsPart){b[0].view.buf, st->map, st->last_used, st->log,
                              st->log_pos, b[1].view.buf, b[2].view.buf, n, S, rows, batch,
                              n * k / K, n * (k + 1) / K, 0, 0, 0, 0, 0, 0};
     }

@@ -12,13 +12,14 @@
 #include <stdint.h>
 
 #include "pool.h"
+#include "row_map.h"
 
 #define PF 16 /* software prefetch distance (iterations) of the random-access loops */
 #define HITS_GRAIN 4096 /* ids an lru_hits thread at least */
 
 typedef struct {
     const int64_t *ids;
-    const int32_t *row_slot;
+    const RowMap *map; /* row -> slot (csrc/row_map.h) */
     int64_t *last_used;
     int32_t *log, *log_pos, *out, *scr;
     Py_ssize_t n, S;

@@ -40,7 +40,7 @@ static int sorted_has(const int32_t *a, Py_ssize_t n, int32_t v) {
 
 typedef struct {
     const int64_t *ids;
-    const int32_t *row_slot;
+    const RowMap *map;
     const int64_t *last_used;
     const uint8_t *busy;
     int32_t *scr, *uniq, *slots, *missing; /* uniq, slots, missing: written from lo */
@@ -62,7 +62,7 @@ typedef struct {
 static void *plan_scan(void *arg) {
     PlanPart *h = arg;
     const int64_t *ids = h->ids, *last_used = h->last_used;
-    const int32_t *row_slot = h->row_slot;
+    const RowMap *map = h->map;
     const uint8_t *busy = h->busy;
     Py_ssize_t lo = h->lo, hi = h->hi, S = h->S;
     h->status = 0;
@@ -85,10 +85,10 @@ static void *plan_scan(void *arg) {
     }
     for (Py_ssize_t j = 0; j < n_u; j++) {
         if (j + 2 * PF < n_u) { /* two stages: the row's slot, then the slot's last use */
-            __builtin_prefetch(&row_slot[uniq[j + 2 * PF]]);
+            rm_prefetch(map, uniq[j + 2 * PF]);
         }
         if (j + PF < n_u) {
-            int32_t q = row_slot[uniq[j + PF]];
+            int32_t q = rm_get(map, uniq[j + PF]);
             if (q >= 0 && q < S) {
                 __builtin_prefetch(&last_used[q]);
                 if (busy) {
@@ -96,7 +96,7 @@ static void *plan_scan(void *arg) {
                 }
             }
         }
-        int32_t s = row_slot[uniq[j]];
+        int32_t s = rm_get(map, uniq[j]);
         slots[j] = s;
         if (s < 0 || s >= S) {
             slots[j] = -1;
@@ -117,7 +117,7 @@ static void *plan_scan(void *arg) {
 /* LruState.plan(ids i64[n], head, tail, batch, reserved, avail, work i32[5n],
  *                scratch i32[2n][, threads]) -> (status, n_u, n_miss, fresh_hits, n_ev,
  *                new_head, end, passed_busy)
- * On the state's row_slot [R], slot_row, last_used, log, log_pos and (with `reserved`: some
+ * On the state's row map, slot_row, last_used, log, log_pos and (with `reserved`: some
  * slots are reserved by prefetch pieces) its slot states.
  * The first half of a resolve with misses (NgramRowCache._resolve_unique's Python path up
  * to its read); changes no state. work is [uniq | slots | missing | victims | evicted], n
@@ -156,7 +156,8 @@ PyObject *rc_state_plan(LruState *st, PyObject *args) {
         return NULL;
     }
     const int64_t *ids = b[0].view.buf, *last_used = st->last_used;
-    const int32_t *row_slot = st->row_slot, *slot_row = st->slot_row;
+    const RowMap *map = st->map;
+    const int32_t *slot_row = st->slot_row;
     const int32_t *log = st->log, *log_pos = st->log_pos;
     const uint8_t *busy = reserved ? st->state : NULL;
     int32_t *work = b[1].view.buf, *scr = b[2].view.buf;
@@ -198,7 +199,7 @@ PyObject *rc_state_plan(LruState *st, PyObject *args) {
         part[0].hi = n;
     }
     for (int k = 0; k < K; k++) {
-        part[k] = (PlanPart){ids, row_slot, last_used, busy, scr, uniq, slots, missing, n, S,
+        part[k] = (PlanPart){ids, map, last_used, busy, scr, uniq, slots, missing, n, S,
                              part[k].lo, part[k].hi, rows, batch, 0, 0, 0, 0, 0};
     }
     rc_pool_parallel(K, plan_scan, (char *)part, sizeof part[0]);
@@ -264,7 +265,7 @@ PyObject *rc_state_plan(LruState *st, PyObject *args) {
             if ((ok && fresh > 0) || (b == RC_SLOT_READ && last_used[s] != batch)) {
                 /* a hit of this call is pinned by it: no victim, and no slot passed */
                 int32_t r = slot_row[s];
-                int hit = r >= 0 && r < R && sorted_has(uniq, n_u, r) && row_slot[r] == s;
+                int hit = r >= 0 && r < R && sorted_has(uniq, n_u, r) && rm_get(map, r) == s;
                 ok = ok && !hit;
                 passed_busy |= b == RC_SLOT_READ && !hit;
             }
@@ -295,7 +296,8 @@ PyObject *rc_state_plan(LruState *st, PyObject *args) {
 typedef struct {
     const int64_t *ids;
     const int32_t *slots; /* the call's distinct slots, in ascending row order */
-    int32_t *row_slot, *log, *log_pos, *out;
+    const RowMap *map;
+    int32_t *log, *log_pos, *out;
     int64_t *last_used;
     Py_ssize_t j0, j1, i0, i1, tail; /* its distinct rows, its ids; the log from tail + j0 */
     long long batch;
@@ -325,12 +327,12 @@ static void *commit_touch(void *arg) {
         log_pos[s] = (int32_t)(h->tail + j);
     }
     const int64_t *ids = h->ids;
-    const int32_t *row_slot = h->row_slot;
+    const RowMap *map = h->map;
     for (Py_ssize_t i = h->i0; i < h->i1; i++) {
         if (i + PF < h->i1) {
-            __builtin_prefetch(&row_slot[ids[i + PF]]);
+            rm_prefetch(map, (int32_t)ids[i + PF]);
         }
-        h->out[i] = row_slot[ids[i]];
+        h->out[i] = rm_get(map, (int32_t)ids[i]);
     }
     h->fresh = fresh;
     return NULL;
@@ -365,7 +367,8 @@ PyObject *rc_state_commit(LruState *st, PyObject *args) {
         return NULL;
     }
     const int64_t *ids = b[0].view.buf, *off = st->row_offsets;
-    int32_t *work = b[1].view.buf, *row_slot = st->row_slot, *slot_row = st->slot_row;
+    int32_t *work = b[1].view.buf, *slot_row = st->slot_row;
+    RowMap *map = st->map;
     int64_t *last_used = st->last_used, *part_misses = st->part_misses;
     int32_t *log = st->log, *log_pos = st->log_pos, *out = b[2].view.buf;
     uint8_t *state = st->state;
@@ -406,14 +409,15 @@ PyObject *rc_state_commit(LruState *st, PyObject *args) {
     for (Py_ssize_t j = 0; j < n_ev && !bad; j++) {
         bad = (uint32_t)evicted[j] >= (uint64_t)R;
     }
+    bad = bad || !rm_room(map, n_miss - n_ev); /* (cannot happen: pairs > 2 x slots) */
     if (!bad) {
         for (Py_ssize_t j = 0; j < n_ev; j++) {
-            row_slot[evicted[j]] = -1;
+            rm_del(map, evicted[j]);
         }
         for (Py_ssize_t j = 0, k = 0; j < n_u; j++) {
             if (slots[j] < 0) {
                 int32_t s = victims[k++];
-                row_slot[uniq[j]] = s;
+                rm_set(map, uniq[j], s);
                 slot_row[s] = uniq[j];
                 state[s] = RC_SLOT_RESIDENT; /* a victim was free or resident */
                 slots[j] = s;
@@ -427,7 +431,7 @@ PyObject *rc_state_commit(LruState *st, PyObject *args) {
         CommitPart part[MAXT];
         int K = rc_split_count(threads, n_u, PLAN_GRAIN);
         for (int k = 0; k < K; k++) {
-            part[k] = (CommitPart){ids, slots, row_slot, log, log_pos, out, last_used,
+            part[k] = (CommitPart){ids, slots, map, log, log_pos, out, last_used,
                                    n_u * k / K, n_u * (k + 1) / K, n * k / K, n * (k + 1) / K,
                                    tail, batch, 0};
         }

@@ -8,43 +8,61 @@
 
 #include "lru_state.h"
 
+static void state_clear(LruState *self) {
+    rc_buf_release(self->b, 8);
+    memset(self->b, 0, sizeof self->b);
+    Py_CLEAR(self->hash);
+    self->map = NULL;
+    self->R = self->S = self->cap = self->P = 0;
+}
+
+/* row_map: an int32 [R] array (dense) or a RowHash of R rows (csrc/row_map.h). */
 static int state_init(LruState *self, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"row_slot", "slot_row", "state", "last_used", "log", "log_pos",
+    static char *kw[] = {"row_map", "slot_row", "state", "last_used", "log", "log_pos",
                          "row_offsets", "part_misses", NULL};
     PyObject *o[8];
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOO:LruState", kw, &o[0], &o[1], &o[2],
                                      &o[3], &o[4], &o[5], &o[6], &o[7])) {
         return -1;
     }
-    rc_buf_release(self->b, 8); /* (a second __init__) */
-    memset(self->b, 0, sizeof self->b);
+    state_clear(self); /* (a second __init__) */
+    int hashed = PyObject_TypeCheck(o[0], &rc_RowHashType);
     static const Py_ssize_t sizes[8] = {4, 4, 1, 8, 4, 4, 8, 8};
-    for (int i = 0; i < 8; i++) {
+    for (int i = hashed; i < 8; i++) {
         if (rc_buf_get(o[i], &self->b[i], sizes[i], i != 6, kw[i])) {
-            rc_buf_release(self->b, 8);
-            self->R = self->S = self->cap = self->P = 0;
+            state_clear(self);
             return -1;
         }
     }
     Buf *b = self->b;
-    Py_ssize_t R = COUNT(b[0]), S = COUNT(b[1]), cap = COUNT(b[4]), P = COUNT(b[7]);
+    Py_ssize_t S = COUNT(b[1]), cap = COUNT(b[4]), P = COUNT(b[7]);
+    Py_ssize_t R = hashed ? ((RowHash *)o[0])->R : COUNT(b[0]);
     const int64_t *off = b[6].view.buf;
     int bad = COUNT(b[2]) != S || COUNT(b[3]) != S || COUNT(b[5]) != S || S < 1 ||
               R > INT32_MAX || S > R || cap < S || P < 1 || COUNT(b[6]) != P + 1 ||
-              off[0] != 0 || off[P] != R;
+              off[0] != 0 || off[P] != R ||
+              (hashed && (((RowHash *)o[0])->map.tab == NULL ||
+                          (Py_ssize_t)((RowHash *)o[0])->map.mask < S));
     for (Py_ssize_t p = 0; p < P && !bad; p++) {
         bad = off[p] > off[p + 1];
     }
     if (bad) {
-        rc_buf_release(self->b, 8);
-        self->R = self->S = self->cap = self->P = 0;
+        state_clear(self);
         PyErr_SetString(PyExc_ValueError,
                         "LruState: inconsistent shapes (slot_row, state, last_used, log_pos: "
-                        "S >= 1 entries; row_slot R >= S entries, R < 2**31; log at least S; "
+                        "S >= 1 entries; row_map an int32 array of R >= S entries, R < 2**31, "
+                        "or a RowHash of R rows and more than S pairs; log at least S; "
                         "row_offsets P + 1 ascending from 0 to R; part_misses P >= 1)");
         return -1;
     }
-    self->row_slot = b[0].view.buf;
+    if (hashed) {
+        Py_INCREF(o[0]);
+        self->hash = o[0];
+        self->map = &((RowHash *)o[0])->map;
+    } else {
+        self->dense = (RowMap){b[0].view.buf, NULL, 0, 0, 0};
+        self->map = &self->dense;
+    }
     self->slot_row = b[1].view.buf;
     self->state = b[2].view.buf;
     self->last_used = b[3].view.buf;
@@ -60,7 +78,7 @@ static int state_init(LruState *self, PyObject *args, PyObject *kwds) {
 }
 
 static void state_dealloc(LruState *self) {
-    rc_buf_release(self->b, 8);
+    state_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

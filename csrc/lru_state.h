@@ -1,6 +1,7 @@
 /* csrc/lru_state.h: the row cache's native state object (csrc/lru_state.c), made once with
  * the slot table's and the LRU's arrays (rowcache.cache.slots.SlotTable, rowcache.cache.lru.Lru)
- * so that a call passes ids and a plan, not the arrays: `_host.LruState(row_slot, slot_row,
+ * so that a call passes ids and a plan, not the arrays (row_map: an int32 [R] array, or a
+ * RowHash, csrc/row_map.h): `_host.LruState(row_map, slot_row,
  * state, last_used, log, log_pos, row_offsets, part_misses)`. Its methods are the LRU's C:
  * hits, scan, touch_start (csrc/lru_hits.c, csrc/lru_touch.c), plan, commit (csrc/lru_miss.c),
  * compact. The object holds the arrays' buffers until it is freed (they cannot be resized
@@ -16,11 +17,14 @@
 #include <stdint.h>
 
 #include "pybuf.h"
+#include "row_map.h"
 
 typedef struct {
     PyObject_HEAD
     Buf b[8];           /* the arrays below, in the constructor's order */
-    int32_t *row_slot;  /* [R] */
+    RowMap *map;        /* row -> slot: &dense, or a RowHash's (held in `hash`) */
+    RowMap dense;       /* over the int32 [R] array given as row_map */
+    PyObject *hash;     /* the RowHash given as row_map, or NULL */
     int32_t *slot_row;  /* [S] */
     uint8_t *state;     /* [S] csrc/lru_slots.h */
     int64_t *last_used; /* [S] */

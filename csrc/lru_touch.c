@@ -15,7 +15,7 @@
  *   distinct slots (last_used = batch) and log them from tail in ascending row order, the
  *   log compacted first when it has no room. The job holds a reference to the state and
  *   the scratch's buffer until the wait; the caller must not read or write last_used, the
- *   log or log_pos before it (row_slot no touch writes). When MAX_TOUCH touches are
+ *   log or log_pos before it (the row map no touch writes). When MAX_TOUCH touches are
  *   pending, the call runs the touch itself and returns its result tuple instead of a
  *   handle. `after`: the handle of a touch of the same cache not yet waited for; this one
  *   runs after it and starts from the log bounds it leaves (head and tail are then
@@ -80,14 +80,15 @@ static void *hits_sort(void *arg) {
 /* hits' work after its scan, on scan's keys (GIL not needed); `wait`: the toucher,
  * on the touch pool; 0: the caller itself, on the step's pool (not waited for if busy). */
 static void touch_run(TouchJob *j, int wait) {
-    int32_t *row_slot = j->st->row_slot, *log = j->st->log, *log_pos = j->st->log_pos;
+    const RowMap *map = j->st->map;
+    int32_t *log = j->st->log, *log_pos = j->st->log_pos;
     int32_t *scr = j->scr.view.buf;
     int64_t *last_used = j->st->last_used;
     Py_ssize_t n = j->n, S = j->st->S, cap = j->st->cap, R = j->st->R;
     HitsPart part[MAXT];
     int K = rc_split_count(j->threads, n, HITS_GRAIN);
     for (int k = 0; k < K; k++) {
-        part[k] = (HitsPart){NULL, row_slot, last_used, log, log_pos, NULL, scr, n, S, 0,
+        part[k] = (HitsPart){NULL, map, last_used, log, log_pos, NULL, scr, n, S, 0,
                              j->batch, n * k / K, n * (k + 1) / K, 0, 0, 0, 0, 0, 0};
     }
     Pool *pool = rc_pool_get(wait ? POOL_TOUCH : POOL_STEP);
@@ -106,7 +107,7 @@ static void touch_run(TouchJob *j, int wait) {
     j->fresh = 0;
     for (int k = 0; k < K; k++) {
         n_u += part[k].n_u;
-        /* the keys (row ids) index row_slot: each part is sorted, so its ends bound it (a
+        /* the keys (row ids) are the map's rows: each part is sorted, so its ends bound it (a
          * check per part, not per key); a key out of range touches nothing (status 4) */
         if (part[k].hi > part[k].lo && (scr[part[k].lo] < 0 || scr[part[k].hi - 1] >= R)) {
             j->status = 4;
@@ -235,7 +236,7 @@ PyObject *rc_state_scan(LruState *st, PyObject *args) {
     HitsPart part[MAXT];
     int K = rc_split_count(threads, n, HITS_GRAIN);
     for (int k = 0; k < K; k++) {
-        part[k] = (HitsPart){b[0].view.buf, st->row_slot, NULL, NULL, NULL, b[1].view.buf,
+        part[k] = (HitsPart){b[0].view.buf, st->map, NULL, NULL, NULL, b[1].view.buf,
                              b[2].view.buf, n, 0, st->R, 0, n * k / K, n * (k + 1) / K,
                              0, 0, 0, 0, 0, 1};
     }
@@ -252,7 +253,7 @@ PyObject *rc_state_scan(LruState *st, PyObject *args) {
 static PyObject *touch_result(TouchJob *j) {
     if (j->status == 4) {
         PyErr_SetString(PyExc_ValueError,
-                        "LruState.touch_start: a key in scratch is not a row id (0 <= key < len(row_slot))");
+                        "LruState.touch_start: a key in scratch is not a row id (0 <= key < rows)");
         return NULL;
     }
     return Py_BuildValue("(innn)", j->status, j->fresh, j->head, j->tail);

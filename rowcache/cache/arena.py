@@ -186,7 +186,7 @@ class Arena:
         """The device row -> slot map, made from ``slots`` on first call (rows still being
         read by prefetch pieces are not shown yet)."""
         if self.dev_map is None:
-            m = slots.row_slot
+            m = slots.row_map.to_dense()
             if slots.reserved:
                 m = m.copy()
                 m[slots.slot_row[np.flatnonzero(slots.state == READING)]] = -1

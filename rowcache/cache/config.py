@@ -16,6 +16,7 @@ import numpy as np
 
 from rowcache.cache.lru import DEFER_MIN
 from rowcache.cache.prefetcher import PIECE_ROWS
+from rowcache.cache.row_map import KINDS as ROW_MAP_KINDS
 from rowcache.errors import ConfigError
 from rowcache.store.format import TableInfo
 from rowcache.store.handle import RowStore
@@ -33,19 +34,26 @@ class Tuning:
     ``piece_rows``: rows a prefetch piece. ``merge_in_flight``: a native resolve reads rows
     in flight in its own demand read (False: apart, before it). ``native``: the native host
     kernels where built (False: the Python reference paths). ``log_slack``: the LRU log's
-    entries beyond the slots (None: its default; fewer compact more often)."""
+    entries beyond the slots (None: its default; fewer compact more often). ``row_map``: the
+    host row map's kind, ``"auto"`` (``rowcache.cache.row_map.row_map_kind``'s rule),
+    ``"dense"`` or ``"hash"``."""
 
     defer_min: int = DEFER_MIN
     piece_rows: int = PIECE_ROWS
     merge_in_flight: bool = True
     native: bool = True
     log_slack: int | None = None
+    row_map: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("defer_min", "piece_rows"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{name}={v!r}: give an int >= 1")
+        if self.row_map not in ROW_MAP_KINDS:
+            raise ConfigError(
+                f"row_map={self.row_map!r}: give one of {', '.join(map(repr, ROW_MAP_KINDS))}"
+            )
 
 
 @dataclass(frozen=True)

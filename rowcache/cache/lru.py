@@ -138,7 +138,7 @@ class Lru:
         self._offsets = np.ascontiguousarray(part_offsets, dtype=np.int64)
         self._c: Any = None  # the native state: these arrays, held by C (csrc/lru_state.h)
         if native is not None:
-            self._c = native.LruState(slots.row_slot, slots.slot_row, slots.state,
+            self._c = native.LruState(slots.row_map.native_arg, slots.slot_row, slots.state,
                                       self.last_used, self.log, self.log_pos, self._offsets,
                                       counters.part_misses)  # fmt: skip
 
@@ -310,7 +310,7 @@ class Lru:
             return BAD_ID, int(bad[0]), 0, 0, 0, head, head, 0
         uniq = sorted_unique(ids)
         n_u = uniq.size
-        slots_u = t.row_slot[uniq]
+        slots_u = t.slots_of(uniq)
         miss = slots_u < 0
         missing = uniq[miss]
         n_miss = missing.size
@@ -350,7 +350,7 @@ class Lru:
         self.log_slots(slots_u)
         # global rows ascending: each part's misses are one run
         self.counters.part_misses += np.diff(np.searchsorted(plan.missing, self._offsets))
-        out[:n] = self.slots.row_slot[plan.ids]
+        out[:n] = self.slots.slots_of(plan.ids)
         return fresh
 
     # -- victims and the log (the Python plan's, and the prefetcher's) ------

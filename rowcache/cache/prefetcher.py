@@ -116,7 +116,7 @@ class Prefetcher:
     def prefetch(self, rows_u: np.ndarray) -> PrefetchHandle:
         """The prefetch of sorted unique rows (``NgramRowCache.prefetch``)."""
         slots, lru = self.slots, self.lru
-        slots_u = slots.row_slot[rows_u]
+        slots_u = slots.slots_of(rows_u)
         miss = slots_u < 0
         hit = slots_u[~miss]
         spare = np.sort(hit)  # the call's resident rows: touched, no victims
@@ -143,7 +143,7 @@ class Prefetcher:
             self.counters.evictions += int(evicted.size)
             self.arena.sync_device_map(evicted, missing[:0], victims[:0])
         # the touch order of the call: ascending rows, as resolve's tie rule
-        order = slots.row_slot[rows_u]
+        order = slots.slots_of(rows_u)
         lru.log_slots(order[order >= 0].astype(np.int32, copy=False))
         if not missing.size:
             return PrefetchHandle([], 0, dropped)

@@ -24,6 +24,7 @@ from rowcache.cache.lru import HIT, MISS, Lru, sorted_unique
 from rowcache.cache.parts import PartReader
 from rowcache.cache.prefetch import PrefetchHandle, PrefetchJob
 from rowcache.cache.prefetcher import Prefetcher
+from rowcache.cache.row_map import make_row_map
 from rowcache.cache.slots import SlotTable
 from rowcache.cache.stats import CacheStats, Counters
 from rowcache.errors import ConfigError
@@ -130,8 +131,10 @@ class NgramRowCache:
         reads = part_reader(reads) if part_reader is not None else reads
         self._lock = threading.RLock()
         self._counters = Counters(len(self.parts))
-        self._slots = SlotTable(self.rows, self.num_slots)
         native = _native if tuning.native else None
+        row_map = make_row_map(self.rows, self.num_slots, self.record_bytes, _native,
+                               tuning.row_map)  # fmt: skip
+        self._slots = SlotTable(self.rows, self.num_slots, row_map)
         self._lru = Lru(self._slots, self._counters, native, self.row_offsets,
                         defer_min=tuning.defer_min, log_slack=tuning.log_slack)  # fmt: skip
         self._arena = Arena(self.num_slots, self.dim, self.record_bytes, self.dtype, device,
@@ -417,7 +420,7 @@ class NgramRowCache:
         changes nothing."""
         ids = check_row_ids(row_ids, self.rows)
         with self._lock:
-            return self._slots.row_slot[ids] >= 0
+            return self._slots.slots_of(ids) >= 0
 
     @property
     def pinned(self) -> int:
@@ -427,18 +430,26 @@ class NgramRowCache:
             return self._lru.pinned
 
     def overhead_bytes(self) -> dict[str, int]:
-        """Host bookkeeping bytes: per-slot arrays and the per-table row map."""
+        """Host bookkeeping bytes: per-slot arrays and the row map (dense: 4 bytes a row;
+        a hash: 16-32 bytes a slot; ``row_map_kind`` says which)."""
         t, lru = self._slots, self._lru
         per_slot = sum(a.nbytes for a in (t.slot_row, t.state, lru.last_used, lru.log, lru.log_pos))
-        return {"per_slot_arrays": per_slot, "row_map": t.row_slot.nbytes}
+        return {"per_slot_arrays": per_slot, "row_map": t.row_map.nbytes}
+
+    @property
+    def row_map_kind(self) -> str:
+        """``"dense"`` or ``"hash"``: how this cache maps rows to slots on the host
+        (``rowcache.cache.row_map``)."""
+        return self._slots.row_map.kind
 
     def slot_map(self) -> tuple[np.ndarray, np.ndarray]:
-        """Copies of ``(row_slot [rows], slot_row [slots])`` (-1 = unmapped), for checks."""
+        """Copies of ``(row -> slot [rows], slot_row [slots])`` (-1 = unmapped), for checks
+        (dense: 4 bytes a row, whatever the map's kind)."""
         with self._lock:
             self._catch_up()
             if self._prefetcher.jobs:
                 self._prefetcher.reap()
-            return self._slots.row_slot.copy(), self._slots.slot_row.copy()
+            return self._slots.row_map.to_dense().copy(), self._slots.slot_row.copy()
 
     def pin_counts(self) -> np.ndarray:
         """int32[slots]: 1 for each slot pinned by the current batch (however many of

@@ -14,6 +14,8 @@ from enum import IntEnum
 
 import numpy as np
 
+from rowcache.cache.row_map import DenseRowMap, RowMap
+
 
 class SlotState(IntEnum):
     """The state of one slot (``SlotTable.state[slot]``, uint8; the same values in C)."""
@@ -35,20 +37,21 @@ FREE, RESIDENT, READING, READ = (int(s) for s in SlotState)
 
 class SlotTable:
     """Row -> slot, slot -> row and the slot states of an arena of ``slots`` slots over
-    ``rows`` (global) rows: dense arrays, never a Python object per row.
+    ``rows`` (global) rows: arrays and a native hash, never a Python object per row.
 
     Attributes (read them; only the methods below and the native commit write them)
     ----------
-    row_slot : int32[rows], -1 where the row is not mapped.
+    row_map : row -> slot (``rowcache.cache.row_map``: dense, or a hash bounded by the
+        arena; default dense), -1 where the row is not mapped.
     slot_row : int32[slots], -1 where the slot holds no row.
     state : uint8[slots], :class:`SlotState` values.
     reserved : slots READING or READ (reserved by prefetch pieces in flight).
     """
 
-    def __init__(self, rows: int, slots: int) -> None:
+    def __init__(self, rows: int, slots: int, row_map: RowMap | None = None) -> None:
         self.rows = rows
         self.num_slots = slots
-        self.row_slot = np.full(rows, -1, dtype=np.int32)
+        self.row_map: RowMap = DenseRowMap(rows) if row_map is None else row_map
         self.slot_row = np.full(slots, -1, dtype=np.int32)
         self.state = np.zeros(slots, dtype=np.uint8)  # SlotState.FREE
         self.reserved = 0
@@ -61,16 +64,16 @@ class SlotTable:
     def map(self, rows: np.ndarray, slots: np.ndarray, evicted: np.ndarray) -> None:
         """A fault's commit: unmap the ``evicted`` rows (held by some of ``slots``), map
         ``rows`` into ``slots`` (the Python path's mirror of ``LruState.commit``)."""
-        self.row_slot[evicted] = -1
-        self.row_slot[rows] = slots
+        self.row_map.unset(evicted)
+        self.row_map.set(rows, slots)
         self.slot_row[slots] = rows
         self.state[slots] = RESIDENT
 
     def reserve(self, rows: np.ndarray, slots: np.ndarray, evicted: np.ndarray) -> None:
         """A prefetch's reservation: unmap ``evicted``, map ``rows`` into ``slots``, each
         being read (``READING``) until its piece is reaped."""
-        self.row_slot[evicted] = -1
-        self.row_slot[rows] = slots
+        self.row_map.unset(evicted)
+        self.row_map.set(rows, slots)
         self.slot_row[slots] = rows
         self.state[slots] = READING
         self.reserved += int(slots.size)
@@ -91,23 +94,27 @@ class SlotTable:
     def free(self, rows: np.ndarray, slots: np.ndarray, kept: np.ndarray) -> None:
         """A failed piece: its ``rows`` unmapped and their reserved ``slots`` freed; the
         reserved slots ``kept`` (rows a resolve read itself) stay mapped, resident."""
-        self.row_slot[rows] = -1
+        self.row_map.unset(rows)
         self.slot_row[slots] = -1
         self.state[slots] = FREE
         self.state[kept] = RESIDENT
         self.reserved -= int(slots.size + kept.size)
 
+    def slots_of(self, ids: np.ndarray) -> np.ndarray:
+        """int32 slots of ``ids`` (checked rows), -1 where not mapped."""
+        return self.row_map.get(ids)
+
     def holds(self, ids: np.ndarray) -> bool:
         """Every row of ``ids`` (checked) is mapped and none is reserved by a prefetch piece
         not yet reaped."""
-        s = self.row_slot[ids]
+        s = self.row_map.get(ids)
         if s.size and int(s.min()) < 0:
             return False
         return not (self.reserved and bool((self.state[s] >= READING).any()))
 
     def reading_slots(self, ids: np.ndarray) -> np.ndarray:
         """The slots (sorted, unique) of the rows of ``ids`` still being read by pieces."""
-        s = self.row_slot[ids]
+        s = self.row_map.get(ids)
         s = s[s >= 0]
         return np.unique(s[self.state[s] == READING])
 
@@ -115,17 +122,17 @@ class SlotTable:
         """Every broken invariant of the table, one sentence each (empty when sound):
         the two maps invert each other, a slot is free exactly when it holds no row, the
         states are :class:`SlotState` values and ``reserved`` counts the reserved slots."""
-        bad: list[str] = []
-        rows, slots = self.row_slot, self.slot_row
+        bad: list[str] = list(self.row_map.check())
+        slots = self.slot_row
         mapped = np.flatnonzero(slots >= 0)
         if mapped.size and int(slots[mapped].max()) >= self.rows:
             bad.append("slot_row holds a row outside the table")
-        elif not np.array_equal(rows[slots[mapped]], mapped):
+        elif not np.array_equal(self.row_map.get(slots[mapped]), mapped):
             bad.append("slot -> row -> slot is not the identity")
-        held = np.flatnonzero(rows >= 0)
-        if held.size and int(rows[held].max()) >= self.num_slots:
-            bad.append("row_slot holds a slot outside the arena")
-        elif not np.array_equal(slots[rows[held]], held):
+        held, held_slots = self.row_map.items()
+        if held_slots.size and int(held_slots.max()) >= self.num_slots:
+            bad.append("the row map holds a slot outside the arena")
+        elif not np.array_equal(slots[held_slots], held):
             bad.append("row -> slot -> row is not the identity")
         if int(self.state.max(initial=0)) > max(SlotState):
             bad.append(f"a slot state outside SlotState: {int(self.state.max())}")

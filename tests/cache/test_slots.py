@@ -32,7 +32,7 @@ def _cache(tiny_store):
 @pytest.mark.parametrize(
     "breakage,says",
     [
-        (lambda t: t.row_slot.__setitem__(5, 7), "row -> slot -> row"),
+        (lambda t: t.row_map.set(np.array([5]), np.array([7])), "row -> slot -> row"),
         (lambda t: t.slot_row.__setitem__(0, 9), "slot -> row -> slot"),
         (lambda t: t.state.__setitem__(35, SlotState.RESIDENT), "free without being empty"),
         (lambda t: t.state.__setitem__(1, 9), "outside SlotState"),

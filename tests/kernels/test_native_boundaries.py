@@ -119,7 +119,7 @@ def test_lru_touch_refuses_keys_that_are_not_row_ids():
     assert (
         lines[:2]
         == [
-            "refused: LruState.touch_start: a key in scratch is not a row id (0 <= key < len(row_slot))"
+            "refused: LruState.touch_start: a key in scratch is not a row id (0 <= key < rows)"
         ]
         * 2
     ), out

@@ -210,7 +210,7 @@ def _state(c):
     live = lru.log[lru.head : lru.tail]
     valid = lru.log_pos[live] == np.arange(lru.head, lru.tail)
     return (
-        c.slot_table.row_slot.copy(),
+        c.slot_table.row_map.to_dense().copy(),
         c.slot_table.slot_row.copy(),
         lru.pin_mask(),
         live[valid].copy(),

@@ -123,11 +123,14 @@ void *rc_hits_scan(void *arg) {
     return NULL;
 }
 
-/* Phase 2 of a part: pin its distinct slots and log them from log[base], ascending. */
+/* Phase 2 of a part: pin its distinct slots and log them from log[base], ascending. The
+ * slots of its sorted ids are looked up once, into the sort's buffer (free after the sort:
+ * scr[n + lo: n + hi]), then pinned and logged. */
 void *rc_hits_touch(void *arg) {
     HitsPart *h = arg;
     const RowMap *map = h->map;
     const int32_t *scr = h->scr + h->lo;
+    int32_t *sl = h->scr + h->n + h->lo;
     int64_t *last_used = h->last_used;
     int32_t *log = h->log, *log_pos = h->log_pos;
     Py_ssize_t m = h->hi - h->lo, c = h->base, fresh = 0, S = h->S;
@@ -136,17 +139,17 @@ void *rc_hits_touch(void *arg) {
         if (i + PF < m) {
             rm_prefetch(map, scr[i + PF]);
         }
-        if (i + PF / 2 < m) {
-            int32_t q = rm_get(map, scr[i + PF / 2]);
+        sl[i] = (i > 0 && scr[i] == scr[i - 1]) ? -1 : rm_get(map, scr[i]);
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (i + PF < m) {
+            int32_t q = sl[i + PF];
             if (q >= 0 && q < S) {
                 __builtin_prefetch(&last_used[q], 1);
                 __builtin_prefetch(&log_pos[q], 1);
             }
         }
-        if (i > 0 && scr[i] == scr[i - 1]) {
-            continue;
-        }
-        int32_t s = rm_get(map, scr[i]);
+        int32_t s = sl[i];
         if (s < 0 || s >= S) {
             continue; /* cannot happen: checked by the scan */
         }

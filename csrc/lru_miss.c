@@ -83,12 +83,15 @@ static void *plan_scan(void *arg) {
             uniq[n_u++] = scr[i];
         }
     }
-    for (Py_ssize_t j = 0; j < n_u; j++) {
-        if (j + 2 * PF < n_u) { /* two stages: the row's slot, then the slot's last use */
-            rm_prefetch(map, uniq[j + 2 * PF]);
-        }
+    for (Py_ssize_t j = 0; j < n_u; j++) { /* two passes: the rows' slots, then their uses */
         if (j + PF < n_u) {
-            int32_t q = rm_get(map, uniq[j + PF]);
+            rm_prefetch(map, uniq[j + PF]);
+        }
+        slots[j] = rm_get(map, uniq[j]);
+    }
+    for (Py_ssize_t j = 0; j < n_u; j++) {
+        if (j + PF < n_u) {
+            int32_t q = slots[j + PF];
             if (q >= 0 && q < S) {
                 __builtin_prefetch(&last_used[q]);
                 if (busy) {
@@ -96,8 +99,7 @@ static void *plan_scan(void *arg) {
                 }
             }
         }
-        int32_t s = rm_get(map, uniq[j]);
-        slots[j] = s;
+        int32_t s = slots[j];
         if (s < 0 || s >= S) {
             slots[j] = -1;
             missing[n_miss++] = uniq[j];
@@ -412,15 +414,24 @@ PyObject *rc_state_commit(LruState *st, PyObject *args) {
     bad = bad || !rm_room(map, n_miss - n_ev); /* (cannot happen: pairs > 2 x slots) */
     if (!bad) {
         for (Py_ssize_t j = 0; j < n_ev; j++) {
+            if (j + PF < n_ev) {
+                rm_prefetch(map, evicted[j + PF]);
+            }
             rm_del(map, evicted[j]);
+        }
+        for (Py_ssize_t k = 0; k < n_miss; k++) { /* the missing rows (ascending), mapped */
+            if (k + PF < n_miss) {
+                rm_prefetch(map, missing[k + PF]);
+                __builtin_prefetch(&slot_row[victims[k + PF]], 1);
+            }
+            int32_t s = victims[k];
+            rm_set(map, missing[k], s);
+            slot_row[s] = missing[k];
+            state[s] = RC_SLOT_RESIDENT; /* a victim was free or resident */
         }
         for (Py_ssize_t j = 0, k = 0; j < n_u; j++) {
             if (slots[j] < 0) {
-                int32_t s = victims[k++];
-                rm_set(map, uniq[j], s);
-                slot_row[s] = uniq[j];
-                state[s] = RC_SLOT_RESIDENT; /* a victim was free or resident */
-                slots[j] = s;
+                slots[j] = victims[k++];
             }
         }
         if (tail + n_u > cap) { /* first: the slots' old entries are still live, and kept */

@@ -21,6 +21,7 @@
 #include <Python.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "pybuf.h"
 #include "row_map.h"
@@ -41,12 +42,21 @@ static int hash_init(RowHash *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "RowHash: already initialized");
         return -1;
     }
-    int32_t *tab = malloc((size_t)cap * 2 * sizeof *tab);
-    if (tab == NULL) {
+    /* anonymous pages, asked to be huge where the kernel allows it (madvise mode): a
+     * look-up is one random access into the table, and 2 MiB pages keep a table of tens of
+     * MB in the TLB */
+    size_t bytes = (size_t)cap * 2 * sizeof(int32_t);
+    int32_t *tab = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (tab == MAP_FAILED) {
         PyErr_NoMemory();
         return -1;
     }
-    memset(tab, 0xff, (size_t)cap * 2 * sizeof *tab); /* every pair (-1, -1): empty */
+#ifdef MADV_HUGEPAGE
+    if (bytes >= (2u << 20)) {
+        (void)madvise(tab, bytes, MADV_HUGEPAGE); /* a hint: refused or not, the same map */
+    }
+#endif
+    memset(tab, 0xff, bytes); /* every pair (-1, -1): empty */
     int bits = 0;
     while (((Py_ssize_t)1 << bits) < cap) {
         bits++;
@@ -57,7 +67,9 @@ static int hash_init(RowHash *self, PyObject *args, PyObject *kwds) {
 }
 
 static void hash_dealloc(RowHash *self) {
-    free(self->map.tab);
+    if (self->map.tab != NULL) {
+        munmap(self->map.tab, ((size_t)self->map.mask + 1) * 2 * sizeof(int32_t));
+    }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

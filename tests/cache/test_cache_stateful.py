@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import rowcache
 from rowcache import NgramRowCache
+from rowcache.cache.config import Tuning
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
 from rowcache.store.handle import RowStore
 from tests.cache.support import RefLRU, check_invariants, check_pieces
@@ -84,10 +85,12 @@ def host(a):
 
 def make_machine(path, names, device, faults):
     class CacheMachine(RuleBasedStateMachine):
-        @initialize(slots=st.integers(4, 48))
-        def setup(self, slots):
+        @initialize(slots=st.integers(4, 48), row_map=st.sampled_from(["dense", "hash"]))
+        def setup(self, slots, row_map):
             self.store = RowStore.open(path, merge_gap=0)  # one read per row: faults land anywhere
-            self.cache = NgramRowCache(self.store, names, slots=slots, device=device, queue_depth=1)
+            self.cache = NgramRowCache.assemble(self.store, names, slots=slots, device=device,
+                                                queue_depth=1, tuning=Tuning(row_map=row_map))  # fmt: skip
+            assert self.cache.row_map_kind == row_map
             self.ref = RefLRU(slots)
             self.values, self.scales = truth(self.store, names)
             self.offsets = self.cache.row_offsets

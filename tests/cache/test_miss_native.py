@@ -45,10 +45,11 @@ class Failing:
             raise CorruptDataError("injected: short read")
 
 
-def _cache(store, slots, native, small_log=True, hook=None):
+def _cache(store, slots, native, small_log=True, hook=None, row_map="auto"):
     """A shared-arena cache on the native (or the Python) path; ``small_log``: a log of
-    2 * slots entries, so that compaction happens every few calls; ``hook``: on its reads."""
-    tuning = Tuning(native=native, log_slack=slots if small_log else None)
+    2 * slots entries, so that compaction happens every few calls; ``hook``: on its reads;
+    ``row_map``: the row map's kind."""
+    tuning = Tuning(native=native, log_slack=slots if small_log else None, row_map=row_map)
     return rowcache.NgramRowCache.assemble(
         store, list(PARTS), slots=slots, tuning=tuning,
         part_reader=None if hook is None else (lambda r: Hooked(r, hook)),
@@ -115,11 +116,17 @@ def _ops(rng, total, slots, n_ops):
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31), slots=st.sampled_from([3, 8, 17, 40]))
-def test_miss_native_equals_python_path(store, seed, slots):
+@given(
+    seed=st.integers(0, 2**31),
+    slots=st.sampled_from([3, 8, 17, 40]),
+    row_map=st.sampled_from(["dense", "hash"]),
+)
+def test_miss_native_equals_python_path(store, seed, slots, row_map):
+    """(the Python path over the other kind of row map: both paths and both maps agree)"""
     rng = np.random.default_rng(seed)
     total = sum(PARTS.values())
-    nat, ref = _cache(store, slots, True), _cache(store, slots, False)
+    other = "hash" if row_map == "dense" else "dense"
+    nat, ref = _cache(store, slots, True, row_map=row_map), _cache(store, slots, False, row_map=other)
     _assert_same(_state(nat), _state(ref), "creation")
     for i, op in enumerate(_ops(rng, total, slots, 80)):
         if op is None:

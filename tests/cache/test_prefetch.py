@@ -104,15 +104,20 @@ def _check_stats(cache, lru):
     assert (s.misses, s.hits, s.evictions) == (lru.faults, lru.hits, lru.evictions)
 
 
-@pytest.mark.parametrize("dtype,piece", [("bf16", 1024), ("fp8", 1024), ("bf16", 7)])
-def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype, piece):
+@pytest.mark.parametrize(
+    "dtype,piece,row_map",
+    [("bf16", 1024, "dense"), ("fp8", 1024, "hash"), ("bf16", 7, "dense"), ("bf16", 7, "hash")],
+)
+def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype, piece, row_map):
     """(piece 7: prefetches read in many pieces, so resolves take rows of queued ones over)"""
     store, _ = make_store(tmp_path, rng, dtype=dtype)
     slots = 120
     slow = Slow(np.random.default_rng(1))
     cache = NgramRowCache.assemble(
-        store, "t", slots=slots, tuning=Tuning(piece_rows=piece), part_reader=slow.wrap
-    )
+        store, "t", slots=slots, tuning=Tuning(piece_rows=piece, row_map=row_map),
+        part_reader=slow.wrap,
+    )  # fmt: skip
+    assert cache.row_map_kind == row_map
     lru = RefPrefetchLRU(slots)
     handles = []
     seen = {"exhausted": 0, "failed": 0, "dropped": 0}

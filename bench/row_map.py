@@ -72,7 +72,9 @@ def main() -> None:
     ap.add_argument("--ids", type=int, default=64 * 48, help="ids a call")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5, help="rounds of both kinds in turn")
-    ap.add_argument("--record-bytes", type=int, default=264, help="a stored row's bytes (the share)")
+    ap.add_argument(
+        "--record-bytes", type=int, default=264, help="a stored row's bytes (the share)"
+    )
     ap.add_argument("--quick", action="store_true", help="a small run (seconds)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -86,7 +88,8 @@ def main() -> None:
     hot = rng.choice(args.rows, size=args.slots // 2, replace=False).astype(np.int64)
     hit_calls = [rng.choice(hot, args.ids) for _ in range(args.calls)]
     miss_calls = [
-        rng.integers(0, args.rows, args.ids, dtype=np.int64) for _ in range(args.calls * args.rounds)
+        rng.integers(0, args.rows, args.ids, dtype=np.int64)
+        for _ in range(args.calls * args.rounds)
     ]
     table_bytes = args.rows * args.record_bytes
     lrus: dict[str, Any] = {}
@@ -112,7 +115,7 @@ def main() -> None:
     for r in range(args.rounds):  # the kinds in turn, the best round of each (a shared machine)
         for row, kind in zip(out, lrus):
             hit = 1e9 * _time(lrus[kind], hit_calls, False) / args.ids
-            miss = 1e9 * _time(lrus[kind], miss_calls[r::args.rounds], True) / args.ids
+            miss = 1e9 * _time(lrus[kind], miss_calls[r :: args.rounds], True) / args.ids
             row["hits_ns_id"] = min(row["hits_ns_id"], hit)
             row["miss_plan_commit_ns_id"] = min(row["miss_plan_commit_ns_id"], miss)
     for lru in lrus.values():
@@ -127,7 +130,9 @@ def main() -> None:
         "hits_ns_id": h["hits_ns_id"] / d["hits_ns_id"],
         "miss_plan_commit_ns_id": h["miss_plan_commit_ns_id"] / d["miss_plan_commit_ns_id"],
     })  # fmt: skip
-    settings = {k: getattr(args, k) for k in ("rows", "slots", "ids", "calls", "rounds", "record_bytes")}
+    settings = {
+        k: getattr(args, k) for k in ("rows", "slots", "ids", "calls", "rounds", "record_bytes")
+    }
     report("row map: dense vs hash (host bookkeeping, one thread)", out, args.json, settings)
 
 

@@ -162,7 +162,9 @@ class HashRowMap:
 RowMap = DenseRowMap | HashRowMap
 
 
-def make_row_map(rows: int, slots: int, record_bytes: int, native: Any, kind: str = "auto") -> RowMap:
+def make_row_map(
+    rows: int, slots: int, record_bytes: int, native: Any, kind: str = "auto"
+) -> RowMap:
     """The map :func:`row_map_kind` picks, empty."""
     if row_map_kind(rows, slots, record_bytes, native, kind) == "hash":
         return HashRowMap(rows, slots, native)

@@ -9,6 +9,7 @@ import pytest
 import rowcache
 import rowcache.kernels
 from rowcache import NgramRowCache
+from rowcache.cache.config import Tuning
 from tests.cache.support import (
     batches,
     check_invariants,
@@ -92,12 +93,15 @@ def test_gpu_shared_cache_over_several_tables(tmp_path, rng, arena):
         cache.end_batch()
 
 
-@pytest.mark.parametrize("arena", ["device", "host"])
-def test_gpu_device_map_mirrors_host_map(rng, arena, tiny_store):
+@pytest.mark.parametrize("arena,row_map", [("device", "dense"), ("host", "dense"), ("device", "hash")])
+def test_gpu_device_map_mirrors_host_map(rng, arena, row_map, tiny_store):
+    """(the device map is dense whatever the host map's kind: made from a hash too)"""
     import cupy as cp
 
     store, _ = tiny_store
-    cache = NgramRowCache(store, "t", slots=150, device="cuda", arena=arena)
+    cache = NgramRowCache.assemble(store, "t", slots=150, device="cuda", arena=arena,
+                                   tuning=Tuning(row_map=row_map))  # fmt: skip
+    assert cache.row_map_kind == row_map
     cache.resolve(np.arange(40))
     cache.end_batch()
     dmap = cache.device_map()  # made after some faults: starts as a copy
@@ -139,7 +143,7 @@ def test_gpu_prefetch_pieces_do_not_queue_behind_the_cache_streams_work(rng, tin
     are right when the cache's stream gathers them."""
     import cupy as cp
 
-    from rowcache.cache.row_cache import Tuning
+
 
     store, _ = tiny_store
     cache = NgramRowCache.assemble(

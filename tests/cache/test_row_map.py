@@ -42,7 +42,9 @@ def _agree(m, ref: dict, rows: int) -> None:
 @given(
     rows=st.sampled_from([5, 64, 1000, 2**31 - 1]),
     slots=st.integers(1, 40),
-    ops=st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 10**9), max_size=12)), max_size=60),
+    ops=st.lists(
+        st.tuples(st.booleans(), st.lists(st.integers(0, 10**9), max_size=12)), max_size=60
+    ),
 )
 def test_hash_map_equals_a_dict(rows, slots, ops):
     """Random sets and unsets (at most ``slots`` rows held, as in a cache; a small capacity,
@@ -51,7 +53,7 @@ def test_hash_map_equals_a_dict(rows, slots, ops):
     for k, (is_set, raw) in enumerate(ops):
         keys = list(dict.fromkeys(x % rows for x in raw))
         if is_set:
-            keys = [x for x in keys if x in ref or len(ref) < slots][: slots]
+            keys = [x for x in keys if x in ref or len(ref) < slots][:slots]
             new = [x for x in keys if x not in ref]
             keys = [x for x in keys if x in ref] + new[: slots - len(ref)]
             vals = [(x * 7 + k) % (2**31 - 1) for x in keys]
@@ -66,7 +68,7 @@ def test_hash_map_equals_a_dict(rows, slots, ops):
     if rows <= 1000:
         _agree(m, ref, rows)
     else:
-        probe = np.array(sorted(ref) + [0, rows - 1], np.int64)
+        probe = np.array([*sorted(ref), 0, rows - 1], np.int64)
         got = m.get(probe)
         assert got.tolist() == [ref.get(int(x), -1) for x in probe]
 
@@ -163,7 +165,9 @@ def test_dense_and_hash_maps_answer_alike(rng):
         for g in gone.tolist():
             del held[g]
         free = sorted(set(range(slots)) - set(held.values()))
-        new = rng.choice(np.setdiff1d(np.arange(rows), list(held)), size=min(40, len(free)), replace=False)
+        new = rng.choice(
+            np.setdiff1d(np.arange(rows), list(held)), size=min(40, len(free)), replace=False
+        )
         d.set(new, np.array(free[: new.size], np.int32))
         h.set(new, np.array(free[: new.size], np.int32))
         held.update(zip(new.tolist(), free[: new.size]))

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from rowcache import NgramRowCache, build_store
+from rowcache.cache.config import Tuning
 from rowcache.embed.engram.config import EngramConfig
 from rowcache.embed.engram.hash import EngramContext, EngramHash
 from rowcache.embed.engram.memory import EngramMemory
@@ -25,9 +26,11 @@ CFG = EngramConfig(
 )
 
 
-def _setup(tmp_path, dtype="bf16", shared=True, slots=None, device="cpu"):
+def _setup(tmp_path, dtype="bf16", shared=True, slots=None, device="cpu", row_map="auto"):
     """Two layers' tables (~620 rows each) in a store; the cached memory's arena holds one
-    step's rows of both layers (3 x 12 tokens x 9 heads x 2) but not every row."""
+    step's rows of both layers (3 x 12 tokens x 9 heads x 2) but not every row; ``row_map``:
+    the caches' host row maps (rowcache.cache.row_map)."""
+    tuning = Tuning(row_map=row_map)
     rng = np.random.default_rng(0)
     lookup = np.empty(500, dtype=np.int64)
     keys: dict[int, int] = {}
@@ -43,11 +46,14 @@ def _setup(tmp_path, dtype="bf16", shared=True, slots=None, device="cpu"):
     if slots == "all":
         slots = sum(h.table_rows(layer) for layer in CFG.layer_ids)
     if shared:
-        cache = NgramRowCache(store, names, slots=slots or 700, device=device)
+        cache = NgramRowCache.assemble(store, names, slots=slots or 700, device=device,
+                                       tuning=tuning)  # fmt: skip
         cached = {layer: CachedTable(cache, i) for i, layer in enumerate(CFG.layer_ids)}
     else:
         cached = {
-            layer: CachedTable(NgramRowCache(store, name, slots=slots or 360, device=device))
+            layer: CachedTable(
+                NgramRowCache.assemble(store, name, slots=slots or 360, device=device, tuning=tuning)
+            )
             for layer, name in zip(CFG.layer_ids, names)
         }
     if dtype == "fp8":
@@ -64,9 +70,10 @@ def _bits(x):
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
-@pytest.mark.parametrize("shared", [True, False])
-def test_cached_equals_resident_over_a_prefill_and_decode(tmp_path, dtype, shared):
-    h, arrays, resident, cached, _ = _setup(tmp_path, dtype, shared)
+@pytest.mark.parametrize("shared,row_map", [(True, "dense"), (True, "hash"), (False, "hash")])
+def test_cached_equals_resident_over_a_prefill_and_decode(tmp_path, dtype, shared, row_map):
+    h, arrays, resident, cached, _ = _setup(tmp_path, dtype, shared, row_map=row_map)
+    assert {t.cache.row_map_kind for t in cached.tables.values()} == {row_map}
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, 500, (3, 60))
     ctx_r, ctx_c = EngramContext(h, 3), EngramContext(h, 3)
@@ -149,9 +156,9 @@ def test_lookup_into_out_and_refusals(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
-def test_cached_equals_resident_on_the_gpu(tmp_path, dtype):
-    h, _, resident, cached, _ = _setup(tmp_path, dtype, shared=True, device="cuda")
+@pytest.mark.parametrize("dtype,row_map", [("bf16", "dense"), ("fp8", "hash")])
+def test_cached_equals_resident_on_the_gpu(tmp_path, dtype, row_map):
+    h, _, resident, cached, _ = _setup(tmp_path, dtype, shared=True, device="cuda", row_map=row_map)
     rng = np.random.default_rng(3)
     ctx_r, ctx_c = EngramContext(h, 4), EngramContext(h, 4)
     for T in (9, 1, 1, 8):  # 4 x 9 tokens x 9 heads x 2 layers = 648 rows <= 700 slots

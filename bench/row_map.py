@@ -133,7 +133,7 @@ def main() -> None:
     settings = {
         k: getattr(args, k) for k in ("rows", "slots", "ids", "calls", "rounds", "record_bytes")
     }
-    report("row map: dense vs hash (host bookkeeping, one thread)", out, args.json, settings)
+    report("row map: dense vs hash (the host bookkeeping of a cache)", out, args.json, settings)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,18 @@ def test_cache_quick_reports_hit_fault_and_memory():
     assert "Traceback" not in out
 
 
+def test_row_map_quick_compares_dense_and_hash_on_the_same_calls():
+    rep = json.loads(judge("row_map", "--json"))
+    dense, hashed, ratio = rep["results"]
+    assert (dense["map"], hashed["map"], ratio["map"]) == ("dense", "hash", "hash / dense")
+    s = rep["settings"]
+    assert dense["map_bytes"] == 4 * s["rows"]
+    assert hashed["map_bytes"] == 8 * (1 << (2 * s["slots"] - 1).bit_length())  # 2x slots, pow2
+    assert ratio["map_bytes"] == hashed["map_bytes"] / dense["map_bytes"]
+    for row in (dense, hashed):
+        assert row["hits_ns_id"] > 0 and row["miss_plan_commit_ns_id"] > 0
+
+
 def test_fault_quick_measures_the_floor_in_the_same_run():
     rep = json.loads(judge("fault", "--json"))
     assert [r["k"] for r in rep["results"]] == [1, 12, 48]

@@ -55,7 +55,7 @@
 #define MAXN 16                               /* max_ngram at most */
 #define EH_GRAIN 2048                         /* ids a thread at least */
 #define EH_LANES 8                            /* the widest vector's heads: the tables' padding */
-#define EH_BLOCK 256                          /* positions whose ids are looked up together */
+#define EH_BLOCK 64 /* positions a pass: their ids looked up together, their mixes kept */
 #define EH_VECTOR_MIN_PRIME ((uint64_t)1 << 15) /* the vector paths' quotient error < 1/2 */
 #define EH_ENV "ROWCACHE_ENGRAM_HASH"
 
@@ -83,8 +83,11 @@ typedef struct {
     Py_ssize_t p0, p1; /* this part's positions (b * T + t) */
 } EngramJob;
 
-/* o[0:H] = mix mod each prime of one order; `at` is the order's first entry in the tables. */
-typedef void (*OrderFn)(int64_t *o, uint64_t mix, const EngramHasher *e, Py_ssize_t at);
+/* One order of one layer over a block's n positions: o[i * K + h] = mix[i] mod the order's
+ * prime h, for h < H (`at`: the order's first entry in the tables; mixd[i]: mix[i] as a
+ * double, for the vector paths). */
+typedef void (*OrderFn)(int64_t *o, Py_ssize_t K, const uint64_t *mix, const double *mixd,
+                        Py_ssize_t n, const EngramHasher *e, Py_ssize_t at);
 
 static inline uint64_t mod_prime(uint64_t x, uint64_t p, uint64_t recip) {
 #ifdef __SIZEOF_INT128__
@@ -98,10 +101,16 @@ static inline uint64_t mod_prime(uint64_t x, uint64_t p, uint64_t recip) {
 #endif
 }
 
-static void order_scalar(int64_t *o, uint64_t mix, const EngramHasher *e, Py_ssize_t at) {
+static void order_scalar(int64_t *o, Py_ssize_t K, const uint64_t *mix, const double *mixd,
+                         Py_ssize_t n, const EngramHasher *e, Py_ssize_t at) {
     const uint64_t *p = e->primes + at, *rc = e->recip + at;
-    for (Py_ssize_t h = 0; h < e->H; h++) {
-        o[h] = (int64_t)mod_prime(mix, p[h], rc[h]);
+    const Py_ssize_t H = e->H; /* not reloaded after each store */
+    (void)mixd;
+    for (Py_ssize_t i = 0; i < n; i++, o += K) {
+        const uint64_t x = mix[i];
+        for (Py_ssize_t h = 0; h < H; h++) {
+            o[h] = (int64_t)mod_prime(x, p[h], rc[h]);
+        }
     }
 }
 
@@ -109,123 +118,153 @@ static void order_scalar(int64_t *o, uint64_t mix, const EngramHasher *e, Py_ssi
 /* AVX2 has no 64-bit multiply, no double <-> int64 conversion and no 64-bit unsigned min:
  * q comes out of round(mix / p) + 2**52 as the double's low mantissa bits (q < 2**49), and
  * q * p mod 2**64 from three 32 x 32 -> 64-bit products (q < 2**32 or p < 2**32, so the
- * high halves' product is 0). */
-__attribute__((target("avx2"))) static void order_avx2(int64_t *o, uint64_t mix,
-                                                       const EngramHasher *e, Py_ssize_t at) {
-    const uint64_t *p = e->primes + at;
-    const double *inv = e->inv + at;
-    const __m256i x = _mm256_set1_epi64x((long long)mix);
-    const __m256d xd = _mm256_set1_pd((double)(int64_t)mix);
+ * high halves' product is 0); r + p where r's sign bit is set is a blend on that bit. */
+__attribute__((target("avx2"))) static inline __m256i mod4(const uint64_t *mix,
+                                                           const double *mixd, __m256i p,
+                                                           __m256i p_hi, __m256d inv) {
     const __m256d two52 = _mm256_set1_pd(4503599627370496.0);
-    const __m256i two52_bits = _mm256_castpd_si256(two52);
+    const __m256d qd = _mm256_round_pd(_mm256_mul_pd(_mm256_broadcast_sd(mixd), inv),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i q = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(qd, two52)),
+                                       _mm256_castpd_si256(two52));
+    const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(q, 32), p),
+                                           _mm256_mul_epu32(q, p_hi));
+    const __m256i qp = _mm256_add_epi64(_mm256_mul_epu32(q, p), _mm256_slli_epi64(cross, 32));
+    const __m256i r = _mm256_sub_epi64(_mm256_set1_epi64x((long long)*mix), qp); /* [-p, p) */
+    return _mm256_castpd_si256(_mm256_blendv_pd(_mm256_castsi256_pd(r),
+                                                _mm256_castsi256_pd(_mm256_add_epi64(r, p)),
+                                                _mm256_castsi256_pd(r)));
+}
+
+__attribute__((target("avx2"))) static void order_avx2(int64_t *o, Py_ssize_t K,
+                                                       const uint64_t *mix, const double *mixd,
+                                                       Py_ssize_t n, const EngramHasher *e,
+                                                       Py_ssize_t at) {
     for (Py_ssize_t h = 0; h < e->H; h += 4) {
-        const __m256i pv = _mm256_loadu_si256((const __m256i *)(p + h));
-        const __m256d qd = _mm256_round_pd(_mm256_mul_pd(xd, _mm256_loadu_pd(inv + h)),
-                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        const __m256i q = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(qd, two52)), two52_bits);
-        const __m256i cross =
-            _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(q, 32), pv),
-                             _mm256_mul_epu32(q, _mm256_srli_epi64(pv, 32)));
-        const __m256i qp = _mm256_add_epi64(_mm256_mul_epu32(q, pv), _mm256_slli_epi64(cross, 32));
-        const __m256i r = _mm256_sub_epi64(x, qp); /* in [-p, p) */
-        const __m256i s = _mm256_castpd_si256(_mm256_blendv_pd(
-            _mm256_castsi256_pd(r), _mm256_castsi256_pd(_mm256_add_epi64(r, pv)),
-            _mm256_castsi256_pd(r))); /* r + p where r's sign bit is set */
+        const __m256i p = _mm256_loadu_si256((const __m256i *)(e->primes + at + h));
+        const __m256i p_hi = _mm256_srli_epi64(p, 32);
+        const __m256d inv = _mm256_loadu_pd(e->inv + at + h);
         const Py_ssize_t left = e->H - h;
         if (left >= 4) {
-            _mm256_storeu_si256((__m256i *)(o + h), s);
+            for (Py_ssize_t i = 0; i < n; i++) {
+                _mm256_storeu_si256((__m256i *)(o + i * K + h), mod4(mix + i, mixd + i, p, p_hi, inv));
+            }
         } else {
-            const __m256i lanes = _mm256_set_epi64x(3, 2, 1, 0);
-            _mm256_maskstore_epi64((long long *)(o + h),
-                                   _mm256_cmpgt_epi64(_mm256_set1_epi64x(left), lanes), s);
+            const __m256i lanes = _mm256_cmpgt_epi64(_mm256_set1_epi64x(left),
+                                                     _mm256_set_epi64x(3, 2, 1, 0));
+            for (Py_ssize_t i = 0; i < n; i++) {
+                _mm256_maskstore_epi64((long long *)(o + i * K + h), lanes,
+                                       mod4(mix + i, mixd + i, p, p_hi, inv));
+            }
         }
     }
 }
 
-__attribute__((target("avx512f,avx512dq"))) static void order_avx512(int64_t *o, uint64_t mix,
-                                                                     const EngramHasher *e,
-                                                                     Py_ssize_t at) {
-    const uint64_t *p = e->primes + at;
-    const double *inv = e->inv + at;
-    const __m512i x = _mm512_set1_epi64((long long)mix);
-    const __m512d xd = _mm512_set1_pd((double)(int64_t)mix);
+__attribute__((target("avx512f,avx512dq"))) static inline __m512i mod8(const uint64_t *mix,
+                                                                       const double *mixd,
+                                                                       __m512i p, __m512d inv) {
+    const __m512i q = _mm512_cvt_roundpd_epi64(_mm512_mul_pd(_mm512_set1_pd(*mixd), inv),
+                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512i r = _mm512_sub_epi64(_mm512_set1_epi64((long long)*mix),
+                                       _mm512_mullo_epi64(q, p)); /* in [-p, p) */
+    return _mm512_min_epu64(r, _mm512_add_epi64(r, p));          /* r + p where r < 0 */
+}
+
+__attribute__((target("avx512f,avx512dq"))) static void order_avx512(
+    int64_t *o, Py_ssize_t K, const uint64_t *mix, const double *mixd, Py_ssize_t n,
+    const EngramHasher *e, Py_ssize_t at) {
     for (Py_ssize_t h = 0; h < e->H; h += 8) {
-        const __m512i pv = _mm512_loadu_si512(p + h);
-        const __m512i q = _mm512_cvt_roundpd_epi64(_mm512_mul_pd(xd, _mm512_loadu_pd(inv + h)),
-                                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m512i r = _mm512_sub_epi64(x, _mm512_mullo_epi64(q, pv)); /* in [-p, p) */
-        r = _mm512_min_epu64(r, _mm512_add_epi64(r, pv));            /* r + p where r < 0 */
+        const __m512i p = _mm512_loadu_si512(e->primes + at + h);
+        const __m512d inv = _mm512_loadu_pd(e->inv + at + h);
         const Py_ssize_t left = e->H - h;
         if (left >= 8) {
-            _mm512_storeu_si512(o + h, r);
+            for (Py_ssize_t i = 0; i < n; i++) {
+                _mm512_storeu_si512(o + i * K + h, mod8(mix + i, mixd + i, p, inv));
+            }
         } else {
-            _mm512_mask_storeu_epi64(o + h, (__mmask8)((1u << left) - 1), r);
+            const __mmask8 lanes = (__mmask8)((1u << left) - 1);
+            for (Py_ssize_t i = 0; i < n; i++) {
+                _mm512_mask_storeu_epi64(o + i * K + h, lanes, mod8(mix + i, mixd + i, p, inv));
+            }
         }
     }
 }
+
+static const OrderFn eh_order[EH_PATHS] = {order_scalar, order_avx2, order_avx512};
+#else
+static const OrderFn eh_order[EH_PATHS] = {order_scalar, NULL, NULL};
 #endif
 
-/* The positions of one part: each block's compressed ids (and its look-back: the tokens
- * before it, else the context's last, else pad), then each position's mixes, layer by layer,
- * and `order` over each order's heads. Inlined into one function a path, so that `order` is
- * a direct call compiled for that path's target. */
-static inline __attribute__((always_inline)) void eh_positions(const EngramJob *j,
-                                                               OrderFn order) {
+/* x[k][i] = the compressed token k back from position pos + i, for the n positions from
+ * pos (which may span sequences: decode's one token each): its own sequence's token, else
+ * its context's last, else pad. Within one sequence past the look-back, each token is looked
+ * up once (x[k] points into one window); else each position's N tokens are looked up. */
+static void eh_lookback(const EngramJob *j, Py_ssize_t pos, Py_ssize_t n,
+                        uint64_t win[MAXN + EH_BLOCK], uint64_t each[MAXN][EH_BLOCK],
+                        const uint64_t *x[MAXN]) {
     const EngramHasher *e = j->e;
-    const Py_ssize_t N = e->N, H = e->H, HP = e->HP, K = e->K, T = j->T, C = j->C;
-    const Py_ssize_t look = N - 1, layer_stride = j->B * T * K;
-    uint64_t xc[MAXN + EH_BLOCK];
-    Py_ssize_t b = j->p0 / T, t = j->p0 % T;
-    for (Py_ssize_t pos = j->p0; pos < j->p1; t = 0, b++) { /* one sequence a pass */
+    const Py_ssize_t N = e->N, T = j->T, C = j->C, look = N - 1;
+    Py_ssize_t b = pos / T, t = pos % T;
+    if (t >= look && t + n <= T) {
+        const int64_t *row = j->tok + pos - look;
+        for (Py_ssize_t i = 0; i < n + look; i++) {
+            win[i] = e->lookup[row[i]];
+        }
+        for (Py_ssize_t k = 0; k < N; k++) {
+            x[k] = win + look - k;
+        }
+        return;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
         const int64_t *row = j->tok + b * T, *ctx = j->ctx ? j->ctx + b * C : NULL;
-        const Py_ssize_t end = t + (j->p1 - pos) < T ? t + (j->p1 - pos) : T;
-        for (; t < end;) { /* one block a pass */
-            const Py_ssize_t n = end - t < EH_BLOCK ? end - t : EH_BLOCK;
-            for (Py_ssize_t i = 0; i < look; i++) { /* xc[i]: the token look - i before t */
-                const Py_ssize_t s = t - look + i;
-                xc[i] = e->lookup[s >= 0 ? row[s] : (C + s >= 0 && ctx) ? ctx[C + s] : j->pad];
-            }
+        for (Py_ssize_t k = 0; k < N; k++) {
+            const Py_ssize_t s = t - k; /* < 0: the context's column C + s, else pad */
+            each[k][i] = e->lookup[s >= 0 ? row[s] : (C + s >= 0 && ctx) ? ctx[C + s] : j->pad];
+        }
+        if (++t == T) {
+            t = 0;
+            b++;
+        }
+    }
+    for (Py_ssize_t k = 0; k < N; k++) {
+        x[k] = each[k];
+    }
+}
+
+/* The positions of one part, a block at a time: their compressed tokens (eh_lookback), then
+ * layer by layer, every order's mixes over the block and the path's reduction over each
+ * order's heads. */
+static void *eh_positions(void *arg) {
+    const EngramJob *j = arg;
+    const EngramHasher *e = j->e;
+    const OrderFn order = eh_order[e->path];
+    const Py_ssize_t N = e->N, H = e->H, HP = e->HP, K = e->K, look = N - 1;
+    const Py_ssize_t layer_stride = j->B * j->T * K;
+    uint64_t win[MAXN + EH_BLOCK], each[MAXN][EH_BLOCK], mix[MAXN - 1][EH_BLOCK];
+    double mixd[MAXN - 1][EH_BLOCK];
+    const uint64_t *x[MAXN];
+    for (Py_ssize_t pos = j->p0; pos < j->p1;) {
+        const Py_ssize_t n = j->p1 - pos < EH_BLOCK ? j->p1 - pos : EH_BLOCK;
+        eh_lookback(j, pos, n, win, each, x);
+        for (Py_ssize_t l = 0; l < e->L; l++) {
+            const uint64_t *m = e->mult + l * N;
             for (Py_ssize_t i = 0; i < n; i++) {
-                xc[look + i] = e->lookup[row[t + i]];
-            }
-            for (Py_ssize_t i = 0; i < n; i++) {
-                const uint64_t *x = xc + look + i; /* x[-k]: the token k back */
-                int64_t *o = j->out + (pos + i) * K;
-                for (Py_ssize_t l = 0; l < e->L; l++, o += layer_stride) {
-                    const uint64_t *m = e->mult + l * N;
-                    uint64_t mix = x[0] * m[0];
-                    for (Py_ssize_t k = 1; k < N; k++) { /* order k + 1 */
-                        mix ^= x[-k] * m[k];
-                        order(o + (k - 1) * H, mix, e, (l * look + k - 1) * HP);
-                    }
+                uint64_t acc = x[0][i] * m[0];
+                for (Py_ssize_t k = 1; k < N; k++) { /* order k + 1 */
+                    acc ^= x[k][i] * m[k];
+                    mix[k - 1][i] = acc;
+                    mixd[k - 1][i] = (double)(int64_t)acc;
                 }
             }
-            t += n;
-            pos += n;
+            int64_t *o = j->out + l * layer_stride + pos * K;
+            for (Py_ssize_t k = 0; k < look; k++) {
+                order(o + k * H, K, mix[k], mixd[k], n, e, (l * look + k) * HP);
+            }
         }
+        pos += n;
     }
-}
-
-static void *run_scalar(void *arg) {
-    eh_positions(arg, order_scalar);
     return NULL;
 }
-
-#if EH_X86
-__attribute__((target("avx2"))) static void *run_avx2(void *arg) {
-    eh_positions(arg, order_avx2);
-    return NULL;
-}
-
-__attribute__((target("avx512f,avx512dq"))) static void *run_avx512(void *arg) {
-    eh_positions(arg, order_avx512);
-    return NULL;
-}
-
-static void *(*const eh_run[EH_PATHS])(void *) = {run_scalar, run_avx2, run_avx512};
-#else
-static void *(*const eh_run[EH_PATHS])(void *) = {run_scalar, NULL, NULL};
-#endif
 
 /* Whether this CPU (and its OS's saved state) runs `path`. */
 static int eh_cpu_has(int path) {
@@ -491,7 +530,7 @@ static PyObject *hasher_hash(EngramHasher *self, PyObject *args) {
     }
     if (positions > 0) {
         Py_BEGIN_ALLOW_THREADS
-        rc_pool_parallel(P, eh_run[self->path], (char *)job, sizeof job[0]);
+        rc_pool_parallel(P, eh_positions, (char *)job, sizeof job[0]);
         Py_END_ALLOW_THREADS
     }
     rc_buf_release(b, 3);

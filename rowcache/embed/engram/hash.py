@@ -110,6 +110,8 @@ class EngramHash:
         self.multipliers = layer_multipliers(config, len(vocab))
         self.primes = head_primes(config)
         self.pad = int(vocab.lookup[config.pad_id])
+        self._n_layers, self._heads = len(config.layer_ids), config.heads_per_layer
+        self._pad_id = config.pad_id  # a decode step's call reads these, not the properties
         # the native hasher holds the vocabulary, multipliers and primes from here on
         self._native: Any = None
         if host.native is not None:
@@ -166,50 +168,33 @@ class EngramHash:
                     f"context has {c.shape[0]} rows and tokens {t.shape[0]}: one per sequence"
                 )
         B, T = t.shape
-        out = self._out(out, (len(self.layer_ids), B, T, self.config.heads_per_layer))
+        shape = (self._n_layers, B, T, self._heads)
+        out = np.empty(shape, dtype=np.int64) if out is None else _checked_out(out, shape)
         if B and T:
-            try:
-                self._hash_into(t, c, out)
-            except _OutsideVocabulary:
-                raise self._name_bad_token(tokens, context) from None
+            native = self._native if host.native is not None else None
+            if native is not None:
+                try:
+                    native.hash(t, B, c, self._pad_id, out, host.HOST_THREADS)
+                except ValueError as e:  # a token outside the vocabulary: the one check a call
+                    if "outside the vocabulary" not in str(e):
+                        raise
+                    raise self._name_bad_token(tokens, context) from None
+            elif not self._reference_into(t, c, out):
+                raise self._name_bad_token(tokens, context)
         return dict(zip(self.layer_ids, out))
 
-    def _out(self, out: Any, shape: tuple[int, int, int, int]) -> np.ndarray:
-        """``out`` checked to be a writable C-contiguous int64 array of ``shape``; a new one
-        if None."""
-        if out is None:
-            return np.empty(shape, dtype=np.int64)
-        if (
-            not isinstance(out, np.ndarray)
-            or out.dtype != np.int64
-            or out.shape != shape
-            or not out.flags.c_contiguous
-            or not out.flags.writeable
-        ):
-            got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
-            raise ConfigError(
-                f"out: give a writable C-contiguous int64 array of shape {shape}, got {got}"
-            )
-        return out
-
-    def _hash_into(self, t: np.ndarray, c: np.ndarray | None, out: np.ndarray) -> None:
-        """Every layer's ids of the int64 ``t`` [B, T] (B, T > 0) after the look-back ``c``
-        into ``out``; _OutsideVocabulary where a token read is outside the vocabulary."""
-        if self._native is not None and host.native is not None:
-            try:
-                self._native.hash(t, t.shape[0], c, self.config.pad_id, out, host.HOST_THREADS)
-            except ValueError as e:  # a token outside the vocabulary: the one check per call
-                if "outside the vocabulary" in str(e):
-                    raise _OutsideVocabulary from None
-                raise
-            return
-        x = self.padded(t, c)  # no compiler at install: the reference, the same ids
+    def _reference_into(self, t: np.ndarray, c: np.ndarray | None, out: np.ndarray) -> bool:
+        """Without the native module (no compiler at install): the ids of ``t`` after ``c``
+        by the reference into ``out``; False, writing nothing, where a token read is outside
+        the vocabulary."""
+        x = self.padded(t, c)
         V = self.vocab.tokenizer_size
         if int(x.min()) < 0 or int(x.max()) >= V:
-            raise _OutsideVocabulary
+            return False
         xc = self.vocab.lookup[x]
         for i, layer in enumerate(self.layer_ids):
             out[i] = hash_reference(xc, self.keep, self.multipliers[layer], self.primes[layer])
+        return True
 
     def _name_bad_token(self, tokens: Any, context: Any) -> ConfigError:
         """The first token outside the tokenizer's ids, named where the caller gave it."""
@@ -244,10 +229,6 @@ class EngramHash:
             c = c[:, max(0, c.shape[1] - keep) :]
             x[:, keep - c.shape[1] : keep] = c
         return x
-
-
-class _OutsideVocabulary(Exception):
-    """A token of a hash call lies outside the vocabulary (named by ``EngramHash.hash``)."""
 
 
 class EngramContext:
@@ -292,6 +273,22 @@ class EngramContext:
             self._kept[:, : keep - T] = self._kept[:, T:]
             self._kept[:, keep - T :] = t
         return ids
+
+
+def _checked_out(out: Any, shape: tuple[int, int, int, int]) -> np.ndarray:
+    """``out`` checked to be a writable C-contiguous int64 array of ``shape``."""
+    if (
+        not isinstance(out, np.ndarray)
+        or out.dtype != _I64
+        or out.shape != shape
+        or not out.flags.c_contiguous
+        or not out.flags.writeable
+    ):
+        got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise ConfigError(
+            f"out: give a writable C-contiguous int64 array of shape {shape}, got {got}"
+        )
+    return out
 
 
 def _as_2d(name: str, value: Any) -> np.ndarray:

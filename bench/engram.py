@@ -13,7 +13,8 @@ largest store the work directory's file system holds (its free space less a marg
 4 GiB, whichever is larger). The series that hold the whole tables must fit too: resident in
 GPU memory (free less 8 GiB) and the pinned copy in host memory (available less 8 GiB). Where
 one does not at the disk's size, the disk's size is kept and that series is skipped, saying
-why (serving from disk is what this bench measures). ``--store-gib G`` asks for G GiB
+why (serving from disk is what this bench measures). ``--workdir`` (default: a temporary
+directory) must be on that disk, not a tmpfs. ``--store-gib G`` asks for G GiB
 (refused, naming the flag, beyond what the disk holds); ``--rows-per-layer N`` for N rows.
 
 The rows are random bfloat16 values made by a counter-based generator
@@ -21,7 +22,8 @@ The rows are random bfloat16 values made by a counter-based generator
 chunk at a time: streamed into ``build_store`` (a ``GeneratedRows`` source, no table-size
 array anywhere) and into the resident and pinned tables (on the GPU, FP8 quantized there by
 ``rowcache.kernels.quantize_fp8``, the store's rule). Before timing, a few steps of every mode
-are looked up through both and compared bit for bit (cached == resident).
+are looked up through the cached memory and each whole-table one and compared bit for bit
+(cached == resident, cached == pinned host).
 
 The arena (``--arena tune``, the default on the GPU): sized by rowcache's own tools from the
 hash alone, as ``rowcache trace``/``profile``/``tune --memory M --reserve R`` would: the bench's
@@ -38,13 +40,15 @@ Series, in one run on the same tokens:
   prefetched at the step's start;
 - ``lookahead`` (prefill): the same, with the next chunk's rows prefetched a step ahead too
   (a prefill chunk's tokens are known before its step; a decode token is not).
-Columns, for each mode: tokens/s of each series and their ratios to resident; ``window_ms``,
+Columns, for each mode (at most ``--max-steps`` steps, the first ``--warm`` of them untimed):
+tokens/s of each series and their ratios to resident (to host where resident is skipped);
+``window_ms``,
 the modelled time before the first Engram layer; ``wait_ms`` the time a cached step still
 waited for reads after it (so the window it would need: window + wait); ``floor_ms`` the
 disk's floor for the step's reads (as many O_DIRECT 4 KiB ``pread`` at random offsets of the
 store's files, 16 threads, in the same run); ``faults/tok`` rows read from the store a token
 (prefetched or faulted; of the heads x layers rows a token looks up), ``fault_rate`` the same
-a row looked up, both over the timed steps, and ``run_fault_rate`` over every step from a
+a row looked up and ``hit_rate`` its complement, over the timed steps, and ``run_fault_rate`` over every step from a
 cold arena (what ``tune`` predicts, printed beside it); ``reads/step`` the 4 KiB reads.
 
     python -m bench.engram --device cuda --config v41 [--store-gib auto|G] [--json]
@@ -740,14 +744,15 @@ def main() -> None:
         base = "resident" if res else "host" if pinned else None
         model = Model(args.device, args.layer_us, args.token_us, args.layers)
         results = []
-        checked = 0
+        checked: dict[str, int] = {}  # values compared bit for bit with cached, by series
         for mode in modes:
             B, T = MODES[mode]
             steps = min(len(text) // (B * T), max(20, args.tokens // (B * T)), args.max_steps)
             toks = text[: steps * B * T].reshape(B, steps * T) if B > 1 else text[: steps * T][None]
-            if base is not None and args.check_steps:
-                checked += check_equal(
-                    h, series[base](), cached_memory(), toks, T, min(args.check_steps, steps)
+            wholes = [n for n in ("resident", "host") if n in series] if args.check_steps else []
+            for whole in wholes:
+                checked[whole] = checked.get(whole, 0) + check_equal(
+                    h, series[whole](), cached_memory(), toks, T, min(args.check_steps, steps)
                 )
             start = int(args.warm * steps)
             timed: dict[str, float] = {}
@@ -782,9 +787,9 @@ def main() -> None:
             row["window_ms"] = layers[0] * (args.layer_us + args.token_us * B * T) / 1e3
             row.update(cols)
             results.append(row)
-        if checked:
+        for compared, n in checked.items():
             log(
-                f"check: cached == {base} bit for bit, {checked:,} values over the modes' first steps"
+                f"check: cached == {compared} bit for bit, {n:,} values over the modes' first steps"
             )
         settings: dict[str, Any] = {
             "config": args.config,

@@ -44,6 +44,18 @@ def test_engram_quick_compares_cached_with_resident_and_sizes_the_arena_by_tune(
     assert la["lookahead tok/s"] > 0 and "lookahead tok/s" not in modes["decode x1"]
 
 
+@pytest.mark.gpu
+def test_engram_quick_on_the_gpu_checks_cached_against_resident_and_pinned_host():
+    proc = run_judge("engram", "--quick", "--device", "cuda", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    log = rep["settings"]["log"]
+    for series in ("resident", "host"):  # the tables made on the GPU, the store from its rows
+        assert any(line.startswith(f"check: cached == {series} bit for bit") for line in log)
+    for r in rep["results"]:
+        assert r["resident tok/s"] > 0 and r["host tok/s"] > 0 and r["cached tok/s"] > 0
+
+
 def test_size_store_takes_the_largest_store_the_disk_holds_less_its_margin():
     s = size_store(
         store_gib="auto", free_disk=100 * GIB, device_free=139 * GIB, host_free=120 * GIB, **V41

@@ -190,9 +190,6 @@ __attribute__((target("avx512f,avx512dq"))) static void order_avx512(
     }
 }
 
-static const OrderFn eh_order[EH_PATHS] = {order_scalar, order_avx2, order_avx512};
-#else
-static const OrderFn eh_order[EH_PATHS] = {order_scalar, NULL, NULL};
 #endif
 
 /* x[k][i] = the compressed token k back from position pos + i, for the n positions from
@@ -232,12 +229,12 @@ static void eh_lookback(const EngramJob *j, Py_ssize_t pos, Py_ssize_t n,
 }
 
 /* The positions of one part, a block at a time: their compressed tokens (eh_lookback), then
- * layer by layer, every order's mixes over the block and the path's reduction over each
- * order's heads. */
-static void *eh_positions(void *arg) {
-    const EngramJob *j = arg;
+ * layer by layer, every order's mixes over the block and `order` over each order's heads.
+ * Inlined into one function a path (below), so that its loops over the block are compiled
+ * for that path's target (vectorized there). */
+static inline __attribute__((always_inline)) void eh_positions(const EngramJob *j,
+                                                               OrderFn order) {
     const EngramHasher *e = j->e;
-    const OrderFn order = eh_order[e->path];
     const Py_ssize_t N = e->N, H = e->H, HP = e->HP, K = e->K, look = N - 1;
     const Py_ssize_t layer_stride = j->B * j->T * K;
     uint64_t win[MAXN + EH_BLOCK], each[MAXN][EH_BLOCK], mix[MAXN - 1][EH_BLOCK];
@@ -248,12 +245,19 @@ static void *eh_positions(void *arg) {
         eh_lookback(j, pos, n, win, each, x);
         for (Py_ssize_t l = 0; l < e->L; l++) {
             const uint64_t *m = e->mult + l * N;
-            for (Py_ssize_t i = 0; i < n; i++) {
-                uint64_t acc = x[0][i] * m[0];
-                for (Py_ssize_t k = 1; k < N; k++) { /* order k + 1 */
-                    acc ^= x[k][i] * m[k];
-                    mix[k - 1][i] = acc;
-                    mixd[k - 1][i] = (double)(int64_t)acc;
+            const uint64_t *x0 = x[0], *x1 = x[1], m0 = m[0], m1 = m[1];
+            for (Py_ssize_t i = 0; i < n; i++) { /* order 2 */
+                mix[0][i] = (x0[i] * m0) ^ (x1[i] * m1);
+            }
+            for (Py_ssize_t k = 2; k < N; k++) { /* order k + 1 */
+                const uint64_t *xk = x[k], mk = m[k];
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    mix[k - 1][i] = mix[k - 2][i] ^ (xk[i] * mk);
+                }
+            }
+            for (Py_ssize_t k = 0; k < look; k++) {
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    mixd[k][i] = (double)(int64_t)mix[k][i];
                 }
             }
             int64_t *o = j->out + l * layer_stride + pos * K;
@@ -263,8 +267,28 @@ static void *eh_positions(void *arg) {
         }
         pos += n;
     }
+}
+
+static void *run_scalar(void *arg) {
+    eh_positions(arg, order_scalar);
     return NULL;
 }
+
+#if EH_X86
+__attribute__((target("avx2"))) static void *run_avx2(void *arg) {
+    eh_positions(arg, order_avx2);
+    return NULL;
+}
+
+__attribute__((target("avx512f,avx512dq"))) static void *run_avx512(void *arg) {
+    eh_positions(arg, order_avx512);
+    return NULL;
+}
+
+static void *(*const eh_run[EH_PATHS])(void *) = {run_scalar, run_avx2, run_avx512};
+#else
+static void *(*const eh_run[EH_PATHS])(void *) = {run_scalar, NULL, NULL};
+#endif
 
 /* Whether this CPU (and its OS's saved state) runs `path`. */
 static int eh_cpu_has(int path) {
@@ -530,7 +554,7 @@ static PyObject *hasher_hash(EngramHasher *self, PyObject *args) {
     }
     if (positions > 0) {
         Py_BEGIN_ALLOW_THREADS
-        rc_pool_parallel(P, eh_positions, (char *)job, sizeof job[0]);
+        rc_pool_parallel(P, eh_run[self->path], (char *)job, sizeof job[0]);
         Py_END_ALLOW_THREADS
     }
     rc_buf_release(b, 3);

@@ -30,10 +30,13 @@
  * order's primes are padded to a multiple of 8 heads in the hasher's tables, so a vector
  * load never reads past them; lanes past H are never stored.
  *
- * A block of positions has its compressed ids looked up before its mixes, so that misses in
- * the vocabulary's table (512 KiB for DeepSeek's) overlap instead of each stalling a
- * position's arithmetic. A large call is split over the step's pool (csrc/pool.c), each
- * thread a run of positions.
+ * The work goes a block of EH_BLOCK positions at a time (a block may span sequences, as a
+ * decode step's one token each does): the block's compressed tokens are looked up first, all
+ * loads independent, so that misses in the vocabulary's table (512 KiB for DeepSeek's)
+ * overlap; then, layer by layer, each order's mixes over the block (loops the path's target
+ * vectorizes), and each order's heads over the block with their primes held in registers,
+ * writing the ids of a position's order as one contiguous run. A large call is split over
+ * the step's pool (csrc/pool.c), each thread a run of positions.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -147,7 +150,8 @@ __attribute__((target("avx2"))) static void order_avx2(int64_t *o, Py_ssize_t K,
         const Py_ssize_t left = e->H - h;
         if (left >= 4) {
             for (Py_ssize_t i = 0; i < n; i++) {
-                _mm256_storeu_si256((__m256i *)(o + i * K + h), mod4(mix + i, mixd + i, p, p_hi, inv));
+                _mm256_storeu_si256((__m256i *)(o + i * K + h),
+                                    mod4(mix + i, mixd + i, p, p_hi, inv));
             }
         } else {
             const __m256i lanes = _mm256_cmpgt_epi64(_mm256_set1_epi64x(left),

@@ -132,3 +132,50 @@ def fmt_cell(v: Any) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     return str(v)
+
+
+# splitmix64's multipliers: a counter-based generator (each value a function of its index)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX = np.uint64(0xBF58476D1CE4E5B9)
+
+
+def random_bf16_rows(xp: Any, key: int, start: int, stop: int, dim: int) -> Any:
+    """Rows ``[start, stop)`` of a ``[rows, dim]`` table of random bfloat16 values, as their
+    uint16 bits (``xp``: numpy or cupy; the same bits from either).
+
+    Counter-based: element ``i = row * dim + column`` is 16 bits of a mix of ``key`` and
+    ``i // 4`` (four values a 64-bit word), so any row range of any table is made alone, in
+    memory bounded by the range, and equals the same rows of a bigger range. Values: a random
+    sign and magnitudes in ``[2**-7, 2)`` (exponents 120..127, random mantissa): finite, never
+    zero nor subnormal, so FP8's per-row scales are never the all-zero case.
+    """
+    if stop < start or dim < 1:
+        raise ValueError(f"rows [{start}, {stop}) of dim {dim}: give start <= stop and dim >= 1")
+    first, last = start * dim, stop * dim
+    words = xp.arange(first // 4, -(-last // 4), dtype=np.uint64)
+    words += np.uint64((key * 0xD1B54A32D192ED03) % (1 << 64))
+    words *= _GOLDEN
+    words ^= words >> np.uint64(29)
+    words *= _MIX
+    words ^= words >> np.uint64(32)
+    bits = words.view(np.uint16)[first % 4 : first % 4 + last - first]
+    bits &= np.uint16(0x83FF)  # sign, the exponent's low 3 bits, the mantissa
+    bits |= np.uint16(0x3C00)  # the exponent's high bits: 120 + (0..7)
+    return bits.reshape(stop - start, dim)
+
+
+def random_bf16_rows_threaded(
+    pool: Any, threads: int, key: int, start: int, stop: int, dim: int
+) -> np.ndarray:
+    """:func:`random_bf16_rows` on the host, its rows split over ``threads`` of ``pool`` (a
+    ``ThreadPoolExecutor``; NumPy's integer ufuncs release the GIL): the same bits."""
+    out = np.empty((stop - start, dim), dtype=np.uint16)
+    step = max(1, -(-(stop - start) // threads))
+
+    def part(a: int) -> None:
+        b = min(stop, a + step)
+        out[a - start : b - start] = random_bf16_rows(np, key, a, b, dim)
+
+    for f in [pool.submit(part, a) for a in range(start, stop, step)]:
+        f.result()
+    return out

@@ -3,10 +3,14 @@
 A judge of issue 40's hash target (about 50 ns a token a layer on one core or better): the
 demo config (2 layers x 16 heads, DeepSeek-V3's compressed vocabulary) and the reported
 V4.1 shape (2 layers x 24 heads), at decode (64 sequences x 1 token) and prefill
-(1 x 2,048 tokens and 8 x 2,048). ``EngramHash.hash`` is timed as a server calls it (the
-look-back padding included, the ids written into its reused ``out=`` buffer), on ``--threads`` host threads (1: one core); the
-reference (``hash_reference``, vectorized NumPy, over the same compressed tokens) in the
-same run. Every result is checked equal to the reference first.
+(1 x 2,048 tokens and 8 x 2,048). ``EngramHash.hash`` is timed as a server calls it (each
+sequence's look-back given as context, the ids written into its reused ``out=`` buffer), on
+``--threads`` host threads (1: one core), with the reduction the CPU runs (``path``: avx512,
+avx2 or scalar, csrc/engram_hash.c) and with the scalar fallback; the reference
+(``hash_reference``, vectorized NumPy, over the same compressed tokens) in the same run.
+``out GB/s`` is the ids' bytes over the native time, beside a NumPy copy of as many bytes
+(``copy GB/s``: the memory's bound on writing them). Every result is checked equal to the
+reference first.
 
     python -m bench.engram_hash [--threads 1] [--repeat 20] [--json]
 """
@@ -62,45 +66,71 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows = []
     for cname, cfg in configs.items():
-        h = EngramHash(cfg, vocab)
+        h = EngramHash(cfg, vocab)  # the CPU's widest path, or ROWCACHE_ENGRAM_HASH's
+        asked = os.environ.get("ROWCACHE_ENGRAM_HASH")
+        os.environ["ROWCACHE_ENGRAM_HASH"] = "scalar"  # read when a hasher is made
+        h_scalar = EngramHash(cfg, vocab)
+        if asked is None:
+            del os.environ["ROWCACHE_ENGRAM_HASH"]
+        else:
+            os.environ["ROWCACHE_ENGRAM_HASH"] = asked
         for sname, (B, T) in SHAPES.items():
             tokens = rng.integers(0, vocab.tokenizer_size, (B, T))
-            xc = vocab.compress(h.padded(tokens))
+            context = rng.integers(0, vocab.tokenizer_size, (B, h.keep))
+            xc = vocab.compress(h.padded(tokens, context))
 
             def reference(h: Any = h, xc: Any = xc, cfg: Any = cfg) -> list[np.ndarray]:
                 return [
                     hash_reference(xc, h.keep, h.multipliers[i], h.primes[i]) for i in cfg.layer_ids
                 ]
 
-            got = h.hash(tokens)
-            for layer, want in zip(cfg.layer_ids, reference()):
-                assert np.array_equal(got[layer], want), (cname, sname)
+            want = reference()
+            for hasher in (h, h_scalar):
+                got = hasher.hash(tokens, context)
+                for layer, ids in zip(cfg.layer_ids, want):
+                    assert np.array_equal(got[layer], ids), (cname, sname, hasher._native.path)
             per = B * T * len(cfg.layer_ids)  # token-layers
             t_ref = best(reference, max(3, args.repeat // 4))
             out = np.empty((len(cfg.layer_ids), B, T, cfg.heads_per_layer), dtype=np.int64)
-            t_nat = best(lambda h=h, t=tokens, out=out: h.hash(t, out=out), args.repeat)
+            times = {}
+            for name, hasher in (("native", h), ("scalar", h_scalar)):
+                times[name] = best(
+                    lambda h=hasher, t=tokens, c=context, out=out: h.hash(t, c, out=out),
+                    args.repeat,
+                )
+            src = np.ones_like(out)
+            t_copy = best(lambda src=src, out=out: np.copyto(out, src), args.repeat)
             rows.append(
                 {
                     "config": cname,
                     "shape": sname,
                     "threads": host.HOST_THREADS,
+                    "path": h._native.path,
                     "reference_ns": t_ref / per * 1e9,
-                    "native_ns": t_nat / per * 1e9,
-                    "speedup": t_ref / t_nat,
+                    "native_ns": times["native"] / per * 1e9,
+                    "scalar_ns": times["scalar"] / per * 1e9,
+                    "speedup": t_ref / times["native"],
+                    "out_GB_s": out.nbytes / times["native"] / 1e9,
+                    "copy_GB_s": out.nbytes / t_copy / 1e9,
                 }
             )
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'config':34} {'shape':15} {'reference':>10} {'native':>10} {'speedup':>8}")
+    print(
+        f"{'config':34} {'shape':15} {'reference':>10} {'native':>10} {'speedup':>8} "
+        f"{'scalar':>9} {'out GB/s':>9} {'copy GB/s':>9}"
+    )
     for r in rows:
         print(
             f"{r['config']:34} {r['shape']:15} {r['reference_ns']:8.1f}ns "
-            f"{r['native_ns']:8.1f}ns {r['speedup']:7.1f}x"
+            f"{r['native_ns']:8.1f}ns {r['speedup']:7.1f}x {r['scalar_ns']:7.1f}ns "
+            f"{r['out_GB_s']:9.1f} {r['copy_GB_s']:9.1f}"
         )
     print(
         f"ns a token a layer (best of {args.repeat}); native: EngramHash.hash on "
-        f"{host.HOST_THREADS} thread(s); target <= 50 ns on one core"
+        f"{host.HOST_THREADS} thread(s), path {rows[0]['path']} (scalar: the fallback); "
+        "target <= 50 ns on one core"
     )
 
 

@@ -279,7 +279,8 @@ def build_store(
         Names are compared as strings: ``{1: a, "1": b}`` is refused.
         A source is a 2-D array ``[rows, dim]`` (``ml_dtypes.bfloat16``, float32 or
         float16), a ``.npy`` path (bf16 may be stored as its uint16 view), or a
-        ``(file.safetensors, tensor_name)`` pair / ``"file.safetensors:tensor_name"``.
+        ``(file.safetensors, tensor_name)`` pair / ``"file.safetensors:tensor_name"``,
+        or a ``rowcache.store.sources.GeneratedRows`` (rows a function makes a chunk at a time).
     dtype : ``"bf16"`` (float sources round to nearest even) or ``"fp8"``
         (quantize on build: per row, scale = amax(|x|)/448 in float32, 1.0 for an
         all-zero row; codes = satfinite E4M3 of ``x / scale``, from the source values).

@@ -1,4 +1,5 @@
-"""Table sources for the builder: in-memory arrays, ``.npy`` files, ``.safetensors`` tensors.
+"""Table sources for the builder: in-memory arrays, ``.npy`` files, ``.safetensors`` tensors,
+generated rows (``GeneratedRows``).
 
 Owns turning what a user hands ``build_store`` into a uniform streaming reader
 (``rows``, ``dim``, ``read(start, stop)``). ``.npy`` and ``.safetensors`` tables are read
@@ -18,7 +19,8 @@ import os
 import stat
 import struct
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
@@ -127,6 +129,62 @@ class Source:
         if block.dtype == np.float16:
             return block.astype(np.float32)
         return block
+
+
+@dataclass(frozen=True)
+class GeneratedRows:
+    """A table that exists nowhere whole: ``make(start, stop)`` returns its rows
+    ``[start, stop)`` as bfloat16 or float32 ``[stop - start, dim]``, a chunk at a time.
+
+    For tables a program computes (``bench/engram.py`` generates tens of GiB of rows, which
+    no array in memory and no file beside the store could hold); the builder streams it as
+    it streams a file. ``make`` must give the same rows for the same range every call.
+    """
+
+    rows: int
+    dim: int
+    make: Callable[[int, int], np.ndarray]
+    dtype: Any = BF16
+
+    def __post_init__(self) -> None:
+        for field in ("rows", "dim"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ConfigError(f"GeneratedRows.{field}={v!r}: give an int >= 1")
+        if np.dtype(self.dtype) not in (BF16, np.float32):
+            raise ConfigError(f"GeneratedRows.dtype={self.dtype!r}; allowed: bfloat16, float32")
+        if not callable(self.make):
+            raise ConfigError(f"GeneratedRows.make={self.make!r}: give a function (start, stop)")
+
+
+class _GeneratedSource(Source):
+    """A :class:`Source` over :class:`GeneratedRows`: each read is a call of its ``make``,
+    checked for shape and dtype (a wrong block is a ``ConfigError`` naming the table)."""
+
+    def __init__(self, name: str, gen: GeneratedRows) -> None:
+        self.name, self.origin = name, f"generated {gen.rows:,} x {gen.dim}"
+        self.dtype = np.dtype(gen.dtype)
+        self.shape = (int(gen.rows), int(gen.dim))
+        self.file, self.offset, self._array, self._fd, self._close = None, 0, None, -1, None
+        self._make = gen.make
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        block = self._make(start, stop)
+        if (
+            not isinstance(block, np.ndarray)
+            or block.dtype != self.dtype
+            or block.shape != (stop - start, self.dim)
+        ):
+            raise ConfigError(
+                f"tables[{self.name!r}]: make({start}, {stop}) returned "
+                f"{getattr(block, 'dtype', type(block).__name__)}"
+                f"{list(getattr(block, 'shape', []))}; expected a numpy "
+                f"{self.dtype}[{stop - start}, {self.dim}]"
+            )
+        return block
+
+    def view(self, start: int, stop: int) -> np.ndarray:
+        return self.read(start, stop)
 
 
 def _file_source(name: str, arr: np.ndarray, path: str, origin: str) -> Source:
@@ -423,6 +481,8 @@ def resolve_source(name: str, src: Any) -> Source:
     """
     if isinstance(src, np.ndarray):
         return Source(name, "array", _as_table_array(src, name, "array"))
+    if isinstance(src, GeneratedRows):
+        return _GeneratedSource(name, src)
     if isinstance(src, str) and split_tensor_source(src) is not None:
         src = split_tensor_source(src)
     if isinstance(src, tuple) and len(src) == 2:
@@ -462,5 +522,5 @@ def resolve_source(name: str, src: Any) -> Source:
         return _file_source(name, arr, path, path)
     raise ConfigError(
         f"tables[{name!r}]: a source of type {type(src).__name__} is not supported; allowed: "
-        "2-D numpy array, .npy path, (file.safetensors, tensor name)"
+        "2-D numpy array, .npy path, (file.safetensors, tensor name), GeneratedRows"
     )

@@ -90,13 +90,134 @@ def test_native_hash_over_threads_equals_one_thread():
     rng = np.random.default_rng(5)
     cfg, vocab = _random_case(rng, 4, 8, 2, 10**8)
     h = EngramHash(cfg, vocab)
-    x = h.padded(rng.integers(0, vocab.tokenizer_size, (3, 5000)))
+    x = rng.integers(0, vocab.tokenizer_size, (3, 5000))
     outs = []
     for threads in (1, 4):
         out = np.empty((2, 3, 5000, cfg.heads_per_layer), dtype=np.int64)
-        h._native.hash(x, 3, 3, out, threads)
+        h._native.hash(x, 3, x[:, :2].copy(), cfg.pad_id, out, threads)
         outs.append(out)
     np.testing.assert_array_equal(*outs)
+
+
+PATHS = ("scalar", "avx2", "avx512")  # csrc/engram_hash.c's reductions
+
+
+def _hash_on(path, cfg, vocab, monkeypatch):
+    """An EngramHash whose native hasher runs ``path`` (ROWCACHE_ENGRAM_HASH, read when the
+    hasher is made); skipped where this machine's CPU lacks it."""
+    if host.native is None:
+        pytest.skip("no native module")
+    monkeypatch.setenv("ROWCACHE_ENGRAM_HASH", path)
+    try:
+        h = EngramHash(cfg, vocab)
+    except ValueError as e:
+        if "this CPU lacks it" in str(e):
+            pytest.skip(f"this CPU has no {path}")
+        raise
+    monkeypatch.delenv("ROWCACHE_ENGRAM_HASH")
+    assert h._native.path == path
+    return h
+
+
+def _assert_hash_equals_reference(h, tokens, context, threads=1):
+    B, T = tokens.shape
+    out = np.empty((len(h.layer_ids), B, T, h.config.heads_per_layer), dtype=np.int64)
+    c = None if context is None else np.ascontiguousarray(context, dtype=np.int64)
+    h._native.hash(tokens, B, c, h.config.pad_id, out, threads)
+    xc = h.vocab.compress(h.padded(tokens, context))
+    for i, layer in enumerate(h.layer_ids):
+        want = hash_reference(xc, h.keep, h.multipliers[layer], h.primes[layer])
+        np.testing.assert_array_equal(out[i], want, err_msg=f"layer {layer}")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(
+    "heads, n, rows, B, T",
+    [
+        (8, 3, 646400, 2, 300),  # the demo's heads; T past one block of 256 positions
+        (1, 2, 2**15, 1, 1),  # one lane of a vector; the smallest prime the vectors take; 1 id
+        (3, 4, 10**6, 3, 5),  # heads below a vector, not a multiple of 4
+        (5, 2, 16_000_000, 1, 257),  # one 4-lane vector and a lane; one 8-lane vector, masked
+        (9, 5, 2**31, 2, 17),  # past 8 heads by one; primes about 2**31
+        (16, 3, 2**32 - 20, 1, 513),  # primes about 2**32, both sides (the AVX2 product's halves)
+        (4, 3, 2**40, 2, 64),  # the largest head EngramConfig allows: primes above 2**40
+    ],
+)
+def test_every_path_equals_the_numpy_spec(path, heads, n, rows, B, T, monkeypatch):
+    """Each reduction the CPU has, bit for bit against hash_reference: vector widths and their
+    masked tails, primes from 2**15 to above 2**40, blocks and single ids, look-back from the
+    context (shorter than, as long as and longer than max_ngram - 1) and from pad."""
+    rng = np.random.default_rng(heads * 1000 + n)
+    V = 5000
+    cfg = EngramConfig(
+        vocab_per_ngram=tuple(rows - 7 * i for i in range(n - 1)),
+        max_ngram=n,
+        n_embed_per_ngram=heads * 2,
+        n_head_per_ngram=heads,
+        layer_ids=(3, 0),
+        pad_id=7,
+    )
+    h = _hash_on(path, cfg, CompressedVocab(np.arange(V)), monkeypatch)
+    assert h.primes[3].min() >= 2**15
+    tokens = rng.integers(0, V, (B, T))
+    for ctx_len in (None, 0, 1, n - 1, n + 3):
+        context = None if ctx_len is None else rng.integers(0, V, (B, ctx_len))
+        _assert_hash_equals_reference(h, tokens, context)
+    _assert_hash_equals_reference(h, tokens, None, threads=4)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_every_path_at_the_mixes_extremes(path, monkeypatch):
+    """Mixes up to 2**63 - 1 (the multipliers at the largest the hasher takes) against the
+    primes nearest each bound the reductions depend on: 2**15 (the vector quotient's error),
+    2**32 (AVX2's 32-bit product halves) and 2**61 - 1 (a prime near the 2**62 cap)."""
+    if host.native is None:
+        pytest.skip("no native module")
+    V = 1 << 12
+    lookup = np.arange(V, dtype=np.int64)
+    top = (2**63 - 1) // V  # x * m < 2**63 for every compressed x < V
+    mult = np.array([[top, top - 2, top // 3]], dtype=np.int64)
+    primes = np.array([[32771, 32779, 4294967291, 4294967311, 2**61 - 1, 2**31 - 1, 65537, 40009]])
+    monkeypatch.setenv("ROWCACHE_ENGRAM_HASH", path)
+    try:
+        hasher = host.native.EngramHasher(lookup, mult, primes, 4)
+    except ValueError as e:
+        if "this CPU lacks it" in str(e):
+            pytest.skip(f"this CPU has no {path}")
+        raise
+    assert hasher.path == path
+    tokens = np.concatenate([np.arange(V), np.arange(V)[::-1], [V - 1] * 5])[None, :]
+    out = np.empty((1, 1, tokens.shape[1], 8), dtype=np.int64)
+    hasher.hash(tokens, 1, None, V - 1, out)
+    x = np.concatenate([[V - 1, V - 1], tokens[0]])[None, :]
+    want = hash_reference(x, 2, mult[0], primes.reshape(2, 4))
+    np.testing.assert_array_equal(out[0], want)
+
+
+def test_path_choice_and_its_refusals(monkeypatch):
+    """Unset: the widest path the CPU has, scalar where a prime is below 2**15; a path asked
+    for that cannot run is refused, naming the variable, the value and what is allowed."""
+    rng = np.random.default_rng(8)
+    cfg, vocab = _random_case(rng, 3, 4, 1, 1000)  # primes below 2**15
+    monkeypatch.delenv("ROWCACHE_ENGRAM_HASH", raising=False)
+    assert EngramHash(cfg, vocab)._native.path == "scalar"
+    big = EngramConfig(vocab_per_ngram=(10**6, 10**6))
+    runs = []
+    for path in PATHS:
+        monkeypatch.setenv("ROWCACHE_ENGRAM_HASH", path)
+        try:
+            runs.append(EngramHash(big, vocab)._native.path)
+        except ValueError as e:
+            assert "this CPU lacks it" in str(e)
+    monkeypatch.delenv("ROWCACHE_ENGRAM_HASH")
+    assert runs[0] == "scalar" and EngramHash(big, vocab)._native.path == runs[-1]
+    monkeypatch.setenv("ROWCACHE_ENGRAM_HASH", "avx2")
+    if "avx2" in runs:
+        with pytest.raises(ValueError, match=r"ROWCACHE_ENGRAM_HASH=avx2, but a prime is \d+"):
+            EngramHash(cfg, vocab)
+    monkeypatch.setenv("ROWCACHE_ENGRAM_HASH", "sse9")
+    with pytest.raises(ValueError, match="sse9: give scalar, avx2 or avx512"):
+        EngramHash(big, vocab)
 
 
 def test_hash_into_a_given_buffer():
@@ -300,7 +421,8 @@ import numpy as np
 from rowcache.kernels import host
 E = host.native.EngramHasher
 lk = np.arange(10, dtype=np.int64); m = np.ones((1, 3), np.int64) * 3
-p = np.full((1, 4), 7, np.int64); x = np.zeros((2, 5), np.int64); o = np.empty((1, 2, 3, 4), np.int64)
+p = np.full((1, 4), 7, np.int64); x = np.zeros((2, 3), np.int64); o = np.empty((1, 2, 3, 4), np.int64)
+c = np.zeros((2, 4), np.int64)
 made = [
   (lk, m, p, 2),                                   # sound
   (lk, m, p, 3),                                   # heads disagree with primes
@@ -312,14 +434,15 @@ made = [
   (lk, np.ones((1, 17), np.int64), np.full((1, 32), 7, np.int64), 2),  # max_ngram 17
 ]
 calls = [
-  (x, 2, 2, o),                                    # sound
-  (x, 3, 2, o),                                    # B does not divide tokens
-  (x, 2, 1, o),                                    # ctx below max_ngram - 1
-  (x, 2, 6, o),                                    # ctx past W
-  (x + 10, 2, 2, o),                               # tokens outside the vocabulary
-  (x - 1, 2, 2, o),                                # negative tokens
-  (x, 2, 2, o[:, :1]),                             # out too small
-  (x, 0, 2, o),                                    # B = 0
+  (x, 2, c, 0, o),                                 # sound
+  (x, 3, c, 0, o),                                 # B does not divide tokens
+  (x, 2, c[:, :1].ravel()[:1], 0, o),              # B does not divide context
+  (x, 2, c, 10, o),                                # pad outside the vocabulary
+  (x + 10, 2, c, 0, o),                            # tokens outside the vocabulary
+  (x - 1, 2, None, 0, o),                          # negative tokens
+  (x, 2, c - 1, 0, o),                             # context read outside the vocabulary
+  (x, 2, c, 0, o[:, :1]),                          # out too small
+  (x, 0, c, 0, o),                                 # B = 0
 ]
 res = []
 for c in made:
@@ -334,7 +457,7 @@ for c in calls:
     except ValueError:
         res.append("ValueError")
 try:
-    E.__new__(E).hash(x, 2, 2, o); res.append("ok")
+    E.__new__(E).hash(x, 2, None, 0, o); res.append("ok")
 except ValueError:
     res.append("ValueError")
 print(",".join(res))
@@ -343,7 +466,7 @@ print(",".join(res))
         pytest.skip("no native module")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().split(",") == (["ok"] + ["ValueError"] * 7) * 2 + ["ValueError"]
+    assert r.stdout.strip().split(",") == ["ok"] + ["ValueError"] * 7 + ["ok"] + ["ValueError"] * 9
 
 
 def test_no_engram_state_leaks_between_hashes():

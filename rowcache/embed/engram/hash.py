@@ -19,6 +19,7 @@ from rowcache.errors import ConfigError
 from rowcache.kernels import host
 
 _PRIME_SEED_STEP = 10007  # each layer's multiplier seed: seed + 10007 * layer
+_I64 = np.dtype(np.int64)
 
 
 def layer_multipliers(config: EngramConfig, vocab_size: int) -> dict[int, np.ndarray]:
@@ -109,6 +110,8 @@ class EngramHash:
         self.multipliers = layer_multipliers(config, len(vocab))
         self.primes = head_primes(config)
         self.pad = int(vocab.lookup[config.pad_id])
+        self._n_layers, self._heads = len(config.layer_ids), config.heads_per_layer
+        self._pad_id = config.pad_id  # a decode step's call reads these, not the properties
         # the native hasher holds the vocabulary, multipliers and primes from here on
         self._native: Any = None
         if host.native is not None:
@@ -156,11 +159,42 @@ class EngramHash:
         {layer_id: int64 [B, T, heads_per_layer]}, each column in its head's own range
         ``[0, primes[layer][order - 2, head])`` (add :meth:`head_offsets` for table rows).
         """
-        x = self.padded(tokens, context)
-        try:
-            return self._hash_padded(x, out)
-        except _OutsideVocabulary:
-            raise self._name_bad_token(tokens, context) from None
+        t = _as_2d("tokens", tokens)
+        c = None
+        if context is not None:
+            c = _as_2d("context", context)
+            if c.shape[0] != t.shape[0]:
+                raise ConfigError(
+                    f"context has {c.shape[0]} rows and tokens {t.shape[0]}: one per sequence"
+                )
+        B, T = t.shape
+        shape = (self._n_layers, B, T, self._heads)
+        out = np.empty(shape, dtype=np.int64) if out is None else _checked_out(out, shape)
+        if B and T:
+            native = self._native if host.native is not None else None
+            if native is not None:
+                try:
+                    native.hash(t, B, c, self._pad_id, out, host.HOST_THREADS)
+                except ValueError as e:  # a token outside the vocabulary: the one check a call
+                    if "outside the vocabulary" not in str(e):
+                        raise
+                    raise self._name_bad_token(tokens, context) from None
+            elif not self._reference_into(t, c, out):
+                raise self._name_bad_token(tokens, context)
+        return dict(zip(self.layer_ids, out))
+
+    def _reference_into(self, t: np.ndarray, c: np.ndarray | None, out: np.ndarray) -> bool:
+        """Without the native module (no compiler at install): the ids of ``t`` after ``c``
+        by the reference into ``out``; False, writing nothing, where a token read is outside
+        the vocabulary."""
+        x = self.padded(t, c)
+        V = self.vocab.tokenizer_size
+        if int(x.min()) < 0 or int(x.max()) >= V:
+            return False
+        xc = self.vocab.lookup[x]
+        for i, layer in enumerate(self.layer_ids):
+            out[i] = hash_reference(xc, self.keep, self.multipliers[layer], self.primes[layer])
+        return True
 
     def _name_bad_token(self, tokens: Any, context: Any) -> ConfigError:
         """The first token outside the tokenizer's ids, named where the caller gave it."""
@@ -180,7 +214,8 @@ class EngramHash:
 
     def padded(self, tokens: Any, context: Any = None) -> np.ndarray:
         """int64 [B, keep + T]: ``tokens`` after ``keep`` columns of look-back (the last of
-        ``context``, the pad id's token before it)."""
+        ``context``, the pad id's token before it): what :func:`hash_reference` reads once
+        compressed (``vocab.compress``). The native hash reads the look-back in place."""
         t = _as_2d("tokens", tokens)
         keep = self.keep
         x = np.full((t.shape[0], keep + t.shape[1]), self.config.pad_id, dtype=np.int64)
@@ -194,44 +229,6 @@ class EngramHash:
             c = c[:, max(0, c.shape[1] - keep) :]
             x[:, keep - c.shape[1] : keep] = c
         return x
-
-    def _hash_padded(self, x: np.ndarray, out: Any = None) -> dict[int, np.ndarray]:
-        B, W = x.shape
-        shape = (len(self.layer_ids), B, W - self.keep, self.config.heads_per_layer)
-        if out is None:
-            out = np.empty(shape, dtype=np.int64)
-        elif (
-            not isinstance(out, np.ndarray)
-            or out.dtype != np.int64
-            or out.shape != shape
-            or not out.flags.c_contiguous
-            or not out.flags.writeable
-        ):
-            got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
-            raise ConfigError(
-                f"out: give a writable C-contiguous int64 array of shape {shape}, got {got}"
-            )
-        if B == 0 or W == self.keep:  # no positions: nothing to hash
-            return {layer: out[i] for i, layer in enumerate(self.layer_ids)}
-        if self._native is not None and host.native is not None:
-            try:
-                self._native.hash(x, B, self.keep, out, host.HOST_THREADS)
-            except ValueError as e:  # a token outside the vocabulary: the one check per call
-                if "outside the vocabulary" in str(e):
-                    raise _OutsideVocabulary from None
-                raise
-        else:  # no compiler at install: the reference, the same ids
-            V = self.vocab.tokenizer_size
-            if x.size and (int(x.min()) < 0 or int(x.max()) >= V):
-                raise _OutsideVocabulary
-            xc = self.vocab.lookup[x]
-            for i, layer in enumerate(self.layer_ids):
-                out[i] = hash_reference(xc, self.keep, self.multipliers[layer], self.primes[layer])
-        return {layer: out[i] for i, layer in enumerate(self.layer_ids)}
-
-
-class _OutsideVocabulary(Exception):
-    """A token of a hash call lies outside the vocabulary (named by ``EngramHash.hash``)."""
 
 
 class EngramContext:
@@ -269,12 +266,41 @@ class EngramContext:
         if t.shape[0] != self.batch:
             raise ConfigError(f"tokens has {t.shape[0]} rows; this context holds {self.batch}")
         ids = self.hash.hash(t, self._kept)
-        x = np.concatenate([self._kept, t], axis=1)
-        self._kept = np.ascontiguousarray(x[:, x.shape[1] - self.hash.keep :])
+        keep, T = self.hash.keep, t.shape[1]
+        if T >= keep:
+            self._kept = t[:, T - keep :].copy()
+        else:  # fewer tokens than the look-back: shift them in (NumPy copes with the overlap)
+            self._kept[:, : keep - T] = self._kept[:, T:]
+            self._kept[:, keep - T :] = t
         return ids
 
 
+def _checked_out(out: Any, shape: tuple[int, int, int, int]) -> np.ndarray:
+    """``out`` checked to be a writable C-contiguous int64 array of ``shape``."""
+    if (
+        not isinstance(out, np.ndarray)
+        or out.dtype != _I64
+        or out.shape != shape
+        or not out.flags.c_contiguous
+        or not out.flags.writeable
+    ):
+        got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise ConfigError(
+            f"out: give a writable C-contiguous int64 array of shape {shape}, got {got}"
+        )
+    return out
+
+
 def _as_2d(name: str, value: Any) -> np.ndarray:
+    """``value`` as C-contiguous int64 [B, T] (1-D: one sequence); ConfigError naming ``name``
+    where it is not integer token ids."""
+    if (
+        type(value) is np.ndarray
+        and value.dtype == _I64
+        and value.ndim == 2
+        and value.flags.c_contiguous
+    ):  # a server's own array: taken as it is (a decode step's call costs microseconds)
+        return value
     a = np.asarray(value)
     if a.size == 0 and a.dtype.kind == "f":  # [] or [[]]: no tokens, not float ones
         a = a.astype(np.int64)

@@ -110,7 +110,7 @@ def _hash_on(path, cfg, vocab, monkeypatch):
     monkeypatch.setenv("ROWCACHE_ENGRAM_HASH", path)
     try:
         h = EngramHash(cfg, vocab)
-    except ValueError as e:
+    except ConfigError as e:
         if "this CPU lacks it" in str(e):
             pytest.skip(f"this CPU has no {path}")
         raise
@@ -207,16 +207,16 @@ def test_path_choice_and_its_refusals(monkeypatch):
         monkeypatch.setenv("ROWCACHE_ENGRAM_HASH", path)
         try:
             runs.append(EngramHash(big, vocab)._native.path)
-        except ValueError as e:
-            assert "this CPU lacks it" in str(e)
+        except ConfigError as e:
+            assert str(e) == f"ROWCACHE_ENGRAM_HASH={path}, but this CPU lacks it"
     monkeypatch.delenv("ROWCACHE_ENGRAM_HASH")
     assert runs[0] == "scalar" and EngramHash(big, vocab)._native.path == runs[-1]
     monkeypatch.setenv("ROWCACHE_ENGRAM_HASH", "avx2")
     if "avx2" in runs:
-        with pytest.raises(ValueError, match=r"ROWCACHE_ENGRAM_HASH=avx2, but a prime is \d+"):
+        with pytest.raises(ConfigError, match=r"ROWCACHE_ENGRAM_HASH=avx2, but a prime is \d+"):
             EngramHash(cfg, vocab)
     monkeypatch.setenv("ROWCACHE_ENGRAM_HASH", "sse9")
-    with pytest.raises(ValueError, match="sse9: give scalar, avx2 or avx512"):
+    with pytest.raises(ConfigError, match="sse9: give scalar, avx2 or avx512"):
         EngramHash(big, vocab)
 
 

@@ -538,14 +538,17 @@ static PyObject *hasher_hash(EngramHasher *self, PyObject *args) {
     }
     Py_ssize_t at = eh_first_outside(tok, n_tok, self->V);
     const Py_ssize_t read = C < self->N - 1 ? C : self->N - 1; /* context columns read */
-    for (Py_ssize_t i = 0; at < 0 && T > 0 && i < B; i++) {
-        const Py_ssize_t k = eh_first_outside(ctx + i * C + C - read, read, self->V);
+    /* all of them (a decode step's kept look-back): one pass; else a row at a time */
+    const Py_ssize_t rows = read == C ? 1 : B, span = read == C ? B * C : read;
+    for (Py_ssize_t i = 0; at < 0 && T > 0 && i < rows; i++) {
+        const Py_ssize_t k = eh_first_outside(ctx + i * C + C - read, span, self->V);
         if (k >= 0) {
-            long long v = (long long)ctx[i * C + C - read + k];
+            const Py_ssize_t ci = i * C + C - read + k; /* its index in ctx */
+            long long v = (long long)ctx[ci];
             rc_buf_release(b, 3);
             PyErr_Format(PyExc_ValueError,
                          "engram_hash: context[%zd, %zd] = %lld is outside the vocabulary [0, %zd)",
-                         i, C - read + k, v, self->V);
+                         ci / C, ci % C, v, self->V);
             return NULL;
         }
     }

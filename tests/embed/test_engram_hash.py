@@ -469,6 +469,29 @@ print(",".join(res))
     assert r.stdout.strip().split(",") == ["ok"] + ["ValueError"] * 7 + ["ok"] + ["ValueError"] * 9
 
 
+def test_native_hash_names_the_token_outside_the_vocabulary():
+    """Where the native call is used directly: the token read, in tokens or in the context's
+    columns read (all of a context as long as the look-back; its last columns of a longer one;
+    columns not read are not checked)."""
+    if host.native is None:
+        pytest.skip("no native module")
+    hasher = host.native.EngramHasher(np.arange(10), np.full((1, 3), 3), np.full((1, 4), 7), 2)
+    x, o = np.zeros((2, 3), np.int64), np.empty((1, 2, 3, 4), np.int64)
+    cases = [
+        ([[0, 0], [0, 10]], r"context\[1, 1\] = 10 is outside the vocabulary \[0, 10\)"),
+        ([[0, 0, 0], [0, -1, 0]], r"context\[1, 1\] = -1 is outside"),
+        ([[0, 0, 0], [-1, 0, 0]], None),  # column 0 is not read: max_ngram - 1 = 2 are
+    ]
+    for c, match in cases:
+        if match is None:
+            hasher.hash(x, 2, np.array(c), 0, o)
+            continue
+        with pytest.raises(ValueError, match=match):
+            hasher.hash(x, 2, np.array(c), 0, o)
+    with pytest.raises(ValueError, match=r"tokens\[1, 2\] = 12 is outside"):
+        hasher.hash(np.array([[0, 0, 0], [0, 0, 12]]), 2, None, 0, o)
+
+
 def test_no_engram_state_leaks_between_hashes():
     rng = np.random.default_rng(9)
     cfg, vocab = _random_case(rng, 3, 2, 1, 1000)

@@ -200,6 +200,13 @@ __attribute__((target("avx512f,avx512dq"))) static void order_avx512(
  * pos (which may span sequences: decode's one token each): its own sequence's token, else
  * its context's last, else pad. Within one sequence past the look-back, each token is looked
  * up once (x[k] points into one window); else each position's N tokens are looked up. */
+/* The compressed id of token `tok`. The call checked every token with the GIL held; the
+ * caller's arrays are read in place with it released, so a token another thread changed
+ * since reads id 0 instead of outside the table. */
+static inline uint64_t eh_compress(const EngramHasher *e, int64_t tok) {
+    return e->lookup[(uint64_t)tok < (uint64_t)e->V ? tok : 0];
+}
+
 static void eh_lookback(const EngramJob *j, Py_ssize_t pos, Py_ssize_t n,
                         uint64_t win[MAXN + EH_BLOCK], uint64_t each[MAXN][EH_BLOCK],
                         const uint64_t *x[MAXN]) {
@@ -209,7 +216,7 @@ static void eh_lookback(const EngramJob *j, Py_ssize_t pos, Py_ssize_t n,
     if (t >= look && t + n <= T) {
         const int64_t *row = j->tok + pos - look;
         for (Py_ssize_t i = 0; i < n + look; i++) {
-            win[i] = e->lookup[row[i]];
+            win[i] = eh_compress(e, row[i]);
         }
         for (Py_ssize_t k = 0; k < N; k++) {
             x[k] = win + look - k;
@@ -220,7 +227,8 @@ static void eh_lookback(const EngramJob *j, Py_ssize_t pos, Py_ssize_t n,
         const int64_t *row = j->tok + b * T, *ctx = j->ctx ? j->ctx + b * C : NULL;
         for (Py_ssize_t k = 0; k < N; k++) {
             const Py_ssize_t s = t - k; /* < 0: the context's column C + s, else pad */
-            each[k][i] = e->lookup[s >= 0 ? row[s] : (C + s >= 0 && ctx) ? ctx[C + s] : j->pad];
+            const int64_t tok = s >= 0 ? row[s] : (C + s >= 0 && ctx) ? ctx[C + s] : j->pad;
+            each[k][i] = eh_compress(e, tok);
         }
         if (++t == T) {
             t = 0;
@@ -530,14 +538,17 @@ static PyObject *hasher_hash(EngramHasher *self, PyObject *args) {
     }
     Py_ssize_t at = eh_first_outside(tok, n_tok, self->V);
     const Py_ssize_t read = C < self->N - 1 ? C : self->N - 1; /* context columns read */
-    for (Py_ssize_t i = 0; at < 0 && T > 0 && i < B; i++) {
-        const Py_ssize_t k = eh_first_outside(ctx + i * C + C - read, read, self->V);
+    /* all of them (a decode step's kept look-back): one pass; else a row at a time */
+    const Py_ssize_t rows = read == C ? 1 : B, span = read == C ? B * C : read;
+    for (Py_ssize_t i = 0; at < 0 && T > 0 && i < rows; i++) {
+        const Py_ssize_t k = eh_first_outside(ctx + i * C + C - read, span, self->V);
         if (k >= 0) {
-            long long v = (long long)ctx[i * C + C - read + k];
+            const Py_ssize_t ci = i * C + C - read + k; /* its index in ctx */
+            long long v = (long long)ctx[ci];
             rc_buf_release(b, 3);
             PyErr_Format(PyExc_ValueError,
                          "engram_hash: context[%zd, %zd] = %lld is outside the vocabulary [0, %zd)",
-                         i, C - read + k, v, self->V);
+                         ci / C, ci % C, v, self->V);
             return NULL;
         }
     }

@@ -110,7 +110,7 @@ def _hash_on(path, cfg, vocab, monkeypatch):
     monkeypatch.setenv("ROWCACHE_ENGRAM_HASH", path)
     try:
         h = EngramHash(cfg, vocab)
-    except ValueError as e:
+    except ConfigError as e:
         if "this CPU lacks it" in str(e):
             pytest.skip(f"this CPU has no {path}")
         raise
@@ -207,16 +207,16 @@ def test_path_choice_and_its_refusals(monkeypatch):
         monkeypatch.setenv("ROWCACHE_ENGRAM_HASH", path)
         try:
             runs.append(EngramHash(big, vocab)._native.path)
-        except ValueError as e:
-            assert "this CPU lacks it" in str(e)
+        except ConfigError as e:
+            assert str(e) == f"ROWCACHE_ENGRAM_HASH={path}, but this CPU lacks it"
     monkeypatch.delenv("ROWCACHE_ENGRAM_HASH")
     assert runs[0] == "scalar" and EngramHash(big, vocab)._native.path == runs[-1]
     monkeypatch.setenv("ROWCACHE_ENGRAM_HASH", "avx2")
     if "avx2" in runs:
-        with pytest.raises(ValueError, match=r"ROWCACHE_ENGRAM_HASH=avx2, but a prime is \d+"):
+        with pytest.raises(ConfigError, match=r"ROWCACHE_ENGRAM_HASH=avx2, but a prime is \d+"):
             EngramHash(cfg, vocab)
     monkeypatch.setenv("ROWCACHE_ENGRAM_HASH", "sse9")
-    with pytest.raises(ValueError, match="sse9: give scalar, avx2 or avx512"):
+    with pytest.raises(ConfigError, match="sse9: give scalar, avx2 or avx512"):
         EngramHash(big, vocab)
 
 
@@ -467,6 +467,29 @@ print(",".join(res))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().split(",") == ["ok"] + ["ValueError"] * 7 + ["ok"] + ["ValueError"] * 9
+
+
+def test_native_hash_names_the_token_outside_the_vocabulary():
+    """Where the native call is used directly: the token read, in tokens or in the context's
+    columns read (all of a context as long as the look-back; its last columns of a longer one;
+    columns not read are not checked)."""
+    if host.native is None:
+        pytest.skip("no native module")
+    hasher = host.native.EngramHasher(np.arange(10), np.full((1, 3), 3), np.full((1, 4), 7), 2)
+    x, o = np.zeros((2, 3), np.int64), np.empty((1, 2, 3, 4), np.int64)
+    cases = [
+        ([[0, 0], [0, 10]], r"context\[1, 1\] = 10 is outside the vocabulary \[0, 10\)"),
+        ([[0, 0, 0], [0, -1, 0]], r"context\[1, 1\] = -1 is outside"),
+        ([[0, 0, 0], [-1, 0, 0]], None),  # column 0 is not read: max_ngram - 1 = 2 are
+    ]
+    for c, match in cases:
+        if match is None:
+            hasher.hash(x, 2, np.array(c), 0, o)
+            continue
+        with pytest.raises(ValueError, match=match):
+            hasher.hash(x, 2, np.array(c), 0, o)
+    with pytest.raises(ValueError, match=r"tokens\[1, 2\] = 12 is outside"):
+        hasher.hash(np.array([[0, 0, 0], [0, 0, 12]]), 2, None, 0, o)
 
 
 def test_no_engram_state_leaks_between_hashes():

@@ -20,6 +20,7 @@ from rowcache.kernels import host
 
 _PRIME_SEED_STEP = 10007  # each layer's multiplier seed: seed + 10007 * layer
 _I64 = np.dtype(np.int64)
+_PATH_ENV = "ROWCACHE_ENGRAM_HASH"  # read by the native hasher: avx512, avx2 or scalar
 
 
 def layer_multipliers(config: EngramConfig, vocab_size: int) -> dict[int, np.ndarray]:
@@ -112,15 +113,21 @@ class EngramHash:
         self.pad = int(vocab.lookup[config.pad_id])
         self._n_layers, self._heads = len(config.layer_ids), config.heads_per_layer
         self._pad_id = config.pad_id  # a decode step's call reads these, not the properties
-        # the native hasher holds the vocabulary, multipliers and primes from here on
+        # the native hasher holds the vocabulary, multipliers and primes from here on; it
+        # takes the widest reduction the CPU runs (its .path), or ROWCACHE_ENGRAM_HASH's
         self._native: Any = None
         if host.native is not None:
-            self._native = host.native.EngramHasher(
-                vocab.lookup,
-                np.stack([self.multipliers[i] for i in self.layer_ids]),
-                np.stack([self.primes[i].reshape(-1) for i in self.layer_ids]),
-                config.n_head_per_ngram,
-            )
+            try:
+                self._native = host.native.EngramHasher(
+                    vocab.lookup,
+                    np.stack([self.multipliers[i] for i in self.layer_ids]),
+                    np.stack([self.primes[i].reshape(-1) for i in self.layer_ids]),
+                    config.n_head_per_ngram,
+                )
+            except ValueError as e:  # a path asked for that cannot run
+                if _PATH_ENV not in str(e):
+                    raise
+                raise ConfigError(str(e).removeprefix("EngramHasher: ")) from None
 
     @property
     def keep(self) -> int:

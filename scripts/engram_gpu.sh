@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One device call for Engram (issue 40): the GPU tests of the cache, the embeddings and the
+# judges, the host hash's speed (bench.engram_hash, one thread, the CPU's path and the
+# scalar fallback), then the judge bench.engram at the largest store the disk holds, arena by
+# tune. Stages (STAGES, default all) run under `timeout`, bounded by DEADLINE_S; reports and
+# logs under $OUT. Usage (repo root, .whl carried):
+#   STAGES="tests hash engram" ENGRAM_ARGS="--config v41" bash scripts/engram_gpu.sh
+set -u
+T0=$(date +%s)
+DEADLINE_S=${DEADLINE_S:-560}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+STAGES=${STAGES:-"tests hash engram"}
+left() { echo $(( DEADLINE_S - ($(date +%s) - T0) )); }
+lim() { local l; l=$(( $(left) - 5 )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+python3 setup.py -q build_ext --inplace 2>&1 | grep -i " error" | head -5
+if has tests; then
+  echo "=== GPU tests: cache, embed, bench (t=$(( $(date +%s) - T0 ))s)"
+  timeout "$(lim 200)" python3 -m pytest -m gpu tests/cache tests/embed tests/bench -p no:cacheprovider 2>&1 \
+    | tee "$OUT/gpu-tests.log" | grep -E "passed|failed|FAILED|Error" | tail -15
+fi
+if has hash; then
+  echo "=== bench.engram_hash, one thread (t=$(( $(date +%s) - T0 ))s)"
+  timeout "$(lim 90)" python3 -m bench.engram_hash --threads 1 --repeat 20 2>&1 | tee "$OUT/engram-hash.txt" | tail -12
+fi
+if has engram; then
+  echo "=== bench.engram ${ENGRAM_ARGS:-} (t=$(( $(date +%s) - T0 ))s)"
+  df -h /tmp | tail -1; free -g | head -2
+  timeout "$(lim 420)" python3 -m bench.engram --device cuda ${ENGRAM_ARGS:-} --json \
+    > "$OUT/engram.json" 2> "$OUT/engram.log"
+  echo "engram rc=$?"; tail -5 "$OUT/engram.log"
+  python3 - "$OUT/engram.json" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+    sys.exit(f"no report: {e}")
+for line in d.get("settings", {}).get("log", []):
+    print(line)
+for r in d.get("results", []):
+    print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
+PY
+fi
+echo "=== done (t=$(( $(date +%s) - T0 ))s)"

@@ -729,9 +729,14 @@ def main() -> None:
         arena.update(arena_slots=slots, arena_bytes=slots * record)
         log(f"arena: {slots:,} rows, {_gib(slots * record)}, shared by the layers")
 
+        said: list[str] = []
+
         def cached_memory() -> Any:
             names = [f"engram.{layer}" for layer in layers]
             cache = NgramRowCache(store, names, slots=slots, device=args.device)
+            if not said:  # the host row map the cache chose (rowcache.cache.row_map)
+                said.append(cache.row_map_kind)
+                log(f"row map: {cache.row_map_kind}, {_gib(cache.overhead_bytes()['row_map'])}")
             return EngramMemory(h, {layer: CachedTable(cache, i) for i, layer in enumerate(layers)})
 
         series: dict[str, Callable[[], Any]] = {}

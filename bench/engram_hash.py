@@ -66,7 +66,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows = []
     for cname, cfg in configs.items():
-        h = EngramHash(cfg, vocab)  # the CPU's widest path, or ROWCACHE_ENGRAM_HASH's
+        h = EngramHash(cfg, vocab)  # AVX2 where the CPU has it, or ROWCACHE_ENGRAM_HASH's
         asked = os.environ.get("ROWCACHE_ENGRAM_HASH")
         os.environ["ROWCACHE_ENGRAM_HASH"] = "scalar"  # read when a hasher is made
         h_scalar = EngramHash(cfg, vocab)

@@ -24,8 +24,13 @@
  *             the % operator), any prime: where neither vector path runs, or a prime is
  *             below 2**15.
  * The extension is built for baseline x86-64 (no -march): the vector paths are compiled
- * per function (target attributes) and chosen by __builtin_cpu_supports at run time, the
- * widest the CPU has. ROWCACHE_ENGRAM_HASH=scalar|avx2|avx512, read when a hasher is made,
+ * per function (target attributes) and chosen by __builtin_cpu_supports at run time: AVX2
+ * where the CPU has it, not AVX-512. On the H200 machine's Xeon the AVX-512 path was the
+ * fastest at prefill (7.5 against 12.4 ns a token a layer) but the slowest at decode (57
+ * against 37 at the V4.1 shape, a call too short for it), and the process's other code ran
+ * up to 1.6x slower beside it (the core's clock drops while it runs 512-bit work): a server's
+ * host thread pays that at every step. AVX2 meets the ~50 ns target at every shape there.
+ * ROWCACHE_ENGRAM_HASH=scalar|avx2|avx512, read when a hasher is made,
  * forces one (the tests and bench/engram_hash.py compare each with the reference). Each
  * order's primes are padded to a multiple of 8 heads in the hasher's tables, so a vector
  * load never reads past them; lanes past H are never stored.
@@ -316,15 +321,16 @@ static int eh_cpu_has(int path) {
     return path == EH_SCALAR;
 }
 
-/* The path a hasher whose smallest prime is `low` takes: ROWCACHE_ENGRAM_HASH's, else the
- * widest this CPU runs; -1 with a ValueError set where the one asked for cannot run. */
+/* The path a hasher whose smallest prime is `low` takes: ROWCACHE_ENGRAM_HASH's, else AVX2
+ * where this CPU runs it (AVX-512 only when asked: the header says why), else scalar; -1
+ * with a ValueError set where the one asked for cannot run. */
 static int eh_choose_path(uint64_t low) {
     const char *want = getenv(EH_ENV);
     if (want == NULL || want[0] == '\0') {
         if (low < EH_VECTOR_MIN_PRIME) {
             return EH_SCALAR;
         }
-        return eh_cpu_has(EH_AVX512) ? EH_AVX512 : eh_cpu_has(EH_AVX2) ? EH_AVX2 : EH_SCALAR;
+        return eh_cpu_has(EH_AVX2) ? EH_AVX2 : EH_SCALAR;
     }
     for (int path = 0; path < EH_PATHS; path++) {
         if (strcmp(want, eh_path_name[path]) != 0) {

@@ -114,7 +114,8 @@ class EngramHash:
         self._n_layers, self._heads = len(config.layer_ids), config.heads_per_layer
         self._pad_id = config.pad_id  # a decode step's call reads these, not the properties
         # the native hasher holds the vocabulary, multipliers and primes from here on; it
-        # takes the widest reduction the CPU runs (its .path), or ROWCACHE_ENGRAM_HASH's
+        # takes AVX2 where the CPU runs it (its .path; AVX-512 only when asked), or the
+        # path ROWCACHE_ENGRAM_HASH names
         self._native: Any = None
         if host.native is not None:
             try:

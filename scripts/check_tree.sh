@@ -6,18 +6,10 @@
 # bounded by what is left of DEADLINE_S; logs under $OUT. Usage (repo root, .whl carried):
 #   A_DIR=.ab-a STAGES="tests sanitizer fault demo engram" bash scripts/check_tree.sh
 set -u
-T0=$(date +%s)
-DEADLINE_S=${DEADLINE_S:-570}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STAGES=${STAGES:-"tests sanitizer fault embed demo engram"}
-left() { echo $(( DEADLINE_S - ($(date +%s) - T0) )); }
-lim() { local l; l=$(( $(left) - 10 )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-python3 setup.py -q build_ext --inplace 2>&1 | grep -i " error" | head -5
+source "$(dirname "$0")/stages.sh"
 A=${A_DIR:-}
 [ -n "$A" ] && (cd "$A" && python3 setup.py -q build_ext --inplace >/dev/null 2>&1)
-has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 if has tests; then
   echo "=== GPU suite (t=$(( $(date +%s) - T0 ))s)"
   timeout "$(lim 300)" python3 -m pytest -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "passed|failed|FAILED|Error" | tail -25

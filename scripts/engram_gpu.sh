@@ -6,16 +6,8 @@
 # logs under $OUT. Usage (repo root, .whl carried):
 #   STAGES="tests hash engram" ENGRAM_ARGS="--config v41" bash scripts/engram_gpu.sh
 set -u
-T0=$(date +%s)
-DEADLINE_S=${DEADLINE_S:-560}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STAGES=${STAGES:-"tests hash engram"}
-left() { echo $(( DEADLINE_S - ($(date +%s) - T0) )); }
-lim() { local l; l=$(( $(left) - 5 )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
-has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-python3 setup.py -q build_ext --inplace 2>&1 | grep -i " error" | head -5
+source "$(dirname "$0")/stages.sh"
 if has tests; then
   echo "=== GPU tests: cache, embed, bench (t=$(( $(date +%s) - T0 ))s)"
   timeout "$(lim 200)" python3 -m pytest -m gpu tests/cache tests/embed tests/bench -p no:cacheprovider 2>&1 \

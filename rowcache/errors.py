@@ -42,12 +42,19 @@ class StoreChangedError(CorruptDataError):
     from it; a handle never mixes two stores: open the path again."""
 
 
+class RankFailedError(RowCacheError):
+    """A rank of a ``torch.distributed`` group failed a step of
+    ``rowcache.embed.ShardedNgramEmbedding`` (that rank raised its own error); the step's
+    output is invalid on every rank."""
+
+
 __all__ = [
     "ArenaExhaustedError",
     "ConfigError",
     "CorruptDataError",
     "FormatError",
     "GpuUnavailableError",
+    "RankFailedError",
     "RowCacheError",
     "RowRangeError",
     "StoreChangedError",

@@ -82,7 +82,11 @@ def __getattr__(name: str) -> object:
         from rowcache.embed.torch.engram import TorchEngramMemory
 
         return TorchEngramMemory
-    if name in ("ShardedNgramEmbedding", "ShardPlacement", "RankFailedError"):  # torch.distributed
+    if name == "RankFailedError":  # (rowcache.errors: importable without torch)
+        from rowcache.errors import RankFailedError
+
+        return RankFailedError
+    if name in ("ShardedNgramEmbedding", "ShardPlacement"):  # torch.distributed
         from rowcache.embed import sharded
 
         return getattr(sharded, name)

@@ -28,7 +28,7 @@ from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.step.inputs import RowsInPlace
 from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
-from rowcache.errors import ConfigError, RowCacheError
+from rowcache.errors import ConfigError, RankFailedError
 from rowcache.kernels.gemm import gemm_bf16_f32, scale_sum
 from rowcache.kernels.loader import is_device_array, require_cupy
 from rowcache.kernels.reference import BF16
@@ -174,11 +174,6 @@ class _Piece:
         self.split = piece.rows != full
         # the piece's table is addressed by local id (its own rows) or global id (whole)
         self.offset = piece.lo if table.rows == piece.rows else 0
-
-
-class RankFailedError(RowCacheError):
-    """A rank of the group failed a step of :class:`ShardedNgramEmbedding` (it raised its
-    own error); the step's output is invalid on every rank."""
 
 
 class ShardedNgramEmbedding:

@@ -88,7 +88,7 @@ def main() -> None:
             for hasher in (h, h_scalar):
                 got = hasher.hash(tokens, context)
                 for layer, ids in zip(cfg.layer_ids, want):
-                    assert np.array_equal(got[layer], ids), (cname, sname, hasher._native.path)
+                    assert np.array_equal(got[layer], ids), (cname, sname, hasher.path)
             per = B * T * len(cfg.layer_ids)  # token-layers
             t_ref = best(reference, max(3, args.repeat // 4))
             out = np.empty((len(cfg.layer_ids), B, T, cfg.heads_per_layer), dtype=np.int64)
@@ -105,7 +105,7 @@ def main() -> None:
                     "config": cname,
                     "shape": sname,
                     "threads": host.HOST_THREADS,
-                    "path": h._native.path,
+                    "path": h.path,
                     "reference_ns": t_ref / per * 1e9,
                     "native_ns": times["native"] / per * 1e9,
                     "scalar_ns": times["scalar"] / per * 1e9,

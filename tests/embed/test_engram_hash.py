@@ -115,7 +115,7 @@ def _hash_on(path, cfg, vocab, monkeypatch):
             pytest.skip(f"this CPU has no {path}")
         raise
     monkeypatch.delenv("ROWCACHE_ENGRAM_HASH")
-    assert h._native.path == path
+    assert h.path == path
     return h
 
 
@@ -201,18 +201,18 @@ def test_path_choice_and_its_refusals(monkeypatch):
     rng = np.random.default_rng(8)
     cfg, vocab = _random_case(rng, 3, 4, 1, 1000)  # primes below 2**15
     monkeypatch.delenv("ROWCACHE_ENGRAM_HASH", raising=False)
-    assert EngramHash(cfg, vocab)._native.path == "scalar"
+    assert EngramHash(cfg, vocab).path == "scalar"
     big = EngramConfig(vocab_per_ngram=(10**6, 10**6))
     runs = []
     for path in PATHS:
         monkeypatch.setenv("ROWCACHE_ENGRAM_HASH", path)
         try:
-            runs.append(EngramHash(big, vocab)._native.path)
+            runs.append(EngramHash(big, vocab).path)
         except ConfigError as e:
             assert str(e) == f"ROWCACHE_ENGRAM_HASH={path}, but this CPU lacks it"
     monkeypatch.delenv("ROWCACHE_ENGRAM_HASH")
     default = "avx2" if "avx2" in runs else "scalar"
-    assert runs[0] == "scalar" and EngramHash(big, vocab)._native.path == default
+    assert runs[0] == "scalar" and EngramHash(big, vocab).path == default
     monkeypatch.setenv("ROWCACHE_ENGRAM_HASH", "avx2")
     if "avx2" in runs:
         with pytest.raises(ConfigError, match=r"ROWCACHE_ENGRAM_HASH=avx2, but a prime is \d+"):

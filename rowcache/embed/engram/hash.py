@@ -131,6 +131,13 @@ class EngramHash:
                 raise ConfigError(str(e).removeprefix("EngramHasher: ")) from None
 
     @property
+    def path(self) -> str:
+        """The reduction the hash runs: ``"avx2"`` (the default where the CPU has it),
+        ``"avx512"`` (asked by ``ROWCACHE_ENGRAM_HASH``), ``"scalar"`` (the native fallback),
+        or ``"reference"`` (no native module: the NumPy statement)."""
+        return str(self._native.path) if self._native is not None else "reference"
+
+    @property
     def keep(self) -> int:
         """Tokens of look-back a position needs: ``max_ngram - 1``."""
         return self.config.max_ngram - 1

@@ -124,3 +124,47 @@ def test_lru_touch_refuses_keys_that_are_not_row_ids():
         * 2
     ), out
     assert lines[2] == "untouched 0 0", out
+
+
+def test_row_hash_refuses_junk_arguments_with_one_line_errors():
+    """RowHash (csrc/row_map.c) given wrong item sizes, strided or read-only buffers, lengths
+    that differ, ids far outside its rows, and an LruState given a map of the wrong rows:
+    ValueError or TypeError each time, the map unchanged, never a signal."""
+    out = run_child(
+        """
+        import numpy as np
+        from rowcache.kernels.host import native
+
+        h = native.RowHash(1000, 64)
+        h.set(np.arange(10, dtype=np.int64), np.arange(10, dtype=np.int32))
+        ro = np.arange(4, dtype=np.int32); ro.flags.writeable = False
+        cases = [
+            lambda: h.get(np.arange(4, dtype=np.int32), np.empty(4, np.int32)),
+            lambda: h.get(np.arange(8, dtype=np.int64)[::2], np.empty(4, np.int32)),
+            lambda: h.get(np.arange(4, dtype=np.int64), ro),
+            lambda: h.get(np.arange(4, dtype=np.int64), np.empty(3, np.int32)),
+            lambda: h.get(np.array([2**40, -2**40], np.int64), np.empty(2, np.int32)),
+            lambda: h.set(np.arange(3, dtype=np.int64), np.arange(2, dtype=np.int32)),
+            lambda: h.set(np.array([2**31 + 5], np.int64), np.zeros(1, np.int32)),
+            lambda: h.set(np.arange(100, 200, dtype=np.int64), np.arange(100, dtype=np.int32)),
+            lambda: h.unset(np.array([1000], np.int64)),
+            lambda: h.fill(np.empty(999, np.int32)),
+            lambda: h.get("not a buffer", None),
+            lambda: native.LruState(h, np.full(8, -1, np.int32), np.zeros(8, np.uint8),
+                                    np.zeros(8, np.int64), np.zeros(16, np.int32),
+                                    np.zeros(8, np.int32), np.array([0, 999], np.int64),
+                                    np.zeros(1, np.int64)),
+        ]
+        for k, case in enumerate(cases):
+            try:
+                case()
+                print(k, "accepted")
+            except (ValueError, TypeError) as e:
+                assert "\\n" not in str(e), str(e)
+                print(k, "refused")
+        print("count", h.count, "check", h.check())
+        """
+    )
+    lines = out.splitlines()
+    assert lines[:12] == [f"{k} refused" for k in range(12)], out
+    assert lines[12] == "count 10 check []", out

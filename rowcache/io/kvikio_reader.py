@@ -9,12 +9,17 @@ device memory bounce through the host one at a time (docs/platform.md: 15-18k/s)
 while reads into host memory scale with kvikio's thread pool. With GDS present
 kvikio uses it. kvikio needs the CUDA driver even for host buffers, so this reader
 exists only on GPU machines.
+
+kvikio opens files by path. So that it reads the file the store's checks opened, and never
+what a path names later (a link, a FIFO, a file renamed over the shard), each shard is
+opened by ``ShardFiles.fd`` (relative to the store's directory, ``O_NOFOLLOW``, a regular
+file) and kvikio is handed that descriptor's ``/proc/self/fd/N``, which opens the same
+file whatever its path holds now.
 """
 
 from __future__ import annotations
 
 import errno
-import os
 from typing import Any
 
 import numpy as np
@@ -83,10 +88,8 @@ class KvikioEngine(PythonEngine):
     def _cufile(self, t: int, s: int) -> Any:
         f = self._cufiles.get((t, s))
         if f is None:
-            path = os.path.join(self.files.root, self.files.shard_files[t][s])
-            if not os.path.exists(path):
-                raise self.files.missing_shard(t, s)
-            f = self._kvikio.CuFile(path, "r")
+            fd = self.files.fd(t, s)  # checked, and named as the shard in its errors
+            f = self._kvikio.CuFile(f"/proc/self/fd/{fd}", "r")
             self._cufiles[(t, s)] = f
         return f
 

@@ -402,6 +402,35 @@ def test_kvikio_reader_follows_the_plan_and_checks_pages(tmp_path):
         kv.read_parts([(0, np.array([1]))])
 
 
+@pytest.mark.gpu
+def test_kvikio_reader_reads_the_file_it_opened_not_what_the_path_names_later(tmp_path):
+    """A shard renamed over after its first read: kvikio reads the file the checks opened
+    (its descriptor), as the other engines do; a shard replaced by a FIFO before its first
+    read is refused, named, and never opened by kvikio (which would block)."""
+    pytest.importorskip("kvikio")
+    from rowcache.io.kvikio_reader import KvikioRowReader
+
+    store, _ = fresh_store(tmp_path)
+    kv = KvikioRowReader(store.path, store.tables, shard_files(store), page_crcs=store_crcs(store))
+    parts = [(0, np.arange(0, 2000, 7))]
+    want = expected_records(store, parts)
+    np.testing.assert_array_equal(kv.read_parts(parts)[0], want)
+    rec = store.shards[0][0]
+    path = os.path.join(store.path, rec.file)
+    other = path + ".other"
+    with open(path, "rb") as f:
+        junk = bytes(b ^ 0xFF for b in f.read())
+    with open(other, "wb") as f:
+        f.write(junk)
+    os.replace(other, path)
+    np.testing.assert_array_equal(kv.read_parts(parts)[0], want)
+    kv2 = KvikioRowReader(store.path, store.tables, shard_files(store), page_crcs=store_crcs(store))
+    os.remove(path)
+    os.mkfifo(path)
+    with pytest.raises(CorruptDataError, match=rf"{rec.file}.*not a regular file"):
+        kv2.read_parts(parts)
+
+
 def test_read_records_misuse_is_a_named_config_error(tmp_path):
     import ml_dtypes
 

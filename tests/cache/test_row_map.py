@@ -53,7 +53,6 @@ def test_hash_map_equals_a_dict(rows, slots, ops):
     for k, (is_set, raw) in enumerate(ops):
         keys = list(dict.fromkeys(x % rows for x in raw))
         if is_set:
-            keys = [x for x in keys if x in ref or len(ref) < slots][:slots]
             new = [x for x in keys if x not in ref]
             keys = [x for x in keys if x in ref] + new[: slots - len(ref)]
             vals = [(x * 7 + k) % (2**31 - 1) for x in keys]

@@ -48,12 +48,19 @@ class RankFailedError(RowCacheError):
     output is invalid on every rank."""
 
 
+class PendingResolveError(RowCacheError, RuntimeError):
+    """A call on a row cache found a deferred resolve (``resolve(ids, defer=True)``) whose
+    handle was not waited for: the cache never commits it implicitly, its owner calls the
+    handle's ``wait()`` first."""
+
+
 __all__ = [
     "ArenaExhaustedError",
     "ConfigError",
     "CorruptDataError",
     "FormatError",
     "GpuUnavailableError",
+    "PendingResolveError",
     "RankFailedError",
     "RowCacheError",
     "RowRangeError",

@@ -64,6 +64,15 @@ class PartReader:
             return None
         return reader, (rows64, bounds)
 
+    def close(self) -> None:
+        """Close the readers this object made (the sibling for reads apart, a demand reader
+        of its own): their descriptors and threads. The store's own reader stays open."""
+        own = [self._apart] + ([self.reader] if self.reader is not self.store.reader else [])
+        self._apart = None
+        for r in own:
+            if r is not None:
+                r.close()
+
     @property
     def reads_apart_alone(self) -> bool:
         """A reader of its own was made for reads apart (the shared one was busy)."""

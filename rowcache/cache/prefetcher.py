@@ -182,6 +182,20 @@ class Prefetcher:
         if self._pool is not None and self.arena.gpu:
             self._batch_done = self.arena.stream_event()
 
+    def close(self) -> None:
+        """Wait for the pieces in flight, stop the prefetch thread and close the readers
+        made for prefetching (their descriptors); a later prefetch starts them again."""
+        if self.jobs:
+            self.wait_all()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        for bufs in (self._buffers, self._own_buffers):
+            if bufs is not None and bufs.reader is not self.parts.reader:
+                bufs.reader.close()
+        self._buffers = self._own_buffers = None
+        self._batch_done = None
+
     def pause(self) -> None:
         """No piece starts until :meth:`resume`; returns once the pieces being read
         have finished."""

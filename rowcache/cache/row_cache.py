@@ -12,22 +12,26 @@ gather from a resident table. docs/cache.md has the picture, the rules and a glo
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from rowcache.cache.arena import Arena
 from rowcache.cache.config import CacheLayout, Tuning
+from rowcache.cache.deferred import DeferredResolve
 from rowcache.cache.faulter import Faulter
 from rowcache.cache.lru import HIT, MISS, Lru, sorted_unique
 from rowcache.cache.parts import PartReader
-from rowcache.cache.prefetch import PrefetchHandle, PrefetchJob
+from rowcache.cache.prefetch import PrefetchHandle
 from rowcache.cache.prefetcher import Prefetcher
 from rowcache.cache.row_map import make_row_map
 from rowcache.cache.slots import SlotTable
 from rowcache.cache.stats import CacheStats, Counters
-from rowcache.errors import ConfigError
+from rowcache.cache.view import CacheView
+from rowcache.errors import ConfigError, PendingResolveError
 from rowcache.kernels.host import native as _native
 from rowcache.kernels.loader import require_cupy
 from rowcache.store.format import TableInfo
@@ -37,7 +41,7 @@ __all__ = ["CacheStats", "NgramRowCache", "Tuning"]
 
 
 class NgramRowCache:
-    """A row-slot arena with LRU eviction and per-batch pinning over one table.
+    """A row-slot arena with LRU eviction and per-step pinning over one table (or several).
 
     Parameters
     ----------
@@ -64,14 +68,25 @@ class NgramRowCache:
 
     Thread safety: every method takes the cache's lock, so calls from several threads
     never corrupt the maps, pins or stats, and every slot returned to any caller holds its
-    row until ``end_batch``. A batch is shared: one owner decides when it ends (after
-    every gather that uses its slots has been issued).
+    row until :meth:`end_step`. A step is shared: one owner decides when it ends (after
+    every gather that uses its slots has been issued): ``rowcache.cache.StepRows`` for the
+    tables a step reads.
 
     Streams (``device="cuda"``): the cache writes the arena on the CUDA stream current
-    when it was built; gathers on that stream are ordered after the faults, work on other
-    streams must wait on it. Prefetches write on a stream of their own that waits for the
-    cache's stream as it was at the last ``end_batch``; the cache's stream waits for
-    those writes before the rows are used (``poll``, or the ``resolve`` that needs them).
+    when it was built. Gathers wait for :meth:`ready_event` (None where that stream is
+    their own); :meth:`end_step` takes the event after the step's gathers, which the
+    cache's later writes wait for. Prefetches write on a stream of their own that waits
+    for the cache's stream as it was at the last :meth:`end_step`; the cache's stream
+    waits for those writes before the rows are used (:meth:`ready_event`, or the
+    :meth:`resolve` that needs them).
+
+    Resources: :meth:`close` (or a ``with`` block, or garbage collection) stops the
+    prefetch thread and closes the readers the cache made.
+
+    Names of the previous release: ``resolve_host`` and ``end_batch`` are aliases for one
+    release; ``resolve_deferred``, ``settle``, ``poll`` and the inspection members
+    (``slot_table``, ``lru``, ``slot_map``, ``pin_counts``, ``check``, ...) raise a
+    ``TypeError`` (also an ``AttributeError``) that names the call replacing them.
     """
 
     def __init__(
@@ -146,15 +161,30 @@ class NgramRowCache:
         self._faulter = Faulter(self._slots, self._lru, self._arena, reads, self._counters,
                                 self._prefetcher, self.name)  # fmt: skip
         self.table, self.scales = self._arena.table, self._arena.scales
+        self._view = CacheView(self._settled, self._slots, self._lru, self._prefetcher,
+                               self._counters, lambda: self._faulter.pending is not None)  # fmt: skip
+        # a dropped cache releases its readers' descriptors (the finalizer holds no self)
+        self._finalizer = weakref.finalize(self, _release, self._prefetcher, reads)
 
     # -- the order of every call -----------------------------------------------
-    def _catch_up(self) -> None:
-        """Before a call that reads the books: finish the pending deferred fault (join its
-        read, commit; raises its read's error) and the deferred touches."""
+    def _settle_books(self) -> None:
+        """Before a call that reads or changes the books: refuse a deferred resolve not yet
+        waited for (never committed implicitly), finish the deferred touches."""
         if self._faulter.pending is not None:
-            self._faulter.finish_pending()
+            raise PendingResolveError(
+                f"table {self.name!r}: a deferred resolve (resolve(ids, defer=True)) has not "
+                "been waited for; call its handle's wait() first (StepRows.settle() for a step)"
+            )
         if self._lru.touching:
             self._lru.finish_touches()
+
+    @contextmanager
+    def _settled(self) -> Iterator[None]:
+        """The lock held and the books settled (:meth:`_settle_books`): the inspection
+        view's reads."""
+        with self._lock:
+            self._settle_books()
+            yield
 
     def _native_ids(self, row_ids: Any, prefetch_idle: bool | None = None) -> bool:
         """``row_ids`` may take the native hit path: a contiguous int64 NumPy vector, the
@@ -170,101 +200,92 @@ class NgramRowCache:
         )
 
     def _resolve(self, row_ids: Any, device_out: bool, defer: bool) -> Any:
-        with self._lock:
-            native = self._native_ids(row_ids)
-            if native and self._lru.touching and self._faulter.pending is None:
-                found, out = self._lru.hits_queued(row_ids)  # behind the pending touch
-                if found == HIT:
-                    self._faulter.hit()
-                    return out
-                if found == MISS:  # (the touches are finished)
-                    self._prefetcher.start_call()
-                    return self._faulter.fault(row_ids, device_out, defer)
-            self._catch_up()
-            if native and row_ids.size:
-                found, out = self._lru.hits(row_ids)
-                if found == HIT:
-                    self._faulter.hit()
-                    return out
-                if found == MISS:  # (the ids are in range)
-                    self._prefetcher.start_call()
-                    return self._faulter.fault(row_ids, device_out, defer)
-            ids = check_row_ids(row_ids, self.rows)
-            self._prefetcher.start_call()
-            return self._faulter.resolve(ids, device_out, defer)
+        """The resolve under the lock (the caller holds it)."""
+        native = self._native_ids(row_ids)
+        if native and self._lru.touching and self._faulter.pending is None:
+            found, out = self._lru.hits_queued(row_ids)  # behind the pending touch
+            if found == HIT:
+                self._faulter.hit()
+                return out
+            if found == MISS:  # (the touches are finished)
+                self._prefetcher.start_call()
+                return self._faulter.fault(row_ids, device_out, defer)
+        self._settle_books()
+        if native and row_ids.size:
+            found, out = self._lru.hits(row_ids)
+            if found == HIT:
+                self._faulter.hit()
+                return out
+            if found == MISS:  # (the ids are in range)
+                self._prefetcher.start_call()
+                return self._faulter.fault(row_ids, device_out, defer)
+        ids = check_row_ids(row_ids, self.rows)
+        self._prefetcher.start_call()
+        return self._faulter.resolve(ids, device_out, defer)
 
-    # -- the public API ----------------------------------------------------------
-    def resolve(self, row_ids: Any) -> Any:
-        """Slots holding ``row_ids``, faulting missing rows in; pins them until ``end_batch``.
+    def _commit_deferred(self, ids: np.ndarray) -> np.ndarray:
+        """A :class:`DeferredResolve`'s ``wait``: join the pending read, commit it; the
+        slots of ``ids`` (still mapped: no call changes the books while it is pending)."""
+        with self._lock:
+            self._faulter.finish_pending()
+            return self._slots.slots_of(ids).astype(np.int32, copy=False)
+
+    # -- serving ---------------------------------------------------------------
+    def resolve(self, row_ids: Any, *, host: bool = False, defer: bool = False) -> Any:
+        """Slots holding ``row_ids``, faulting missing rows in; pins them until :meth:`end_step`.
 
         Parameters
         ----------
         row_ids : int[n] (numpy, or cupy: copied to the host), any order, duplicates ok.
+        host : on ``device="cuda"``, leave the slots on the host (int32 numpy) for a caller
+            that packs them into its own upload; the faulted rows are written on the cache's
+            stream, so gathers of these slots must wait for :meth:`ready_event`.
+        defer : return at once with a :class:`DeferredResolve` handle while the rows are
+            read on a reader's own thread; on ``device="cuda"`` the cache's stream holds
+            until the read ends, then one launch writes the rows and the device map, so a
+            caller that gathers through :meth:`device_map` in stream order after
+            :meth:`ready_event` reads them. The host's side (pins, LRU order, maps, stats)
+            is committed by the handle's ``wait()``, never by a later call: until then every
+            call but :meth:`end_step`, :meth:`ready_event`, :meth:`stats` and the prefetch
+            pause raises ``PendingResolveError``. A call without reads (or a reader that
+            cannot read apart: the Python and kvikio engines) returns a handle already
+            committed.
 
         Returns
         -------
-        int32[n] slots in input order: numpy for ``device="cpu"``, cupy for ``"cuda"``.
+        int32[n] slots in input order (numpy on the CPU or with ``host``, else cupy), or a
+        :class:`DeferredResolve` with ``defer``.
 
         Raises
         ------
         RowRangeError : an id outside the table (nothing changes).
-        ArenaExhaustedError : the batch needs more slots than are free or unpinned
+        ArenaExhaustedError : the step needs more slots than are free or unpinned
             (nothing changes: maps, pins and stats are as before the call).
-        CorruptDataError : a read failed (nothing is mapped; the cache stays usable).
+        CorruptDataError : a read failed (nothing is mapped; the cache stays usable); with
+            ``defer``, raised by the handle's ``wait()``.
+        PendingResolveError : a deferred resolve's handle was not waited for.
         """
-        cuda = self.device == "cuda"
-        out = self._resolve(row_ids, cuda, False)
+        if defer:
+            with self._lock:
+                out = self._resolve(row_ids, False, True)
+                faults = self._faulter.last_faults
+                if self._faulter.pending is None:
+                    return DeferredResolve.finished(out, faults)
+                ids = np.array(row_ids, dtype=np.int64, copy=True)  # (checked by the call)
+                return DeferredResolve(faults, commit=lambda: self._commit_deferred(ids))
+        cuda = self.device == "cuda" and not host
+        with self._lock:
+            out = self._resolve(row_ids, cuda, False)
         return self._arena.to_device(out) if cuda and type(out) is np.ndarray else out
-
-    def resolve_host(self, row_ids: Any) -> np.ndarray:
-        """:meth:`resolve`, with the slots left on the host: int32[n] (numpy), for callers
-        that pack them into their own upload. On ``device="cuda"`` the faulted rows are
-        written on the cache's stream, so gathers of these slots must be issued on that
-        stream (or wait on it). Pinned until :meth:`end_batch`."""
-        out: np.ndarray = self._resolve(row_ids, False, False)
-        return out
-
-    def resolve_deferred(self, row_ids: Any) -> int:
-        """:meth:`resolve` for a caller that reads the arena only through
-        :meth:`device_map`, in stream order on the cache's stream: on ``device="cuda"`` a
-        call that must read rows returns while they are being read. The read runs on a
-        reader's own thread; the cache's stream holds until it ends, then one launch
-        writes the rows and updates the device map. The host's side (pins, LRU order,
-        maps, stats) is committed by the next call on the cache (:meth:`settle`, or any
-        other but :meth:`poll` and :meth:`end_batch`, which leave it pending: the commit
-        then pins nothing, its batch having ended), which first waits for the read; if the
-        read failed, that call raises its ``CorruptDataError`` and the cache is exactly as
-        before this call (the launch wrote nothing: what the caller computed from these
-        rows is invalid). Returns :attr:`last_faults`. On ``device="cpu"`` the rows are
-        written by that next call. Where the reader cannot read apart (the Python or kvikio
-        engine), and for a call without reads, it is :meth:`resolve_host`. Ids and errors
-        as :meth:`resolve`'s (out-of-range ids and exhaustion raise at this call)."""
-        with self._lock:
-            self._resolve(row_ids, False, True)
-            return self._faulter.last_faults
-
-    def settle(self) -> None:
-        """Commit a :meth:`resolve_deferred` call whose read may still run: wait for the
-        read, then pin, log and map as :meth:`resolve` does; raises the read's error
-        (the cache as before that call). Every other method does this first too, but
-        :meth:`poll` and :meth:`end_batch`."""
-        with self._lock:
-            self._catch_up()
-
-    @property
-    def pending(self) -> bool:
-        """A :meth:`resolve_deferred` call is not yet settled."""
-        return self._faulter.pending is not None
 
     def holds_all(self, row_ids: Any) -> bool:
         """True when a :meth:`resolve` of ``row_ids`` would neither fault, wait nor commit
         a prefetch (its ``last_faults`` would be 0): every row is resident and shown in
         the device map, none belongs to a prefetch not yet committed. Changes nothing (no
-        touch, pin, count or commit); settles a pending deferred fault (may raise). Raises
-        as :meth:`resolve` does for ids outside the table."""
+        touch, pin, count or commit). Raises as :meth:`resolve` does for ids outside the
+        table, and ``PendingResolveError``."""
         with self._lock:
-            if self._faulter.pending is not None:
-                self._faulter.finish_pending()
+            self._settle_books()
             if self._native_ids(row_ids, prefetch_idle=not self._slots.reserved):
                 status = self._lru.all_resident(row_ids)  # (no touch changes a mapping)
                 if status < 2:  # 2: a bad id, raised below
@@ -273,15 +294,21 @@ class NgramRowCache:
 
     @property
     def last_faults(self) -> int:
-        """Rows the latest :meth:`resolve` / :meth:`resolve_host` faulted in, or whose
-        prefetch it waited for or completed, i.e. rows whose :meth:`device_map` entry
-        that call changed (0: every row was resident and mapped before the call)."""
+        """Rows the latest :meth:`resolve` faulted in, or whose prefetch it waited for or
+        completed, i.e. rows whose :meth:`device_map` entry that call changed (0: every row
+        was resident and mapped before the call)."""
         return self._faulter.last_faults
 
-    def end_batch(self) -> None:
-        """Unpin every slot pinned since the last ``end_batch``; the next batch begins. A
-        deferred touch or fault goes on (it pins for its own batch, i.e. not at all now)."""
+    def end_step(self, after: Any = None) -> None:
+        """End the step: unpin every slot pinned since the last :meth:`end_step`; the next
+        step begins. ``after`` (GPU): a CUDA event recorded after the step's last gather
+        (on the caller's stream); the cache's later writes wait for it, so a fault of the
+        next step never overwrites a row still being read (``StepRows.end_step`` passes
+        it). A deferred touch goes on, and a deferred resolve not yet waited for stays
+        pending (its commit then pins nothing, its step having ended)."""
         with self._lock:
+            if after is not None and self._arena.gpu:
+                self._arena.stream.wait_event(after)
             if self._prefetcher.jobs and self._faulter.pending is None:
                 self._lru.finish_touches()  # (a deferred fault may claim landed pieces'
                 self._prefetcher.reap()  # rows: they are reaped after its commit)
@@ -289,12 +316,29 @@ class NgramRowCache:
             self._prefetcher.end_batch()
             self._counters.batches += 1
 
+    def ready_event(self) -> Any:
+        """GPU: commit the prefetches whose reads have finished (their rows appear in
+        :meth:`device_map`) and return an event recorded on the stream the cache writes
+        the arena on, after every write so far; gathers that wait for it read every row a
+        resolve returned. None on the CPU (every write is done when its call returns) and
+        where that stream is the caller's current stream (stream order suffices)."""
+        with self._lock:
+            if self._prefetcher.jobs and self._faulter.pending is None:
+                self._lru.finish_touches()
+                self._prefetcher.reap()
+            if not self._arena.gpu:
+                return None
+            stream = self._arena.stream
+            if stream.ptr == self._arena.xp.cuda.get_current_stream().ptr:
+                return None
+            return self._arena.stream_event()
+
     def prefetch(self, row_ids: Any) -> PrefetchHandle:
         """Start reading the rows of a coming step; never blocks on I/O.
 
         ``row_ids`` as :meth:`resolve`'s. At this call the rows are touched most recently
         used and left unpinned; missing rows take the least recently used unpinned slots
-        (never one the current batch holds), and rows beyond the free or unpinned slots
+        (never one the current step holds), and rows beyond the free or unpinned slots
         are dropped (``handle.dropped``): a prefetch never raises
         ``ArenaExhaustedError``. The prefetch thread reads them meanwhile in pieces, in
         call order; a resolve that needs rows in flight reads them itself, and waits for
@@ -306,21 +350,11 @@ class NgramRowCache:
         """
         ids = check_row_ids(row_ids, self.rows)
         with self._lock:
-            self._catch_up()
+            self._settle_books()
             self._prefetcher.reap()
             if ids.size == 0:
                 return PrefetchHandle([], 0, 0)
             return self._prefetcher.prefetch(sorted_unique(ids))
-
-    def poll(self) -> int:
-        """Commit the prefetches whose reads have finished (their rows appear in
-        :meth:`device_map`); returns the rows still in flight. With a
-        :meth:`resolve_deferred` call not yet settled it does nothing."""
-        with self._lock:
-            if self._prefetcher.jobs and self._faulter.pending is None:
-                self._lru.finish_touches()
-                self._prefetcher.reap()
-            return self._slots.reserved
 
     def pause_prefetch(self) -> None:
         """No prefetch piece starts reading until :meth:`resume_prefetch`; returns once
@@ -330,17 +364,6 @@ class NgramRowCache:
     def resume_prefetch(self) -> None:
         """Undo :meth:`pause_prefetch`."""
         self._prefetcher.resume()
-
-    def prefetch_pieces(self) -> list[PrefetchJob]:
-        """The prefetch pieces in flight or not yet reaped (for timelines: their ``rows``,
-        ``started``, ``times``); read-only."""
-        with self._lock:
-            return self._prefetcher.pieces()
-
-    @property
-    def rows_taken(self) -> int:
-        """Rows resolves took over from prefetch pieces not started, since creation."""
-        return self._prefetcher.rows_taken
 
     def device_map(self) -> Any:
         """The row -> slot map on the GPU: cupy int32[rows] (-1: not resident).
@@ -354,48 +377,8 @@ class NgramRowCache:
         if self.device != "cuda":
             raise ConfigError("device_map() needs a cache with device='cuda'")
         with self._lock:
-            self._catch_up()
+            self._settle_books()
             return self._arena.device_map(self._slots)
-
-    @property
-    def stream(self) -> Any:
-        """The CUDA stream the cache writes the arena on (``device="cuda"``), else None."""
-        return self._arena.stream
-
-    def stats(self, reset: bool = False) -> CacheStats:
-        """A snapshot of the counters; ``reset=True`` starts fresh counts."""
-        with self._lock:
-            self._catch_up()
-            if self._prefetcher.jobs:
-                self._prefetcher.reap()
-            snap = self._counters.snapshot()
-            if reset:
-                self._counters.reset()
-            return snap
-
-    def part_misses(self) -> np.ndarray:
-        """int64[len(parts)]: ``stats().misses`` split by the listed table they fell in
-        (since creation or the last ``stats(reset=True)``)."""
-        with self._lock:
-            self._catch_up()
-            return self._counters.part_misses.copy()
-
-    @property
-    def fault_phases(self) -> np.ndarray:
-        """float64[4]: seconds of the demand faults' phases since creation, summed: plan,
-        read, commit (with the CPU's scatter), launch (a copy; a deferred fault's read is
-        the time its join waited)."""
-        return self._counters.phases()
-
-    @property
-    def info(self) -> TableInfo:
-        """The table of a single-table cache (a shared cache has ``parts``)."""
-        if len(self.parts) != 1:
-            raise ConfigError(
-                f"this cache shares its arena among {len(self.parts)} tables ({self.name!r}); "
-                "use cache.parts[k] and cache.row_offsets"
-            )
-        return self.parts[0]
 
     def global_ids(self, part: int, row_ids: Any) -> np.ndarray:
         """Global row ids (``row_offsets[part] + row_ids``) of the ``part``-th listed table."""
@@ -410,31 +393,64 @@ class NgramRowCache:
         ids = check_row_ids(row_ids, self.parts[int(part)].rows)
         return ids + int(self.row_offsets[int(part)])
 
+    def stats(self, reset: bool = False) -> CacheStats:
+        """A snapshot of the counters (a deferred resolve not yet waited for is counted at
+        its ``wait()``); ``reset=True`` starts fresh counts."""
+        with self._lock:
+            if self._lru.touching:
+                self._lru.finish_touches()
+            if self._prefetcher.jobs and self._faulter.pending is None:
+                self._prefetcher.reap()
+            snap = self._counters.snapshot()
+            if reset:
+                self._counters.reset()
+            return snap
+
+    def inspect(self) -> CacheView:
+        """A read-only view of the books (slot table, LRU, maps, pins, checks, prefetch
+        pieces, per-part misses, fault phases, bookkeeping bytes): for checks, tests,
+        benchmarks and timelines."""
+        return self._view
+
+    def close(self) -> None:
+        """Stop the prefetch thread and close the cache's own readers' descriptors (the
+        store's stay open); a deferred resolve not yet waited for is joined first and
+        dropped. Idempotent; also on garbage collection and at the end of a ``with``
+        block. The cache must not be used afterwards."""
+        with self._lock:
+            if self._faulter.pending is not None:
+                try:
+                    self._faulter.finish_pending()
+                except Exception:  # (its read failed: nothing was committed)
+                    pass
+            self._finalizer()
+
+    def __enter__(self) -> NgramRowCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- state -----------------------------------------------------------------
+    @property
+    def stream(self) -> Any:
+        """The CUDA stream the cache writes the arena on (``device="cuda"``), else None."""
+        return self._arena.stream
+
+    @property
+    def info(self) -> TableInfo:
+        """The table of a single-table cache (a shared cache has ``parts``)."""
+        if len(self.parts) != 1:
+            raise ConfigError(
+                f"this cache shares its arena among {len(self.parts)} tables ({self.name!r}); "
+                "use cache.parts[k] and cache.row_offsets"
+            )
+        return self.parts[0]
+
     @property
     def resident(self) -> int:
         """Number of slots holding a row."""
         return self._slots.resident
-
-    def is_resident(self, row_ids: Any) -> np.ndarray:
-        """bool[n]: which of ``row_ids`` (global) are mapped now (being read or not);
-        changes nothing."""
-        ids = check_row_ids(row_ids, self.rows)
-        with self._lock:
-            return self._slots.slots_of(ids) >= 0
-
-    @property
-    def pinned(self) -> int:
-        """Number of slots pinned by the current batch."""
-        with self._lock:
-            self._catch_up()
-            return self._lru.pinned
-
-    def overhead_bytes(self) -> dict[str, int]:
-        """Host bookkeeping bytes: per-slot arrays and the row map (dense: 4 bytes a row;
-        a hash: 16-32 bytes a slot; ``row_map_kind`` says which)."""
-        t, lru = self._slots, self._lru
-        per_slot = sum(a.nbytes for a in (t.slot_row, t.state, lru.last_used, lru.log, lru.log_pos))
-        return {"per_slot_arrays": per_slot, "row_map": t.row_map.nbytes}
 
     @property
     def row_map_kind(self) -> str:
@@ -442,42 +458,56 @@ class NgramRowCache:
         (``rowcache.cache.row_map``)."""
         return self._slots.row_map.kind
 
-    def slot_map(self) -> tuple[np.ndarray, np.ndarray]:
-        """Copies of ``(row -> slot [rows], slot_row [slots])`` (-1 = unmapped), for checks
-        (dense: 4 bytes a row, whatever the map's kind)."""
-        with self._lock:
-            self._catch_up()
-            if self._prefetcher.jobs:
-                self._prefetcher.reap()
-            return self._slots.row_map.to_dense().copy(), self._slots.slot_row.copy()
+    # -- names of the previous release: aliases for one release ----------------
+    def resolve_host(self, row_ids: Any) -> np.ndarray:
+        """Deprecated alias of ``resolve(row_ids, host=True)``, kept for one release."""
+        out: np.ndarray = self.resolve(row_ids, host=True)
+        return out
 
-    def pin_counts(self) -> np.ndarray:
-        """int32[slots]: 1 for each slot pinned by the current batch (however many of
-        the batch's resolves used it), else 0."""
-        with self._lock:
-            self._catch_up()
-            return self._lru.pin_mask().astype(np.int32)
+    def end_batch(self) -> None:
+        """Deprecated alias of :meth:`end_step` (no ``after``), kept for one release."""
+        self.end_step()
 
-    @property
-    def slot_table(self) -> SlotTable:
-        """The slot table (row -> slot, slot -> row, states; ``check()``), for checks:
-        read it, never write it."""
-        return self._slots
-
-    @property
-    def lru(self) -> Lru:
-        """The LRU (recency, pins, the log; ``check()``), for checks: read it, never write it."""
-        return self._lru
-
-    def check(self) -> list[str]:
-        """Every broken invariant of the slot table and the LRU (after settling), one
-        sentence each; empty when sound."""
-        with self._lock:
-            self._catch_up()
-            return self._slots.check() + self._lru.check()
+    def __getattr__(self, name: str) -> Any:
+        moved = _MOVED.get(name)
+        if moved is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise MovedError(f"NgramRowCache.{name} was removed: {moved}")
 
     def __repr__(self) -> str:
         return (
             f"NgramRowCache(table={self.name!r}, slots={self.num_slots}, device={self.device!r}, "
             f"arena={self.arena_kind!r}, reader={self.reader_kind!r}, resident={self.resident})"
         )
+
+
+def _release(prefetcher: Prefetcher, reads: PartReader) -> None:
+    """What a closed or collected cache lets go: the prefetch thread and the readers it made."""
+    prefetcher.close()
+    reads.close()
+
+
+class MovedError(AttributeError, TypeError):
+    """A member of ``NgramRowCache`` that this release removed; the message names the call
+    that replaces it (an ``AttributeError`` too, so ``hasattr`` answers False)."""
+
+
+_MOVED = {
+    "resolve_deferred": "call resolve(row_ids, defer=True), which returns a DeferredResolve "
+    "handle committed by its wait() (never by a later call)",
+    "settle": "call the DeferredResolve handle's wait() (StepRows.settle() for a step)",
+    "poll": "call ready_event(), which also commits the finished prefetches",
+    "pending": "read cache.inspect().pending",
+    "slot_table": "read cache.inspect().slot_table",
+    "lru": "read cache.inspect().lru",
+    "slot_map": "call cache.inspect().slot_map()",
+    "pin_counts": "call cache.inspect().pin_counts()",
+    "check": "call cache.inspect().check()",
+    "is_resident": "call cache.inspect().is_resident(ids)",
+    "prefetch_pieces": "call cache.inspect().prefetch_pieces()",
+    "part_misses": "call cache.inspect().part_misses()",
+    "fault_phases": "read cache.inspect().fault_phases",
+    "rows_taken": "read cache.inspect().rows_taken",
+    "pinned": "read cache.inspect().pinned",
+    "overhead_bytes": "call cache.inspect().overhead_bytes()",
+}

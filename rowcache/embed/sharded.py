@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from rowcache.cache.prefetch import PrefetchHandle
+from rowcache.cache.step_rows import StepRows
 from rowcache.embed.layer_inputs import stack_projs
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.ngram.dims import NgramDims
@@ -301,11 +302,11 @@ class ShardedNgramEmbedding:
         )
         self._own = np.array(own, dtype=np.int64)
         self.defer_reads = bool(defer_reads) and gpu
-        cached = [p.table for p in self._pieces if isinstance(p.table, CachedTable)]
-        if isinstance(self.word, CachedTable):
-            cached.append(self.word)
-        self._caches = list({id(t.cache): t.cache for t in cached}.values())
-        self._maps = {id(c): c.device_map() for c in self._caches} if self.defer_reads else {}
+        # a step's tables: the pieces', then the word table; the cached ones are the
+        # members of the step's rows over their caches
+        every = [p.table for p in self._pieces] + ([self.word] if self.word is not None else [])
+        self._cached = [k for k, t in enumerate(every) if isinstance(t, CachedTable)]
+        self._rows = StepRows([(every[k].cache, every[k].part) for k in self._cached])
         self._flag: Any = None  # the last step's failure flag (a device scalar on the GPU)
         return stacked
 
@@ -417,7 +418,7 @@ class ShardedNgramEmbedding:
     @property
     def caches(self) -> list[Any]:
         """This rank's distinct row caches."""
-        return list(self._caches)
+        return self._rows.caches
 
     def resident_bytes(self) -> int:
         """Bytes this rank holds: its resident tables, its caches' arenas (once each), its
@@ -470,14 +471,7 @@ class ShardedNgramEmbedding:
         others' outputs of that step are invalid too, which their callers learn from
         this rank's). Then raises ``RankFailedError`` when a rank failed the last step
         (the GPU's flag, read here). A no-op otherwise."""
-        first: BaseException | None = None
-        for c in self._caches:
-            try:
-                c.settle()
-            except BaseException as e:
-                first = first or e
-        if first is not None:
-            raise first
+        self._rows.settle()
         self._check_flag(wait=True)
 
     # --- the step ---------------------------------------------------------------------------
@@ -509,40 +503,33 @@ class ShardedNgramEmbedding:
         return res
 
     def _prefetch(self, batch: NgramBatch) -> PrefetchHandle:
-        handles = []
-        for p, ids, _ in self._piece_ids(batch):
-            t = p.table
-            if isinstance(t, CachedTable) and ids.size:
-                handles.append(t.cache.prefetch(ids + t.offset))
-        return PrefetchHandle.merge(handles) if handles else PrefetchHandle([], 0, 0)
+        if not self._rows or batch.n == 0:
+            return PrefetchHandle([], 0, 0)
+        none = np.empty(0, dtype=np.int64)
+        ids = [ids for _, ids, _ in self._piece_ids(batch)] + [none]  # (the word table's
+        return self._rows.prefetch([ids[k] for k in self._cached])  # rows are not prefetched)
 
     def _resolve(self, wanted: list[tuple[Any, np.ndarray]]) -> list[Any]:
         """Arena slots of every cached table's rows of the step (``wanted``: (table, host
-        ids) pairs; None for a resident table): ONE resolve per cache (the ids of its parts
-        concatenated as global ids), so a shared cache faults its misses in one read, and
-        a deferred read (``defer_reads``) is not waited for by a second call. On the GPU
-        the current stream then waits for the cache's stream (its faults' writes)."""
+        ids) pairs; None for a resident table): ONE resolve per cache (``StepRows``), so a
+        shared cache faults its misses in one read; with ``defer_reads`` the slots are read
+        from the device maps, in stream order after the reads. The current stream then
+        waits for the caches' writes."""
         xp = self._xp
         slots: list[Any] = [None] * len(wanted)
-        by_cache: dict[int, list[int]] = {}
-        for k, (t, _) in enumerate(wanted):
-            if isinstance(t, CachedTable):
-                by_cache.setdefault(id(t.cache), []).append(k)
-        for ks in by_cache.values():
-            cache = wanted[ks[0]][0].cache
-            gids = np.concatenate([wanted[k][1] + wanted[k][0].offset for k in ks])
-            if self.defer_reads:
-                cache.resolve_deferred(gids)
-                got = None
-            else:
-                got = cache.resolve(gids)
-            if xp is not np and cache_stream_differs(cache, xp):
-                xp.cuda.get_current_stream().wait_event(cache.stream.record())
-            if got is None:  # the slots from the device map, in stream order after the read
-                got = self._maps[id(cache)][xp.asarray(gids)]
-            edges = np.cumsum([0] + [wanted[k][1].size for k in ks])
-            for j, k in enumerate(ks):
-                slots[k] = got[int(edges[j]) : int(edges[j + 1])]
+        if not self._rows:
+            return slots
+        ids = [wanted[k][1] for k in self._cached]
+        got = self._rows.resolve(ids, defer=self.defer_reads)
+        self._rows.wait_ready()
+        if got is None:  # deferred: the slots from the device maps, after the reads
+            maps = self._rows.device_maps()
+            got = [
+                maps[m][xp.asarray(ids[m] + wanted[k][0].offset)]
+                for m, k in enumerate(self._cached)
+            ]
+        for m, k in enumerate(self._cached):
+            slots[k] = got[m]
         return slots
 
     def _partial(self, batch: NgramBatch, partial: Any) -> None:
@@ -571,17 +558,11 @@ class ShardedNgramEmbedding:
         if self.word is not None:
             partial += _f32(rows[-1], xp)
 
-    def _end_batches(self) -> None:
-        """End this rank's caches' batches; on the GPU a cache's later faults first wait for
-        this step's gathers (stream order)."""
-        xp = self._xp
-        if xp is not np and self._caches:
-            done = xp.cuda.get_current_stream().record()
-            for c in self._caches:
-                if cache_stream_differs(c, xp):
-                    c.stream.wait_event(done)
-        for c in self._caches:
-            c.end_batch()
+    def _end_step(self) -> None:
+        """End this rank's step in its caches (``StepRows.end_step``: on the GPU a cache's
+        later faults first wait for this step's gathers, in stream order)."""
+        if self._rows:
+            self._rows.end_step()
 
     def _run(self, batch: NgramBatch, out: Any) -> Any:
         """The step: this rank's partial into rows ``[:n]`` of one float32 buffer whose
@@ -609,7 +590,7 @@ class ShardedNgramEmbedding:
             error = e
             buf[n, 0] = 1.0
         finally:
-            self._end_batches()
+            self._end_step()
         self._all_reduce(buf)
         if error is not None:
             raise error
@@ -697,12 +678,6 @@ def max_ulps(got: Any, ref: Any, *, floor: float = ULP_FLOOR) -> float:
     mag = np.maximum(np.maximum(np.abs(a), np.abs(b)), row)
     ulp = np.exp2(np.floor(np.log2(np.maximum(mag, np.finfo(np.float32).tiny))) - 7)
     return float((np.abs(a.astype(np.float64) - b) / ulp).max())
-
-
-def cache_stream_differs(cache: Any, xp: Any) -> bool:
-    """Whether a GPU cache writes its arena on a stream other than the current one."""
-    stream = cache.stream
-    return stream is not None and stream.ptr != xp.cuda.get_current_stream().ptr
 
 
 def _as_table(t: Any) -> Any:

@@ -116,8 +116,11 @@ class Bf16Table:
         """``out[k] = array[ids[k]]``: ids int[n] -> bfloat16[n, d] (``rowcache.kernels.batched_embed``)."""
         return rowcache.kernels.batched_embed(ids, self.array, out)
 
-    def end_batch(self) -> None:
+    def end_step(self) -> None:
         """Nothing to release for a resident table."""
+
+    def end_batch(self) -> None:
+        """Deprecated alias of :meth:`end_step`, kept for one release."""
 
     def __repr__(self) -> str:
         return f"Bf16Table(rows={self.rows}, dim={self.dim}, device={self.device!r})"
@@ -205,8 +208,11 @@ class Fp8Table:
         """Dequantized rows: ids int[n] -> bfloat16[n, d] (``rowcache.kernels.batched_embed_fp8``)."""
         return rowcache.kernels.batched_embed_fp8(ids, self.codes, self.scales, out)
 
-    def end_batch(self) -> None:
+    def end_step(self) -> None:
         """Nothing to release for a resident table."""
+
+    def end_batch(self) -> None:
+        """Deprecated alias of :meth:`end_step`, kept for one release."""
 
     def __repr__(self) -> str:
         return f"Fp8Table(rows={self.rows}, dim={self.dim}, device={self.device!r})"
@@ -229,10 +235,10 @@ class CachedTable:
 
     Notes
     -----
-    Batch lifetime: :meth:`gather` resolves the ids (faulting misses in and pinning
+    Step lifetime: :meth:`gather` resolves the ids (faulting misses in and pinning
     their slots) and gathers from the arena by slot. The slots stay pinned until
-    :meth:`end_batch`, which ``NgramEmbedding`` calls once per ``embed`` call and
-    cache, after every gather of the step (on the GPU, after the current stream has
+    :meth:`end_step`, which ``NgramEmbedding`` calls (through its ``StepRows``) once per
+    ``embed`` call and cache, after every gather of the step (on the GPU, after the current stream has
     finished the gathers), so a fault of the next step can never overwrite a row
     still being read. ``NgramEmbedding`` resolves every part of one shared cache
     with a single ``resolve`` per step.
@@ -241,7 +247,7 @@ class CachedTable:
     kind = "cached"
 
     def __init__(self, cache: Any, part: int = 0) -> None:
-        for attr in ("resolve", "end_batch", "table"):
+        for attr in ("resolve", "end_step", "table"):
             if not hasattr(cache, attr):
                 raise ConfigError(
                     f"CachedTable needs a rowcache.NgramRowCache, got {type(cache).__name__} "
@@ -289,7 +295,7 @@ class CachedTable:
 
     def resolve(self, ids: Any) -> Any:
         """Arena slots (int32[n]) holding rows ``ids`` of this part, faulting misses
-        in; pinned until :meth:`end_batch`. Raises ``ArenaExhaustedError`` when the
+        in; pinned until :meth:`end_step`. Raises ``ArenaExhaustedError`` when the
         batch's distinct rows exceed the free slots."""
         if self._shared:  # range-checked against this part, not the whole arena
             ids = self.cache.global_ids(self.part, ids)
@@ -305,15 +311,19 @@ class CachedTable:
     def gather(self, ids: Any, out: Any = None) -> Any:
         """Resolve ``ids`` to arena slots, then gather those slots: bfloat16[n, d].
 
-        Part of the current batch until :meth:`end_batch`. Raises
+        Part of the current step until :meth:`end_step`. Raises
         ``ArenaExhaustedError`` when the batch's distinct rows exceed the free slots.
         """
         return self.gather_slots(self.resolve(ids), out)
 
+    def end_step(self) -> None:
+        """Unpin the slots of this step (``cache.end_step()``; every part of a shared
+        cache ends together)."""
+        self.cache.end_step()
+
     def end_batch(self) -> None:
-        """Unpin the slots of this batch (``cache.end_batch()``; every part of a
-        shared cache ends together)."""
-        self.cache.end_batch()
+        """Deprecated alias of :meth:`end_step`, kept for one release."""
+        self.end_step()
 
     def stats(self, reset: bool = False) -> Any:
         """The cache's ``CacheStats`` snapshot (of every part, for a shared cache)."""

@@ -20,18 +20,18 @@ from tests.embed.support import DIMS, bits, cached_model, random_weights, token_
 def _events(groups, batch):
     """The order of ``groups.ordered(batch, ...)``'s host resolves and device parts."""
     events = []
-    real = groups._resolve_beside
+    real = groups.rows.resolve
 
-    def resolve(b, g):
+    def resolve(*args, **kw):
         events.append("resolve")
-        return real(b, g)
+        return real(*args, **kw)
 
-    groups._resolve_beside = resolve
+    groups.rows.resolve = resolve
     try:
         groups.ordered(batch, lambda: events.append("device"))
     finally:
-        del groups._resolve_beside
-        groups.end_batches()
+        del groups.rows.resolve
+        groups.end_step()
     return events
 
 
@@ -57,7 +57,7 @@ def test_order_is_decided_by_the_call_alone(rng, tmp_path, monkeypatch, check):
             b = NgramBatch.single(DIMS, x[20:], 20)
             got = [_events(groups, a), _events(groups, a), _events(groups, b), _events(groups, a)]
             assert got == [cold, warm, cold, warm]
-            assert all(c.pinned == 0 for c in caches.values())
+            assert all(c.inspect().pinned == 0 for c in caches.values())
             runs.append(got)
         finally:
             store.close()

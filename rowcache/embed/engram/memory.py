@@ -16,55 +16,16 @@ from typing import Any
 
 import numpy as np
 
+from rowcache.cache.prefetch import PrefetchHandle
+from rowcache.cache.step_rows import StepRows
 from rowcache.embed.engram.hash import EngramHash
 from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
 from rowcache.errors import ConfigError
 
-
-class EngramPrefetch:
-    """The reads a step's :meth:`EngramMemory.prefetch` started (one per row cache).
-
-    ``rows``: rows it asked for that were not resident; ``dropped``: rows left out for want
-    of an unpinned slot (a later lookup faults them). ``wait``/``done``/``exception`` as
-    ``PrefetchHandle``'s, over every cache.
-    """
-
-    def __init__(self, handles: list[Any]) -> None:
-        self._handles = handles
-
-    @property
-    def rows(self) -> int:
-        return sum(int(h.rows) for h in self._handles)
-
-    @property
-    def dropped(self) -> int:
-        return sum(int(h.dropped) for h in self._handles)
-
-    def done(self) -> bool:
-        return all(h.done() for h in self._handles)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait for every read (``timeout`` seconds in all); True when all are done."""
-        import time
-
-        end = None if timeout is None else time.monotonic() + timeout
-        for h in self._handles:
-            left = None if end is None else max(0.0, end - time.monotonic())
-            if not h.wait(left):
-                return False
-        return True
-
-    def exception(self) -> BaseException | None:
-        """The first failed read's error, or None (a lookup needing its rows raises it)."""
-        for h in self._handles:
-            e = h.exception()
-            if e is not None:
-                return e
-        return None
-
-    def __repr__(self) -> str:
-        state = "done" if self.done() else "reading"
-        return f"EngramPrefetch(rows={self.rows}, dropped={self.dropped}, {state})"
+EngramPrefetch = PrefetchHandle
+"""The reads a step's :meth:`EngramMemory.prefetch` started (one per row cache, merged):
+``rows`` it asked for that were not resident, ``dropped`` left out for want of an unpinned
+slot (a later lookup faults them); ``wait``/``done``/``exception`` over every cache."""
 
 
 class EngramMemory:
@@ -129,6 +90,12 @@ class EngramMemory:
         self.device = devices.pop()
         self._offsets = {layer: engram_hash.head_offsets(layer) for layer in engram_hash.layer_ids}
         self._recent: list[tuple[np.ndarray, np.ndarray | None, dict[int, np.ndarray]]] = []
+        # the cached layers' tables: the members of the step's rows over their caches
+        self._cached = [layer for layer, t in self.tables.items() if isinstance(t, CachedTable)]
+        self._member = {layer: k for k, layer in enumerate(self._cached)}
+        self._rows = StepRows(
+            [(self.tables[lay].cache, self.tables[lay].part) for lay in self._cached]
+        )
 
     @property
     def output_dim(self) -> int:
@@ -159,16 +126,7 @@ class EngramMemory:
         only for rows still in flight. One prefetch per row cache (a shared arena reads
         every layer's rows in one)."""
         rows = self.rows(tokens, context)
-        by_cache: dict[int, tuple[Any, list[Any]]] = {}
-        for layer, t in self.tables.items():
-            if isinstance(t, CachedTable):
-                cache = t.cache
-                ids = rows[layer].reshape(-1)
-                if len(getattr(cache, "parts", ())) > 1:
-                    ids = cache.global_ids(t.part, ids)
-                by_cache.setdefault(id(cache), (cache, []))[1].append(ids)
-        handles = [cache.prefetch(np.concatenate(parts)) for cache, parts in by_cache.values()]
-        return EngramPrefetch(handles)
+        return self._rows.prefetch([rows[layer].reshape(-1) for layer in self._cached])
 
     def lookup(self, layer_id: int, tokens: Any, context: Any = None, *, out: Any = None) -> Any:
         """Layer ``layer_id``'s ``e``: bfloat16 ``[B, T, output_dim]`` on the tables' device.
@@ -196,18 +154,19 @@ class EngramMemory:
                     f"out: give shape {(B, T, K * d)} (bfloat16 on {self.device}), got {tuple(out.shape)}"
                 )
             flat_out = out.reshape(B * T * K, d)
-        g = self.tables[layer_id].gather(rows.reshape(-1), flat_out)
+        table, ids = self.tables[layer_id], rows.reshape(-1)
+        if isinstance(table, CachedTable):  # resolved and pinned until end_step
+            slots = self._rows.resolve_member(self._member[layer_id], ids)
+            g = table.gather_slots(slots, flat_out)
+        else:
+            g = table.gather(ids, flat_out)
         return g.reshape(B, T, K * d) if out is None else out
 
     def end_step(self) -> None:
         """End the step: unpin the rows its lookups pinned (each cache once). Call it after
-        the step's gathers were issued (on the GPU, ordered on the cache's stream)."""
-        seen: set[int] = set()
-        for t in self.tables.values():
-            if isinstance(t, CachedTable):
-                if id(t.cache) not in seen:
-                    seen.add(id(t.cache))
-                    t.end_batch()
+        the step's gathers were issued (on the GPU, the caches' later writes wait for the
+        current stream's work so far: ``StepRows.end_step``)."""
+        self._rows.end_step()
 
     def __repr__(self) -> str:
         kinds = ", ".join(f"{layer}: {type(t).__name__}" for layer, t in self.tables.items())

@@ -163,7 +163,7 @@ class GraphRunner:
         try:
             st.groups.ordered(batch, device_part)
         finally:
-            st.groups.end_batches()
+            st.groups.end_step()
         return out
 
     def run_device(self, batch: NgramBatch, call: StepCall) -> Any:

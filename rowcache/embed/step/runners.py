@@ -54,7 +54,7 @@ class Step:
             rows = st.overlay(call, word_ids, buf.words, batch)
             return st.project(buf.stack, rows, buf.proj, buf.out)
         finally:
-            groups.end_batches()
+            groups.end_step()
 
     def run_mapped(self, batch: NgramBatch, call: StepCall) -> Any:
         """A GPU step from host tokens into ``buf.out``: the upload, hash and gathers in
@@ -78,7 +78,7 @@ class Step:
             finally:  # the pinned upload is free once the last part that reads it ran
                 tok.uploaded(st.xp.cuda.get_current_stream())
         finally:
-            groups.end_batches()
+            groups.end_step()
         return buf.out
 
     def run_rows(self, rows: RowsInPlace, flag: Any, seq: int) -> Any:

@@ -1,8 +1,9 @@
 """The on-disk layout of a store: record bytes, page packing, shard keys, meta record.
 
 Owns the arithmetic that maps a row id to (shard, byte offset) and the encoding of
-rows into fixed-size records; the builder and the readers both use it, so they can
-never disagree. Does not do any I/O.
+rows into fixed-size records; the builder (``rowcache.store``) and the readers
+(``rowcache.io``) both import it from here, beneath both, so they can never disagree. Does
+not do any I/O; the page checksums themselves are computed by ``rowcache.io.checksum``.
 
 Layout. A row is one *record*: BF16 rows are ``dim * 2`` bytes; FP8 rows are
 ``dim`` E4M3 codes followed by their float32 scale (little endian), ``dim + 4``
@@ -32,11 +33,10 @@ import struct
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-import ml_dtypes
 import numpy as np
 
 from rowcache.errors import ConfigError, FormatError
-from rowcache.io import checksum
+from rowcache.kernels.reference import BF16
 
 PAGE = 4096
 FORMAT_NAME = "rowcache-store"
@@ -47,7 +47,7 @@ SHARD_PREFIX = b"S"
 CRC_PREFIX = b"C"
 INDEX_NAME = "index.lmdb"
 INDEX_FILE = "data.mdb"  # the LMDB data file inside INDEX_NAME
-MARKER_NAME = "rowcache-store.json"  # the marker a build writes last (rowcache.store.marker)
+MARKER_NAME = "rowcache-store.json"  # the marker a build writes last (``rowcache.store.marker``)
 
 Dtype = Literal["bf16", "fp8"]
 
@@ -76,16 +76,6 @@ def shard_key(table: int, shard: int) -> bytes:
 def crc_key(table: int, shard: int) -> bytes:
     """LMDB key of the page-CRC record of a shard (uint32 little endian, one per 4 KiB page)."""
     return CRC_PREFIX + struct.pack(">IQ", table, shard)
-
-
-def page_crcs(data: np.ndarray) -> np.ndarray:
-    """CRC32C of each 4 KiB page of ``data`` (uint8, a whole number of pages): uint32[pages]
-    (``rowcache.io.checksum.page_crcs``: one C loop with the GIL released where built)."""
-    if np.asarray(data).nbytes % PAGE:
-        raise ValueError(
-            f"page_crcs needs whole {PAGE}-byte pages, got {np.asarray(data).nbytes} bytes"
-        )
-    return checksum.page_crcs(data)
 
 
 def shard_file_name(table: int, shard: int) -> str:
@@ -210,7 +200,7 @@ def decode_records(
     """Inverse of :func:`encode_records`: bf16 ``[n, dim]`` or ``(codes, scales)``."""
     n = records.shape[0]
     if dtype == "bf16":
-        return np.ascontiguousarray(records[:, : 2 * dim]).view(ml_dtypes.bfloat16).reshape(n, dim)
+        return np.ascontiguousarray(records[:, : 2 * dim]).view(BF16).reshape(n, dim)
     codes = np.ascontiguousarray(records[:, :dim])
     scales = (
         np.ascontiguousarray(records[:, dim : dim + 4]).view("<f4").reshape(n).astype(np.float32)

@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError, CorruptDataError
+from rowcache.format import layout as fmt
 from rowcache.io.engine import ReadEngine, ReadStats
 from rowcache.io.files import ShardFiles
 from rowcache.io.native import NATIVE_BUILT, NativeEngine
 from rowcache.io.plan import ALIGN, Plan, ReadPlanner
 from rowcache.io.pyengine import PythonEngine
-from rowcache.store import format as fmt
 
 DEFAULT_MERGE_GAP = 16 << 10
 ENGINES = ("auto", "uring", "threads", "python")

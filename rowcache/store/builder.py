@@ -31,8 +31,9 @@ import lmdb
 import numpy as np
 
 from rowcache.errors import ConfigError
+from rowcache.format import layout as fmt
+from rowcache.io import checksum
 from rowcache.kernels.loader import gpu_available
-from rowcache.store import format as fmt
 from rowcache.store import replace
 from rowcache.store.handle import RowStore, lmdb_error
 from rowcache.store.marker import is_store, write_marker
@@ -155,7 +156,7 @@ def _write_shard(
             if pending is not None:
                 pending.result()
             pending = pool.submit(_write_all, fd, memoryview(data.data))
-            crcs.append(pool.submit(fmt.page_crcs, data))
+            crcs.append(pool.submit(checksum.page_crcs, data))
             if fp8 is not None:
                 fp8.busy[slot] = [pending, crcs[-1]]
             length += data.nbytes
@@ -374,7 +375,7 @@ def _build(
             }
             _write_index(tmp, path, shard_recs, meta)
             write_marker(tmp)
-            replace._step("committed")
+            replace.mark_step("committed")
             # The store this call built, opened before the switch by its own directory:
             # the call returns it whatever other builds make of `path` afterwards.
             store = RowStore.open_dir(lock.fd, path)

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError
+from rowcache.format import layout as fmt
 from rowcache.kernels import quantize as _quantize
-from rowcache.kernels.reference import quantize_fp8_reference
-from rowcache.store import format as fmt
-from rowcache.store.sources import BF16, Source
+from rowcache.kernels.reference import BF16, quantize_fp8_reference
+from rowcache.store.sources import Source
 
 
 def check_finite(block: np.ndarray, name: str, first_row: int) -> None:

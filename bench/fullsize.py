@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     src_bytes = sum(rows) * args.dim * 2
     row = {
         "dtype": args.dtype,
-        "fp8_engine": builder._fp8_engine() if args.dtype == "fp8" else "-",
+        "fp8_engine": builder.fp8_engine() if args.dtype == "fp8" else "-",
         "tables": args.tables,
         "rows": f"{rows[0]:,}..{rows[-1]:,}",
         "store_GB": disk / 1e9,

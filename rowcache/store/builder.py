@@ -111,7 +111,7 @@ def _write_table(
     row_bytes = src.dim * src.dtype.itemsize
     chunk_rows = max(info.rows_per_page, CHUNK_BYTES // max(1, row_bytes))
     chunk_rows -= chunk_rows % info.rows_per_page  # every chunk but a shard's last is whole pages
-    fp8 = Fp8Pages(info, chunk_rows, _fp8_engine(), FP8_THREADS) if build.dtype == "fp8" else None
+    fp8 = Fp8Pages(info, chunk_rows, fp8_engine(), FP8_THREADS) if build.dtype == "fp8" else None
     table = TableWrites(t, src, info, chunk_rows, fp8)
     try:
         return [_write_shard(build, table, s) for s in range(info.shards)]
@@ -120,7 +120,8 @@ def _write_table(
             fp8.close()
 
 
-def _fp8_engine() -> str:
+def fp8_engine() -> str:
+    """The FP8 quantize engine a build uses now: :data:`FP8_ENGINE`, checked, or the default."""
     if FP8_ENGINE is not None:
         if FP8_ENGINE not in ("cuda", "cpu", "reference"):
             raise ConfigError(

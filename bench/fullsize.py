@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rowcache
 from bench._common import make_source, report
 from bench.build import plain_write
+from rowcache.format import layout as fmt
 from rowcache.store import builder
-from rowcache.store import format as fmt
 
 LONGCAT_ROWS = 10_223_617  # 78 * 131072 + 1: table i has LONGCAT_ROWS + 2 i rows
 LONGCAT_DIM = 256
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     src_bytes = sum(rows) * args.dim * 2
     row = {
         "dtype": args.dtype,
-        "fp8_engine": builder._fp8_engine() if args.dtype == "fp8" else "-",
+        "fp8_engine": builder.fp8_engine() if args.dtype == "fp8" else "-",
         "tables": args.tables,
         "rows": f"{rows[0]:,}..{rows[-1]:,}",
         "store_GB": disk / 1e9,

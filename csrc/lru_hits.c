@@ -329,8 +329,8 @@ static void *compact_scatter(void *arg) {
  * a temporary buffer (tail - head int32: freed before returning), then written to their
  * places. Serial where the log is short, one thread is asked for, or the buffer cannot be
  * had. A full arena's log of 2 S entries took 16 ms serially on the H200 host for S =
- * 3.1M (the retired bench/host_threads.py, docs/results/), once every ~128 prefill steps: a stall of the toucher
- * that the steps behind it waited out. */
+ * 3.1M (docs/benchmarks.md, "Figures the code cites"), once every ~128 prefill steps: a
+ * stall of the toucher that the steps behind it waited out. */
 Py_ssize_t rc_compact_log(int32_t *log, int32_t *log_pos, Py_ssize_t S, Py_ssize_t head,
                               Py_ssize_t tail, int threads, Pool *pool, int wait) {
     int K = rc_split_count(threads, tail - head, COMPACT_GRAIN);

@@ -295,9 +295,9 @@ static inline void cpu_relax(void) {
  * read on the measured machines, and the code after it runs on a cooled core). A longer
  * batch sleeps: completions that arrive while the caller runs in user space each kick it
  * into the kernel, and a k = 192 batch at queue depth 64 read slower polling than
- * sleeping (H200, docs/results/2026-12-01-sixth-session.md). A background batch submits nothing
- * while a foreground batch reads (demand_batches): it reaps what it has in flight and
- * waits. */
+ * sleeping on the H200 machine (docs/benchmarks.md, "Figures the code cites"). A
+ * background batch submits nothing while a foreground batch reads (demand_batches): it
+ * reaps what it has in flight and waits. */
 static int uring_run(uring_t *u, batch_t *b, int qd, int64_t spin_ns, int background) {
     if (b->n > qd) spin_ns = 0;
     Py_ssize_t next = 0, done = 0, nres = 0;

@@ -22,8 +22,8 @@ from rowcache.errors import (
     RowRangeError,
     StoreChangedError,
 )
+from rowcache.format.layout import TableInfo
 from rowcache.store.builder import build_store
-from rowcache.store.format import TableInfo
 from rowcache.store.handle import RowStore, VerifyReport
 
 try:

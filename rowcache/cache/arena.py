@@ -23,7 +23,7 @@ OUT_RING = 8  # pinned buffers for int32 arrays on their way to the device (slot
 
 def value_dtype(dtype: str) -> Any:
     """The arena's element type for a store of ``dtype`` (bf16 values or FP8 codes)."""
-    from rowcache.store.sources import BF16
+    from rowcache.kernels.reference import BF16
 
     return BF16 if dtype == "bf16" else np.uint8
 

@@ -18,7 +18,7 @@ from rowcache.cache.lru import DEFER_MIN
 from rowcache.cache.prefetcher import PIECE_ROWS
 from rowcache.cache.row_map import KINDS as ROW_MAP_KINDS
 from rowcache.errors import ConfigError
-from rowcache.store.format import TableInfo
+from rowcache.format.layout import TableInfo
 from rowcache.store.handle import RowStore
 
 POLICIES = ("lru",)

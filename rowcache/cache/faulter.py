@@ -23,8 +23,8 @@ from rowcache.cache.prefetcher import InFlightClaim, Prefetcher
 from rowcache.cache.slots import SlotTable
 from rowcache.cache.stats import Counters
 from rowcache.errors import ArenaExhaustedError
+from rowcache.format.rows import check_row_ids
 from rowcache.io.reader import RowReader
-from rowcache.store.handle import check_row_ids
 
 DEFERRED = np.empty(0, dtype=np.int32)
 """What a resolve whose read was deferred returns (its slots are known at the commit)."""

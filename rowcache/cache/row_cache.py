@@ -32,10 +32,11 @@ from rowcache.cache.slots import SlotTable
 from rowcache.cache.stats import CacheStats, Counters
 from rowcache.cache.view import CacheView
 from rowcache.errors import ConfigError, PendingResolveError
+from rowcache.format.layout import TableInfo
+from rowcache.format.rows import check_row_ids
 from rowcache.kernels.host import native as _native
 from rowcache.kernels.loader import require_cupy
-from rowcache.store.format import TableInfo
-from rowcache.store.handle import RowStore, check_row_ids
+from rowcache.store.handle import RowStore
 
 __all__ = ["CacheStats", "NgramRowCache", "Tuning"]
 

@@ -24,7 +24,7 @@ from rowcache.embed.layer import NgramEmbedding
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
 from rowcache.errors import ConfigError, FormatError
-from rowcache.store.format import record_bytes
+from rowcache.format.layout import record_bytes
 from rowcache.store.sources import (
     read_json_object,
     safetensors_header,

@@ -300,7 +300,7 @@ class NgramEmbedding:
             return self._empty(out)
         return self._runner.run(rows, StepCall(overlay, seq_slots, active, out))
 
-    def _rows_known(self, ids: Any, ctx: Any, c: int, out: Any) -> Any:
+    def embed_rows_prechecked(self, ids: Any, ctx: Any, c: int, out: Any) -> Any:
         """:meth:`embed_rows` of arrays checked before (cupy int64 ``ids[B, L]``, ``B * L
         > 0``, ``ctx`` with ``c`` look-back columns or None, ``out`` bfloat16[B * L,
         hidden] on the GPU; no overlay), without checking them again:

@@ -35,26 +35,40 @@ class ReadEngine(Protocol):
     name: str
 
     def run(
-        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
         out: np.ndarray,
-    ) -> ReadStats:  # fmt: skip
+    ) -> ReadStats:
         """Read a batch of ``n >= 1`` rows whose tables and ``out`` the reader checked;
         checks the rest (bounds, row ranges, files) and raises the named error."""
         ...
 
     def run_clean(
-        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
         out: np.ndarray,
-    ) -> tuple[int, int, int] | None:  # fmt: skip
+    ) -> tuple[int, int, int] | None:
         """A batch that reads cleanly, in one native call with no Python checks: (rows,
         bytes, read ops); None where it did not (or cannot) run so: the reader then runs
         the batch through its checks and :meth:`run`."""
         ...
 
     def start(
-        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
-        out: np.ndarray, ctl: np.ndarray | None, seq: int,
-    ) -> bool:  # fmt: skip
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
+        out: np.ndarray,
+        ctl: np.ndarray | None,
+        seq: int,
+    ) -> bool:
         """Start a batch on the engine's own thread (``RowReader.read_batch_start``);
         False, having started nothing, where it cannot."""
         ...

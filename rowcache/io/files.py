@@ -18,7 +18,7 @@ import threading
 import numpy as np
 
 from rowcache.errors import ConfigError, CorruptDataError, StoreChangedError
-from rowcache.store import format as fmt
+from rowcache.format import layout as fmt
 
 
 class ShardFiles:

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from rowcache.errors import ConfigError
-from rowcache.store import format as fmt
+from rowcache.format import layout as fmt
 
 ALIGN = fmt.PAGE
 

@@ -64,9 +64,13 @@ class PythonEngine:
 
     # -- the ReadEngine interface ------------------------------------------
     def run(
-        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
         out: np.ndarray,
-    ) -> ReadStats:  # fmt: skip
+    ) -> ReadStats:
         n = int(rows.size)
         if bounds[0] != 0 or bounds[-1] != n or bool((bounds[1:] < bounds[:-1]).any()):
             raise ConfigError(f"read_runs: bounds must rise from 0 to {n}, got {bounds.tolist()!r}")
@@ -76,15 +80,25 @@ class PythonEngine:
         return ReadStats(n, int(plan.file.size), plan.total)
 
     def run_clean(
-        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
         out: np.ndarray,
-    ) -> tuple[int, int, int] | None:  # fmt: skip
+    ) -> tuple[int, int, int] | None:
         return None  # every batch goes through the reader's checks
 
     def start(
-        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
-        out: np.ndarray, ctl: np.ndarray | None, seq: int,
-    ) -> bool:  # fmt: skip
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
+        out: np.ndarray,
+        ctl: np.ndarray | None,
+        seq: int,
+    ) -> bool:
         return False  # no thread of its own to read on
 
     def join(self) -> tuple[int, int, int]:

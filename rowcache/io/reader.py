@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError, CorruptDataError
+from rowcache.format import layout as fmt
 from rowcache.io.engine import ReadEngine, ReadStats
 from rowcache.io.files import ShardFiles
 from rowcache.io.native import NATIVE_BUILT, NativeEngine
 from rowcache.io.plan import ALIGN, Plan, ReadPlanner
 from rowcache.io.pyengine import PythonEngine
-from rowcache.store import format as fmt
 
 DEFAULT_MERGE_GAP = 16 << 10
 ENGINES = ("auto", "uring", "threads", "python")
@@ -74,9 +74,9 @@ class RowReader:
         completion by polling for up to this many microseconds before sleeping (0: always
         sleep). A caller that sleeps pays a wake-up per completion: on the H200 machine
         polling took one cold 4 KiB read from 37-39 to 34 us, on the dev machine from
-        46-47 to 33-37 us (``docs/results/2026-12-01-sixth-session.md``, measured by
-        the since retired ``bench/read_latency.py``). Longer batches always sleep (polling read them slower). It costs the
-        caller's core while it polls, so background readers (prefetch) keep 0.
+        46-47 to 33-37 us (``docs/benchmarks.md``, "Figures the code cites"). Longer
+        batches always sleep (polling read them slower). It costs the caller's core while
+        it polls, so background readers (prefetch) keep 0.
     background : native engines only: this reader yields the disk to demand reads. While
         any other reader of the process that is not ``background`` runs a batch, this one
         submits no new read (its reads in flight finish), so a step's fault does not queue
@@ -327,9 +327,13 @@ class RowReader:
         return out, self.read_engine.run(rows, bounds, tables, bases, out)
 
     def read_batch(
-        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
         out: np.ndarray,
-    ) -> tuple[int, int, int]:  # fmt: skip
+    ) -> tuple[int, int, int]:
         """:meth:`read_runs` for a caller whose arrays are in its form already (the row
         cache's fault path): ``rows`` and ``bounds`` int64, ``tables`` int32, ``bases``
         int64, ``out`` uint8 ``[n, record_bytes]`` C-contiguous. Returns (rows, bytes,
@@ -344,9 +348,15 @@ class RowReader:
         return rs.rows, rs.bytes_read, rs.read_ops
 
     def read_batch_start(
-        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
-        out: np.ndarray, ctl: np.ndarray | None, seq: int,
-    ) -> bool:  # fmt: skip
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
+        out: np.ndarray,
+        ctl: np.ndarray | None,
+        seq: int,
+    ) -> bool:
         """Start :meth:`read_batch`'s batch on the native reader's own thread and return at
         once (True); False, having started nothing, where it cannot run there (the Python
         engine, another engine's reader, a shard file that cannot be opened, another

@@ -90,11 +90,11 @@ class RawLaunch:
 
     cupy's ``RawKernel.__call__`` re-packs every argument on every launch (a CArray per
     ndarray, a boxed scalar per number): on the H200 machine 8.8 µs a launch of 11
-    arguments, against 4.1 µs for this class (the retired ``bench/launch_cost.py``, docs/results/2026-12-03-eighteenth-session.md). A ``RawLaunch``
-    holds its arguments in one int64 buffer, every parameter 8 bytes (device pointers and
-    ``long long`` only): a hot launcher writes the arguments that change into
-    :attr:`values` and calls it. Not thread-safe: one caller at a time (the arguments are copied by the
-    driver at the launch, so a later launch may change them freely).
+    arguments, against 4.1 µs for this class (``docs/benchmarks.md``, "Figures the code
+    cites"). A ``RawLaunch`` holds its arguments in one int64 buffer, every parameter 8 bytes
+    (device pointers and ``long long`` only): a hot launcher writes the arguments that change
+    into :attr:`values` and calls it. Not thread-safe: one caller at a time (the arguments are
+    copied by the driver at the launch, so a later launch may change them freely).
     """
 
     def __init__(self, kernel: Any, params: int) -> None:
@@ -116,5 +116,4 @@ class RawLaunch:
     def __call__(self, grid: tuple, block: tuple, stream_ptr: int) -> None:
         g = (*grid, 1, 1)
         b = (*block, 1, 1)
-        self._launch(self._fn, g[0], g[1], g[2], b[0], b[1], b[2], 0, stream_ptr,
-                     self._ptrs_at, 0)  # fmt: skip
+        self._launch(self._fn, g[0], g[1], g[2], b[0], b[1], b[2], 0, stream_ptr, self._ptrs_at, 0)

@@ -186,7 +186,7 @@ def quantize_fp8_pages(
     ----------
     x : bfloat16[n, d] or float32[n, d], numpy, C-contiguous rows (a memory map is fine)
     pages : uint8 numpy buffer of at least ``ceil((first + n) / rows_per_page)`` pages
-    rows_per_page, page_bytes : the store's page packing (``rowcache.store.format.page_packing``)
+    rows_per_page, page_bytes : the store's page packing (``rowcache.format.layout.page_packing``)
     first : the record of ``pages`` that ``x[0]`` becomes
 
     Returns

@@ -54,8 +54,8 @@ def dequantize_fp8_reference(codes: np.ndarray, scales: np.ndarray) -> np.ndarra
 
     ``ftz`` flushes subnormal float32 values to a signed zero: the H200's float32
     multiply in these kernels does so for subnormal operands and results, even when
-    compiled with ``--ftz=false`` (measured; see docs/results/). It matters only
-    for scales or products below 1.2e-38.
+    compiled with ``--ftz=false`` (``tests/kernels/test_gather.py`` checks the GPU kernels
+    against this flush bit for bit). It matters only for scales or products below 1.2e-38.
     """
     vals = _E4M3_TO_F32[np.asarray(codes, dtype=np.uint8)]  # exact: a table of the 256 values
     prod = vals * _flush_subnormal(np.asarray(scales, dtype=np.float32))[:, None]
@@ -108,7 +108,7 @@ def scatter_records_reference(
     Parameters
     ----------
     records : uint8[n, record_bytes]
-        Rows as stored (see ``rowcache.store.format``): bf16 bytes, or fp8 codes + f32 scale.
+        Rows as stored (see ``rowcache.format.layout``): bf16 bytes, or fp8 codes + f32 scale.
     slots : int[n]
         Destination slot of each record (distinct).
     table : bfloat16[slots, d] or uint8[slots, d]

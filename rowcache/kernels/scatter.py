@@ -78,7 +78,7 @@ def scatter_records(records: Any, slots: Any, table: Any, scales: Any = None) ->
     Parameters
     ----------
     records : uint8[n, record_bytes], numpy or cupy
-        Rows as stored (``rowcache.store.format``): ``2*d`` bf16 bytes, or ``d`` E4M3 codes
+        Rows as stored (``rowcache.format.layout``): ``2*d`` bf16 bytes, or ``d`` E4M3 codes
         followed by a little-endian float32 scale. Longer records (padding) are fine.
         With a cupy arena, numpy records are copied to the device; a cupy array over
         pinned host memory mapped into the device is read in place.
@@ -198,9 +198,13 @@ class FaultCommit:
         row_bytes = _check(fake, np.zeros(1, np.int32), table, scales)
         self.cupy, self.table, self.scales = cupy, table, scales
         self.vec = vector_bytes(
-            row_bytes, record_bytes, table.strides[0], staging_ptr, table.data.ptr,
+            row_bytes,
+            record_bytes,
+            table.strides[0],
+            staging_ptr,
+            table.data.ptr,
             widths=(16, 8, 4, 2, 1),
-        )  # fmt: skip
+        )
         self.words = row_bytes // self.vec
         self.record_bytes = record_bytes
         self.kernel = get_kernel(_SOURCE, f"fault_commit_{self.vec}")
@@ -209,11 +213,18 @@ class FaultCommit:
         self._wait: RawLaunch | None = None  # fault_wait, made on a deferred fault's first
         # row_launch's shape for this arena, found once: blocks = min(ceil(rows / ty), cap)
         (self._max_grid,), self._block = row_launch(cupy, 1 << 40, self.words)
-        self._launch.pack((
-            0, 0, table.data.ptr, scales.data.ptr if scales is not None else 0, 0, 0, 0, 0, 0,
-            self.words, record_bytes // self.vec, table.strides[0] // self.vec,
-            table.shape[1], 0, 0,
-        ))  # fmt: skip
+        # fault_commit's parameters fixed for this arena (by their index in scatter.cu's
+        # list); __call__ writes the others (records, side, row_map, out, n, n_evicted,
+        # n_out, ctl, seq) before each launch
+        fixed = {
+            2: table.data.ptr,  # table
+            3: scales.data.ptr if scales is not None else 0,  # scales
+            9: self.words,  # words
+            10: record_bytes // self.vec,  # records_stride
+            11: table.strides[0] // self.vec,  # table_stride
+            12: table.shape[1],  # scale_offset
+        }
+        self._launch.pack(tuple(fixed.get(i, 0) for i in range(15)))
 
     def __call__(
         self,

@@ -1,11 +1,28 @@
 """The store: shard files of fixed-stride rows and their LMDB index.
 
-``format`` (record and page arithmetic, the meta record), ``index`` (reading and checking
-the LMDB index before LMDB maps it), ``handle`` (:class:`RowStore`, a read-only view),
+``index`` (reading and checking the LMDB index before LMDB maps it), ``handle``
+(:class:`RowStore`, a read-only view, reading through ``rowcache.io``'s ``RowReader``),
 ``builder`` (``build_store``), ``pages`` (rows into pages), ``sources`` (arrays, ``.npy``,
-``.safetensors``), ``replace`` (the atomic switch).
+``.safetensors``), ``replace`` (the atomic switch), ``marker``, ``safeopen``. The layout the
+store writes and its readers read is ``rowcache.format`` (``format`` here keeps its earlier
+import path). The store imports its readers, never the other way round.
 
-The public names are ``rowcache.RowStore``, ``rowcache.TableInfo``, ``rowcache.build_store``.
-Nothing is imported here: the store and its reader (``rowcache.io``) import each other's
-modules, and an eager import in this file would close that circle.
+The public names are also ``rowcache.RowStore``, ``rowcache.TableInfo``, ``rowcache.build_store``.
 """
+
+from __future__ import annotations
+
+from rowcache.format.layout import TableInfo
+from rowcache.store.builder import build_store
+from rowcache.store.handle import RowStore, VerifyReport
+from rowcache.store.replace import Leftover, find_leftovers, remove_leftovers
+
+__all__ = [
+    "Leftover",
+    "RowStore",
+    "TableInfo",
+    "VerifyReport",
+    "build_store",
+    "find_leftovers",
+    "remove_leftovers",
+]

@@ -24,6 +24,7 @@ import shutil
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import crc32c
@@ -31,8 +32,9 @@ import lmdb
 import numpy as np
 
 from rowcache.errors import ConfigError
+from rowcache.format import layout as fmt
+from rowcache.io import checksum
 from rowcache.kernels.loader import gpu_available
-from rowcache.store import format as fmt
 from rowcache.store import replace
 from rowcache.store.handle import RowStore, lmdb_error
 from rowcache.store.marker import is_store, write_marker
@@ -80,36 +82,46 @@ def _write_all(fd: int, data: memoryview) -> None:
         data = data[n:]
 
 
+@dataclass(frozen=True)
+class ShardWrites:
+    """What every shard file of one build is written with."""
+
+    root: str  # the build directory
+    dtype: str  # the store's dtype, "bf16" or "fp8"
+    allow_nonfinite: bool  # store NaN / Inf as they are (refused otherwise)
+    pool: ThreadPoolExecutor  # two threads: a chunk's write beside the next chunk's CRCs
+    bar: Any  # the progress bar (tqdm), or None
+
+
+@dataclass(frozen=True)
+class TableWrites:
+    """One table of a build: its number, source and layout, and how its rows are streamed."""
+
+    number: int
+    src: Source
+    info: fmt.TableInfo
+    chunk_rows: int  # rows per streamed chunk: whole pages, about CHUNK_BYTES of input
+    fp8: Fp8Pages | None  # the FP8 quantizer's buffers, None for bf16
+
+
 def _write_table(
-    root: str,
-    t: int,
-    src: Source,
-    info: fmt.TableInfo,
-    dtype: str,
-    allow_nonfinite: bool,
-    pool: ThreadPoolExecutor,
-    bar: Any,
+    build: ShardWrites, t: int, src: Source, info: fmt.TableInfo
 ) -> list[tuple[fmt.ShardRecord, np.ndarray]]:
     """Write the shard files of table ``t``; per shard its record and page CRCs."""
     row_bytes = src.dim * src.dtype.itemsize
     chunk_rows = max(info.rows_per_page, CHUNK_BYTES // max(1, row_bytes))
     chunk_rows -= chunk_rows % info.rows_per_page  # every chunk but a shard's last is whole pages
-    fp8 = Fp8Pages(info, chunk_rows, _fp8_engine(), FP8_THREADS) if dtype == "fp8" else None
-    shards = []
+    fp8 = Fp8Pages(info, chunk_rows, fp8_engine(), FP8_THREADS) if build.dtype == "fp8" else None
+    table = TableWrites(t, src, info, chunk_rows, fp8)
     try:
-        for s in range(info.shards):
-            shards.append(
-                _write_shard(
-                    root, t, s, src, info, dtype, allow_nonfinite, pool, bar, chunk_rows, fp8
-                )
-            )
+        return [_write_shard(build, table, s) for s in range(info.shards)]
     finally:
         if fp8 is not None:
             fp8.close()
-    return shards
 
 
-def _fp8_engine() -> str:
+def fp8_engine() -> str:
+    """The FP8 quantize engine a build uses now: :data:`FP8_ENGINE`, checked, or the default."""
     if FP8_ENGINE is not None:
         if FP8_ENGINE not in ("cuda", "cpu", "reference"):
             raise ConfigError(
@@ -120,47 +132,38 @@ def _fp8_engine() -> str:
 
 
 def _write_shard(
-    root: str,
-    t: int,
-    s: int,
-    src: Source,
-    info: fmt.TableInfo,
-    dtype: str,
-    allow_nonfinite: bool,
-    pool: ThreadPoolExecutor,
-    bar: Any,
-    chunk_rows: int,
-    fp8: Fp8Pages | None,
+    build: ShardWrites, table: TableWrites, s: int
 ) -> tuple[fmt.ShardRecord, np.ndarray]:
-    """Write shard ``s`` of table ``t``: its record and page CRCs."""
+    """Write shard ``s`` of a table: its record and page CRCs."""
+    t, src, info, fp8 = table.number, table.src, table.info, table.fp8
     row_bytes = src.dim * src.dtype.itemsize
     first, count = info.shard_rows(s)
     name = fmt.shard_file_name(t, s)
-    fd = os.open(os.path.join(root, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(os.path.join(build.root, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     crcs: list[Any] = []  # futures of each chunk's page CRCs, in order
     pending: Any = None  # the write of the previous chunk
     length = 0
     try:
-        for start in range(first, first + count, chunk_rows):
-            stop = min(start + chunk_rows, first + count)
+        for start in range(first, first + count, table.chunk_rows):
+            stop = min(start + table.chunk_rows, first + count)
             # Prepare this chunk while the previous one is written and checksummed
             # (os.write releases the GIL; the CRC loop runs in the pool's other thread).
             if fp8 is not None:
-                data, slot = fp8.encode(src, start, stop, allow_nonfinite)
+                data, slot = fp8.encode(src, start, stop, build.allow_nonfinite)
             else:
                 block = src.read(start, stop)
-                if not allow_nonfinite:
+                if not build.allow_nonfinite:
                     check_finite(block, src.name, start)
-                data = pack_pages(info, to_records(dtype, block))
+                data = pack_pages(info, to_records(build.dtype, block))
             if pending is not None:
                 pending.result()
-            pending = pool.submit(_write_all, fd, memoryview(data.data))
-            crcs.append(pool.submit(fmt.page_crcs, data))
+            pending = build.pool.submit(_write_all, fd, memoryview(data.data))
+            crcs.append(build.pool.submit(checksum.page_crcs, data))
             if fp8 is not None:
                 fp8.busy[slot] = [pending, crcs[-1]]
             length += data.nbytes
-            if bar is not None:
-                bar.update((stop - start) * row_bytes)
+            if build.bar is not None:
+                build.bar.update((stop - start) * row_bytes)
         if pending is not None:
             pending.result()
         page_crcs = np.concatenate([f.result() for f in crcs]).astype("<u4", copy=False)
@@ -374,7 +377,7 @@ def _build(
             }
             _write_index(tmp, path, shard_recs, meta)
             write_marker(tmp)
-            replace._step("committed")
+            replace.mark_step("committed")
             # The store this call built, opened before the switch by its own directory:
             # the call returns it whatever other builds make of `path` afterwards.
             store = RowStore.open_dir(lock.fd, path)
@@ -417,9 +420,9 @@ def _write_shards(
         bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"build {dtype}", leave=False)
     try:
         with ThreadPoolExecutor(2) as pool:
+            build = ShardWrites(tmp, dtype, allow_nonfinite, pool, bar)
             return [
-                _write_table(tmp, t, s, info, dtype, allow_nonfinite, pool, bar)
-                for t, (s, info) in enumerate(zip(sources, infos))
+                _write_table(build, t, s, info) for t, (s, info) in enumerate(zip(sources, infos))
             ]
     finally:
         if bar is not None:

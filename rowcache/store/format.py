@@ -1,352 +1,62 @@
-"""The on-disk layout of a store: record bytes, page packing, shard keys, meta record.
+"""The store's layout under its earlier import path: ``rowcache.format.layout`` is its home.
 
-Owns the arithmetic that maps a row id to (shard, byte offset) and the encoding of
-rows into fixed-size records; the builder and the readers both use it, so they can
-never disagree. Does not do any I/O.
-
-Layout. A row is one *record*: BF16 rows are ``dim * 2`` bytes; FP8 rows are
-``dim`` E4M3 codes followed by their float32 scale (little endian), ``dim + 4``
-bytes, so one read fetches both. Records are packed into 4 KiB pages without
-straddling a page (``rows_per_page = 4096 // record_bytes``; the page tail is
-padding); a record larger than a page starts a page of its own. A table is split
-into shard files of ``pages_per_shard`` pages each (the last may be shorter); every
-shard file is padded with zeros to a whole number of 4 KiB pages.
-
-Checksums (format version 2). Every 4 KiB page of every shard file has a CRC32C
-(Castagnoli, initial value 0: ``crc32c.crc32c(page)``). The CRCs of shard ``s`` of
-table ``t`` are one LMDB record, key ``b"C" + >IQ(t, s)``, value the little-endian
-uint32 array (one entry per page); its shard record carries ``pages`` (the array's
-length) and ``page_crc32c`` (the CRC32C of the array's bytes), checked at open. Why
-in LMDB and not a sidecar file per shard: they are committed in the same transaction
-as the shard records, before the meta record, so a store can never be valid with
-missing or stale checksums, there is no second kind of file whose presence, name and
-own integrity must be tracked, and an opened handle holds every CRC in memory (4
-bytes per 4 KiB page: 61 MB for the 62.8 GB LongCat table set).
+The layout moved beneath both the store and its readers (``rowcache.io``), so the readers
+need not import the store; this module keeps ``rowcache.store.format`` working for code
+written against it. The package itself imports ``rowcache.format.layout``.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import struct
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from rowcache.format.layout import (
+    CRC_PREFIX,
+    DTYPES,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INDEX_FILE,
+    INDEX_NAME,
+    MARKER_NAME,
+    META_KEY,
+    PAGE,
+    SHARD_PREFIX,
+    Dtype,
+    ShardRecord,
+    TableInfo,
+    check_file_name,
+    crc_key,
+    decode_records,
+    encode_records,
+    meta_to_bytes,
+    page_packing,
+    parse_meta,
+    record_bytes,
+    shard_file_name,
+    shard_key,
+)
+from rowcache.io.checksum import page_crcs
 
-import ml_dtypes
-import numpy as np
-
-from rowcache.errors import ConfigError, FormatError
-from rowcache.io import checksum
-
-PAGE = 4096
-FORMAT_NAME = "rowcache-store"
-FORMAT_VERSION = 2  # 2: shard files padded to whole pages, a CRC32C per page
-DTYPES = ("bf16", "fp8")
-META_KEY = b"M"
-SHARD_PREFIX = b"S"
-CRC_PREFIX = b"C"
-INDEX_NAME = "index.lmdb"
-INDEX_FILE = "data.mdb"  # the LMDB data file inside INDEX_NAME
-MARKER_NAME = "rowcache-store.json"  # the marker a build writes last (rowcache.store.marker)
-
-Dtype = Literal["bf16", "fp8"]
-
-
-def record_bytes(dim: int, dtype: str) -> int:
-    """Bytes of one stored row: ``2*dim`` for bf16, ``dim + 4`` (codes + f32 scale) for fp8."""
-    if dtype == "bf16":
-        return 2 * dim
-    if dtype == "fp8":
-        return dim + 4
-    raise ConfigError(f"dtype={dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
-
-
-def page_packing(rec: int) -> tuple[int, int]:
-    """``(rows_per_page, page_bytes)`` so that no record straddles a 4 KiB page."""
-    if rec <= PAGE:
-        return PAGE // rec, PAGE
-    return 1, -(-rec // PAGE) * PAGE
-
-
-def shard_key(table: int, shard: int) -> bytes:
-    """LMDB key of a shard record; big-endian so keys sort numerically."""
-    return SHARD_PREFIX + struct.pack(">IQ", table, shard)
-
-
-def crc_key(table: int, shard: int) -> bytes:
-    """LMDB key of the page-CRC record of a shard (uint32 little endian, one per 4 KiB page)."""
-    return CRC_PREFIX + struct.pack(">IQ", table, shard)
-
-
-def page_crcs(data: np.ndarray) -> np.ndarray:
-    """CRC32C of each 4 KiB page of ``data`` (uint8, a whole number of pages): uint32[pages]
-    (``rowcache.io.checksum.page_crcs``: one C loop with the GIL released where built)."""
-    if np.asarray(data).nbytes % PAGE:
-        raise ValueError(
-            f"page_crcs needs whole {PAGE}-byte pages, got {np.asarray(data).nbytes} bytes"
-        )
-    return checksum.page_crcs(data)
-
-
-def shard_file_name(table: int, shard: int) -> str:
-    return f"t{table:04d}-s{shard:06d}.bin"
-
-
-def check_file_name(name: Any, where: str) -> str:
-    """``name`` if it is a plain file name inside the store directory, else FormatError.
-
-    A store can come from someone else: its records must never make a reader open a
-    file outside the store (an absolute path, ``..``, a separator) or the index itself.
-    """
-    ok = (
-        type(name) is str
-        and name not in ("", ".", "..", INDEX_NAME, MARKER_NAME)
-        and not name.startswith(".")
-        and "/" not in name
-        and "\\" not in name
-        and "\0" not in name
-        and (os.altsep is None or os.altsep not in name)
-    )
-    if not ok:
-        raise FormatError(
-            f"{where}: field 'file' is {name!r}; a shard file must be a plain file name "
-            "inside the store (no directory, no '..', not hidden, not the index or the marker)"
-        )
-    return name
-
-
-def _check_int(obj: dict[str, Any], key: str, where: str, low: int = 0) -> int:
-    """``obj[key]`` if it is a JSON integer >= ``low`` (not a float, string or bool)."""
-    v = obj.get(key)
-    if type(v) is not int or v < low:
-        raise FormatError(f"{where}: field {key!r} is {v!r}; expected an integer >= {low}")
-    return v
-
-
-@dataclass(frozen=True)
-class TableInfo:
-    """One table of a store.
-
-    ``rows`` x ``dim`` values of ``dtype``; ``record_bytes`` per stored row, packed
-    ``rows_per_page`` to a page of ``page_bytes``; ``pages_per_shard`` pages per
-    shard file, ``shards`` files in all.
-    """
-
-    name: str
-    rows: int
-    dim: int
-    dtype: str
-    record_bytes: int
-    rows_per_page: int
-    page_bytes: int
-    pages_per_shard: int
-    shards: int
-
-    @property
-    def rows_per_shard(self) -> int:
-        return self.rows_per_page * self.pages_per_shard
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the table's values (not counting page padding or scales)."""
-        return self.rows * self.dim * (2 if self.dtype == "bf16" else 1)
-
-    def shard_rows(self, shard: int) -> tuple[int, int]:
-        """``(first_row, row_count)`` of shard ``shard``."""
-        first = shard * self.rows_per_shard
-        return first, min(self.rows_per_shard, self.rows - first)
-
-    def shard_bytes(self, shard: int) -> int:
-        """File length of shard ``shard``: whole pages (the last one zero-padded)."""
-        _, n = self.shard_rows(shard)
-        return -(-n // self.rows_per_page) * self.page_bytes
-
-    def shard_pages(self, shard: int) -> int:
-        """Number of 4 KiB checksum pages of shard ``shard``."""
-        return self.shard_bytes(shard) // PAGE
-
-    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Shard index and byte offset inside the shard of each row (vectorized)."""
-        r = np.asarray(rows, dtype=np.int64)
-        page, slot = np.divmod(r, self.rows_per_page)
-        shard, page_in_shard = np.divmod(page, self.pages_per_shard)
-        return shard, page_in_shard * self.page_bytes + slot * self.record_bytes
-
-    @staticmethod
-    def make(name: str, rows: int, dim: int, dtype: str, shard_bytes: int) -> TableInfo:
-        rec = record_bytes(dim, dtype)
-        rpp, page_bytes = page_packing(rec)
-        pps = max(1, shard_bytes // page_bytes)
-        pages = -(-rows // rpp)
-        return TableInfo(
-            name=name,
-            rows=rows,
-            dim=dim,
-            dtype=dtype,
-            record_bytes=rec,
-            rows_per_page=rpp,
-            page_bytes=page_bytes,
-            pages_per_shard=pps,
-            shards=max(1, -(-pages // pps)),
-        )
-
-
-def encode_records(dtype: str, values: np.ndarray | tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """Records ``uint8 [n, record_bytes]`` of bf16 rows or of ``(codes, scales)``."""
-    if dtype == "bf16":
-        v = np.ascontiguousarray(values)
-        return v.view(np.uint8).reshape(v.shape[0], -1)
-    codes, scales = values
-    n, dim = codes.shape
-    out = np.empty((n, dim + 4), dtype=np.uint8)
-    out[:, :dim] = codes
-    out[:, dim:] = np.ascontiguousarray(scales, dtype="<f4").view(np.uint8).reshape(n, 4)
-    return out
-
-
-def decode_records(
-    dtype: str, dim: int, records: np.ndarray
-) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-    """Inverse of :func:`encode_records`: bf16 ``[n, dim]`` or ``(codes, scales)``."""
-    n = records.shape[0]
-    if dtype == "bf16":
-        return np.ascontiguousarray(records[:, : 2 * dim]).view(ml_dtypes.bfloat16).reshape(n, dim)
-    codes = np.ascontiguousarray(records[:, :dim])
-    scales = (
-        np.ascontiguousarray(records[:, dim : dim + 4]).view("<f4").reshape(n).astype(np.float32)
-    )
-    return codes, scales
-
-
-_SHARD_INT_FIELDS = ("table", "shard", "first_row", "rows", "offset", "length", "pages")
-
-
-@dataclass(frozen=True)
-class ShardRecord:
-    """The LMDB record of one shard file.
-
-    ``pages`` 4 KiB pages of ``length`` bytes; ``page_crc32c`` is the CRC32C of the
-    shard's page-CRC record (see the module docstring), so that record is checked too.
-    """
-
-    table: int
-    shard: int
-    first_row: int
-    rows: int
-    file: str
-    offset: int
-    length: int
-    pages: int
-    page_crc32c: int
-
-    @property
-    def crc32(self) -> int:
-        """The shard's digest (``page_crc32c``), under the name format 1 used."""
-        return self.page_crc32c
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
-
-    @staticmethod
-    def from_bytes(raw: bytes, where: str = "shard record") -> ShardRecord:
-        """Parse and type-check a record: every field present, ints are ints, a plain file."""
-        try:
-            obj = json.loads(raw)
-        except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply
-            raise FormatError(f"{where} is not valid JSON ({e})") from e
-        if not isinstance(obj, dict):
-            raise FormatError(f"{where} is not a JSON object")
-        want = {*_SHARD_INT_FIELDS, "file", "page_crc32c"}
-        if set(obj) != want:
-            extra, missing = sorted(set(obj) - want), sorted(want - set(obj))
-            raise FormatError(f"{where} has unknown fields {extra} / lacks fields {missing}")
-        ints = {k: _check_int(obj, k, where) for k in _SHARD_INT_FIELDS}
-        crc = obj["page_crc32c"]
-        if type(crc) is not int or not 0 <= crc < 1 << 32:
-            raise FormatError(f"{where}: field 'page_crc32c' is {crc!r}; expected a uint32")
-        return ShardRecord(file=check_file_name(obj["file"], where), page_crc32c=crc, **ints)
-
-
-def meta_to_bytes(meta: dict[str, Any]) -> bytes:
-    return json.dumps(meta, sort_keys=True).encode()
-
-
-_TABLE_INT_FIELDS = {
-    "rows": 1,
-    "dim": 1,
-    "record_bytes": 1,
-    "rows_per_page": 1,
-    "page_bytes": PAGE,
-    "pages_per_shard": 1,
-    "shards": 1,
-}
-
-
-def _parse_table(t: Any, i: int, dtype: str, path: str) -> TableInfo:
-    where = f"{path}: meta field 'tables[{i}]'"
-    if not isinstance(t, dict):
-        raise FormatError(f"{where} is {type(t).__name__}, expected an object")
-    want = {"name", "dtype", *_TABLE_INT_FIELDS}
-    if set(t) != want:
-        extra, missing = sorted(set(t) - want), sorted(want - set(t))
-        raise FormatError(f"{where} is malformed (unknown fields {extra}, missing {missing})")
-    if type(t["name"]) is not str or not t["name"]:
-        raise FormatError(f"{where}: field 'name' is {t['name']!r}; expected a non-empty string")
-    ints = {k: _check_int(t, k, where, low) for k, low in _TABLE_INT_FIELDS.items()}
-    info = TableInfo(name=t["name"], dtype=t["dtype"], **ints)
-    expect = TableInfo.make(
-        info.name, info.rows, info.dim, dtype, info.pages_per_shard * info.page_bytes
-    )
-    for field in ("dtype", "record_bytes", "rows_per_page", "page_bytes", "shards"):
-        if getattr(info, field) != getattr(expect, field):
-            raise FormatError(
-                f"{path}: meta field 'tables[{i}].{field}' is {getattr(info, field)!r}, "
-                f"inconsistent with dim={info.dim} dtype={dtype} (expected {getattr(expect, field)!r})"
-            )
-    return info
-
-
-def parse_meta(raw: bytes | None, path: str) -> tuple[str, list[TableInfo], dict[str, Any]]:
-    """Validate a meta record; FormatError naming the field on any mismatch."""
-    if raw is None:
-        raise FormatError(
-            f"{path}: no meta record; this is not a complete rowcache store "
-            "(an interrupted build leaves none); rebuild it with `rowcache build`"
-        )
-    try:
-        meta = json.loads(raw)
-    except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply
-        raise FormatError(f"{path}: meta record is not valid JSON ({e})") from e
-    if not isinstance(meta, dict):
-        raise FormatError(f"{path}: meta record is not an object")
-    if meta.get("format") != FORMAT_NAME:
-        raise FormatError(
-            f"{path}: meta field 'format' is {meta.get('format')!r}, expected {FORMAT_NAME!r}"
-        )
-    version = meta.get("version")
-    if version != FORMAT_VERSION or type(version) is not int:
-        age = (
-            "an older format"
-            if type(version) is int and version < FORMAT_VERSION
-            else "not a format this rowcache knows"
-        )
-        raise FormatError(
-            f"{path}: meta field 'version' is {version!r} ({age}); this rowcache reads "
-            f"format version {FORMAT_VERSION} only; rebuild the store with `rowcache build`"
-        )
-    if meta.get("page_size") != PAGE or type(meta.get("page_size")) is not int:
-        raise FormatError(
-            f"{path}: meta field 'page_size' is {meta.get('page_size')!r}, expected {PAGE}"
-        )
-    dtype = meta.get("dtype")
-    if dtype not in DTYPES:
-        raise FormatError(f"{path}: meta field 'dtype' is {dtype!r}; allowed: {', '.join(DTYPES)}")
-    raw_tables = meta.get("tables")
-    if not isinstance(raw_tables, list) or not raw_tables:
-        raise FormatError(f"{path}: meta field 'tables' must be a non-empty list")
-    tables = [_parse_table(t, i, dtype, path) for i, t in enumerate(raw_tables)]
-    names = [t.name for t in tables]
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise FormatError(f"{path}: meta field 'tables' names table {dup!r} twice")
-    return dtype, tables, meta
+__all__ = [
+    "CRC_PREFIX",
+    "DTYPES",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "INDEX_FILE",
+    "INDEX_NAME",
+    "MARKER_NAME",
+    "META_KEY",
+    "PAGE",
+    "SHARD_PREFIX",
+    "Dtype",
+    "ShardRecord",
+    "TableInfo",
+    "check_file_name",
+    "crc_key",
+    "decode_records",
+    "encode_records",
+    "meta_to_bytes",
+    "page_crcs",
+    "page_packing",
+    "parse_meta",
+    "record_bytes",
+    "shard_file_name",
+    "shard_key",
+]

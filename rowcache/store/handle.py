@@ -6,10 +6,10 @@ front, then the LMDB environment closed, so no LMDB handle outlives ``open`` and
 survive ``fork``; an open that another build's switch overtook starts again at the new
 store), holding the opened store directory (``StoreDir``) so a handle, and every reader made
 from it, never reads a store that replaced it or through a reused descriptor, refusing every
-call once closed, validating row ids, ``read_rows`` (the ground truth the cache is tested
-against) and ``verify``. The I/O is ``rowcache.io.reader``, the index checks
-``rowcache.store.index``, the layout ``rowcache.store.format``, replacing stores ``rowcache.store.replace``.
-"""
+call once closed, ``read_rows`` (the ground truth the cache is tested against) and
+``verify``. The I/O is ``rowcache.io.reader``, the index checks ``rowcache.store.index``,
+the layout ``rowcache.format.layout``, the row-id checks ``rowcache.format.rows``, replacing
+stores ``rowcache.store.replace``."""
 
 from __future__ import annotations
 
@@ -25,11 +25,12 @@ from rowcache.errors import (
     ConfigError,
     CorruptDataError,
     FormatError,
-    RowRangeError,
     StoreChangedError,
 )
+from rowcache.format import layout as fmt
+from rowcache.format.rows import check_row_ids
+from rowcache.io import checksum
 from rowcache.io.reader import DEFAULT_MERGE_GAP, ReadStats, RowReader
-from rowcache.store import format as fmt
 from rowcache.store import replace
 from rowcache.store.index import check_lmdb_header, check_shard_files, lmdb_error, read_index
 from rowcache.store.replace import Leftover, find_leftovers, remove_leftovers
@@ -73,29 +74,6 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-
-def check_row_ids(row_ids: Any, rows: int, name: str = "row_ids") -> np.ndarray:
-    """``row_ids`` as int64 [n]; ConfigError/ValueError for bad types, RowRangeError for range."""
-    if type(row_ids).__module__.startswith("cupy"):
-        row_ids = row_ids.get()
-    raw = np.asarray(row_ids)
-    if raw.dtype.kind not in "iu" or raw.dtype == np.bool_:
-        if raw.size == 0 and raw.dtype.kind == "f":
-            raw = raw.astype(np.int64)
-        else:
-            raise ConfigError(f"{name} must be an integer array, got dtype {raw.dtype}")
-    if raw.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(raw.shape)}")
-    ids = raw.astype(np.int64, copy=False)
-    # One pass: as unsigned, a negative id is huge, so a single compare catches both ends
-    # (a uint64 id >= 2**63 wraps negative here and is caught the same way).
-    if ids.size and int(ids.view(np.uint64).max()) >= rows:
-        bad = int(np.flatnonzero((ids < 0) | (ids >= rows))[0])
-        raise RowRangeError(
-            f"{name}[{bad}] = {int(raw[bad])} is outside the table's rows [0, {rows})"
-        )
-    return ids
 
 
 def _pinned_root(dirfd: int, path: str) -> str:
@@ -458,7 +436,7 @@ class RowStore:
                     problems.append(f"{r.file}: shrank to {off} bytes while being read {where}")
                     return off, off // fmt.PAGE, len(bad)
                 p0 = off // fmt.PAGE
-                got = fmt.page_crcs(buf[:n])
+                got = checksum.page_crcs(buf[:n])
                 for p in np.flatnonzero(got != want[p0 : p0 + len(got)]).tolist():
                     if len(bad) < MAX_REPORTED_PAGES:
                         problems.append(self._bad_page(t, r, p0 + p, int(got[p])))

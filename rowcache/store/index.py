@@ -24,7 +24,7 @@ import lmdb
 import numpy as np
 
 from rowcache.errors import CorruptDataError, FormatError
-from rowcache.store import format as fmt
+from rowcache.format import layout as fmt
 from rowcache.store.marker import index_checksum, read_marker
 from rowcache.store.safeopen import open_dir_at, open_file_at
 

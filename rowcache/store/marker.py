@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import crc32c
 
 from rowcache.errors import FormatError
-from rowcache.store import format as fmt
+from rowcache.format import layout as fmt
 from rowcache.store.safeopen import DIR_FLAGS, open_dir_at, open_file_at, read_exact
 
 MAX_MARKER_BYTES = 4096

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError
+from rowcache.format import layout as fmt
 from rowcache.kernels import quantize as _quantize
-from rowcache.kernels.reference import quantize_fp8_reference
-from rowcache.store import format as fmt
-from rowcache.store.sources import BF16, Source
+from rowcache.kernels.reference import BF16, quantize_fp8_reference
+from rowcache.store.sources import Source
 
 
 def check_finite(block: np.ndarray, name: str, first_row: int) -> None:
@@ -91,7 +91,7 @@ class Fp8Pages:
         self.k = 0
         # Every core but one, which the chunk writes and page CRCs keep busy: on the 2-core
         # dev machine 1 quantize thread builds at 2.2x plain write, 2 threads at 1.6x
-        # (bench/build.py, docs/results/).
+        # (bench/build.py; docs/benchmarks.md, "Building and the full-size store").
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         self.threads = threads or max(1, (cores or 1) - 1)
         self.pool = (

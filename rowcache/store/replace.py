@@ -31,12 +31,13 @@ RENAME_EXCHANGE = 2
 _SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "ppc64le": 357, "s390x": 347}
 AT_FDCWD = -100
 
-# Test hook: called with the name of each step of the switch (crash-injection tests
+# Test hook: called with the name of each step of a build or switch (crash-injection tests
 # set it to a function that calls os._exit at one named point). None in production.
 test_hook: Callable[[str], None] | None = None
 
 
-def _step(name: str) -> None:
+def mark_step(name: str) -> None:
+    """Pass the step of a build or switch just done to :data:`test_hook`, where one is set."""
     if test_hook is not None:
         test_hook(name)
 
@@ -221,7 +222,7 @@ def remove_tree(path: str, step: str | None = None) -> None:
             except FileNotFoundError:
                 pass
         if i == 0 and step is not None:
-            _step(step)
+            mark_step(step)
     os.rmdir(path)
 
 
@@ -334,9 +335,9 @@ def switch(tmp: str, path: str, check_existing: Callable[[str], None]) -> None:
             check_existing(path)
             old, old_lock = _move_in(tmp, path, parent)
         else:
-            _step("renamed")
+            mark_step("renamed")
     fsync_dir(parent)
-    _step("synced")
+    mark_step("synced")
     if old is None or old_lock is None:
         return
     try:
@@ -345,14 +346,14 @@ def switch(tmp: str, path: str, check_existing: Callable[[str], None]) -> None:
         pass  # left for the next build of this path to remove (find_leftovers reports it)
     finally:
         old_lock.close()
-    _step("old-removed")
+    mark_step("old-removed")
 
 
 def _move_in(tmp: str, path: str, parent: str) -> tuple[str | None, DirLock | None]:
     """Exchange ``tmp`` with the store at ``path`` (or the two-rename fallback); the old
     store's new name and its lock, or ``(None, None)`` where another holds it."""
     if exchange(tmp, path):
-        _step("exchanged")
+        mark_step("exchanged")
         # ``tmp`` now holds the old store (unlocked: our build lock followed the new one).
         old_lock = try_lock(tmp)
         if old_lock is None:  # the build that made it still holds it: left as a leftover
@@ -360,7 +361,7 @@ def _move_in(tmp: str, path: str, parent: str) -> tuple[str | None, DirLock | No
         try:
             old = sibling_name(path, "old")
             os.rename(tmp, old)
-            _step("old-renamed")
+            mark_step("old-renamed")
         except BaseException:
             old_lock.close()
             raise
@@ -370,16 +371,16 @@ def _move_in(tmp: str, path: str, parent: str) -> tuple[str | None, DirLock | No
     try:
         os.rename(path, moved)  # path is missing from here ...
         try:
-            _step("old-moved")
+            mark_step("old-moved")
             os.rename(tmp, path)  # ... to here; recover() restores `moved` if we die between
         except BaseException:
             with contextlib.suppress(OSError):
                 os.rename(moved, path)  # an error, not a crash: put the old store back now
             raise
-        _step("new-moved")
+        mark_step("new-moved")
         old = sibling_name(path, "old")
         os.rename(moved, old)
-        _step("old-renamed")
+        mark_step("old-renamed")
     except BaseException:
         old_lock.close()
         raise

@@ -23,12 +23,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from rowcache.errors import ConfigError, FormatError
-
-BF16 = np.dtype(ml_dtypes.bfloat16)
+from rowcache.kernels.reference import BF16
 
 _ST_DTYPES = {"BF16": BF16, "F32": np.dtype("<f4"), "F16": np.dtype("<f2")}
 

@@ -78,7 +78,7 @@ def test_deeply_nested_json_is_a_one_line_error_naming_the_file(w, tr, prof, cap
 def test_a_store_whose_meta_record_is_deeply_nested_is_refused(tmp_path, rng, capsys):
     import lmdb
 
-    from rowcache.store import format as fmt
+    from rowcache.format import layout as fmt
     from rowcache.store.marker import write_marker
 
     x = rng.standard_normal((100, 16), dtype=np.float32).astype(ml_dtypes.bfloat16)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from rowcache.errors import CorruptDataError, StoreChangedError
+from rowcache.format import layout as fmt
 from rowcache.io.files import ShardFiles
-from rowcache.store import format as fmt
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from rowcache import NgramRowCache
 from rowcache.errors import ConfigError, CorruptDataError, RowRangeError
 from rowcache.io.checksum import PAGE, page_crcs, page_crcs_of_file
 from rowcache.io.reader import RowReader
-from rowcache.store.sources import BF16
+from rowcache.kernels.reference import BF16
 
 _rcio = pytest.importorskip("rowcache.io._rcio", reason="the native extension is not built here")
 ENGINES = ["uring", "threads", "python"]

@@ -1,6 +1,6 @@
 """scatter_records (the cache's fault path): reference against plain Python, kernel against reference.
 
-Records are built with ``rowcache.store.format.encode_records``, the store's own encoder, so
+Records are built with ``rowcache.format.layout.encode_records``, the store's own encoder, so
 the tests also pin the record layout the kernel decodes (FP8: codes then a
 little-endian float32 scale at byte ``dim``, usually not 4-byte aligned).
 """
@@ -15,8 +15,8 @@ import pytest
 
 import rowcache.kernels
 from rowcache.errors import ConfigError
+from rowcache.format.layout import encode_records
 from rowcache.kernels.reference import BF16, scatter_records_reference
-from rowcache.store.format import encode_records
 from tests.kernels.support import mapped_host_array, non_nan_codes, random_scales, random_table
 
 DIMS = (1, 7, 130, 256, 3072)

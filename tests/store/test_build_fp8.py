@@ -16,10 +16,10 @@ import pytest
 
 import rowcache
 from rowcache.errors import ConfigError
+from rowcache.format import layout as fmt
 from rowcache.kernels import quantize as kq
 from rowcache.kernels.reference import quantize_fp8_reference
 from rowcache.store import builder
-from rowcache.store import format as fmt
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 # The reference divides by scales that underflow to 0 for rows below ~1e-43: that is its rule.

@@ -13,7 +13,7 @@ import pytest
 
 import rowcache
 from rowcache.errors import ConfigError, CorruptDataError, FormatError, RowRangeError
-from rowcache.store import format as fmt
+from rowcache.format import layout as fmt
 from rowcache.store.handle import RowStore
 from rowcache.store.marker import write_marker
 

@@ -62,7 +62,7 @@ def assert_clean(outcome):
 FUZZ = r"""
 import random
 from rowcache.errors import FormatError
-from rowcache.store import format as fmt
+from rowcache.format import layout as fmt
 s = os.path.join(work, "s")
 build(s)
 with RowStore.open(s) as h:
@@ -107,7 +107,7 @@ result = {"outcomes": outcomes, "odd": odd[:5], "flips": len(bits) + len(marker_
 FIFO = r"""
 from rowcache.cli.app import main
 import contextlib, io
-from rowcache.store import format as fmt
+from rowcache.format import layout as fmt
 s = os.path.join(work, "s")
 build(s, rows=600)  # 5 pages: shards of 2 pages, shard 2 the last
 result = {}

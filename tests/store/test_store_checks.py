@@ -18,8 +18,8 @@ import pytest
 import rowcache
 import rowcache.store.handle as store_mod
 from rowcache.errors import ConfigError, CorruptDataError, FormatError, RowRangeError
+from rowcache.format import layout as fmt
 from rowcache.io.reader import RowReader
-from rowcache.store import format as fmt
 from rowcache.store.handle import RowStore, lmdb_error
 from rowcache.store.marker import write_marker
 

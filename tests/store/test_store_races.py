@@ -19,8 +19,8 @@ import pytest
 import rowcache
 from rowcache import NgramRowCache
 from rowcache.errors import ConfigError, CorruptDataError, FormatError, StoreChangedError
+from rowcache.format import layout as fmt
 from rowcache.store import builder, replace
-from rowcache.store import format as fmt
 from rowcache.store.handle import RowStore, find_leftovers
 
 BF16 = ml_dtypes.bfloat16

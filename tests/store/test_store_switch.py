@@ -16,7 +16,7 @@ import pytest
 import rowcache
 from rowcache import NgramRowCache
 from rowcache.errors import ConfigError, CorruptDataError, FormatError, StoreChangedError
-from rowcache.store import format as fmt
+from rowcache.format import layout as fmt
 from rowcache.store import replace
 from rowcache.store.handle import RowStore, find_leftovers
 from rowcache.store.marker import write_marker

@@ -23,6 +23,7 @@ import torch
 from rowcache.embed.checkpoint import load_pretrained
 from rowcache.embed.layer import NgramEmbedding
 from rowcache.embed.torch import packed as torch_packed
+from rowcache.embed.torch.static import TorchStaticStep
 from rowcache.embed.torch.views import (
     MAX_VIEWS,
     TensorViews,
@@ -254,10 +255,10 @@ class TorchNgramEmbedding(torch.nn.Module):
         view = self._views.rows(out)
         cv, c = (None, 0) if b is None else (b[0], b[6])
         if self._cp.cuda.get_current_stream().ptr == raw:
-            self.emb._rows_known(a[0], cv, c, view)
+            self.emb.embed_rows_prechecked(a[0], cv, c, view)
         else:
             with self._streams(raw, index):
-                self.emb._rows_known(a[0], cv, c, view)
+                self.emb.embed_rows_prechecked(a[0], cv, c, view)
         return out
 
     def _remember(self, t: torch.Tensor, view: Any, index: int) -> None:
@@ -359,9 +360,7 @@ class TorchNgramEmbedding(torch.nn.Module):
         See :class:`TorchStaticStep`. Needs resident tables on the GPU (a cached table
         resolves rows on the host each step, which no graph can hold).
         """
-        from rowcache.embed.torch.static import TorchStaticStep
-
-        return TorchStaticStep(self, batch_size, seq_len, context_len)
+        return TorchStaticStep(self.emb, batch_size, seq_len, context_len)
 
 
 __all__ = ["TorchNgramEmbedding"]

@@ -1,6 +1,7 @@
 """A fixed-shape resident GPU step of the torch module, capturable in a CUDA graph.
 
-Owns :class:`TorchStaticStep` (what ``TorchNgramEmbedding.static_step`` returns): the
+Owns :class:`TorchStaticStep` (what ``TorchNgramEmbedding.static_step`` returns, made from
+the module's ``NgramEmbedding``, so this module does not import the torch module): the
 tokens packed into a device buffer by torch copies, a copy into the step's pinned input,
 then ``NgramEmbedding.static_step``'s upload, fused hash + gathers, GEMM and scaled sum
 into one output tensor, all stream-ordered and allocation-free. Does not run the eager
@@ -12,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rowcache.embed.layer import NgramEmbedding
 from rowcache.embed.ngram.batch import NgramBatch
-from rowcache.embed.torch.module import TorchNgramEmbedding
 from rowcache.embed.torch.views import TorchStreams, capturing, raw_stream
 from rowcache.errors import ConfigError
 
@@ -34,9 +35,8 @@ class TorchStaticStep:
     """
 
     def __init__(
-        self, module: TorchNgramEmbedding, batch_size: int, seq_len: int, context_len: int = 0
+        self, emb: NgramEmbedding, batch_size: int, seq_len: int, context_len: int = 0
     ) -> None:
-        emb = module.emb
         self._streams = TorchStreams()  # cupy's view of torch's current stream
         for name, v, lo in (
             ("batch_size", batch_size, 1),
@@ -49,7 +49,7 @@ class TorchStaticStep:
         c = min(int(context_len), emb.dims.max_ngram - 1)
         if emb.device != "cuda":
             raise ConfigError("static_step needs an embedding on cuda (CUDA graphs)")
-        self.module, self.shape = module, (B, L, c)
+        self.emb, self.shape = emb, (B, L, c)
         zeros = np.zeros(B * (c + L), dtype=np.int64)
         batch = (
             NgramBatch.single(emb.dims, zeros, L)

@@ -71,6 +71,7 @@ if sys.platform.startswith("linux"):
             "rowcache.io._rcio",
             ["csrc/rcio.c"],
             include_dirs=["csrc"],
+            depends=["csrc/rcio_status.h"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=gnu11"],
             extra_link_args=["-pthread"],
         )

@@ -20,6 +20,7 @@ from tests.cache.support import (
     gather,
     make_multi_store,
     make_store,
+    python_engine,
 )
 
 BF16 = ml_dtypes.bfloat16

@@ -45,7 +45,7 @@ HOST_SOURCES = [
 ]
 HOST_HEADERS = [
     "pool", "pybuf", "ngram_hash", "engram_hash",
-    "lru_state", "lru_hits", "lru_miss", "lru_slots", "lru_touch", "row_map",
+    "lru_state", "lru_hits", "lru_miss", "lru_slots", "lru_status", "lru_touch", "row_map",
 ]
 
 ext_modules = [

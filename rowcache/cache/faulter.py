@@ -223,9 +223,14 @@ class Faulter:
         )
 
     def _commit_call(
-        self, plan: MissPlan, claim: InFlightClaim | None, rows: np.ndarray, slots: np.ndarray,
-        device_out: bool, times: tuple[float, float, float],
-    ) -> Any:  # fmt: skip
+        self,
+        plan: MissPlan,
+        claim: InFlightClaim | None,
+        rows: np.ndarray,
+        slots: np.ndarray,
+        device_out: bool,
+        times: tuple[float, float, float],
+    ) -> Any:
         """A planned call whose ``rows`` were read into ``slots`` (CPU: scattered): its
         commit, then on the GPU its launch; counted. Returns the call's slots."""
         n, m = plan.n, rows.size

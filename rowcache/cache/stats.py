@@ -84,8 +84,9 @@ class Counters:
         return np.array([self.plan_s, self.read_s, self.commit_s, self.launch_s])
 
     # -- the writers ---------------------------------------------------------
-    def count_fault(self, seconds: float, plan: float, read: float, commit: float,
-                    launch: float) -> None:  # fmt: skip
+    def count_fault(
+        self, seconds: float, plan: float, read: float, commit: float, launch: float
+    ) -> None:
         """A demand fault's host time (``fault_seconds``) and its phase times (seconds)."""
         self.fault_seconds += seconds
         self.plan_s += plan
@@ -105,8 +106,9 @@ class Counters:
         self.lookups += lookups
         self.hits += fresh
 
-    def count_commit(self, lookups: int, fresh: int, misses: int, evictions: int,
-                     part_misses: np.ndarray) -> None:  # fmt: skip
+    def count_commit(
+        self, lookups: int, fresh: int, misses: int, evictions: int, part_misses: np.ndarray
+    ) -> None:
         """A resolve with misses, committed: ``fresh`` slots newly pinned (``misses`` of
         them faulted; ``part_misses[p]`` of those in part ``p``)."""
         self.lookups += lookups

@@ -115,8 +115,11 @@ class Counters:
         self.misses += misses
         self.hits += fresh - misses
         self.evictions += evictions
-        if misses:
-            self.part_misses += part_misses
+        if misses:  # (one part: a scalar add, ~0.1 us against an array add's ~0.7)
+            if self.part_misses.size == 1:
+                self.part_misses[0] += misses
+            else:
+                self.part_misses += part_misses
 
     def count_evictions(self, evictions: int) -> None:
         """Mapped rows a prefetch's reservation dropped for others."""

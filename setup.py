@@ -45,7 +45,7 @@ HOST_SOURCES = [
 ]
 HOST_HEADERS = [
     "pool", "pybuf", "ngram_hash", "engram_hash",
-    "lru_state", "lru_hits", "lru_miss", "lru_slots", "lru_touch", "row_map",
+    "lru_state", "lru_hits", "lru_miss", "lru_slots", "lru_status", "lru_touch", "row_map",
 ]
 
 ext_modules = [
@@ -71,6 +71,7 @@ if sys.platform.startswith("linux"):
             "rowcache.io._rcio",
             ["csrc/rcio.c"],
             include_dirs=["csrc"],
+            depends=["csrc/rcio_status.h"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=gnu11"],
             extra_link_args=["-pthread"],
         )

@@ -15,13 +15,15 @@
  *   (docs/ngram-spec.md), with an optional per-table offset added (global ids of a
  *   shared arena). Tokens come checked (rowcache.embed.ngram.batch.NgramBatch checks them
  *   once).
- * LruState(row_map, slot_row, state, last_used, log, log_pos, row_offsets, part_misses):
+ * LruState(row_map, slot_row, state, last_used, log, log_pos, row_offsets, part_counts):
  *   made once by rowcache.cache.lru.Lru with the slot table's and the LRU's arrays (the
  *   row map an int32 array or a RowHash: rowcache.cache.row_map); a call
  *   passes ids and a plan. hits: the all-hits path of NgramRowCache.resolve; plan, commit:
  *   the bookkeeping of a resolve with misses, around its read (csrc/lru_miss.c); scan and
  *   touch_start: the deferred touch; compact: the LRU log's compaction.
  * SLOT_FREE .. SLOT_READ: the slot states (csrc/lru_slots.h, rowcache.cache.slots.SlotState).
+ * LRU_OK .. LRU_EXHAUSTED: what the LRU's calls found (csrc/lru_status.h,
+ *   rowcache.cache.plan.LruStatus).
  *
  * All are bit-exact with their references (rowcache.embed.ngram.batch.hash_positions and
  * the cache's Python paths), checked by tests/kernels/test_host.py and
@@ -39,6 +41,7 @@
 #include <Python.h>
 
 #include "lru_slots.h"  /* the slot states, exported as SLOT_* */
+#include "lru_status.h" /* what the LRU's calls found, exported as LRU_* */
 #include "lru_state.h"  /* LruState: the arrays, held once; the LRU's calls are its methods */
 #include "lru_touch.h"  /* lru_touch_wait: the deferred touch */
 #include "ngram_hash.h" /* hash_packed */
@@ -66,7 +69,13 @@ PyMODINIT_FUNC PyInit__host(void) {
         PyModule_AddIntConstant(m, "SLOT_FREE", RC_SLOT_FREE) ||
         PyModule_AddIntConstant(m, "SLOT_RESIDENT", RC_SLOT_RESIDENT) ||
         PyModule_AddIntConstant(m, "SLOT_READING", RC_SLOT_READING) ||
-        PyModule_AddIntConstant(m, "SLOT_READ", RC_SLOT_READ)) {
+        PyModule_AddIntConstant(m, "SLOT_READ", RC_SLOT_READ) ||
+        PyModule_AddIntConstant(m, "LRU_OK", RC_LRU_OK) ||
+        PyModule_AddIntConstant(m, "LRU_MISS", RC_LRU_MISS) ||
+        PyModule_AddIntConstant(m, "LRU_BAD_ID", RC_LRU_BAD_ID) ||
+        PyModule_AddIntConstant(m, "LRU_LOG_FULL", RC_LRU_LOG_FULL) ||
+        PyModule_AddIntConstant(m, "LRU_IN_FLIGHT", RC_LRU_IN_FLIGHT) ||
+        PyModule_AddIntConstant(m, "LRU_EXHAUSTED", RC_LRU_EXHAUSTED)) {
         Py_XDECREF(m);
         return NULL;
     }

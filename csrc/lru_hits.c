@@ -84,11 +84,11 @@ void *rc_hits_scan(void *arg) {
     const int64_t *ids = h->ids;
     const RowMap *map = h->map;
     Py_ssize_t lo = h->lo, hi = h->hi;
-    h->status = 0;
+    h->status = RC_LRU_OK;
     h->n_u = 0;
     for (Py_ssize_t i = lo; i < hi; i++) {
         if ((uint64_t)ids[i] >= (uint64_t)h->rows) {
-            h->status = 2;
+            h->status = RC_LRU_BAD_ID;
             h->bad = i;
             return NULL;
         }
@@ -101,7 +101,7 @@ void *rc_hits_scan(void *arg) {
         int32_t s = rm_get(map, (int32_t)ids[i]);
         h->out[i] = s;
         if (s < 0) {
-            h->status = 1;
+            h->status = RC_LRU_MISS;
         }
     }
     if (h->status) {
@@ -165,16 +165,18 @@ void *rc_hits_touch(void *arg) {
     return NULL;
 }
 
-/* The status of a scan split into K parts: 2 with *bad the first bad id (as a serial scan
- * finds it), else 1 when a part has a miss, else 0. */
+/* The status of a scan split into K parts: RC_LRU_BAD_ID with *bad the first bad id (as a
+ * serial scan finds it), else RC_LRU_MISS when a part has a miss, else RC_LRU_OK. */
 int rc_scan_status(const HitsPart *part, int K, Py_ssize_t *bad) {
-    int status = 0;
+    int status = RC_LRU_OK;
     for (int k = 0; k < K; k++) {
-        if (part[k].status == 2) {
+        if (part[k].status == RC_LRU_BAD_ID) {
             *bad = part[k].bad;
-            return 2;
+            return RC_LRU_BAD_ID;
         }
-        status |= part[k].status == 1;
+        if (part[k].status == RC_LRU_MISS) {
+            status = RC_LRU_MISS;
+        }
     }
     return status;
 }
@@ -182,12 +184,12 @@ int rc_scan_status(const HitsPart *part, int K, Py_ssize_t *bad) {
 /* LruState.hits(ids i64[n], tail, batch, out i32[n], scratch i32[2n][, threads])
  *     -> (status, a, b)
  * On the state's row map, last_used, log and log_pos:
- * status 0: every row resident; out = slots; the unique slots were pinned (last_used =
+ * status (csrc/lru_status.h) RC_LRU_OK: every row resident; out = slots; the unique slots were pinned (last_used =
  *   batch) and logged at tail in ascending row order; a = fresh (slots not used in this
  *   batch before), b = new tail.
- * status 1: a row is not resident; out = slots (-1 where missing); nothing changed.
- * status 2: ids[a] is outside [0, R); nothing changed.
- * status 3: the log has no room at tail for the call's distinct slots; nothing changed
+ * RC_LRU_MISS: a row is not resident; out = slots (-1 where missing); nothing changed.
+ * RC_LRU_BAD_ID: ids[a] is outside [0, R); nothing changed.
+ * RC_LRU_LOG_FULL: the log has no room at tail for the call's distinct slots; nothing changed
  *   (compact first).
  * threads (default 1): the ids are split into up to that many contiguous parts (each at
  * least HITS_GRAIN ids), scanned and sorted in parallel; when the parts' sorted ids are
@@ -222,12 +224,12 @@ PyObject *rc_state_hits(LruState *st, PyObject *args) {
                              st->log_pos, b[1].view.buf, b[2].view.buf, n, S, rows, batch,
                              n * k / K, n * (k + 1) / K, 0, 0, 0, 0, 0, 0};
     }
-    int status = 0;
+    int status = RC_LRU_OK;
     Py_ssize_t a = 0, c = tail;
     Py_BEGIN_ALLOW_THREADS
     rc_pool_parallel(K, rc_hits_scan, (char *)part, sizeof part[0]);
     status = rc_scan_status(part, K, &a);
-    if (status == 0 && K > 1) {
+    if (status == RC_LRU_OK && K > 1) {
         int32_t *scr = b[2].view.buf;
         int disjoint = 1;
         for (int k = 1; k < K; k++) {
@@ -240,14 +242,14 @@ PyObject *rc_state_hits(LruState *st, PyObject *args) {
             rc_hits_scan(&part[0]);
         }
     }
-    if (status == 0) {
+    if (status == RC_LRU_OK) {
         Py_ssize_t n_u = 0;
         for (int k = 0; k < K; k++) {
             part[k].base = tail + n_u;
             n_u += part[k].n_u;
         }
         if (tail + n_u > cap) { /* the Python path's test: room for the distinct slots */
-            status = 3;
+            status = RC_LRU_LOG_FULL;
         } else {
             rc_pool_parallel(K, rc_hits_touch, (char *)part, sizeof part[0]);
             for (int k = 0; k < K; k++) {

@@ -11,6 +11,7 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "lru_status.h" /* what a call found: RC_LRU_* */
 #include "pool.h"
 #include "row_map.h"
 
@@ -25,7 +26,7 @@ typedef struct {
     Py_ssize_t n, S;
     long long rows, batch;
     Py_ssize_t lo, hi;      /* this part's ids */
-    int status;             /* 0, 1 (a miss) or 2 (ids[bad] out of range) */
+    int status;             /* RC_LRU_OK, _MISS or _BAD_ID (ids[bad]) */
     Py_ssize_t bad, n_u;    /* first bad id; distinct ids of the part */
     Py_ssize_t base, fresh; /* its first log position; slots newly pinned */
     int keys_only;          /* the scan of lru_scan: keys copied for a later sort */
@@ -40,7 +41,7 @@ void rc_sort_ids(const int64_t *ids, int32_t *keys, int32_t *tmp, Py_ssize_t n);
  * sorted ids or, keys_only, the keys) and the touch (pins and log entries from base). */
 void *rc_hits_scan(void *arg);
 void *rc_hits_touch(void *arg);
-/* The status of a scan split into K parts (0, 1: a miss, 2: *bad the first bad id). */
+/* The status of a scan split into K parts (RC_LRU_OK, _MISS, _BAD_ID: *bad the first bad id). */
 int rc_scan_status(const HitsPart *part, int K, Py_ssize_t *bad);
 /* The log's compaction on up to `threads` threads of `pool`; returns the new tail. */
 Py_ssize_t rc_compact_log(int32_t *log, int32_t *log_pos, Py_ssize_t S, Py_ssize_t head,

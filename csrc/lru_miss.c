@@ -46,7 +46,7 @@ typedef struct {
     int32_t *scr, *uniq, *slots, *missing; /* uniq, slots, missing: written from lo */
     Py_ssize_t n, S, lo, hi;
     long long rows, batch;
-    int status;                      /* 0, 2 (ids[bad] out of range) or 4 (a row busy) */
+    int status;                      /* RC_LRU_OK, _BAD_ID (ids[bad]) or _IN_FLIGHT */
     Py_ssize_t bad, n_u, n_miss, fresh;
 } PlanPart;
 
@@ -58,18 +58,18 @@ typedef struct {
 /* One part of lru_plan's scan: range check, its ids sorted (scr[lo:hi], scr[n + lo:] as
  * the sort's buffer) and deduplicated into uniq[lo:], their slots into slots[lo:] (-1:
  * missing), the missing rows into missing[lo:], hit slots not yet used in this batch
- * counted, a hit in a BUSY_READING slot flagged (status 4). */
+ * counted, a hit in a BUSY_READING slot flagged (RC_LRU_IN_FLIGHT). */
 static void *plan_scan(void *arg) {
     PlanPart *h = arg;
     const int64_t *ids = h->ids, *last_used = h->last_used;
     const RowMap *map = h->map;
     const uint8_t *busy = h->busy;
     Py_ssize_t lo = h->lo, hi = h->hi, S = h->S;
-    h->status = 0;
+    h->status = RC_LRU_OK;
     h->n_u = h->n_miss = h->fresh = 0;
     for (Py_ssize_t i = lo; i < hi; i++) {
         if ((uint64_t)ids[i] >= (uint64_t)h->rows) {
-            h->status = 2;
+            h->status = RC_LRU_BAD_ID;
             h->bad = i;
             return NULL;
         }
@@ -106,7 +106,7 @@ static void *plan_scan(void *arg) {
         } else {
             fresh += last_used[s] != h->batch;
             if (busy && busy[s] == RC_SLOT_READING) {
-                h->status = 4;
+                h->status = RC_LRU_IN_FLIGHT;
             }
         }
     }
@@ -133,10 +133,11 @@ static void *plan_scan(void *arg) {
  * passed_busy: the victims' scan passed a live entry of a busy slot (one a prefetch in
  * flight holds; of a BUSY_READ slot, one neither pinned nor a hit of this call:
  * Lru.passed_reserved(end), found in the scan instead of over every job's slots).
- * status 0: planned. status 1: n_miss > avail - fresh_hits (the arena is exhausted).
- * status 2: ids[n_u] is outside [0, rows). status 3: the log ended before n_miss victims
- * (cannot happen after the availability test). status 4: a row of the call is in a
- * BUSY_READING slot (its prefetch must be settled first; nothing else planned).
+ * status (csrc/lru_status.h): RC_LRU_OK: planned. RC_LRU_EXHAUSTED: n_miss > avail -
+ * fresh_hits. RC_LRU_BAD_ID: ids[n_u] is outside [0, rows). RC_LRU_LOG_FULL: the log ended
+ * before n_miss victims (cannot happen after the availability test). RC_LRU_IN_FLIGHT: a
+ * row of the call is in a BUSY_READING slot (its prefetch must be settled first; nothing
+ * else planned).
  * threads (default 1): the scan (sort, dedup, the maps' lookups) runs in up to that many
  * contiguous parts of the ids (each at least PLAN_GRAIN) on the step's pool; when the
  * parts' sorted ids are not disjoint ascending ranges (a shared arena's step is: its ids
@@ -172,7 +173,7 @@ PyObject *rc_state_plan(LruState *st, PyObject *args) {
     }
     int32_t *uniq = work, *slots = work + n, *missing = work + 2 * n, *victims = work + 3 * n;
     int32_t *evicted = work + 4 * n;
-    int status = 0, passed_busy = 0;
+    int status = RC_LRU_OK, passed_busy = 0;
     Py_ssize_t n_u = 0, n_miss = 0, fresh = 0, n_ev = 0, new_head = head, end = head;
     PlanPart part[MAXT];
     int K = rc_split_count(threads, n, PLAN_GRAIN);
@@ -206,12 +207,12 @@ PyObject *rc_state_plan(LruState *st, PyObject *args) {
     }
     rc_pool_parallel(K, plan_scan, (char *)part, sizeof part[0]);
     for (int k = 0; k < K && !status; k++) { /* the first bad id, as a serial scan finds it */
-        if (part[k].status == 2) {
-            status = 2;
+        if (part[k].status == RC_LRU_BAD_ID) {
+            status = RC_LRU_BAD_ID;
             n_u = part[k].bad;
         }
     }
-    if (status == 0 && K > 1) {
+    if (status == RC_LRU_OK && K > 1) {
         int disjoint = 1;
         for (int k = 1; k < K; k++) { /* the last of part k-1 < the first of part k */
             disjoint &= part[k - 1].n_u == 0 || part[k].n_u == 0 ||
@@ -224,7 +225,7 @@ PyObject *rc_state_plan(LruState *st, PyObject *args) {
             plan_scan(&part[0]);
         }
     }
-    if (status == 0) { /* the parts' uniq, slots and missing made contiguous, in order */
+    if (status == RC_LRU_OK) { /* the parts' uniq, slots and missing made contiguous, in order */
         for (int k = 0; k < K; k++) {
             const PlanPart *h = &part[k];
             if (h->lo != n_u) {
@@ -239,15 +240,15 @@ PyObject *rc_state_plan(LruState *st, PyObject *args) {
             fresh += h->fresh;
             status = status ? status : h->status;
         }
-        if (status == 0 && n_miss > 0 && n_miss > avail - fresh) {
-            status = 1;
+        if (status == RC_LRU_OK && n_miss > 0 && n_miss > avail - fresh) {
+            status = RC_LRU_EXHAUSTED;
         }
     }
-    if (status == 0 && n_miss > 0) {
+    if (status == RC_LRU_OK && n_miss > 0) {
         Py_ssize_t got = 0, first_kept = -1, p = head;
         for (; got < n_miss; p++) {
             if (p >= tail) {
-                status = 3;
+                status = RC_LRU_LOG_FULL;
                 break;
             }
             if (p + PF < tail) {
@@ -278,7 +279,7 @@ PyObject *rc_state_plan(LruState *st, PyObject *args) {
                 first_kept = p; /* pinned, busy or hit: stays in the log */
             }
         }
-        if (status == 0) {
+        if (status == RC_LRU_OK) {
             end = p; /* just past the last victim */
             new_head = first_kept >= 0 ? first_kept : end;
             for (Py_ssize_t j = 0; j < n_miss; j++) {
@@ -342,12 +343,13 @@ static void *commit_touch(void *arg) {
 
 /* LruState.commit(ids i64[n], work i32[5n], n_u, n_miss, n_ev, head, tail, batch,
  *                  out i32[n][, threads]) -> (fresh, head, tail)
- * On the state's arrays (row_offsets and part_misses: the parts').
+ * On the state's arrays (row_offsets and part_counts: the parts').
  * The second half, once the missing rows' reads succeeded: with work and head (its
  * new_head) from plan, unmaps the evicted rows, maps the missing rows to their victims
  * (their states RC_SLOT_RESIDENT), pins the call's slots (last_used = batch) and logs them
  * at tail in ascending row order (compacting the log first when it lacks room for n_u entries, as
- * Lru.log_slots), adds each part's misses (parts: row_offsets) to part_misses, and
+ * Lru.log_slots), writes each part's misses (parts: row_offsets) to part_counts (the
+ * caller adds them to its counts: C counts, it does not keep the books), and
  * writes the slots of ids to out. fresh: slots not used in this batch before (victims
  * included). Arguments are checked before anything changes. threads (default 1): of the
  * compaction (rc_compact_log), and of the pins, log entries and out (parts of at least
@@ -371,7 +373,7 @@ PyObject *rc_state_commit(LruState *st, PyObject *args) {
     const int64_t *ids = b[0].view.buf, *off = st->row_offsets;
     int32_t *work = b[1].view.buf, *slot_row = st->slot_row;
     RowMap *map = st->map;
-    int64_t *last_used = st->last_used, *part_misses = st->part_misses;
+    int64_t *last_used = st->last_used, *part_counts = st->part_counts;
     int32_t *log = st->log, *log_pos = st->log_pos, *out = b[2].view.buf;
     uint8_t *state = st->state;
     Py_ssize_t n = COUNT(b[0]), R = st->R, S = st->S, cap = st->cap, P = st->P;
@@ -452,11 +454,12 @@ PyObject *rc_state_commit(LruState *st, PyObject *args) {
         }
         tail += n_u;
         /* missing rows ascending: each part's misses are one run */
+        memset(part_counts, 0, (size_t)P * sizeof *part_counts);
         for (Py_ssize_t j = 0, p = 0; j < n_miss; j++) {
             while (p < P - 1 && missing[j] >= off[p + 1]) {
                 p++;
             }
-            part_misses[p]++;
+            part_counts[p]++;
         }
     }
     Py_END_ALLOW_THREADS

@@ -19,7 +19,7 @@ static void state_clear(LruState *self) {
 /* row_map: an int32 [R] array (dense) or a RowHash of R rows (csrc/row_map.h). */
 static int state_init(LruState *self, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"row_map", "slot_row", "state", "last_used", "log", "log_pos",
-                         "row_offsets", "part_misses", NULL};
+                         "row_offsets", "part_counts", NULL};
     PyObject *o[8];
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOO:LruState", kw, &o[0], &o[1], &o[2],
                                      &o[3], &o[4], &o[5], &o[6], &o[7])) {
@@ -52,7 +52,7 @@ static int state_init(LruState *self, PyObject *args, PyObject *kwds) {
                         "LruState: inconsistent shapes (slot_row, state, last_used, log_pos: "
                         "S >= 1 entries; row_map an int32 array of R >= S entries, R < 2**31, "
                         "or a RowHash of R rows and more than S pairs; log at least S; "
-                        "row_offsets P + 1 ascending from 0 to R; part_misses P >= 1)");
+                        "row_offsets P + 1 ascending from 0 to R; part_counts P >= 1)");
         return -1;
     }
     if (hashed) {
@@ -69,7 +69,7 @@ static int state_init(LruState *self, PyObject *args, PyObject *kwds) {
     self->log = b[4].view.buf;
     self->log_pos = b[5].view.buf;
     self->row_offsets = off;
-    self->part_misses = b[7].view.buf;
+    self->part_counts = b[7].view.buf;
     self->R = R;
     self->S = S;
     self->cap = cap;

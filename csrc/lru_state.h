@@ -2,7 +2,7 @@
  * the slot table's and the LRU's arrays (rowcache.cache.slots.SlotTable, rowcache.cache.lru.Lru)
  * so that a call passes ids and a plan, not the arrays (row_map: an int32 [R] array, or a
  * RowHash, csrc/row_map.h): `_host.LruState(row_map, slot_row,
- * state, last_used, log, log_pos, row_offsets, part_misses)`. Its methods are the LRU's C:
+ * state, last_used, log, log_pos, row_offsets, part_counts)`. Its methods are the LRU's C:
  * hits, scan, touch_start (csrc/lru_hits.c, csrc/lru_touch.c), plan, commit (csrc/lru_miss.c),
  * compact. The object holds the arrays' buffers until it is freed (they cannot be resized
  * meanwhile); a touch in flight holds a reference to it.
@@ -31,7 +31,7 @@ typedef struct {
     int32_t *log;       /* [cap] */
     int32_t *log_pos;   /* [S] */
     const int64_t *row_offsets; /* [P + 1]: 0 = offsets[0] <= ... <= offsets[P] = R */
-    int64_t *part_misses;       /* [P] */
+    int64_t *part_counts;       /* [P]: each commit writes its misses per part here */
     Py_ssize_t R, S, cap, P;
 } LruState;
 

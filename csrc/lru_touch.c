@@ -7,11 +7,12 @@
  * large all-hits call can return after it and leave the touch to a background thread:
  *
  * LruState.scan(ids i64[n], out i32[n], scratch i32[2n][, threads]) -> (status, a)
- *   status 0: every row resident; out = slots; scratch[:n] = the ids as int32 keys (the
- *   touch's input). 1: a row is not resident (out = slots, -1 where missing). 2: ids[a]
- *   is outside [0, R). Changes no cache state.
+ *   status (csrc/lru_status.h) RC_LRU_OK: every row resident; out = slots; scratch[:n] =
+ *   the ids as int32 keys (the touch's input). RC_LRU_MISS: a row is not resident (out =
+ *   slots, -1 where missing). RC_LRU_BAD_ID: ids[a] is outside [0, R). Changes no cache
+ *   state.
  * LruState.touch_start(scratch, n, head, tail, batch[, threads[, after]]) -> handle (an int)
- *   hits' status-0 work on the keys of scan, run by the toucher thread: sort, pin the
+ *   hits' RC_LRU_OK work on the keys of scan, run by the toucher thread: sort, pin the
  *   distinct slots (last_used = batch) and log them from tail in ascending row order, the
  *   log compacted first when it has no room. The job holds a reference to the state and
  *   the scratch's buffer until the wait; the caller must not read or write last_used, the
@@ -19,9 +20,9 @@
  *   pending, the call runs the touch itself and returns its result tuple instead of a
  *   handle. `after`: the handle of a touch of the same cache not yet waited for; this one
  *   runs after it and starts from the log bounds it leaves (head and tail are then
- *   ignored), or gives its status 3 without running when that one gave 3.
+ *   ignored), or gives RC_LRU_LOG_FULL without running when that one did.
  * lru_touch_wait(handle) -> (status, fresh, head, tail)
- *   Waits for the touch (GIL released) and releases its arrays. status 0, or 3: no room
+ *   Waits for the touch (GIL released) and releases its arrays. status RC_LRU_OK, or RC_LRU_LOG_FULL: no room
  *   in the log even after compaction (cannot happen with C >= 2 S; nothing logged).
  *
  * The result is the state lru_hits would leave (tests/kernels/test_touch.py). One
@@ -108,18 +109,18 @@ static void touch_run(TouchJob *j, int wait) {
     for (int k = 0; k < K; k++) {
         n_u += part[k].n_u;
         /* the keys (row ids) are the map's rows: each part is sorted, so its ends bound it (a
-         * check per part, not per key); a key out of range touches nothing (status 4) */
+         * check per part, not per key); a key out of range touches nothing (a ValueError) */
         if (part[k].hi > part[k].lo && (scr[part[k].lo] < 0 || scr[part[k].hi - 1] >= R)) {
-            j->status = 4;
+            j->status = RC_LRU_BAD_ID;
             return;
         }
     }
-    j->status = 0;
-    if (j->tail + n_u > cap) { /* lru_hits' status 3, which the caller answers by compacting */
+    j->status = RC_LRU_OK;
+    if (j->tail + n_u > cap) { /* lru_hits' RC_LRU_LOG_FULL, which the caller answers by compacting */
         j->tail = rc_compact_log(log, log_pos, S, j->head, j->tail, j->threads, pool, wait);
         j->head = 0;
         if (j->tail + n_u > cap) {
-            j->status = 3;
+            j->status = RC_LRU_LOG_FULL;
             return;
         }
     }
@@ -139,7 +140,7 @@ static void touch_run(TouchJob *j, int wait) {
 static void chain_from(TouchJob *f, const TouchJob *j) {
     f->head = j->head;
     f->tail = j->tail;
-    f->status = j->status ? 3 : 0;
+    f->status = j->status ? RC_LRU_LOG_FULL : RC_LRU_OK;
     f->after = -1;
 }
 
@@ -155,7 +156,7 @@ static void *toucher(void *unused) {
         touch.qlen--;
         touch.running = 1;
         pthread_mutex_unlock(&touch.mu);
-        if (j->status == 0) { /* not a follower of a touch that failed */
+        if (j->status == RC_LRU_OK) { /* not a follower of a touch that failed */
             touch_run(j, 1);
         }
         pthread_mutex_lock(&touch.mu);
@@ -240,7 +241,7 @@ PyObject *rc_state_scan(LruState *st, PyObject *args) {
                              b[2].view.buf, n, 0, st->R, 0, n * k / K, n * (k + 1) / K,
                              0, 0, 0, 0, 0, 1};
     }
-    int status = 0;
+    int status = RC_LRU_OK;
     Py_ssize_t a = 0;
     Py_BEGIN_ALLOW_THREADS
     rc_pool_parallel(K, rc_hits_scan, (char *)part, sizeof part[0]);
@@ -251,7 +252,7 @@ PyObject *rc_state_scan(LruState *st, PyObject *args) {
 }
 
 static PyObject *touch_result(TouchJob *j) {
-    if (j->status == 4) {
+    if (j->status == RC_LRU_BAD_ID) {
         PyErr_SetString(PyExc_ValueError,
                         "LruState.touch_start: a key in scratch is not a row id (0 <= key < rows)");
         return NULL;
@@ -329,7 +330,7 @@ PyObject *rc_state_touch_start(LruState *st, PyObject *args) {
         chain_from(&job, &touch.jobs[after]);
     }
     pthread_mutex_unlock(&touch.mu);
-    if (!bad && slot < 0 && job.status == 0) { /* every slot pending (or no thread) */
+    if (!bad && slot < 0 && job.status == RC_LRU_OK) { /* every slot pending (or no thread) */
         touch_run(&job, 0);
     }
     Py_END_ALLOW_THREADS

@@ -1,12 +1,17 @@
-/* rowcache.io._rcio (csrc/rcio.c): one batch of positional reads with the GIL released, plus
- * CRC32C. One file: the engine and the module that holds it (see below).
+/* rowcache.io._rcio (csrc/rcio.c): one batch of row reads, planned and run with the GIL
+ * released, plus CRC32C. One file: the engine and the module that holds it (see below).
  *
- * Owns the I/O engine of rowcache.io.reader.RowReader: a Reader object keeps one io_uring
- * (raw system calls, no liburing) or a persistent pool of pread threads, and runs a batch
- * of reads (fd, file offset, length, buffer offset, bytes needed) with min(n, queue_depth)
- * in flight, then verifies the CRC32C of every 4 KiB page read and cuts the records into
- * the caller's buffer, all in one GIL-free call. Planning and error messages stay in
- * Python. Only libc and the kernel's io_uring ABI are used.
+ * Owns the I/O engine of rowcache.io.reader.RowReader: a Reader object keeps its store's
+ * layout (set once: tables, shard files' descriptors, page checksums, merge options), one
+ * io_uring (raw system calls, no liburing) or a persistent pool of pread threads, and runs
+ * a batch of rows in one GIL-free call: it locates each row in its shard file, plans the
+ * extents (whole 4 KiB pages, sorted by file and offset, neighbours within merge_gap
+ * merged, no extent across a max_extent window: the same plan as rowcache.io.plan's
+ * ReadPlanner, which is its reference), reads them with min(n, queue_depth) in flight,
+ * verifies the CRC32C of every page read and cuts the records into the caller's buffer.
+ * A batch's result is a BatchResult (a struct sequence) whose status and fields are
+ * csrc/rcio_status.h's; the error messages are worded in Python (rowcache.io.pyengine),
+ * from those fields, on the same plan. Only libc and the kernel's io_uring ABI are used.
  *
  * The engine (CRC32C, the pread pool, io_uring) and the Python object are not split into
  * files: the Reader starts and stops the pool's threads on the pool's own fields, and the
@@ -24,6 +29,8 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "rcio_status.h" /* a batch's status and result fields, shared with Python */
 
 #define PAGE 4096
 #define RETRIES 1000 /* EINTR/EAGAIN retries of one read before it counts as failed */
@@ -399,7 +406,7 @@ typedef struct {
     runargs_t args;
     Py_buffer ctlv;
     int32_t *ctl, seq;
-    int64_t st[9];
+    int64_t st[RC_B_N];
 } async_t;
 
 typedef struct {
@@ -662,28 +669,28 @@ fail:
     return -1;
 }
 
-/* Run one checked batch, without the GIL: st as read_runs returns it (st[0] < 0: -errno of
+/* Run one checked batch, without the GIL: st as read_runs returns it (st[RC_B_STATUS] < 0: -errno of
  * a failed allocation or io_uring_enter). */
-static void run_batch(Reader *self, const runargs_t *a, int64_t st[9]) {
+static void run_batch(Reader *self, const runargs_t *a, int64_t st[RC_B_N]) {
     const int64_t *rows = a->rows, *bounds = a->bounds, *bases = a->bases;
     const int32_t *tables = a->tables;
     Py_ssize_t n = a->n, P = a->P;
     int64_t rec = a->rec;
     int checks = a->verify && self->lay[L_CRC].obj;
     const int32_t *fds = self->lay[L_FDS].buf;
-    memset(st, 0, 9 * sizeof *st);
+    memset(st, 0, RC_B_N * sizeof *st);
     pthread_mutex_lock(&self->lock);
-    if (scratch(self, n)) st[0] = -ENOMEM;
+    if (scratch(self, n)) st[RC_B_STATUS] = -ENOMEM;
     /* locate every row; sorted already when the parts come in file order */
     int sorted = 1;
-    for (Py_ssize_t k = 0; k < P && !st[0]; k++) {
+    for (Py_ssize_t k = 0; k < P && !st[RC_B_STATUS]; k++) {
         Py_ssize_t t = tables[k];
         int64_t rpp = L64(self, L_RPP)[t], pps = L64(self, L_PPS)[t], pgb = L64(self, L_PGB)[t],
                 nr = L64(self, L_ROWS)[t], fb = L64(self, L_FBASE)[t];
         for (Py_ssize_t i = bounds[k]; i < bounds[k + 1]; i++) {
             int64_t r = rows[i] - bases[k];
             if (r < 0 || r >= nr) {
-                st[0] = 4, st[3] = i, st[4] = r;
+                st[RC_B_STATUS] = RC_READ_BAD_ROW, st[RC_B_AT] = i, st[RC_B_ROW] = r;
                 break;
             }
             int64_t page = r / rpp;
@@ -694,10 +701,10 @@ static void run_batch(Reader *self, const runargs_t *a, int64_t st[9]) {
             if (i && (x->file < x[-1].file || (x->file == x[-1].file && x->off < x[-1].off))) sorted = 0;
         }
     }
-    if (!st[0] && !sorted) qsort(self->rr, (size_t)n, sizeof(rowref_t), cmp_row);
+    if (!st[RC_B_STATUS] && !sorted) qsort(self->rr, (size_t)n, sizeof(rowref_t), cmp_row);
     /* extents: whole pages, merged within merge_gap, capped by max_extent windows */
     Py_ssize_t E = 0, total = 0;
-    for (Py_ssize_t i = 0; i < n && !st[0]; i++) {
+    for (Py_ssize_t i = 0; i < n && !st[RC_B_STATUS]; i++) {
         rowref_t *x = &self->rr[i];
         int64_t s0 = x->off - x->off % PAGE, e0 = (x->off + rec + PAGE - 1) / PAGE * PAGE;
         int joined = 0;
@@ -709,7 +716,7 @@ static void run_batch(Reader *self, const runargs_t *a, int64_t st[9]) {
         }
         if (!joined) {
             if (fds[x->file] < 0) {
-                st[0] = 3, st[4] = x->file;
+                st[RC_B_STATUS] = RC_READ_NOT_OPEN, st[RC_B_FILE] = x->file;
                 break;
             }
             if (E) total += self->e_len[E - 1];
@@ -724,13 +731,13 @@ static void run_batch(Reader *self, const runargs_t *a, int64_t st[9]) {
     if (E) total += self->e_len[E - 1];
     Py_ssize_t npg = checks ? total / PAGE : 0;
     int64_t *efile = NULL;
-    if (!st[0] && (grow((void **)&self->p_pos, &self->cap_pages, npg, 8) ||
+    if (!st[RC_B_STATUS] && (grow((void **)&self->p_pos, &self->cap_pages, npg, 8) ||
                    grow((void **)&self->p_read, &self->cap_pages, npg, 4) ||
                    grow((void **)&self->p_crc, &self->cap_pages, npg, 4) ||
                    grow((void **)&self->p_bad, &self->cap_pages, npg, 1) ||
                    !(efile = malloc(sizeof(int64_t) * (size_t)(E ? E : 1)))))
-        st[0] = -ENOMEM;
-    if (!st[0]) {
+        st[RC_B_STATUS] = -ENOMEM;
+    if (!st[RC_B_STATUS]) {
         if (npg > self->cap_pages) self->cap_pages = npg;
         memcpy(efile, self->e_got, sizeof(int64_t) * (size_t)E);
         const uint32_t *crc = checks ? self->lay[L_CRC].buf : NULL;
@@ -747,11 +754,11 @@ static void run_batch(Reader *self, const runargs_t *a, int64_t st[9]) {
             if (!self->broken) free(self->buf);
             self->buf = NULL;
             Py_ssize_t c = total < 2 * self->cap_buf ? 2 * self->cap_buf : total;
-            if (posix_memalign((void **)&self->buf, PAGE, (size_t)c)) st[0] = -ENOMEM, c = 0;
+            if (posix_memalign((void **)&self->buf, PAGE, (size_t)c)) st[RC_B_STATUS] = -ENOMEM, c = 0;
             self->cap_buf = c;
         }
     }
-    if (!st[0] && E) {
+    if (!st[RC_B_STATUS] && E) {
         batch_t b = {E, self->e_fd, self->e_off, self->e_len, self->e_pos, self->e_need,
                      self->e_got, self->e_err, self->buf, self->direct,
                      npg ? self->p_crc : NULL, self->p_bad};
@@ -760,61 +767,88 @@ static void run_batch(Reader *self, const runargs_t *a, int64_t st[9]) {
         if (self->use_uring && !self->broken) {
             rc = uring_run(&self->ring, &b, self->qd, self->spin_ns, self->background);
             /* Never reuse a ring (or buffer) that may hold reads in flight: threads from now. */
-            if (rc) self->broken = 1, self->cap_buf = 0, st[0] = rc;
+            if (rc) self->broken = 1, self->cap_buf = 0, st[RC_B_STATUS] = rc;
         } else {
             pool_run(&self->pool, &b, self->qd);
         }
         if (!self->background) __atomic_sub_fetch(&demand_batches, 1, __ATOMIC_RELEASE);
         for (Py_ssize_t e = 0; e < E && !rc; e++)
-            if (self->e_err[e] && !st[1]++)
-                st[0] = 1, st[3] = e, st[4] = efile[e], st[5] = self->e_off[e],
-                st[6] = self->e_got[e], st[7] = self->e_need[e], st[8] = self->e_err[e];
-        for (Py_ssize_t j = 0; j < npg && !st[0]; j++) {
+            if (self->e_err[e] && !st[RC_B_READS]++)
+                st[RC_B_STATUS] = RC_READ_FAILED, st[RC_B_AT] = e, st[RC_B_FILE] = efile[e],
+                st[RC_B_OFFSET] = self->e_off[e], st[RC_B_GOT] = self->e_got[e],
+                st[RC_B_WANT] = self->e_need[e], st[RC_B_CODE] = self->e_err[e];
+        for (Py_ssize_t j = 0; j < npg && !st[RC_B_STATUS]; j++) {
             if (!self->p_bad[j]) continue;
             int32_t r = self->p_read[j];
-            if (!st[8]++) {
+            if (!st[RC_B_CODE]++) {
                 int64_t L = self->e_pos[r] + self->e_got[r] - self->p_pos[j];
                 L = L > PAGE ? PAGE : L;
-                st[3] = r, st[4] = efile[r], st[5] = self->e_off[r] + self->p_pos[j] - self->e_pos[r];
-                st[6] = L > 0 ? crc32c(0, self->buf + self->p_pos[j], (size_t)L) : 0;
-                st[7] = self->p_crc[j];
+                st[RC_B_AT] = r, st[RC_B_FILE] = efile[r];
+                st[RC_B_OFFSET] = self->e_off[r] + self->p_pos[j] - self->e_pos[r];
+                st[RC_B_GOT] = L > 0 ? crc32c(0, self->buf + self->p_pos[j], (size_t)L) : 0;
+                st[RC_B_WANT] = self->p_crc[j];
             }
         }
-        if (!st[0] && st[8]) st[0] = 2;
-        else if (!st[0]) {
+        if (!st[RC_B_STATUS] && st[RC_B_CODE]) st[RC_B_STATUS] = RC_READ_BAD_PAGE;
+        else if (!st[RC_B_STATUS]) {
             uint8_t *dst = a->out;
             for (Py_ssize_t i = 0; i < n; i++) memcpy(dst + i * rec, self->buf + self->src[i], (size_t)rec);
         }
     }
-    if (st[0] != 1) st[1] = E;
-    st[2] = total;
+    if (st[RC_B_STATUS] != RC_READ_FAILED) st[RC_B_READS] = E;
+    st[RC_B_NBYTES] = total;
     free(efile);
     pthread_mutex_unlock(&self->lock);
 }
 
-/* The result of a batch: the tuple, or OSError for st[0] < 0. */
-static PyObject *batch_result(const int64_t st[9]) {
-    if (st[0] < 0) {
-        errno = (int)-st[0];
-        PyErr_SetFromErrnoWithFilename(PyExc_OSError, st[0] == -ENOMEM ? "read_runs" : "io_uring_enter");
+/* A batch's result: a BatchResult, fields as csrc/rcio_status.h's RC_B_*. */
+static PyTypeObject *BatchResultType;
+static PyStructSequence_Field batch_fields[] = {
+    {"status", "READ_OK, READ_FAILED, READ_BAD_PAGE, READ_NOT_OPEN or READ_BAD_ROW"},
+    {"reads", "read ops of the plan (READ_FAILED: the reads that failed, in all)"},
+    {"nbytes", "bytes of the plan's extents"},
+    {"at", "READ_FAILED, READ_BAD_PAGE: the extent; READ_BAD_ROW: the row's index in rows"},
+    {"file", "READ_FAILED, READ_BAD_PAGE, READ_NOT_OPEN: the file's index in the layout"},
+    {"offset", "READ_FAILED: the extent's file offset; READ_BAD_PAGE: the page's"},
+    {"got", "READ_FAILED: bytes read of the extent; READ_BAD_PAGE: the page's CRC32C as read"},
+    {"want", "READ_FAILED: bytes it needed; READ_BAD_PAGE: the CRC32C the store holds"},
+    {"code", "READ_FAILED: errno, or -1 short; READ_BAD_PAGE: the bad pages, in all"},
+    {"row", "READ_BAD_ROW: the row, of its table"},
+    {NULL, NULL}};
+static PyStructSequence_Desc batch_desc = {
+    "rowcache.io._rcio.BatchResult", "What a batch of read_runs did (csrc/rcio_status.h).",
+    batch_fields, RC_B_N};
+
+/* The result of a batch: a BatchResult, or OSError for st[RC_B_STATUS] < 0. */
+static PyObject *batch_result(const int64_t st[RC_B_N]) {
+    if (st[RC_B_STATUS] < 0) {
+        errno = (int)-st[RC_B_STATUS];
+        PyErr_SetFromErrnoWithFilename(PyExc_OSError, st[RC_B_STATUS] == -ENOMEM ? "read_runs" : "io_uring_enter");
         return NULL;
     }
-    return Py_BuildValue("LLLLLLLLL", st[0], st[1], st[2], st[3], st[4], st[5], st[6], st[7], st[8]);
+    PyObject *r = PyStructSequence_New(BatchResultType);
+    if (!r) return NULL;
+    for (int k = 0; k < RC_B_N; k++) {
+        PyObject *v = PyLong_FromLongLong(st[k]);
+        if (!v) {
+            Py_DECREF(r);
+            return NULL;
+        }
+        PyStructSequence_SetItem(r, k, v);
+    }
+    return r;
 }
 
 /* read_runs(rows int64[n], bounds int64[P+1], tables int32[P], bases int64[P], out, verify)
- * Rows bounds[k]..bounds[k+1] minus bases[k] are rows of table tables[k]. Returns
- * (status, reads, bytes, a, b, c, d, e, f): status 0 ok; 1 read failed (a extent, b file,
- * c offset, d got, e need, f errno or -1 short; `reads` failed in all); 2 bad page (a
- * extent, b file, c page offset, d crc seen, e stored, f bad pages in all); 3 file b is
- * not open (nothing read); 4 a row lies outside its table (a index, b row). */
+ * Rows bounds[k]..bounds[k+1] minus bases[k] are rows of table tables[k]. Returns a
+ * BatchResult: its status and fields are csrc/rcio_status.h's. */
 static PyObject *Reader_read_runs(Reader *self, PyObject *args) {
     PyObject *o[5];
     int verify;
     if (!PyArg_ParseTuple(args, "OOOOOp", &o[0], &o[1], &o[2], &o[3], &o[4], &verify)) return NULL;
     runargs_t a; /* (a batch started apart and still running holds the lock: this one waits) */
     if (runargs_parse(self, o, verify, &a)) return NULL;
-    int64_t st[9];
+    int64_t st[RC_B_N];
     Py_BEGIN_ALLOW_THREADS
     run_batch(self, &a, st);
     Py_END_ALLOW_THREADS
@@ -835,7 +869,7 @@ static void *async_worker(void *arg) {
         pthread_mutex_unlock(&j->mu);
         run_batch(self, &j->args, j->st);
         if (j->ctl) {
-            __atomic_store_n(&j->ctl[1], j->st[0] == 0 ? j->seq : j->seq - 1, __ATOMIC_RELEASE);
+            __atomic_store_n(&j->ctl[1], j->st[RC_B_STATUS] == RC_READ_OK ? j->seq : j->seq - 1, __ATOMIC_RELEASE);
             __atomic_store_n(&j->ctl[0], j->seq, __ATOMIC_SEQ_CST);
         }
         pthread_mutex_lock(&j->mu);
@@ -930,7 +964,7 @@ static PyMethodDef Reader_methods[] = {
      "set_layout(rows, rows_per_page, pages_per_shard, page_bytes, record_bytes, file_base, "
      "fds, crc, crc_base, merge_gap, max_extent, direct)"},
     {"read_runs", (PyCFunction)Reader_read_runs, METH_VARARGS,
-     "read_runs(rows, bounds, tables, bases, out, verify) -> (status, reads, bytes, a..f)"},
+     "read_runs(rows, bounds, tables, bases, out, verify) -> BatchResult"},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Reader_getset[] = {
@@ -1014,10 +1048,17 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "rowcache.io._rcio
 PyMODINIT_FUNC PyInit__rcio(void) {
     crc_init();
     if (PyType_Ready(&ReaderType) < 0) return NULL;
+    if (!BatchResultType && !(BatchResultType = PyStructSequence_NewType(&batch_desc))) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
     Py_INCREF(&ReaderType);
     if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0 ||
+        PyModule_AddObjectRef(m, "BatchResult", (PyObject *)BatchResultType) < 0 ||
+        PyModule_AddIntConstant(m, "READ_OK", RC_READ_OK) < 0 ||
+        PyModule_AddIntConstant(m, "READ_FAILED", RC_READ_FAILED) < 0 ||
+        PyModule_AddIntConstant(m, "READ_BAD_PAGE", RC_READ_BAD_PAGE) < 0 ||
+        PyModule_AddIntConstant(m, "READ_NOT_OPEN", RC_READ_NOT_OPEN) < 0 ||
+        PyModule_AddIntConstant(m, "READ_BAD_ROW", RC_READ_BAD_ROW) < 0 ||
         PyModule_AddIntConstant(m, "HAVE_SSE42", have_sse42) < 0 ||
         PyModule_AddIntConstant(m, "PAGE", PAGE) < 0) {
         Py_DECREF(m);

@@ -137,6 +137,21 @@ class Arena:
             self._side = self.pinned_host((max(n, 2 * self._side.size, 1024),), np.int32)
         return self._side
 
+    def fill_side(
+        self, slots: np.ndarray, rows: np.ndarray, evicted: np.ndarray, n_out: int = 0
+    ) -> np.ndarray:
+        """Write a fault's side buffer (GPU: its launch reads it in place): ``[slots (m) |
+        rows (m) | evicted (e)]``, with room for ``n_out`` more entries after them (the
+        call's slots, which the LRU's commit may write there for the launch to carry);
+        returns the view of those ``n_out``."""
+        m = slots.size
+        e0 = 2 * m + evicted.size
+        side = self.side_ints(e0 + n_out)
+        side[:m] = slots
+        side[m : 2 * m] = rows
+        side[2 * m : e0] = evicted
+        return side[e0 : e0 + n_out]
+
     def ctl(self) -> np.ndarray:
         """Pinned int32[2] a deferred read's end is written to and ``fault_wait`` polls."""
         if self._ctl is None:

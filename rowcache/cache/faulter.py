@@ -4,13 +4,15 @@ Owns :class:`Faulter`: a resolve's path through the LRU's plan and commit around
 (``rowcache.cache.lru``: in C, or their Python reference), the read into the arena's staging
 buffer, the scatter (CPU) or the one GPU launch, and the rows claimed from prefetch pieces
 in flight; and :class:`PendingFault`, a fault whose read outlives its call
-(``resolve_deferred``: :meth:`Faulter.start` starts the read, :meth:`PendingFault.finish`
-joins it and commits). Owns no maps, log or buffers (``slots``, ``lru``, ``arena``).
+(``resolve_deferred``: :meth:`Faulter.start` starts the read and returns the value,
+:meth:`Faulter.finish` joins it and commits). Owns no maps, log or buffers (``slots``,
+``lru``, ``arena``); reports its reads and times to ``Counters``.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,7 +20,7 @@ import numpy as np
 from rowcache.cache.arena import Arena
 from rowcache.cache.lru import Lru
 from rowcache.cache.parts import PartReader
-from rowcache.cache.plan import EXHAUSTED, IN_FLIGHT, MissPlan
+from rowcache.cache.plan import LruStatus, MissPlan
 from rowcache.cache.prefetcher import InFlightClaim, Prefetcher
 from rowcache.cache.slots import SlotTable
 from rowcache.cache.stats import Counters
@@ -30,52 +32,27 @@ DEFERRED = np.empty(0, dtype=np.int32)
 """What a resolve whose read was deferred returns (its slots are known at the commit)."""
 DEFERRED.flags.writeable = False
 
+FAULT_ROUNDS = 6
+"""Plans a fault makes at most. A plan that must wait for, claim or settle prefetches in
+flight plans again (as may one whose claimed read failed), and each such round leaves
+fewer pieces to act on: a wait for them all leaves none, so a row in flight is settled
+once, and at most one wait and one failed claimed read precede the plan that commits."""
 
+
+@dataclass(frozen=True)
 class PendingFault:
     """A native fault whose read runs on a reader's own thread while the caller goes on
-    (:meth:`Faulter.start`): the plan to commit once the read is joined, the rows claimed
-    from prefetch pieces, the read's rows and slots, and its times. :meth:`finish` joins and
-    commits it; a failed read commits nothing and raises."""
+    (:meth:`Faulter.start`), as a value its :class:`Faulter` finishes
+    (:meth:`Faulter.finish`): the ``plan`` to commit once the read is joined, the rows
+    ``claim``-ed from prefetch pieces, the ``reader`` to join, the arrays the read holds
+    (``held``: its rows, bounds and slots; its buffers hold them until the join) and its
+    ``times`` (plan start, read start, launched)."""
 
-    def __init__(
-        self,
-        faulter: Faulter,
-        plan: MissPlan,
-        claim: InFlightClaim | None,
-        reader: RowReader,
-        held: tuple[np.ndarray, ...],
-        times: tuple[float, float, float],
-    ) -> None:
-        self._faulter = faulter
-        self.plan = plan
-        self.claim = claim
-        self._reader = reader
-        self._held = held  # the read's rows, bounds and slots (its buffers hold them)
-        self._times = times  # plan start, read start, launched
-
-    def finish(self) -> None:
-        """Join the read and commit the plan (maps, pins, log, stats, the rows claimed
-        from prefetches) as a fault that read in its call commits; a failed read commits
-        nothing (its launch wrote nothing) and raises its ``CorruptDataError``."""
-        f = self._faulter
-        t0, t1, t2 = self._times
-        t3 = time.perf_counter()
-        try:
-            read = self._reader.read_batch_join()
-        except BaseException:
-            if self.claim is not None:
-                f.prefetcher.unclaim(self.claim)
-            f.last_faults = 0
-            raise
-        t4 = time.perf_counter()
-        f.counters.count_read(read)
-        rows, _, slots = self._held
-        if not f.arena.gpu:  # (the GPU's launch has written them, in stream order)
-            f.arena.scatter(f.arena.staged(rows.size), slots)
-        f.commit(self.plan, self.claim, np.empty(self.plan.n, dtype=np.int32))
-        t5 = time.perf_counter()
-        f.counters.fault_seconds += (t2 - t0) + (t5 - t3)  # the host's: plan, launch, join, commit
-        f.counters.count_phases(t1 - t0, t4 - t3, t5 - t4, t2 - t1)
+    plan: MissPlan
+    claim: InFlightClaim | None
+    reader: RowReader
+    held: tuple[np.ndarray, np.ndarray, np.ndarray]
+    times: tuple[float, float, float]
 
 
 class Faulter:
@@ -114,7 +91,30 @@ class Faulter:
         """Finish the pending fault (join its read, commit; raises its read's error)."""
         p, self.pending = self.pending, None
         if p is not None:
-            p.finish()
+            self.finish(p)
+
+    def finish(self, p: PendingFault) -> None:
+        """Join a deferred fault's read and commit its plan (maps, pins, log, stats, the
+        rows claimed from prefetches) as a fault that read in its call commits; a failed
+        read commits nothing (its launch wrote nothing) and raises its ``CorruptDataError``."""
+        t0, t1, t2 = p.times
+        t3 = time.perf_counter()
+        try:
+            read = p.reader.read_batch_join()
+        except BaseException:
+            if p.claim is not None:
+                self.prefetcher.unclaim(p.claim)
+            self.last_faults = 0
+            raise
+        t4 = time.perf_counter()
+        self.counters.count_read(read)
+        rows, _, slots = p.held
+        if not self.arena.gpu:  # (the GPU's launch has written them, in stream order)
+            self.arena.scatter(self.arena.staged(rows.size), slots)
+        self.commit(p.plan, p.claim, np.empty(p.plan.n, dtype=np.int32))
+        t5 = time.perf_counter()
+        # the host's time: plan, launch, join, commit
+        self.counters.count_fault((t2 - t0) + (t5 - t3), t1 - t0, t4 - t3, t5 - t4, t2 - t1)
 
     def _exhausted(self, n_miss: int, free_or_unpinned: int) -> ArenaExhaustedError:
         return ArenaExhaustedError(
@@ -135,98 +135,120 @@ class Faulter:
         if ids.size == 0:
             return np.empty(0, dtype=np.int32)
         ids = np.ascontiguousarray(ids)  # (checked ids may be a strided view; C needs a vector)
+        self._settle_first(ids)
+        return self.fault(ids, device_out, defer)  # (it settles a row in flight: IN_FLIGHT)
+
+    def _settle_first(self, ids: np.ndarray) -> None:
+        """Before a plan: reap finished pieces, and settle the prefetches of ``ids`` (wait
+        for, reap, raise their errors) where a failed one is pending or the Python path
+        plans (it has no claims)."""
         pf = self.prefetcher
         if pf.jobs:
             pf.reap()
         if pf.failed or (pf.jobs and self.lru.native is None):
-            pf.settle(ids)  # prefetches this call needs: waited for, reaped, errors raised
-        return self.fault(ids, device_out, defer)  # (it settles a row in flight: IN_FLIGHT)
+            pf.settle(ids)
 
-    def fault(
-        self,
-        ids: np.ndarray,
-        device_out: bool = False,
-        defer: bool = False,
-        settled: bool = False,
-        claim: InFlightClaim | None = None,
-    ) -> Any:
+    def fault(self, ids: np.ndarray, device_out: bool = False, defer: bool = False) -> Any:
         """The path of :meth:`resolve` in two LRU calls around the read: the LRU's plan
         (dedup, victims, exhaustion; changes nothing: a :class:`MissPlan`), the read, the
         LRU's commit (maps, pins, log, part misses), then on the GPU the fault's one launch
         (the plan and commit in C, or their Python reference: the same victims, log, maps,
-        stats and errors). A failed call
-        changes nothing (but for a failed launch, after the commit: a device that refuses
-        a launch is unusable anyway). With prefetches in flight (finished ones reaped by
-        the caller) the plan tells whether a row of the call is in flight and whether its
-        victims' scan passed a reserved slot. Rows in flight are claimed and read in the
-        call's own read, beside its misses, into the slots their pieces reserved; where
-        that read fails, or the plan must wait for pieces, the claim is undone and the
-        call settles those prefetches as the Python path does and plans again. ``ids``: a
+        stats and errors). A failed call changes nothing (but for a failed launch, after
+        the commit: a device that refuses a launch is unusable anyway). With prefetches in
+        flight (finished ones reaped by the caller) the plan tells whether a row of the
+        call is in flight and whether its victims' scan passed a reserved slot. Rows in
+        flight are claimed and read in the call's own read, beside its misses, into the
+        slots their pieces reserved; where that read fails, or the plan must wait for
+        pieces, the claim is undone and the call settles those prefetches as the Python
+        path does and plans again: a loop of at most :data:`FAULT_ROUNDS` plans. ``ids``: a
         contiguous int64 vector in range (the caller's check)."""
-        self.last_faults = 0
-        n = ids.size
         pf = self.prefetcher
-        t0 = time.perf_counter()
-        plan = self.lru.plan(ids)
-        status = plan.status
-        if claim is not None and (status or (plan.n_miss and plan.passed_reserved)):
-            pf.unclaim(claim)  # (a wait or an error below: nothing claimed)
-        if status == IN_FLIGHT:  # a row of the call is in flight: read with the misses, or settled
-            if settled:
-                raise AssertionError("a row of the call is still in flight after settling")
-            claim = pf.claim(ids)
-            if claim is None:
-                pf.settle(ids)
-            return self.fault(ids, device_out, defer, True, claim)
-        if status == EXHAUSTED and not self.slots.reserved:
-            raise self._exhausted(plan.n_miss, self.lru.free_or_unpinned() - plan.fresh_hits)
-        if status == EXHAUSTED or (plan.n_miss and self.slots.reserved and plan.passed_reserved):
-            # reserved slots count as free once their reads land; and an LRU order that
-            # reaches a slot still in flight waits, as if it had landed
-            pf.wait_all()
-            return self.resolve(ids, device_out, defer)
-        if status:
-            check_row_ids(ids, self.slots.rows)  # BAD_ID: raises RowRangeError
-            raise AssertionError("LRU log exhausted before finding enough victims")
-        rows, slots = self._reads(plan, claim)
-        m = rows.size
-        gpu = bool(m) and self.arena.gpu
-        t1 = t2 = time.perf_counter()
-        if m and defer and not device_out and self.lru.native is not None:
-            pending = self.start(plan, claim, t0)
-            if pending is not None:
-                self.pending = pending
-                return DEFERRED
-        if m:  # raises before any change
-            try:
-                records = self._read(rows)
-            except Exception:
+        settled = False  # the call's rows in flight were claimed or settled once
+        claim: InFlightClaim | None = None
+        for _ in range(FAULT_ROUNDS):
+            self.last_faults = 0
+            t0 = time.perf_counter()
+            plan = self.lru.plan(ids)
+            status = plan.status
+            if claim is not None and (status or (plan.n_miss and plan.passed_reserved)):
+                pf.unclaim(claim)  # (a wait or an error below: nothing claimed)
+                claim = None
+            if status == LruStatus.IN_FLIGHT:  # read with the misses (a claim), or settled
+                if settled:
+                    raise AssertionError("a row of the call is still in flight after settling")
+                claim = pf.claim(ids)
                 if claim is None:
-                    raise
-                pf.unclaim(claim)  # read apart, or waited for, as the Python path does
-                pf.settle(ids)
-                return self.fault(ids, device_out, defer, settled=True)
-            t2 = time.perf_counter()
-            if not self.arena.gpu:
-                self.arena.scatter(records, slots)
+                    pf.settle(ids)
+                settled = True
+                continue
+            if status == LruStatus.EXHAUSTED and not self.slots.reserved:
+                raise self._exhausted(plan.n_miss, self.lru.free_or_unpinned() - plan.fresh_hits)
+            if status == LruStatus.EXHAUSTED or (
+                plan.n_miss and self.slots.reserved and plan.passed_reserved
+            ):
+                # reserved slots count as free once their reads land; and an LRU order that
+                # reaches a slot still in flight waits, as if it had landed
+                pf.wait_all()
+                self._settle_first(ids)
+                settled = False
+                continue
+            if status:
+                check_row_ids(ids, self.slots.rows)  # BAD_ID: raises RowRangeError
+                raise AssertionError("LRU log exhausted before finding enough victims")
+            rows, slots = self._reads(plan, claim)
+            m = rows.size
+            t1 = t2 = time.perf_counter()
+            if m and defer and not device_out and self.lru.native is not None:
+                pending = self.start(plan, claim, t0)
+                if pending is not None:
+                    self.pending = pending
+                    return DEFERRED
+            if m:  # raises before any change
+                try:
+                    records = self._read(rows)
+                except Exception:
+                    if claim is None:
+                        raise
+                    pf.unclaim(claim)  # read apart, or waited for, as the Python path does
+                    claim = None
+                    pf.settle(ids)
+                    settled = True
+                    continue
+                t2 = time.perf_counter()
+                if not self.arena.gpu:
+                    self.arena.scatter(records, slots)
+            return self._commit_call(plan, claim, rows, slots, device_out, (t0, t1, t2))
+        raise AssertionError(
+            f"a fault of {ids.size} ids planned {FAULT_ROUNDS} times without committing"
+        )
+
+    def _commit_call(
+        self,
+        plan: MissPlan,
+        claim: InFlightClaim | None,
+        rows: np.ndarray,
+        slots: np.ndarray,
+        device_out: bool,
+        times: tuple[float, float, float],
+    ) -> Any:
+        """A planned call whose ``rows`` were read into ``slots`` (CPU: scattered): its
+        commit, then on the GPU its launch; counted. Returns the call's slots."""
+        n, m = plan.n, rows.size
+        gpu = bool(m) and self.arena.gpu
         if gpu:  # the launch's side buffer: [slots | rows | evicted (| out)]
-            e0 = 2 * m + plan.n_ev
-            side = self.arena.side_ints(e0 + (n if device_out else 0))
-            side[:m] = slots
-            side[m : 2 * m] = rows
-            side[2 * m : e0] = plan.evicted
-        out = side[e0 : e0 + n] if gpu and device_out else np.empty(n, dtype=np.int32)
+            side_out = self.arena.fill_side(slots, rows, plan.evicted, n if device_out else 0)
+        out = side_out if gpu and device_out else np.empty(n, dtype=np.int32)
         self.commit(plan, claim, out)
-        self.last_faults = plan.n_miss + pf.shown
+        self.last_faults = plan.n_miss + self.prefetcher.shown
         t3 = time.perf_counter()
         if gpu:  # after the commit, so that the launch can carry the slots (out) too
             dev = self.arena.xp.empty(n, dtype=np.int32) if device_out else None
             self.arena.launch(m, plan.n_ev, dev)
             out = out if dev is None else dev
         if m:
+            t0, t1, t2 = times
             t4 = time.perf_counter()
-            self.counters.fault_seconds += t4 - t0
-            self.counters.count_phases(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+            self.counters.count_fault(t4 - t0, t1 - t0, t2 - t1, t3 - t2, t4 - t3)
         return out
 
     @staticmethod
@@ -267,8 +289,8 @@ class Faulter:
         launch behind ``fault_wait`` on the cache's stream: the stream holds until the read
         ends, and the launch writes the records and the device map's update only if the
         read was clean (on the CPU the records are written when the read is joined). The
-        maps, pins, log and stats change only at :meth:`PendingFault.finish`. None where the
-        reader cannot read apart (nothing started)."""
+        maps, pins, log and stats change only at :meth:`finish`. None where the reader
+        cannot read apart (nothing started)."""
         rows, slots = self._reads(plan, claim)
         m = rows.size
         arena = self.arena
@@ -283,11 +305,7 @@ class Faulter:
         try:
             if arena.gpu:  # (on the CPU the records are written at the join)
                 assert ctl is not None
-                e0 = 2 * m + plan.n_ev
-                side = arena.side_ints(e0)
-                side[:m] = slots
-                side[m : 2 * m] = rows
-                side[2 * m : e0] = plan.evicted
+                arena.fill_side(slots, rows, plan.evicted)
                 arena.launch(m, plan.n_ev, None, ctl.ctypes.data, self._seq)
         except BaseException:
             try:
@@ -300,4 +318,4 @@ class Faulter:
         self.last_faults = (
             plan.n_miss + self.prefetcher.shown + (0 if claim is None else claim.rows.size)
         )
-        return PendingFault(self, plan, claim, reader, (rows64, bounds, slots), times)
+        return PendingFault(plan, claim, reader, (rows64, bounds, slots), times)

@@ -27,11 +27,11 @@ the facade finishes the touches before any call that reads them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from rowcache.cache.plan import BAD_ID, EXHAUSTED, IN_FLIGHT, PLANNED, MissPlan
+from rowcache.cache.plan import LruStatus, MissPlan
 from rowcache.cache.slots import READ, READING, SlotTable
 from rowcache.cache.stats import Counters
 from rowcache.errors import ConfigError
@@ -53,6 +53,18 @@ MISS_PARTS_MIN_ROWS = 1 << 24
 HIT, MISS, ELSE = 0, 1, 2
 """What :meth:`Lru.hits` found: every row resident (touched), a miss (nothing changed;
 the ids are in range), or neither (the Python path must look: a bad id)."""
+
+
+class Reservation(NamedTuple):
+    """A prefetch's reservation (:meth:`Lru.reserve`): the ``victims`` its missing rows took
+    (their slots, reserved ``READING`` in the slot table) and the rows those ``evicted``."""
+
+    victims: np.ndarray
+    evicted: np.ndarray
+
+
+_NO_SLOTS = np.empty(0, dtype=np.int32)
+_NO_SLOTS.flags.writeable = False
 
 
 def sorted_unique(a: np.ndarray) -> np.ndarray:
@@ -84,8 +96,9 @@ class Lru:
     Parameters
     ----------
     slots : the slot table (read here; written by the native commit only).
-    counters : where the hits of deferred touches are counted (and the native commit
-        counts each part's misses, in place).
+    counters : where the LRU reports what its calls counted (``Counters.count_hits``,
+        ``count_commit``, ``count_evictions``: the lookups, hits, misses and each part's
+        misses, which the native commit counts and returns in the LRU's ``part_counts``).
     native : the native host kernels (``rowcache.kernels.host.native``), or None for the
         Python reference everywhere. With them the LRU makes one ``LruState`` (C) over the
         slot table's and its own arrays, once: its calls pass ids and a plan.
@@ -136,11 +149,13 @@ class Lru:
         self._touching: list[tuple[Any, int, np.ndarray]] = []
         self._miss_threads = HOST_THREADS if slots.rows >= MISS_PARTS_MIN_ROWS else 1
         self._offsets = np.ascontiguousarray(part_offsets, dtype=np.int64)
+        # each commit's misses per part (C writes them; Counters.count_commit adds them)
+        self._part_counts = np.zeros(self._offsets.size - 1, dtype=np.int64)
         self._c: Any = None  # the native state: these arrays, held by C (csrc/lru_state.h)
         if native is not None:
             self._c = native.LruState(slots.row_map.native_arg, slots.slot_row, slots.state,
                                       self.last_used, self.log, self.log_pos, self._offsets,
-                                      counters.part_misses)  # fmt: skip
+                                      self._part_counts)  # fmt: skip
 
     def __del__(self) -> None:
         # a touch still in flight holds the arrays (and a slot of the C side): finish it
@@ -178,9 +193,9 @@ class Lru:
             handle, batch, _ = self._touching.pop(0)
             res = handle if type(handle) is tuple else self.native.lru_touch_wait(handle)
             status, fresh, self.head, self.tail = res
-            if status:
+            if status != LruStatus.OK:  # LOG_FULL
                 raise AssertionError("the LRU log had no room for a touch after compaction")
-            self.counters.hits += fresh
+            self.counters.count_hits(0, fresh)
             if batch == self.batch:
                 self.pinned += fresh
 
@@ -189,7 +204,7 @@ class Lru:
         handle = self._c.touch_start(scratch, n, self.head, self.tail, self.batch,
                                      TOUCH_THREADS, after)  # fmt: skip
         self._touching.append((handle, self.batch, scratch))
-        self.counters.lookups += n
+        self.counters.count_hits(n, 0)
 
     def _scratch_for(self, n: int) -> np.ndarray:
         if self._scratch.size < 2 * n:
@@ -209,21 +224,20 @@ class Lru:
         out = np.empty(n, dtype=np.int32)
         if n >= self.defer_min:
             status, _ = c.scan(ids, out, scratch, HOST_THREADS)
-            if status == 0:  # every row resident: the touch goes on in the background
+            if status == LruStatus.OK:  # every row resident: the touch goes on in the background
                 self._start_touch(scratch, n)
                 return HIT, out
-            return (MISS, None) if status == 1 else (ELSE, None)
+            return (MISS, None) if status == LruStatus.MISS else (ELSE, None)
         status, fresh, tail = c.hits(ids, self.tail, self.batch, out, scratch, HOST_THREADS)
-        if status == 3:  # the log is full: compact, then once more
+        if status == LruStatus.LOG_FULL:  # compact, then once more
             self.compact()
             status, fresh, tail = c.hits(ids, self.tail, self.batch, out, scratch, HOST_THREADS)
-        if status == 1:
+        if status == LruStatus.MISS:
             return MISS, None
-        if status != 0:
+        if status != LruStatus.OK:
             return ELSE, None
         self.tail = tail
-        self.counters.lookups += n
-        self.counters.hits += fresh
+        self.counters.count_hits(n, fresh)
         self.pinned += fresh
         return HIT, out
 
@@ -250,21 +264,21 @@ class Lru:
                 self._scratch = scratch
         out = np.empty(n, dtype=np.int32)
         status, _ = self._c.scan(ids, out, scratch, HOST_THREADS)
-        if status == 1:
+        if status == LruStatus.MISS:
             self.finish_touches()
             return MISS, None
-        if status:
+        if status != LruStatus.OK:
             return ELSE, None
         self._start_touch(scratch, n, prev)
         return HIT, out
 
-    def all_resident(self, ids: np.ndarray) -> int:
-        """One C scan of the row map, changing nothing: 0 every row of ``ids`` (a
-        contiguous int64 vector) is mapped, 1 one is not, 2 a bad id."""
+    def all_resident(self, ids: np.ndarray) -> bool | None:
+        """One C scan of the row map, changing nothing: whether every row of ``ids`` (a
+        contiguous int64 vector) is mapped; None for a bad id (the caller's check raises)."""
         n = ids.size
         scratch = np.empty(2 * n, dtype=np.int32)  # not the cache's: a touch may hold it
         status, _ = self._c.scan(ids, np.empty(n, dtype=np.int32), scratch, 1)
-        return int(status)
+        return None if status == LruStatus.BAD_ID else status == LruStatus.OK
 
     # -- the miss path: a plan, then its commit --------------------------------
     def plan(self, ids: np.ndarray) -> MissPlan:
@@ -296,7 +310,7 @@ class Lru:
                 plan.ids, plan.work, plan.n_u, plan.n_miss, plan.n_ev, plan.head, self.tail,
                 plan.batch, out, self._miss_threads,
             )  # fmt: skip
-        self.counters.count_call(plan.n, fresh, plan.n_miss, plan.n_ev)
+        self.counters.count_commit(plan.n, fresh, plan.n_miss, plan.n_ev, self._part_counts)
         if plan.batch == self.batch:  # (a deferred call's batch may have ended: no pins)
             self.pinned += fresh
         return int(fresh)
@@ -307,7 +321,7 @@ class Lru:
         n, t, head = ids.size, self.slots, self.head
         bad = np.flatnonzero((ids < 0) | (ids >= t.rows))
         if bad.size:
-            return BAD_ID, int(bad[0]), 0, 0, 0, head, head, 0
+            return LruStatus.BAD_ID, int(bad[0]), 0, 0, 0, head, head, 0
         uniq = sorted_unique(ids)
         n_u = uniq.size
         slots_u = t.slots_of(uniq)
@@ -320,18 +334,18 @@ class Lru:
         work[n : n + n_u] = slots_u
         work[2 * n : 2 * n + n_miss] = missing
         if t.reserved and bool((t.state[hits] == READING).any()):
-            return IN_FLIGHT, n_u, n_miss, fresh, 0, head, head, 0
+            return LruStatus.IN_FLIGHT, n_u, n_miss, fresh, 0, head, head, 0
         if n_miss and n_miss > avail - fresh:
-            return EXHAUSTED, n_u, n_miss, fresh, 0, head, head, 0
+            return LruStatus.EXHAUSTED, n_u, n_miss, fresh, 0, head, head, 0
         if not n_miss:
-            return PLANNED, n_u, 0, fresh, 0, head, head, 0
+            return LruStatus.OK, n_u, 0, fresh, 0, head, head, 0
         victims, new_head, end = self.choose_victims(n_miss, hits)  # the call's hits: none
         passed = self.passed_reserved(end, hits)
         old = t.slot_row[victims]
         evicted = old[old >= 0]
         work[3 * n : 3 * n + n_miss] = victims
         work[4 * n : 4 * n + evicted.size] = evicted
-        return PLANNED, n_u, n_miss, fresh, evicted.size, new_head, end, int(passed)
+        return LruStatus.OK, n_u, n_miss, fresh, evicted.size, new_head, end, int(passed)
 
     def _commit_python(self, plan: MissPlan, out: np.ndarray) -> int:
         """The reference of C ``LruState.commit``: the slot table maps the misses into the
@@ -349,7 +363,7 @@ class Lru:
         self.last_used[slots_u] = plan.batch
         self.log_slots(slots_u)
         # global rows ascending: each part's misses are one run
-        self.counters.part_misses += np.diff(np.searchsorted(plan.missing, self._offsets))
+        self._part_counts[:] = np.diff(np.searchsorted(plan.missing, self._offsets))
         out[:n] = self.slots.slots_of(plan.ids)
         return fresh
 
@@ -418,10 +432,33 @@ class Lru:
             read &= ~member(s, spare)
         return bool((live & ((b == READING) | read)).any())
 
-    def set_head(self, head: int) -> None:
-        """The head after a commit that re-logs its victims (every entry before ``head``
-        is stale then)."""
-        self.head = head
+    def reserve(
+        self, rows_u: np.ndarray, missing: np.ndarray, spare: np.ndarray
+    ) -> Reservation | None:
+        """A prefetch's reservation, in one call: victims for the ``missing`` rows (sorted
+        unique, a subset of ``rows_u``) among the least recently used slots neither
+        pinned, nor reserved, nor in ``spare`` (the call's resident slots, sorted); the
+        head past them; the slot table's reservation (``SlotTable.reserve``: evicted rows
+        unmapped, ``missing`` mapped into the victims, ``READING``); the evictions
+        counted; then every mapped row of ``rows_u`` logged most recently used, in
+        ascending row order (resolve's tie rule). Returns the victims and evicted rows
+        (the prefetcher's pieces and the device map's update), or None, with nothing
+        changed, where the victims' scan would pass a slot a piece in flight holds (the
+        LRU would have taken it had its read landed): the caller waits for the pieces and
+        asks again."""
+        victims = evicted = _NO_SLOTS
+        if missing.size:
+            victims, head, end = self.choose_victims(int(missing.size), spare)
+            if self.slots.reserved and self.passed_reserved(end):
+                return None
+            self.head = head  # every entry before it is stale once the victims are re-logged
+            old = self.slots.slot_row[victims]
+            evicted = old[old >= 0]
+            self.slots.reserve(missing, victims, evicted)
+            self.counters.count_evictions(int(evicted.size))
+        order = self.slots.slots_of(rows_u)
+        self.log_slots(order[order >= 0].astype(np.int32, copy=False))
+        return Reservation(victims, evicted)
 
     def log_slots(self, slots_u: np.ndarray) -> None:
         """Move distinct slots to the tail of the LRU log, in the given order."""

@@ -4,25 +4,37 @@ Owns :class:`MissPlan`, the frozen result of the LRU's plan (``Lru.plan``, C
 ``plan`` of ``csrc/lru_miss.c``): the call's ids, its distinct rows and their slots, the
 missing rows, their victims and the rows those evict, the new log head and the status.
 The faulter reads the missing rows into the victims and hands the plan back to
-``Lru.commit``; nothing in it changes in between.
+``Lru.commit``; nothing in it changes in between. And :class:`LruStatus`, what the LRU's C
+calls (and their Python references) found: ``csrc/lru_status.h``'s codes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 
 import numpy as np
 
-PLANNED = 0
-"""A plan to read and commit."""
-EXHAUSTED = 1
-"""More misses than slots free or unpinned (``ArenaExhaustedError``, or wait for prefetches)."""
-BAD_ID = 2
-"""An id outside the table (``RowRangeError``)."""
-LOG_SHORT = 3
-"""The log ended before enough victims (cannot happen after the exhaustion test)."""
-IN_FLIGHT = 4
-"""A row of the call is being read by a prefetch piece: settle or claim it first."""
+
+class LruStatus(IntEnum):
+    """What a call of the LRU's C found (``LruState.hits``, ``scan``, ``plan``, a touch's
+    wait; ``csrc/lru_status.h``, whose values the module exports as ``LRU_OK`` ..
+    ``LRU_EXHAUSTED``), or its Python reference: one code a meaning, whichever call."""
+
+    OK = 0
+    """hits, scan: every row resident; plan: a plan to read and commit; a touch: done."""
+    MISS = 1
+    """hits, scan: a row is not resident (nothing changed)."""
+    BAD_ID = 2
+    """An id outside the table (``RowRangeError``; nothing changed)."""
+    LOG_FULL = 3
+    """hits, a touch: no room at the log's tail (compact first); plan: the log ended before
+    enough victims (cannot happen after the exhaustion test)."""
+    IN_FLIGHT = 4
+    """plan: a row of the call is being read by a prefetch piece: settle or claim it first."""
+    EXHAUSTED = 5
+    """plan: more misses than slots free or unpinned (``ArenaExhaustedError``, or wait for
+    prefetches)."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +47,7 @@ class MissPlan:
     their slots to be), ``n_ev`` rows evicted (``evicted``). ``fresh_hits``: hit slots not
     yet pinned in this batch. ``head``: the log head after the commit. ``end``: the log
     position just past the last victim. ``passed_reserved``: the victims' scan passed a slot
-    a prefetch piece in flight holds. ``status``: :data:`PLANNED` or why not. ``batch``:
+    a prefetch piece in flight holds. ``status``: a :class:`LruStatus` (``OK``: planned) or why not. ``batch``:
     the batch the plan was made in (its commit pins only while that batch lasts).
     ``missing``, ``victims``, ``evicted``: int32 views of ``work``.
     """

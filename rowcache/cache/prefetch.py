@@ -118,12 +118,31 @@ class PrefetchJob:
         self.started = False
         self.taken: list[PrefetchJob] = []
 
+    def start(self) -> None:
+        """The prefetch thread takes the job from the queue (under the prefetcher's queue
+        lock): from now on its rows are read by it, and none is taken over."""
+        self.started = True
+
+    def give_up(self, mask: np.ndarray, taker: PrefetchJob | None = None) -> bool:
+        """The rows under ``mask`` (over :attr:`rows`) leave this job not yet started: a
+        resolve reads them (``taker``: the job it reads them in, which this job's handle
+        then waits for too). Returns True when no row is left: the job is done (its event
+        set), and leaves the queue."""
+        if taker is not None:
+            self.taken.append(taker)
+        keep = ~mask
+        self.rows, self.slots = self.rows[keep], self.slots[keep]
+        if self.rows.size:
+            return False
+        self.event.set()
+        return True
+
     def run(self, arena: Arena, parts: PartReader, buffers: PrefetchBuffers) -> None:
         """Read the job's rows and write them into its slots (``buffers``' staging);
         records an error instead of raising, and sets ``event`` at the end."""
         self.times[1] = time.perf_counter()
         try:
-            self.read = buffers.fill(arena, parts, self)
+            self.read, self.times[2], self.landed = buffers.fill(arena, parts, self)
         except BaseException as e:
             self.error = e
         finally:
@@ -151,18 +170,21 @@ class PrefetchBuffers:
         self.dev_staging: Any = None
         self.copy_done: Any = None
 
-    def fill(self, arena: Arena, parts: PartReader, job: PrefetchJob) -> tuple[int, int, int]:
-        """Read the job's rows and write them into its arena slots; returns (rows,
-        bytes, ops)."""
+    def fill(
+        self, arena: Arena, parts: PartReader, job: PrefetchJob
+    ) -> tuple[tuple[int, int, int], float, Any]:
+        """Read the job's rows and write them into its arena slots; returns what the job
+        records: its read's (rows, bytes, ops), when the read ended, and (GPU, own stream)
+        the event after its arena writes (else None)."""
         rows, slots = job.rows, job.slots
         n = rows.size
         if arena.gpu:
             return self._fill_gpu(arena, parts, job, n)
         staging = self._host(arena, n)
         read = parts.read(rows, staging, self.reader)
-        job.times[2] = time.perf_counter()
+        read_end = time.perf_counter()
         arena.scatter(staging[:n], slots)
-        return read
+        return read, read_end, None
 
     def _host(self, arena: Arena, n: int, pinned: bool = False) -> np.ndarray:
         rec = arena.record_bytes
@@ -179,7 +201,7 @@ class PrefetchBuffers:
 
     def _fill_gpu(
         self, arena: Arena, parts: PartReader, job: PrefetchJob, n: int
-    ) -> tuple[int, int, int]:
+    ) -> tuple[tuple[int, int, int], float, Any]:
         cp = arena.xp
         import rowcache.kernels.scatter
 
@@ -188,7 +210,7 @@ class PrefetchBuffers:
                 self.copy_done.synchronize()  # the staging buffer's last copy has left it
             staging = self._host(arena, n, pinned=True)
             read = parts.read(job.rows, staging, self.reader)
-            job.times[2] = time.perf_counter()
+            read_end = time.perf_counter()
             if self.own_stream and self.stream is None:
                 self.stream = cp.cuda.Stream(non_blocking=True)
             stream = self.stream if self.own_stream else arena.stream
@@ -200,6 +222,5 @@ class PrefetchBuffers:
                 if self.own_stream and job.after is not None:
                     stream.wait_event(job.after)  # earlier batches' gathers of the victims
                 rowcache.kernels.scatter.scatter_records(dev, slots, arena.table, arena.scales)
-                if self.own_stream:
-                    job.landed = stream.record()
-        return read
+                landed = stream.record() if self.own_stream else None
+        return read, read_end, landed

@@ -1,7 +1,7 @@
 """The prefetcher of ``NgramRowCache``: pieces in flight, their thread, take-over and claims.
 
-Owns :class:`Prefetcher`: a prefetch's reservation (its rows touched, victims chosen,
-evicted and reserved in the slot table), its pieces (``rowcache.cache.prefetch.PrefetchJob``)
+Owns :class:`Prefetcher`: a prefetch (its reservation asked of the LRU, ``Lru.reserve``:
+its rows touched, victims chosen, evicted and reserved in the slot table), its pieces (``rowcache.cache.prefetch.PrefetchJob``)
 and their queue, the thread that reads them, reaping finished pieces into the slot table,
 the counters and the device map, the failed pieces' rows and their error (raised once),
 and what a resolve does with rows still in flight: takes over rows of pieces not started
@@ -114,37 +114,39 @@ class Prefetcher:
 
     # -- a prefetch ----------------------------------------------------------
     def prefetch(self, rows_u: np.ndarray) -> PrefetchHandle:
-        """The prefetch of sorted unique rows (``NgramRowCache.prefetch``)."""
+        """The prefetch of sorted unique rows (``NgramRowCache.prefetch``): its missing
+        rows reserved by the LRU (:meth:`Lru.reserve`), read in pieces. Where the pieces in
+        flight hold slots it would take (too few slots without them, or the LRU order
+        reaches one), it waits for them all first, once: after that wait none is reserved."""
         slots, lru = self.slots, self.lru
-        slots_u = slots.slots_of(rows_u)
-        miss = slots_u < 0
-        hit = slots_u[~miss]
-        spare = np.sort(hit)  # the call's resident rows: touched, no victims
-        reserved = slots.state[hit] >= READING
-        unpinned_hits = int(np.count_nonzero(~reserved & (lru.last_used[hit] != lru.batch)))
-        avail = lru.free_or_unpinned() - unpinned_hits
-        missing = rows_u[miss]
-        dropped = max(0, missing.size - max(avail, 0))
-        if dropped and slots.reserved:  # an earlier prefetch's slots would be free once landed
-            self.wait_all()
-            return self.prefetch(rows_u)
-        if dropped:
-            missing = missing[: missing.size - dropped]
-        victims = np.empty(0, dtype=np.int32)
-        if missing.size:
-            victims, new_head, end = lru.choose_victims(int(missing.size), spare)
-            if slots.reserved and lru.passed_reserved(end):  # LRU reaches a slot in flight
+        for _ in range(2):  # at most one wait for every piece, then no slot is reserved
+            slots_u = slots.slots_of(rows_u)
+            miss = slots_u < 0
+            hit = slots_u[~miss]
+            spare = np.sort(hit)  # the call's resident rows: touched, no victims
+            reserved = slots.state[hit] >= READING
+            unpinned_hits = int(np.count_nonzero(~reserved & (lru.last_used[hit] != lru.batch)))
+            avail = lru.free_or_unpinned() - unpinned_hits
+            missing = rows_u[miss]
+            dropped = max(0, missing.size - max(avail, 0))
+            if dropped and slots.reserved:  # an earlier prefetch's slots, free once landed
                 self.wait_all()
-                return self.prefetch(rows_u)
-            lru.set_head(new_head)
-            old = slots.slot_row[victims]
-            evicted = old[old >= 0]
-            slots.reserve(missing, victims, evicted)
-            self.counters.evictions += int(evicted.size)
-            self.arena.sync_device_map(evicted, missing[:0], victims[:0])
-        # the touch order of the call: ascending rows, as resolve's tie rule
-        order = slots.slots_of(rows_u)
-        lru.log_slots(order[order >= 0].astype(np.int32, copy=False))
+                continue
+            if dropped:
+                missing = missing[: missing.size - dropped]
+            got = lru.reserve(rows_u, missing, spare)
+            if got is None:  # the LRU order reaches a slot in flight
+                self.wait_all()
+                continue
+            break
+        else:
+            raise AssertionError(
+                f"a prefetch of {rows_u.size} rows still waits for pieces in flight after "
+                f"waiting for them all ({slots.reserved} slots reserved)"
+            )
+        victims = got.victims
+        if missing.size:
+            self.arena.sync_device_map(got.evicted, missing[:0], victims[:0])
         if not missing.size:
             return PrefetchHandle([], 0, dropped)
         if self._pool is None:
@@ -172,7 +174,7 @@ class Prefetcher:
             if not self._queue:
                 return
             job = self._queue.popleft()
-            job.started = True
+            job.start()
         assert self._buffers is not None
         job.run(self.arena, self.parts, self._buffers)
 
@@ -232,7 +234,7 @@ class Prefetcher:
             if job.landed is not None:  # its arena writes, on the prefetch stream, first
                 self.arena.stream.wait_event(job.landed)
             self.counters.count_read(job.read)
-            self.counters.prefetched += int(job.rows.size)
+            self.counters.count_prefetched(int(job.rows.size))
             self.shown += int(job.rows.size) - int(np.count_nonzero(read))
             landed.append(job)
         self.jobs = keep
@@ -245,7 +247,7 @@ class Prefetcher:
         t0 = time.perf_counter()
         for job in list(jobs):
             job.event.wait()
-        self.counters.prefetch_wait_seconds += time.perf_counter() - t0
+        self.counters.count_wait(time.perf_counter() - t0)
         self.reap()
 
     def wait_all(self) -> None:
@@ -265,7 +267,7 @@ class Prefetcher:
             if needed.size:
                 t0 = time.perf_counter()
                 started = self._read_in_flight(self._take_over(needed), needed)
-                self.counters.prefetch_wait_seconds += time.perf_counter() - t0
+                self.counters.count_wait(time.perf_counter() - t0)
                 self.wait(started)
         first: tuple[int, BaseException] | None = None
         left: list[tuple[np.ndarray, BaseException]] = []
@@ -298,15 +300,12 @@ class Prefetcher:
                 if m.any():
                     rows.append(job.rows[m])
                     slots.append(job.slots[m])
-                    origin.append(job)
-                    job.rows, job.slots = job.rows[~m], job.slots[~m]
+                    origin.append((job, m))
             if rows:
                 own = _job_of(rows, slots)
-                for job in origin:  # their handles wait for it too (before any is done)
-                    job.taken.append(own)
-                    if not job.rows.size:  # nothing left to read: done
+                for job, m in origin:  # their handles wait for it too (before any is done)
+                    if job.give_up(m, own):  # nothing left to read: done
                         self._queue.remove(job)
-                        job.event.set()
         if own is not None:
             self.rows_taken += int(own.rows.size)
             self.jobs.append(own)
@@ -333,7 +332,7 @@ class Prefetcher:
         if own.error is not None:
             return started  # their pieces' own reads may still succeed
         self.counters.count_read(own.read)
-        self.counters.rows_reread += int(own.rows.size)
+        self.counters.count_prefetched(0, int(own.rows.size))
         self.slots.mark_read(own.slots)
         self.shown += int(own.rows.size)  # shown in the device map by this call
         self.arena.sync_device_map(own.rows[:0], own.rows, own.slots)
@@ -384,16 +383,13 @@ class Prefetcher:
                 if job.started:
                     continue
                 taken.append(job.slots[m])
-                job.rows, job.slots = job.rows[~m], job.slots[~m]
-                if not job.rows.size:  # nothing left to read: done
+                if job.give_up(m):  # nothing left to read: done
                     self._queue.remove(job)
-                    job.event.set()
         n_taken = 0
         if taken:
             t = np.concatenate(taken)
             n_taken = int(t.size)
             self.slots.release(t)
-        self.counters.prefetched += n_taken
-        self.counters.rows_reread += int(claim.rows.size) - n_taken
+        self.counters.count_prefetched(n_taken, int(claim.rows.size) - n_taken)
         self.rows_taken += n_taken
         self.shown += int(claim.rows.size)  # shown in the device map by this call

@@ -288,9 +288,9 @@ class NgramRowCache:
         with self._lock:
             self._settle_books()
             if self._native_ids(row_ids, prefetch_idle=not self._slots.reserved):
-                status = self._lru.all_resident(row_ids)  # (no touch changes a mapping)
-                if status < 2:  # 2: a bad id, raised below
-                    return status == 0
+                held = self._lru.all_resident(row_ids)  # (no touch changes a mapping)
+                if held is not None:  # (None: a bad id, raised below)
+                    return held
             return self._slots.holds(check_row_ids(row_ids, self.rows))
 
     @property
@@ -315,7 +315,7 @@ class NgramRowCache:
                 self._prefetcher.reap()  # rows: they are reaped after its commit)
             self._lru.end_batch()
             self._prefetcher.end_batch()
-            self._counters.batches += 1
+            self._counters.count_batch()
 
     def ready_event(self) -> Any:
         """GPU: commit the prefetches whose reads have finished (their rows appear in

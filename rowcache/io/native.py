@@ -5,14 +5,16 @@ threads; made at construction and again after ``fork``, given the reader's layou
 tables, shard files' descriptor table, page checksums, options), a batch read in one call
 of it (locate, plan, read, check pages, cut the records: the row cache's fault path,
 ``RowReader.read_batch``, comes here), a batch read apart on the native reader's own
-thread, and the fallback to a Python engine for a process whose ``os.preadv`` is replaced
-(fault injection). A failed batch's error is worded by the Python engine's messages
-(``rowcache.io.pyengine``), on the same read plan.
+thread, and :class:`ReadStatus`, the statuses of a batch's result (``_rcio.BatchResult``,
+named fields; both are ``csrc/rcio_status.h``'s). A failed batch's error is worded by the
+Python engine's messages (``rowcache.io.pyengine``), on the same read plan. Which engine
+a reader runs is its ``engine=`` (``RowReader``), never a property of the process.
 """
 
 from __future__ import annotations
 
 import os
+from enum import IntEnum
 from typing import Any, NoReturn
 
 import numpy as np
@@ -21,7 +23,7 @@ from rowcache.errors import ConfigError, CorruptDataError, RowRangeError
 from rowcache.io.engine import ReadStats
 from rowcache.io.files import ShardFiles
 from rowcache.io.plan import ReadPlanner
-from rowcache.io.pyengine import PythonEngine, raise_page, raise_read
+from rowcache.io.pyengine import raise_page, raise_read
 
 try:
     from rowcache.io import _rcio  # type: ignore[attr-defined]
@@ -31,11 +33,30 @@ except ImportError:  # built by setup.py; without a compiler the Python engine r
 #: whether the C engine (``rowcache.io._rcio``) is built here
 NATIVE_BUILT = _rcio is not None
 
+_LEAKED: list[Any] = []  # buffers a failed io_uring may still write into; a parent's readers
 
-PREADV = os.preadv  # as imported: a test that replaces os.preadv (faults) gets the Python engine
-_LEAKED: list[
-    Any
-] = []  # buffers a failed io_uring may still write into, native readers of a parent process
+
+class ReadStatus(IntEnum):
+    """The status of a native batch (``BatchResult.status``; ``csrc/rcio_status.h``, whose
+    values the module exports as ``READ_OK`` .. ``READ_BAD_ROW``). A ``BatchResult``'s other
+    fields: ``reads``, ``nbytes`` (the plan's read ops and bytes), and by status ``at``,
+    ``file``, ``offset``, ``got``, ``want``, ``code``, ``row`` (the header says which)."""
+
+    OK = 0
+    """Every row read, every page checked, the records cut into ``out``."""
+    FAILED = 1
+    """A read failed or was short: extent ``at`` of ``file`` at ``offset``, ``got`` of
+    ``want`` bytes, ``code`` its errno (-1: short); ``reads`` failed in all."""
+    BAD_PAGE = 2
+    """A page's CRC32C differs: extent ``at`` of ``file``, the page at ``offset``, its
+    CRC32C ``got``, the store's ``want``; ``code`` bad pages in all."""
+    NOT_OPEN = 3
+    """``file`` is not open: nothing was read (the reader opens it, or raises)."""
+    BAD_ROW = 4
+    """``rows[at]`` is ``row`` of its table, outside it."""
+
+
+OK, NOT_OPEN, FAILED = ReadStatus.OK, ReadStatus.NOT_OPEN, ReadStatus.FAILED
 
 
 class NativeEngine:
@@ -64,10 +85,6 @@ class NativeEngine:
         self.verify_pages = verify_pages
         self.spin_us = spin_us
         self.background = background
-        # where os.preadv is replaced (fault injection) the batches run here
-        self.fallback = PythonEngine(
-            files, planner, queue_depth=queue_depth, direct=direct, verify_pages=verify_pages
-        )
         self._native: Any = None
         self._native_pid = 0
         self._started: Any = None  # the arrays of a batch started apart, until joined
@@ -111,15 +128,14 @@ class NativeEngine:
         out: np.ndarray,
     ) -> tuple[int, int, int] | None:  # fmt: skip
         """A batch that reads cleanly is one native call with no Python checks; None for
-        anything else (a replaced ``os.preadv``, a new process, a shard not opened yet, a
-        failed read or page check, a bad row): the reader's checks and :meth:`run` then
-        open files or raise the named error."""
+        anything else (a new process, a shard not opened yet, a failed read or page check, a
+        bad row): the reader's checks and :meth:`run` then open files or raise the named
+        error."""
         native = self._native
-        if native is not None and self._native_pid == os.getpid() and os.preadv is PREADV:
-            st, reads, nbytes = native.read_runs(rows, bounds, tables, bases, out,
-                                                 self.verify_pages)[:3]  # fmt: skip
-            if st == 0:
-                return rows.size, nbytes, reads
+        if native is not None and self._native_pid == os.getpid():
+            res = native.read_runs(rows, bounds, tables, bases, out, self.verify_pages)
+            if res.status == OK:
+                return rows.size, res.nbytes, res.reads
         return None
 
     def run(
@@ -128,41 +144,35 @@ class NativeEngine:
     ) -> ReadStats:  # fmt: skip
         """One ``_rcio`` call: locate, plan, read, check pages, cut (the GIL released); C
         checks the bounds and the rows."""
-        if os.preadv is not PREADV:
-            return self.fallback.run(rows, bounds, tables, bases, out)
         native = self._native if self._native_pid == os.getpid() else self.native
         verify = self.verify_pages
         files = self.files
         for _ in range(len(files.fds) + 1):
             try:
-                st, reads, nbytes, a, b, c, d, e, f = native.read_runs(
-                    rows, bounds, tables, bases, out, verify
-                )
+                res = native.read_runs(rows, bounds, tables, bases, out, verify)
             except ValueError as ex:  # bounds not rising from 0 to n, say
                 raise ConfigError(f"{ex}: bounds must rise from 0 to {rows.size}") from ex
             except OSError as ex:  # io_uring_enter failed: the engine falls back to threads
                 raise CorruptDataError(f"a read batch of {rows.size} rows failed: {ex}") from ex
-            if st != 3:
+            if res.status != NOT_OPEN:
                 break
-            files.fd_of(b)  # opens or raises
-        if st == 0:
-            return ReadStats(int(rows.size), reads, nbytes)
-        self._raise_status(rows, bounds, tables, bases, (st, reads, nbytes, a, b, c, d, e, f))
+            files.fd_of(res.file)  # opens or raises
+        if res.status == OK:
+            return ReadStats(int(rows.size), res.reads, res.nbytes)
+        self._raise_status(rows, bounds, tables, bases, res)
 
     def start(
         self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
         out: np.ndarray, ctl: np.ndarray | None, seq: int,
     ) -> bool:  # fmt: skip
         """Start the batch on the native reader's own thread (``RowReader.read_batch_start``);
-        False, having started nothing, where it cannot run there (a replaced
-        ``os.preadv``, a shard file that cannot be opened, another caller's batch still
-        apart)."""
+        False, having started nothing, where it cannot run there (a new process, a shard
+        file that cannot be opened, another caller's batch still apart)."""
         native = self._native
         if (
             native is None
             or self._started is not None  # one batch apart at a time (another cache's)
             or self._native_pid != os.getpid()
-            or os.preadv is not PREADV
             or not self.files.open_all()
         ):
             return False
@@ -179,8 +189,8 @@ class NativeEngine:
             res = self._native.read_runs_join()
         except OSError as ex:  # io_uring_enter failed: later batches use threads
             raise CorruptDataError(f"a read batch of {rows.size} rows failed: {ex}") from ex
-        if res[0] == 0:
-            return rows.size, res[2], res[1]
+        if res.status == OK:
+            return rows.size, res.nbytes, res.reads
         self._raise_status(rows, bounds, tables, bases, res)
 
     @property
@@ -188,25 +198,29 @@ class NativeEngine:
         return self._started is not None
 
     def close(self) -> None:
-        self.fallback.close()  # (the native reader stays: a later batch reads again)
+        """Nothing to release: the native reader stays (a later batch reads again)."""
 
     def _raise_status(
         self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
-        res: tuple[int, ...],
+        res: Any,
     ) -> NoReturn:  # fmt: skip
-        """Raise the named error of a native batch's failed result ``res``."""
-        st, reads, _, a, b, c, d, e, f = res
+        """Raise the named error of a native batch's failed result ``res`` (a
+        ``_rcio.BatchResult``: fields as :class:`ReadStatus` tells)."""
+        status = ReadStatus(res.status)
         files, info_of = self.files, self.planner.tables
-        if st == 3:  # (a batch started apart checks that every file is open first)
-            t, sh = int(files.file_table[b]), int(files.file_shard[b])
+        if status == NOT_OPEN:  # (a batch started apart checks that every file is open first)
+            t, sh = int(files.file_table[res.file]), int(files.file_shard[res.file])
             raise CorruptDataError(f"table {info_of[t].name!r}: shard {sh} was not open")
-        if st == 4:
-            k = int(np.searchsorted(bounds, a, side="right")) - 1
+        if status == ReadStatus.BAD_ROW:
+            k = int(np.searchsorted(bounds, res.at, side="right")) - 1
             info = info_of[int(tables[k])]
             raise RowRangeError(
-                f"row {b} of table {info.name!r} is out of range (the table has {info.rows} rows)"
+                f"row {res.row} of table {info.name!r} is out of range (the table has "
+                f"{info.rows} rows)"
             )
+        if status == OK:
+            raise AssertionError("a clean batch's result taken for a failed one")
         plan = self.planner.plan_runs(rows, bounds, tables, bases)  # the same plan as C's
-        if st == 1:
-            raise_read(files, plan, a, d, f, reads - 1)
-        raise_page(files, plan, a, c, d, e, f - 1)
+        if status == FAILED:
+            raise_read(files, plan, res.at, res.got, res.code, res.reads - 1)
+        raise_page(files, plan, res.at, res.offset, res.got, res.want, res.code - 1)

@@ -1,8 +1,8 @@
 """The Python engine of :class:`rowcache.io.reader.RowReader`, and what a failed batch says.
 
 Owns the engine that runs a read plan (``rowcache.io.plan``) where the native
-extension is not built, where ``engine="python"`` is asked, or where ``os.preadv`` is
-replaced (fault injection; the native engines then hand their batches to one of these):
+extension is not built or where ``engine="python"`` is asked (tests that inject faults
+by replacing ``os.preadv`` ask for it, since it calls ``os.preadv`` at each read):
 threads of ``os.preadv`` (its pool and per-thread buffers), the page checks by
 ``rowcache.io.checksum``, the records cut from the buffer; and the messages of a failed
 read or page check, naming shard, offset, table and rows, which the native engines raise

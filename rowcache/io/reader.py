@@ -64,7 +64,8 @@ class RowReader:
         ``rowcache.io._rcio``; the Python engine where the extension is not built),
         ``"uring"``, ``"threads"`` (both need the extension) or ``"python"`` (Python
         threads of ``os.preadv``). Every engine gives the same records and the same errors.
-        Tests that replace ``os.preadv`` (fault injection) get the Python engine.
+        The choice is this parameter's alone: a test that injects faults by replacing
+        ``os.preadv`` asks for ``engine="python"`` (the native engines never call it).
     page_crcs : ``page_crcs[t][s]`` is ``uint32[pages]``, the crc32c of each 4096-byte page
         of shard ``s`` of table ``t`` (``rowcache.io.checksum``). Given, every page read is
         checked and a mismatch raises ``CorruptDataError`` naming shard, offset, table and row.

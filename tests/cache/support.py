@@ -138,6 +138,17 @@ class Hooked(PartReader):
         return super().read(rows, staging, reader)
 
 
+def python_engine(reads: PartReader) -> PartReader:
+    """The cache's reads (``NgramRowCache.assemble(..., part_reader=python_engine)``) through
+    a sibling of its reader made with ``engine="python"``: the engine that calls
+    ``os.preadv`` for every read, so that a test that replaces ``os.preadv`` injects its
+    faults into the cache's reads (the native engines never call it)."""
+    r = reads.reader
+    python = reads.store.new_reader(**r.options(engine="python"))
+    assert python.engine == "python"
+    return PartReader(reads.store, reads.part_tables, reads.row_offsets, python)
+
+
 class Gate:
     """A hook on a cache's reads (``NgramRowCache.assemble(..., part_reader=gate.wrap)``):
     prefetch-thread reads wait for ``open``; reads by any other thread (a resolve taking

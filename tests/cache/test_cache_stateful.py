@@ -20,7 +20,7 @@ from rowcache import NgramRowCache
 from rowcache.cache.config import Tuning
 from rowcache.errors import ArenaExhaustedError, CorruptDataError
 from rowcache.store.handle import RowStore
-from tests.cache.support import RefLRU, check_invariants, check_pieces
+from tests.cache.support import RefLRU, check_invariants, check_pieces, python_engine
 
 MAX_EXAMPLES = 25
 STEPS = 20
@@ -29,7 +29,8 @@ SHARED = ["t1", "t0", "t2"]
 
 
 class Faults:
-    """Replaces ``os.preadv``: the ``at``-th call from now fails (or reads half) once."""
+    """Replaces ``os.preadv``: the ``at``-th call from now fails (or reads half) once. The
+    caches read through the Python engine (``python_engine``), which calls it."""
 
     def __init__(self) -> None:
         self.real = os.preadv
@@ -89,7 +90,8 @@ def make_machine(path, names, device, faults):
         def setup(self, slots, row_map):
             self.store = RowStore.open(path, merge_gap=0)  # one read per row: faults land anywhere
             self.cache = NgramRowCache.assemble(self.store, names, slots=slots, device=device,
-                                                queue_depth=1, tuning=Tuning(row_map=row_map))  # fmt: skip
+                                                queue_depth=1, tuning=Tuning(row_map=row_map),
+                                                part_reader=python_engine)  # fmt: skip
             assert self.cache.row_map_kind == row_map
             self.ref = RefLRU(slots)
             self.values, self.scales = truth(self.store, names)
@@ -201,7 +203,8 @@ def inject_once(path, names, device, faults, mode):
     and changes no stats; a partial read is retried and gives the stored rows."""
     store = RowStore.open(path, merge_gap=0)
     try:
-        cache = NgramRowCache(store, names, slots=16, device=device, queue_depth=1)
+        cache = NgramRowCache.assemble(store, names, slots=16, device=device, queue_depth=1,
+                                       part_reader=python_engine)  # fmt: skip
         values, scales = truth(store, names)
         ids = np.arange(0, 64, 8)
         before, stats = cache.slot_map(), cache.stats()

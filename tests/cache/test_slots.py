@@ -1,13 +1,17 @@
-"""The slot table and the LRU as pieces: the slot states agree with C, and each ``check()``
-names what is broken (and nothing on a sound cache)."""
+"""The slot table and the LRU as pieces: the slot states and the LRU's statuses agree with
+C, and each ``check()`` names what is broken (and nothing on a sound cache)."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import rowcache.kernels.host as host
 from rowcache import NgramRowCache
+from rowcache.cache.plan import LruStatus
 from rowcache.cache.slots import SlotState
 from tests.cache.support import check_pieces
 
@@ -17,6 +21,19 @@ def test_slot_states_agree_with_the_native_module():
         pytest.skip("rowcache.kernels._host not built")
     for s in SlotState:
         assert getattr(host.native, f"SLOT_{s.name}") == int(s), s.name
+
+
+def test_lru_statuses_agree_with_the_header_and_the_native_module():
+    """``LruStatus`` is ``csrc/lru_status.h``'s, as the header writes it (one code a meaning)
+    and as the module exports it."""
+    text = (Path(__file__).resolve().parents[2] / "csrc" / "lru_status.h").read_text()
+    in_header = {name: int(v) for name, v in re.findall(r"\bRC_LRU_(\w+) = (\d+)", text)}
+    assert in_header == {s.name: int(s) for s in LruStatus}
+    assert len(set(in_header.values())) == len(in_header)
+    if host.native is None:
+        pytest.skip("rowcache.kernels._host not built")
+    for s in LruStatus:
+        assert getattr(host.native, f"LRU_{s.name}") == int(s), s.name
 
 
 def _cache(tiny_store):

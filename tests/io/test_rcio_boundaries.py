@@ -3,13 +3,17 @@ not fit, with a one-line error, never a signal. Each attack runs in a child proc
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from rowcache.io.native import NATIVE_BUILT
+from rowcache.io.native import NATIVE_BUILT, ReadStatus
+
+HEADER = Path(__file__).resolve().parents[2] / "csrc" / "rcio_status.h"
 
 pytestmark = pytest.mark.skipif(not NATIVE_BUILT, reason="rowcache.io._rcio is not built")
 
@@ -72,8 +76,23 @@ def test_read_runs_refuses_rows_without_parts():
         attempt("rows, no parts", lambda: r.read_runs(
             i64(1, 2, 3), i64(0), np.zeros(0, np.int32), empty, out, False))
         st = r.read_runs(i64(1, 2, 3), i64(0, 3), np.zeros(1, np.int32), i64(0), out, False)
-        print("a good batch:", st[0])
+        print("a good batch:", st.status)
         """
     )
     assert lines[0].startswith("rows, no parts refused: read_runs:"), lines
     assert lines[1] == "a good batch: 0", lines
+
+
+def test_read_statuses_and_result_fields_agree_with_c():
+    """``ReadStatus`` is ``csrc/rcio_status.h``'s, as the header writes it and as the module
+    exports it; ``_rcio.BatchResult``'s fields are the header's ``RC_B_*``, in order."""
+    from rowcache.io import _rcio
+
+    for s in ReadStatus:
+        assert getattr(_rcio, f"READ_{s.name}") == int(s), s.name
+    text = HEADER.read_text()
+    in_header = {name: int(v) for name, v in re.findall(r"\bRC_READ_(\w+) = (\d+)", text)}
+    assert in_header == {s.name: int(s) for s in ReadStatus}
+    fields = [f.lower() for f in re.findall(r"^\s+RC_B_(\w+)\b", text, re.M) if f != "N"]
+    assert fields == list(_rcio.BatchResult.__match_args__), fields
+    assert _rcio.BatchResult.n_fields == len(fields)

@@ -338,7 +338,7 @@ def test_one_fault_batch_for_all_parts_of_a_shared_arena(tmp_path, engine):
 
 def test_errno_failure_in_python_engine_is_reported_per_read(tmp_path, monkeypatch):
     store, _ = fresh_store(tmp_path)
-    reader = make_reader(store, engine="uring")
+    reader = make_reader(store, engine="python")  # the engine that calls os.preadv
     real = os.preadv
     target = reader.files.fd(1, 0)
 
@@ -347,7 +347,7 @@ def test_errno_failure_in_python_engine_is_reported_per_read(tmp_path, monkeypat
             raise OSError(5, "Input/output error")
         return real(fd, bufs, off)
 
-    monkeypatch.setattr(os, "preadv", eio)  # replaced preadv: the Python engine runs
+    monkeypatch.setattr(os, "preadv", eio)
     with pytest.raises(
         CorruptDataError,
         match=r"read of shard t0001-s000000\.bin at offset 0 .*'t1', row 3.*Errno 5",

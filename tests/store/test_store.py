@@ -370,6 +370,10 @@ def test_eio_is_reported_with_shard_and_offset(small, monkeypatch):
     def eio(fd, bufs, off):
         raise OSError(5, "Input/output error")
 
+    # the store reads through a reader of the Python engine, the one that calls os.preadv
+    python = store.new_reader(**store.reader.options(engine="python"))
+    assert python.engine == "python"
+    monkeypatch.setattr(store, "reader", python)
     monkeypatch.setattr(os, "preadv", eio)
     with pytest.raises(CorruptDataError, match=r"read of shard t0000-s\d+\.bin at offset \d+"):
         store.read_rows("a", np.array([1, 2, 500]))

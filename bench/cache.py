@@ -41,11 +41,11 @@ def hit_path(store, device: str, arena: str, sizes: list[int], repeat: int) -> l
         ids = rng.integers(0, info.rows, n)
         cache = rowcache.NgramRowCache(store, 0, slots=max(2 * n, 1024), device=device, arena=arena)
         cache.resolve(ids)
-        cache.end_batch()
+        cache.end_step()
 
         def resolve_only(cache=cache, ids=ids):
             cache.resolve(ids)
-            cache.end_batch()
+            cache.end_step()
 
         row = {"device": device, "arena": arena if device == "cuda" else "-", "ids": n}
         row["resolve_us"] = median_time(resolve_only, repeat) * 1e6
@@ -67,7 +67,7 @@ def hit_path(store, device: str, arena: str, sizes: list[int], repeat: int) -> l
                 slots = cache.resolve(ids)
                 rowcache.kernels.batched_embed(slots, cache.table, outbuf)
                 cp.cuda.get_current_stream().synchronize()
-                cache.end_batch()
+                cache.end_step()
 
             for f in (resident_gather, cached_gather):
                 f()
@@ -118,7 +118,7 @@ def fault_path(
         t0 = time.perf_counter()
         for b in batches:
             cache.resolve(b)
-            cache.end_batch()
+            cache.end_step()
         if device == "cuda":
             import cupy as cp
 
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     report("bench/cache.py: fault path (0% hits, page cache dropped)", faults, args.json, settings)
 
     cache = rowcache.NgramRowCache(store, 0, slots=min(args.rows, 100_000))
-    ov = cache.overhead_bytes()
+    ov = cache.inspect().overhead_bytes()
     row_bytes = store.tables[0].record_bytes
     mem = [
         {

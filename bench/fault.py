@@ -70,7 +70,7 @@ def floor_us(
 
 def random_steps(rng, cache, k: int, steps: int) -> list[np.ndarray]:
     """``steps`` sets of k global rows, none resident now, none in another set."""
-    row_slot, _ = cache.slot_map()
+    row_slot, _ = cache.inspect().slot_map()
     need = k * steps
     pick = np.empty(0, dtype=np.int64)
     while pick.size < need:  # rejection sampling: the arena holds a minority of the rows
@@ -114,7 +114,7 @@ def time_steps(cache, step_rows: list[np.ndarray], sync) -> tuple[np.ndarray, np
     cache, reads = cache
     us, io_us = [], []
     for rows in step_rows:
-        cache.end_batch()
+        cache.end_step()
         reads.seconds = 0.0
         t0 = time.perf_counter()
         cache.resolve(rows)
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in range(args.tables):
             for a in range(0, per, 1 << 14):
                 cache.resolve(cache.global_ids(k, np.arange(a, min(per, a + (1 << 14)))))
-                cache.end_batch()
+                cache.end_step()
         return cache, made[0]
 
     ks = [int(k) for k in args.ks.split(",")]

@@ -109,8 +109,8 @@ def replay_table(store: Any, trace: Any, t: int, slots: int, args: Any) -> Any:
         store, t, slots=slots, device=args.device, queue_depth=args.queue_depth, direct=args.direct
     )
     for _, rows in step_batches(trace, t):
-        cache.resolve_host(rows.astype(np.int64))
-        cache.end_batch()
+        cache.resolve(rows.astype(np.int64), host=True)
+        cache.end_step()
     return cache.stats()
 
 
@@ -159,8 +159,8 @@ def replay_shared(
             tok += len(us)
             faults_emb += cache.stats().misses - before
         else:
-            cache.resolve_host((rows.astype(np.int64) + offsets).ravel())
-            cache.end_batch()
+            cache.resolve((rows.astype(np.int64) + offsets).ravel(), host=True)
+            cache.end_step()
     serve = {
         "embed_steps": embedded,
         "embed_tokens": tok,

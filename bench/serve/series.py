@@ -102,10 +102,10 @@ class Series:
         timed = k >= self.warm
         if self.record is not None and timed:  # the rows this step will fault (a peek)
             g = np.unique((st.batch.host_ids() + cache.row_offsets[:-1, None]).ravel())
-            self.record.append(g[~cache.is_resident(g)])
+            self.record.append(g[~cache.inspect().is_resident(g)])
         s0 = cache.stats() if cache is not None else None
         taken0 = getattr(cache, "rows_taken", 0)
-        p0 = cache.fault_phases if cache is not None else None
+        p0 = cache.inspect().fault_phases if cache is not None else None
         t0 = time.perf_counter()
         emb = self.emb if self.graphs is None or st.prefill is not None else self.graphs
         prof = self.profile if timed and self.profile_kind in (None, st.kind) else None
@@ -149,7 +149,7 @@ class Series:
                     s1.fault_seconds - s0.fault_seconds,
                     s1.prefetch_wait_seconds - s0.prefetch_wait_seconds,
                 )
-            ph = tuple(cache.fault_phases - p0) if cache is not None else (0.0,) * 4
+            ph = tuple(cache.inspect().fault_phases - p0) if cache is not None else (0.0,) * 4
             self.out.append((dt, st.tokens, st.kind, *f, t_embed, t0, t_pf, ph, 0.0))
 
     def _hold(self) -> None:

@@ -28,9 +28,9 @@ Ids = np.ndarray | Sequence[np.ndarray]
 class _Group:
     """The members of one cache: their indices among the members (``rows``: a slice where
     they are consecutive, else an index array), each member's first global row
-    (``offsets``, int64[len(members)]), and the cache's device map once asked for."""
+    (``offsets``, int64[len(members)])."""
 
-    __slots__ = ("cache", "device_map", "members", "offsets", "rows")
+    __slots__ = ("cache", "members", "offsets", "rows")
 
     def __init__(self, cache: Any, members: list[int], offsets: np.ndarray) -> None:
         self.cache = cache
@@ -42,7 +42,6 @@ class _Group:
             if consecutive
             else np.asarray(members, dtype=np.int64)
         )
-        self.device_map: Any = None
 
 
 class StepRows:
@@ -104,6 +103,7 @@ class StepRows:
             for key, ks in by_cache.items()
         ]
         self._gpu = any(g.cache.device == "cuda" for g in self._groups)
+        self._maps: list[Any] = [None] * len(self._groups)  # GPU: device maps, once asked
         self._pending: list[DeferredResolve] = []
         self._faults = 0
 
@@ -187,11 +187,11 @@ class StepRows:
         self.settle()
         faults = 0
         got: list[Any] = []
-        for g in self._groups:
+        for i, g in enumerate(self._groups):
             gid = self._group_ids(g, ids)
             if defer:
-                if self._gpu and g.device_map is None and g.cache.device == "cuda":
-                    g.device_map = g.cache.device_map()
+                if self._maps[i] is None and g.cache.device == "cuda":
+                    self._maps[i] = g.cache.device_map()  # (made before its resolve is pending)
                 h = g.cache.resolve(gid, defer=True)
                 if not h.committed:
                     self._pending.append(h)
@@ -243,12 +243,12 @@ class StepRows:
         """Each member's cache's device map (GPU; cupy int32[rows of the cache], -1: not
         resident), indexed by the member's global ids (``row_offsets[part] + id``)."""
         by_member: list[Any] = [None] * len(self._members)
-        for g in self._groups:
-            if g.device_map is None:
+        for i, g in enumerate(self._groups):
+            if self._maps[i] is None:
                 self.settle()
-                g.device_map = g.cache.device_map()
+                self._maps[i] = g.cache.device_map()
             for k in g.members:
-                by_member[k] = g.device_map
+                by_member[k] = self._maps[i]
         return by_member
 
     # --- streams --------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from rowcache.cache.prefetch import PrefetchJob
 from rowcache.cache.prefetcher import Prefetcher
 from rowcache.cache.slots import SlotTable
 from rowcache.cache.stats import Counters
+from rowcache.format.rows import check_row_ids
 
 
 class CacheView:
@@ -82,8 +83,10 @@ class CacheView:
         with self._settled():
             return self._lru.pin_mask().astype(np.int32)
 
-    def is_resident(self, ids: np.ndarray) -> np.ndarray:
-        """bool[n]: which of the checked global ``ids`` are mapped now (being read or not)."""
+    def is_resident(self, row_ids: Any) -> np.ndarray:
+        """bool[n]: which of the global ``row_ids`` are mapped now (being read or not);
+        raises ``RowRangeError`` for an id outside the cache's rows."""
+        ids = check_row_ids(row_ids, self._slots.rows)
         with self._settled():
             return self._slots.slots_of(ids) >= 0
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from rowcache.cache.prefetch import PrefetchHandle
+from rowcache.cache.step_rows import StepRows
 from rowcache.embed.layer_inputs import check_gemm_splits, check_tables, stack_projs
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.ngram.dims import NgramDims
@@ -130,6 +131,12 @@ class NgramEmbedding:
     def caches(self) -> list[Any]:
         """The distinct row caches behind the cached tables (a shared cache once)."""
         return self._groups.caches
+
+    @property
+    def step_rows(self) -> StepRows:
+        """The step's rows over its caches (``rowcache.cache.StepRows``): its members are
+        the cached n-gram tables in order, then the word table when it is cached."""
+        return self._groups.rows
 
     @property
     def runner(self) -> str:

@@ -404,13 +404,13 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> DemoReport:
         stats = [c.stats() for c in caches]
         hits = sum(s.hits for s in stats)
         misses = sum(s.misses for s in stats)
-        part_misses = shared.part_misses()
+        part_misses = shared.inspect().part_misses()
         by_order = {
             str(order): float(part_misses[dims.all_table_orders == order].sum()) / n
             for order in range(2, dims.max_ngram + 1)
         }
         arena_bytes = CachedTable(shared, 0).nbytes
-        overhead = sum(sum(c.overhead_bytes().values()) for c in caches)
+        overhead = sum(sum(c.inspect().overhead_bytes().values()) for c in caches)
         device_bytes = None
         if xp is not np:
             device_bytes = int(xp.get_default_memory_pool().used_bytes())

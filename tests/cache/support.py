@@ -100,7 +100,7 @@ def expected_part(store, name, ids):
 def check_invariants(cache, ref_lru):
     """The cache's two maps invert each other, fit its slots, and map the rows the
     reference LRU holds."""
-    row_slot, slot_row = cache.slot_map()
+    row_slot, slot_row = cache.inspect().slot_map()
     mapped = np.flatnonzero(slot_row >= 0)
     assert np.array_equal(row_slot[slot_row[mapped]], mapped), (
         "slot -> row -> slot is not the identity"
@@ -187,7 +187,8 @@ def gated_cache(store, table, slots, piece=None, **kw):
 
 
 def check_pieces(cache):
-    """The cache's slot table and LRU are sound (``check()`` of each, after settling)."""
-    cache.settle()
-    assert cache.slot_table.check() == []
-    assert cache.lru.check() == []
+    """The cache's slot table and LRU are sound (``check()`` of each; no deferred resolve
+    is pending: the view refuses to read past one)."""
+    assert cache.inspect().check() == []
+    assert cache.inspect().slot_table.check() == []
+    assert cache.inspect().lru.check() == []

@@ -50,15 +50,15 @@ def test_cache_model_based_against_reference_lru(tmp_path, rng, dtype, ref_lru):
             )
             held.update(zip(ids.tolist(), got.tolist()))
             # Pinned slots were never evicted: every slot handed out in this batch still holds its row.
-            row_slot, _ = cache.slot_map()
+            row_slot, _ = cache.inspect().slot_map()
             assert all(row_slot[r] == s for r, s in held.items())
-            assert cache.pinned == len(set(held.values()))
+            assert cache.inspect().pinned == len(set(held.values()))
         s = cache.stats()
         assert (s.misses, s.hits, s.evictions) == (lru.faults, lru.hits, lru.evictions)
         check_invariants(cache, lru)
-        cache.end_batch()
+        cache.end_step()
         lru.end_batch()
-        assert cache.pinned == 0 and not cache.pin_counts().any()
+        assert cache.inspect().pinned == 0 and not cache.inspect().pin_counts().any()
     s = cache.stats()
     assert s.rows_read == s.misses and s.read_ops <= s.rows_read and s.batches == 60
     assert exhausted > 0, "the sequence never exercised arena exhaustion"
@@ -74,7 +74,7 @@ def test_cache_log_compaction_long_run(tmp_path, rng, ref_lru):
         got = cache.resolve(ids)
         lru.resolve(ids)
         np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[ids].view(np.uint16))
-        cache.end_batch()
+        cache.end_step()
         lru.end_batch()
     check_invariants(cache, lru)
     assert cache.stats().misses == lru.faults
@@ -84,10 +84,10 @@ def test_cache_arena_exhausted_leaves_state_unchanged(tiny_store):
     store, _ = tiny_store
     cache = NgramRowCache(store, "t", slots=50)
     cache.resolve(np.arange(30))
-    before = (cache.slot_map(), cache.pin_counts(), cache.stats(), cache.table.copy())
+    before = (cache.inspect().slot_map(), cache.inspect().pin_counts(), cache.stats(), cache.table.copy())
     with pytest.raises(ArenaExhaustedError, match="needs 25 more slots but only 20"):
         cache.resolve(np.arange(100, 125))
-    after = (cache.slot_map(), cache.pin_counts(), cache.stats(), cache.table.copy())
+    after = (cache.inspect().slot_map(), cache.inspect().pin_counts(), cache.stats(), cache.table.copy())
     for a, b in zip(before[0], after[0]):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(before[1], after[1])
@@ -95,7 +95,7 @@ def test_cache_arena_exhausted_leaves_state_unchanged(tiny_store):
     np.testing.assert_array_equal(before[3].view(np.uint16), after[3].view(np.uint16))
     # Still usable: the 20 free slots can be used, and after end_batch everything can.
     cache.resolve(np.arange(100, 120))
-    cache.end_batch()
+    cache.end_step()
     cache.resolve(np.arange(200, 250))
 
 
@@ -107,7 +107,7 @@ def test_cache_row_range_error_before_any_change(tiny_store):
         cache.resolve(np.array([5, 3000]))
     with pytest.raises(RowRangeError):
         cache.resolve(np.array([-1]))
-    assert cache.stats().lookups == 2 and cache.resident == 2 and cache.pinned == 2
+    assert cache.stats().lookups == 2 and cache.resident == 2 and cache.inspect().pinned == 2
 
 
 @pytest.mark.parametrize("failure", ["eio", "short"])
@@ -117,7 +117,7 @@ def test_cache_read_failure_maps_nothing_and_stays_usable(monkeypatch, failure, 
     # the Python engine calls os.preadv, which the test replaces below
     cache = NgramRowCache.assemble(store, "t", slots=40, queue_depth=1, part_reader=python_engine)
     first = cache.resolve(np.arange(40))
-    cache.end_batch()
+    cache.end_step()
     table_before = cache.table.copy()
     real = os.preadv
     calls = {"n": 0}
@@ -135,13 +135,13 @@ def test_cache_read_failure_maps_nothing_and_stays_usable(monkeypatch, failure, 
     with pytest.raises(CorruptDataError):
         cache.resolve(ids)
     monkeypatch.setattr(os, "preadv", real)
-    row_slot, slot_row = cache.slot_map()
+    row_slot, slot_row = cache.inspect().slot_map()
     assert (row_slot[ids] == -1).all(), "a row whose read failed was mapped"
     np.testing.assert_array_equal(slot_row[first], np.arange(40))  # old rows still mapped ...
     np.testing.assert_array_equal(
         cache.table.view(np.uint16), table_before.view(np.uint16)
     )  # ... and intact
-    assert cache.stats().misses == 40 and cache.pinned == 0
+    assert cache.stats().misses == 40 and cache.inspect().pinned == 0
     got = cache.resolve(ids)  # usable again
     np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[ids].view(np.uint16))
 
@@ -154,7 +154,7 @@ def test_cache_stats_reset_and_counts(tiny_store):
     s = cache.stats(reset=True)
     assert (s.lookups, s.hits, s.misses, s.evictions) == (6, 0, 4, 0)
     assert s.fault_seconds > 0 and s.hit_rate == 0.0
-    cache.end_batch()
+    cache.end_step()
     cache.resolve(np.array([1, 2, 9]))
     s = cache.stats()
     assert (s.lookups, s.hits, s.misses, s.batches) == (3, 2, 1, 1)
@@ -165,7 +165,7 @@ def test_cache_empty_batch(tiny_store):
     cache = NgramRowCache(store, "t", slots=10)
     out = cache.resolve(np.array([], dtype=np.int64))
     assert out.shape == (0,) and out.dtype == np.int32
-    cache.end_batch()
+    cache.end_step()
 
 
 def test_cache_bad_arguments(tiny_store):
@@ -190,7 +190,7 @@ def test_cache_overhead_per_slot_within_5_percent_of_bf16_rows(tmp_path, rng):
     # Bookkeeping does not depend on the row width: a narrow table with many rows will do.
     store, _ = make_store(tmp_path, rng, rows=200_000, dim=4)
     cache = NgramRowCache(store, "t", slots=100_000)
-    per_slot = cache.overhead_bytes()["per_slot_arrays"] / cache.num_slots
+    per_slot = cache.inspect().overhead_bytes()["per_slot_arrays"] / cache.num_slots
     assert per_slot <= 0.05 * 512, per_slot  # a LongCat BF16 row is 512 bytes
 
 
@@ -219,9 +219,9 @@ def test_cache_concurrent_resolves_keep_invariants(tmp_path, rng):
             t.start()
         for t in threads:
             t.join()
-        cache.end_batch()
+        cache.end_step()
     assert not errors, errors[0]
-    row_slot, slot_row = cache.slot_map()
+    row_slot, slot_row = cache.inspect().slot_map()
     mapped = np.flatnonzero(slot_row >= 0)
     assert np.array_equal(row_slot[slot_row[mapped]], mapped)
     np.testing.assert_array_equal(
@@ -259,7 +259,7 @@ def test_shared_cache_over_several_tables_matches_reference(tmp_path, rng, dtype
         np.testing.assert_array_equal(rows.view(np.uint16), np.concatenate(want).view(np.uint16))
         check_invariants(cache, lru)
         assert cache.stats().misses == lru.faults
-        cache.end_batch()
+        cache.end_step()
         lru.end_batch()
     with pytest.raises(ConfigError, match="shares its arena among 3 tables"):
         cache.info  # noqa: B018

@@ -59,7 +59,7 @@ def test_gpu_cache_model_based(tmp_path, rng, dtype, arena, reader, ref_lru):
             )
         assert cache.stats().misses == lru.faults
         check_invariants(cache, lru)
-        cache.end_batch()
+        cache.end_step()
         lru.end_batch()
 
 
@@ -90,7 +90,7 @@ def test_gpu_shared_cache_over_several_tables(tmp_path, rng, arena):
         rows = rowcache.kernels.batched_embed_fp8(cache.resolve(ids), cache.table, cache.scales)
         want = np.concatenate([expected_part(store, n, x) for n, x in zip(names, local)])
         np.testing.assert_array_equal(cp.asnumpy(rows).view(np.uint16), want.view(np.uint16))
-        cache.end_batch()
+        cache.end_step()
 
 
 @pytest.mark.parametrize("arena,row_map", [("device", "dense"), ("host", "dense"), ("device", "hash")])
@@ -103,23 +103,23 @@ def test_gpu_device_map_mirrors_host_map(rng, arena, row_map, tiny_store):
                                    tuning=Tuning(row_map=row_map))  # fmt: skip
     assert cache.row_map_kind == row_map
     cache.resolve(np.arange(40))
-    cache.end_batch()
+    cache.end_step()
     dmap = cache.device_map()  # made after some faults: starts as a copy
     assert dmap is cache.device_map() and dmap.dtype == cp.int32 and dmap.shape == (3000,)
     faulted = 0
     for calls in batches(rng, 3000, 150, 25):
         for ids in calls:
             try:
-                cache.resolve_host(ids)
+                cache.resolve(ids, host=True)
             except rowcache.ArenaExhaustedError:
                 continue
             faulted += cache.last_faults
             cache.stream.synchronize()
-            row_slot, _ = cache.slot_map()
+            row_slot, _ = cache.inspect().slot_map()
             np.testing.assert_array_equal(cp.asnumpy(dmap), row_slot)
-        cache.end_batch()
+        cache.end_step()
     assert faulted > 0 and cache.stats().evictions > 0
-    cache.resolve_host(np.flatnonzero(cache.slot_map()[0] >= 0)[:5])
+    cache.resolve(np.flatnonzero(cache.inspect().slot_map()[0] >= 0)[:5], host=True)
     assert cache.last_faults == 0
 
 
@@ -150,9 +150,9 @@ def test_gpu_prefetch_pieces_do_not_queue_behind_the_cache_streams_work(rng, tin
         store, "t", slots=600, device="cuda", tuning=Tuning(piece_rows=16)
     )
     cache.resolve(np.arange(10))
-    cache.end_batch()
+    cache.end_step()
     cache.prefetch(np.arange(10, 20)).wait()  # the prefetch stream exists
-    cache.end_batch()
+    cache.end_step()
     with cache.stream:
         _spin(cp, 1.5)
     ids = rng.choice(np.arange(100, 3000), 128, replace=False)
@@ -176,13 +176,13 @@ def test_gpu_prefetch_waits_for_earlier_batches_gathers_of_its_victims(tiny_stor
     store, _ = tiny_store
     cache = NgramRowCache(store, "t", slots=64, device="cuda")
     cache.prefetch(np.arange(64)).wait()
-    cache.end_batch()
+    cache.end_step()
     old = np.arange(64)
     with cache.stream:
         slots = cache.resolve(old)
         _spin(cp, 1.0)  # the gather of the old rows runs only after this
         got = rowcache.kernels.batched_embed(slots, cache.table)
-    cache.end_batch()  # their slots are unpinned: the next prefetch evicts every one
+    cache.end_step()  # their slots are unpinned: the next prefetch evicts every one
     new = np.arange(1000, 1064)
     h = cache.prefetch(new)
     assert h.rows == 64 and h.dropped == 0

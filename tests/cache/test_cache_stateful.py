@@ -123,7 +123,7 @@ def make_machine(path, names, device, faults):
                     for k in parts
                 ]
             )  # fmt: skip
-            before = self.cache.slot_map()
+            before = self.cache.inspect().slot_map()
             stats = self.cache.stats()
             faults.arm(fault, at)
             try:
@@ -150,7 +150,7 @@ def make_machine(path, names, device, faults):
                 np.testing.assert_array_equal(host(self.cache.scales)[slots], self.scales[ids])
 
         def assert_unchanged(self, before, stats):
-            after = self.cache.slot_map()
+            after = self.cache.inspect().slot_map()
             np.testing.assert_array_equal(after[0], before[0])
             np.testing.assert_array_equal(after[1], before[1])
             now = self.cache.stats()
@@ -163,7 +163,7 @@ def make_machine(path, names, device, faults):
 
         @rule()
         def end_batch(self):
-            self.cache.end_batch()
+            self.cache.end_step()
             self.ref.end_batch()
 
         @invariant()
@@ -172,7 +172,7 @@ def make_machine(path, names, device, faults):
                 return
             check_invariants(self.cache, self.ref)
             check_pieces(self.cache)
-            assert self.cache.pinned == len(self.ref.pins)
+            assert self.cache.inspect().pinned == len(self.ref.pins)
             assert self.cache.stats().misses == self.ref.faults
             assert self.cache.stats().evictions == self.ref.evictions
 
@@ -207,14 +207,14 @@ def inject_once(path, names, device, faults, mode):
                                        part_reader=python_engine)  # fmt: skip
         values, scales = truth(store, names)
         ids = np.arange(0, 64, 8)
-        before, stats = cache.slot_map(), cache.stats()
+        before, stats = cache.inspect().slot_map(), cache.stats()
         fired = faults.count[mode]
         faults.arm(mode, 0)
         try:
             if mode in ("eio", "eof"):
                 with pytest.raises(CorruptDataError):
                     cache.resolve(ids)
-                after = cache.slot_map()
+                after = cache.inspect().slot_map()
                 np.testing.assert_array_equal(after[0], before[0])
                 assert cache.stats().misses == stats.misses
                 return

@@ -57,17 +57,17 @@ def _cache(store, slots, native, small_log=True, hook=None, row_map="auto"):
 
 
 def _state(c):
-    row_slot, slot_row = c.slot_map()
+    row_slot, slot_row = c.inspect().slot_map()
     return {
         "row_slot": row_slot,
         "slot_row": slot_row,
-        "last_used": c.lru.last_used.copy(),
-        "head_tail": (c.lru.head, c.lru.tail),
-        "log": c.lru.log[c.lru.head : c.lru.tail].copy(),
-        "log_pos": c.lru.log_pos.copy(),
+        "last_used": c.inspect().lru.last_used.copy(),
+        "head_tail": (c.inspect().lru.head, c.inspect().lru.tail),
+        "log": c.inspect().lru.log[c.inspect().lru.head : c.inspect().lru.tail].copy(),
+        "log_pos": c.inspect().lru.log_pos.copy(),
         "stats": dataclasses.replace(c.stats(), fault_seconds=0.0),
-        "part_misses": c.part_misses(),
-        "pinned": c.pinned,
+        "part_misses": c.inspect().part_misses(),
+        "pinned": c.inspect().pinned,
         "last_faults": c.last_faults,
     }
 
@@ -130,7 +130,7 @@ def test_miss_native_equals_python_path(store, seed, slots, row_map):
     _assert_same(_state(nat), _state(ref), "creation")
     for i, op in enumerate(_ops(rng, total, slots, 80)):
         if op is None:
-            nat.end_batch()
+            nat.end_step()
             ref.end_batch()
         else:
             a, b = _call(nat, op), _call(ref, op)
@@ -151,12 +151,12 @@ def test_miss_native_compacts_the_log_as_the_python_path(store):
     compactions = 0
     for i in range(700):
         ids = rng.integers(0, total, 40).astype(np.int64)
-        tail = nat.lru.tail
+        tail = nat.inspect().lru.tail
         np.testing.assert_array_equal(nat.resolve(ids), ref.resolve(ids), err_msg=f"call {i}")
-        compactions += nat.lru.tail < tail
-        nat.end_batch()
+        compactions += nat.inspect().lru.tail < tail
+        nat.end_step()
         ref.end_batch()
-        if i % 50 == 0 or nat.lru.tail < tail:
+        if i % 50 == 0 or nat.inspect().lru.tail < tail:
             _assert_same(_state(nat), _state(ref), f"call {i}")
     assert compactions >= 1
 
@@ -170,7 +170,7 @@ def test_miss_native_rows_land_in_their_slots(store):
         ids = rng.integers(0, want.shape[0], 12).astype(np.int64)
         slots = c.resolve(ids)
         np.testing.assert_array_equal(c.table[slots].view(np.uint16), want[ids].view(np.uint16))
-        c.end_batch()
+        c.end_step()
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -178,7 +178,7 @@ def test_miss_native_failed_read_changes_nothing(store, native):
     fail = Failing()
     c = _cache(store, 12, native, hook=fail)
     c.resolve(np.arange(10, dtype=np.int64))
-    c.end_batch()
+    c.end_step()
     c.resolve(np.array([3, 4, 60], dtype=np.int64))  # some pinned in this batch
     before = _state(c)
 

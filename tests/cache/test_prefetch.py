@@ -79,7 +79,7 @@ class Slow:
     def prefetch(self, cache, ids, fail):
         if fail:  # the rows this prefetch will read: those neither resident nor in flight
             u = np.unique(np.asarray(ids, dtype=np.int64))
-            self.failing = u[~cache.is_resident(u)]
+            self.failing = u[~cache.inspect().is_resident(u)]
         h = cache.prefetch(ids)
         if fail:
             h.wait()
@@ -95,8 +95,8 @@ class Slow:
 
 def read_pinned(cache, slots):
     """Slots whose piece is in flight but whose rows a resolve read itself and pinned."""
-    lru = cache.lru
-    return (cache.slot_table.state[slots] == SlotState.READ) & (lru.last_used[slots] == lru.batch)
+    lru = cache.inspect().lru
+    return (cache.inspect().slot_table.state[slots] == SlotState.READ) & (lru.last_used[slots] == lru.batch)
 
 
 def _check_stats(cache, lru):
@@ -152,7 +152,7 @@ def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype, piece,
                 gather(cache, got).view(np.uint16), expected(store, ids).view(np.uint16)
             )
         elif op == "end":
-            cache.end_batch()
+            cache.end_step()
             lru.end_batch()
         else:
             for h in handles:
@@ -162,12 +162,12 @@ def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype, piece,
         check_invariants(cache, lru)
         check_pieces(cache)
         # passed_reserved scans the log's window: the same answer as over every job's slots
-        c = cache.lru
+        c = cache.inspect().lru
         for end in {c.head, c.tail, int(at.integers(c.head, c.tail + 1))}:
             # (but a slot a resolve read itself and pinned: a hit in any order)
             by_jobs = any(
                 bool(((c.log_pos[j.slots] < end) & ~read_pinned(cache, j.slots)).any())
-                for j in cache.prefetch_pieces()
+                for j in cache.inspect().prefetch_pieces()
             )
             assert c.passed_reserved(end) == by_jobs, end
     assert seen["exhausted"] and seen["failed"] and seen["dropped"], seen
@@ -176,7 +176,7 @@ def test_prefetch_model_based_against_reference_lru(tmp_path, rng, dtype, piece,
     s = cache.stats()
     assert s.prefetched > 0 and s.rows_read == s.misses + s.prefetched + s.rows_reread
     if piece < 100:  # resolves did take rows of queued pieces over
-        assert cache.rows_taken > 0
+        assert cache.inspect().rows_taken > 0
 
 
 def test_prefetch_never_takes_pinned_slots_nor_exhausts_the_batch(tiny_store):
@@ -186,7 +186,7 @@ def test_prefetch_never_takes_pinned_slots_nor_exhausts_the_batch(tiny_store):
     cur = cache.resolve(np.arange(6))  # pinned by the current batch
     h = slow.prefetch(cache, np.arange(100, 110), False)  # only 4 unpinned slots: 6 dropped
     assert (h.rows, h.dropped) == (4, 6)
-    row_slot, _ = cache.slot_map()
+    row_slot, _ = cache.inspect().slot_map()
     assert np.array_equal(row_slot[np.arange(6)], cur)  # the batch's rows stay
     # the current batch still gets its 4 remaining slots: the resolve waits for the reads
     got = cache.resolve(np.arange(6, 10))
@@ -207,7 +207,7 @@ def test_prefetch_then_resolve_faults_nothing_twice(rng, tiny_store):
     assert cache.last_faults == 150  # the rows whose mapping this call completed
     np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[ids].view(np.uint16))
     assert h.wait(10) and h.done()
-    cache.poll()
+    cache.ready_event()  # commits the finished prefetches
     s = cache.stats()
     assert (s.misses, s.hits, s.prefetched) == (0, 150, 150)
     assert s.rows_read == 150 + s.rows_reread and s.rows_reread in (0, 150)
@@ -224,7 +224,7 @@ def test_failed_prefetch_maps_nothing_and_raises_once_at_resolve(tiny_store):
     h = slow.prefetch(cache, np.arange(10, 20), True)
     assert h.wait(10) and isinstance(h.exception(), CorruptDataError)
     cache.resolve([1, 2])  # rows the prefetch did not hold: fine
-    row_slot, slot_row = cache.slot_map()
+    row_slot, slot_row = cache.inspect().slot_map()
     assert (row_slot[10:20] == -1).all() and (slot_row >= 0).sum() == 2
     before = cache.stats()
     with pytest.raises(CorruptDataError, match="prefetch of row 15"):
@@ -265,7 +265,7 @@ def gated(tmp_path, rng, slots, piece=8, merge=True):
 
 def no_reserved(cache):
     """No slot is reserved by a prefetch piece (and the count agrees)."""
-    t = cache.slot_table
+    t = cache.inspect().slot_table
     return t.reserved == 0 and not (t.state >= READING).any()
 
 
@@ -290,7 +290,7 @@ def test_resolve_reads_rows_of_queued_pieces_itself(tmp_path, rng):
     np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[ids].view(np.uint16))
     s = cache.stats()
     assert (s.misses, s.hits, s.prefetched, s.rows_read) == (0, 64, 64, 64)  # once a batch
-    cache.end_batch()
+    cache.end_step()
     check_invariants_no_ref(cache)
 
 
@@ -309,7 +309,7 @@ def test_resolve_reads_rows_of_a_piece_being_read_itself(tmp_path, rng):
     s = cache.stats()
     assert (s.misses, s.hits, s.rows_read, s.rows_reread, s.prefetched) == (0, 2, 2, 2, 0)
     assert cache.last_faults == 2  # shown in the device map by this call
-    cache.end_batch()
+    cache.end_step()
     # 8 free slots left; 9 new rows need one more: the LRU's next victims are the unpinned
     # slots of piece 0, read or not, so the resolve waits for the piece (as if it had
     # landed at its call) rather than take a slot it still writes
@@ -318,7 +318,7 @@ def test_resolve_reads_rows_of_a_piece_being_read_itself(tmp_path, rng):
     got = cache.resolve(np.arange(500, 509))
     assert time.perf_counter() - t0 > 0.15 and h.done()
     np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[500:509].view(np.uint16))
-    cache.end_batch()
+    cache.end_step()
     got = cache.resolve(ids[8:])
     np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[ids[8:]].view(np.uint16))
     s = cache.stats()
@@ -343,11 +343,11 @@ def test_rows_in_flight_are_read_in_the_resolves_own_read(tmp_path, rng, merge):
     assert reads == ([[5, 103, 117, 300]] if merge else [[117], [103], [5, 300]])
     s = cache.stats()
     assert (s.misses, s.hits, s.prefetched, s.rows_reread, s.rows_read) == (2, 2, 1, 1, 4)
-    assert cache.last_faults == 4 and cache.rows_taken == 1
+    assert cache.last_faults == 4 and cache.inspect().rows_taken == 1
     assert s.prefetch_wait_seconds == 0 or not merge
     gate.open.set()
     assert h.wait(10) and h.exception() is None
-    cache.end_batch()
+    cache.end_step()
     got = cache.resolve(np.arange(100, 124))
     np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[100:124].view(np.uint16))
     s = cache.stats()
@@ -365,14 +365,14 @@ def test_a_failed_merged_read_changes_nothing_and_settles(tmp_path, rng):
     h = cache.prefetch(np.arange(100, 116))
     assert gate.started.wait(10)
     gate.fail = np.array([7])
-    before = cache.slot_map()[0].copy()
+    before = cache.inspect().slot_map()[0].copy()
     with pytest.raises(CorruptDataError, match="injected"):
         cache.resolve([7, 103, 111])
     reads = [r.tolist() for r in gate.caller_reads]
     assert reads == [[7, 103, 111], [111], [103], [7]]  # one read; then apart, then the miss
-    row_slot = cache.slot_map()[0]
+    row_slot = cache.inspect().slot_map()[0]
     assert row_slot[7] == -1 and (row_slot[100:116] == before[100:116]).all()
-    state = cache.slot_table.state[row_slot[[103, 111]]]
+    state = cache.inspect().slot_table.state[row_slot[[103, 111]]]
     assert (state == [SlotState.READ, SlotState.RESIDENT]).all()  # read beside; taken over
     s = cache.stats()
     assert (s.misses, s.hits, s.rows_read, s.rows_reread, s.prefetched) == (0, 0, 2, 1, 1)
@@ -383,7 +383,7 @@ def test_a_failed_merged_read_changes_nothing_and_settles(tmp_path, rng):
     np.testing.assert_array_equal(
         cache.table[got].view(np.uint16), x[[7, 103, 111]].view(np.uint16)
     )
-    cache.end_batch()
+    cache.end_step()
     assert no_reserved(cache)
     check_invariants_no_ref(cache)
 
@@ -398,9 +398,9 @@ def test_rows_read_beside_a_piece_that_fails_stay_mapped(tmp_path, rng):
     gate.fail, gate.fail_pieces = np.arange(8), True
     gate.open.set()
     assert h.wait(10) and isinstance(h.exception(), CorruptDataError)
-    cache.end_batch()
-    cache.poll()
-    row_slot, _ = cache.slot_map()
+    cache.end_step()
+    cache.ready_event()  # commits the finished prefetches
+    row_slot, _ = cache.inspect().slot_map()
     assert (row_slot[[2, 5]] >= 0).all() and (row_slot[[0, 1, 3, 4, 6, 7]] == -1).all()
     got = cache.resolve([5, 2])
     np.testing.assert_array_equal(cache.table[got].view(np.uint16), x[[5, 2]].view(np.uint16))
@@ -439,7 +439,7 @@ def test_rows_taken_over_that_fail_map_nothing_and_raise_once(tmp_path, rng):
     gate.fail = np.array([9])
     with pytest.raises(CorruptDataError, match="prefetch of row 9"):
         cache.resolve([9, 50])
-    row_slot, _ = cache.slot_map()
+    row_slot, _ = cache.inspect().slot_map()
     assert row_slot[9] == -1 and row_slot[50] == -1  # the call changed nothing else
     assert isinstance(h.exception(), CorruptDataError)  # the handle shows the failure
     gate.fail = gate.fail[:0]
@@ -454,7 +454,7 @@ def test_rows_taken_over_that_fail_map_nothing_and_raise_once(tmp_path, rng):
 
 
 def check_invariants_no_ref(cache):
-    row_slot, slot_row = cache.slot_map()
+    row_slot, slot_row = cache.inspect().slot_map()
     mapped = np.flatnonzero(row_slot >= 0)
     assert np.array_equal(slot_row[row_slot[mapped]], mapped)
 
@@ -474,22 +474,22 @@ def test_holds_all_says_whether_a_resolve_would_fault_or_wait(native, tiny_store
     cache = NgramRowCache.assemble(
         store, "t", slots=100, tuning=Tuning(native=native), part_reader=gate.wrap
     )
-    assert (cache.lru.native is not None) == (native and host.native is not None)
+    assert (cache.inspect().lru.native is not None) == (native and host.native is not None)
 
     def holds(ids):
         return cache.holds_all(np.asarray(ids, dtype=np.int64) if native else ids)
 
     assert holds(np.zeros(0, dtype=np.int64))
     cache.resolve([3, 4, 5])
-    cache.end_batch()
-    before, maps = cache.stats(), cache.slot_map()
+    cache.end_step()
+    before, maps = cache.stats(), cache.inspect().slot_map()
     assert holds([5, 3, 3]) and not holds([3, 6])
     with pytest.raises(RowRangeError, match=r"row_ids\[1\]"):
         holds([3, store.tables[0].rows])
     with pytest.raises(RowRangeError):
         holds([-1])
     assert cache.stats() == before
-    for a, b in zip(cache.slot_map(), maps):
+    for a, b in zip(cache.inspect().slot_map(), maps):
         np.testing.assert_array_equal(a, b)
     h = cache.prefetch([20, 21])
     assert gate.started.wait(10)
@@ -497,18 +497,18 @@ def test_holds_all_says_whether_a_resolve_would_fault_or_wait(native, tiny_store
     gate.open.set()
     assert h.wait(10)
     assert not holds([20])  # landed, not yet committed: a resolve would commit it
-    cache.poll()
+    cache.ready_event()  # commits the finished prefetches
     assert holds([3, 20, 21])
     gate.fail, gate.fail_pieces = np.array([30]), True  # the cache's reads of row 30 fail
     h = cache.prefetch([30])
     h.wait(10)
     assert h.exception() is not None
     assert not holds([30]) and holds([3])  # 30's error is owed
-    cache.poll()
+    cache.ready_event()  # commits the finished prefetches
     assert not holds([30]) and holds([3])
     with pytest.raises(CorruptDataError):
         cache.resolve([30])
-    cache.end_batch()
+    cache.end_step()
     assert holds([3, 4, 5])
 
 
@@ -538,5 +538,5 @@ def test_exhaustion_waits_for_prefetches_then_names_pins_and_reservations(tmp_pa
     )
     with pytest.raises(ArenaExhaustedError, match=msg):
         cache.resolve(np.arange(2000, 2025))
-    cache.end_batch()
+    cache.end_step()
     check_pieces(cache)

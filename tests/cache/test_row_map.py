@@ -185,18 +185,18 @@ def test_a_cache_of_small_rows_maps_them_in_a_hash_bounded_by_its_arena(tmp_path
     auto = rowcache.NgramRowCache(store, "t", slots=500)
     dense = rowcache.NgramRowCache.assemble(store, "t", slots=500, tuning=Tuning(row_map="dense"))
     assert auto.row_map_kind == "hash" and dense.row_map_kind == "dense"
-    assert auto.overhead_bytes()["row_map"] == hash_bytes(500) == 8192
-    assert dense.overhead_bytes()["row_map"] == 160_000
+    assert auto.inspect().overhead_bytes()["row_map"] == hash_bytes(500) == 8192
+    assert dense.inspect().overhead_bytes()["row_map"] == 160_000
     for step in range(30):
         ids = rng.integers(0, 40_000, 400) if step % 3 else rng.integers(0, 600, 400)
         a, b = auto.resolve(ids), dense.resolve(ids)
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(auto.table[a], dense.table[b])
-        auto.end_batch()
-        dense.end_batch()
+        auto.end_step()
+        dense.end_step()
         if step % 5 == 0:  # a coming step's rows, read ahead by both
             ahead = rng.integers(0, 40_000, 100)
             assert auto.prefetch(ahead).wait(30) and dense.prefetch(ahead).wait(30)
-        assert auto.check() == [] and auto.stats().misses == dense.stats().misses
+        assert auto.inspect().check() == [] and auto.stats().misses == dense.stats().misses
     np.testing.assert_array_equal(auto.table[auto.resolve(np.arange(100))].view(np.uint16),
                                   store.read_rows("t", np.arange(100)).view(np.uint16))  # fmt: skip

@@ -40,7 +40,7 @@ def _cache(tiny_store):
     store, _ = tiny_store
     cache = NgramRowCache(store, "t", slots=40)
     cache.resolve(np.arange(30))
-    cache.end_batch()
+    cache.end_step()
     cache.resolve(np.array([3, 31, 32]))
     check_pieces(cache)
     return cache
@@ -58,8 +58,8 @@ def _cache(tiny_store):
 )
 def test_slot_table_check_names_what_is_broken(tiny_store, breakage, says):
     cache = _cache(tiny_store)
-    breakage(cache.slot_table)
-    assert any(says in b for b in cache.slot_table.check()), cache.slot_table.check()
+    breakage(cache.inspect().slot_table)
+    assert any(says in b for b in cache.inspect().slot_table.check()), cache.inspect().slot_table.check()
 
 
 @pytest.mark.parametrize(
@@ -73,5 +73,5 @@ def test_slot_table_check_names_what_is_broken(tiny_store, breakage, says):
 )
 def test_lru_check_names_what_is_broken(tiny_store, breakage, says):
     cache = _cache(tiny_store)
-    breakage(cache.lru)
-    assert any(says in b for b in cache.lru.check()), cache.lru.check()
+    breakage(cache.inspect().lru)
+    assert any(says in b for b in cache.inspect().lru.check()), cache.inspect().lru.check()

@@ -79,12 +79,12 @@ def test_a_failed_deferred_read_raises_at_settle_and_changes_nothing(rng, tmp_pa
         # every page of the n-gram tables' shards corrupted: any read of the shared cache fails
         saved = corrupt_tables(store, [f"t{k}" for k in range(4)])
         map_before = shared.device_map().get()
-        before = shared.slot_map(), shared.stats()
+        before = shared.inspect().slot_map(), shared.stats()
         window = ctx_c.step(x[20:21])
         cached.embed(window, 1)  # returns: the read runs
         with pytest.raises(CorruptDataError, match="checksum"):
             cached.settle()
-        after = shared.slot_map()
+        after = shared.inspect().slot_map()
         np.testing.assert_array_equal(after[0], before[0][0])
         np.testing.assert_array_equal(after[1], before[0][1])
         st = shared.stats()

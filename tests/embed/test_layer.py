@@ -237,7 +237,7 @@ def test_layer_cached_equals_resident_bit_for_bit(rng, tmp_path):
         hits = sum(c.stats().hits for c in caches.values())
         misses = sum(c.stats().misses for c in caches.values())
         assert hits > 0 and misses > 0
-        assert all(c.pinned == 0 for c in caches.values())  # every batch was ended
+        assert all(c.inspect().pinned == 0 for c in caches.values())  # every batch was ended
     finally:
         store.close()
 
@@ -266,7 +266,7 @@ def test_layer_cached_arena_exhausted_releases_batch(rng, tmp_path):
         x = rng.integers(3, DIMS.vocab_size, size=200)  # ~200 distinct rows per table > 25 slots
         with pytest.raises(ArenaExhaustedError):
             emb.embed(x, 200)
-        assert all(c.pinned == 0 for c in caches.values())
+        assert all(c.inspect().pinned == 0 for c in caches.values())
         small = emb.embed(x[:10], 10)  # the cache is still usable
         np.testing.assert_array_equal(
             bits(small), bits(NgramEmbedding(DIMS, word, tables, projs).embed(x[:10], 10))
@@ -383,7 +383,7 @@ def test_layer_gpu_mixed_tables_equal_the_reference(rng, tmp_path):
         np.testing.assert_array_equal(
             bits(cp.asnumpy(emb.embed_batch(host_ctx, [1, 1, 60]))), bits(want)
         )
-        assert cache.pinned == 0
+        assert cache.inspect().pinned == 0
         # the stacked gather on its own, unaligned width (d = 12 bf16 = 24 bytes: no vec path)
         st = StackedTables([t.arrays for t in mixed[:3]])
         ids = cp.asarray(np.stack([rng.integers(0, DIMS.table_rows(0), size=99) for _ in range(3)]))
@@ -502,13 +502,13 @@ def test_layer_embed_packed_bad_input(rng):
 
 def _count_resolves(monkeypatch, cache):
     calls = []
-    real = cache.resolve_host
+    real = cache.resolve
 
-    def counting(ids):
+    def counting(ids, **kw):
         calls.append(int(np.asarray(ids).shape[0]))
-        return real(ids)
+        return real(ids, **kw)
 
-    monkeypatch.setattr(cache, "resolve_host", counting)
+    monkeypatch.setattr(cache, "resolve", counting)
     return calls
 
 
@@ -546,13 +546,13 @@ def test_layer_shared_cache_equals_resident_bit_for_bit(rng, tmp_path, monkeypat
         assert len(calls) == 2 * 91
         assert calls[0] == T * S * 30 and calls[-1] == 2 * S
         s = shared.stats()
-        assert s.hits > 0 and s.misses > 0 and shared.pinned == 0 and word_cache.pinned == 0
+        assert s.hits > 0 and s.misses > 0 and shared.inspect().pinned == 0 and word_cache.inspect().pinned == 0
         # a shared-cache part gathers exactly its own table
         ids = rng.integers(0, DIMS.table_rows(2), size=50)
         np.testing.assert_array_equal(
             bits(CachedTable(shared, 2).gather(ids)), bits(tables[2][ids])
         )
-        shared.end_batch()
+        shared.end_step()
         # the shared arena is counted once
         assert all_cached.resident_bytes() < resident.resident_bytes()
     finally:
@@ -634,7 +634,7 @@ def test_layer_gpu_packed_and_shared_cache(rng, tmp_path):
         # device tokens are still range-checked in the hash kernel
         with pytest.raises(ConfigError, match=r"contexts\[1\]\[1\] = 1000"):
             eager.embed_batch([cp.asarray(x[0][:3]), cp.asarray(np.array([1, 1000]))], [1, 1])
-        assert shared.pinned == 0 and word_cache.pinned == 0
+        assert shared.inspect().pinned == 0 and word_cache.inspect().pinned == 0
         assert any(g.graph is not None for g in graphed._runner.graphs.values())
         assert shared.stats().misses > 0  # the graphed steps faulted rows in as well
     finally:
@@ -915,7 +915,7 @@ def test_layer_gpu_cached_with_overlay_and_faults_equals_resident(rng, tmp_path)
             faulted += shared.stats().misses + word_cache.stats().misses - before
             want = resident.embed_batch([x, x[::-1].copy()], [43, 20], overlay=ov, seq_slots=slots)
             np.testing.assert_array_equal(bits(cp.asnumpy(got)), bits(cp.asnumpy(want)))
-        assert faulted > 0 and shared.pinned == 0 and word_cache.pinned == 0
+        assert faulted > 0 and shared.inspect().pinned == 0 and word_cache.inspect().pinned == 0
     finally:
         store.close()
 
@@ -984,7 +984,7 @@ def test_layer_gpu_cached_step_order_equals_resident(rng, tmp_path, graphs, chec
             want = resident.embed(ctx_r.step(x[k : k + 1]), 1)
             np.testing.assert_array_equal(bits(cp.asnumpy(got)), bits(cp.asnumpy(want)))
         assert any(faulted) and not all(faulted)
-        assert shared.pinned == 0 and word_cache.pinned == 0
+        assert shared.inspect().pinned == 0 and word_cache.inspect().pinned == 0
     finally:
         store.close()
 

@@ -47,7 +47,7 @@ def test_prefetch_next_chunk_equals_resident_and_faults_nothing(rng, tmp_path, w
     store, shared, word_cache, resident, cached = lookahead_models(rng, tmp_path)
     try:
         _chunked_prefill_with_lookahead(rng, resident, cached, [shared, word_cache], wait)
-        assert shared.pinned == 0 and word_cache.pinned == 0
+        assert shared.inspect().pinned == 0 and word_cache.inspect().pinned == 0
     finally:
         store.close()
 
@@ -91,7 +91,7 @@ def test_prefetch_failure_raises_at_the_step_that_needs_it(rng, tmp_path):
         assert isinstance(h.exception(), CorruptDataError)
         with pytest.raises(CorruptDataError, match="prefetch of row"):
             cached.embed(x, 50)
-        assert shared.pinned == 0 and word_cache.pinned == 0
+        assert shared.inspect().pinned == 0 and word_cache.inspect().pinned == 0
         fail[0] = False
         np.testing.assert_array_equal(bits(cached.embed(x, 50)), bits(resident.embed(x, 50)))
     finally:
@@ -142,6 +142,6 @@ def test_steps_take_over_rows_of_queued_pieces_and_equal_resident(rng, tmp_path,
     )
     try:
         _chunked_prefill_with_lookahead(rng, resident, cached, [shared, word_cache], False)
-        assert shared.rows_taken > 0  # some step did take rows over
+        assert shared.inspect().rows_taken > 0  # some step did take rows over
     finally:
         store.close()

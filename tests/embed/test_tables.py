@@ -123,16 +123,16 @@ def test_cached_table_equals_resident_bit_for_bit(rng, tmp_path):
             ids = rng.integers(0, 2000, size=150)
             ids[::7] = ids[0]
             got = cached.gather(ids)
-            cached.end_batch()
+            cached.end_step()
             np.testing.assert_array_equal(_bits(got), _bits(resident.gather(ids)))
         s = cached.stats()
         assert s.misses > 0 and s.evictions > 0 and s.lookups == 20 * 150
         hot = rng.integers(0, 2000, size=100)
         cached.gather(hot)
-        cached.end_batch()
+        cached.end_step()
         cached.stats(reset=True)
         cached.gather(hot)
-        cached.end_batch()
+        cached.end_step()
         assert cached.stats().misses == 0  # resident after the first batch
     finally:
         store.close()
@@ -150,7 +150,7 @@ def test_cached_fp8_table_equals_quantized_resident(rng, tmp_path):
         for _ in range(10):
             ids = rng.integers(0, 1500, size=200)
             got = cached.gather(ids)
-            cached.end_batch()
+            cached.end_step()
             np.testing.assert_array_equal(_bits(got), _bits(resident.gather(ids)))
     finally:
         store.close()
@@ -181,7 +181,7 @@ def test_cached_table_parts_of_a_shared_cache(rng, tmp_path):
         for _ in range(10):
             ia, ib = rng.integers(0, 500, size=60), rng.integers(0, 300, size=60)
             got_a, got_b = ta.gather(ia), tb.gather(ib)
-            shared.end_batch()
+            shared.end_step()
             np.testing.assert_array_equal(_bits(got_a), _bits(a[ia]))
             np.testing.assert_array_equal(_bits(got_b), _bits(b[ib]))
         assert ta.nbytes == tb.nbytes == 200 * 16 * 2  # one arena

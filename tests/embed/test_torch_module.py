@@ -327,12 +327,13 @@ def test_from_pretrained_defer_reads_on_the_cpu_reads_at_once(weights, rng, tmp_
     out = mod(ids, ctx)
     mod.settle()
     np.testing.assert_array_equal(_bits(out), _bits(ref(ids, ctx)))
-    assert not any(c.pending for c in mod.emb.caches)
+    assert not any(c.inspect().pending for c in mod.emb.caches)
 
 
 def test_settle_settles_every_cache_and_raises_the_first_failure(weights, tmp_path):
-    """Reads deferred on several caches that all fail: one ``settle`` raises, and leaves
-    no cache with a failed read pending (each as before its call)."""
+    """Reads deferred on several caches (through the embedding's step rows) that all fail:
+    one ``settle`` raises, and leaves no cache with a failed read pending (each as before
+    its call)."""
     from rowcache.errors import CorruptDataError
 
     path = _checkpoint(tmp_path, weights)
@@ -341,13 +342,14 @@ def test_settle_settles_every_cache_and_raises_the_first_failure(weights, tmp_pa
     assert len(caches) == 3
     saved = corrupt_tables(caches[0].store, ["0", "2", "4"])
     try:
-        for c in caches:
-            assert c.resolve_deferred(np.arange(5)) == 5
-            assert c.pending
+        rows = mod.emb.step_rows
+        assert rows.resolve([np.arange(5)] * len(rows), defer=True) is None
+        assert rows.faults == 5 * len(caches) and rows.pending
+        assert all(c.inspect().pending for c in caches)
         with pytest.raises(CorruptDataError, match="checksum"):
             mod.settle()
-        assert not any(c.pending for c in caches)
-        assert all(c.stats().misses == 0 and c.slot_map()[0].max() < 0 for c in caches)
+        assert not rows.pending and not any(c.inspect().pending for c in caches)
+        assert all(c.stats().misses == 0 and c.inspect().slot_map()[0].max() < 0 for c in caches)
     finally:
         restore(saved)
     mod.settle()  # nothing pending: no error
@@ -567,7 +569,7 @@ def test_gpu_forward_defer_reads_settles_and_raises_a_failed_read(weights, rng, 
     def step(k):
         ids, ctx = hist[:, k : k + 1], hist[:, k - KEEP : k]
         out = mod(ids.cuda(), ctx.cuda())
-        pending = any(c.pending for c in caches)
+        pending = any(c.inspect().pending for c in caches)
         tok = cp.asarray(torch.cat([ctx, ids], 1).reshape(-1).numpy())
         want = res.embed_packed(tok, np.full(B, KEEP + 1), np.full(B, 1)).get()
         return out, want, pending
@@ -581,13 +583,13 @@ def test_gpu_forward_defer_reads_settles_and_raises_a_failed_read(weights, rng, 
     assert deferred > 5  # forwards did return before their reads ended
     store = caches[0].store
     saved = corrupt_tables(store, [str(i) for i in range(DIMS.num_tables)])
-    before = [(c.slot_map(), c.stats()) for c in caches]
+    before = [(c.inspect().slot_map(), c.stats()) for c in caches]
     try:
         step(60)
         with pytest.raises(CorruptDataError, match="checksum"):
             mod.settle()
         for c, (maps, st) in zip(caches, before):
-            np.testing.assert_array_equal(c.slot_map()[0], maps[0])
+            np.testing.assert_array_equal(c.inspect().slot_map()[0], maps[0])
             assert (c.stats().misses, c.stats().rows_read) == (st.misses, st.rows_read)
     finally:
         restore(saved)

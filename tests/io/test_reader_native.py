@@ -224,12 +224,12 @@ def cache_on(store, engine, slots=500):
 
 
 def snapshot(cache):
-    row_slot, slot_row = cache.slot_map()
+    row_slot, slot_row = cache.inspect().slot_map()
     return row_slot.copy(), slot_row.copy(), cache.table.copy(), cache.stats()
 
 
 def assert_unchanged(cache, before):
-    row_slot, slot_row = cache.slot_map()
+    row_slot, slot_row = cache.inspect().slot_map()
     np.testing.assert_array_equal(row_slot, before[0])
     np.testing.assert_array_equal(slot_row, before[1])
     np.testing.assert_array_equal(cache.table.view(np.uint16), before[2].view(np.uint16))
@@ -250,7 +250,7 @@ def test_flipped_byte_raises_names_shard_offset_row_and_maps_nothing(tmp_path, e
     cache = cache_on(store, engine)
     rng = np.random.default_rng(1)
     cache.resolve(shared_ids(cache, rng))
-    cache.end_batch()
+    cache.end_step()
     before = snapshot(cache)
     info = store.tables[1]
     row = 1234  # table t1: flip one byte inside its record
@@ -271,7 +271,7 @@ def test_flipped_byte_raises_names_shard_offset_row_and_maps_nothing(tmp_path, e
     assert rec.file in msg and f"byte offset {page_off}" in msg and "'t1'" in msg
     assert f"row {row}" in msg and "checksum" in msg
     assert_unchanged(cache, before)
-    cache.end_batch()
+    cache.end_step()
     good = cache.resolve(np.concatenate([cache.global_ids(0, [5, 6]), cache.global_ids(2, [9])]))
     np.testing.assert_array_equal(
         cache.table[good[:2]].view(np.uint16), tabs["t0"][[5, 6]].view(np.uint16)
@@ -296,7 +296,7 @@ def test_truncated_shard_short_read_in_one_part_leaves_every_part_unchanged(tmp_
     with pytest.raises(CorruptDataError, match=rf"short read of shard {rec.file} at offset \d+"):
         cache.resolve(ids)
     assert_unchanged(cache, before)
-    assert cache.pinned == 0
+    assert cache.inspect().pinned == 0
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -145,30 +145,30 @@ def test_pool_serves_concurrent_callers_and_a_forked_child():
 
 
 def _state(c):
-    lru = c.lru
+    lru = c.inspect().lru
     live = lru.log[lru.head : lru.tail]
     valid = lru.log_pos[live] == np.arange(lru.head, lru.tail)
     return (
-        c.slot_table.row_map.to_dense().copy(),
-        c.slot_table.slot_row.copy(),
+        c.inspect().slot_table.row_map.to_dense().copy(),
+        c.inspect().slot_table.slot_row.copy(),
         lru.pin_mask(),
         live[valid].copy(),  # the LRU order
         dataclasses.replace(c.stats(), fault_seconds=0.0),
-        c.pinned,
+        c.inspect().pinned,
     )
 
 
 def _replay(store, ops, native):
     c = rowcache.NgramRowCache.assemble(store, "t", slots=64, tuning=Tuning(native=native))
-    assert (c.lru.native is not None) == native
+    assert (c.inspect().lru.native is not None) == native
     if True:
         states, outs = [], []
         for op in ops:
             if op is None:
-                c.end_batch()
+                c.end_step()
             else:
                 try:
-                    outs.append(c.resolve_host(op))
+                    outs.append(c.resolve(op, host=True))
                 except (rowcache.errors.RowRangeError, rowcache.ArenaExhaustedError) as e:
                     outs.append(str(e))
             states.append(_state(c))

@@ -206,16 +206,16 @@ def test_chained_touch_arguments_and_a_follower_run_by_its_caller():
 
 def _state(c):
     s = c.stats()  # settles a deferred touch
-    lru = c.lru
+    lru = c.inspect().lru
     live = lru.log[lru.head : lru.tail]
     valid = lru.log_pos[live] == np.arange(lru.head, lru.tail)
     return (
-        c.slot_table.row_map.to_dense().copy(),
-        c.slot_table.slot_row.copy(),
+        c.inspect().slot_table.row_map.to_dense().copy(),
+        c.inspect().slot_table.slot_row.copy(),
         lru.pin_mask(),
         live[valid].copy(),
         dataclasses.replace(s, fault_seconds=0.0, prefetch_wait_seconds=0.0),
-        c.pinned,
+        c.inspect().pinned,
     )
 
 
@@ -227,13 +227,13 @@ def _run(store, ops, defer_min, every=1):
     for i, (kind, arg) in enumerate(ops):
         try:
             if kind == "end":
-                c.end_batch()
+                c.end_step()
             elif kind == "prefetch":
                 c.prefetch(arg).wait()
             elif kind == "resolve":
                 outs.append(c.resolve(arg))
             else:
-                outs.append(c.resolve_host(arg))
+                outs.append(c.resolve(arg, host=True))
         except (rowcache.errors.RowRangeError, rowcache.ArenaExhaustedError) as e:
             outs.append(type(e).__name__)
         if i % every:
@@ -281,8 +281,8 @@ def test_threads_and_a_forked_child_see_finished_touches(tmp_path):
     x = rng.standard_normal((4000, 8)).astype(np.float32).astype(ml_dtypes.bfloat16)
     store = rowcache.build_store(tmp_path / "s", {"t": x}, progress=False)
     c = rowcache.NgramRowCache.assemble(store, "t", slots=4000, tuning=Tuning(defer_min=1))
-    c.resolve_host(np.arange(4000, dtype=np.int64))
-    c.end_batch()
+    c.resolve(np.arange(4000, dtype=np.int64), host=True)
+    c.end_step()
     errors = []
 
     def work(seed):
@@ -290,7 +290,7 @@ def test_threads_and_a_forked_child_see_finished_touches(tmp_path):
         try:
             for _ in range(50):
                 ids = r.integers(0, 4000, 3000).astype(np.int64)
-                np.testing.assert_array_equal(c.slot_table.slot_row[c.resolve_host(ids)], ids)
+                np.testing.assert_array_equal(c.inspect().slot_table.slot_row[c.resolve(ids, host=True)], ids)
         except Exception as e:  # reported below
             errors.append(e)
 
@@ -300,13 +300,13 @@ def test_threads_and_a_forked_child_see_finished_touches(tmp_path):
     for t in ts:
         t.join()
     assert not errors
-    c.resolve_host(rng.integers(0, 4000, 3000).astype(np.int64))  # pending at the fork
+    c.resolve(rng.integers(0, 4000, 3000).astype(np.int64), host=True)  # pending at the fork
     pid = os.fork()
     if pid == 0:  # the child: the touch is finished and its own calls work
         try:
             s = c.stats()
-            ok = s.hits + s.misses <= s.lookups and not c.lru.touching
-            c.resolve_host(np.arange(100, dtype=np.int64))
+            ok = s.hits + s.misses <= s.lookups and not c.inspect().lru.touching
+            c.resolve(np.arange(100, dtype=np.int64), host=True)
             c.stats()
             os._exit(0 if ok else 1)
         except BaseException:

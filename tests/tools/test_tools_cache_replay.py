@@ -34,7 +34,7 @@ def test_batch_curve_equals_cache_replay(store, rng, device):
         cache = rowcache.NgramRowCache(store, "t", slots=size, device=device)
         for part in np.split(keys, bounds):
             cache.resolve(part)
-            cache.end_batch()
+            cache.end_step()
         assert cache.stats().misses == expect, size
 
 

@@ -59,7 +59,7 @@ def _time(lru: Any, calls: list[np.ndarray], miss: bool) -> float:
         else:
             found, _ = lru.hits(ids)
             assert found == HIT
-        lru.end_batch()
+        lru.end_step()
     return (time.perf_counter() - t0) / len(calls)
 
 
@@ -99,7 +99,7 @@ def main() -> None:
         for s in range(0, hot.size, 1 << 16):  # the hot set resident
             part = hot[s : s + (1 << 16)]
             lru.commit(lru.plan(part), np.empty(part.size, np.int32))
-            lru.end_batch()
+            lru.end_step()
         lrus[kind] = lru
         per_slot = sum(a.nbytes for a in (lru.slots.slot_row, lru.slots.state, lru.last_used,
                                           lru.log, lru.log_pos))  # fmt: skip

@@ -168,8 +168,17 @@ class Arena:
         staged) and whose side buffer holds ``[victims (n) | rows (n) | evicted (e) (|
         out)]``: one launch on the cache's stream writes the records, updates the device
         map and fills ``out`` (a cupy int32 array, or None)."""
-        self._commit(self._staging.ctypes.data, self._side.ctypes.data, n, e, self.dev_map,
-                     self.stream, out, ctl, seq)  # fmt: skip
+        self._commit(
+            self._staging.ctypes.data,
+            self._side.ctypes.data,
+            n,
+            e,
+            self.dev_map,
+            self.stream,
+            out,
+            ctl,
+            seq,
+        )
         self._copy_event.record(self.stream)  # the buffers are free once it has run
         self._copy_done = self._copy_event
 

@@ -116,8 +116,11 @@ class CacheLayout:
                 "(its maps are int32): split the tables over several caches"
             )
         name = "+".join(p.name for p in parts)
-        for arg, value, allowed in (("device", device, DEVICES), ("reader", reader, READERS),
-                                    ("arena", arena, ARENAS)):  # fmt: skip
+        for arg, value, allowed in (
+            ("device", device, DEVICES),
+            ("reader", reader, READERS),
+            ("arena", arena, ARENAS),
+        ):
             if value not in allowed:
                 raise ConfigError(
                     f"{arg}={value!r} is not supported; allowed: {', '.join(allowed)}"
@@ -135,6 +138,17 @@ class CacheLayout:
             raise ConfigError(
                 f"slots={slots!r}: give an integer in 1..{rows} (the rows of {name!r})"
             )
-        return cls(part_tables, parts, row_offsets, rows, first.dim, first.record_bytes,
-                   store.dtype, name, int(slots), device,
-                   arena if device == "cuda" else "host", policy)  # fmt: skip
+        return cls(
+            part_tables,
+            parts,
+            row_offsets,
+            rows,
+            first.dim,
+            first.record_bytes,
+            store.dtype,
+            name,
+            int(slots),
+            device,
+            arena if device == "cuda" else "host",
+            policy,
+        )

@@ -14,6 +14,18 @@ from collections.abc import Callable
 
 import numpy as np
 
+from rowcache.errors import PendingResolveError
+
+
+def refuse_pending(name: str, pending: bool) -> None:
+    """Raise ``PendingResolveError`` for a call on cache ``name`` that would read or change
+    its books while a deferred resolve's handle was not waited for (``pending``)."""
+    if pending:
+        raise PendingResolveError(
+            f"table {name!r}: a deferred resolve (resolve(ids, defer=True)) has not been "
+            "waited for; call its handle's wait() first (StepRows.settle() for a step)"
+        )
+
 
 class DeferredResolve:
     """A resolve whose read may outlive its call.
@@ -86,4 +98,4 @@ class DeferredResolve:
         return f"DeferredResolve(faults={self.faults}, {state})"
 
 
-__all__ = ["DeferredResolve"]
+__all__ = ["DeferredResolve", "refuse_pending"]

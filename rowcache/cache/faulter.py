@@ -118,10 +118,10 @@ class Faulter:
 
     def _exhausted(self, n_miss: int, free_or_unpinned: int) -> ArenaExhaustedError:
         return ArenaExhaustedError(
-            f"table {self.name!r}: this batch needs {n_miss} more slots but only "
+            f"table {self.name!r}: this step needs {n_miss} more slots but only "
             f"{max(0, free_or_unpinned)} of {self.slots.num_slots} are free or unpinned "
-            f"({self.lru.pinned} pinned by the batch, {self.slots.reserved} reserved by "
-            "prefetches in flight); call end_batch() more often, split the batch, prefetch "
+            f"({self.lru.pinned} pinned by the step, {self.slots.reserved} reserved by "
+            "prefetches in flight); end the step (end_step()) sooner, split the step, prefetch "
             "less ahead, or give the cache more slots"
         )
 

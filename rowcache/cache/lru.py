@@ -40,14 +40,15 @@ from rowcache.kernels.host import HOST_THREADS, TOUCH_THREADS, USABLE_CPUS
 # An all-hits call of at least this many ids returns after its scan and leaves the
 # touch (sort, pin, log: ~90 % of its C time) to a background thread, which the cache's
 # next call waits for (csrc/lru_touch.c); where the process may use at least 4 CPUs only
-# (on 2, the touch competed with the caller: the retired bench/host_threads.py, docs/results/).
+# (on 2 CPUs the background touch competed with the caller: docs/benchmarks.md, "Figures the
+# code cites").
 DEFER_MIN = 2048 if USABLE_CPUS >= 4 else 1 << 62
 
 # Rows (all parts) from which the native miss path splits a large call's plan and commit over
 # HOST_THREADS: a row map of 64 MB or more outgrows the CPU's caches, its look-ups wait on
 # memory, and parts on several cores overlap those waits. Below it a part's work is about a
 # pool worker's wake-up, and the 2-CPU dev machine's serve run (6,000-row tables) planned and
-# committed a prefill step's call slower in parts (docs/results/2026-12-03-sixteenth-session.md).
+# committed a prefill step's call slower in parts (docs/benchmarks.md, "Figures the code cites").
 MISS_PARTS_MIN_ROWS = 1 << 24
 
 HIT, MISS, ELSE = 0, 1, 2
@@ -153,9 +154,16 @@ class Lru:
         self._part_counts = np.zeros(self._offsets.size - 1, dtype=np.int64)
         self._c: Any = None  # the native state: these arrays, held by C (csrc/lru_state.h)
         if native is not None:
-            self._c = native.LruState(slots.row_map.native_arg, slots.slot_row, slots.state,
-                                      self.last_used, self.log, self.log_pos, self._offsets,
-                                      self._part_counts)  # fmt: skip
+            self._c = native.LruState(
+                slots.row_map.native_arg,
+                slots.slot_row,
+                slots.state,
+                self.last_used,
+                self.log,
+                self.log_pos,
+                self._offsets,
+                self._part_counts,
+            )
 
     def __del__(self) -> None:
         # a touch still in flight holds the arrays (and a slot of the C side): finish it
@@ -166,7 +174,7 @@ class Lru:
                 pass
 
     # -- batches and pins --------------------------------------------------
-    def end_batch(self) -> None:
+    def end_step(self) -> None:
         """The next batch begins: every slot of this one is unpinned at once."""
         self.pinned = 0
         self.batch += 1
@@ -201,8 +209,9 @@ class Lru:
 
     def _start_touch(self, scratch: np.ndarray, n: int, after: int = -1) -> None:
         """Hand the touch of an all-hits call (its keys in ``scratch``) to the toucher."""
-        handle = self._c.touch_start(scratch, n, self.head, self.tail, self.batch,
-                                     TOUCH_THREADS, after)  # fmt: skip
+        handle = self._c.touch_start(
+            scratch, n, self.head, self.tail, self.batch, TOUCH_THREADS, after
+        )
         self._touching.append((handle, self.batch, scratch))
         self.counters.count_hits(n, 0)
 
@@ -292,8 +301,17 @@ class Lru:
         avail = t.num_slots - self.pinned - t.reserved
         if self._c is None:
             return MissPlan.of(ids, work, self._plan_python(ids, work, avail), self.batch)
-        planned = self._c.plan(ids, self.head, self.tail, self.batch, t.reserved > 0, avail,
-                               work, self._scratch_for(n), self._miss_threads)  # fmt: skip
+        planned = self._c.plan(
+            ids,
+            self.head,
+            self.tail,
+            self.batch,
+            t.reserved > 0,
+            avail,
+            work,
+            self._scratch_for(n),
+            self._miss_threads,
+        )
         return MissPlan.of(ids, work, planned, self.batch)
 
     def commit(self, plan: MissPlan, out: np.ndarray) -> int:
@@ -307,9 +325,17 @@ class Lru:
             fresh = self._commit_python(plan, out)
         else:
             fresh, self.head, self.tail = self._c.commit(
-                plan.ids, plan.work, plan.n_u, plan.n_miss, plan.n_ev, plan.head, self.tail,
-                plan.batch, out, self._miss_threads,
-            )  # fmt: skip
+                plan.ids,
+                plan.work,
+                plan.n_u,
+                plan.n_miss,
+                plan.n_ev,
+                plan.head,
+                self.tail,
+                plan.batch,
+                out,
+                self._miss_threads,
+            )
         self.counters.count_commit(plan.n, fresh, plan.n_miss, plan.n_ev, self._part_counts)
         if plan.batch == self.batch:  # (a deferred call's batch may have ended: no pins)
             self.pinned += fresh
@@ -506,8 +532,10 @@ class Lru:
         bad: list[str] = []
         S = self.slots.num_slots
         if not 0 <= self.head <= self.tail <= self.log.size:
-            return [f"log bounds out of order: head {self.head}, tail {self.tail}, "
-                    f"capacity {self.log.size}"]  # fmt: skip
+            return [
+                f"log bounds out of order: head {self.head}, tail {self.tail}, "
+                f"capacity {self.log.size}"
+            ]
         if int(self.last_used.max(initial=-1)) > self.batch:
             bad.append("a slot was used in a batch after the current one")
         if self._touching:

@@ -59,8 +59,9 @@ class PartReader:
             reader = self._apart
         rows64 = rows.astype(np.int64)
         bounds = rows64.searchsorted(self.row_offsets)
-        if not reader.read_batch_start(rows64, bounds, self._parts, self._bases,
-                                       staging[: rows.size], ctl, seq):  # fmt: skip
+        if not reader.read_batch_start(
+            rows64, bounds, self._parts, self._bases, staging[: rows.size], ctl, seq
+        ):
             return None
         return reader, (rows64, bounds)
 

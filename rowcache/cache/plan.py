@@ -77,11 +77,21 @@ class MissPlan:
         n = ids.size
         plan = object.__new__(cls)
         plan.__dict__.update(
-            ids=ids, work=work, status=status, n_u=n_u, n_miss=n_miss, fresh_hits=fresh_hits,
-            n_ev=n_ev, head=head, end=end, passed_reserved=bool(passed), batch=batch,
-            missing=work[2 * n : 2 * n + n_miss], victims=work[3 * n : 3 * n + n_miss],
+            ids=ids,
+            work=work,
+            status=status,
+            n_u=n_u,
+            n_miss=n_miss,
+            fresh_hits=fresh_hits,
+            n_ev=n_ev,
+            head=head,
+            end=end,
+            passed_reserved=bool(passed),
+            batch=batch,
+            missing=work[2 * n : 2 * n + n_miss],
+            victims=work[3 * n : 3 * n + n_miss],
             evicted=work[4 * n : 4 * n + n_ev],
-        )  # fmt: skip
+        )
         return plan
 
     @property

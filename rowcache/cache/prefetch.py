@@ -99,7 +99,7 @@ class PrefetchJob:
     that needs some of its rows takes them over (``rowcache.cache.prefetcher``): they leave
     ``rows`` and ``slots`` for a job of their own, run at once and listed in ``taken``.
     On the GPU, ``after`` is the event of the cache's stream that the job's arena writes
-    wait for (recorded at the last ``end_batch``: every gather of an earlier batch, which
+    wait for (recorded at the last ``end_step``: every gather of an earlier batch, which
     may read the victims, was issued before it), and ``landed`` the event of the
     prefetch stream after them, which the cache's stream waits for when the job is reaped.
     ``times``: ``time.perf_counter()`` at its creation, start, end of its read and end (a

@@ -32,8 +32,8 @@ PIECE_ROWS = 1024
 """A prefetch's rows are read in pieces of this many (one native batch each, in call
 order), so a resolve that needs a row still in flight waits for one piece, and the rows of
 pieces still queued it reads itself. The H200 disk read 1,024 fresh random pages a batch
-at 95-107k reads/s at queue depth 64, 4,096 at 85-111k (the retired bench/queue_depth.py,
-docs/results/2026-12-01-tenth-session.md)."""
+at 95-107k reads/s at queue depth 64, 4,096 at 85-111k (docs/benchmarks.md, "Figures the
+code cites")."""
 
 
 def _job_of(rows: list[np.ndarray], slots: list[np.ndarray]) -> PrefetchJob:
@@ -97,7 +97,7 @@ class Prefetcher:
         self._pool: ThreadPoolExecutor | None = None
         self._buffers: PrefetchBuffers | None = None
         self._own_buffers: PrefetchBuffers | None = None  # a resolve's, for rows it reads
-        self._batch_done: Any = None  # GPU: the cache stream's event at the last end_batch
+        self._batch_done: Any = None  # GPU: the cache stream's event at the last end_step
 
     @property
     def idle(self) -> bool:
@@ -152,7 +152,7 @@ class Prefetcher:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="rowcache-prefetch")
             self._buffers = PrefetchBuffers(self.parts.prefetch_reader(), own_stream=True)
-            if self.arena.gpu:  # until the next end_batch: everything queued so far
+            if self.arena.gpu:  # until the next end_step: everything queued so far
                 self._batch_done = self.arena.stream_event()
         after = self._batch_done
         piece = self.piece_rows
@@ -178,7 +178,7 @@ class Prefetcher:
         assert self._buffers is not None
         job.run(self.arena, self.parts, self._buffers)
 
-    def end_batch(self) -> None:
+    def end_step(self) -> None:
         """GPU: later pieces may overwrite this batch's slots once the cache's stream has
         run what was queued so far (every gather of the batch)."""
         if self._pool is not None and self.arena.gpu:

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from rowcache.cache.arena import Arena
 from rowcache.cache.config import CacheLayout, Tuning
-from rowcache.cache.deferred import DeferredResolve
+from rowcache.cache.deferred import DeferredResolve, refuse_pending
 from rowcache.cache.faulter import Faulter
 from rowcache.cache.lru import HIT, MISS, Lru, sorted_unique
 from rowcache.cache.parts import PartReader
@@ -31,7 +30,7 @@ from rowcache.cache.row_map import make_row_map
 from rowcache.cache.slots import SlotTable
 from rowcache.cache.stats import CacheStats, Counters
 from rowcache.cache.view import CacheView
-from rowcache.errors import ConfigError, PendingResolveError
+from rowcache.errors import ConfigError
 from rowcache.format.layout import TableInfo
 from rowcache.format.rows import check_row_ids
 from rowcache.kernels.host import native as _native
@@ -103,8 +102,9 @@ class NgramRowCache:
         queue_depth: int | None = None,
         direct: bool | None = None,
     ) -> None:
-        self._build(store, table, slots, device, policy, reader, arena, queue_depth, direct,
-                    Tuning(), None)  # fmt: skip
+        self._build(
+            store, table, slots, device, policy, reader, arena, queue_depth, direct, Tuning(), None
+        )
 
     @classmethod
     def assemble(
@@ -125,15 +125,35 @@ class NgramRowCache:
         (e.g. a :class:`PartReader` that delays or fails) where given: for tests and
         benchmarks. Other arguments as the constructor's."""
         cache = cls.__new__(cls)
-        cache._build(store, table, slots, device, "lru", reader, arena, queue_depth, direct,
-                     tuning or Tuning(), part_reader)  # fmt: skip
+        cache._build(
+            store,
+            table,
+            slots,
+            device,
+            "lru",
+            reader,
+            arena,
+            queue_depth,
+            direct,
+            tuning or Tuning(),
+            part_reader,
+        )
         return cache
 
     def _build(
-        self, store: Any, table: Any, slots: Any, device: str, policy: str, reader: str,
-        arena: str, queue_depth: int | None, direct: bool | None, tuning: Tuning,
+        self,
+        store: Any,
+        table: Any,
+        slots: Any,
+        device: str,
+        policy: str,
+        reader: str,
+        arena: str,
+        queue_depth: int | None,
+        direct: bool | None,
+        tuning: Tuning,
         part_reader: Callable[[PartReader], PartReader] | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         lay = CacheLayout.of(store, table, slots, device, policy, reader, arena)
         self.store, self.part_tables, self.parts = store, lay.part_tables, lay.parts
         self.row_offsets, self.rows, self.name = lay.row_offsets, lay.rows, lay.name
@@ -141,29 +161,54 @@ class NgramRowCache:
         self.num_slots, self.device, self.policy = lay.num_slots, device, policy
         self.arena_kind = lay.arena_kind
         xp: Any = require_cupy("NgramRowCache(device='cuda')") if device == "cuda" else np
-        demand, self.reader_kind = PartReader.demand_reader(store, device, reader, queue_depth,
-                                                           direct)  # fmt: skip
+        demand, self.reader_kind = PartReader.demand_reader(
+            store, device, reader, queue_depth, direct
+        )
         reads = PartReader(store, self.part_tables, self.row_offsets, demand)
         reads = part_reader(reads) if part_reader is not None else reads
         self._lock = threading.RLock()
         self._counters = Counters(len(self.parts))
         native = _native if tuning.native else None
-        row_map = make_row_map(self.rows, self.num_slots, self.record_bytes, _native,
-                               tuning.row_map)  # fmt: skip
+        row_map = make_row_map(
+            self.rows, self.num_slots, self.record_bytes, _native, tuning.row_map
+        )
         self._slots = SlotTable(self.rows, self.num_slots, row_map)
-        self._lru = Lru(self._slots, self._counters, native, self.row_offsets,
-                        defer_min=tuning.defer_min, log_slack=tuning.log_slack)  # fmt: skip
-        self._arena = Arena(self.num_slots, self.dim, self.record_bytes, self.dtype, device,
-                            self.arena_kind, xp)  # fmt: skip
+        self._lru = Lru(
+            self._slots,
+            self._counters,
+            native,
+            self.row_offsets,
+            defer_min=tuning.defer_min,
+            log_slack=tuning.log_slack,
+        )
+        self._arena = Arena(
+            self.num_slots, self.dim, self.record_bytes, self.dtype, device, self.arena_kind, xp
+        )
         self._reads = reads
-        self._prefetcher = Prefetcher(self._slots, self._lru, self._arena, reads, self._counters,
-                                      self.name, piece_rows=tuning.piece_rows,
-                                      merge=tuning.merge_in_flight)  # fmt: skip
-        self._faulter = Faulter(self._slots, self._lru, self._arena, reads, self._counters,
-                                self._prefetcher, self.name)  # fmt: skip
+        self._prefetcher = Prefetcher(
+            self._slots,
+            self._lru,
+            self._arena,
+            reads,
+            self._counters,
+            self.name,
+            piece_rows=tuning.piece_rows,
+            merge=tuning.merge_in_flight,
+        )
+        self._faulter = Faulter(
+            self._slots, self._lru, self._arena, reads, self._counters, self._prefetcher, self.name
+        )
         self.table, self.scales = self._arena.table, self._arena.scales
-        self._view = CacheView(self._settled, self._slots, self._lru, self._prefetcher,
-                               self._counters, lambda: self._faulter.pending is not None)  # fmt: skip
+        # (the view holds the pieces, not the cache: no cycle keeps a dropped cache alive)
+        self._view = CacheView(
+            self.name,
+            self._lock,
+            self._slots,
+            self._lru,
+            self._prefetcher,
+            self._counters,
+            self._faulter,
+        )
         # a dropped cache releases its readers' descriptors (the finalizer holds no self)
         self._finalizer = weakref.finalize(self, _release, self._prefetcher, reads)
 
@@ -171,21 +216,9 @@ class NgramRowCache:
     def _settle_books(self) -> None:
         """Before a call that reads or changes the books: refuse a deferred resolve not yet
         waited for (never committed implicitly), finish the deferred touches."""
-        if self._faulter.pending is not None:
-            raise PendingResolveError(
-                f"table {self.name!r}: a deferred resolve (resolve(ids, defer=True)) has not "
-                "been waited for; call its handle's wait() first (StepRows.settle() for a step)"
-            )
+        refuse_pending(self.name, self._faulter.pending is not None)
         if self._lru.touching:
             self._lru.finish_touches()
-
-    @contextmanager
-    def _settled(self) -> Iterator[None]:
-        """The lock held and the books settled (:meth:`_settle_books`): the inspection
-        view's reads."""
-        with self._lock:
-            self._settle_books()
-            yield
 
     def _native_ids(self, row_ids: Any, prefetch_idle: bool | None = None) -> bool:
         """``row_ids`` may take the native hit path: a contiguous int64 NumPy vector, the
@@ -313,8 +346,8 @@ class NgramRowCache:
             if self._prefetcher.jobs and self._faulter.pending is None:
                 self._lru.finish_touches()  # (a deferred fault may claim landed pieces'
                 self._prefetcher.reap()  # rows: they are reaped after its commit)
-            self._lru.end_batch()
-            self._prefetcher.end_batch()
+            self._lru.end_step()
+            self._prefetcher.end_step()
             self._counters.count_batch()
 
     def ready_event(self) -> Any:

@@ -24,7 +24,7 @@ class CacheStats:
     ``bytes_read``, ``read_ops``: what the fault path read from the store (bytes
     include page padding and coalesced neighbours; prefetches' reads included).
     ``fault_seconds``: wall time spent in the demand fault path. ``batches``:
-    ``end_batch`` calls. ``prefetched``: rows read by completed prefetches (a later
+    ``end_step`` calls. ``prefetched``: rows read by completed prefetches (a later
     ``resolve`` of such a row is a hit; rows a resolve took over from a piece not
     started count here too). ``prefetch_wait_seconds``: time resolves spent waiting
     for prefetches still in flight, or reading the rows they took over.
@@ -135,7 +135,7 @@ class Counters:
         self.prefetch_wait_seconds += seconds
 
     def count_batch(self) -> None:
-        """An ``end_batch``."""
+        """An ``end_step``."""
         self.batches += 1
 
     def snapshot(self) -> CacheStats:

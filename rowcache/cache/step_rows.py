@@ -253,11 +253,9 @@ class StepRows:
 
     # --- streams --------------------------------------------------------------------------
     def ready_events(self) -> list[Any]:
-        """GPU: one event a cache whose arena writes (faults, landed prefetches: committed
-        here) run on a stream other than the current one; gathers that wait for them read
+        """Commit every cache's landed prefetches, and (GPU) one event a cache whose arena
+        writes run on a stream other than the current one; gathers that wait for them read
         every row resolved so far. Empty on the CPU."""
-        if not self._gpu:
-            return []
         events = [g.cache.ready_event() for g in self._groups]
         return [e for e in events if e is not None]
 

@@ -10,12 +10,15 @@ resolve not yet waited for is never committed here (its members raise
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
+from rowcache.cache.deferred import refuse_pending
+from rowcache.cache.faulter import Faulter
 from rowcache.cache.lru import Lru
 from rowcache.cache.prefetch import PrefetchJob
 from rowcache.cache.prefetcher import Prefetcher
@@ -27,27 +30,37 @@ from rowcache.format.rows import check_row_ids
 class CacheView:
     """The books of one ``NgramRowCache`` (``cache.inspect()``), read-only.
 
-    Parameters (the cache's own pieces; a view never writes them)
-    ----------
-    settled : a context manager factory: the cache's lock held, its deferred touches
-        finished, and ``PendingResolveError`` raised where a deferred resolve is pending.
+    Parameters: the cache's name, lock and pieces (a view never writes them; it holds no
+    reference to the cache, so a dropped cache is freed at once).
     """
 
     def __init__(
         self,
-        settled: Callable[[], AbstractContextManager[None]],
+        name: str,
+        lock: threading.RLock,
         slots: SlotTable,
         lru: Lru,
         prefetcher: Prefetcher,
         counters: Counters,
-        pending: Callable[[], bool],
+        faulter: Faulter,
     ) -> None:
-        self._settled = settled
+        self._name = name
+        self._lock = lock
         self._slots = slots
         self._lru = lru
         self._prefetcher = prefetcher
         self._counters = counters
-        self._pending = pending
+        self._faulter = faulter
+
+    @contextmanager
+    def _settled(self) -> Iterator[None]:
+        """The cache's lock held, its deferred touches finished; ``PendingResolveError``
+        where a deferred resolve's handle was not waited for."""
+        with self._lock:
+            refuse_pending(self._name, self._faulter.pending is not None)
+            if self._lru.touching:
+                self._lru.finish_touches()
+            yield
 
     @property
     def slot_table(self) -> SlotTable:
@@ -62,7 +75,7 @@ class CacheView:
     @property
     def pending(self) -> bool:
         """A deferred resolve's handle has not been waited for."""
-        return self._pending()
+        return self._faulter.pending is not None
 
     def check(self) -> list[str]:
         """Every broken invariant of the slot table and the LRU, one sentence each; empty

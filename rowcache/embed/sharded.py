@@ -122,8 +122,9 @@ class ShardPlacement:
             held[r].add(i)
             pieces.append(TablePiece(i, lo, hi, r))
         order = sorted(pieces, key=lambda p: (p.table, p.lo))
-        return cls(dims, int(world_size), rb, None if rank_bytes is None else int(rank_bytes),
-                   tuple(order))  # fmt: skip
+        return cls(
+            dims, int(world_size), rb, None if rank_bytes is None else int(rank_bytes), tuple(order)
+        )
 
     def of_rank(self, rank: int) -> list[TablePiece]:
         """The pieces rank ``rank`` holds, by table then first row."""
@@ -371,8 +372,7 @@ class ShardedNgramEmbedding:
         mine = placement.of_rank(rank)
         parts: list[Any] = []
         if mine:
-            cache = NgramRowCache(store, [names[p.table] for p in mine], slots=slots,
-                                  device=device)  # fmt: skip
+            cache = NgramRowCache(store, [names[p.table] for p in mine], slots=slots, device=device)
             parts = [CachedTable(cache, part=k) for k in range(len(mine))]
         w = None if word is None else _as_table(word)
         if w is not None and w.device != device:

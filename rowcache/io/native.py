@@ -124,9 +124,13 @@ class NativeEngine:
         return self._native
 
     def run_clean(
-        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
         out: np.ndarray,
-    ) -> tuple[int, int, int] | None:  # fmt: skip
+    ) -> tuple[int, int, int] | None:
         """A batch that reads cleanly is one native call with no Python checks; None for
         anything else (a new process, a shard not opened yet, a failed read or page check, a
         bad row): the reader's checks and :meth:`run` then open files or raise the named
@@ -139,12 +143,18 @@ class NativeEngine:
         return None
 
     def run(
-        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
         out: np.ndarray,
-    ) -> ReadStats:  # fmt: skip
+    ) -> ReadStats:
         """One ``_rcio`` call: locate, plan, read, check pages, cut (the GIL released); C
         checks the bounds and the rows."""
-        native = self._native if self._native_pid == os.getpid() else self.native
+        native = self._native
+        if native is None or self._native_pid != os.getpid():
+            native = self.native
         verify = self.verify_pages
         files = self.files
         for _ in range(len(files.fds) + 1):
@@ -162,9 +172,15 @@ class NativeEngine:
         self._raise_status(rows, bounds, tables, bases, res)
 
     def start(
-        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
-        out: np.ndarray, ctl: np.ndarray | None, seq: int,
-    ) -> bool:  # fmt: skip
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
+        out: np.ndarray,
+        ctl: np.ndarray | None,
+        seq: int,
+    ) -> bool:
         """Start the batch on the native reader's own thread (``RowReader.read_batch_start``);
         False, having started nothing, where it cannot run there (a new process, a shard
         file that cannot be opened, another caller's batch still apart)."""
@@ -198,12 +214,20 @@ class NativeEngine:
         return self._started is not None
 
     def close(self) -> None:
-        """Nothing to release: the native reader stays (a later batch reads again)."""
+        """Release the native reader (its io_uring ring, its threads and their descriptor:
+        freed with the object) unless a batch started apart is still to be joined; a later
+        batch makes a new one."""
+        if self._started is None and self._native_pid == os.getpid():
+            self._native = None
 
     def _raise_status(
-        self, rows: np.ndarray, bounds: np.ndarray, tables: np.ndarray, bases: np.ndarray,
+        self,
+        rows: np.ndarray,
+        bounds: np.ndarray,
+        tables: np.ndarray,
+        bases: np.ndarray,
         res: Any,
-    ) -> NoReturn:  # fmt: skip
+    ) -> NoReturn:
         """Raise the named error of a native batch's failed result ``res`` (a
         ``_rcio.BatchResult``: fields as :class:`ReadStatus` tells)."""
         status = ReadStatus(res.status)

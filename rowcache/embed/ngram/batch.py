@@ -284,9 +284,15 @@ class NgramBatch:
         assert not self.on_device, "host_ids needs host tokens"
         mult, rows = self.dims.table_subset(tables)
         return hash_packed(
-            self.tokens, self.ctx_lens, self.seq_lens, mult, rows, self.dims.eos_token_id,
-            offsets, self.n,
-        )  # fmt: skip
+            self.tokens,
+            self.ctx_lens,
+            self.seq_lens,
+            mult,
+            rows,
+            self.dims.eos_token_id,
+            offsets,
+            self.n,
+        )
 
     def rows_per_sequence(self, values: Any) -> np.ndarray:
         """``values`` (one per sequence) repeated for each output row: ``[n]``."""

@@ -168,9 +168,16 @@ class LmHeadPaths:
             if self._cap == 0:
                 return  # forced "mma" with no override anywhere: nothing to do
             lmhead_overlay_mma(
-                hidden, seq, act, self._rows_all, self._ids_all, self._tile_adapter,
-                self._max_adapters, logits, config=self._mma_config,
-            )  # fmt: skip
+                hidden,
+                seq,
+                act,
+                self._rows_all,
+                self._ids_all,
+                self._tile_adapter,
+                self._max_adapters,
+                logits,
+                config=self._mma_config,
+            )
             return
         if path == "gemm":
             if self._cap == 0:
@@ -179,14 +186,29 @@ class LmHeadPaths:
                 self._check_not_capturing(n)
                 self._grow(0, n)
             lmhead_overlay_gemm(
-                hidden, seq, act, self._rows_all, self._ids_all, self._bases_dev,
-                t.lm_counts, logits, p=self._p, max_count=max_count,
-            )  # fmt: skip
+                hidden,
+                seq,
+                act,
+                self._rows_all,
+                self._ids_all,
+                self._bases_dev,
+                t.lm_counts,
+                logits,
+                p=self._p,
+                max_count=max_count,
+            )
             return
         lmhead_overlay_routed(
-            hidden, seq, act, t.lm_id_ptrs, t.lm_row_ptrs, t.lm_counts, logits,
-            max_count=max_count, tile=self._tile,
-        )  # fmt: skip
+            hidden,
+            seq,
+            act,
+            t.lm_id_ptrs,
+            t.lm_row_ptrs,
+            t.lm_counts,
+            logits,
+            max_count=max_count,
+            tile=self._tile,
+        )
 
     # ------------------------------------------------------------------ internals
     def _pick(self, n: int) -> str:

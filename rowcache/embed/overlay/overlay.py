@@ -363,9 +363,15 @@ class TokenOverlay:
         cp = self._xp
         t = self._tables.device
         embed_overlay_routed(
-            cp.asarray(ids), seq, act, t.emb_map_ptrs, t.emb_row_ptrs, t.emb_counts,
-            t.emb_vocabs, rows,
-        )  # fmt: skip
+            cp.asarray(ids),
+            seq,
+            act,
+            t.emb_map_ptrs,
+            t.emb_row_ptrs,
+            t.emb_counts,
+            t.emb_vocabs,
+            rows,
+        )
         return rows
 
     def apply_lmhead(self, hidden: Any, logits: Any, seq_slot: Any = None, active: int = -1) -> Any:

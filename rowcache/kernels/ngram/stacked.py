@@ -156,8 +156,16 @@ def _stacked_args(tables: StackedTables, out: Any) -> tuple[Any, ...]:
     scales and row strides, ``out``, n, T, d, and whether 16-byte words align."""
     vec = bool(tables.vec and out.data.ptr % 16 == 0)
     n, T = int(out.shape[0]), len(tables.tables)
-    return (tables._ptrs, tables._scales, tables._strides, out, np.int64(n), np.int32(T),
-            np.int32(tables.dim), np.int32(vec))  # fmt: skip
+    return (
+        tables._ptrs,
+        tables._scales,
+        tables._strides,
+        out,
+        np.int64(n),
+        np.int32(T),
+        np.int32(tables.dim),
+        np.int32(vec),
+    )
 
 
 def gather_args(

@@ -60,9 +60,26 @@ def gemm_rows_t(cp: Any, hidden: Any, rows_all: Any, p: Any) -> None:
     one = np.array(1.0, dtype=np.float32)
     zero = np.array(0.0, dtype=np.float32)
     gemm_ex(
-        cp, op_t, op_n, cap, n, k, one.ctypes.data, rows_all.data.ptr, bf16_t, k,
-        hidden.data.ptr, bf16_t, k, zero.ctypes.data, p.data.ptr, f32_t, cap, compute, algo,
-    )  # fmt: skip
+        cp,
+        op_t,
+        op_n,
+        cap,
+        n,
+        k,
+        one.ctypes.data,
+        rows_all.data.ptr,
+        bf16_t,
+        k,
+        hidden.data.ptr,
+        bf16_t,
+        k,
+        zero.ctypes.data,
+        p.data.ptr,
+        f32_t,
+        cap,
+        compute,
+        algo,
+    )
 
 
 def lmhead_overlay_gemm(
@@ -140,9 +157,21 @@ def lmhead_overlay_gemm(
     kern(
         (j_blocks, min(n, 65535)),
         (SCATTER_BLOCK,),
-        (p, np.int64(cap), slot_arg(cp, seq_slot), np.int32(act), np.int64(n), ids_all,
-         bases, counts, np.int32(num), np.int64(cap), np.int64(n_cols), logits_arg),
-    )  # fmt: skip
+        (
+            p,
+            np.int64(cap),
+            slot_arg(cp, seq_slot),
+            np.int32(act),
+            np.int64(n),
+            ids_all,
+            bases,
+            counts,
+            np.int32(num),
+            np.int64(cap),
+            np.int64(n_cols),
+            logits_arg,
+        ),
+    )
     return logits
 
 
@@ -218,9 +247,21 @@ def lmhead_overlay_mma(
     kern(
         (-(-num_tiles // tiles),),
         (warps * 32,),
-        (as_u16(cp, hidden), slot_arg(cp, seq_slot), np.int32(act), np.int64(n),
-         np.int32(hidden_size), as_u16(cp, rows_all), ids_all, tile_adapter,
-         np.int64(num_tiles), np.int32(num), np.int64(n_cols), np.int32(vec), logits_arg),
+        (
+            as_u16(cp, hidden),
+            slot_arg(cp, seq_slot),
+            np.int32(act),
+            np.int64(n),
+            np.int32(hidden_size),
+            as_u16(cp, rows_all),
+            ids_all,
+            tile_adapter,
+            np.int64(num_tiles),
+            np.int32(num),
+            np.int64(n_cols),
+            np.int32(vec),
+            logits_arg,
+        ),
         shared_mem=smem,
-    )  # fmt: skip
+    )
     return logits

@@ -104,9 +104,16 @@ def embed_rowdiff(base: Any, served: Any, thresh: float = 0.0) -> Any:
         kern(
             (grid,),
             (BLOCK,),
-            (as_u16(cp, base), as_u16(cp, served), np.int64(rows), np.int32(hidden), t,
-             np.int32(vec), flags),
-        )  # fmt: skip
+            (
+                as_u16(cp, base),
+                as_u16(cp, served),
+                np.int64(rows),
+                np.int32(hidden),
+                t,
+                np.int32(vec),
+                flags,
+            ),
+        )
     return flags.view(cp.bool_)
 
 
@@ -165,9 +172,21 @@ def embed_overlay_routed(
     kern(
         (grid_size(n),),
         (BLOCK,),
-        (ids_arg, slot_arg(cp, seq_slot), np.int32(act), np.int64(n), np.int32(hidden),
-         map_ptrs, row_ptrs, counts, vocabs, np.int32(num), np.int32(vec), as_u16(cp, out)),
-    )  # fmt: skip
+        (
+            ids_arg,
+            slot_arg(cp, seq_slot),
+            np.int32(act),
+            np.int64(n),
+            np.int32(hidden),
+            map_ptrs,
+            row_ptrs,
+            counts,
+            vocabs,
+            np.int32(num),
+            np.int32(vec),
+            as_u16(cp, out),
+        ),
+    )
     return out
 
 
@@ -258,10 +277,21 @@ def lmhead_overlay_routed(
     kern(
         (j_blocks, num, row_tiles),
         (block,),
-        (as_u16(cp, hidden), slot_arg(cp, seq_slot), np.int32(act), np.int64(n),
-         np.int32(hidden_size), id_ptrs, row_ptrs, counts, np.int32(num),
-         np.int64(n_cols), np.int32(vec), logits_arg),
-    )  # fmt: skip
+        (
+            as_u16(cp, hidden),
+            slot_arg(cp, seq_slot),
+            np.int32(act),
+            np.int64(n),
+            np.int32(hidden_size),
+            id_ptrs,
+            row_ptrs,
+            counts,
+            np.int32(num),
+            np.int64(n_cols),
+            np.int32(vec),
+            logits_arg,
+        ),
+    )
     return logits
 
 

@@ -253,9 +253,7 @@ class FaultCommit:
         if ctl_ptr:
             if self._wait is None:
                 self._wait = RawLaunch(get_kernel(_SOURCE, "fault_wait"), 3)
-                self._wait.values[2] = WAIT_TIMEOUT_NS
-            self._wait.values[0] = ctl_ptr
-            self._wait.values[1] = seq
+            self._wait.pack((ctl_ptr, seq, WAIT_TIMEOUT_NS))
             self._wait((1,), (1,), stream.ptr)
         ty = self._block[1]
         grid = (max(1, min(-(-max(n, n_evicted) // ty), self._max_grid)),)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "rowcache"
-PACKAGES = ["cache", "io"]
+PACKAGES = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists())
 MUTATORS = {
     "append", "extend", "insert", "pop", "remove", "clear", "update", "add", "discard",
     "setdefault", "popitem", "sort", "reverse", "fill", "put", "resize",

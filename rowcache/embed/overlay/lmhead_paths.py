@@ -83,8 +83,8 @@ class LmHeadPaths:
         """(overrides, rows) per warp of the warp kernel; see ``TokenOverlay.lmhead_tile``."""
         return self._tile
 
-    @tile.setter
-    def tile(self, tile: tuple[int, int]) -> None:
+    def set_tile(self, tile: tuple[int, int]) -> None:
+        """Choose the warp kernel's tile (one of ``LMHEAD_TILES``)."""
         try:
             t = tuple(int(v) for v in tile)
         except (TypeError, ValueError):
@@ -98,8 +98,8 @@ class LmHeadPaths:
         """The path asked for, or "auto"; see ``TokenOverlay.lmhead_path``."""
         return self._path
 
-    @path.setter
-    def path(self, path: str) -> None:
+    def set_path(self, path: str) -> None:
+        """Choose the LM-head path (one of ``LMHEAD_PATHS``)."""
         if path not in LMHEAD_PATHS:
             raise ConfigError(f"lmhead_path must be one of {LMHEAD_PATHS}, got {path!r}")
         self._path = path
@@ -110,8 +110,8 @@ class LmHeadPaths:
         ``TokenOverlay.lmhead_mma_config``."""
         return self._mma_config
 
-    @mma_config.setter
-    def mma_config(self, config: tuple[int, int, int]) -> None:
+    def set_mma_config(self, config: tuple[int, int, int]) -> None:
+        """Choose the mma path's configuration (one of ``MMA_CONFIGS``)."""
         try:
             c = tuple(config)
         except TypeError:

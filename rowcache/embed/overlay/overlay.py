@@ -250,7 +250,7 @@ class TokenOverlay:
 
     @lmhead_tile.setter
     def lmhead_tile(self, tile: tuple[int, int]) -> None:
-        self._paths.tile = tile
+        self._paths.set_tile(tile)
 
     @property
     def lmhead_path(self) -> str:
@@ -272,7 +272,7 @@ class TokenOverlay:
 
     @lmhead_path.setter
     def lmhead_path(self, path: str) -> None:
-        self._paths.path = path
+        self._paths.set_path(path)
 
     @property
     def lmhead_mma_config(self) -> tuple[int, int, int]:
@@ -285,7 +285,7 @@ class TokenOverlay:
 
     @lmhead_mma_config.setter
     def lmhead_mma_config(self, config: tuple[int, int, int]) -> None:
-        self._paths.mma_config = config
+        self._paths.set_mma_config(config)
 
     @property
     def lmhead_generation(self) -> int:

@@ -76,7 +76,7 @@ class OverlayTables:
         self._emb_vocabs = np.zeros(n, np.int32)
         self._lm_counts = np.zeros(n, np.int32)
         self._lm_counts_view = self._lm_counts.view()
-        self._lm_counts_view.flags.writeable = False
+        self._lm_counts_view.setflags(write=False)
         self._max_lm_count = 0
         self._emb_map_ptrs = np.zeros(n, np.uint64)
         self._emb_row_ptrs = np.zeros(n, np.uint64)

@@ -12,12 +12,14 @@ from importlib.metadata import version as _dist_version
 
 from rowcache.cache.prefetch import PrefetchHandle
 from rowcache.cache.row_cache import CacheStats, NgramRowCache
+from rowcache.cache.step_rows import StepRows
 from rowcache.errors import (
     ArenaExhaustedError,
     ConfigError,
     CorruptDataError,
     FormatError,
     GpuUnavailableError,
+    PendingResolveError,
     RowCacheError,
     RowRangeError,
     StoreChangedError,
@@ -39,10 +41,12 @@ __all__ = [
     "FormatError",
     "GpuUnavailableError",
     "NgramRowCache",
+    "PendingResolveError",
     "PrefetchHandle",
     "RowCacheError",
     "RowRangeError",
     "RowStore",
+    "StepRows",
     "StoreChangedError",
     "TableInfo",
     "VerifyReport",

@@ -30,7 +30,8 @@ class RowRangeError(RowCacheError, IndexError):
 
 
 class ArenaExhaustedError(RowCacheError, RuntimeError):
-    """A batch needs more slots than the arena has free or unpinned."""
+    """A step needs more slots than the arena has free or unpinned (a step ends at
+    ``end_step()``: its rows are pinned until then)."""
 
 
 class GpuUnavailableError(RowCacheError, RuntimeError):

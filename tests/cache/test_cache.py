@@ -93,7 +93,7 @@ def test_cache_arena_exhausted_leaves_state_unchanged(tiny_store):
     np.testing.assert_array_equal(before[1], after[1])
     assert before[2] == after[2]
     np.testing.assert_array_equal(before[3].view(np.uint16), after[3].view(np.uint16))
-    # Still usable: the 20 free slots can be used, and after end_batch everything can.
+    # Still usable: the 20 free slots can be used, and after end_step everything can.
     cache.resolve(np.arange(100, 120))
     cache.end_step()
     cache.resolve(np.arange(200, 250))
@@ -196,7 +196,7 @@ def test_cache_overhead_per_slot_within_5_percent_of_bf16_rows(tmp_path, rng):
 
 def test_cache_concurrent_resolves_keep_invariants(tmp_path, rng):
     """The thread-safety promise: concurrent resolves never corrupt the maps, and every
-    slot handed to any thread holds its row until end_batch."""
+    slot handed to any thread holds its row until end_step."""
     store, x = make_store(tmp_path, rng, rows=2000, dim=16)
     cache = NgramRowCache(store, "t", slots=1200)
     errors: list[BaseException] = []

@@ -2,7 +2,7 @@
 # One device call that checks a tree after a restructuring against the tree before it: the GPU
 # suite, compute-sanitizer over the kernels' tests, A/B of bench.fault and bench.embed_step
 # (A = the tree in A_DIR, made before the call with `git archive <commit> | tar -x -C .ab-a`),
-# the demo on the GPU and bench.engram. Stages (STAGES, default all) run under `timeout`,
+# the demo on the GPU, bench.engram, and (engramab) an A/B of bench.engram --quick. Stages (STAGES, default all) run under `timeout`,
 # bounded by what is left of DEADLINE_S; logs under $OUT. Usage (repo root, .whl carried):
 #   A_DIR=.ab-a STAGES="tests sanitizer fault demo engram" bash scripts/check_tree.sh
 set -u
@@ -52,6 +52,16 @@ fi
 if has demo; then
   echo "=== demo --device cuda (t=$(( $(date +%s) - T0 ))s)"
   timeout "$(lim 120)" python3 -m rowcache demo --device cuda --no-progress 2>&1 | tail -13
+fi
+if has engramab && [ -n "$A" ]; then
+  echo "=== A/B bench.engram --quick (t=$(( $(date +%s) - T0 ))s)"
+  for r in 1 2; do
+    for t in "$A" .; do
+      tag=$([ "$t" = . ] && echo b || echo a)$r
+      (cd "$t" && PYTHONPATH=/tmp/site:$PWD timeout "$(lim 90)" python3 -m bench.engram --device cuda --quick > "$OUT/engram-$tag.out" 2>&1)
+      echo "engram $tag rc=$?"; tail -4 "$OUT/engram-$tag.out"
+    done
+  done
 fi
 if has engram; then
   echo "=== bench.engram (t=$(( $(date +%s) - T0 ))s)"

@@ -524,7 +524,7 @@ def test_member_is_isin_against_a_sorted_set(rng):
 def test_exhaustion_waits_for_prefetches_then_names_pins_and_reservations(tmp_path, rng):
     """A batch that does not fit while prefetch pieces hold slots first waits for them (their
     slots may become victims), then is refused with the batch's pins and the slots still
-    reserved by prefetches named (it once said '0 free or unpinned (0 pinned by the batch)'
+    reserved by prefetches named (it once said '0 free or unpinned (0 pinned by the step)'
     where the pieces held the slots)."""
     store, _ = make_store(tmp_path, rng)
     cache, gate = gated_cache(store, "t", 50)
@@ -534,7 +534,7 @@ def test_exhaustion_waits_for_prefetches_then_names_pins_and_reservations(tmp_pa
     threading.Timer(0.3, gate.open.set).start()  # the pieces land while the resolve waits
     msg = (
         r"needs 25 more slots but only 20 of 50 are free or unpinned "
-        r"\(30 pinned by the batch, 0 reserved by prefetches in flight\)"
+        r"\(30 pinned by the step, 0 reserved by prefetches in flight\)"
     )
     with pytest.raises(ArenaExhaustedError, match=msg):
         cache.resolve(np.arange(2000, 2025))

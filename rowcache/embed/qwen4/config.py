@@ -170,9 +170,7 @@ class Qwen4NgramConfig:
                     "states it (transformers has no default)"
                 )
         defaulted = [
-            f.name
-            for f in dataclasses.fields(cls)
-            if f.name not in found and f.name != "defaulted"
+            f.name for f in dataclasses.fields(cls) if f.name not in found and f.name != "defaulted"
         ]
         if "ple_embed_dim" not in found:
             hidden = config.get("hidden_size")

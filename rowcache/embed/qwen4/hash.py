@@ -145,12 +145,12 @@ class Qwen4NgramHash:
 
     def __init__(self, config: Qwen4NgramConfig, table: int = 0) -> None:
         if not isinstance(config, Qwen4NgramConfig):
-            raise ConfigError(
-                f"config must be a Qwen4NgramConfig, got {type(config).__name__}"
-            )
+            raise ConfigError(f"config must be a Qwen4NgramConfig, got {type(config).__name__}")
         n_tables = len(config.ple_layer_ids)
-        if isinstance(table, bool) or not isinstance(table, (int, np.integer)) or not (
-            0 <= table < n_tables
+        if (
+            isinstance(table, bool)
+            or not isinstance(table, (int, np.integer))
+            or not (0 <= table < n_tables)
         ):
             raise ConfigError(
                 f"table={table!r}: give the table's index in ple_layer_ids, 0..{n_tables - 1}"

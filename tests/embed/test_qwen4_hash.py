@@ -4,6 +4,8 @@ own ``Qwen4ExpTextNGramEmbedding`` on real text with EOS segments, whole and chu
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import pathlib
 import subprocess
@@ -172,7 +174,7 @@ def test_release_chunks_and_decode_equal_transformers_cached_calls(
     cache = ref.cache()
     ctx = None
     cuts = [0, 1, 2, 3, 57, 58, 59, 60, 200, n]  # a prefill of 1, then decode steps, chunks
-    for a, b in zip(cuts[:-1], cuts[1:]):
+    for a, b in itertools.pairwise(cuts):
         part = tokens[:, a:b]
         got = h.hash(part, ctx)
         np.testing.assert_array_equal(got, ref.ids(part, cache))
@@ -251,7 +253,7 @@ def test_any_chunking_equals_the_whole_sequence(seed, n, heads, length, eos_rate
         set(data.draw(st.lists(st.integers(1, length - 1), max_size=8)) if length > 1 else [])
     )
     ctx = None
-    for a, b in zip([0, *cuts], [*cuts, length]):
+    for a, b in itertools.pairwise([0, *cuts, length]):
         np.testing.assert_array_equal(h.hash(tokens[:, a:b], ctx), whole[:, a:b])
         ctx = h.next_context(tokens[:, a:b], ctx)
 
@@ -400,14 +402,8 @@ def test_config_defaults_are_transformers_and_release_is_the_checkpoints():
     rel = Qwen4NgramConfig.release()
     assert (rel.split_ngram_parts, rel.ple_layer_ids, rel.ple_embed_dim) == (128, (2,), 2560)
     assert rel.heads == 16 and rel.head_dim == 160 and rel.eos_token_id == RELEASE_EOS
-    with pytest.raises(dataclasses_frozen()):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         rel.seed = 3  # type: ignore[misc]
-
-
-def dataclasses_frozen():
-    import dataclasses
-
-    return dataclasses.FrozenInstanceError
 
 
 def _release_json():
@@ -461,7 +457,7 @@ def test_config_from_a_path_a_full_or_a_text_config(tmp_path):
         Qwen4NgramConfig.from_config(tmp_path / "bad.json")
     with pytest.raises(ConfigError, match="cannot be read"):
         Qwen4NgramConfig.from_config(tmp_path / "missing.json")
-    with pytest.raises(ConfigError, match="config must be a dict or a config.json path, got int"):
+    with pytest.raises(ConfigError, match=r"config must be a dict or a config\.json path, got int"):
         Qwen4NgramConfig.from_config(3)  # type: ignore[arg-type]
 
 

@@ -258,7 +258,8 @@ static inline __attribute__((always_inline)) uint64_t eh_map(const EngramHasher 
  * reads eos where the one k - 1 back did: so a source at or before the last EOS strictly
  * before the position reads EOS (the one at the EOS is EOS itself). Within one sequence past
  * the look-back and without segments, each token is mapped once (x[k] points into one
- * window); else each position's N tokens are. `seg` and `ident` are constants in each of
+ * window); else each position's N tokens are (a decode step's, one token a sequence after
+ * a context as long as the look-back, without the tests of where each source lies). `seg` and `ident` are constants in each of
  * the four copies eh_lookback chooses from, so that the loops carry no test of them. */
 static inline __attribute__((always_inline)) void eh_lookback_as(
     const EngramJob *j, Py_ssize_t pos, Py_ssize_t n, uint64_t win[MAXN + EH_BLOCK],
@@ -288,6 +289,17 @@ static inline __attribute__((always_inline)) void eh_lookback_as(
             for (Py_ssize_t i = 0; i < n; i++) {
                 cur[i] = cur[i] == eos ? eos : row[look + i - k];
                 each[k][i] = eh_map(e, ident, cur[i]);
+            }
+        }
+    } else if (T == 1 && C >= look) { /* decode: each sequence's token after its context */
+        const int64_t *end = j->ctx + (pos + 1) * C; /* past sequence pos's context */
+        for (Py_ssize_t i = 0; i < n; i++, end += C) {
+            int64_t prev = j->tok[pos + i];
+            each[0][i] = eh_map(e, ident, prev);
+            for (Py_ssize_t k = 1; k < N; k++) {
+                const int64_t tok = seg && k >= 2 && prev == eos ? eos : end[-k];
+                prev = tok;
+                each[k][i] = eh_map(e, ident, tok);
             }
         }
     } else {
@@ -605,31 +617,25 @@ static Py_ssize_t eh_first_outside(const int64_t *tok, Py_ssize_t n, Py_ssize_t 
     return -1;
 }
 
-/* hasher.hash(tokens i64[B, T], B, context i64[B, C] or None, pad, out i64[L, B, T, K]
- *             [, threads]) -> None
- * Position t of a sequence reads the max_ngram - 1 tokens before it: its own, else its
- * context's last, else pad. Every token read must lie in [0, V) (checked before any id is
- * written). */
-static PyObject *hasher_hash(EngramHasher *self, PyObject *args) {
-    PyObject *o_tok, *o_ctx, *o_out;
-    Py_ssize_t B;
-    long long pad;
-    int threads = 1;
-    if (!self->made) {
-        PyErr_SetString(PyExc_ValueError, "EngramHasher: not made");
-        return NULL;
-    }
-    if (!PyArg_ParseTuple(args, "OnOLO|i", &o_tok, &B, &o_ctx, &pad, &o_out, &threads)) {
-        return NULL;
-    }
-    Buf b[3];
-    memset(b, 0, sizeof b);
+/* Takes tokens, out and context (None: b[2] not held) into b[0..2]; 0, or -1 with an
+ * exception set and every buffer released. */
+static int eh_get_args(Buf b[3], PyObject *o_tok, PyObject *o_ctx, PyObject *o_out) {
+    memset(b, 0, 3 * sizeof *b);
     if (rc_buf_get(o_tok, &b[0], 8, 0, "tokens") || rc_buf_get(o_out, &b[1], 8, 1, "out") ||
         (o_ctx != Py_None && rc_buf_get(o_ctx, &b[2], 8, 0, "context"))) {
         rc_buf_release(b, 3);
-        return NULL;
+        return -1;
     }
-    const int64_t *tok = b[0].view.buf, *ctx = o_ctx != Py_None ? b[2].view.buf : NULL;
+    return 0;
+}
+
+/* The call itself, on the buffers eh_get_args took (released here, on every path).
+ * Position t of a sequence reads the max_ngram - 1 tokens before it: its own, else its
+ * context's last, else pad (with the segment rule where eos >= 0). Every token read must lie
+ * in [0, V) (checked before any id is written). */
+static PyObject *eh_hash_bufs(EngramHasher *self, Buf b[3], Py_ssize_t B, long long pad,
+                              int threads) {
+    const int64_t *tok = b[0].view.buf, *ctx = b[2].held ? b[2].view.buf : NULL;
     const Py_ssize_t n_tok = COUNT(b[0]), n_ctx = ctx ? COUNT(b[2]) : 0;
     Py_ssize_t T = 0, C = 0;
     const char *bad = NULL;
@@ -691,6 +697,84 @@ static PyObject *hasher_hash(EngramHasher *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* hasher.hash(tokens i64[B, T], B, context i64[B, C] or None, pad, out i64[L, B, T, K]
+ *             [, threads]) -> None: the arrays' sizes checked, not their shapes. */
+static PyObject *hasher_hash(EngramHasher *self, PyObject *args) {
+    PyObject *o_tok, *o_ctx, *o_out;
+    Py_ssize_t B;
+    long long pad;
+    int threads = 1;
+    if (!self->made) {
+        PyErr_SetString(PyExc_ValueError, "EngramHasher: not made");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OnOLO|i", &o_tok, &B, &o_ctx, &pad, &o_out, &threads)) {
+        return NULL;
+    }
+    Buf b[3];
+    if (eh_get_args(b, o_tok, o_ctx, o_out)) {
+        return NULL;
+    }
+    return eh_hash_bufs(self, b, B, pad, threads);
+}
+
+/* Whether a buffer holds signed 64-bit integers (a NumPy int64 array's "l" or "q"). */
+static int eh_is_i64(const Buf *b) {
+    const char *f = b->view.format ? b->view.format : "B";
+    if (*f == '@' || *f == '=' || (PY_LITTLE_ENDIAN && *f == '<')) {
+        f++;
+    }
+    return (f[0] == 'l' || f[0] == 'q') && f[1] == '\0' && b->view.itemsize == 8;
+}
+
+/* hasher.rows(tokens i64[B, T], context i64[B, C] or None, pad, out i64[B, T, K] (one
+ *             layer) or [L, B, T, K] [, threads]) -> None
+ * hash with every shape and dtype checked here (a TypeError names what is wrong; the tokens'
+ * values as hash checks them), so that a wrapper passes a server's arrays straight through:
+ * a decode step's call, where the wrapper's own checks cost as much as the hash. */
+static PyObject *hasher_rows(EngramHasher *self, PyObject *args) {
+    PyObject *o_tok, *o_ctx, *o_out;
+    long long pad;
+    int threads = 1;
+    if (!self->made) {
+        PyErr_SetString(PyExc_ValueError, "EngramHasher: not made");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OOLO|i", &o_tok, &o_ctx, &pad, &o_out, &threads)) {
+        return NULL;
+    }
+    Buf b[3];
+    if (eh_get_args(b, o_tok, o_ctx, o_out)) {
+        return NULL;
+    }
+    const Py_buffer *t = &b[0].view, *c = &b[2].view, *o = &b[1].view;
+    const char *bad = NULL;
+    if (!eh_is_i64(&b[0]) || t->ndim != 2) {
+        bad = "tokens must be an int64 array [B, T]";
+    } else if (b[2].held && (!eh_is_i64(&b[2]) || c->ndim != 2 || c->shape[0] != t->shape[0])) {
+        bad = "context must be an int64 array [B, C], one row a sequence";
+    } else if (!eh_is_i64(&b[1])) {
+        bad = "out must be an int64 array";
+    } else {
+        const Py_ssize_t want[4] = {self->L, t->shape[0], t->shape[1], self->K};
+        const int lead = o->ndim == 3 && self->L == 1 ? 1 : 0; /* [B, T, K]: no L */
+        if (o->ndim != 4 - lead) {
+            bad = "out must be [L, B, T, K] ([B, T, K] for one layer)";
+        }
+        for (int d = 0; !bad && d < o->ndim; d++) {
+            if (o->shape[d] != want[d + lead]) {
+                bad = "out must be [L, B, T, K] ([B, T, K] for one layer)";
+            }
+        }
+    }
+    if (bad) {
+        rc_buf_release(b, 3);
+        PyErr_Format(PyExc_TypeError, "EngramHasher.rows: %s", bad);
+        return NULL;
+    }
+    return eh_hash_bufs(self, b, t->shape[0], pad, threads);
+}
+
 static PyObject *hasher_path(EngramHasher *self, void *closure) {
     (void)closure;
     if (!self->made) {
@@ -707,6 +791,9 @@ static PyGetSetDef hasher_getset[] = {
 };
 
 static PyMethodDef hasher_methods[] = {
+    {"rows", (PyCFunction)hasher_rows, METH_VARARGS,
+     "rows(tokens i64[B, T], context i64[B, C] or None, pad, out i64[B, T, K] or [L, B, T, K]"
+     "[, threads]): hash with the shapes and dtypes checked (TypeError)."},
     {"hash", (PyCFunction)hasher_hash, METH_VARARGS,
      "hash(tokens i64[B, T], B, context i64[B, C] or None, pad, out i64[L, B, T, K][, threads]): "
      "every layer's head ids."},

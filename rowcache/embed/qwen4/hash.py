@@ -217,6 +217,16 @@ class Qwen4NgramHash:
         -------
         int64 [B, T, heads]: head ``h``'s row ``offsets[h] + mix mod primes[h]``.
         """
+        native = self._native if host.native is not None else None
+        if out is not None and native is not None:
+            # a server's own arrays and buffer: the native call checks their dtypes and
+            # shapes itself (a decode step's call costs a microsecond or two, as much as
+            # checks here would); anything it refuses takes the path below, which names it
+            try:
+                native.rows(tokens, context, self.eos, out, host.HOST_THREADS)
+                return out  # type: ignore[no-any-return]
+            except (TypeError, ValueError, BufferError):
+                pass
         t = _as_2d("tokens", tokens)
         c = None
         if context is not None:
@@ -229,7 +239,6 @@ class Qwen4NgramHash:
         shape = (B, T, self._heads)
         out = np.empty(shape, dtype=np.int64) if out is None else _checked_out(out, shape)
         if B and T:
-            native = self._native if host.native is not None else None
             if native is not None:
                 try:
                     native.hash(t, B, c, self.eos, out, host.HOST_THREADS)

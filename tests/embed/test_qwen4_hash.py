@@ -515,3 +515,63 @@ print(",".join(res))
     assert r.stdout.strip().split(",") == (
         ["ok"] + ["ValueError"] * 9 + ["TypeError"] + ["ok"] + ["ValueError"] * 3
     )
+
+
+def test_native_rows_checks_dtypes_and_shapes_in_a_child():
+    """``EngramHasher.rows`` (what ``hash(..., out=)`` calls first) refuses every array it
+    cannot take with a TypeError (never a signal, never a write), and ``hash`` then names
+    the problem as a ConfigError."""
+    if host.native is None:
+        pytest.skip("no native module")
+    code = """
+import numpy as np
+from rowcache.embed import Qwen4NgramConfig, Qwen4NgramHash
+from rowcache.errors import ConfigError
+h = Qwen4NgramHash(Qwen4NgramConfig.release())
+n = h._native
+t = np.arange(6, dtype=np.int64).reshape(2, 3); c = np.zeros((2, 2), np.int64)
+o = np.empty((2, 3, 16), np.int64)
+calls = [
+  (t, c, o),                                   # sound
+  (t, None, o.reshape(1, 2, 3, 16)),           # sound: [L, B, T, K]
+  (t.astype(np.float64), c, o),                # float tokens of 8 bytes
+  (t.astype(np.uint64), c, o),                 # unsigned tokens
+  (t.ravel(), c, o),                           # 1-D tokens
+  (t, c[:1], o),                               # context rows differ
+  (t, c.ravel(), o),                           # 1-D context
+  (t, c, o.reshape(6, 16)),                    # out of the right size, wrong shape
+  (t, c, o[:, :2]),                            # out not C-contiguous
+  (t, c, o.astype(np.float64)),                # float out
+  (t, c, np.empty((2, 3, 16), np.int64)[::1].view(np.uint64)),  # unsigned out
+  ([[1, 2, 3]], c, o),                         # a list
+]
+res = []
+for a in calls:
+    try:
+        n.rows(a[0], a[1], h.eos, a[2], 1); res.append("ok")
+    except (TypeError, ValueError, BufferError) as e:
+        res.append(type(e).__name__)
+ro = np.empty((2, 3, 16), np.int64); ro.flags.writeable = False
+for a in [(t, c, ro), (t + 10**6, c, o)]:
+    try:
+        n.rows(a[0], a[1], h.eos, a[2], 1); res.append("ok")
+    except (TypeError, ValueError, BufferError) as e:
+        res.append(type(e).__name__)
+for a in calls[2:]:
+    try:
+        h.hash(a[0], a[1], out=a[2]); res.append("ok")
+    except ConfigError:
+        res.append("ConfigError")
+print(",".join(res))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"rc {r.returncode}: {r.stderr[-3000:]}"
+    got = r.stdout.strip().split(",")
+    assert got[:2] == ["ok", "ok"]
+    # NumPy itself refuses a non-contiguous or read-only buffer (ValueError); the rest are
+    # rows' TypeErrors; a token outside the vocabulary is hash's ValueError
+    assert got[2:12] == ["TypeError"] * 6 + ["ValueError"] + ["TypeError"] * 3, got
+    assert got[12:14] == ["ValueError", "ValueError"], got
+    # through hash: each is named as a ConfigError, but unsigned tokens of small values,
+    # which hash takes as token ids (converted)
+    assert got[14:] == ["ConfigError", "ok"] + ["ConfigError"] * 8, got

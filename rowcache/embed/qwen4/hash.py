@@ -224,7 +224,7 @@ class Qwen4NgramHash:
             # checks here would); anything it refuses takes the path below, which names it
             try:
                 native.rows(tokens, context, self.eos, out, host.HOST_THREADS)
-                return out  # type: ignore[no-any-return]
+                return out
             except (TypeError, ValueError, BufferError):
                 pass
         t = _as_2d("tokens", tokens)

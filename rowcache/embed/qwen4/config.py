@@ -96,7 +96,11 @@ class Qwen4NgramConfig:
                 "(release: (2,))"
             )
         for layer in layers:
-            _integer("ple_layer_ids", layer, 1, 1 << 20)
+            if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or layer < 1:
+                raise ConfigError(
+                    f"ple_layer_ids={self.ple_layer_ids!r}: give 1-based decoder layer ids "
+                    "(integers >= 1)"
+                )
         width = _integer("ple_embed_dim", self.ple_embed_dim, 1, 1 << 30)
         if width % ((n - 1) * heads):
             raise ConfigError(

@@ -1,16 +1,25 @@
-/* csrc/engram_hash.c: EngramHasher of rowcache.kernels._host, DeepSeek Engram's host hash.
+/* csrc/engram_hash.c: EngramHasher of rowcache.kernels._host, the multiply-XOR-heads hash
+ * of DeepSeek Engram and of Qwen3.8-Flash-Next (qwen4_exp): one kernel for both families.
  *
- * The head-local row ids of every Engram layer at every position of a batch
- * (docs/engram-spec.md sections 1 and 4): each token is compressed through the vocabulary's
- * lookup table, the layer's n-gram mix is (x[t] * m0) XOR (x[t-1] * m1) XOR ... in 64 bits
+ * The row ids of every layer at every position of a batch: each token is mapped through the
+ * token map, the layer's n-gram mix is (x[t] * m0) XOR (x[t-1] * m1) XOR ... in 64 bits
  * (the multipliers keep every product below 2**63: no product wraps), and head h of order n
- * reads mix_n mod p[layer][n][h]. The first positions of a sequence read their look-back from
- * the context a call is given (the sequences' tokens before these), else pad_id. Bit-exact
- * with rowcache.embed.engram.hash.hash_reference.
+ * reads mix_n mod p[layer][n][h], plus the head's first row where offsets were given. The
+ * first positions of a sequence read their look-back from the context a call is given (the
+ * sequences' tokens before these), else pad. What differs between the families is a
+ * parameter of the hasher, fixed when it is made:
+ *   token map     Engram: its compressed vocabulary's lookup; Qwen4: the identity (None);
+ *   multipliers   [L, N], primes [L, (N - 1) * H] (the moduli), offsets (Qwen4's global
+ *                 rows; Engram's ids are head-local);
+ *   context rule  Engram: none beyond the look-back above; Qwen4 (eos >= 0): a source
+ *                 position at or before the last EOS strictly before t reads EOS
+ *                 (docs/qwen4-spec.md), as one before the sequence's start does (pad = EOS).
+ * Bit-exact with rowcache.embed.engram.hash.hash_reference (docs/engram-spec.md sections 1
+ * and 4) and rowcache.embed.qwen4.hash.hash_reference.
  *
- * The vocabulary, the multipliers and the primes are handed over once, to an EngramHasher
- * made with them (checked and copied then: the lookup as uint32, the primes with their
- * reciprocals), so that a call passes only tokens and out and costs O(tokens).
+ * The token map, the multipliers, the primes and the offsets are handed over once, to an
+ * EngramHasher made with them (checked and copied then: the lookup as uint32, the primes
+ * with their reciprocals), so that a call passes only tokens and out and costs O(tokens).
  *
  * Nearly all the work is the reductions: (N - 1) * H a position and layer. The heads of one
  * order share their mix, so a vector holds consecutive heads, each lane its own prime, and
@@ -72,13 +81,16 @@ static const char *const eh_path_name[EH_PATHS] = {"scalar", "avx2", "avx512"};
 
 typedef struct {
     PyObject_HEAD
-    uint32_t *lookup; /* [V] compressed ids */
+    uint32_t *lookup; /* [V] compressed ids; NULL: the identity map (Qwen4's raw tokens) */
     uint64_t *mult;   /* [L, N] */
     uint64_t *primes; /* [L, N - 1, HP]: each order's heads, padded with its last prime */
     uint64_t *recip;  /* [L, N - 1, HP]: floor((2**64 - 1) / p) (Barrett: the scalar path) */
     double *inv;      /* [L, N - 1, HP]: 1 / p (the vector paths) */
+    uint64_t *off;    /* [L, N - 1, HP]: each head's first row, added; NULL: none (Engram) */
+    int64_t eos;      /* the segment rule's separator (Qwen4); -1: no segments (Engram) */
     Py_ssize_t V, L, N, H, HP, K;
     int path; /* EH_SCALAR, EH_AVX2 or EH_AVX512 */
+    int made;
 } EngramHasher;
 
 typedef struct {
@@ -114,6 +126,16 @@ static void order_scalar(int64_t *o, Py_ssize_t K, const uint64_t *mix, const do
     const uint64_t *p = e->primes + at, *rc = e->recip + at;
     const Py_ssize_t H = e->H; /* not reloaded after each store */
     (void)mixd;
+    if (e->off) {
+        const uint64_t *off = e->off + at;
+        for (Py_ssize_t i = 0; i < n; i++, o += K) {
+            const uint64_t x = mix[i];
+            for (Py_ssize_t h = 0; h < H; h++) {
+                o[h] = (int64_t)(off[h] + mod_prime(x, p[h], rc[h]));
+            }
+        }
+        return;
+    }
     for (Py_ssize_t i = 0; i < n; i++, o += K) {
         const uint64_t x = mix[i];
         for (Py_ssize_t h = 0; h < H; h++) {
@@ -153,7 +175,19 @@ __attribute__((target("avx2"))) static void order_avx2(int64_t *o, Py_ssize_t K,
         const __m256i p_hi = _mm256_srli_epi64(p, 32);
         const __m256d inv = _mm256_loadu_pd(e->inv + at + h);
         const Py_ssize_t left = e->H - h;
-        if (left >= 4) {
+        if (e->off) { /* each head's first row added (Qwen4's global rows) */
+            const __m256i off = _mm256_loadu_si256((const __m256i *)(e->off + at + h));
+            const __m256i lanes = _mm256_cmpgt_epi64(_mm256_set1_epi64x(left),
+                                                     _mm256_set_epi64x(3, 2, 1, 0));
+            for (Py_ssize_t i = 0; i < n; i++) {
+                const __m256i r = _mm256_add_epi64(mod4(mix + i, mixd + i, p, p_hi, inv), off);
+                if (left >= 4) {
+                    _mm256_storeu_si256((__m256i *)(o + i * K + h), r);
+                } else {
+                    _mm256_maskstore_epi64((long long *)(o + i * K + h), lanes, r);
+                }
+            }
+        } else if (left >= 4) {
             for (Py_ssize_t i = 0; i < n; i++) {
                 _mm256_storeu_si256((__m256i *)(o + i * K + h),
                                     mod4(mix + i, mixd + i, p, p_hi, inv));
@@ -186,7 +220,14 @@ __attribute__((target("avx512f,avx512dq"))) static void order_avx512(
         const __m512i p = _mm512_loadu_si512(e->primes + at + h);
         const __m512d inv = _mm512_loadu_pd(e->inv + at + h);
         const Py_ssize_t left = e->H - h;
-        if (left >= 8) {
+        if (e->off) { /* each head's first row added (Qwen4's global rows) */
+            const __m512i off = _mm512_loadu_si512(e->off + at + h);
+            const __mmask8 lanes = (__mmask8)(left >= 8 ? 0xff : (1u << left) - 1);
+            for (Py_ssize_t i = 0; i < n; i++) {
+                _mm512_mask_storeu_epi64(o + i * K + h, lanes,
+                                         _mm512_add_epi64(mod8(mix + i, mixd + i, p, inv), off));
+            }
+        } else if (left >= 8) {
             for (Py_ssize_t i = 0; i < n; i++) {
                 _mm512_storeu_si512(o + i * K + h, mod8(mix + i, mixd + i, p, inv));
             }
@@ -201,47 +242,102 @@ __attribute__((target("avx512f,avx512dq"))) static void order_avx512(
 
 #endif
 
-/* x[k][i] = the compressed token k back from position pos + i, for the n positions from
- * pos (which may span sequences: decode's one token each): its own sequence's token, else
- * its context's last, else pad. Within one sequence past the look-back, each token is looked
- * up once (x[k] points into one window); else each position's N tokens are looked up. */
-/* The compressed id of token `tok`. The call checked every token with the GIL held; the
- * caller's arrays are read in place with it released, so a token another thread changed
- * since reads id 0 instead of outside the table. */
-static inline uint64_t eh_compress(const EngramHasher *e, int64_t tok) {
-    return e->lookup[(uint64_t)tok < (uint64_t)e->V ? tok : 0];
+/* The mapped id of token `tok` (the vocabulary's compressed id, or the token itself where
+ * the map is the identity). The call checked every token with the GIL held; the caller's
+ * arrays are read in place with it released, so a token another thread changed since reads
+ * id 0 instead of outside the table. `ident` is a constant where this is inlined. */
+static inline __attribute__((always_inline)) uint64_t eh_map(const EngramHasher *e, int ident,
+                                                             int64_t tok) {
+    const int64_t t = (uint64_t)tok < (uint64_t)e->V ? tok : 0;
+    return ident ? (uint64_t)t : e->lookup[t];
+}
+
+/* x[k][i] = the mapped token k back from position pos + i, for the n positions from pos
+ * (which may span sequences: decode's one token each): its own sequence's token, else its
+ * context's last, else pad. With the segment rule (`seg`, Qwen4's), a token k >= 2 back
+ * reads eos where the one k - 1 back did: so a source at or before the last EOS strictly
+ * before the position reads EOS (the one at the EOS is EOS itself). Within one sequence past
+ * the look-back and without segments, each token is mapped once (x[k] points into one
+ * window); else each position's N tokens are (a decode step's, one token a sequence after
+ * a context as long as the look-back, without the tests of where each source lies). `seg` and `ident` are constants in each of
+ * the four copies eh_lookback chooses from, so that the loops carry no test of them. */
+static inline __attribute__((always_inline)) void eh_lookback_as(
+    const EngramJob *j, Py_ssize_t pos, Py_ssize_t n, uint64_t win[MAXN + EH_BLOCK],
+    uint64_t each[MAXN][EH_BLOCK], const uint64_t *x[MAXN], int seg, int ident) {
+    const EngramHasher *e = j->e;
+    const Py_ssize_t N = e->N, T = j->T, C = j->C, look = N - 1;
+    const int64_t eos = e->eos;
+    Py_ssize_t b = pos / T, t = pos % T;
+    if (t >= look && t + n <= T) {
+        const int64_t *row = j->tok + pos - look;
+        if (!seg) {
+            for (Py_ssize_t i = 0; i < n + look; i++) {
+                win[i] = eh_map(e, ident, row[i]);
+            }
+            for (Py_ssize_t k = 0; k < N; k++) {
+                x[k] = win + look - k;
+            }
+            return;
+        }
+        int64_t cur[EH_BLOCK]; /* the raw token k back, or eos past a segment's start */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            each[0][i] = eh_map(e, ident, row[look + i]);
+            cur[i] = row[look + i - 1];
+            each[1][i] = eh_map(e, ident, cur[i]);
+        }
+        for (Py_ssize_t k = 2; k < N; k++) {
+            for (Py_ssize_t i = 0; i < n; i++) {
+                cur[i] = cur[i] == eos ? eos : row[look + i - k];
+                each[k][i] = eh_map(e, ident, cur[i]);
+            }
+        }
+    } else if (T == 1 && C >= look) { /* decode: each sequence's token after its context */
+        const int64_t *end = j->ctx + (pos + 1) * C; /* past sequence pos's context */
+        for (Py_ssize_t i = 0; i < n; i++, end += C) {
+            int64_t prev = j->tok[pos + i];
+            each[0][i] = eh_map(e, ident, prev);
+            for (Py_ssize_t k = 1; k < N; k++) {
+                const int64_t tok = seg && k >= 2 && prev == eos ? eos : end[-k];
+                prev = tok;
+                each[k][i] = eh_map(e, ident, tok);
+            }
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const int64_t *row = j->tok + b * T, *ctx = j->ctx ? j->ctx + b * C : NULL;
+            int64_t prev = 0;
+            for (Py_ssize_t k = 0; k < N; k++) {
+                const Py_ssize_t s = t - k; /* < 0: the context's column C + s, else pad */
+                int64_t tok = s >= 0 ? row[s] : (C + s >= 0 && ctx) ? ctx[C + s] : j->pad;
+                if (seg && k >= 2 && prev == eos) {
+                    tok = eos;
+                }
+                prev = tok;
+                each[k][i] = eh_map(e, ident, tok);
+            }
+            if (++t == T) {
+                t = 0;
+                b++;
+            }
+        }
+    }
+    for (Py_ssize_t k = 0; k < N; k++) {
+        x[k] = each[k];
+    }
 }
 
 static void eh_lookback(const EngramJob *j, Py_ssize_t pos, Py_ssize_t n,
                         uint64_t win[MAXN + EH_BLOCK], uint64_t each[MAXN][EH_BLOCK],
                         const uint64_t *x[MAXN]) {
-    const EngramHasher *e = j->e;
-    const Py_ssize_t N = e->N, T = j->T, C = j->C, look = N - 1;
-    Py_ssize_t b = pos / T, t = pos % T;
-    if (t >= look && t + n <= T) {
-        const int64_t *row = j->tok + pos - look;
-        for (Py_ssize_t i = 0; i < n + look; i++) {
-            win[i] = eh_compress(e, row[i]);
-        }
-        for (Py_ssize_t k = 0; k < N; k++) {
-            x[k] = win + look - k;
-        }
-        return;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const int64_t *row = j->tok + b * T, *ctx = j->ctx ? j->ctx + b * C : NULL;
-        for (Py_ssize_t k = 0; k < N; k++) {
-            const Py_ssize_t s = t - k; /* < 0: the context's column C + s, else pad */
-            const int64_t tok = s >= 0 ? row[s] : (C + s >= 0 && ctx) ? ctx[C + s] : j->pad;
-            each[k][i] = eh_compress(e, tok);
-        }
-        if (++t == T) {
-            t = 0;
-            b++;
-        }
-    }
-    for (Py_ssize_t k = 0; k < N; k++) {
-        x[k] = each[k];
+    const int seg = j->e->eos >= 0, ident = j->e->lookup == NULL;
+    if (!seg && !ident) {
+        eh_lookback_as(j, pos, n, win, each, x, 0, 0); /* Engram's */
+    } else if (seg && ident) {
+        eh_lookback_as(j, pos, n, win, each, x, 1, 1); /* Qwen4's */
+    } else if (seg) {
+        eh_lookback_as(j, pos, n, win, each, x, 1, 0);
+    } else {
+        eh_lookback_as(j, pos, n, win, each, x, 0, 1);
     }
 }
 
@@ -362,9 +458,11 @@ static void eh_free_tables(EngramHasher *self) {
     PyMem_Free(self->primes);
     PyMem_Free(self->recip);
     PyMem_Free(self->inv);
+    PyMem_Free(self->off);
     self->lookup = NULL;
-    self->mult = self->primes = self->recip = NULL;
+    self->mult = self->primes = self->recip = self->off = NULL;
     self->inv = NULL;
+    self->made = 0;
 }
 
 static void hasher_dealloc(EngramHasher *self) {
@@ -372,36 +470,50 @@ static void hasher_dealloc(EngramHasher *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* EngramHasher(lookup i64[V], mult i64[L, N], primes i64[L, K], heads) */
+/* EngramHasher(lookup i64[V] or None, mult i64[L, N], primes i64[L, K], heads,
+ *              offsets=None (i64[L, K]), eos=-1, vocab=0)
+ * lookup None: the identity map over vocab token ids (then vocab >= 1 is required). */
 static int hasher_init(EngramHasher *self, PyObject *args, PyObject *kwds) {
-    PyObject *o_lookup, *o_mult, *o_primes;
-    Py_ssize_t H;
-    (void)kwds;
-    if (self->lookup) {
+    static char *kwlist[] = {"lookup", "mult", "primes", "heads", "offsets", "eos", "vocab", NULL};
+    PyObject *o_lookup, *o_mult, *o_primes, *o_off = Py_None;
+    Py_ssize_t H, vocab = 0;
+    long long eos = -1;
+    if (self->made) {
         PyErr_SetString(PyExc_TypeError, "EngramHasher: already made");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OOOn", &o_lookup, &o_mult, &o_primes, &H)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOn|OLn", kwlist, &o_lookup, &o_mult,
+                                     &o_primes, &H, &o_off, &eos, &vocab)) {
         return -1;
     }
-    Buf b[3];
+    const int ident = o_lookup == Py_None;
+    Buf b[4];
     memset(b, 0, sizeof b);
-    if (rc_buf_get(o_lookup, &b[0], 8, 0, "lookup") || rc_buf_get(o_mult, &b[1], 8, 0, "mult") ||
-        rc_buf_get(o_primes, &b[2], 8, 0, "primes")) {
-        rc_buf_release(b, 3);
+    if ((!ident && rc_buf_get(o_lookup, &b[0], 8, 0, "lookup")) ||
+        rc_buf_get(o_mult, &b[1], 8, 0, "mult") || rc_buf_get(o_primes, &b[2], 8, 0, "primes") ||
+        (o_off != Py_None && rc_buf_get(o_off, &b[3], 8, 0, "offsets"))) {
+        rc_buf_release(b, 4);
         return -1;
     }
-    const int64_t *lookup = b[0].view.buf, *mult = b[1].view.buf, *primes = b[2].view.buf;
-    Py_ssize_t V = COUNT(b[0]), n_mult = COUNT(b[1]), n_pr = COUNT(b[2]);
+    const int64_t *lookup = ident ? NULL : b[0].view.buf, *mult = b[1].view.buf,
+                  *primes = b[2].view.buf, *offs = o_off != Py_None ? b[3].view.buf : NULL;
+    Py_ssize_t V = ident ? vocab : COUNT(b[0]), n_mult = COUNT(b[1]), n_pr = COUNT(b[2]);
     Py_ssize_t L = 0, N = 0, K = 0;
     const char *bad = NULL;
-    int64_t top = 0; /* the largest compressed id */
+    int64_t top = ident ? V - 1 : 0; /* the largest mapped id */
     if (H < 1 || H > 4096) {
         bad = "heads must be in 1..4096";
+    } else if (!ident && vocab != 0) {
+        bad = "vocab is for the identity map (lookup None) only";
     } else if (V < 1 || V > INT32_MAX) {
-        bad = "lookup must hold 1..2**31 - 1 token ids";
+        bad = ident ? "vocab must be 1..2**31 - 1 token ids"
+                    : "lookup must hold 1..2**31 - 1 token ids";
+    } else if (eos < -1 || eos >= V) {
+        bad = "eos must be a token id in [0, V), or -1 (no segments)";
     } else if (n_pr == 0 || n_pr % H) {
         bad = "primes is not [L, (N - 1) * heads]";
+    } else if (offs && COUNT(b[3]) != n_pr) {
+        bad = "offsets is not [L, (N - 1) * heads], as primes";
     } else {
         /* n_mult = L * N and n_pr = L * (N - 1) * H, so n_mult - n_pr / H = L */
         L = n_mult - n_pr / H;
@@ -415,7 +527,7 @@ static int hasher_init(EngramHasher *self, PyObject *args, PyObject *kwds) {
             }
         }
     }
-    for (Py_ssize_t i = 0; !bad && i < V; i++) {
+    for (Py_ssize_t i = 0; !bad && lookup && i < V; i++) {
         if (lookup[i] < 0 || lookup[i] >= V) {
             bad = "lookup maps into [0, V)";
         } else if (lookup[i] > top) {
@@ -424,16 +536,18 @@ static int hasher_init(EngramHasher *self, PyObject *args, PyObject *kwds) {
     }
     for (Py_ssize_t i = 0; !bad && i < n_mult; i++) {
         if (mult[i] < 1 || mult[i] > INT64_MAX / (top + 1)) {
-            bad = "every multiplier must lie in [1, 2**63 / compressed ids): a product would wrap";
+            bad = "every multiplier must lie in [1, 2**63 / mapped ids): a product would wrap";
         }
     }
     for (Py_ssize_t i = 0; !bad && i < n_pr; i++) {
         if (primes[i] < 2 || primes[i] > ((int64_t)1 << 62)) {
             bad = "every prime must lie in [2, 2**62]";
+        } else if (offs && (offs[i] < 0 || offs[i] > ((int64_t)1 << 62))) {
+            bad = "every offset must lie in [0, 2**62]";
         }
     }
     if (bad) {
-        rc_buf_release(b, 3);
+        rc_buf_release(b, 4);
         PyErr_Format(PyExc_ValueError, "EngramHasher: %s", bad);
         return -1;
     }
@@ -444,21 +558,23 @@ static int hasher_init(EngramHasher *self, PyObject *args, PyObject *kwds) {
     }
     const int path = eh_choose_path(low);
     if (path < 0) {
-        rc_buf_release(b, 3);
+        rc_buf_release(b, 4);
         return -1;
     }
-    self->lookup = PyMem_Malloc((size_t)V * sizeof *self->lookup);
+    self->lookup = ident ? NULL : PyMem_Malloc((size_t)V * sizeof *self->lookup);
     self->mult = PyMem_Malloc((size_t)n_mult * sizeof *self->mult);
     self->primes = PyMem_Malloc((size_t)n_tab * sizeof *self->primes);
     self->recip = PyMem_Malloc((size_t)n_tab * sizeof *self->recip);
     self->inv = PyMem_Malloc((size_t)n_tab * sizeof *self->inv);
-    if (!self->lookup || !self->mult || !self->primes || !self->recip || !self->inv) {
-        rc_buf_release(b, 3);
+    self->off = offs ? PyMem_Malloc((size_t)n_tab * sizeof *self->off) : NULL;
+    if ((!ident && !self->lookup) || !self->mult || !self->primes || !self->recip ||
+        !self->inv || (offs && !self->off)) {
+        rc_buf_release(b, 4);
         eh_free_tables(self); /* not made: the next init may try again */
         PyErr_NoMemory();
         return -1;
     }
-    for (Py_ssize_t i = 0; i < V; i++) {
+    for (Py_ssize_t i = 0; lookup && i < V; i++) {
         self->lookup[i] = (uint32_t)lookup[i];
     }
     for (Py_ssize_t i = 0; i < n_mult; i++) {
@@ -470,6 +586,9 @@ static int hasher_init(EngramHasher *self, PyObject *args, PyObject *kwds) {
         self->primes[i] = p;
         self->recip[i] = UINT64_MAX / p;
         self->inv[i] = 1.0 / (double)p;
+        if (self->off) {
+            self->off[i] = (uint64_t)offs[i / HP * H + h];
+        }
     }
     self->V = V;
     self->L = L;
@@ -477,8 +596,10 @@ static int hasher_init(EngramHasher *self, PyObject *args, PyObject *kwds) {
     self->H = H;
     self->HP = HP;
     self->K = K;
+    self->eos = eos;
     self->path = path;
-    rc_buf_release(b, 3);
+    self->made = 1;
+    rc_buf_release(b, 4);
     return 0;
 }
 
@@ -496,31 +617,25 @@ static Py_ssize_t eh_first_outside(const int64_t *tok, Py_ssize_t n, Py_ssize_t 
     return -1;
 }
 
-/* hasher.hash(tokens i64[B, T], B, context i64[B, C] or None, pad, out i64[L, B, T, K]
- *             [, threads]) -> None
- * Position t of a sequence reads the max_ngram - 1 tokens before it: its own, else its
- * context's last, else pad. Every token read must lie in [0, V) (checked before any id is
- * written). */
-static PyObject *hasher_hash(EngramHasher *self, PyObject *args) {
-    PyObject *o_tok, *o_ctx, *o_out;
-    Py_ssize_t B;
-    long long pad;
-    int threads = 1;
-    if (!self->lookup) {
-        PyErr_SetString(PyExc_ValueError, "EngramHasher: not made");
-        return NULL;
-    }
-    if (!PyArg_ParseTuple(args, "OnOLO|i", &o_tok, &B, &o_ctx, &pad, &o_out, &threads)) {
-        return NULL;
-    }
-    Buf b[3];
-    memset(b, 0, sizeof b);
+/* Takes tokens, out and context (None: b[2] not held) into b[0..2]; 0, or -1 with an
+ * exception set and every buffer released. */
+static int eh_get_args(Buf b[3], PyObject *o_tok, PyObject *o_ctx, PyObject *o_out) {
+    memset(b, 0, 3 * sizeof *b);
     if (rc_buf_get(o_tok, &b[0], 8, 0, "tokens") || rc_buf_get(o_out, &b[1], 8, 1, "out") ||
         (o_ctx != Py_None && rc_buf_get(o_ctx, &b[2], 8, 0, "context"))) {
         rc_buf_release(b, 3);
-        return NULL;
+        return -1;
     }
-    const int64_t *tok = b[0].view.buf, *ctx = o_ctx != Py_None ? b[2].view.buf : NULL;
+    return 0;
+}
+
+/* The call itself, on the buffers eh_get_args took (released here, on every path).
+ * Position t of a sequence reads the max_ngram - 1 tokens before it: its own, else its
+ * context's last, else pad (with the segment rule where eos >= 0). Every token read must lie
+ * in [0, V) (checked before any id is written). */
+static PyObject *eh_hash_bufs(EngramHasher *self, Buf b[3], Py_ssize_t B, long long pad,
+                              int threads) {
+    const int64_t *tok = b[0].view.buf, *ctx = b[2].held ? b[2].view.buf : NULL;
     const Py_ssize_t n_tok = COUNT(b[0]), n_ctx = ctx ? COUNT(b[2]) : 0;
     Py_ssize_t T = 0, C = 0;
     const char *bad = NULL;
@@ -582,9 +697,87 @@ static PyObject *hasher_hash(EngramHasher *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* hasher.hash(tokens i64[B, T], B, context i64[B, C] or None, pad, out i64[L, B, T, K]
+ *             [, threads]) -> None: the arrays' sizes checked, not their shapes. */
+static PyObject *hasher_hash(EngramHasher *self, PyObject *args) {
+    PyObject *o_tok, *o_ctx, *o_out;
+    Py_ssize_t B;
+    long long pad;
+    int threads = 1;
+    if (!self->made) {
+        PyErr_SetString(PyExc_ValueError, "EngramHasher: not made");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OnOLO|i", &o_tok, &B, &o_ctx, &pad, &o_out, &threads)) {
+        return NULL;
+    }
+    Buf b[3];
+    if (eh_get_args(b, o_tok, o_ctx, o_out)) {
+        return NULL;
+    }
+    return eh_hash_bufs(self, b, B, pad, threads);
+}
+
+/* Whether a buffer holds signed 64-bit integers (a NumPy int64 array's "l" or "q"). */
+static int eh_is_i64(const Buf *b) {
+    const char *f = b->view.format ? b->view.format : "B";
+    if (*f == '@' || *f == '=' || (PY_LITTLE_ENDIAN && *f == '<')) {
+        f++;
+    }
+    return (f[0] == 'l' || f[0] == 'q') && f[1] == '\0' && b->view.itemsize == 8;
+}
+
+/* hasher.rows(tokens i64[B, T], context i64[B, C] or None, pad, out i64[B, T, K] (one
+ *             layer) or [L, B, T, K] [, threads]) -> None
+ * hash with every shape and dtype checked here (a TypeError names what is wrong; the tokens'
+ * values as hash checks them), so that a wrapper passes a server's arrays straight through:
+ * a decode step's call, where the wrapper's own checks cost as much as the hash. */
+static PyObject *hasher_rows(EngramHasher *self, PyObject *args) {
+    PyObject *o_tok, *o_ctx, *o_out;
+    long long pad;
+    int threads = 1;
+    if (!self->made) {
+        PyErr_SetString(PyExc_ValueError, "EngramHasher: not made");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OOLO|i", &o_tok, &o_ctx, &pad, &o_out, &threads)) {
+        return NULL;
+    }
+    Buf b[3];
+    if (eh_get_args(b, o_tok, o_ctx, o_out)) {
+        return NULL;
+    }
+    const Py_buffer *t = &b[0].view, *c = &b[2].view, *o = &b[1].view;
+    const char *bad = NULL;
+    if (!eh_is_i64(&b[0]) || t->ndim != 2) {
+        bad = "tokens must be an int64 array [B, T]";
+    } else if (b[2].held && (!eh_is_i64(&b[2]) || c->ndim != 2 || c->shape[0] != t->shape[0])) {
+        bad = "context must be an int64 array [B, C], one row a sequence";
+    } else if (!eh_is_i64(&b[1])) {
+        bad = "out must be an int64 array";
+    } else {
+        const Py_ssize_t want[4] = {self->L, t->shape[0], t->shape[1], self->K};
+        const int lead = o->ndim == 3 && self->L == 1 ? 1 : 0; /* [B, T, K]: no L */
+        if (o->ndim != 4 - lead) {
+            bad = "out must be [L, B, T, K] ([B, T, K] for one layer)";
+        }
+        for (int d = 0; !bad && d < o->ndim; d++) {
+            if (o->shape[d] != want[d + lead]) {
+                bad = "out must be [L, B, T, K] ([B, T, K] for one layer)";
+            }
+        }
+    }
+    if (bad) {
+        rc_buf_release(b, 3);
+        PyErr_Format(PyExc_TypeError, "EngramHasher.rows: %s", bad);
+        return NULL;
+    }
+    return eh_hash_bufs(self, b, t->shape[0], pad, threads);
+}
+
 static PyObject *hasher_path(EngramHasher *self, void *closure) {
     (void)closure;
-    if (!self->lookup) {
+    if (!self->made) {
         PyErr_SetString(PyExc_ValueError, "EngramHasher: not made");
         return NULL;
     }
@@ -598,6 +791,9 @@ static PyGetSetDef hasher_getset[] = {
 };
 
 static PyMethodDef hasher_methods[] = {
+    {"rows", (PyCFunction)hasher_rows, METH_VARARGS,
+     "rows(tokens i64[B, T], context i64[B, C] or None, pad, out i64[B, T, K] or [L, B, T, K]"
+     "[, threads]): hash with the shapes and dtypes checked (TypeError)."},
     {"hash", (PyCFunction)hasher_hash, METH_VARARGS,
      "hash(tokens i64[B, T], B, context i64[B, C] or None, pad, out i64[L, B, T, K][, threads]): "
      "every layer's head ids."},
@@ -608,8 +804,10 @@ PyTypeObject rc_EngramHasherType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rowcache.kernels._host.EngramHasher",
     .tp_basicsize = sizeof(EngramHasher),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "EngramHasher(lookup, mult, primes, heads): Engram's hash over one vocabulary, "
-              "its multipliers and primes (checked and copied once).",
+    .tp_doc = "EngramHasher(lookup, mult, primes, heads, offsets=None, eos=-1, vocab=0): the "
+              "multiply-XOR-heads hash of Engram (lookup: its compressed vocabulary) and Qwen4 "
+              "(lookup None: raw tokens over vocab ids; offsets: global rows; eos: its segment "
+              "rule), its tables checked and copied once.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)hasher_init,
     .tp_dealloc = (destructor)hasher_dealloc,

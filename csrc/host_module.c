@@ -2,7 +2,8 @@
  * is the module (its method table, its LruState type and slot constants, PyInit__host);
  * the functions live in:
  *   csrc/ngram_hash.c  hash_packed
- *   csrc/engram_hash.c EngramHasher: DeepSeek Engram's head ids (docs/engram-spec.md)
+ *   csrc/engram_hash.c EngramHasher: the head ids of DeepSeek Engram (docs/engram-spec.md)
+ *                      and the rows of Qwen4 (docs/qwen4-spec.md): one kernel
  *   csrc/lru_state.c   LruState: the row cache's arrays, held once (csrc/lru_state.h)
  *   csrc/row_map.c     RowHash: a row -> slot hash map (csrc/row_map.h), an LruState's map
  *   csrc/lru_hits.c    LruState.hits, .compact (and the sort, scan and compaction the others use)

@@ -9,6 +9,8 @@
 ``EngramConfig``, ``CompressedVocab``, ``EngramHash`` and ``EngramContext`` DeepSeek's
 Engram hash (``docs/engram-spec.md``), ``EngramMemory`` its lookup through the same tables
 (``TorchEngramMemory`` its module);
+``Qwen4NgramConfig`` and ``Qwen4NgramHash`` Qwen3.8-Flash-Next's (``qwen4_exp``) n-gram
+hash (``docs/qwen4-spec.md``), on the native kernel Engram's hash runs;
 ``TorchNgramEmbedding`` the ``torch.nn.Module``; ``ShardedNgramEmbedding`` (and
 ``ShardPlacement``, ``TorchShardedNgramEmbedding``) the tables spread over the ranks of a
 ``torch.distributed`` group (all loaded on first use: ``import rowcache.embed`` never
@@ -34,6 +36,8 @@ from rowcache.embed.ngram.context import NgramBatchContext, NgramContext
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.ngram.ids import ngram_ids, ngram_ids_loop_reference
 from rowcache.embed.overlay.overlay import OverlayAdapterInfo, TokenOverlay
+from rowcache.embed.qwen4.config import Qwen4NgramConfig
+from rowcache.embed.qwen4.hash import Qwen4NgramHash
 from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
 
 __all__ = [
@@ -53,6 +57,8 @@ __all__ = [
     "NgramDims",
     "NgramEmbedding",
     "OverlayAdapterInfo",
+    "Qwen4NgramConfig",
+    "Qwen4NgramHash",
     "RankFailedError",
     "ShardPlacement",
     "ShardedNgramEmbedding",

@@ -21,7 +21,7 @@ def _decode(rng, resident, cached, caches, steps=60, settle_every=1):
     deferred = 0
     for k in range(steps):
         got = cached.embed(ctx_c.step(x[k : k + 1]), 1)
-        deferred += any(c.pending for c in caches)
+        deferred += any(c.inspect().pending for c in caches)
         if k % settle_every == 0:
             cached.settle()
         want = resident.embed(ctx_r.step(x[k : k + 1]), 1)

@@ -953,7 +953,7 @@ def test_layer_gpu_cached_step_order_equals_resident(rng, tmp_path, graphs, chec
         assert cached.runner == ("graphs" if graphs else "eager")
         groups = cached._groups
         events: list[str] = []
-        real_ordered, real_resolve = groups.ordered, groups._resolve_beside
+        real_ordered, real_resolve = groups.ordered, groups.rows.resolve
 
         def ordered(batch, device_part):
             def part():
@@ -962,12 +962,12 @@ def test_layer_gpu_cached_step_order_equals_resident(rng, tmp_path, graphs, chec
 
             real_ordered(batch, part)
 
-        def resolve(batch, ids):
+        def resolve(*args, **kw):
             events.append("resolve")
-            return real_resolve(batch, ids)
+            return real_resolve(*args, **kw)
 
         monkeypatch.setattr(groups, "ordered", ordered)
-        monkeypatch.setattr(groups, "_resolve_beside", resolve)
+        monkeypatch.setattr(groups.rows, "resolve", resolve)
         x = np.concatenate([token_stream(rng, 30)] * 6)  # repeats: hits after the first pass
         ctx_r, ctx_c = NgramContext(DIMS), NgramContext(DIMS)
         faulted = []

@@ -437,9 +437,7 @@ def register(subparsers: Any) -> None:
         help="also read this interpreter's standard library .py source (as `rowcache demo`)",
     )
     p.add_argument("-o", "--out", required=True, help="trace directory to write")
-    p.add_argument(
-        "--config", help="LongCat model config.json (default: LongCat-Flash-Lite dims)"
-    )
+    p.add_argument("--config", help="LongCat model config.json (default: LongCat-Flash-Lite dims)")
     p.add_argument(
         "--engram",
         metavar="SPEC",

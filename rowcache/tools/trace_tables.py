@@ -241,6 +241,5 @@ def as_trace_tables(tables: Any) -> TraceTables:
     if isinstance(tables, Qwen4NgramConfig):
         return Qwen4TraceTables(tables)
     raise ConfigError(
-        "dims: give an NgramDims, an EngramHash or a Qwen4NgramConfig, got "
-        f"{type(tables).__name__}"
+        f"dims: give an NgramDims, an EngramHash or a Qwen4NgramConfig, got {type(tables).__name__}"
     )

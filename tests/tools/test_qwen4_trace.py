@@ -72,8 +72,8 @@ def test_trace_rows_are_the_hash_of_each_request(tmp_path, cfg):
 
 
 def test_profile_and_tune_take_the_row_bytes_of_each_dtype(tmp_path):
-    trace = build_trace(_requests() * 3, Qwen4TraceTables(SMALL, None), tmp_path / "t",
-                        progress=False)  # fmt: skip
+    tables = Qwen4TraceTables(SMALL, None)
+    trace = build_trace(_requests() * 3, tables, tmp_path / "t", progress=False)
     bf16 = profile_trace(trace, [64, 256, 1024], progress=False)
     fp8 = profile_trace(trace, [64, 256, 1024], dtype="fp8", progress=False)
     dim = SMALL.head_dim  # 8 values a row

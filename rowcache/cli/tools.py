@@ -125,7 +125,7 @@ def _qwen4_config(args: argparse.Namespace) -> Any:
     spec = args.qwen4
     if spec == "release":
         return Qwen4NgramConfig.release()
-    if not Path(spec).exists():
+    if not spec.strip() or not Path(spec).exists():
         raise ConfigError(
             f"--qwen4 {spec}: no such file or directory; give release or a qwen4_exp "
             "config.json (or its directory)"
@@ -188,7 +188,7 @@ def _cmd_trace(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out}: is a file")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         raise ConfigError(f"--out {out}: exists and is not empty; pass --overwrite to replace it")
-    qwen4 = _qwen4_config(args) if args.qwen4 else None
+    qwen4 = _qwen4_config(args) if args.qwen4 is not None else None
     dims: Any = None
     if qwen4 is None:
         dims = _engram_hash(args) if args.engram else _dims(args)

@@ -189,6 +189,12 @@ def test_cli_trace_qwen4_bad_config(tmp_path, capsys, config, match):
     assert f"--qwen4 {path}: " in err and match.format(p=path) in err, err
 
 
+def test_cli_trace_qwen4_empty_value(tmp_path, capsys):
+    err = _refused(tmp_path, capsys, ["--qwen4", ""])
+    want = "--qwen4 : no such file or directory; give release or a qwen4_exp config.json"
+    assert err.endswith(want + " (or its directory)")
+
+
 def test_cli_trace_qwen4_directory_without_config(tmp_path, capsys):
     (tmp_path / "ckpt").mkdir()
     err = _refused(tmp_path, capsys, ["--qwen4", str(tmp_path / "ckpt")])

@@ -155,10 +155,11 @@ class Qwen4TraceTables:
     ----------
     config : Qwen4NgramConfig
     tokenizer : what tokenized the traced text, for the manifest ("deepseek", a
-        tokenizer.json path, "words", "bytes"), or None where the inputs were token ids.
+        tokenizer.json path, "words", "bytes"), or None (default) where the requests are
+        token ids as given.
     """
 
-    def __init__(self, config: Any, tokenizer: str | None = "deepseek") -> None:
+    def __init__(self, config: Any, tokenizer: str | None = None) -> None:
         from rowcache.embed.qwen4.config import Qwen4NgramConfig
         from rowcache.embed.qwen4.hash import Qwen4NgramHash
 
@@ -226,7 +227,8 @@ class Qwen4TraceTables:
 
 def as_trace_tables(tables: Any) -> TraceTables:
     """``tables`` as a :class:`TraceTables`: an ``NgramDims``, ``EngramHash`` or
-    ``Qwen4NgramConfig`` is wrapped (a Qwen4 one as a DeepSeek-tokenized proxy stream)."""
+    ``Qwen4NgramConfig`` is wrapped (a Qwen4 one's manifest: token ids as given; give a
+    :class:`Qwen4TraceTables` to name the tokenizer)."""
     if hasattr(tables, "request_ids") and hasattr(tables, "manifest"):
         return tables  # type: ignore[no-any-return, unused-ignore]
     from rowcache.embed.engram.hash import EngramHash

@@ -211,3 +211,12 @@ def test_cli_trace_qwen4_directory_without_config(tmp_path, capsys):
 )
 def test_cli_trace_qwen4_refusals(tmp_path, capsys, extra, match):
     assert match in _refused(tmp_path, capsys, extra)
+
+
+def test_build_trace_takes_a_config(tmp_path):
+    """``build_trace(requests, Qwen4NgramConfig)``: the config's head tables, ids as given."""
+    requests = _requests()
+    trace = build_trace(requests, SMALL, tmp_path / "t", progress=False)
+    assert trace.dims["kind"] == "qwen4" and trace.dims["tokenizer"] is None
+    assert trace.dims["tokens"] == "token ids as given (.npy / .jsonl inputs)"
+    assert list(trace.table_rows) == Qwen4NgramHash(SMALL).primes.tolist()

@@ -111,6 +111,36 @@ def _engram_hash(args: argparse.Namespace) -> Any:
     return EngramHash(cfg, vocab)
 
 
+def _qwen4_config(args: argparse.Namespace) -> Any:
+    """``--qwen4 release | config.json``: Qwen3.8-Flash-Next's n-gram hash config, whose head
+    tables to trace (a config.json path, or its directory)."""
+    from rowcache.embed.qwen4.config import Qwen4NgramConfig
+
+    for flag, given in (("--engram", args.engram), ("--config", args.config)):
+        if given:
+            raise ConfigError(
+                f"--qwen4 and {flag}: give one (--qwen4 takes release or a qwen4_exp "
+                f"config.json; {flag} is another model family's)"
+            )
+    spec = args.qwen4
+    if spec == "release":
+        return Qwen4NgramConfig.release()
+    if not spec.strip() or not Path(spec).exists():
+        raise ConfigError(
+            f"--qwen4 {spec}: no such file or directory; give release or a qwen4_exp "
+            "config.json (or its directory)"
+        )
+    try:
+        return Qwen4NgramConfig.from_config(spec)
+    except RecursionError:
+        raise ConfigError(f"--qwen4 {spec}: not a config.json: nested too deeply") from None
+    except ConfigError as e:
+        what = str(e)
+        if not what.startswith(("config[", "config has no")):  # the file, not a field
+            what += "; give release or a qwen4_exp config.json (or its directory)"
+        raise ConfigError(f"--qwen4 {spec}: {what}") from e
+
+
 def emit_json(obj: dict[str, Any]) -> None:
     print(
         json.dumps(obj, indent=1, default=lambda x: x.tolist() if hasattr(x, "tolist") else str(x))
@@ -158,13 +188,22 @@ def _cmd_trace(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out}: is a file")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         raise ConfigError(f"--out {out}: exists and is not empty; pass --overwrite to replace it")
-    dims = _engram_hash(args) if args.engram else _dims(args)
+    qwen4 = _qwen4_config(args) if args.qwen4 is not None else None
+    dims: Any = None
+    if qwen4 is None:
+        dims = _engram_hash(args) if args.engram else _dims(args)
     model = ServerModel(batch=args.batch, chunk=args.chunk, decode=args.decode)
     # The tokenizer is loaded (and a bad one refused) before anything is written.
     files = input_files(inputs)
     tokenizer: Any = args.tokenizer
+    text = any(f.suffix.lower() not in TOKEN_SUFFIXES for f in files)
+    if qwen4 is not None:
+        from rowcache.tools.trace_tables import Qwen4TraceTables
+
+        # the manifest says what tokenized the text (Qwen's tokenizer is not offline here)
+        dims = Qwen4TraceTables(qwen4, tokenizer=args.tokenizer if text else None)
     vocab_size = dims.vocab.tokenizer_size if args.engram else dims.vocab_size
-    if any(f.suffix.lower() not in TOKEN_SUFFIXES for f in files):
+    if text:
         try:
             tokenizer = make_tokenizer(args.tokenizer, vocab_size)
         except ConfigError as e:
@@ -172,7 +211,8 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     reqs = iter_requests(
         files,
         vocab_size=vocab_size,
-        eos_token_id=-1 if args.engram else dims.eos_token_id,  # Engram: a file, a request
+        # Engram: a file, a request; LongCat and Qwen4: token ids split after each EOS
+        eos_token_id=-1 if args.engram else dims.eos_token_id,
         tokenizer=tokenizer,
         max_request_tokens=args.max_request_tokens,
     )
@@ -397,13 +437,22 @@ def register(subparsers: Any) -> None:
         help="also read this interpreter's standard library .py source (as `rowcache demo`)",
     )
     p.add_argument("-o", "--out", required=True, help="trace directory to write")
-    p.add_argument("--config", help="model config.json (default: LongCat-Flash-Lite dims)")
+    p.add_argument("--config", help="LongCat model config.json (default: LongCat-Flash-Lite dims)")
     p.add_argument(
         "--engram",
         metavar="SPEC",
         help="trace DeepSeek Engram's head tables instead of LongCat's: demo (the reference "
         "demo's config), v41 (the reported V4.1-Flash shape, unconfirmed) or a checkpoint's "
         "config.json (its engram_* fields); each head of each Engram layer is a table",
+    )
+    p.add_argument(
+        "--qwen4",
+        metavar="SPEC",
+        help="trace Qwen3.8-Flash-Next's n-gram table instead of LongCat's: release (the "
+        "released checkpoint's values) or a qwen4_exp config.json (or its directory); each "
+        "of its 16 heads is a table (rows: the head's prime), a request one sequence. Text is "
+        "tokenized by --tokenizer (DeepSeek's by default: a proxy for Qwen's tokenization, "
+        "which the trace's manifest states)",
     )
     p.add_argument(
         "--tokenizer",

@@ -43,6 +43,8 @@ class ProfileReport:
     table_rows: tuple[int, ...] = ()
     table_orders: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()
+    # each dtype's stored row size (what ``tune --dtype`` switches to); empty: LongCat's rule
+    row_bytes: dict[str, int] = field(default_factory=dict)
 
     def faults_per_token(self) -> np.ndarray:
         """Total faults per token with every table at ``sizes`` rows (float64[k])."""
@@ -73,6 +75,7 @@ class ProfileReport:
             "policies": {k: c.to_dict() for k, c in self.policies.items()},
             "table_orders": list(self.table_orders),
             "notes": list(self.notes),
+            "row_bytes": dict(self.row_bytes),
         }
 
 
@@ -110,6 +113,27 @@ def exact_peak_bytes(trace: Trace, *, shared: bool = True, workers: int = 1) -> 
     per_table = trace.positions * EXACT_BYTES_PER_ACCESS
     at_once = min(max(1, int(workers)), trace.num_tables) * per_table
     return max(at_once, per_table * trace.num_tables if shared else 0)
+
+
+def trace_row_bytes(trace: Trace) -> dict[str, int]:
+    """Stored bytes of one row of ``trace``'s tables per dtype: the manifest's ``row_bytes``
+    where it states them (a Qwen4 trace: FP8 ``dim``, its one scale the table's), else
+    ``2 * dim`` BF16 and ``dim + 4`` FP8 (a row's scale), ``dim = hidden_size / tables``."""
+    dims = trace.dims
+    dim = int(dims["hidden_size"]) // trace.num_tables
+    out = {"bf16": 2 * dim, "fp8": dim + 4}
+    given = dims.get("row_bytes")
+    if given is not None:
+        if not isinstance(given, dict) or not all(
+            isinstance(given.get(k), int) and not isinstance(given.get(k), bool) and given[k] > 0
+            for k in out
+        ):
+            raise ConfigError(
+                f"{trace.path}: the manifest's row_bytes {given!r} is not "
+                '{"bf16": bytes, "fp8": bytes} with positive integers'
+            )
+        out = {k: int(given[k]) for k in out}
+    return out
 
 
 def _label(name: str) -> str:
@@ -178,7 +202,8 @@ def profile_trace(
         Per-access simulations on a SHARDS sample (``policy_rate``) of table
         ``policy_table``; shown beside that table's per-access LRU on the same sample.
     dtype : "bf16" or "fp8"
-        Row size: ``2 * dim`` or ``dim + 4`` bytes.
+        Row size: ``2 * dim`` or ``dim + 4`` bytes (LongCat's and Engram's FP8 rows carry
+        a scale), or the manifest's ``row_bytes`` where it states them (Qwen4: ``dim``).
     workers, dask_client
         Fixed-rate SHARDS samples every table in one pass over the chunk files,
         in ``workers`` processes or on a Dask cluster (``parallel.sample_trace``);
@@ -191,11 +216,10 @@ def profile_trace(
         all the tables), naming the curve under way, redrawn every second. The exact
         method's memory is :func:`exact_peak_bytes`.
     """
-    dims = trace.dims
-    dim = int(dims["hidden_size"]) // trace.num_tables
     if dtype not in ("bf16", "fp8"):
         raise ConfigError(f"dtype={dtype!r} is not supported; allowed: bf16, fp8")
-    record = 2 * dim if dtype == "bf16" else dim + 4
+    row_bytes = trace_row_bytes(trace)
+    record = row_bytes[dtype]
     if policies and not 0 <= policy_table < trace.num_tables:
         raise ConfigError(f"policy_table={policy_table} is outside [0, {trace.num_tables})")
     sizes_arr = default_sizes(trace) if sizes is None else np.asarray(sizes, dtype=np.int64)
@@ -323,6 +347,7 @@ def profile_trace(
         num_tables=trace.num_tables,
         record_bytes=record,
         dtype=dtype,
+        row_bytes=row_bytes,
         sizes=sizes_arr,
         curves=curves,
         shared=shared_curve,

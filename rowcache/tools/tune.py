@@ -122,6 +122,24 @@ def curves_from_profile(
             source,
             f"'record_bytes' {rec!r} is not a {dtype} row size (bf16: 2 x dim, fp8: dim + 4)",
         )
+    row_bytes = d.get("row_bytes") or {}  # absent in older profiles: LongCat's rule
+    if row_bytes:
+        if not isinstance(row_bytes, dict) or not all(
+            isinstance(row_bytes.get(k), int)
+            and not isinstance(row_bytes.get(k), bool)
+            and row_bytes[k] > 0
+            for k in ("bf16", "fp8")
+        ):
+            raise _fail(
+                source,
+                f"'row_bytes' {row_bytes!r} must map bf16 and fp8 to positive integers",
+            )
+        if row_bytes[dtype] != rec:
+            raise _fail(
+                source,
+                f"'record_bytes' {rec!r} is not its 'row_bytes' for {dtype} ({row_bytes[dtype]})",
+            )
+        row_bytes = {k: int(row_bytes[k]) for k in ("bf16", "fp8")}
     tables = d["tables"]
     if not isinstance(tables, dict) or not tables:
         raise _fail(source, "'tables' must map table names to curves")
@@ -164,7 +182,7 @@ def curves_from_profile(
             if math.isfinite(uniq) and uniq >= 0:
                 unique = float(uniq)
         out.append(TableCurve(str(name), sizes, misses, acc, rows, unique))
-    return out, {"tokens": tokens, "record_bytes": rec, "dtype": dtype}
+    return out, {"tokens": tokens, "record_bytes": rec, "dtype": dtype, "row_bytes": row_bytes}
 
 
 def _hull(sizes: np.ndarray, misses: np.ndarray) -> list[tuple[int, float]]:
@@ -256,12 +274,12 @@ def tune(
     dtype = dtype or meta["dtype"]
     rec0 = meta["record_bytes"]
     dim = rec0 // 2 if meta["dtype"] == "bf16" else rec0 - 4
-    if dtype == "bf16":
-        rec = 2 * dim
-    elif dtype == "fp8":
-        rec = dim + 4
-    else:
+    # each dtype's row: the profile's row_bytes (a Qwen4 trace: FP8 rows of dim bytes, one
+    # scale for the table), else LongCat's 2 x dim and dim + 4 (a row's scale)
+    sizes_of = meta["row_bytes"] or {"bf16": 2 * dim, "fp8": dim + 4}
+    if dtype not in ("bf16", "fp8"):
         raise ConfigError(f"dtype={dtype!r} is not supported; allowed: bf16, fp8")
+    rec = sizes_of[dtype]
     for name, v, hi in (
         ("target_fault_rate", target_fault_rate, 1.0),
         ("target_fault_seconds", target_fault_seconds, math.inf),
@@ -370,7 +388,7 @@ def tune(
             "profile larger sizes to see what more memory gains"
         )
     total_rows = sum(c.rows for c in curves)
-    fp8_bytes = total_rows * (dim + 4)
+    fp8_bytes = total_rows * sizes_of["fp8"]
     fits = None if memory_bytes is None else fp8_bytes <= budget
     return TuneReport(
         dtype=dtype,

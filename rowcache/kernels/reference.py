@@ -17,7 +17,7 @@ import numpy as np
 BF16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 FP8_MAX = np.float32(448.0)
-BF16_NAN_BITS = 0x7FC0  # the NaN every table-scaled FP8 gather writes (torch's CPU conversion's)
+BF16_NAN_BITS = 0x7FC0  # the NaN every table-scaled FP8 gather writes (float32's quiet NaN, cut)
 _E4M3_TO_F32 = np.arange(256, dtype=np.uint8).view(E4M3).astype(np.float32)
 _F32_TINY = np.finfo(np.float32).tiny
 
@@ -79,9 +79,10 @@ def dequantize_fp8_table_scale_reference(codes: np.ndarray, scale: object) -> np
     (subnormal products included: no flush here, none on the GPU either), and the one
     rounding is to bfloat16, nearest even. So the result is the exact product rounded once.
 
-    Specials: a NaN code (0x7F, 0xFF) or a NaN scale gives NaN, written as the bfloat16
-    ``0x7FC0`` (positive quiet NaN: what torch's CPU conversion writes for every NaN; the
-    code's sign is not kept); an infinite scale gives +-Inf times a non-zero code and NaN
+    Specials: a NaN code (0x7F, 0xFF) or a NaN scale gives NaN, as torch's does, written as
+    the bfloat16 ``0x7FC0`` (positive quiet NaN) on every path: torch's own NaN bits differ
+    between its paths (2.13 on the CPU writes ``0xFFFF``; a GPU conversion writes its
+    canonical NaN), so rowcache fixes one, and the code's sign is not kept; an infinite scale gives +-Inf times a non-zero code and NaN
     (``0x7FC0``) times a zero code; a product beyond bfloat16's range rounds to +-Inf.
     The store and the resident table refuse a non-finite scale at their boundaries.
     """

@@ -158,7 +158,10 @@ class Fp8TableScaleCodec(RowCodec):
             )
         v = params["scale"]
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        if not ok or float(np.float64(v).astype(BF16)) != float(v):
+        if ok:
+            with np.errstate(over="ignore"):
+                ok = float(np.float64(v).astype(BF16)) == float(v)
+        if not ok:
             raise FormatError(
                 f"{where}: field 'params.scale' is {v!r}; expected a finite bfloat16 value"
             )

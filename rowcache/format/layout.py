@@ -301,11 +301,11 @@ def _parse_table(t: Any, i: int, dtype: str, path: str, version: int) -> TableIn
     expect = TableInfo.make(
         info.name, info.rows, info.dim, dtype, info.pages_per_shard * info.page_bytes, params
     )
-    for field in ("dtype", "record_bytes", "rows_per_page", "page_bytes", "shards"):
-        if getattr(info, field) != getattr(expect, field):
+    for name in ("dtype", "record_bytes", "rows_per_page", "page_bytes", "shards"):
+        if getattr(info, name) != getattr(expect, name):
             raise FormatError(
-                f"{path}: meta field 'tables[{i}].{field}' is {getattr(info, field)!r}, "
-                f"inconsistent with dim={info.dim} dtype={dtype} (expected {getattr(expect, field)!r})"
+                f"{path}: meta field 'tables[{i}].{name}' is {getattr(info, name)!r}, "
+                f"inconsistent with dim={info.dim} dtype={dtype} (expected {getattr(expect, name)!r})"
             )
     return info
 

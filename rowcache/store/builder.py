@@ -334,8 +334,7 @@ def build_store(
             sources.append(resolve_source(n, s))
         dtype = _store_codec(dtype, sources)
         infos = [
-            fmt.TableInfo.make(s.name, s.rows, s.dim, dtype, shard_bytes, s.params)
-            for s in sources
+            fmt.TableInfo.make(s.name, s.rows, s.dim, dtype, shard_bytes, s.params) for s in sources
         ]
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return _build(

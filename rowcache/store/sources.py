@@ -280,9 +280,7 @@ class ConcatSource(Source):
             p.close()
 
 
-def _file_source(
-    name: str, arr: np.ndarray, path: str, origin: str, codes: bool = False
-) -> Source:
+def _file_source(name: str, arr: np.ndarray, path: str, origin: str, codes: bool = False) -> Source:
     """A :class:`Source` reading ``path`` where the memory map ``arr`` shows its table (the
     map only tells dtype, shape and offset; it is never read): with ``pread`` where the rows
     lie in C order, through the map for a .npy file saved in Fortran order."""

@@ -42,7 +42,11 @@ def test_resident_table_gathers_by_the_codec_rule(rng):
     codes[5, 7] = 0x7F  # a NaN code gathers as NaN
     tab = Fp8TableScaleTable(codes, SCALES[0])
     assert (tab.rows, tab.dim, tab.device, tab.nbytes, tab.kind) == (
-        400, 160, "cpu", codes.nbytes, "fp8_table_scale"
+        400,
+        160,
+        "cpu",
+        codes.nbytes,
+        "fp8_table_scale",
     )
     ids = rng.integers(0, 400, size=300)
     ids[0] = 5
@@ -121,7 +125,12 @@ def test_shared_cache_applies_each_parts_scale(rng, tmp_path):
         shared = NgramRowCache(store, ["a", "b"], slots=400)
         for k, (codes, scale) in enumerate(((a, SCALES[0]), (b, SCALES[1]))):
             _cache_steps(
-                rng, CachedTable(shared, k), Fp8TableScaleTable(codes, scale), codes.shape[0], 8, 150
+                rng,
+                CachedTable(shared, k),
+                Fp8TableScaleTable(codes, scale),
+                codes.shape[0],
+                8,
+                150,
             )
     finally:
         store.close()

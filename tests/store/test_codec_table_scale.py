@@ -38,7 +38,11 @@ def write_safetensors(path, tensors):
     header, blobs, off = {}, [], 0
     for name, (dtype, arr) in tensors.items():
         raw = np.ascontiguousarray(arr).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(raw)]}
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(arr.shape),
+            "data_offsets": [off, off + len(raw)],
+        }
         blobs.append(raw)
         off += len(raw)
     hb = json.dumps(header).encode()
@@ -54,7 +58,11 @@ def test_build_from_codes_reads_them_back_verbatim(tmp_path, rng):
     try:
         assert store.dtype == "fp8_table_scale" and store.meta["version"] == 3
         info = store.tables[0]
-        assert (info.record_bytes, info.rows_per_page, info.params) == (160, 25, {"scale": float(SCALE)})
+        assert (info.record_bytes, info.rows_per_page, info.params) == (
+            160,
+            25,
+            {"scale": float(SCALE)},
+        )
         ids = rng.integers(0, 5000, size=3000)
         np.testing.assert_array_equal(store.read_rows("t", ids), codes[ids])
         np.testing.assert_array_equal(store.read_rows("t", np.arange(5000)), codes)
@@ -121,7 +129,9 @@ def test_sources_npy_e4m3_safetensors_and_scale_tensor(tmp_path, rng):
         store.close()
 
 
-def test_concat_rows_across_the_files_of_an_indexed_checkpoint_equals_one_array(tmp_path, rng, monkeypatch):
+def test_concat_rows_across_the_files_of_an_indexed_checkpoint_equals_one_array(
+    tmp_path, rng, monkeypatch
+):
     monkeypatch.setattr(builder, "CHUNK_BYTES", 2 * 4096)  # chunks straddle the parts
     parts = [codes_table(rng, n, 96) for n in (700, 1, 333, 1200)]
     whole = np.concatenate(parts)
@@ -129,7 +139,10 @@ def test_concat_rows_across_the_files_of_an_indexed_checkpoint_equals_one_array(
     for k, p in enumerate(parts):
         fn = f"model-{k // 2:05d}.safetensors"
         files.setdefault(fn, {})[f"emb.shard_{k}"] = ("F8_E4M3", p)
-    files["model-00000.safetensors"]["emb.weight_scale"] = ("BF16", np.array([SCALE]).view(np.uint16))
+    files["model-00000.safetensors"]["emb.weight_scale"] = (
+        "BF16",
+        np.array([SCALE]).view(np.uint16),
+    )
     weight_map = {}
     for fn, tensors in files.items():
         write_safetensors(tmp_path / fn, tensors)
@@ -140,7 +153,9 @@ def test_concat_rows_across_the_files_of_an_indexed_checkpoint_equals_one_array(
         ConcatRows([(str(index), f"emb.shard_{k}") for k in range(4)]),
         (str(index), "emb.weight_scale"),
     )
-    store = rowcache.build_store(tmp_path / "s", {"t": src, "one": Fp8TableScaleSource(whole, SCALE)}, progress=False)
+    store = rowcache.build_store(
+        tmp_path / "s", {"t": src, "one": Fp8TableScaleSource(whole, SCALE)}, progress=False
+    )
     try:
         assert store.tables[0].rows == whole.shape[0]
         np.testing.assert_array_equal(store.read_rows("t", np.arange(whole.shape[0])), whole)
@@ -167,7 +182,9 @@ def test_concat_rows_of_value_tables_builds_bf16_and_fp8(tmp_path, rng):
             ids = np.arange(127)
             got, want = store.read_rows("cat", ids), store.read_rows("one", ids)
             for g, w in zip(got if dtype == "fp8" else [got], want if dtype == "fp8" else [want]):
-                np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8))
+                np.testing.assert_array_equal(
+                    np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8)
+                )
         finally:
             store.close()
 
@@ -204,20 +221,30 @@ def test_bad_inputs_are_refused_in_one_line(tmp_path, rng):
         {"t": Fp8TableScaleSource(ConcatRows([c, codes_table(rng, 5, 9)]), 1.0)},
         "parts need one width",
     )
-    with pytest.raises(ConfigError, match="ConcatRows.parts is empty"):
+    with pytest.raises(ConfigError, match=r"ConcatRows\.parts is empty"):
         ConcatRows([])
     with pytest.raises(ConfigError, match="give a list of sources"):
         ConcatRows("a.npy")
-    one_line_config_error(tmp_path, {"t": Fp8TableScaleSource(c, 1.0)}, "pass dtype='fp8_table_scale'", dtype="bf16")
-    one_line_config_error(tmp_path, {"t": c.astype(np.float32)}, "Fp8TableScaleSource", dtype="fp8_table_scale")
     one_line_config_error(
-        tmp_path, {"a": Fp8TableScaleSource(c, 1.0), "b": c.astype(np.float32)}, "mix encoded and value"
+        tmp_path, {"t": Fp8TableScaleSource(c, 1.0)}, "pass dtype='fp8_table_scale'", dtype="bf16"
+    )
+    one_line_config_error(
+        tmp_path, {"t": c.astype(np.float32)}, "Fp8TableScaleSource", dtype="fp8_table_scale"
+    )
+    one_line_config_error(
+        tmp_path,
+        {"a": Fp8TableScaleSource(c, 1.0), "b": c.astype(np.float32)},
+        "mix encoded and value",
     )
     one_line_config_error(tmp_path, {"t": c}, "Fp8TableScaleSource")  # codes as a value table
     one_line_config_error(tmp_path, {"t": c.astype(np.float32)}, "allowed: None, bf16", dtype="fp4")
     nan = c.copy()
     nan[13, 5] = 0xFF
-    one_line_config_error(tmp_path, {"t": Fp8TableScaleSource(nan, 1.0)}, r"row 13, column 5 is the E4M3 NaN code 0xff")
+    one_line_config_error(
+        tmp_path,
+        {"t": Fp8TableScaleSource(nan, 1.0)},
+        r"row 13, column 5 is the E4M3 NaN code 0xff",
+    )
     store = rowcache.build_store(
         tmp_path / "nan", {"t": Fp8TableScaleSource(nan, 1.0)}, allow_nonfinite=True, progress=False
     )
@@ -230,10 +257,21 @@ def test_bad_inputs_are_refused_in_one_line(tmp_path, rng):
 def test_safetensors_scale_and_codes_of_the_wrong_kind(tmp_path, rng):
     c = codes_table(rng, 10, 8)
     st = str(tmp_path / "m.safetensors")
-    write_safetensors(st, {"w": ("F8_E4M3", c), "s2": ("BF16", np.ones(2, np.uint16)), "f": ("BF16", c.view(np.uint16))})
+    write_safetensors(
+        st,
+        {
+            "w": ("F8_E4M3", c),
+            "s2": ("BF16", np.ones(2, np.uint16)),
+            "f": ("BF16", c.view(np.uint16)),
+        },
+    )
     one_line_config_error(tmp_path, {"t": Fp8TableScaleSource((st, "w"), (st, "s2"))}, "one BF16")
-    one_line_config_error(tmp_path, {"t": Fp8TableScaleSource((st, "f"), 1.0)}, "codes of dtype bfloat16")
-    one_line_config_error(tmp_path, {"t": (st, "w")}, "Fp8TableScaleSource")  # E4M3 as a value table
+    one_line_config_error(
+        tmp_path, {"t": Fp8TableScaleSource((st, "f"), 1.0)}, "codes of dtype bfloat16"
+    )
+    one_line_config_error(
+        tmp_path, {"t": (st, "w")}, "Fp8TableScaleSource"
+    )  # E4M3 as a value table
 
 
 def test_open_validates_the_codec_fields(tmp_path, rng):
@@ -241,7 +279,9 @@ def test_open_validates_the_codec_fields(tmp_path, rng):
 
     def fresh():
         p = tmp_path / "s"
-        rowcache.build_store(p, {"t": Fp8TableScaleSource(c, SCALE)}, overwrite=True, progress=False).close()
+        rowcache.build_store(
+            p, {"t": Fp8TableScaleSource(c, SCALE)}, overwrite=True, progress=False
+        ).close()
         return str(p)
 
     for edit, match in (
@@ -263,7 +303,7 @@ def test_open_validates_the_codec_fields(tmp_path, rng):
         assert "\n" not in str(e.value)
     path = fresh()
     edit_json(path, fmt.META_KEY, lambda m: m["tables"][0].update(params={"scale": float("nan")}))
-    with pytest.raises(FormatError, match="'params.scale' is nan"):
+    with pytest.raises(FormatError, match=r"'params\.scale' is nan"):
         RowStore.open(path)
 
 

@@ -57,6 +57,7 @@ class Arena:
         codec = get_codec(dtype)
         vdt = codec.value_dtype
         fp8 = codec.row_scales
+        dim = codec.arena_width(dim)
         if device == "cpu":
             self.table: Any = np.zeros((slots, dim), dtype=vdt)
             self.scales: Any = np.ones(slots, dtype=np.float32) if fp8 else None

@@ -7,9 +7,9 @@ quantized by the builder, the row's float32 scale after them in the record) and
 table's meta ``params``). A codec says, for its encoding:
 
 - ``record_bytes(dim)``: the bytes of one stored row;
-- ``value_dtype`` and ``row_scales``: what an arena of its rows holds (``[slots, dim]`` of
-  ``value_dtype``, and a float32 a slot where ``row_scales``), which is also what the
-  store's scatter writes a record into;
+- ``value_dtype``, ``arena_width(dim)`` and ``row_scales``: what an arena of its rows holds
+  (``[slots, arena_width(dim)]`` of ``value_dtype``, and a float32 a slot where
+  ``row_scales``), which is also what the store's scatter writes a record into;
 - ``check_params(params, where)``: the table-level parameters of the meta record
   (``FormatError`` naming the field), and ``params_of(source params)`` for the builder;
 - ``encode`` / ``decode``: records from encoded rows and back (``decode`` is what
@@ -52,6 +52,11 @@ class RowCodec(ABC):
     @abstractmethod
     def record_bytes(self, dim: int) -> int:
         """Bytes of one stored row of ``dim`` values."""
+
+    def arena_width(self, dim: int) -> int:
+        """Elements of ``value_dtype`` an arena slot holds for a row of ``dim`` values: ``dim``
+        here; a codec whose rows keep their scales inline (block-scaled) holds its record."""
+        return dim
 
     def value_bytes(self, dim: int) -> int:
         """Bytes of one row's values (no scales, no padding)."""

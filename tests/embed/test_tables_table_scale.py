@@ -182,3 +182,22 @@ def test_gpu_cache_and_resident_gather_the_same(rng, tmp_path, arena):
         assert cached.stats().evictions > 0
     finally:
         store.close()
+
+
+def test_prefetched_rows_gather_the_rule(rng, tmp_path):
+    """Rows a prefetch read in (the prefetcher's scatter, not the fault's) gather the same."""
+    codes = codes_table(rng, 2000, 48)
+    store = _store(tmp_path, {"t": (codes, SCALES[1])})
+    try:
+        cache = NgramRowCache(store, "t", slots=300)
+        cached = CachedTable(cache)
+        for _ in range(5):
+            ids = rng.integers(0, 2000, size=250)
+            cache.prefetch(ids).wait()
+            cache.stats(reset=True)
+            got = cached.gather(ids)
+            cached.end_step()
+            assert cache.stats().misses == 0  # every row came from the prefetch
+            np.testing.assert_array_equal(bits(got), bits(expected(codes, SCALES[1], ids)))
+    finally:
+        store.close()

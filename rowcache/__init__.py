@@ -1,6 +1,7 @@
 """rowcache: out-of-core embedding rows on NVMe, a bounded row arena with LRU and pinning.
 
-Public API: ``build_store``, ``RowStore``, ``TableInfo``, ``NgramRowCache``,
+Public API: ``build_store`` (with ``ConcatRows`` and ``Fp8TableScaleSource`` sources),
+``RowStore``, ``TableInfo``, ``NgramRowCache``,
 ``CacheStats``, ``PrefetchHandle``, and the errors of ``rowcache.errors``
 (``StoreChangedError`` among them).
 """
@@ -27,6 +28,7 @@ from rowcache.errors import (
 from rowcache.format.layout import TableInfo
 from rowcache.store.builder import build_store
 from rowcache.store.handle import RowStore, VerifyReport
+from rowcache.store.sources import ConcatRows, Fp8TableScaleSource
 
 try:
     __version__ = _dist_version("rowcache")
@@ -36,9 +38,11 @@ except PackageNotFoundError:  # a source tree that was never installed
 __all__ = [
     "ArenaExhaustedError",
     "CacheStats",
+    "ConcatRows",
     "ConfigError",
     "CorruptDataError",
     "FormatError",
+    "Fp8TableScaleSource",
     "GpuUnavailableError",
     "NgramRowCache",
     "PendingResolveError",

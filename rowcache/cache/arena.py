@@ -16,16 +16,15 @@ from typing import Any
 import numpy as np
 
 from rowcache.cache.slots import READING, SlotTable
+from rowcache.format.codecs import get_codec
 from rowcache.kernels.reference import scatter_records_reference
 
 OUT_RING = 8  # pinned buffers for int32 arrays on their way to the device (slots, map updates)
 
 
 def value_dtype(dtype: str) -> Any:
-    """The arena's element type for a store of ``dtype`` (bf16 values or FP8 codes)."""
-    from rowcache.kernels.reference import BF16
-
-    return BF16 if dtype == "bf16" else np.uint8
+    """The arena's element type for a store of codec ``dtype`` (bf16 values or FP8 codes)."""
+    return get_codec(dtype).value_dtype
 
 
 class Arena:
@@ -34,7 +33,10 @@ class Arena:
     Parameters
     ----------
     slots, dim, record_bytes : the arena's shape and a stored record's size.
-    dtype : the store's (``"bf16"`` or ``"fp8"``: then ``scales`` holds a float32 a slot).
+    dtype : the store's codec (``rowcache.format.codecs``): the slots hold its
+        ``value_dtype`` (bf16 values, or E4M3 codes for ``fp8`` and ``fp8_table_scale``),
+        and ``scales`` a float32 a slot where its records carry one (``fp8``), else None
+        (the scale of an ``fp8_table_scale`` table is the table's, in its ``TableInfo``).
     device : ``"cpu"`` or ``"cuda"``; xp : numpy or cupy.
     kind : with ``cuda``, ``"device"`` (HBM) or ``"host"`` (pinned, mapped).
     """
@@ -52,8 +54,10 @@ class Arena:
         self._host_mem: list[Any] = []
         self._staging = np.empty((0, record_bytes), dtype=np.uint8)
         self._ctl: Any = None
-        vdt = value_dtype(dtype)
-        fp8 = dtype == "fp8"
+        codec = get_codec(dtype)
+        vdt = codec.value_dtype
+        fp8 = codec.row_scales
+        dim = codec.arena_width(dim)
         if device == "cpu":
             self.table: Any = np.zeros((slots, dim), dtype=vdt)
             self.scales: Any = np.ones(slots, dtype=np.float32) if fp8 else None

@@ -1,6 +1,8 @@
-"""Table variants of the n-gram embedding: resident BF16, resident FP8, cached.
+"""Table variants of the n-gram embedding: resident BF16, resident FP8 (a scale a row),
+resident FP8 with one scale a table, cached.
 
-Owns :class:`Bf16Table`, :class:`Fp8Table` and :class:`CachedTable`. Each answers
+Owns :class:`Bf16Table`, :class:`Fp8Table`, :class:`Fp8TableScaleTable` and
+:class:`CachedTable`. Each answers
 ``gather(ids, out=None) -> bfloat16[n, d]`` with the kernels of ``kernels`` (NumPy
 references on the CPU, CUDA kernels for cupy arrays), so ``NgramEmbedding`` mixes
 them freely. Does not hash ids or project rows.
@@ -15,6 +17,7 @@ import numpy as np
 
 import rowcache.kernels
 from rowcache.errors import ConfigError
+from rowcache.format.codecs import Fp8TableScaleCodec, get_codec, table_scale_params
 from rowcache.kernels.loader import is_device_array, require_cupy
 from rowcache.kernels.reference import BF16
 
@@ -218,6 +221,85 @@ class Fp8Table:
         return f"Fp8Table(rows={self.rows}, dim={self.dim}, device={self.device!r})"
 
 
+class Fp8TableScaleTable:
+    """A resident FP8 table of the ``fp8_table_scale`` codec: E4M3 codes, ONE bf16 scale.
+
+    The "resident" counterpart of a cache over an ``fp8_table_scale`` store (what a
+    checkpoint such as Qwen3.8-Flash-Next's FP8 release ships): rows gather as
+    ``bf16_rn(bf16(code) * scale)`` through ``rowcache.kernels.batched_embed_fp8_table_scale``,
+    the kernel a cache's arena is read with.
+
+    Parameters
+    ----------
+    codes : uint8[rows, d] (or float8_e4m3fn, viewed as its bytes), numpy or cupy
+        E4M3 bit patterns.
+    scale : one finite bfloat16 value (a ``ml_dtypes.bfloat16``, a float that is exactly
+        one, a one-value array); never rounded.
+    """
+
+    kind = "fp8_table_scale"
+    codec = get_codec("fp8_table_scale")
+
+    def __init__(self, codes: Any, scale: Any) -> None:
+        if hasattr(codes, "dtype") and codes.dtype == np.dtype("float8_e4m3fn"):
+            codes = codes.view(np.uint8)
+        if not hasattr(codes, "ndim") or codes.ndim != 2 or codes.dtype != _U8:
+            raise ConfigError(
+                f"Fp8TableScaleTable codes must be uint8[rows, dim] E4M3 codes, "
+                f"got {_describe(codes)}"
+            )
+        self.codes = codes
+        self.params = table_scale_params(scale, "Fp8TableScaleTable scale")
+
+    @property
+    def scale(self) -> np.ndarray:
+        """The table's scale, a 0-d bfloat16 array."""
+        return Fp8TableScaleCodec.scale(self.params)
+
+    @property
+    def rows(self) -> int:
+        return int(self.codes.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.codes.shape[1])
+
+    @property
+    def device(self) -> str:
+        return _device_of(self.codes)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.codes.nbytes)
+
+    def to(self, device: str) -> Fp8TableScaleTable:
+        """This table on ``device``; self when already there."""
+        codes = _to_device(self.codes, device)
+        return self if codes is self.codes else Fp8TableScaleTable(codes, self.scale)
+
+    @property
+    def arrays(self) -> tuple[Any, None]:
+        """``(codes, None)``: ``rowcache.kernels.ngram.stacked.StackedTables`` refuses it
+        (the fused step reads bf16 rows or per-row-scaled codes), with a ConfigError."""
+        return self.codes, None
+
+    def gather(self, ids: Any, out: Any = None) -> Any:
+        """Dequantized rows: ids int[n] -> bfloat16[n, d]."""
+        return self.codec.gather(ids, self.codes, None, self.params, out)
+
+    def end_step(self) -> None:
+        """Nothing to release for a resident table."""
+
+    def end_batch(self) -> None:
+        """Deprecated alias of :meth:`end_step`, kept for one release."""
+
+    def __repr__(self) -> str:
+        return (
+            f"Fp8TableScaleTable(rows={self.rows}, dim={self.dim}, "
+            f"scale={self.params['scale']!r}, device={self.device!r})"
+        )
+
+
 class CachedTable:
     """A table served through a row cache (``rowcache.NgramRowCache``).
 
@@ -247,7 +329,7 @@ class CachedTable:
     kind = "cached"
 
     def __init__(self, cache: Any, part: int = 0) -> None:
-        for attr in ("resolve", "end_step", "table"):
+        for attr in ("resolve", "end_step", "table", "dtype"):
             if not hasattr(cache, attr):
                 raise ConfigError(
                     f"CachedTable needs a rowcache.NgramRowCache, got {type(cache).__name__} "
@@ -266,6 +348,9 @@ class CachedTable:
         self.cache = cache
         self.part = int(part)
         self.info = parts[self.part]
+        # the rows' codec: the store's (every part of a cache shares it); the part's params
+        self.codec = get_codec(cache.dtype)
+        self.params = dict(self.info.params)
         offsets = getattr(cache, "row_offsets", None)
         self.offset = int(offsets[self.part]) if offsets is not None else 0
         self._shared = len(parts) > 1
@@ -302,11 +387,9 @@ class CachedTable:
         return self.cache.resolve(ids)
 
     def gather_slots(self, slots: Any, out: Any = None) -> Any:
-        """Rows of the arena at ``slots`` (from :meth:`resolve`): bfloat16[n, d]."""
-        scales = self.cache.scales
-        if scales is None:
-            return rowcache.kernels.batched_embed(slots, self.cache.table, out)
-        return rowcache.kernels.batched_embed_fp8(slots, self.cache.table, scales, out)
+        """Rows of the arena at ``slots`` (from :meth:`resolve`): bfloat16[n, d], decoded
+        by the cache's codec (``rowcache.format.codecs``) with this part's parameters."""
+        return self.codec.gather(slots, self.cache.table, self.cache.scales, self.params, out)
 
     def gather(self, ids: Any, out: Any = None) -> Any:
         """Resolve ``ids`` to arena slots, then gather those slots: bfloat16[n, d].
@@ -336,6 +419,6 @@ class CachedTable:
         )
 
 
-Table = Bf16Table | Fp8Table | CachedTable
+Table = Bf16Table | Fp8Table | Fp8TableScaleTable | CachedTable
 
-__all__ = ["Bf16Table", "CachedTable", "Fp8Table", "Table"]
+__all__ = ["Bf16Table", "CachedTable", "Fp8Table", "Fp8TableScaleTable", "Table"]

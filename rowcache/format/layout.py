@@ -5,9 +5,10 @@ rows into fixed-size records; the builder (``rowcache.store``) and the readers
 (``rowcache.io``) both import it from here, beneath both, so they can never disagree. Does
 not do any I/O; the page checksums themselves are computed by ``rowcache.io.checksum``.
 
-Layout. A row is one *record*: BF16 rows are ``dim * 2`` bytes; FP8 rows are
-``dim`` E4M3 codes followed by their float32 scale (little endian), ``dim + 4``
-bytes, so one read fetches both. Records are packed into 4 KiB pages without
+Layout. A row is one *record*, encoded by the store's codec (``rowcache.format.codecs``):
+BF16 rows are ``dim * 2`` bytes; FP8 rows are ``dim`` E4M3 codes followed by their float32
+scale (little endian), ``dim + 4`` bytes, so one read fetches both; ``fp8_table_scale`` rows
+are their ``dim`` E4M3 codes, the table's one bf16 scale in the meta record. Records are packed into 4 KiB pages without
 straddling a page (``rows_per_page = 4096 // record_bytes``; the page tail is
 padding); a record larger than a page starts a page of its own. A table is split
 into shard files of ``pages_per_shard`` pages each (the last may be shorter); every
@@ -30,18 +31,20 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
-from rowcache.errors import ConfigError, FormatError
-from rowcache.kernels.reference import BF16
+from rowcache.errors import FormatError
+from rowcache.format.codecs import CODECS, get_codec
 
 PAGE = 4096
 FORMAT_NAME = "rowcache-store"
-FORMAT_VERSION = 2  # 2: shard files padded to whole pages, a CRC32C per page
-DTYPES = ("bf16", "fp8")
+FORMAT_VERSION = 3  # 2: shard files padded to whole pages, a CRC32C per page; 3: codecs
+READ_VERSIONS = (2, 3)  # what this rowcache opens
+DTYPES = tuple(CODECS)  # the codecs' names, the meta record's `dtype`
+DTYPES_V2 = ("bf16", "fp8")  # the codecs a version 2 store may name (its tables have no params)
 META_KEY = b"M"
 SHARD_PREFIX = b"S"
 CRC_PREFIX = b"C"
@@ -49,16 +52,20 @@ INDEX_NAME = "index.lmdb"
 INDEX_FILE = "data.mdb"  # the LMDB data file inside INDEX_NAME
 MARKER_NAME = "rowcache-store.json"  # the marker a build writes last (``rowcache.store.marker``)
 
-Dtype = Literal["bf16", "fp8"]
+Dtype = Literal["bf16", "fp8", "fp8_table_scale"]
+
+
+def write_version(dtype: str) -> int:
+    """The format version a build of codec ``dtype`` writes: the lowest that describes it
+    (2 for bf16 and fp8, whose bytes version 3 did not change, so rowcaches before codecs
+    still read them; 3 for the codecs that came with it)."""
+    return 2 if dtype in DTYPES_V2 else FORMAT_VERSION
 
 
 def record_bytes(dim: int, dtype: str) -> int:
-    """Bytes of one stored row: ``2*dim`` for bf16, ``dim + 4`` (codes + f32 scale) for fp8."""
-    if dtype == "bf16":
-        return 2 * dim
-    if dtype == "fp8":
-        return dim + 4
-    raise ConfigError(f"dtype={dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
+    """Bytes of one stored row of codec ``dtype``: ``2*dim`` for bf16, ``dim + 4`` (codes + f32
+    scale) for fp8, ``dim`` for fp8_table_scale (``rowcache.format.codecs``)."""
+    return get_codec(dtype).record_bytes(dim)
 
 
 def page_packing(rec: int) -> tuple[int, int]:
@@ -117,9 +124,10 @@ def _check_int(obj: dict[str, Any], key: str, where: str, low: int = 0) -> int:
 class TableInfo:
     """One table of a store.
 
-    ``rows`` x ``dim`` values of ``dtype``; ``record_bytes`` per stored row, packed
-    ``rows_per_page`` to a page of ``page_bytes``; ``pages_per_shard`` pages per
-    shard file, ``shards`` files in all.
+    ``rows`` x ``dim`` values of ``dtype`` (the codec's name); ``record_bytes`` per stored
+    row, packed ``rows_per_page`` to a page of ``page_bytes``; ``pages_per_shard`` pages per
+    shard file, ``shards`` files in all; ``params`` the codec's table-level parameters
+    (``{}``, or ``{"scale": s}`` for ``fp8_table_scale``).
     """
 
     name: str
@@ -131,6 +139,19 @@ class TableInfo:
     page_bytes: int
     pages_per_shard: int
     shards: int
+    params: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    @property
+    def codec(self) -> Any:
+        """The table's :class:`rowcache.format.codecs.RowCodec`."""
+        return get_codec(self.dtype)
+
+    def to_meta(self, version: int) -> dict[str, Any]:
+        """The table's entry of a meta record of format ``version`` (2: no ``params``)."""
+        entry = {**asdict(self), "params": dict(self.params)}
+        if version < 3:
+            del entry["params"]
+        return entry
 
     @property
     def rows_per_shard(self) -> int:
@@ -139,7 +160,7 @@ class TableInfo:
     @property
     def nbytes(self) -> int:
         """Bytes of the table's values (not counting page padding or scales)."""
-        return self.rows * self.dim * (2 if self.dtype == "bf16" else 1)
+        return self.rows * self.codec.value_bytes(self.dim)
 
     def shard_rows(self, shard: int) -> tuple[int, int]:
         """``(first_row, row_count)`` of shard ``shard``."""
@@ -163,7 +184,14 @@ class TableInfo:
         return shard, page_in_shard * self.page_bytes + slot * self.record_bytes
 
     @staticmethod
-    def make(name: str, rows: int, dim: int, dtype: str, shard_bytes: int) -> TableInfo:
+    def make(
+        name: str,
+        rows: int,
+        dim: int,
+        dtype: str,
+        shard_bytes: int,
+        params: dict[str, Any] | None = None,
+    ) -> TableInfo:
         rec = record_bytes(dim, dtype)
         rpp, page_bytes = page_packing(rec)
         pps = max(1, shard_bytes // page_bytes)
@@ -178,34 +206,19 @@ class TableInfo:
             page_bytes=page_bytes,
             pages_per_shard=pps,
             shards=max(1, -(-pages // pps)),
+            params=dict(params or {}),
         )
 
 
-def encode_records(dtype: str, values: np.ndarray | tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """Records ``uint8 [n, record_bytes]`` of bf16 rows or of ``(codes, scales)``."""
-    if dtype == "bf16":
-        v = np.ascontiguousarray(values)
-        return v.view(np.uint8).reshape(v.shape[0], -1)
-    codes, scales = values
-    n, dim = codes.shape
-    out = np.empty((n, dim + 4), dtype=np.uint8)
-    out[:, :dim] = codes
-    out[:, dim:] = np.ascontiguousarray(scales, dtype="<f4").view(np.uint8).reshape(n, 4)
-    return out
+def encode_records(dtype: str, values: Any) -> np.ndarray:
+    """Records ``uint8 [n, record_bytes]`` of rows in codec ``dtype``'s encoding (bf16
+    rows, ``(codes, scales)`` for fp8, codes for fp8_table_scale)."""
+    return get_codec(dtype).encode(values)
 
 
-def decode_records(
-    dtype: str, dim: int, records: np.ndarray
-) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-    """Inverse of :func:`encode_records`: bf16 ``[n, dim]`` or ``(codes, scales)``."""
-    n = records.shape[0]
-    if dtype == "bf16":
-        return np.ascontiguousarray(records[:, : 2 * dim]).view(BF16).reshape(n, dim)
-    codes = np.ascontiguousarray(records[:, :dim])
-    scales = (
-        np.ascontiguousarray(records[:, dim : dim + 4]).view("<f4").reshape(n).astype(np.float32)
-    )
-    return codes, scales
+def decode_records(dtype: str, dim: int, records: np.ndarray) -> Any:
+    """Inverse of :func:`encode_records`: bf16 ``[n, dim]``, ``(codes, scales)`` or codes."""
+    return get_codec(dtype).decode(dim, records)
 
 
 _SHARD_INT_FIELDS = ("table", "shard", "first_row", "rows", "offset", "length", "pages")
@@ -272,26 +285,27 @@ _TABLE_INT_FIELDS = {
 }
 
 
-def _parse_table(t: Any, i: int, dtype: str, path: str) -> TableInfo:
+def _parse_table(t: Any, i: int, dtype: str, path: str, version: int) -> TableInfo:
     where = f"{path}: meta field 'tables[{i}]'"
     if not isinstance(t, dict):
         raise FormatError(f"{where} is {type(t).__name__}, expected an object")
-    want = {"name", "dtype", *_TABLE_INT_FIELDS}
+    want = {"name", "dtype", *_TABLE_INT_FIELDS} | ({"params"} if version >= 3 else set())
     if set(t) != want:
         extra, missing = sorted(set(t) - want), sorted(want - set(t))
         raise FormatError(f"{where} is malformed (unknown fields {extra}, missing {missing})")
     if type(t["name"]) is not str or not t["name"]:
         raise FormatError(f"{where}: field 'name' is {t['name']!r}; expected a non-empty string")
     ints = {k: _check_int(t, k, where, low) for k, low in _TABLE_INT_FIELDS.items()}
-    info = TableInfo(name=t["name"], dtype=t["dtype"], **ints)
+    params = get_codec(dtype).check_params(t.get("params", {}), f"{where}")
+    info = TableInfo(name=t["name"], dtype=t["dtype"], params=params, **ints)
     expect = TableInfo.make(
-        info.name, info.rows, info.dim, dtype, info.pages_per_shard * info.page_bytes
+        info.name, info.rows, info.dim, dtype, info.pages_per_shard * info.page_bytes, params
     )
-    for field in ("dtype", "record_bytes", "rows_per_page", "page_bytes", "shards"):
-        if getattr(info, field) != getattr(expect, field):
+    for name in ("dtype", "record_bytes", "rows_per_page", "page_bytes", "shards"):
+        if getattr(info, name) != getattr(expect, name):
             raise FormatError(
-                f"{path}: meta field 'tables[{i}].{field}' is {getattr(info, field)!r}, "
-                f"inconsistent with dim={info.dim} dtype={dtype} (expected {getattr(expect, field)!r})"
+                f"{path}: meta field 'tables[{i}].{name}' is {getattr(info, name)!r}, "
+                f"inconsistent with dim={info.dim} dtype={dtype} (expected {getattr(expect, name)!r})"
             )
     return info
 
@@ -314,27 +328,32 @@ def parse_meta(raw: bytes | None, path: str) -> tuple[str, list[TableInfo], dict
             f"{path}: meta field 'format' is {meta.get('format')!r}, expected {FORMAT_NAME!r}"
         )
     version = meta.get("version")
-    if version != FORMAT_VERSION or type(version) is not int:
+    if version not in READ_VERSIONS or type(version) is not int:
         age = (
             "an older format"
-            if type(version) is int and version < FORMAT_VERSION
+            if type(version) is int and version < min(READ_VERSIONS)
             else "not a format this rowcache knows"
         )
         raise FormatError(
             f"{path}: meta field 'version' is {version!r} ({age}); this rowcache reads "
-            f"format version {FORMAT_VERSION} only; rebuild the store with `rowcache build`"
+            f"format versions {', '.join(map(str, READ_VERSIONS))}; rebuild the store with "
+            "`rowcache build`"
         )
     if meta.get("page_size") != PAGE or type(meta.get("page_size")) is not int:
         raise FormatError(
             f"{path}: meta field 'page_size' is {meta.get('page_size')!r}, expected {PAGE}"
         )
     dtype = meta.get("dtype")
-    if dtype not in DTYPES:
-        raise FormatError(f"{path}: meta field 'dtype' is {dtype!r}; allowed: {', '.join(DTYPES)}")
+    allowed = DTYPES if version >= 3 else DTYPES_V2
+    if not isinstance(dtype, str) or dtype not in allowed:
+        raise FormatError(
+            f"{path}: meta field 'dtype' is {dtype!r}; allowed in format version {version}: "
+            f"{', '.join(allowed)}"
+        )
     raw_tables = meta.get("tables")
     if not isinstance(raw_tables, list) or not raw_tables:
         raise FormatError(f"{path}: meta field 'tables' must be a non-empty list")
-    tables = [_parse_table(t, i, dtype, path) for i, t in enumerate(raw_tables)]
+    tables = [_parse_table(t, i, dtype, path, version) for i, t in enumerate(raw_tables)]
     names = [t.name for t in tables]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)

@@ -6,7 +6,11 @@ or the CUDA kernel accordingly; the results are bit-identical where the spec say
 
 from __future__ import annotations
 
-from rowcache.kernels.gather import batched_embed, batched_embed_fp8
+from rowcache.kernels.gather import (
+    batched_embed,
+    batched_embed_fp8,
+    batched_embed_fp8_table_scale,
+)
 from rowcache.kernels.gemm import gemm_bf16_f32, gemm_bf16_f32_parts, scale_sum
 from rowcache.kernels.loader import gpu_available
 from rowcache.kernels.ngram.hash import hash_gather, ngram_hash
@@ -24,6 +28,7 @@ __all__ = [
     "StackedTables",
     "batched_embed",
     "batched_embed_fp8",
+    "batched_embed_fp8_table_scale",
     "embed_overlay_routed",
     "embed_rowdiff",
     "gather_stacked",

@@ -1,7 +1,10 @@
 // Row gathers of the embedding tables, launched by kernels/gather.py and specified
-// by kernels/reference.py (batched_embed_reference, batched_embed_fp8_reference):
+// by kernels/reference.py (batched_embed_reference, batched_embed_fp8_reference,
+// batched_embed_fp8_table_scale_reference):
 //   gather_rows_*:     out[r, :] = table[ids[r], :]                      (bf16 bytes)
 //   gather_rows_fp8_*: out[r, :] = bf16_rn(float(e4m3(codes[ids[r], :])) * scales[ids[r]])
+//   gather_rows_fp8ts_*: out[r, :] = bf16_rn(bf16(e4m3(codes[ids[r], :])) * scale), one bf16
+//                      scale for the table; a NaN result is written as 0x7FC0
 // Ids are trusted to lie in [0, rows): the launcher documents it, the CPU path checks.
 //
 // Layout: a block is (TX, TY) threads; each of its TY rows of threads (a "team")
@@ -152,3 +155,74 @@ GATHER_ROWS_FP8(gather_rows_fp8_2_i32, 2, int)
 GATHER_ROWS_FP8(gather_rows_fp8_2_i64, 2, long long)
 GATHER_ROWS_FP8(gather_rows_fp8_1_i32, 1, int)
 GATHER_ROWS_FP8(gather_rows_fp8_1_i64, 1, long long)
+
+// ---------------------------------------------------------------------------------
+// E4M3 codes with ONE bf16 scale for the whole table (the fp8_table_scale codec):
+// out = bf16_rn(bf16(code) * scale). The code converts exactly to bf16 (at most 4
+// significant bits, exponents inside bf16's range) and __hmul rounds the exact product
+// of two bf16 values once to bf16, nearest even, subnormal results kept (mul.bf16 /
+// fma.rn.bf16 have no flush), which is the float32 product (exact) rounded to bf16 of
+// the reference. A NaN (NaN code 0x7f/0xff, NaN scale, 0 * Inf) is written as 0x7FC0,
+// the reference's canonical NaN, so NaN outputs are bit-exact too. The scale arrives
+// as its bf16 bits in an unsigned int.
+
+template <int VEC, typename I>
+__device__ __forceinline__ void gather_rows_fp8ts(const unsigned char* __restrict__ codes,
+                                                  unsigned int scale_bits,
+                                                  const I* __restrict__ ids,
+                                                  __nv_bfloat16* __restrict__ out,
+                                                  long long n,
+                                                  long long dim,
+                                                  long long codes_stride,
+                                                  long long out_stride) {
+    typedef typename Fp8Words<VEC>::In In;
+    typedef typename Fp8Words<VEC>::Out Out;
+    const __nv_bfloat16 s = __ushort_as_bfloat16((unsigned short)(scale_bits & 0xffffu));
+    const long long chunks = dim / VEC;
+    const long long step = (long long)gridDim.x * blockDim.y;
+    for (long long r = (long long)blockIdx.x * blockDim.y + threadIdx.y; r < n; r += step) {
+        const long long id = (long long)ids[r];
+        const In* src = reinterpret_cast<const In*>(codes + id * codes_stride);
+        Out* dst = reinterpret_cast<Out*>(out + r * out_stride);
+        for (long long c = threadIdx.x; c < chunks; c += blockDim.x) {
+            union {
+                In word;
+                unsigned char b[VEC];
+            } in;
+            union {
+                Out word;
+                unsigned short h[VEC];
+            } res;
+            in.word = src[c];
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                const __nv_bfloat16 code = __float2bfloat16_rn(e4m3_to_float(in.b[k]));
+                const __nv_bfloat16 p = __hmul(code, s);
+                res.h[k] = __hisnan(p) ? (unsigned short)0x7FC0 : __bfloat16_as_ushort(p);
+            }
+            dst[c] = res.word;
+        }
+    }
+}
+
+#define GATHER_ROWS_FP8TS(NAME, VEC, I)                                                 \
+    extern "C" __global__ void NAME(const unsigned char* __restrict__ codes,            \
+                                    unsigned int scale_bits,                            \
+                                    const I* __restrict__ ids,                          \
+                                    __nv_bfloat16* __restrict__ out,                    \
+                                    long long n,                                        \
+                                    long long dim,                                      \
+                                    long long codes_stride,                             \
+                                    long long out_stride) {                             \
+        gather_rows_fp8ts<VEC, I>(codes, scale_bits, ids, out, n, dim, codes_stride,    \
+                                  out_stride);                                          \
+    }
+
+GATHER_ROWS_FP8TS(gather_rows_fp8ts_8_i32, 8, int)
+GATHER_ROWS_FP8TS(gather_rows_fp8ts_8_i64, 8, long long)
+GATHER_ROWS_FP8TS(gather_rows_fp8ts_4_i32, 4, int)
+GATHER_ROWS_FP8TS(gather_rows_fp8ts_4_i64, 4, long long)
+GATHER_ROWS_FP8TS(gather_rows_fp8ts_2_i32, 2, int)
+GATHER_ROWS_FP8TS(gather_rows_fp8ts_2_i64, 2, long long)
+GATHER_ROWS_FP8TS(gather_rows_fp8ts_1_i32, 1, int)
+GATHER_ROWS_FP8TS(gather_rows_fp8ts_1_i64, 1, long long)

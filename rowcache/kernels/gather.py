@@ -1,4 +1,5 @@
-"""Row gathers: ``batched_embed`` (bf16 rows) and ``batched_embed_fp8`` (E4M3 rows x scale).
+"""Row gathers: ``batched_embed`` (bf16 rows), ``batched_embed_fp8`` (E4M3 rows x their
+row's scale) and ``batched_embed_fp8_table_scale`` (E4M3 rows x one bf16 scale a table).
 
 Owns the launchers of ``gather.cu`` and the argument checks shared with the scatter
 launcher. NumPy arrays run the references of ``kernels/reference.py`` (the spec);
@@ -14,7 +15,12 @@ import numpy as np
 
 from rowcache.errors import ConfigError
 from rowcache.kernels.loader import get_kernel, is_device_array, require_cupy
-from rowcache.kernels.reference import BF16, batched_embed_fp8_reference, batched_embed_reference
+from rowcache.kernels.reference import (
+    BF16,
+    batched_embed_fp8_reference,
+    batched_embed_fp8_table_scale_reference,
+    batched_embed_reference,
+)
 
 _SOURCE = "gather.cu"
 _BLOCK_THREADS = 256
@@ -267,6 +273,97 @@ def batched_embed_fp8(ids: Any, codes: Any, scales: Any, out: Any = None) -> Any
             np.int64(d),
             np.int64(codes.strides[0]),
             np.int64(scales.strides[0] // 4),
+            np.int64(out.strides[0] // 2),
+        ),
+    )
+    return out
+
+
+# --- FP8 gather, one scale a table -------------------------------------------------------
+
+
+def check_bf16_scale(name: str, scale: Any) -> np.ndarray:
+    """``scale`` as a 0-d bfloat16 array, or ConfigError naming ``name``: a bfloat16 scalar
+    or one-value array, or a float (or float32/float16 value) that is exactly a bfloat16
+    value. Never rounded: a table's scale is applied as it is, bit for bit."""
+    if is_device_array(scale):
+        scale = scale.get()
+    arr = np.asarray(scale)
+    if arr.size != 1 or (arr.dtype.kind not in "fiu" and arr.dtype != BF16) or arr.dtype == bool:
+        raise ConfigError(
+            f"{name} must be one bfloat16 value (a scalar, or an array of one value), "
+            f"got {describe(arr)}"
+        )
+    arr = arr.reshape(())
+    bf = arr.astype(BF16)
+    if arr.dtype != BF16:
+        wide, back = float(arr.astype(np.float64)), float(bf.astype(np.float64))
+        if back != wide and not (np.isnan(wide) and np.isnan(back)):
+            raise ConfigError(
+                f"{name}={wide!r} is not a bfloat16 value (nearest: {back!r}); give the "
+                "table's bf16 scale as it is (e.g. ml_dtypes.bfloat16), never a rounded one"
+            )
+    return bf
+
+
+def batched_embed_fp8_table_scale(ids: Any, codes: Any, scale: Any, out: Any = None) -> Any:
+    """Gather E4M3 rows with one bf16 scale for the table:
+    ``out[i] = bf16_rn(bf16(e4m3(codes[ids[i]])) * scale)``.
+
+    The rule of the ``fp8_table_scale`` codec (``rowcache.format.codecs``): the exact
+    product rounded once to bfloat16, nearest even, subnormals kept; a NaN (a NaN code
+    0x7F/0xFF, a NaN scale, or zero times an infinite scale) is written as ``0x7FC0``.
+    Bit for bit :func:`rowcache.kernels.reference.batched_embed_fp8_table_scale_reference`
+    on the CPU and the GPU (``gather.cu``: ``gather_rows_fp8ts_*``).
+
+    Parameters
+    ----------
+    ids : int32[n] or int64[n], numpy or cupy
+        Row ids; as in :func:`batched_embed`, not range-checked on the GPU.
+    codes : uint8[rows, d], numpy or cupy
+        E4M3 codes as raw bytes (a table, or a cache's arena). Rows must be contiguous.
+    scale : one bfloat16 value (:func:`check_bf16_scale`).
+    out : bfloat16[n, d], optional
+        Written in place and returned; allocated when None.
+
+    Returns
+    -------
+    bfloat16[n, d]
+    """
+    check_index("ids", ids)
+    check_array("codes", codes, ndim=2, dtypes=(np.dtype(np.uint8),))
+    s = check_bf16_scale("scale", scale)
+    n, d = int(ids.shape[0]), int(codes.shape[1])
+    _check_out(out, codes, n, d)
+    if not is_device_array(codes):
+        return batched_embed_fp8_table_scale_reference(host_index(ids), codes, s, out)
+
+    cupy, out, dev_ids = _device_prologue(
+        "batched_embed_fp8_table_scale", "codes", codes, ids, out, n, d
+    )
+    if dev_ids is None:
+        return out
+    vec = vector_bytes(
+        d,
+        codes.strides[0],
+        codes.data.ptr,
+        out.strides[0] // 2,
+        out.data.ptr // 2,
+        widths=(8, 4, 2, 1),
+    )
+    kernel = get_kernel(_SOURCE, f"gather_rows_fp8ts_{vec}_{_ID_SUFFIX[dev_ids.dtype]}")
+    grid, block = row_launch(cupy, n, d // vec)
+    kernel(
+        grid,
+        block,
+        (
+            codes,
+            np.uint32(int(s.view(np.uint16))),
+            dev_ids,
+            out,
+            np.int64(n),
+            np.int64(d),
+            np.int64(codes.strides[0]),
             np.int64(out.strides[0] // 2),
         ),
     )

@@ -17,6 +17,7 @@ import numpy as np
 BF16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 FP8_MAX = np.float32(448.0)
+BF16_NAN_BITS = 0x7FC0  # the NaN every table-scaled FP8 gather writes (float32's quiet NaN, cut)
 _E4M3_TO_F32 = np.arange(256, dtype=np.uint8).view(E4M3).astype(np.float32)
 _F32_TINY = np.finfo(np.float32).tiny
 
@@ -62,6 +63,39 @@ def dequantize_fp8_reference(codes: np.ndarray, scales: np.ndarray) -> np.ndarra
     return _flush_subnormal(prod).astype(BF16)
 
 
+def bf16_scale_reference(scale: object) -> np.float32:
+    """A table scale as the float32 the gathers multiply by: the bf16 value ``scale``
+    holds (a bfloat16 scalar or 0-d array, or a float that is exactly a bfloat16 value),
+    widened exactly. The launchers check ``scale`` (``rowcache.kernels.gather``)."""
+    return np.float32(np.asarray(scale).astype(BF16).astype(np.float32))
+
+
+def dequantize_fp8_table_scale_reference(codes: np.ndarray, scale: object) -> np.ndarray:
+    """``bf16_rn(float32(e4m3(codes)) * float32(scale))``: E4M3 codes and ONE bf16 scale.
+
+    The rule of checkpoints that ship E4M3 codes with one BF16 ``weight_scale`` per table
+    (Qwen3.8-Flash-Next's FP8 release), as ``codes.to(bfloat16) * scale`` computes it: the
+    code is exactly a bfloat16 value, the float32 product of two bfloat16 values is exact
+    (subnormal products included: no flush here, none on the GPU either), and the one
+    rounding is to bfloat16, nearest even. So the result is the exact product rounded once.
+
+    Specials: a NaN code (0x7F, 0xFF) or a NaN scale gives NaN, as torch's does, written as
+    the bfloat16 ``0x7FC0`` (positive quiet NaN) on every path: torch's own NaN bits differ
+    between its paths (2.13 on the CPU writes ``0xFFFF``; a GPU conversion writes its
+    canonical NaN), so rowcache fixes one, and the code's sign is not kept; an infinite scale gives +-Inf times a non-zero code and NaN
+    (``0x7FC0``) times a zero code; a product beyond bfloat16's range rounds to +-Inf.
+    The store and the resident table refuse a non-finite scale at their boundaries.
+    """
+    vals = _E4M3_TO_F32[np.asarray(codes, dtype=np.uint8)]  # exact: a table of the 256 values
+    with np.errstate(invalid="ignore", over="ignore"):
+        prod = vals * bf16_scale_reference(scale)
+    out = prod.astype(BF16)
+    nan = np.isnan(prod)
+    if nan.any():
+        out.view(np.uint16)[nan] = BF16_NAN_BITS
+    return out
+
+
 def _check_ids(ids: np.ndarray, rows: int) -> np.ndarray:
     ids = np.asarray(ids)
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
@@ -97,6 +131,19 @@ def batched_embed_fp8_reference(
     return out
 
 
+def batched_embed_fp8_table_scale_reference(
+    ids: np.ndarray, codes: np.ndarray, scale: object, out: np.ndarray | None = None
+) -> np.ndarray:
+    """``out[i] = bf16_rn(e4m3(codes[ids[i]]) * scale)``, one bf16 ``scale`` for the table
+    (:func:`dequantize_fp8_table_scale_reference`); returns bf16 ``[n, d]``."""
+    ids = _check_ids(ids, codes.shape[0])
+    res = dequantize_fp8_table_scale_reference(codes[ids], scale)
+    if out is None:
+        return res
+    out[...] = res
+    return out
+
+
 def scatter_records_reference(
     records: np.ndarray,
     slots: np.ndarray,
@@ -108,16 +155,21 @@ def scatter_records_reference(
     Parameters
     ----------
     records : uint8[n, record_bytes]
-        Rows as stored (see ``rowcache.format.layout``): bf16 bytes, or fp8 codes + f32 scale.
+        Rows as stored (see ``rowcache.format.codecs``): the arena row's bytes verbatim
+        (bf16 values, or E4M3 codes of a table-scaled codec), or, with ``scales``, FP8
+        codes followed by the row's float32 scale.
     slots : int[n]
         Destination slot of each record (distinct).
     table : bfloat16[slots, d] or uint8[slots, d]
-        The arena. uint8 means an FP8 arena, and then ``scales`` is float32[slots].
+        The arena. With ``scales`` (float32[slots]) it is uint8 FP8 codes and each
+        record's scale goes to ``scales``; without, each row is the record's first
+        ``d * itemsize`` bytes.
     """
     slots = np.asarray(slots, dtype=np.int64)
     d = table.shape[1]
     if scales is None:
-        table[slots] = records[:, : 2 * d].view(table.dtype).reshape(len(slots), d)
+        row = d * table.itemsize
+        table[slots] = records[:, :row].view(table.dtype).reshape(len(slots), d)
     else:
         table[slots] = records[:, :d]
         scales[slots] = np.ascontiguousarray(records[:, d : d + 4]).view("<f4").reshape(-1)

@@ -40,12 +40,12 @@ def _check(records: Any, slots: Any, table: Any, scales: Any) -> int:
             f"slots must have one entry per record ({records.shape[0]}), got {describe(slots)}"
         )
     d = int(table.shape[1])
-    fp8 = table.dtype == _U8
+    fp8 = scales is not None  # codes + a float32 scale a record; else the row verbatim
     if fp8:
-        if scales is None:
+        if table.dtype != _U8:
             raise ConfigError(
-                f"scales is required for an FP8 arena (table {describe(table)}): "
-                f"pass the float32[{table.shape[0]}] scale arena"
+                f"scales must be None for a bf16 arena (table {describe(table)}), "
+                f"got {describe(scales)}; per-row scales go with a uint8 FP8 code arena"
             )
         check_array("scales", scales, ndim=1, dtypes=(_F32,))
         if scales.shape[0] != table.shape[0]:
@@ -58,18 +58,15 @@ def _check(records: Any, slots: Any, table: Any, scales: Any) -> int:
                 f"scales must live where table does ({describe(table)}), got {describe(scales)}"
             )
         need, what = d + 4, f"{d} E4M3 codes + a float32 scale"
+    elif table.dtype == _U8:
+        need, what = d, f"{d} E4M3 codes (a table-scaled codec: its scale is the table's)"
     else:
-        if scales is not None:
-            raise ConfigError(
-                f"scales must be None for a bf16 arena (table {describe(table)}), "
-                f"got {describe(scales)}"
-            )
         need, what = 2 * d, f"{d} bf16 values"
     if records.shape[1] < need:
         raise ConfigError(
             f"records must hold {need} bytes per row ({what}), got {describe(records)}"
         )
-    return d if fp8 else 2 * d
+    return d if fp8 else d * table.itemsize
 
 
 def scatter_records(records: Any, slots: Any, table: Any, scales: Any = None) -> None:
@@ -78,8 +75,9 @@ def scatter_records(records: Any, slots: Any, table: Any, scales: Any = None) ->
     Parameters
     ----------
     records : uint8[n, record_bytes], numpy or cupy
-        Rows as stored (``rowcache.format.layout``): ``2*d`` bf16 bytes, or ``d`` E4M3 codes
-        followed by a little-endian float32 scale. Longer records (padding) are fine.
+        Rows as stored (``rowcache.format.codecs``): the arena row verbatim (``2*d`` bf16
+        bytes, or ``d`` E4M3 codes of a table-scaled codec), or, with ``scales``, ``d`` E4M3
+        codes followed by a little-endian float32 scale. Longer records (padding) are fine.
         With a cupy arena, numpy records are copied to the device; a cupy array over
         pinned host memory mapped into the device is read in place.
     slots : int32[n] or int64[n], numpy or cupy
@@ -87,9 +85,11 @@ def scatter_records(records: Any, slots: Any, table: Any, scales: Any = None) ->
         GPU path does not check (a check would sync the device), the CPU path raises
         IndexError for a slot out of range.
     table : bfloat16[S, d] or uint8[S, d], numpy or cupy
-        The arena; uint8 means FP8 codes, and then ``scales`` is required.
+        The arena: bf16 values, or E4M3 codes (with ``scales`` for the per-row-scaled
+        ``fp8`` codec, without for a table-scaled one such as ``fp8_table_scale``).
     scales : float32[S], optional
-        The FP8 scale arena (contiguous on the GPU); None for a bf16 arena.
+        The FP8 per-row scale arena (contiguous on the GPU); None where rows are copied
+        verbatim.
     """
     row_bytes = _check(records, slots, table, scales)
     n = int(records.shape[0])

@@ -7,7 +7,8 @@
 store writes and its readers read is ``rowcache.format`` (``format`` here keeps its earlier
 import path). The store imports its readers, never the other way round.
 
-The public names are also ``rowcache.RowStore``, ``rowcache.TableInfo``, ``rowcache.build_store``.
+The public names are also ``rowcache.RowStore``, ``rowcache.TableInfo``, ``rowcache.build_store``,
+``rowcache.ConcatRows``, ``rowcache.Fp8TableScaleSource``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from rowcache.format.layout import TableInfo
 from rowcache.store.builder import build_store
 from rowcache.store.handle import RowStore, VerifyReport
 from rowcache.store.replace import Leftover, find_leftovers, remove_leftovers
+from rowcache.store.sources import ConcatRows, Fp8TableScaleSource
 
 __all__ = [
+    "ConcatRows",
+    "Fp8TableScaleSource",
     "Leftover",
     "RowStore",
     "TableInfo",

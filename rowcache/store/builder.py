@@ -3,7 +3,8 @@
 Owns ``build_store``: it streams each table in chunks of a few tens of MB (memory
 stays bounded whatever the table size), has each chunk checked and made into whole 4 KiB
 pages of records (``rowcache.store.pages``: non-finite values refused unless allowed, BF16
-as is, FP8 quantized on build with the per-row absmax rule of ``rowcache.kernels.reference``, on
+as is, encoded rows of a verbatim codec (``fp8_table_scale``: E4M3 codes) as they are, FP8
+quantized on build with the per-row absmax rule of ``rowcache.kernels.reference``, on
 the GPU when one is usable, else by native C threads over row blocks, the same bits
 either way; the engine chosen here, ``FP8_ENGINE``), writes
 shard files with a CRC32C per page (the write and CRC of a chunk overlap the next one's
@@ -33,6 +34,7 @@ import numpy as np
 
 from rowcache.errors import ConfigError
 from rowcache.format import layout as fmt
+from rowcache.format.codecs import get_codec
 from rowcache.io import checksum
 from rowcache.kernels.loader import gpu_available
 from rowcache.store import replace
@@ -87,7 +89,7 @@ class ShardWrites:
     """What every shard file of one build is written with."""
 
     root: str  # the build directory
-    dtype: str  # the store's dtype, "bf16" or "fp8"
+    dtype: str  # the store's codec (rowcache.format.codecs): "bf16", "fp8", "fp8_table_scale"
     allow_nonfinite: bool  # store NaN / Inf as they are (refused otherwise)
     pool: ThreadPoolExecutor  # two threads: a chunk's write beside the next chunk's CRCs
     bar: Any  # the progress bar (tqdm), or None
@@ -267,7 +269,7 @@ def build_store(
     path: str | os.PathLike[str],
     tables: Any,
     *,
-    dtype: str = "bf16",
+    dtype: str | None = None,
     overwrite: bool = False,
     progress: bool = True,
     shard_bytes: int = 1 << 30,
@@ -284,9 +286,15 @@ def build_store(
         float16), a ``.npy`` path (bf16 may be stored as its uint16 view), or a
         ``(file.safetensors, tensor_name)`` pair / ``"file.safetensors:tensor_name"``,
         or a ``rowcache.store.sources.GeneratedRows`` (rows a function makes a chunk at a time).
-    dtype : ``"bf16"`` (float sources round to nearest even) or ``"fp8"``
-        (quantize on build: per row, scale = amax(|x|)/448 in float32, 1.0 for an
-        all-zero row; codes = satfinite E4M3 of ``x / scale``, from the source values).
+        A table given encoded is an ``Fp8TableScaleSource(codes, scale)`` (E4M3 codes and
+        the table's one bf16 scale, written verbatim); a ``ConcatRows([part, ...])`` is one
+        table made of several sources in row order (e.g. tensors of several files).
+    dtype : the row codec (``rowcache.format.codecs``): ``"bf16"`` (float sources round to
+        nearest even), ``"fp8"`` (quantize on build: per row, scale = amax(|x|)/448 in
+        float32, 1.0 for an all-zero row; codes = satfinite E4M3 of ``x / scale``, from the
+        source values) or ``"fp8_table_scale"`` (every table an ``Fp8TableScaleSource``,
+        written verbatim). None (the default): ``"fp8_table_scale"`` where the tables are
+        ``Fp8TableScaleSource``, else ``"bf16"``. One codec a store.
     overwrite : replace what is at ``path``, which must be a rowcache store (of any
         format version) or an empty directory; anything else is refused.
     progress : show a progress bar (tqdm, on stderr).
@@ -306,8 +314,10 @@ def build_store(
     anything is written, saying both figures; disk full or an I/O error later is an
     ``OSError`` with its errno.
     """
-    if dtype not in fmt.DTYPES:
-        raise ConfigError(f"dtype={dtype!r} is not supported; allowed: {', '.join(fmt.DTYPES)}")
+    if dtype is not None and dtype not in fmt.DTYPES:
+        raise ConfigError(
+            f"dtype={dtype!r} is not supported; allowed: None, {', '.join(fmt.DTYPES)}"
+        )
     if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, int) or shard_bytes < 1:
         raise ConfigError(f"shard_bytes={shard_bytes!r}: give a positive number of bytes")
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
@@ -318,17 +328,54 @@ def build_store(
         raise ConfigError(f"path {path!r} already exists; pass overwrite=True to replace it")
     if os.path.lexists(path):
         replace.check_replaceable(path, is_store)
-    sources = [resolve_source(n, s) for n, s in _tables_dict(tables).items()]
-    infos = [fmt.TableInfo.make(s.name, s.rows, s.dim, dtype, shard_bytes) for s in sources]
-
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    sources: list[Source] = []
     try:
+        for n, s in _tables_dict(tables).items():
+            sources.append(resolve_source(n, s))
+        dtype = _store_codec(dtype, sources)
+        infos = [
+            fmt.TableInfo.make(s.name, s.rows, s.dim, dtype, shard_bytes, s.params) for s in sources
+        ]
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         return _build(
             path, sources, infos, dtype, overwrite, progress, shard_bytes, allow_nonfinite
         )
     finally:
         for s in sources:
             s.close()
+
+
+_FP8_RULES = {
+    "fp8": "scale=amax/448 (1 if 0); codes=satfinite_e4m3(x/scale)",
+    "fp8_table_scale": "codes verbatim; row=bf16_rn(bf16(e4m3(code))*params.scale)",
+}
+
+
+def _store_codec(dtype: str | None, sources: list[Source]) -> str:
+    """The store's codec: ``dtype``, or the one the sources' encoding implies; ConfigError
+    where sources and codec do not fit (encoded rows are written verbatim, never converted)."""
+    encoded = {s.codec for s in sources}
+    if len(encoded) > 1:
+        mixed = {s.name: s.codec or "values" for s in sources}
+        raise ConfigError(
+            f"tables mix encoded and value sources ({mixed}); one codec a store: build "
+            "them as separate stores"
+        )
+    given = encoded.pop()
+    if given is None:
+        if dtype is not None and not get_codec(dtype).from_values:
+            want = "Fp8TableScaleSource(codes, scale)" if dtype == "fp8_table_scale" else dtype
+            raise ConfigError(
+                f"dtype={dtype!r} stores rows as given: every table must be a {want}, "
+                f"got value sources ({', '.join(s.origin for s in sources)})"
+            )
+        return dtype or "bf16"
+    if dtype is not None and dtype != given:
+        raise ConfigError(
+            f"dtype={dtype!r}, but the tables are {given} sources (written verbatim, never "
+            f"re-encoded): pass dtype={given!r} or None"
+        )
+    return given
 
 
 def _build(
@@ -360,19 +407,17 @@ def _build(
             shard_recs = _write_shards(tmp, sources, infos, dtype, allow_nonfinite, progress)
             meta = {
                 "format": fmt.FORMAT_NAME,
-                "version": fmt.FORMAT_VERSION,
+                "version": fmt.write_version(dtype),
                 "page_size": fmt.PAGE,
                 "dtype": dtype,
                 "store_id": uuid.uuid4().hex,
-                "tables": [info.__dict__ for info in infos],
+                "tables": [info.to_meta(fmt.write_version(dtype)) for info in infos],
                 "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 "params": {
                     "shard_bytes": shard_bytes,
                     "sources": [s.origin for s in sources],
                     "allow_nonfinite": allow_nonfinite,
-                    "fp8_rule": "scale=amax/448 (1 if 0); codes=satfinite_e4m3(x/scale)"
-                    if dtype == "fp8"
-                    else None,
+                    "fp8_rule": _FP8_RULES.get(dtype),
                 },
             }
             _write_index(tmp, path, shard_recs, meta)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from rowcache.format.layout import (
     CRC_PREFIX,
     DTYPES,
+    DTYPES_V2,
     FORMAT_NAME,
     FORMAT_VERSION,
     INDEX_FILE,
@@ -17,6 +18,7 @@ from rowcache.format.layout import (
     MARKER_NAME,
     META_KEY,
     PAGE,
+    READ_VERSIONS,
     SHARD_PREFIX,
     Dtype,
     ShardRecord,
@@ -37,6 +39,7 @@ from rowcache.io.checksum import page_crcs
 __all__ = [
     "CRC_PREFIX",
     "DTYPES",
+    "DTYPES_V2",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "INDEX_FILE",
@@ -44,6 +47,7 @@ __all__ = [
     "MARKER_NAME",
     "META_KEY",
     "PAGE",
+    "READ_VERSIONS",
     "SHARD_PREFIX",
     "Dtype",
     "ShardRecord",

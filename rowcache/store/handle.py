@@ -336,8 +336,10 @@ class RowStore:
 
         Returns
         -------
-        bfloat16[n, dim] for a BF16 store, or ``(codes uint8[n, dim], scales float32[n])``
-        for an FP8 store.
+        What the store's codec decodes (``rowcache.format.codecs``): bfloat16[n, dim] for a
+        BF16 store, ``(codes uint8[n, dim], scales float32[n])`` for an FP8 store, the codes
+        uint8[n, dim] as stored for an ``fp8_table_scale`` store (the table's scale is
+        ``table_info(table).params["scale"]``).
         """
         self._check_open()
         t = self.table_index(table)
@@ -345,12 +347,10 @@ class RowStore:
         ids = check_row_ids(row_ids, info.rows)
         uniq, inverse = np.unique(ids, return_inverse=True)
         records, _ = self.read_records(t, uniq)
-        decoded = fmt.decode_records(self.dtype, info.dim, records)
-        if self.dtype == "bf16":
-            assert isinstance(decoded, np.ndarray)
-            return decoded[inverse]
-        codes, scales = decoded
-        return codes[inverse], scales[inverse]
+        decoded = info.codec.decode(info.dim, records)
+        if isinstance(decoded, tuple):  # values and their per-row scales
+            return tuple(part[inverse] for part in decoded)
+        return decoded[inverse]
 
     # -- checks ------------------------------------------------------------
     def leftovers(self) -> list[Leftover]:

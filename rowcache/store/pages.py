@@ -1,8 +1,9 @@
 """Rows into the store's pages: what the builder writes for a chunk of a table.
 
 Owns the conversion of a block of source rows into records (BF16 as is, FP8 quantized
-with the per-row absmax rule of ``rowcache.kernels.reference``), the refusal of non-finite values
-naming table, row and column, the packing of records into whole 4 KiB pages, and
+with the per-row absmax rule of ``rowcache.kernels.reference``, rows already encoded by a
+verbatim codec such as ``fp8_table_scale`` as they are), the refusal of non-finite values
+(and NaN E4M3 codes) naming table, row and column, the packing of records into whole 4 KiB pages, and
 :class:`Fp8Pages`: FP8 chunks quantized straight into a ring of reused page buffers (on
 the GPU, or by native C threads over row blocks; the reference where neither runs, the
 same bits every way). ``rowcache.store.builder`` streams chunks through these and writes them.
@@ -18,13 +19,26 @@ import numpy as np
 
 from rowcache.errors import ConfigError
 from rowcache.format import layout as fmt
+from rowcache.format.codecs import get_codec
 from rowcache.kernels import quantize as _quantize
 from rowcache.kernels.reference import BF16, quantize_fp8_reference
 from rowcache.store.sources import Source
 
 
 def check_finite(block: np.ndarray, name: str, first_row: int) -> None:
-    """ConfigError naming table, row and column of the first NaN/Inf of ``block``."""
+    """ConfigError naming table, row and column of the first NaN/Inf of ``block`` (of the
+    first NaN code, 0x7F or 0xFF, of a block of uint8 E4M3 codes)."""
+    if block.dtype == np.uint8:  # E4M3FN: no Inf; NaN is S.1111.111
+        nan = (block & 0x7F) == 0x7F
+        if not nan.any():
+            return
+        r, c = divmod(int(np.flatnonzero(nan.reshape(-1))[0]), block.shape[1])
+        raise ConfigError(
+            f"tables[{name!r}]: row {first_row + r}, column {c} is the E4M3 NaN code "
+            f"0x{int(block[r, c]):02x} ({int(np.count_nonzero(nan))} NaN codes in rows "
+            f"{first_row}..{first_row + block.shape[0] - 1}); it would read as NaN; fix the "
+            "source, or pass allow_nonfinite=True to store it anyway"
+        )
     if block.dtype == BF16:  # exponent all ones: Inf or NaN; |bits| >= 0x7F80 (one pass + max)
         bits = block.view(np.uint16) & 0x7FFF
         if block.size == 0 or int(bits.max()) < 0x7F80:
@@ -45,12 +59,16 @@ def check_finite(block: np.ndarray, name: str, first_row: int) -> None:
 
 
 def to_records(dtype: str, block: np.ndarray) -> np.ndarray:
-    """uint8 [n, record_bytes] for a block of source rows."""
+    """uint8 [n, record_bytes] for a block of source rows: values of a bf16 or fp8 build
+    (rounded or quantized here), or rows already in a verbatim codec's encoding."""
+    codec = get_codec(dtype)
     if dtype == "bf16":
         if block.dtype != BF16:
             block = block.astype(np.float32, copy=False).astype(BF16)
-        return fmt.encode_records("bf16", block)
-    return fmt.encode_records("fp8", quantize_fp8_reference(block))
+        return codec.encode(block)
+    if dtype == "fp8":
+        return codec.encode(quantize_fp8_reference(block))
+    return codec.encode(block)  # encoded rows (E4M3 codes of fp8_table_scale): verbatim
 
 
 def pack_pages(info: fmt.TableInfo, records: np.ndarray) -> np.ndarray:

@@ -1,5 +1,6 @@
 """Table sources for the builder: in-memory arrays, ``.npy`` files, ``.safetensors`` tensors,
-generated rows (``GeneratedRows``).
+generated rows (``GeneratedRows``), parts concatenated in row order (``ConcatRows``) and
+encoded rows written verbatim (``Fp8TableScaleSource``: E4M3 codes and one bf16 scale).
 
 Owns turning what a user hands ``build_store`` into a uniform streaming reader
 (``rows``, ``dim``, ``read(start, stop)``). ``.npy`` and ``.safetensors`` tables are read
@@ -19,16 +20,24 @@ import os
 import stat
 import struct
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from rowcache.errors import ConfigError, FormatError
-from rowcache.kernels.reference import BF16
+from rowcache.format.codecs import table_scale_params
+from rowcache.kernels.reference import BF16, E4M3
 
-_ST_DTYPES = {"BF16": BF16, "F32": np.dtype("<f4"), "F16": np.dtype("<f2")}
+_ST_DTYPES = {
+    "BF16": BF16,
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "F8_E4M3": E4M3,
+    "U8": np.dtype(np.uint8),
+}
+_U8 = np.dtype(np.uint8)
 
 
 class Source:
@@ -57,6 +66,9 @@ class Source:
         self.file = file
         self.offset = offset
         self._array = None if file is not None else array
+        # rows already in a codec's encoding, written verbatim (None: values to encode)
+        self.codec: str | None = None
+        self.params: dict[str, Any] = {}  # that codec's table-level parameters
         self._fd = -1
         self._close: Any = None
         if file is not None:
@@ -82,6 +94,12 @@ class Source:
         if self._close is not None:
             self._close()
             self._fd = -1
+
+    def encoded_as(self, codec: str, params: dict[str, Any]) -> Source:
+        """Mark these rows as already encoded by ``codec`` (with its table ``params``):
+        the builder writes them verbatim. Returns self."""
+        self.codec, self.params = codec, dict(params)
+        return self
 
     def _pread(self, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` of the file, read into a new array."""
@@ -184,12 +202,90 @@ class _GeneratedSource(Source):
         return self.read(start, stop)
 
 
-def _file_source(name: str, arr: np.ndarray, path: str, origin: str) -> Source:
+@dataclass(frozen=True)
+class ConcatRows:
+    """One table made of ``parts`` in row order: part 0's rows, then part 1's, ...
+
+    Each part is anything ``build_store`` takes as a table (an array, a ``.npy`` path, a
+    ``.safetensors`` tensor as ``(file, tensor)`` or ``"file:tensor"``, a checkpoint's
+    index in place of the file); for an ``Fp8TableScaleSource``, E4M3 codes. The parts
+    are streamed a chunk at a time like any source, never joined in memory: a table whose
+    checkpoint spreads it over tensors ``shard_0 .. shard_{k-1}`` of several files. Every
+    part must have the table's width and one dtype.
+    """
+
+    parts: Sequence[Any]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.parts, (str, bytes)) or not isinstance(self.parts, Sequence):
+            raise ConfigError(
+                f"ConcatRows.parts={_short(self.parts)}: give a list of sources, in row order"
+            )
+        if not self.parts:
+            raise ConfigError("ConcatRows.parts is empty: give at least one source")
+
+
+@dataclass(frozen=True)
+class Fp8TableScaleSource:
+    """A table given encoded, for the ``fp8_table_scale`` codec: its E4M3 ``codes`` and the
+    one bf16 ``scale`` of the whole table, written verbatim (no re-quantization).
+
+    ``codes``: uint8 (or ``float8_e4m3fn``) ``[rows, dim]``, as an array, a ``.npy`` path, a
+    ``.safetensors`` tensor of dtype ``F8_E4M3`` (or ``U8``) as ``(file, tensor)`` or
+    ``"file:tensor"``, or a :class:`ConcatRows` of these. ``scale``: one finite bfloat16 value
+    (a ``ml_dtypes.bfloat16``, a float that is exactly one, a one-value array) or a
+    ``.safetensors`` tensor of one BF16 (or F32 holding a bf16 value) value, e.g. the
+    checkpoint's ``weight_scale``. Rows then read as ``bf16_rn(bf16(code) * scale)``.
+    """
+
+    codes: Any
+    scale: Any
+
+
+class ConcatSource(Source):
+    """A :class:`Source` over the resolved ``parts`` of a :class:`ConcatRows`, in row order:
+    a read of rows ``[start, stop)`` reads the pieces of the parts it covers."""
+
+    def __init__(self, name: str, parts: list[Source]) -> None:
+        first = parts[0]
+        for i, p in enumerate(parts[1:], 1):
+            if p.dim != first.dim or p.dtype != first.dtype:
+                raise ConfigError(
+                    f"tables[{name!r}]: ConcatRows part {i} ({p.origin}) is {p.dtype}"
+                    f"[{p.rows}, {p.dim}], part 0 ({first.origin}) {first.dtype}"
+                    f"[{first.rows}, {first.dim}]: parts need one width and one dtype"
+                )
+        rows = sum(p.rows for p in parts)
+        shape = np.broadcast_to(np.zeros((), dtype=first.dtype), (rows, first.dim))
+        origin = "concat(" + ", ".join(p.origin for p in parts) + ")"
+        super().__init__(name, origin, shape)
+        self.parts = parts
+        self.starts = np.cumsum([0] + [p.rows for p in parts])
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        pieces = []
+        k = int(np.searchsorted(self.starts, start, side="right")) - 1
+        while start < stop:
+            lo = int(self.starts[k])
+            end = min(stop, int(self.starts[k + 1]))
+            pieces.append(self.parts[k].read(start - lo, end - lo))
+            start, k = end, k + 1
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def view(self, start: int, stop: int) -> np.ndarray:
+        return self.read(start, stop)
+
+    def close(self) -> None:
+        for p in self.parts:
+            p.close()
+
+
+def _file_source(name: str, arr: np.ndarray, path: str, origin: str, codes: bool = False) -> Source:
     """A :class:`Source` reading ``path`` where the memory map ``arr`` shows its table (the
     map only tells dtype, shape and offset; it is never read): with ``pread`` where the rows
     lie in C order, through the map for a .npy file saved in Fortran order."""
     offset = int(arr.offset) if isinstance(arr, np.memmap) else -1
-    arr = _as_table_array(arr, name, origin)
+    arr = _as_codes_array(arr, name, origin) if codes else _as_table_array(arr, name, origin)
     if offset < 0 or not arr.flags.c_contiguous:
         return Source(name, origin, arr)
     return Source(name, origin, arr, path, offset)
@@ -199,10 +295,32 @@ def _as_table_array(arr: np.ndarray, name: str, origin: str) -> np.ndarray:
     if arr.dtype == np.uint16 or arr.dtype == np.dtype("V2"):
         arr = arr.view(BF16)
     if arr.dtype not in (BF16, np.float32, np.float16):
+        hint = (
+            "; FP8 codes are written verbatim through "
+            "rowcache.store.sources.Fp8TableScaleSource(codes, scale)"
+            if arr.dtype in (E4M3, _U8)
+            else ""
+        )
         raise ConfigError(
             f"tables[{name!r}]: dtype {arr.dtype} from {origin} is not supported; "
-            "allowed: bfloat16 (or its uint16 view), float32, float16"
+            f"allowed: bfloat16 (or its uint16 view), float32, float16{hint}"
         )
+    return _check_2d(arr, name, origin)
+
+
+def _as_codes_array(arr: np.ndarray, name: str, origin: str) -> np.ndarray:
+    """``arr`` as uint8 E4M3 codes ``[rows, dim]`` (float8_e4m3fn is viewed as its bytes)."""
+    if arr.dtype == E4M3:
+        arr = arr.view(np.uint8)
+    if arr.dtype != _U8:
+        raise ConfigError(
+            f"tables[{name!r}]: codes of dtype {arr.dtype} from {origin}; E4M3 codes must be "
+            "uint8 or float8_e4m3fn (a .safetensors tensor of dtype F8_E4M3 or U8)"
+        )
+    return _check_2d(arr, name, origin)
+
+
+def _check_2d(arr: np.ndarray, name: str, origin: str) -> np.ndarray:
     if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 1:
         raise ConfigError(
             f"tables[{name!r}]: expected a 2-D [rows, dim] table with rows, dim >= 1, "
@@ -387,7 +505,8 @@ def safetensors_header(path: str) -> dict[str, Any]:
 
 
 def safetensors_tensor(path: str, tensor: str) -> np.ndarray:
-    """Memory-map one tensor of a ``.safetensors`` file (BF16, F32 or F16) without loading it."""
+    """Memory-map one tensor of a ``.safetensors`` file (BF16, F32, F16, F8_E4M3 or U8)
+    without loading it (its rows are then read with ``pread``: ``Source``)."""
     header = safetensors_header(path)
     if tensor not in header or tensor.startswith("__"):
         names = [k for k in header if not k.startswith("__")]
@@ -470,37 +589,87 @@ def split_tensor_source(text: str) -> tuple[str, str] | None:
 
 
 def resolve_source(name: str, src: Any) -> Source:
-    """A :class:`Source` from an array, a ``.npy`` path, or ``(file.safetensors, tensor)``.
+    """A :class:`Source` from an array, a ``.npy`` path, ``(file.safetensors, tensor)``,
+    :class:`GeneratedRows`, :class:`ConcatRows` or :class:`Fp8TableScaleSource`.
 
     A string ``"file.safetensors:tensor.name"`` is accepted as well. In place of the
     ``.safetensors`` file, a sharded checkpoint's ``model.safetensors.index.json`` names
-    the tensor's shard through its ``weight_map``.
+    the tensor's shard through its ``weight_map``. An :class:`Fp8TableScaleSource` gives a
+    source of uint8 codes marked ``fp8_table_scale`` (``Source.codec``) with its scale.
     """
+    if isinstance(src, Fp8TableScaleSource):
+        params = table_scale_params(_scale_value(name, src.scale), f"tables[{name!r}].scale")
+        return _resolve(name, src.codes, True).encoded_as("fp8_table_scale", params)
+    return _resolve(name, src, False)
+
+
+def _scale_value(name: str, scale: Any) -> Any:
+    """A table scale as given, or read from a ``.safetensors`` tensor of one value."""
+    if isinstance(scale, str) and split_tensor_source(scale) is not None:
+        scale = split_tensor_source(scale)
+    if not (isinstance(scale, tuple) and len(scale) == 2):
+        return scale
+    path, tensor = _tensor_file(name, os.fspath(scale[0]), scale[1])
+    arr = safetensors_tensor(path, tensor)  # checks the header; the map is never read
+    if arr.size != 1 or arr.dtype not in (BF16, np.dtype("<f4")):
+        raise ConfigError(
+            f"tables[{name!r}].scale: {path}:{tensor} is {arr.dtype}{list(arr.shape)}; a "
+            "table's scale is one BF16 (or F32) value"
+        )
+    offset = int(arr.offset) if isinstance(arr, np.memmap) else -1
+    with _open_regular(path, ".safetensors file") as (fd, _):
+        raw = _pread_exact(fd, path, arr.dtype.itemsize, offset)
+    return np.frombuffer(raw, dtype=arr.dtype).reshape(())
+
+
+def _tensor_file(name: str, path: str, tensor: str) -> tuple[str, str]:
+    """``(shard file, tensor)`` of a tensor named in a file or a checkpoint's index."""
+    if not os.path.exists(path):
+        raise ConfigError(f"tables[{name!r}]: file {path!r} does not exist")
+    if path.endswith(".json"):
+        index, shards = path, safetensors_index(path)
+        if tensor not in shards:
+            raise ConfigError(
+                f"tables[{name!r}]: {index}: the weight_map has no tensor {tensor!r} "
+                f"({len(shards)} tensors)"
+            )
+        path = shards[tensor]
+        if not os.path.exists(path):
+            raise ConfigError(
+                f"tables[{name!r}]: {index} puts {tensor!r} in {path}, which does not "
+                "exist: download that shard"
+            )
+    return path, tensor
+
+
+def _resolve(name: str, src: Any, codes: bool) -> Source:
+    """:func:`resolve_source` of a plain source: values, or (``codes``) E4M3 codes."""
     if isinstance(src, np.ndarray):
-        return Source(name, "array", _as_table_array(src, name, "array"))
-    if isinstance(src, GeneratedRows):
+        arr = _as_codes_array(src, name, "array") if codes else _as_table_array(src, name, "array")
+        return Source(name, "array", arr)
+    if isinstance(src, ConcatRows):
+        parts: list[Source] = []
+        try:
+            for i, p in enumerate(src.parts):
+                if isinstance(p, (ConcatRows, Fp8TableScaleSource)):
+                    raise ConfigError(
+                        f"tables[{name!r}]: ConcatRows part {i} is a {type(p).__name__}; "
+                        "parts are plain sources (arrays, files, tensors)"
+                    )
+                parts.append(_resolve(name, p, codes))
+            return ConcatSource(name, parts)
+        except BaseException:
+            for p in parts:
+                p.close()
+            raise
+    if isinstance(src, GeneratedRows) and not codes:
         return _GeneratedSource(name, src)
     if isinstance(src, str) and split_tensor_source(src) is not None:
         src = split_tensor_source(src)
     if isinstance(src, tuple) and len(src) == 2:
-        path, tensor = os.fspath(src[0]), src[1]
-        if not os.path.exists(path):
-            raise ConfigError(f"tables[{name!r}]: file {path!r} does not exist")
-        if path.endswith(".json"):
-            index, shards = path, safetensors_index(path)
-            if tensor not in shards:
-                raise ConfigError(
-                    f"tables[{name!r}]: {index}: the weight_map has no tensor {tensor!r} "
-                    f"({len(shards)} tensors)"
-                )
-            path = shards[tensor]
-            if not os.path.exists(path):
-                raise ConfigError(
-                    f"tables[{name!r}]: {index} puts {tensor!r} in {path}, which does not "
-                    "exist: download that shard"
-                )
+        path, tensor = _tensor_file(name, os.fspath(src[0]), src[1])
         arr = safetensors_tensor(path, tensor)
-        return _file_source(name, arr, path, f"{path}:{tensor}")
+        return _file_source(name, arr, path, f"{path}:{tensor}", codes)
     if isinstance(src, (str, os.PathLike)):
         path = os.fspath(src)
         if not os.path.exists(path):
@@ -516,8 +685,15 @@ def resolve_source(name: str, src: Any) -> Source:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError, EOFError) as e:
             raise FormatError(f"{path}: not a readable .npy file ({e or 'empty'})") from e
-        return _file_source(name, arr, path, path)
+        return _file_source(name, arr, path, path, codes)
+    allowed = (
+        "uint8 [rows, dim] array, .npy path, (file.safetensors, tensor name), ConcatRows"
+        if codes
+        else "2-D numpy array, .npy path, (file.safetensors, tensor name), GeneratedRows, "
+        "ConcatRows, Fp8TableScaleSource"
+    )
+    what = "codes" if codes else "a source"
     raise ConfigError(
-        f"tables[{name!r}]: a source of type {type(src).__name__} is not supported; allowed: "
-        "2-D numpy array, .npy path, (file.safetensors, tensor name), GeneratedRows"
+        f"tables[{name!r}]: {what} of type {type(src).__name__} is not supported; allowed: "
+        f"{allowed}"
     )

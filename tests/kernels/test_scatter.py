@@ -137,7 +137,8 @@ def _fp8_arena():
             ),
             "scales",
         ),
-        ((np.zeros((2, 7), np.uint8), np.arange(2), np.zeros((4, 3), np.uint8)), "scales"),
+        # a uint8 arena without scales holds table-scaled codes verbatim: d bytes a record
+        ((np.zeros((2, 2), np.uint8), np.arange(2), np.zeros((4, 3), np.uint8)), "records"),
         (
             (
                 np.zeros((2, 7), np.uint8),
@@ -357,3 +358,27 @@ def test_fault_commit_deferred_waits_for_the_flag_and_writes_only_after_a_clean_
     np.testing.assert_array_equal(row_map.get(), want_m)
     np.testing.assert_array_equal(out.get(), want_o)
     del m1, m2, m3
+
+
+def test_scatter_records_verbatim_codes(rng):
+    """A uint8 arena without scales (the fp8_table_scale codec) takes each record's first
+    ``d`` bytes as they are; padding after them is ignored."""
+    records = rng.integers(0, 256, size=(5, 9), dtype=np.uint8)
+    arena = np.zeros((8, 7), np.uint8)
+    dest = np.array([6, 0, 3, 7, 1])
+    rowcache.kernels.scatter_records(records, dest, arena)
+    np.testing.assert_array_equal(arena[dest], records[:, :7])
+    assert not arena[[2, 4, 5]].any()
+
+
+@pytest.mark.gpu
+def test_scatter_records_verbatim_codes_gpu(rng):
+    import cupy as cp
+
+    records = rng.integers(0, 256, size=(300, 161), dtype=np.uint8)
+    dest = rng.permutation(512)[:300]
+    arena = np.zeros((512, 160), np.uint8)
+    dev = cp.asarray(arena)
+    rowcache.kernels.scatter_records(records, dest, arena)
+    rowcache.kernels.scatter_records(cp.asarray(records), cp.asarray(dest), dev)
+    np.testing.assert_array_equal(dev.get(), arena)

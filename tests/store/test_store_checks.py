@@ -65,7 +65,7 @@ def test_page_crcs_are_crc32c_of_every_page_of_padded_shards(tmp_path, rng, dtyp
         tmp_path / "s", [x], dtype=dtype, progress=False, shard_bytes=5 * 4096
     )
     info = store.tables[0]
-    assert store.meta["version"] == fmt.FORMAT_VERSION == 2
+    assert store.meta["version"] == fmt.write_version(dtype) == 2  # bf16, fp8: as before codecs
     for s, rec in enumerate(store.shards[0]):
         data = open(os.path.join(store.path, rec.file), "rb").read()
         assert len(data) == rec.length == info.shard_bytes(s) and len(data) % 4096 == 0
@@ -172,7 +172,7 @@ def test_old_format_version_names_found_supported_and_rebuild(small):
         RowStore.open(store.path)
     msg = str(e.value)
     assert "'version' is 1" in msg and "older format" in msg
-    assert "format version 2" in msg and "rowcache build" in msg
+    assert "format versions 2, 3" in msg and "rowcache build" in msg
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,14 @@ class StackedTables:
             kind_ok = (a.dtype == BF16 and s is None) or (
                 a.dtype == np.uint8 and s is not None and s.dtype == np.float32
             )
+            if a.dtype == np.uint8 and s is None:
+                raise ConfigError(
+                    f"StackedTables: table {i} is uint8 codes without per-row scales (a "
+                    "table-scaled FP8 codec such as fp8_table_scale); the fused n-gram step "
+                    "reads bfloat16 rows or FP8 codes with a float32 scale a row only: hold "
+                    "such a table as bf16 (or fp8) for NgramEmbedding, or gather it "
+                    "through its own gather() (EngramMemory does)"
+                )
             if a.ndim != 2 or not kind_ok or a.strides[1] != a.itemsize:
                 raise ConfigError(
                     f"StackedTables: table {i} must be bfloat16 rows (scales None) or uint8 "

@@ -38,7 +38,8 @@ from rowcache.embed.ngram.ids import ngram_ids, ngram_ids_loop_reference
 from rowcache.embed.overlay.overlay import OverlayAdapterInfo, TokenOverlay
 from rowcache.embed.qwen4.config import Qwen4NgramConfig
 from rowcache.embed.qwen4.hash import Qwen4NgramHash
-from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
+from rowcache.embed.qwen4.memory import Qwen4NgramMemory
+from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table, Fp8TableScaleTable
 
 __all__ = [
     "Bf16Table",
@@ -51,6 +52,7 @@ __all__ = [
     "EngramMemory",
     "EngramPrefetch",
     "Fp8Table",
+    "Fp8TableScaleTable",
     "NgramBatch",
     "NgramBatchContext",
     "NgramContext",
@@ -59,6 +61,7 @@ __all__ = [
     "OverlayAdapterInfo",
     "Qwen4NgramConfig",
     "Qwen4NgramHash",
+    "Qwen4NgramMemory",
     "RankFailedError",
     "ShardPlacement",
     "ShardedNgramEmbedding",

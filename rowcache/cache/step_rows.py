@@ -25,6 +25,18 @@ Ids = np.ndarray | Sequence[np.ndarray]
 (any lengths; an empty vector for a member the step does not read)."""
 
 
+class StepIds:
+    """A step's ids as each cache's global ids (:meth:`StepRows.global_ids`): computed once
+    and handed to :meth:`StepRows.holds_all`, :meth:`StepRows.resolve` and
+    :meth:`StepRows.prefetch` of the same step, which then skip the work."""
+
+    __slots__ = ("ids", "per_group")
+
+    def __init__(self, ids: Ids, per_group: list[np.ndarray]) -> None:
+        self.ids = ids
+        self.per_group = per_group
+
+
 class _Group:
     """The members of one cache: their indices among the members (``rows``: a slice where
     they are consecutive, else an index array), each member's first global row
@@ -103,6 +115,11 @@ class StepRows:
             for key, ks in by_cache.items()
         ]
         self._gpu = any(g.cache.device == "cuda" for g in self._groups)
+        self._cp: Any = None
+        if self._gpu:  # (a GPU cache was made: cupy imports)
+            import cupy
+
+            self._cp = cupy
         self._maps: list[Any] = [None] * len(self._groups)  # GPU: device maps, once asked
         self._pending: list[DeferredResolve] = []
         self._faults = 0
@@ -129,6 +146,13 @@ class StepRows:
         return self._faults
 
     # --- ids ------------------------------------------------------------------------------
+    def global_ids(self, ids: Ids | StepIds) -> StepIds:
+        """``ids`` (:data:`Ids`) as each cache's global ids, computed once for the step's
+        calls."""
+        if isinstance(ids, StepIds):
+            return ids
+        return StepIds(ids, [self._group_ids(g, ids) for g in self._groups])
+
     def _group_ids(self, g: _Group, ids: Ids) -> np.ndarray:
         """The global ids (int64, contiguous) of group ``g``'s members' rows, member after
         member."""
@@ -152,21 +176,22 @@ class StepRows:
         )
 
     # --- a step ---------------------------------------------------------------------------
-    def prefetch(self, ids: Ids) -> PrefetchHandle:
+    def prefetch(self, ids: Ids | StepIds) -> PrefetchHandle:
         """Start reading the rows of a coming step, one ``prefetch`` per cache; never blocks
         on I/O (rows beyond the free or unpinned slots are dropped: ``handle.dropped``)."""
         self.settle()
         return PrefetchHandle.merge(
-            [g.cache.prefetch(self._group_ids(g, ids)) for g in self._groups]
+            [g.cache.prefetch(gid) for g, gid in zip(self._groups, self.global_ids(ids).per_group)]
         )
 
-    def holds_all(self, ids: Ids) -> bool:
+    def holds_all(self, ids: Ids | StepIds) -> bool:
         """Whether a :meth:`resolve` of ``ids`` would fault, wait or commit nothing (every
         row resident and shown in the device maps); changes nothing in the caches."""
         self.settle()
-        return all(g.cache.holds_all(self._group_ids(g, ids)) for g in self._groups)
+        gids = self.global_ids(ids).per_group
+        return all(g.cache.holds_all(gid) for g, gid in zip(self._groups, gids))
 
-    def resolve(self, ids: Ids, *, host: bool = False, defer: bool = False) -> Any:
+    def resolve(self, ids: Ids | StepIds, *, host: bool = False, defer: bool = False) -> Any:
         """Arena slots of every member's rows, one ``resolve`` per cache (a shared cache
         reads its misses in one read), pinned until :meth:`end_step`.
 
@@ -187,8 +212,8 @@ class StepRows:
         self.settle()
         faults = 0
         got: list[Any] = []
-        for i, g in enumerate(self._groups):
-            gid = self._group_ids(g, ids)
+        step = self.global_ids(ids)
+        for i, (g, gid) in enumerate(zip(self._groups, step.per_group)):
             if defer:
                 if self._maps[i] is None and g.cache.device == "cuda":
                     self._maps[i] = g.cache.device_map()  # (made before its resolve is pending)
@@ -202,7 +227,7 @@ class StepRows:
         self._faults = faults
         if defer:
             return None
-        return self._scatter(ids, got)
+        return self._scatter(step.ids, got)
 
     def resolve_member(self, k: int, ids: np.ndarray, *, host: bool = False) -> Any:
         """Slots of member ``k``'s rows ``ids`` alone (a layer's lookup of a step whose
@@ -265,9 +290,7 @@ class StepRows:
         if not events:
             return
         if stream is None:
-            import cupy
-
-            stream = cupy.cuda.get_current_stream()
+            stream = self._cp.cuda.get_current_stream()
         for e in events:
             stream.wait_event(e)
 
@@ -281,9 +304,7 @@ class StepRows:
             for g in self._groups:
                 g.cache.end_step()
             return
-        import cupy
-
-        cur = cupy.cuda.get_current_stream()
+        cur = self._cp.cuda.get_current_stream()
         after = None
         for g in self._groups:
             s = g.cache.stream
@@ -332,4 +353,4 @@ def _xp_of(a: Any) -> Any:
     return cupy
 
 
-__all__ = ["Ids", "StepRows"]
+__all__ = ["Ids", "StepIds", "StepRows"]

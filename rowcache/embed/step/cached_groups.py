@@ -129,7 +129,7 @@ class CachedGroups:
             return
         ids = None
         if batch.n <= CHECK_TOKENS:
-            ids = self._ids(batch, None)
+            ids = rows.global_ids(self._ids(batch, None))  # (once for both calls)
             if not rows.holds_all(ids):
                 rows.resolve(ids, host=True, defer=self.defer_reads)
                 rows.wait_ready()

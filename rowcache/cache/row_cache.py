@@ -350,14 +350,17 @@ class NgramRowCache:
             self._prefetcher.end_step()
             self._counters.count_batch()
 
-    def ready_event(self) -> Any:
-        """GPU: commit the prefetches whose reads have finished (their rows appear in
-        :meth:`device_map`) and return an event recorded on the stream the cache writes
-        the arena on, after every write so far; gathers that wait for it read every row a
-        resolve returned. None on the CPU (every write is done when its call returns) and
-        where that stream is the caller's current stream (stream order suffices)."""
+    def ready_event(self, *, landed: bool = True) -> Any:
+        """GPU: an event recorded on the stream the cache writes the arena on, after every
+        write so far; gathers that wait for it read every row a resolve returned. With
+        ``landed`` the prefetches whose reads have finished are committed first (their rows
+        appear in :meth:`device_map`: what a caller that gathers through the map needs; a
+        caller that gathers by the slots a resolve returned does not, and skips their
+        commit and its stream waits). None on the CPU (every write is done when its call
+        returns) and where that stream is the caller's current stream (stream order
+        suffices)."""
         with self._lock:
-            if self._prefetcher.jobs and self._faulter.pending is None:
+            if landed and self._prefetcher.jobs and self._faulter.pending is None:
                 self._lru.finish_touches()
                 self._prefetcher.reap()
             if not self._arena.gpu:

@@ -232,14 +232,16 @@ class StepRows:
     def resolve_member(self, k: int, ids: np.ndarray, *, host: bool = False) -> Any:
         """Slots of member ``k``'s rows ``ids`` alone (a layer's lookup of a step whose
         members are read at different layers), pinned until :meth:`end_step`; on the GPU
-        (not ``host``) the current stream then waits for the cache's writes."""
+        (not ``host``) the current stream then waits for that cache's writes."""
         self.settle()
         cache, part = self._members[k]
         gid = cache.global_ids(part, ids) if len(cache.parts) > 1 else ids
         out = cache.resolve(gid, host=host)
         self._faults = cache.last_faults
-        if not host:
-            self.wait_ready()
+        if not host and self._gpu:  # gathers by these slots: no landed prefetch to commit
+            e = cache.ready_event(landed=False)
+            if e is not None:
+                self._cp.cuda.get_current_stream().wait_event(e)
         return out
 
     def _scatter(self, ids: Ids, got: list[Any]) -> Any:
@@ -277,16 +279,17 @@ class StepRows:
         return by_member
 
     # --- streams --------------------------------------------------------------------------
-    def ready_events(self) -> list[Any]:
-        """Commit every cache's landed prefetches, and (GPU) one event a cache whose arena
-        writes run on a stream other than the current one; gathers that wait for them read
-        every row resolved so far. Empty on the CPU."""
-        events = [g.cache.ready_event() for g in self._groups]
+    def ready_events(self, *, landed: bool = True) -> list[Any]:
+        """(GPU) one event a cache whose arena writes run on a stream other than the current
+        one; gathers that wait for them read every row resolved so far. With ``landed``,
+        every cache's landed prefetches are committed first (their rows in the device maps,
+        for gathers through :meth:`device_maps`). Empty on the CPU."""
+        events = [g.cache.ready_event(landed=landed) for g in self._groups]
         return [e for e in events if e is not None]
 
-    def wait_ready(self, stream: Any = None) -> None:
+    def wait_ready(self, stream: Any = None, *, landed: bool = True) -> None:
         """Make ``stream`` (default: the current cupy stream) wait for :meth:`ready_events`."""
-        events = self.ready_events()
+        events = self.ready_events(landed=landed)
         if not events:
             return
         if stream is None:

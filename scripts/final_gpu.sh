@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One device call for a session's last checks: the GPU suite, compute-sanitizer over the
 # kernels' GPU tests, an A/B of bench.embed_step against the tree in A_DIR run in the order
-# B A B A B A (so that neither tree always runs first), and the Qwen4 judge (QWEN4_ARGS).
+# B A B A B A (so that neither tree always runs first), an A/B of bench.engram --quick
+# (engramab), and the Qwen4 judge (QWEN4_ARGS).
 # Stages (STAGES) run under `timeout`, bounded by what is left of DEADLINE_S; logs under $OUT.
 # Usage (repo root, .whl and A_DIR carried):
 #   A_DIR=.ab-a STAGES="tests sanitizer embed qwen4" QWEN4_ARGS="..." bash scripts/final_gpu.sh
 set -u
-STAGES=${STAGES:-"tests sanitizer embed qwen4"}
+STAGES=${STAGES:-"tests sanitizer embed engramab qwen4"}
 source "$(dirname "$0")/stages.sh"
 A=${A_DIR:-}
 [ -n "$A" ] && (cd "$A" && python3 setup.py -q build_ext --inplace >/dev/null 2>&1)
@@ -45,6 +46,16 @@ for tag in ("b1", "a1", "b2", "a2", "b3", "a3"):
 for k, by in rows.items():
     print(k, " ".join(f"{t}: {v}" for t, v in sorted(by.items())))
 PY
+fi
+if has engramab && [ -n "$A" ]; then
+  echo "=== A/B bench.engram --quick, B A B A (t=$(( $(date +%s) - T0 ))s)"
+  for r in 1 2; do
+    for t in . "$A"; do
+      tag=$([ "$t" = . ] && echo b || echo a)$r
+      (cd "$t" && PYTHONPATH=/tmp/site:$PWD timeout "$(lim 60)" python3 -m bench.engram --device cuda --quick > "$OUT/engram-$tag.out" 2>&1)
+      echo "engram $tag rc=$?"; tail -3 "$OUT/engram-$tag.out" | cut -c1-110
+    done
+  done
 fi
 if has qwen4; then
   echo "=== bench.qwen4 ${QWEN4_ARGS:-} (t=$(( $(date +%s) - T0 ))s)"

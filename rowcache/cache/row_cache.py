@@ -305,7 +305,7 @@ class NgramRowCache:
                 faults = self._faulter.last_faults
                 if self._faulter.pending is None:
                     return DeferredResolve.finished(out, faults)
-                ids = np.array(row_ids, dtype=np.int64, copy=True)  # (checked by the call)
+                ids = np.array(check_row_ids(row_ids, self.rows), copy=True)  # (host ids)
                 return DeferredResolve(faults, commit=lambda: self._commit_deferred(ids))
         cuda = self.device == "cuda" and not host
         with self._lock:

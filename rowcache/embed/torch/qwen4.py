@@ -169,7 +169,7 @@ class TorchQwen4NgramEmbedding(torch.nn.Module):
         ids_t = check_token_ids("input_ids", input_ids, None, 2)
         cached_ctx = cache.get_conv_state(self.layer_idx, state_idx=2) if cache is not None else None
         # a copy: the update below writes the cache's state in place (as the reference clones)
-        ctx = None if cached_ctx is None else np.array(cached_ctx.detach().cpu(), dtype=np.int64)
+        ctx = None if cached_ctx is None else cached_ctx.detach().to("cpu", torch.int64).numpy().copy()
         if cache is not None:
             to_cache = ids_t
             if cached_ctx is None and ids_t.shape[1] < self.context_len:

@@ -112,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", type=int, default=16, help="split_ngram_parts")
     ap.add_argument("--arena", default="16MiB", help="the cached table's arena")
     ap.add_argument("--dir", default=None, help="working directory (default: a temporary one)")
-    ap.add_argument("--child", nargs=4, metavar=("MODE", "CKPT", "STORE", "ARENA"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--child", nargs=4, metavar=("MODE", "CKPT", "STORE", "ARENA"), help=argparse.SUPPRESS
+    )
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(child(*args.child)))
@@ -127,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         subprocess.run([sys.executable, "-c", make], check=True, capture_output=True)
     table = sum(
-        os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt) if f.endswith(".safetensors")
+        os.path.getsize(os.path.join(ckpt, f))
+        for f in os.listdir(ckpt)
+        if f.endswith(".safetensors")
     )
     print(f"checkpoint {ckpt}: {table / 2**20:.0f} MiB of safetensors; arena {args.arena}")
     results = {}
@@ -143,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         results[mode] = json.loads(r.stdout.strip().splitlines()[-1])
         res = results[mode]
-        load = f", after loading {res['load_maxrss'] / 2**20:.0f} MiB" if "load_maxrss" in res else ""
+        load = (
+            f", after loading {res['load_maxrss'] / 2**20:.0f} MiB" if "load_maxrss" in res else ""
+        )
         print(f"{mode:>9}: peak RSS {res['maxrss'] / 2**20:.0f} MiB{load}")
     same = results["resident"]["tokens"] == results["cached"]["tokens"]
     print(f"tokens identical: {same}")

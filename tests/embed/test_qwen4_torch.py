@@ -7,6 +7,7 @@ and scale, and damaged checkpoints refused in one line."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import pathlib
 import shutil
@@ -128,8 +129,11 @@ def test_qwen4_module_matches_reference_bit_for_bit_through_the_cache(ckpt, tmp_
     with torch.no_grad():
         assert torch.equal(emb(ids, None), ref(ids, None))
         for cuts in ([0, 1, 9, 10, 11, 24], [0, 7, 8, 16, 17, 24]):
-            c_ref, c_emb = DynamicCache(config=ref_model.config), DynamicCache(config=ref_model.config)
-            for a, b in zip(cuts, cuts[1:]):
+            c_ref, c_emb = (
+                DynamicCache(config=ref_model.config),
+                DynamicCache(config=ref_model.config),
+            )
+            for a, b in itertools.pairwise(cuts):
                 want = ref(ids[:, a:b], c_ref)
                 got = emb(ids[:, a:b], c_emb)
                 assert got.dtype == torch.bfloat16 and got.shape == (2, b - a, 64)
@@ -157,7 +161,9 @@ def test_qwen4_load_without_the_table_patch_mapping(ckpt, tmp_path):
     """transformers builds the model with the module in place of its own (monkey_patching's
     apply_patches): the table's tensors are never loaded, the tokens are the same."""
     ids = _ids(1, 10, 3)
-    want = Qwen4ExpForCausalLM.from_pretrained(ckpt).generate(ids, max_new_tokens=8, do_sample=False)
+    want = Qwen4ExpForCausalLM.from_pretrained(ckpt).generate(
+        ids, max_new_tokens=8, do_sample=False
+    )
     patch = TorchQwen4NgramEmbedding.patch_mapping(
         ckpt, store=tmp_path / "st", arena=0.125, progress=False
     )
@@ -240,11 +246,11 @@ def test_qwen4_store_of_another_config_refused(ckpt, tmp_path):
     cfg = json.loads((ckpt / "config.json").read_text())
     cfg["ngram_vocab_size_base"] = 200
     (other / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ConfigError, match="does not hold 'qwen4.ngram'"):
+    with pytest.raises(ConfigError, match=r"does not hold 'qwen4\.ngram'"):
         TorchQwen4NgramEmbedding.from_pretrained(other, store=tmp_path / "st", progress=False)
-    with pytest.raises(ConfigError, match="give slots= or arena="):
+    with pytest.raises(ConfigError, match=r"give slots= or arena="):
         TorchQwen4NgramEmbedding.from_pretrained(ckpt, store=tmp_path / "st", slots=4, arena=0.5)
-    with pytest.raises(ConfigError, match="arena=2.0"):
+    with pytest.raises(ConfigError, match=r"arena=2\.0"):
         TorchQwen4NgramEmbedding.from_pretrained(ckpt, store=tmp_path / "st", arena=2.0)
 
 

@@ -80,7 +80,9 @@ class TorchQwen4NgramEmbedding(torch.nn.Module):
         self.ngram_heads_vocab_sizes = torch.nn.Buffer(
             torch.tensor(self.head_vocab_sizes, dtype=torch.long)
         )
-        self.ngram_heads_offsets = torch.nn.Buffer(torch.tensor(self.head_offsets, dtype=torch.long))
+        self.ngram_heads_offsets = torch.nn.Buffer(
+            torch.tensor(self.head_offsets, dtype=torch.long)
+        )
         self._cuda = memory.device == "cuda"
         self._streams = TorchStreams()
 
@@ -167,9 +169,15 @@ class TorchQwen4NgramEmbedding(torch.nn.Module):
         when a first input is shorter than ``ngram_size - 1``).
         """
         ids_t = check_token_ids("input_ids", input_ids, None, 2)
-        cached_ctx = cache.get_conv_state(self.layer_idx, state_idx=2) if cache is not None else None
+        cached_ctx = (
+            cache.get_conv_state(self.layer_idx, state_idx=2) if cache is not None else None
+        )
         # a copy: the update below writes the cache's state in place (as the reference clones)
-        ctx = None if cached_ctx is None else cached_ctx.detach().to("cpu", torch.int64).numpy().copy()
+        ctx = (
+            None
+            if cached_ctx is None
+            else cached_ctx.detach().to("cpu", torch.int64).numpy().copy()
+        )
         if cache is not None:
             to_cache = ids_t
             if cached_ctx is None and ids_t.shape[1] < self.context_len:

@@ -115,6 +115,23 @@ def test_qwen4_store_from_sharded_checkpoint_rows_verbatim(ckpt, tmp_path):
     assert np.array_equal(got.view(np.uint16), want.view(torch.int16).numpy().view(np.uint16))
 
 
+def test_qwen4_store_from_one_unsharded_file_multimodal_prefix(ckpt, tmp_path):
+    """One ``model.safetensors`` holding the table unsharded, under the multimodal release's
+    ``model.language_model.`` prefix, with a full config (its ``text_config``)."""
+    ref = Qwen4ExpForCausalLM.from_pretrained(ckpt)
+    want = ref.get_submodule(TABLE).weight.detach().contiguous()
+    one = tmp_path / "one"
+    one.mkdir()
+    text = json.loads((ckpt / "config.json").read_text())
+    (one / "config.json").write_text(json.dumps({"text_config": text}))
+    name = "model.language_model.layers.1.ple.ple_embedding.ngram_embedding.weight"
+    other = {"model.language_model.embed_tokens.weight": torch.zeros(4, 4, dtype=torch.bfloat16)}
+    save_file({name: want, **other}, str(one / "model.safetensors"))
+    st = build_qwen4_store(one, tmp_path / "st", progress=False)
+    got = st.read_rows(TABLE_NAME, np.arange(want.shape[0]))
+    assert np.array_equal(got.view(np.uint16), want.view(torch.int16).numpy().view(np.uint16))
+
+
 def test_qwen4_module_matches_reference_bit_for_bit_through_the_cache(ckpt, tmp_path):
     """Prefill chunks and decode steps through two caches of the model: the module and
     transformers' module give the same bits and leave the same context in the cache; a
@@ -174,6 +191,7 @@ def test_qwen4_load_without_the_table_patch_mapping(ckpt, tmp_path):
     assert info["unexpected_keys"] == {f"{TABLE}.weight"}
     assert not any("ngram" in k for k in info["missing_keys"])
     assert torch.equal(emb.ngram_heads_offsets, torch.tensor(emb.head_offsets))
+    assert emb.layer_multipliers.tolist() == emb.memory.hash.multipliers.tolist()
     assert not any(p.numel() > 1000 for p in model.parameters() if p.dim() == 2 and p.shape[1] == 4)
     got = model.generate(ids, max_new_tokens=8, do_sample=False)
     assert torch.equal(got, want)
@@ -330,7 +348,7 @@ def test_qwen4_bad_checkpoints_refused_in_one_line_in_a_child(ckpt, tmp_path):
         "short_part": "need one dtype and shape",
         "bad_index": "not JSON",
         "no_table": "has no n-gram table of decoder layer 1",
-        "truncated": "",
+        "truncated": "truncated",
         "fp8_no_scale": "weight_scale",
     }
     assert set(out) == set(expect)

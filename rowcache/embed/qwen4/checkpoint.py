@@ -120,29 +120,33 @@ def qwen4_table_tensors(
                 + (f" (missing {shown})" if missing else f" (unexpected shards {extra[:8]})")
             )
         parts = tuple(found[k] for k in range(n))
-    # each part's header entry: dtype and shape, without reading any rows
-    from rowcache.store.sources import safetensors_tensor
+    # each part's header entry: dtype and shape, without reading any rows (one header a file)
+    from rowcache.store.sources import safetensors_header
 
+    headers: dict[str, dict[str, Any]] = {}
     first = None
     total = 0
     kind = None
     for name in parts:
-        arr = safetensors_tensor(*ckpt.source(name))
-        st = _st_dtype(ckpt, name)
+        file = ckpt.source(name)[0]
+        if file not in headers:
+            headers[file] = safetensors_header(file)
+        spec = headers[file][name]
+        st, shape = str(spec["dtype"]), [int(d) for d in spec["shape"]]
         if st not in _CODECS:
             raise ConfigError(
                 f"{where}: {name!r} is {st}; the n-gram table's rows are BF16 or F8_E4M3"
             )
-        if arr.ndim != 2:
-            raise ConfigError(f"{where}: {name!r} has shape {list(arr.shape)}; a part is 2-D")
+        if len(shape) != 2:
+            raise ConfigError(f"{where}: {name!r} has shape {shape}; a part is 2-D")
         if first is None:
-            first, kind = (st, int(arr.shape[0]), int(arr.shape[1])), st
-        elif (st, int(arr.shape[0]), int(arr.shape[1])) != first:
+            first, kind = (st, shape[0], shape[1]), st
+        elif (st, shape[0], shape[1]) != first:
             raise ConfigError(
-                f"{where}: {name!r} is {st}{list(arr.shape)}, {parts[0]!r} "
+                f"{where}: {name!r} is {st}{shape}, {parts[0]!r} "
                 f"{first[0]}{list(first[1:])}: the table's parts need one dtype and shape"
             )
-        total += int(arr.shape[0])
+        total += shape[0]
     assert first is not None and kind is not None
     want = (h.table_rows(), config.head_dim)
     if (total, first[2]) != want:
@@ -161,12 +165,6 @@ def qwen4_table_tensors(
                 "(the FP8 release's one BF16 scale of the table)"
             )
     return Qwen4TableTensors(parts, scale, _CODECS[kind], total, first[2])
-
-
-def _st_dtype(ckpt: Checkpoint, name: str) -> str:
-    from rowcache.store.sources import safetensors_header
-
-    return str(safetensors_header(ckpt.source(name)[0])[name]["dtype"])
 
 
 def _load_config(ckpt: Checkpoint, config: Qwen4NgramConfig | None) -> Qwen4NgramConfig:

@@ -142,7 +142,7 @@ class TorchQwen4NgramEmbedding(torch.nn.Module):
         path = os.fspath(checkpoint)
         options = dict(kwargs)
 
-        class Patched(base):  # type: ignore[valid-type, misc]
+        class TorchQwen4NgramEmbeddingPatched(base):  # type: ignore[valid-type, misc]
             """``TorchQwen4NgramEmbedding`` built by the reference's constructor call."""
 
             def __init__(
@@ -156,8 +156,7 @@ class TorchQwen4NgramEmbedding(torch.nn.Module):
                     )
                 base.__init__(self, memory, layer_idx)
 
-        Patched.__name__ = Patched.__qualname__ = f"{cls.__name__}Patched"
-        return {REFERENCE_CLASS: Patched}
+        return {REFERENCE_CLASS: TorchQwen4NgramEmbeddingPatched}
 
     def forward(self, input_ids: torch.Tensor, cache: Any = None, **kwargs: Any) -> torch.Tensor:
         """The n-gram embedding of ``input_ids``: bfloat16 ``[B, T, ple_embed_dim]`` on the

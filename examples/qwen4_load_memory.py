@@ -88,7 +88,7 @@ def child(mode: str, ckpt: str, store: str, arena: str) -> dict:
     torch.set_num_threads(1)
     out: dict = {"mode": mode}
     if mode == "store":
-        build_qwen4_store(ckpt, store, progress=False)
+        build_qwen4_store(ckpt, store, overwrite=True, progress=False)
     elif mode in ("resident", "cached"):
         if mode == "cached":
             patch = TorchQwen4NgramEmbedding.patch_mapping(

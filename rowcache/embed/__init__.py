@@ -10,7 +10,9 @@
 Engram hash (``docs/engram-spec.md``), ``EngramMemory`` its lookup through the same tables
 (``TorchEngramMemory`` its module);
 ``Qwen4NgramConfig`` and ``Qwen4NgramHash`` Qwen3.8-Flash-Next's (``qwen4_exp``) n-gram
-hash (``docs/qwen4-spec.md``), on the native kernel Engram's hash runs;
+hash (``docs/qwen4-spec.md``), on the native kernel Engram's hash runs, ``Qwen4NgramMemory``
+its lookup, ``build_qwen4_store`` / ``load_qwen4_memory`` its checkpoint's table in a store
+(``TorchQwen4NgramEmbedding`` the drop-in of transformers' module);
 ``TorchNgramEmbedding`` the ``torch.nn.Module``; ``ShardedNgramEmbedding`` (and
 ``ShardPlacement``, ``TorchShardedNgramEmbedding``) the tables spread over the ranks of a
 ``torch.distributed`` group (all loaded on first use: ``import rowcache.embed`` never
@@ -36,6 +38,7 @@ from rowcache.embed.ngram.context import NgramBatchContext, NgramContext
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.ngram.ids import ngram_ids, ngram_ids_loop_reference
 from rowcache.embed.overlay.overlay import OverlayAdapterInfo, TokenOverlay
+from rowcache.embed.qwen4.checkpoint import build_qwen4_store, load_qwen4_memory
 from rowcache.embed.qwen4.config import Qwen4NgramConfig
 from rowcache.embed.qwen4.hash import Qwen4NgramHash
 from rowcache.embed.qwen4.memory import Qwen4NgramMemory
@@ -69,12 +72,15 @@ __all__ = [
     "TokenOverlay",
     "TorchEngramMemory",
     "TorchNgramEmbedding",
+    "TorchQwen4NgramEmbedding",
     "TorchShardedNgramEmbedding",
     "TorchStaticStep",
+    "build_qwen4_store",
     "hash_positions",
     "load_engram_memory",
     "load_ngram_embedding",
     "load_pretrained",
+    "load_qwen4_memory",
     "ngram_ids",
     "ngram_ids_loop_reference",
     "table_sources",
@@ -87,6 +93,10 @@ def __getattr__(name: str) -> object:
         from rowcache.embed.torch.module import TorchNgramEmbedding
 
         return TorchNgramEmbedding
+    if name == "TorchQwen4NgramEmbedding":
+        from rowcache.embed.torch.qwen4 import TorchQwen4NgramEmbedding
+
+        return TorchQwen4NgramEmbedding
     if name == "TorchEngramMemory":
         from rowcache.embed.torch.engram import TorchEngramMemory
 

@@ -20,7 +20,7 @@ from tests.cache.test_deferred import flip_byte
 def two_caches(tmp_path, rng):
     """A shared cache over t0..t2 and one over t3, with members in a non-consecutive
     order: [(shared, 0), (single, 0), (shared, 2), (shared, 1)]."""
-    store, tabs = make_multi_store(tmp_path, rng)
+    store, _tabs = make_multi_store(tmp_path, rng)
     shared = NgramRowCache(store, ["t0", "t1", "t2"], slots=300)
     single = NgramRowCache(store, "t3", slots=100)
     members = [(shared, 0), (single, 0), (shared, 2), (shared, 1)]
@@ -45,7 +45,7 @@ def test_one_resolve_per_cache_and_slots_in_member_order(two_caches, rng, monkey
     store, shared, single, rows, names = two_caches
     assert rows.caches == [shared, single] and len(rows) == 4 and rows
     a, b = _count(monkeypatch, shared), _count(monkeypatch, single)
-    for step in range(6):
+    for _step in range(6):
         ids = rng.integers(0, 300, (4, 12))
         with rows:
             slots = rows.resolve(ids)
@@ -127,7 +127,7 @@ def test_deferred_resolves_are_committed_by_the_owner_only(two_caches, rng):
 
 
 def test_resolve_member_reads_one_table(two_caches, rng):
-    store, shared, single, rows, names = two_caches
+    store, shared, single, rows, _names = two_caches
     ids = rng.integers(0, 300, 10)
     got = rows.resolve_member(2, ids)  # t2, a part of the shared cache
     np.testing.assert_array_equal(

@@ -16,7 +16,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from rowcache import __version__
@@ -49,6 +49,9 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         d = action.default
+        bounds = getattr(action.type, "bounds", None)
+        if bounds is not None:  # an integer flag's range (int_in, int_list_in)
+            text += f" [{bounds[0]:,}..{bounds[1]:,}]".replace("%", "%%")
         if d is None or d is False or d is argparse.SUPPRESS or "%(default)" in text:
             return text
         if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
@@ -223,20 +226,68 @@ def _number(text: str, kind: type) -> Any:
     return v
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
-    v = _number(text, int)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give an integer >= 1")
-    return v
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` to ``high``. Every integer flag has one
+    (a huge ``--batch`` grew a trace to the machine's memory; others ended in tracebacks):
+    its bounds show in ``--help``, and a value outside them, or not an integer, is one line
+    naming the flag, the value and the range (exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{_short(text)} is not an integer; give one from {low:,} to {high:,}"
+            ) from None
+        if not low <= v <= high:
+            raise argparse.ArgumentTypeError(
+                f"{_short(text)}: give an integer from {low:,} to {high:,}"
+            )
+        return v
+
+    parse.bounds = (low, high)  # type: ignore[attr-defined]
+    parse.__name__ = f"integer {low}..{high}"
+    return parse
 
 
-def nonneg_int(text: str) -> int:
-    """An integer >= 0."""
-    v = _number(text, int)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give an integer >= 0")
-    return v
+def int_list_in(low: int, high: int) -> Callable[[str], list[int]]:
+    """An argparse type: comma-separated integers, each from ``low`` to ``high``
+    (e.g. ``1,4,16``), at most :data:`MAX_LIST` of them."""
+
+    def parse(text: str) -> list[int]:
+        parts = [x.strip() for x in text.split(",") if x.strip()]
+        if not parts or len(parts) > MAX_LIST:
+            raise argparse.ArgumentTypeError(
+                f"{_short(text)}: give 1 to {MAX_LIST} integers from {low:,} to {high:,}, "
+                "comma separated, e.g. 1,4,16"
+            )
+        out = []
+        for x in parts:
+            where = "" if x == text.strip() else f" in {_short(text)}"
+            try:
+                v = int(x)
+            except ValueError:
+                v = None
+            if v is None or not low <= v <= high:
+                raise argparse.ArgumentTypeError(
+                    f"{_short(x)}{where} is not an integer from {low:,} to {high:,} "
+                    "(give e.g. 1,4,16)"
+                )
+            out.append(v)
+        return out
+
+    parse.bounds = (low, high)  # type: ignore[attr-defined]
+    parse.__name__ = f"integers {low}..{high}"
+    return parse
+
+
+MAX_LIST = 64  # values of a list flag (--queue-depths)
+
+
+def _short(text: str, limit: int = 40) -> str:
+    """``repr(text)``, cut to ``limit`` characters (a flag's value can be megabytes)."""
+    r = repr(text)
+    return r if len(r) <= limit else r[: limit - 4] + "...'"
 
 
 def positive_float(text: str) -> float:
@@ -253,22 +304,6 @@ def fraction(text: str) -> float:
     if not 0 < v <= 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give a number in (0, 1]")
     return v
-
-
-def int_list(text: str) -> list[int]:
-    """Comma-separated integers >= 1, e.g. ``1,4,16``."""
-    parts = [x.strip() for x in text.split(",") if x.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError(f"{text!r}: give integers >= 1, e.g. 1,4,16")
-    out = []
-    for x in parts:
-        if not x.isdigit() or int(x) < 1:
-            where = "" if x == text.strip() else f" in {text!r}"
-            raise argparse.ArgumentTypeError(
-                f"{x!r}{where} is not an integer >= 1 (give e.g. 1,4,16)"
-            )
-        out.append(int(x))
-    return out
 
 
 def byte_size(text: str) -> int:

@@ -18,6 +18,8 @@ from rowcache.errors import ConfigError
 from rowcache.tools.demo import LONGCAT_VOCAB, DemoConfig, DemoReport, run_demo
 from rowcache.tools.tokens import tokenizer_json_path
 
+MAX_TOKENS = 1_000_000_000  # --tokens, --decode-tokens: far above the stdlib's 8.2M
+
 
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -154,7 +156,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``demo`` to the ``rowcache`` CLI."""
-    from rowcache.cli.app import fraction, nonneg_int, positive_float, positive_int
+    from rowcache.cli.app import fraction, int_in, positive_float
 
     p = subparsers.add_parser(
         "demo",
@@ -168,7 +170,7 @@ def register(subparsers: Any) -> None:
         ),
     )
     p.add_argument(
-        "--hidden", type=positive_int, default=384, help="hidden size D (a multiple of 12)"
+        "--hidden", type=int_in(12, 12_288), default=384, help="hidden size D (a multiple of 12)"
     )
     p.add_argument(
         "--ratio",
@@ -185,19 +187,23 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--dtype", choices=("bf16", "fp8"), default="bf16", help="row format of the store"
     )
-    p.add_argument("--tokens", type=positive_int, default=200_000, help="tokens of text to run")
+    p.add_argument(
+        "--tokens", type=int_in(1, MAX_TOKENS), default=200_000, help="tokens of text to run"
+    )
     p.add_argument(
         "--decode-tokens",
-        type=nonneg_int,
+        type=int_in(0, MAX_TOKENS),
         default=None,
         help="trailing tokens run one per step (decode), the rest as prefill "
         "(default: min(1000, tokens / 10))",
     )
-    p.add_argument("--chunk", type=positive_int, default=512, help="prefill chunk length")
+    p.add_argument("--chunk", type=int_in(1, 1 << 20), default=512, help="prefill chunk length")
     p.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="where arenas and tables live"
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
+    p.add_argument(
+        "--seed", type=int_in(0, 2**63 - 1), default=0, help="seed of the synthetic weights"
+    )
     p.add_argument("--text", default=None, help="a .py file or directory (default: the stdlib)")
     p.add_argument(
         "--tokenizer",

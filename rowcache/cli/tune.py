@@ -17,10 +17,10 @@ from rowcache.cli.app import (
     byte_size,
     fraction,
     inform,
-    int_list,
+    int_in,
+    int_list_in,
     positive_byte_size,
     positive_float,
-    positive_int,
 )
 from rowcache.cli.store import human_bytes
 from rowcache.cli.tools import (
@@ -31,6 +31,8 @@ from rowcache.cli.tools import (
     write_json,
 )
 from rowcache.errors import ConfigError
+
+MAX_QUEUE_DEPTH = 1024  # --queue-depth(s): reads in flight, one thread each in bench-io
 
 
 def size_arg(n: int) -> str:
@@ -282,7 +284,7 @@ def register(subparsers: Any) -> None:
     add_deprecated(p, "--device", "--disk", "disk")  # --device means cpu/cuda elsewhere
     p.add_argument(
         "--queue-depth",
-        type=positive_int,
+        type=int_in(1, MAX_QUEUE_DEPTH),
         default=None,
         help="reads in flight to assume (default: the disk profile's fastest)",
     )
@@ -320,13 +322,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("path", help="a store directory, any directory or a large file on the disk")
     p.add_argument(
         "--record-bytes",
-        type=positive_int,
+        type=int_in(1, 1 << 26),
         default=None,
         help="row size in bytes (default: the store's, else 512: a LongCat BF16 row)",
     )
     p.add_argument(
         "--queue-depths",
-        type=int_list,
+        type=int_list_in(1, MAX_QUEUE_DEPTH),
         default="1,4,16,32,64",
         help="reads in flight to measure, comma separated",
     )

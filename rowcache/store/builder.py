@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import errno
+import mmap
 import os
 import resource
 import shutil
@@ -32,7 +33,7 @@ import crc32c
 import lmdb
 import numpy as np
 
-from rowcache.errors import ConfigError
+from rowcache.errors import ConfigError, FormatError
 from rowcache.format import layout as fmt
 from rowcache.format.codecs import get_codec
 from rowcache.io import checksum
@@ -49,7 +50,9 @@ CHUNK_BYTES = 32 << 20  # input bytes per streamed chunk
 # is NumPy's rule in one thread. Every engine writes the same bits (tests/store/test_build_fp8.py).
 FP8_ENGINE: str | None = None
 FP8_THREADS: int | None = None  # threads of the "cpu" engine; None: this process's cores - 1
-MAP_SIZE = 1 << 34  # LMDB map size: address space only, the file grows with data
+# The LMDB index's map is sized from its records (index_map_bytes), not a fixed 16 GiB: a
+# process under an address-space limit (ulimit -v) of a few GiB must build a store too.
+MAP_GROWS = 6  # times a full map is doubled before the build gives up (MapFullError)
 # The file system's free space, asked before a build starts (os.statvfs; a test of a full
 # disk sets it to report less, as no file system can be filled here without root).
 STATVFS: Callable[[str], Any] = os.statvfs
@@ -185,28 +188,63 @@ def _write_shard(
     return rec, page_crcs
 
 
+def index_map_bytes(shard_recs: list[Any], meta: bytes) -> int:
+    """An upper bound of the LMDB map the index needs: its records (the meta record, one
+    shard record and one page-CRC record a shard) each on pages of their own (a value of
+    more than a quarter page goes to overflow pages, one more page for its leaf), all of it
+    twice (copy-on-write: the meta record's transaction copies the tree's touched pages), and
+    64 pages and 1 MiB for the tree's branch pages and free lists. A few MiB for a store of
+    a few thousand shards; address space only (the file grows with what is written)."""
+    psize = max(4096, mmap.PAGESIZE)  # LMDB's page size is the system's
+
+    def pages(value_bytes: int) -> int:
+        return -(-(value_bytes + 64) // psize) + 1
+
+    total = pages(len(meta))
+    for recs in shard_recs:
+        for r, page_crcs in recs:
+            total += pages(len(r.to_bytes())) + pages(page_crcs.nbytes)
+    return 2 * (total + 64) * psize + (1 << 20)
+
+
 def _write_index(tmp: str, path: str, shard_recs: list[Any], meta: dict[str, Any]) -> None:
-    """Shard and page-CRC records, then the meta record in its own last transaction."""
+    """Shard and page-CRC records, then the meta record in its own last transaction, in a
+    map sized from them (:func:`index_map_bytes`), doubled should it fill."""
     index = os.path.join(tmp, fmt.INDEX_NAME)
     shown = f"the index of {path} (built in {os.path.basename(tmp)})"
-    try:
-        # lock=False: the build directory is ours alone (flocked), and no lock.mdb is
-        # mapped, so a disk filling up cannot turn into a SIGBUS on the lock file.
-        env = lmdb.open(index, map_size=MAP_SIZE, subdir=True, lock=False)
+    meta_bytes = fmt.meta_to_bytes(meta)
+    map_size = index_map_bytes(shard_recs, meta_bytes)
+    for grows in range(MAP_GROWS + 1):
         try:
-            with env.begin(write=True) as txn:
-                for recs in shard_recs:
-                    for r, page_crcs in recs:
-                        txn.put(fmt.shard_key(r.table, r.shard), r.to_bytes())
-                        txn.put(fmt.crc_key(r.table, r.shard), page_crcs.tobytes())
-            # The meta record goes last, in its own transaction: without it the store never opens.
-            with env.begin(write=True) as txn:
-                txn.put(fmt.META_KEY, fmt.meta_to_bytes(meta))
-            env.sync(True)
-        finally:
-            env.close()
-    except lmdb.Error as e:
-        raise _explain_eio(lmdb_error(e, shown, "writing"), index) from e
+            _put_records(index, map_size, shard_recs, meta_bytes)
+            return
+        except lmdb.MapFullError as e:
+            if grows == MAP_GROWS:
+                raise FormatError(
+                    f"{shown}: the LMDB index still filled its map at {map_size:,} bytes "
+                    f"(doubled {MAP_GROWS} times from what its records need): {e}"
+                ) from e
+            map_size *= 2  # an aborted transaction left nothing behind: write all again
+        except lmdb.Error as e:
+            raise _explain_eio(lmdb_error(e, shown, "writing"), index) from e
+
+
+def _put_records(index: str, map_size: int, shard_recs: list[Any], meta: bytes) -> None:
+    # lock=False: the build directory is ours alone (flocked), and no lock.mdb is
+    # mapped, so a disk filling up cannot turn into a SIGBUS on the lock file.
+    env = lmdb.open(index, map_size=map_size, subdir=True, lock=False)
+    try:
+        with env.begin(write=True) as txn:
+            for recs in shard_recs:
+                for r, page_crcs in recs:
+                    txn.put(fmt.shard_key(r.table, r.shard), r.to_bytes())
+                    txn.put(fmt.crc_key(r.table, r.shard), page_crcs.tobytes())
+        # The meta record goes last, in its own transaction: without it the store never opens.
+        with env.begin(write=True) as txn:
+            txn.put(fmt.META_KEY, meta)
+        env.sync(True)
+    finally:
+        env.close()
 
 
 def _explain_eio(err: Exception, index: str) -> Exception:

@@ -169,6 +169,9 @@ def read_index(
     copy = IndexCopy(dirfd, path)
     try:
         try:
+            # map_size left at py-lmdb's 10 MiB: read-only, LMDB maps that or the file's
+            # used pages, whichever is more (a few MiB of address space, not the 16 GiB the
+            # builder once gave: tests/store/test_store_limits.py opens under ulimit -v 2 GiB)
             env = lmdb.open(copy.path, readonly=True, lock=False, subdir=False, max_readers=8)
         except lmdb.Error as e:
             raise lmdb_error(e, shown, "opening") from e

@@ -95,3 +95,40 @@ def read_exact(fd: int, n: int, offset: int, shown: str, what: str) -> bytes:
         parts.append(b)
         got += len(b)
     return b"".join(parts)
+
+
+NOT_REGULAR = "not a regular file (a FIFO, a device or a socket): give a file"
+
+
+def read_regular_text(path: str | os.PathLike[str], limit: int = 100_000_000) -> str:
+    """The text of the regular file ``path`` (at most ``limit`` bytes), for a tool's JSON
+    input: opened ``O_NONBLOCK`` and checked with ``fstat`` before any read, so a FIFO is an
+    ``OSError`` at once, never a wait for a writer. Errors are ``OSError`` (and
+    ``UnicodeDecodeError``), as ``Path.read_text`` raises them."""
+    fd = os.open(os.fspath(path), os.O_RDONLY | _NONBLOCK | _CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, NOT_REGULAR)
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"{st.st_size:,} bytes, over the limit of {limit:,}")
+        return read_exact(fd, st.st_size, 0, os.fspath(path), "file").decode()
+    finally:
+        os.close(fd)
+
+
+def write_regular_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path``, created or truncated, refusing (``OSError``) anything but
+    a regular file there: opened ``O_NONBLOCK`` (a FIFO with no reader is ``ENXIO`` at once,
+    not a wait), then ``fstat`` before the file is truncated."""
+    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | _NONBLOCK | _CLOEXEC, 0o666)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{os.fspath(path)}: {NOT_REGULAR}")
+        os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)
+        data = memoryview(text.encode())
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)

@@ -56,15 +56,18 @@ class Source:
         array: np.ndarray,
         file: str | None = None,
         offset: int = 0,
+        fortran: bool = False,
     ) -> None:
         """``array`` is the table itself, or (with ``file``) a view whose dtype and shape
-        describe the file's rows at ``offset``; it is never read then."""
+        describe the file's rows at ``offset``; it is never read then. ``fortran``: the
+        file holds the table column after column (a ``.npy`` saved in Fortran order)."""
         self.name = name
         self.origin = origin
         self.dtype = array.dtype
         self.shape = (int(array.shape[0]), int(array.shape[1]))
         self.file = file
         self.offset = offset
+        self.fortran = fortran
         self._array = None if file is not None else array
         # rows already in a codec's encoding, written verbatim (None: values to encode)
         self.codec: str | None = None
@@ -102,11 +105,26 @@ class Source:
         return self
 
     def _pread(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``[start, stop)`` of the file, read into a new array."""
+        """Rows ``[start, stop)`` of the file, read into a new array (C order)."""
+        size = self.dtype.itemsize
+        if self.fortran:
+            # Column j of the block lies at (j * rows + start) * itemsize: one pread a column
+            # into a [dim, n] array, then turned into rows.
+            cols = np.empty((self.dim, stop - start), dtype=self.dtype)
+            for j in range(self.dim):
+                pos = self.offset + (j * self.rows + start) * size
+                self._pread_into(cols[j].view(np.uint8).data, pos, start, stop)
+            return np.ascontiguousarray(cols.T)
         out = np.empty((stop - start, self.dim), dtype=self.dtype)
-        buf = out.reshape(-1).view(np.uint8).data
-        row = self.dim * self.dtype.itemsize
-        pos, got = self.offset + start * row, 0
+        self._pread_into(
+            out.reshape(-1).view(np.uint8).data, self.offset + start * self.dim * size, start, stop
+        )
+        return out
+
+    def _pread_into(self, buf: memoryview, pos: int, start: int, stop: int) -> None:
+        """Fill ``buf`` from the file at byte ``pos`` (for rows ``[start, stop)``): a read
+        error names the file; the file ending first is a ``FormatError`` naming it."""
+        got = 0
         while got < buf.nbytes:
             try:
                 n = os.preadv(self._fd, [buf[got:]], pos + got)
@@ -121,7 +139,6 @@ class Source:
                     f"up to {pos + buf.nbytes:,}): was it cut short or replaced during the build?"
                 )
             got += n
-        return out
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` as bf16 or float32 (float16 is widened to float32)."""
@@ -282,13 +299,18 @@ class ConcatSource(Source):
 
 def _file_source(name: str, arr: np.ndarray, path: str, origin: str, codes: bool = False) -> Source:
     """A :class:`Source` reading ``path`` where the memory map ``arr`` shows its table (the
-    map only tells dtype, shape and offset; it is never read): with ``pread`` where the rows
-    lie in C order, through the map for a .npy file saved in Fortran order."""
+    map only tells dtype, shape and offset; it is never read): with ``pread``, row blocks
+    where the rows lie in C order, column pieces for a .npy file saved in Fortran order.
+    Never through the map: a file cut short would make a read of it a SIGBUS."""
     offset = int(arr.offset) if isinstance(arr, np.memmap) else -1
     arr = _as_codes_array(arr, name, origin) if codes else _as_table_array(arr, name, origin)
-    if offset < 0 or not arr.flags.c_contiguous:
+    if offset < 0:  # not a map (an empty tensor): an array in memory
         return Source(name, origin, arr)
-    return Source(name, origin, arr, path, offset)
+    if arr.flags.c_contiguous:
+        return Source(name, origin, arr, path, offset)
+    if arr.flags.f_contiguous:
+        return Source(name, origin, arr, path, offset, fortran=True)
+    raise FormatError(f"{path}: table {name!r} is neither in C nor in Fortran order")
 
 
 def _as_table_array(arr: np.ndarray, name: str, origin: str) -> np.ndarray:

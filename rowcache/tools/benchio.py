@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError
+from rowcache.store.safeopen import read_regular_text, write_regular_text
 
 PAGE = 4096
 # Below this, random reads may come from the disk's or the hypervisor's cache.
@@ -67,13 +68,13 @@ class DeviceProfile:
         return row[q], q
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        Path(path).write_text(json.dumps(asdict(self), indent=1))
+        write_regular_text(path, json.dumps(asdict(self), indent=1))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> DeviceProfile:
         """A profile saved by :meth:`save` (``rowcache bench-io -o``), checked."""
         try:
-            d = json.loads(Path(path).read_text())
+            d = json.loads(read_regular_text(path))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ConfigError(
                 f"{path}: not a disk profile (from `rowcache bench-io -o`): {e}"

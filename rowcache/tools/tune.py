@@ -16,12 +16,12 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rowcache.errors import ConfigError
+from rowcache.store.safeopen import read_regular_text
 from rowcache.tools.benchio import DeviceProfile
 from rowcache.units import MAX_BYTES, parse_bytes  # noqa: F401  (tools.tune.parse_bytes, as documented)
 
@@ -78,7 +78,7 @@ class TuneReport:
 def load_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON dict of a ``rowcache profile -o`` (or ``--json``) file, checked."""
     try:
-        d = json.loads(Path(path).read_text())
+        d = json.loads(read_regular_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"{path}: not a profile JSON (from `rowcache profile -o`): {e}") from e
     except RecursionError:

@@ -285,6 +285,100 @@ def test_head_primes_distinct_and_above_their_start():
     assert is_prime(2**61 - 1) and not is_prime((2**31 - 1) * (2**61 - 1))
 
 
+def walk_primes(config):
+    """The head primes as the spec words them, and as head_primes found them before issue 51:
+    from each start, every number tested in turn, skipping primes already used."""
+    used, out = set(), {}
+    for layer in config.layer_ids:
+        rows = np.empty((config.max_ngram - 1, config.n_head_per_ngram), dtype=np.int64)
+        for order in range(2, config.max_ngram + 1):
+            start = config.vocab_per_ngram[order - 2] - 1
+            for h in range(config.n_head_per_ngram):
+                p = start + 1
+                while p in used or not is_prime(p):
+                    p += 1
+                used.add(p)
+                rows[order - 2, h] = start = p
+        out[layer] = rows
+    return out
+
+
+def test_head_primes_of_the_demo_and_v41_are_those_of_before_the_sieve():
+    demo = head_primes(EngramConfig())  # what head_primes gave before issue 51
+    assert demo[1].tolist() == [
+        [646403, 646411, 646421, 646423, 646433, 646453, 646519, 646523],
+        [646537, 646543, 646549, 646571, 646573, 646577, 646609, 646619],
+    ]
+    assert demo[15].tolist() == [
+        [646631, 646637, 646643, 646669, 646687, 646721, 646757, 646771],
+        [646781, 646823, 646831, 646837, 646843, 646859, 646873, 646879],
+    ]
+    v41 = head_primes(EngramConfig.reported_v41())
+    assert v41[1][0, 0] == 16000057 and v41[14][-1, -1] == 16000889
+    flat = np.concatenate([v41[1].reshape(-1), v41[14].reshape(-1)])
+    assert _sha(flat) == "ed542f58c4b3593c4120e899620231785b695dfc61bcc3d04b61b113abd9cf9e"
+
+
+def test_head_primes_equal_the_spec_walk_on_random_configs():
+    rng = np.random.default_rng(51)
+    starts = [2, 3, 4, 5, 17, 100, 1 << 20, (1 << 20) - 3, 2**40 - 87, 10**12]
+    for _ in range(120):
+        n = int(rng.integers(2, 6))
+        heads = int(rng.integers(1, 10))
+        vocab = tuple(
+            int(rng.choice(starts)) + int(rng.integers(0, 3000)) * int(rng.integers(0, 2))
+            for _ in range(n - 1)
+        )
+        cfg = EngramConfig(
+            vocab_per_ngram=tuple(min(v, 2**40) for v in vocab),
+            max_ngram=n,
+            n_head_per_ngram=heads,
+            n_embed_per_ngram=heads,
+            layer_ids=tuple(int(x) for x in rng.permutation(40)[: int(rng.integers(1, 7))]),
+        )
+        want, got = walk_primes(cfg), head_primes(cfg)
+        assert list(got) == list(want), cfg
+        for layer in want:
+            np.testing.assert_array_equal(got[layer], want[layer], err_msg=str(cfg))
+
+
+HEAD_PRIMES_TIME = r"""
+import sys, time
+from rowcache.embed.engram.config import EngramConfig, head_primes
+layers, vocab = int(sys.argv[1]), int(sys.argv[2])
+cfg = EngramConfig(vocab_per_ngram=(vocab,) * 3, max_ngram=4, n_head_per_ngram=64,
+                   n_embed_per_ngram=1024, layer_ids=tuple(range(layers)))
+t = time.perf_counter()
+primes = head_primes(cfg)
+print(sum(p.size for p in primes.values()), time.perf_counter() - t)
+"""
+
+
+@pytest.mark.parametrize("layers, vocab", [(200, 16_000_000), (1000, 16_000_000), (200, 2**40)])
+def test_head_primes_of_a_thousand_layers_take_seconds_not_hours(layers, vocab):
+    # 200 layers of 3 x 64 heads took 35 s, 1,000 layers more than 3 minutes (issue 51, 5).
+    res = subprocess.run(
+        [sys.executable, "-c", HEAD_PRIMES_TIME, str(layers), str(vocab)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    count, took = res.stdout.split()
+    assert int(count) == layers * 192 and float(took) < 15, res.stdout
+
+
+def test_a_config_of_more_heads_than_the_bound_is_refused_at_once():
+    with pytest.raises(ConfigError, match=r"1,366 layers of 192 heads .* at most 262,144"):
+        EngramConfig(
+            vocab_per_ngram=(16_000_000,) * 3,
+            max_ngram=4,
+            n_head_per_ngram=64,
+            n_embed_per_ngram=1024,
+            layer_ids=tuple(range(1366)),
+        )
+
+
 @pytest.mark.parametrize(
     "kw, match",
     [

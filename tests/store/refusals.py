@@ -24,7 +24,7 @@ from rowcache.errors import RowCacheError
 
 build_parser()  # imports every command's module once, before the forks
 
-LIMIT = 24 << 30  # address space: LMDB maps 16 GiB; a 1 TiB read buffer must fail here
+LIMIT = 24 << 30  # address space: a 1 TiB read buffer must fail here
 ALARM = 30  # seconds a case may take before SIGALRM ends it (a hang)
 
 

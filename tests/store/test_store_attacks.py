@@ -145,11 +145,14 @@ builder.CHUNK_BYTES = 16 << 10
 builder.FP8_ENGINE = "reference"
 x = np.random.default_rng(1).standard_normal((2000, 64), dtype=np.float32)
 result = {}
-for kind in ("npy", "safetensors"):
+for kind in ("npy", "fortran", "safetensors"):
     for dtype in ("bf16", "fp8"):
-        src = os.path.join(work, f"{kind}-{dtype}.{kind}")
+        src = os.path.join(work, f"{kind}-{dtype}.{'npy' if kind == 'fortran' else kind}")
         if kind == "npy":
             np.save(src, x)
+            table = src
+        elif kind == "fortran":  # read column by column, through no map either (issue 51)
+            np.save(src, np.asfortranarray(x))
             table = src
         else:
             head = json.dumps({"w": {"dtype": "F32", "shape": list(x.shape),
@@ -174,6 +177,40 @@ for kind in ("npy", "safetensors"):
         finally:
             builder.pack_pages = pages.pack_pages = real
         result[f"{kind} {dtype} left"] = sorted(os.listdir(work))
+
+# A Fortran-order .npy cut short before the build, and cut by another thread while the
+# build reads it (the thread truncates once the first chunk is packed; the build waits).
+import threading
+src = os.path.join(work, "fortran-before.npy")
+np.save(src, np.asfortranarray(x))
+os.truncate(src, 40000)
+result["fortran before"] = outcome(lambda: rowcache.build_store(
+    os.path.join(work, "s-fortran-before"), {"t": src}, progress=False).close())
+src = os.path.join(work, "fortran-thread.npy")
+real = pages.pack_pages
+for n in range(3):
+    np.save(src, np.asfortranarray(x))
+    packed, cut = threading.Event(), threading.Event()
+
+    def cutter():
+        packed.wait(10)
+        os.truncate(src, 128 + 16000 * n)  # the header, mid first column, mid second column
+        cut.set()
+
+    def pack_then_wait(info, records):
+        packed.set()
+        cut.wait(10)
+        return real(info, records)
+
+    t = threading.Thread(target=cutter)
+    t.start()
+    builder.pack_pages = pages.pack_pages = pack_then_wait
+    try:
+        result[f"fortran thread {n}"] = outcome(lambda: rowcache.build_store(
+            os.path.join(work, f"s-fortran-thread-{n}"), {"t": src}, progress=False).close())
+    finally:
+        builder.pack_pages = pages.pack_pages = real
+        t.join()
 """
 
 EACCES = r"""
@@ -235,14 +272,33 @@ def test_a_shard_replaced_by_a_fifo_after_open_is_refused_by_the_reads(attacks, 
     assert "/proc/self/fd" not in got["message"], got
 
 
-@pytest.mark.parametrize("source", ["npy bf16", "npy fp8", "safetensors bf16", "safetensors fp8"])
+SOURCES = ["npy", "fortran", "safetensors"]
+
+
+@pytest.mark.parametrize("source", [f"{k} {d}" for k in SOURCES for d in ("bf16", "fp8")])
 def test_a_source_cut_short_during_the_build_is_an_error_naming_it(attacks, source):
-    got = assert_clean(attacks["cut"])
+    got = assert_clean(attacks["cut"])  # a Fortran-order .npy was a SIGBUS (issue 51, 3)
     kind, dtype = source.split()
     assert got[source]["error"] == "FormatError", got[source]
     msg = got[source]["message"]
-    assert f"{kind}-{dtype}.{kind}" in msg and "while being read" in msg, msg
+    ext = "npy" if kind == "fortran" else kind
+    assert f"{kind}-{dtype}.{ext}" in msg and "while being read" in msg, msg
+    assert "\n" not in msg, msg
     assert not any(n.startswith(".s-") for n in got[source + " left"]), got[source + " left"]
+
+
+def test_a_fortran_order_npy_cut_short_before_the_build_is_refused(attacks):
+    got = assert_clean(attacks["cut"])["fortran before"]
+    assert got["error"] == "FormatError", got
+    assert "fortran-before.npy" in got["message"] and "\n" not in got["message"], got
+
+
+@pytest.mark.parametrize("n", range(3))
+def test_a_fortran_order_npy_cut_by_another_thread_during_the_build(attacks, n):
+    got = assert_clean(attacks["cut"])[f"fortran thread {n}"]
+    assert got["error"] == "FormatError", got
+    msg = got["message"]
+    assert "fortran-thread.npy" in msg and "while being read" in msg and "\n" not in msg, got
 
 
 def test_a_shard_the_user_may_not_read_is_named_as_the_user_knows_it(attacks):

@@ -10,6 +10,7 @@ The multipliers depend on the compressed vocabulary as well and live with the ha
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from rowcache.errors import ConfigError
 MAX_NGRAM = 16  # the native hash's bounds (csrc/engram_hash.c)
 MAX_HEADS = 4096
 MAX_HEAD_ROWS = 1 << 40
+MAX_TOTAL_HEADS = 1 << 18  # heads of every layer together (each a distinct prime): ~1 s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +94,12 @@ class EngramConfig:
             integer("layer_ids", layer, 0)
         if len(set(layers)) != len(layers):
             raise ConfigError(f"layer_ids={self.layer_ids!r} names a layer twice")
+        if len(layers) * (n - 1) * heads > MAX_TOTAL_HEADS:
+            raise ConfigError(
+                f"layer_ids: {len(layers):,} layers of {(n - 1) * heads:,} heads "
+                f"(max_ngram={n}, n_head_per_ngram={heads}) are {len(layers) * (n - 1) * heads:,} "
+                f"heads; at most {MAX_TOTAL_HEADS:,} in all (each has a prime of its own)"
+            )
         integer("pad_id", self.pad_id, 0)
         integer("seed", self.seed, 0)
         if self.compressed_vocab_size is not None:
@@ -245,19 +253,86 @@ def head_primes(config: EngramConfig) -> dict[int, np.ndarray]:
     For every layer in ``layer_ids`` order, every order ``n`` and every head: the smallest
     prime above the search start (``vocab_per_ngram[n - 2] - 1``, then the head before's
     prime) not used by any earlier head of any layer (docs/engram-spec.md section 3).
+
+    The primes come from a segmented sieve of the ranges the search reaches
+    (:class:`_Sieve`), and "the next unused one" from a skip map (a used prime points past
+    itself, paths compressed): linear in the heads, where testing every number
+    from each start on walked past every earlier layer's primes again (200 layers of 192
+    heads took 35 s). The primes are the same, one by one (tests/embed/test_engram_hash.py
+    checks them against that walk).
     """
-    used: set[int] = set()
+    sieve = _Sieve()
+    skip: dict[int, int] = {}  # a used prime -> a prime at or before the next unused one
+
+    def unused_from(p: int) -> int:
+        path = []
+        while p in skip:
+            path.append(p)
+            p = skip[p]
+        for q in path:
+            skip[q] = p
+        return p
+
     out: dict[int, np.ndarray] = {}
     for layer in config.layer_ids:
         rows = np.empty((config.max_ngram - 1, config.n_head_per_ngram), dtype=np.int64)
         for order in range(2, config.max_ngram + 1):
             start = config.vocab_per_ngram[order - 2] - 1
             for h in range(config.n_head_per_ngram):
-                p = start + 1
-                while p in used or not is_prime(p):
-                    p += 1
-                used.add(p)
+                p = unused_from(sieve.next_prime(start))
+                skip[p] = sieve.next_prime(p)
                 rows[order - 2, h] = p
                 start = p
         out[layer] = rows
     return out
+
+
+class _Sieve:
+    """``next_prime(x)``, the smallest prime > ``x``, from aligned segments of
+    :data:`SEGMENT` numbers sieved once, when first asked for (a segmented sieve of
+    Eratosthenes over only the ranges the search reaches, whatever their height)."""
+
+    SEGMENT = 1 << 20
+
+    def __init__(self) -> None:
+        self.segments: dict[int, np.ndarray] = {}  # segment number -> its primes
+        self.base = np.empty(0, dtype=np.int64)  # the primes up to at least sqrt of the top
+
+    def next_prime(self, x: int) -> int:
+        k = (x + 1) // self.SEGMENT
+        while True:
+            primes = self._segment(k)
+            i = int(np.searchsorted(primes, x, side="right"))
+            if i < primes.size:
+                return int(primes[i])
+            k += 1
+
+    def _segment(self, k: int) -> np.ndarray:
+        primes = self.segments.get(k)
+        if primes is not None:
+            return primes
+        lo, hi = k * self.SEGMENT, (k + 1) * self.SEGMENT
+        root = math.isqrt(hi - 1)
+        if self.base.size == 0 or self.base[-1] < root:
+            self.base = _small_primes(max(root + 1, 1024))
+        mask = np.ones(hi - lo, dtype=bool)
+        for p in self.base.tolist():
+            if p * p >= hi:
+                break
+            first = max(p * p, -(-lo // p) * p)
+            mask[first - lo :: p] = False
+        if lo < 2:
+            mask[: 2 - lo] = False
+        primes = np.flatnonzero(mask).astype(np.int64) + lo
+        self.segments[k] = primes
+        return primes
+
+
+def _small_primes(limit: int) -> np.ndarray:
+    """The primes <= ``limit`` (a plain sieve; ``limit`` is at most about 2**20 here)."""
+    mask = np.ones(limit + 1, dtype=bool)
+    mask[:2] = False
+    for p in range(2, math.isqrt(limit) + 1):
+        if mask[p]:
+            mask[p * p :: p] = False
+    return np.flatnonzero(mask).astype(np.int64)

@@ -266,7 +266,12 @@ def parse_mode(name: str, chunk: int) -> tuple[str, int, int]:
 
 
 def plan_modes(
-    names: list[str], text: np.ndarray, history: int, tokens: int, max_steps: int, warm: float,
+    names: list[str],
+    text: np.ndarray,
+    history: int,
+    tokens: int,
+    max_steps: int,
+    warm: float,
     chunk: int,
 ) -> list[Mode]:
     """Each mode's steps on its own slice of the text after the history."""
@@ -277,8 +282,16 @@ def plan_modes(
         n = steps * B * T
         if at + n > text.size:
             raise ConfigError(f"the text has {text.size:,} tokens; mode {name} needs {at + n:,}")
-        out.append(Mode(name, B, T, steps, max(1, int(warm * steps)),
-                        text[at : at + n].reshape(B, steps * T)))
+        out.append(
+            Mode(
+                name,
+                B,
+                T,
+                steps,
+                max(1, int(warm * steps)),
+                text[at : at + n].reshape(B, steps * T),
+            )
+        )
         at += n
     return out
 
@@ -537,11 +550,17 @@ def _mmap_worker(conn: Any, spec: dict[str, Any]) -> None:
                 ready += t1 - t0
             timed = mode.steps - mode.start
             flt = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - flt0
-            conn.send(("mode", mode.name, {
-                "tok_s": timed * n / total,
-                "ready_ms": 1e3 * ready / timed,
-                "majflt/step": flt / timed,
-            }))
+            conn.send(
+                (
+                    "mode",
+                    mode.name,
+                    {
+                        "tok_s": timed * n / total,
+                        "ready_ms": 1e3 * ready / timed,
+                        "majflt/step": flt / timed,
+                    },
+                )
+            )
         if cg:
             info["limit_hits"] = _limit_hits(cg, spec["cgroup_version"])
         table.close()
@@ -619,8 +638,9 @@ def tune_arena(
     cuts = np.flatnonzero(text == cfg.eos_token_id) + 1
     requests = [r for r in np.split(text, cuts) if r.size]
     dims = Qwen4TraceTables(cfg, tokenizer="deepseek")
-    trace = build_trace(requests, dims, os.path.join(workdir, "trace"), overwrite=True,
-                        progress=False)
+    trace = build_trace(
+        requests, dims, os.path.join(workdir, "trace"), overwrite=True, progress=False
+    )
     prof = profile_trace(trace, method="exact", dtype="fp8", progress=False)
     prof_disk = DeviceProfile.load(disk) if disk else None
     return tune(prof, memory_bytes=memory, reserve_bytes=reserve, dtype="fp8", device=prof_disk)
@@ -643,7 +663,9 @@ def parse_budget(b: str, rows: int) -> float | None:
         try:
             f = parse_bytes(b, "--budgets") / (rows * 160)
         except ConfigError:
-            raise ConfigError(f"--budgets {b!r}: give tune, a fraction (1/8, 0.25) or bytes") from None
+            raise ConfigError(
+                f"--budgets {b!r}: give tune, a fraction (1/8, 0.25) or bytes"
+            ) from None
     if not 0 < f <= 1:
         raise ConfigError(f"--budgets {b!r}: a share of the table in (0, 1]")
     return f
@@ -659,9 +681,19 @@ def floor_run(floor: Any, pages: list[np.ndarray], qd: int, log: Log) -> np.ndar
         except Exception as e:  # the reader's exit status, with its message
             log(f"floor: {how} failed ({str(e).strip()[:200]})")
     return None
+
+
 def run_series(
-    lookup: Any, mode: Mode, steps: list, model: Model, layer: int, layers: int, *,
-    prefetch: Any = None, end: Any = None, peek: Any = None,
+    lookup: Any,
+    mode: Mode,
+    steps: list,
+    model: Model,
+    layer: int,
+    layers: int,
+    *,
+    prefetch: Any = None,
+    end: Any = None,
+    peek: Any = None,
 ) -> dict[str, float]:
     """Time a mode's steps: tokens/s of the timed steps and ms to each lookup's return."""
     n = mode.B * mode.T
@@ -696,7 +728,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--rows", type=int, default=None, help="the table's rows (default: the release's)")
+    ap.add_argument(
+        "--rows", type=int, default=None, help="the table's rows (default: the release's)"
+    )
     ap.add_argument("--budgets", default=BUDGETS, help="tune, fractions of the table, or bytes")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--chunk", type=int, default=512, help="a prefill chunk's tokens")
@@ -712,14 +746,20 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, default=40)
     ap.add_argument("--layer-us", type=float, default=50.0)
     ap.add_argument("--token-us", type=float, default=0.75)
-    ap.add_argument("--queue-depth", type=int, default=32, help="the cache's and floor's reads in flight")
+    ap.add_argument(
+        "--queue-depth", type=int, default=32, help="the cache's and floor's reads in flight"
+    )
     ap.add_argument("--mmap-advice", choices=("random", "normal"), default="random")
     ap.add_argument(
-        "--mmap-slack", type=int, default=32 << 20,
+        "--mmap-slack",
+        type=int,
+        default=32 << 20,
         help="bytes the mapped series' limit allows over the arena and the process's own",
     )
     ap.add_argument(
-        "--page-cache-cap", choices=("auto", "none"), default="auto",
+        "--page-cache-cap",
+        choices=("auto", "none"),
+        default="auto",
         help="auto: cap the mmap series' page cache with a memory cgroup where allowed; "
         "none: run it uncapped",
     )
@@ -779,15 +819,22 @@ def main(argv: list[str] | None = None) -> None:
         )
         t0 = time.perf_counter()
         text, _ = tokenize_text(
-            text_files(None), tokenizer_json_path("deepseek"), need, cfg.eos_token_id,
+            text_files(None),
+            tokenizer_json_path("deepseek"),
+            need,
+            cfg.eos_token_id,
             cfg.vocab_size,
         )
-        modes = plan_modes(names, text, args.history, args.tokens, args.max_steps, args.warm,
-                           args.chunk)
+        modes = plan_modes(
+            names, text, args.history, args.tokens, args.max_steps, args.warm, args.chunk
+        )
         hist = history_chunks(h, text[: args.history])
         timing["text_s"] = time.perf_counter() - t0
-        log(f"text: {text.size:,} tokens (history {args.history:,}, then "
-            + ", ".join(f"{m.name} {m.steps} steps" for m in modes) + ")")
+        log(
+            f"text: {text.size:,} tokens (history {args.history:,}, then "
+            + ", ".join(f"{m.name} {m.steps} steps" for m in modes)
+            + ")"
+        )
 
         store, built = build_table_store(os.path.join(workdir, "store"), rows, dim, xp, log)
         info = store.tables[0]
@@ -802,8 +849,10 @@ def main(argv: list[str] | None = None) -> None:
             dev, mem_ = pinned_codes(rows, dim)
             pinned = (Fp8TableScaleTable(dev, SCALE), mem_)
         timing["tables_s"] = time.perf_counter() - t0
-        log(f"tables: resident{' and pinned host' if pinned else ''} made in "
-            f"{timing['tables_s']:.1f} s")
+        log(
+            f"tables: resident{' and pinned host' if pinned else ''} made in "
+            f"{timing['tables_s']:.1f} s"
+        )
         model = Model(args.device, args.layer_us, args.token_us, args.layers)
         layer = cfg.ple_layer_ids[0] - 1  # 0-based: the layers before the lookup
         steps_of = {m.name: m.pieces(h) for m in modes}
@@ -815,8 +864,11 @@ def main(argv: list[str] | None = None) -> None:
         # the resident table against the generator: the store's rows are the generator's too
         for m in modes:
             p, c = steps_of[m.name][0]
-            want = _host16(Fp8TableScaleTable(codes_at(np, h.hash(p, c).reshape(-1), dim),
-                                               SCALE).gather(np.arange(p.size * cfg.heads)))
+            want = _host16(
+                Fp8TableScaleTable(codes_at(np, h.hash(p, c).reshape(-1), dim), SCALE).gather(
+                    np.arange(p.size * cfg.heads)
+                )
+            )
             if not np.array_equal(want, refs[m.name][0]):
                 raise RuntimeError(f"resident != the generator's rows in {m.name}")
         base: dict[str, dict[str, Any]] = {m.name: {} for m in modes}
@@ -832,8 +884,10 @@ def main(argv: list[str] | None = None) -> None:
         for m in modes:  # the resident step (bounds): measured, else the model's
             r = base[m.name].get("resident")
             n = m.B * m.T
-            base[m.name]["step_s"] = (n / r["tok_s"]) if r else (
-                args.layers * (args.layer_us + args.token_us * n) * 1e-6
+            base[m.name]["step_s"] = (
+                (n / r["tok_s"])
+                if r
+                else (args.layers * (args.layer_us + args.token_us * n) * 1e-6)
             )
         del mres, res, pinned, whole  # the arenas get the GPU's memory
         if xp is not np:
@@ -844,22 +898,40 @@ def main(argv: list[str] | None = None) -> None:
         tuned = None
         if any(s is None for s in shares.values()):
             t0 = time.perf_counter()
-            rep = tune_arena(cfg, text, parse_bytes(args.memory, "--memory"),
-                             parse_bytes(args.reserve, "--reserve"), args.disk_profile, workdir)
+            rep = tune_arena(
+                cfg,
+                text,
+                parse_bytes(args.memory, "--memory"),
+                parse_bytes(args.reserve, "--reserve"),
+                args.disk_profile,
+                workdir,
+            )
             tuned = sum(rep.rows.values())
             timing["tune_s"] = time.perf_counter() - t0
-            arena.update(tune_budget_bytes=rep.budget_bytes, tune_used_bytes=rep.used_bytes,
-                         tune_rows=tuned, tune_fault_rate=rep.faults_per_access,
-                         tune_faults_per_token=rep.faults_per_token)
-            log(f"tune: --memory {args.memory} --reserve {args.reserve} over {rep.tokens:,} "
+            arena.update(
+                tune_budget_bytes=rep.budget_bytes,
+                tune_used_bytes=rep.used_bytes,
+                tune_rows=tuned,
+                tune_fault_rate=rep.faults_per_access,
+                tune_faults_per_token=rep.faults_per_token,
+            )
+            log(
+                f"tune: --memory {args.memory} --reserve {args.reserve} over {rep.tokens:,} "
                 f"tokens: {_gib(rep.used_bytes)} of {_gib(rep.budget_bytes)} used, {tuned:,} "
                 f"rows; predicted {rep.faults_per_access:.4f} faults a row looked up, "
-                f"{rep.faults_per_token:.2f} a token")
+                f"{rep.faults_per_token:.2f} a token"
+            )
         least = 2 * max(m.B * m.T for m in modes) * cfg.heads
         cg = Cgroup(args.page_cache_cap == "auto") if "mmap" in series else None
         if cg is not None:
-            log(f"page cache cap: {cg.why}" + ("" if cg.version else
-                "; the mmap series runs UNCAPPED (its page cache dropped before it starts)"))
+            log(
+                f"page cache cap: {cg.why}"
+                + (
+                    ""
+                    if cg.version
+                    else "; the mmap series runs UNCAPPED (its page cache dropped before it starts)"
+                )
+            )
         floor = None
         if "cached" in series and not args.no_floor:
             try:
@@ -873,13 +945,24 @@ def main(argv: list[str] | None = None) -> None:
         checks: dict[str, int] = {}
         budget_info: dict[str, Any] = {}
         spec_base = {
-            "device": args.device, "rows_arg": args.rows, "files": files,
-            "rows_per_page": int(info.rows_per_page), "pages_per_shard": int(info.pages_per_shard),
-            "rec": rec, "advice": args.mmap_advice, "slack": args.mmap_slack,
-            "layer_us": args.layer_us, "token_us": args.token_us, "layers": args.layers,
-            "table_layer": layer, "check_steps": args.check_steps, "history": hist,
-            "modes": [dict(name=m.name, B=m.B, T=m.T, steps=m.steps, start=m.start, toks=m.toks)
-                      for m in modes],
+            "device": args.device,
+            "rows_arg": args.rows,
+            "files": files,
+            "rows_per_page": int(info.rows_per_page),
+            "pages_per_shard": int(info.pages_per_shard),
+            "rec": rec,
+            "advice": args.mmap_advice,
+            "slack": args.mmap_slack,
+            "layer_us": args.layer_us,
+            "token_us": args.token_us,
+            "layers": args.layers,
+            "table_layer": layer,
+            "check_steps": args.check_steps,
+            "history": hist,
+            "modes": [
+                dict(name=m.name, B=m.B, T=m.T, steps=m.steps, start=m.start, toks=m.toks)
+                for m in modes
+            ],
         }
         for b in budgets:
             tb = time.perf_counter()
@@ -890,7 +973,9 @@ def main(argv: list[str] | None = None) -> None:
                 free = available_device_memory(xp)
                 most = max(1, (free - DEVICE_RESERVE) // (rec + 32)) if free else slots
                 if slots > most:
-                    notes.append(f"capped from {slots:,} rows by the free GPU memory ({_gib(free)})")
+                    notes.append(
+                        f"capped from {slots:,} rows by the free GPU memory ({_gib(free)})"
+                    )
                     slots = most
             if slots > rows:
                 slots = rows
@@ -899,13 +984,21 @@ def main(argv: list[str] | None = None) -> None:
                 slots = least
             nbytes = slots * rec
             budget_info[b] = {"slots": slots, "bytes": nbytes, "notes": notes}
-            log(f"budget {b}: {slots:,} rows, {_gib(nbytes)}" + (f" ({'; '.join(notes)})"
-                                                                  if notes else ""))
+            log(
+                f"budget {b}: {slots:,} rows, {_gib(nbytes)}"
+                + (f" ({'; '.join(notes)})" if notes else "")
+            )
             cached: dict[str, Any] = {}
             if "cached" in series:
                 drop_cache(files)
-                cache = NgramRowCache(store, [TABLE], slots=slots, device=args.device,
-                                      queue_depth=args.queue_depth, direct=True)
+                cache = NgramRowCache(
+                    store,
+                    [TABLE],
+                    slots=slots,
+                    device=args.device,
+                    queue_depth=args.queue_depth,
+                    direct=True,
+                )
                 t0 = time.perf_counter()
                 for r_ in hist:
                     cache.prefetch(r_).wait()
@@ -918,13 +1011,21 @@ def main(argv: list[str] | None = None) -> None:
                         got = _host16(mem.lookup(p, c))
                         mem.end_step()
                         if not np.array_equal(got, refs[m.name][i]):
-                            raise RuntimeError(f"cached != resident: budget {b}, {m.name}, step {i}")
+                            raise RuntimeError(
+                                f"cached != resident: budget {b}, {m.name}, step {i}"
+                            )
                         checks["cached"] = checks.get("cached", 0) + got.size
                     missed: list[np.ndarray] = []
                     stats: list[Any] = []  # the cache's counters at the first timed step
 
-                    def peek(p: Any, c: Any, nxt: Any, cache: Any = cache,
-                             missed: list = missed, stats: list = stats) -> None:
+                    def peek(
+                        p: Any,
+                        c: Any,
+                        nxt: Any,
+                        cache: Any = cache,
+                        missed: list = missed,
+                        stats: list = stats,
+                    ) -> None:
                         """The rows the step's prefetches will read: its rows and (prefill)
                         the next chunk's not mapped now (mapped: resident or being read)."""
                         if not stats:
@@ -935,8 +1036,17 @@ def main(argv: list[str] | None = None) -> None:
                         u = np.unique(np.concatenate(ids))
                         missed.append(u[~cache.inspect().is_resident(u)])
 
-                    r = run_series(mem.lookup, m, steps, model, layer, args.layers,
-                                   prefetch=mem.prefetch, end=mem.end_step, peek=peek)
+                    r = run_series(
+                        mem.lookup,
+                        m,
+                        steps,
+                        model,
+                        layer,
+                        args.layers,
+                        prefetch=mem.prefetch,
+                        end=mem.end_step,
+                        peek=peek,
+                    )
                     s0, s1 = stats[0], cache.stats()
                     timed = m.steps - m.start
                     toks = timed * m.B * m.T
@@ -956,16 +1066,16 @@ def main(argv: list[str] | None = None) -> None:
             mapped: dict[str, Any] = {}
             if "mmap" in series:
                 assert cg is not None
-                got = run_mapped(dict(spec_base, budget_bytes=nbytes), cg,
-                                 b.replace("/", "-"), log)
+                got = run_mapped(dict(spec_base, budget_bytes=nbytes), cg, b.replace("/", "-"), log)
                 lim = got.get("limit", {})
-                budget_info[b]["mmap"] = {**lim, **got.get("done", {}),
-                                          "warm_s": got.get("warm_s")}
+                budget_info[b]["mmap"] = {**lim, **got.get("done", {}), "warm_s": got.get("warm_s")}
                 if lim.get("capped"):
-                    log(f"mmap at budget {b}: memory limit {_gib(lim['limit_bytes'])} = the "
+                    log(
+                        f"mmap at budget {b}: memory limit {_gib(lim['limit_bytes'])} = the "
                         f"arena's {_gib(nbytes)} + the process's own {_gib(lim['own_bytes'])} + "
                         f"slack {_gib(args.mmap_slack)}; limit hit "
-                        f"{got.get('done', {}).get('limit_hits')} times")
+                        f"{got.get('done', {}).get('limit_hits')} times"
+                    )
                 if "error" in got:
                     log(f"mmap at budget {b}: failed: {got['error'].strip().splitlines()[-1]}")
                     budget_info[b]["mmap_error"] = got["error"]
@@ -998,8 +1108,13 @@ def main(argv: list[str] | None = None) -> None:
                     if "host" in base[m.name]:
                         row["host/resident"] = base[m.name]["host"]["tok_s"] / res_r["tok_s"]
                 if c:
-                    row.update({"hit_rate": c["hit_rate"], "faults/tok": c["faults_tok"],
-                                "reads/step": c["reads_step"]})
+                    row.update(
+                        {
+                            "hit_rate": c["hit_rate"],
+                            "faults/tok": c["faults_tok"],
+                            "reads/step": c["reads_step"],
+                        }
+                    )
                 if mp_:
                     row["mmap majflt/step"] = mp_["majflt/step"]
                 row["window_ms"] = window_ms
@@ -1028,36 +1143,72 @@ def main(argv: list[str] | None = None) -> None:
             ratio = row.get(f"cached/{mmap_label}")
             if ratio is not None:
                 need_ = 2.0 if two else 1.0
-                targets.append({
-                    "budget": row["budget"], "mode": row["mode"],
-                    "target": f"cached >= {need_:g}x {mmap_label}", "value": ratio,
-                    # against an uncapped page cache (host RAM) the target does not apply
-                    "met": (ratio >= need_) if mmap_label == "mmap" else None,
-                })
+                targets.append(
+                    {
+                        "budget": row["budget"],
+                        "mode": row["mode"],
+                        "target": f"cached >= {need_:g}x {mmap_label}",
+                        "value": ratio,
+                        # against an uncapped page cache (host RAM) the target does not apply
+                        "met": (ratio >= need_) if mmap_label == "mmap" else None,
+                    }
+                )
             if "cached/bound" in row:
-                targets.append({"budget": row["budget"], "mode": row["mode"],
-                                "target": "cached >= 0.97 x the disk's bound",
-                                "value": row["cached/bound"], "met": row["cached/bound"] >= 0.97})
+                targets.append(
+                    {
+                        "budget": row["budget"],
+                        "mode": row["mode"],
+                        "target": "cached >= 0.97 x the disk's bound",
+                        "value": row["cached/bound"],
+                        "met": row["cached/bound"] >= 0.97,
+                    }
+                )
         for s, n in checks.items():
             log(f"check: {s} == resident bit for bit, {n:,} values over the modes' first steps")
         timing["total_s"] = time.perf_counter() - t_run
         log(f"time: {json.dumps({k: round(v, 1) for k, v in timing.items()})}")
         settings: dict[str, Any] = {
-            "device": args.device, "rows": rows, "row_bytes": rec, "dim": dim,
-            "codec": "fp8_table_scale", **built, "layers": args.layers,
-            "table_layer": layer, "layer_us": args.layer_us, "token_us": args.token_us,
-            "text_tokens": int(text.size), "history_tokens": args.history,
-            "modes": {m.name: {"B": m.B, "T": m.T, "steps": m.steps, "timed": m.steps - m.start}
-                      for m in modes},
-            "series": series, "mmap_label": mmap_label,
-            "page_cache_cap": (cg.why if cg else None), "mmap_advice": args.mmap_advice,
-            "queue_depth": args.queue_depth, **arena, "budgets": budget_info,
-            "checks": checks, "timing": timing,
+            "device": args.device,
+            "rows": rows,
+            "row_bytes": rec,
+            "dim": dim,
+            "codec": "fp8_table_scale",
+            **built,
+            "layers": args.layers,
+            "table_layer": layer,
+            "layer_us": args.layer_us,
+            "token_us": args.token_us,
+            "text_tokens": int(text.size),
+            "history_tokens": args.history,
+            "modes": {
+                m.name: {"B": m.B, "T": m.T, "steps": m.steps, "timed": m.steps - m.start}
+                for m in modes
+            },
+            "series": series,
+            "mmap_label": mmap_label,
+            "page_cache_cap": (cg.why if cg else None),
+            "mmap_advice": args.mmap_advice,
+            "queue_depth": args.queue_depth,
+            **arena,
+            "budgets": budget_info,
+            "checks": checks,
+            "timing": timing,
         }
         if args.json:
-            print(json.dumps({"bench": "bench.qwen4", "machine": machine(), "settings": settings,
-                              "results": results, "targets": targets, "log": log.lines},
-                             indent=2, default=_jsonable))
+            print(
+                json.dumps(
+                    {
+                        "bench": "bench.qwen4",
+                        "machine": machine(),
+                        "settings": settings,
+                        "results": results,
+                        "targets": targets,
+                        "log": log.lines,
+                    },
+                    indent=2,
+                    default=_jsonable,
+                )
+            )
         else:
             print(f"# bench.qwen4 on {machine()}")
             _table(results)

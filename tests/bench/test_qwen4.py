@@ -33,7 +33,9 @@ def test_qwen4_quick_reports_every_series_at_every_budget_after_the_bit_for_bit_
     # the bit-for-bit checks ran before timing, for both disk series
     assert st["checks"]["cached"] > 0 and st["checks"]["mmap"] == st["checks"]["cached"]
     for series in ("cached", "mmap"):
-        assert any(line.startswith(f"check: {series} == resident bit for bit") for line in rep["log"])
+        assert any(
+            line.startswith(f"check: {series} == resident bit for bit") for line in rep["log"]
+        )
     rows = {(r["budget"], r["mode"]): r for r in rep["results"]}
     assert set(rows) == {(b, m) for b in BUDGETS for m in MODES}
     for (b, _), r in rows.items():
@@ -53,7 +55,9 @@ def test_qwen4_quick_reports_every_series_at_every_budget_after_the_bit_for_bit_
         if "floor_ms" in r:  # the native reader (gcc) re-read the cached series' pages
             assert r["bound tok/s"] > 0
             assert r["cached/bound"] == pytest.approx(r["cached tok/s"] / r["bound tok/s"])
-    two = {(t["budget"], t["mode"]) for t in rep["targets"] if t["target"].startswith("cached >= 2x")}
+    two = {
+        (t["budget"], t["mode"]) for t in rep["targets"] if t["target"].startswith("cached >= 2x")
+    }
     assert two == {(b, m) for b in ("1/32", "1/8") for m in ("decode x32", "prefill 64")}
     for t in rep["targets"]:
         assert t["met"] in (True, False, None) and t["value"] > 0
@@ -62,8 +66,15 @@ def test_qwen4_quick_reports_every_series_at_every_budget_after_the_bit_for_bit_
 
 def test_qwen4_quick_without_a_cap_labels_the_mapped_series_uncapped():
     proc = run_judge(
-        "qwen4", "--quick", "--json", "--page-cache-cap", "none", "--budgets", "1/8",
-        "--modes", "decode x32",
+        "qwen4",
+        "--quick",
+        "--json",
+        "--page-cache-cap",
+        "none",
+        "--budgets",
+        "1/8",
+        "--modes",
+        "decode x32",
     )
     assert proc.returncode == 0, proc.stderr
     rep = json.loads(proc.stdout)

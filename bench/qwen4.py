@@ -84,6 +84,7 @@ decode x32 and prefill, cached >= 0.97 of the disk's bound.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import gc
 import json
@@ -113,6 +114,8 @@ CHUNK_ROWS = 1 << 18  # rows generated a chunk (40 MiB of codes)
 PAGE = 4096
 DEVICE_RESERVE = 8 * GIB  # GPU memory kept beside an arena (its workspace, cupy's pool)
 DISK_MARGIN = 1 * GIB
+MAP_PRIVATE, MAP_FIXED, MAP_ANONYMOUS = 0x02, 0x10, 0x20  # Linux's mmap flags
+MAP_FAILED = 2**64 - 1  # (void *) -1 as ctypes returns it
 MODES = ("decode x1", "decode x32", "decode x64", "prefill")  # prefill: --chunk tokens
 BUDGETS = "tune,1/32,1/8,1/2"
 SERIES = ("resident", "host", "mmap", "cached")
@@ -417,44 +420,60 @@ def _limit_hits(path: str, version: int) -> int | None:
 
 # --- the mapped series (a child process) -------------------------------------------------------
 class MappedTable:
-    """The store's shard files memory-mapped; a gather reads rows from the mapping on the
-    host, copies them to the device and dequantizes them there (the resident kernel)."""
+    """The store's shard files memory-mapped end to end into one address range (as an engine
+    maps its one table file: ``np.memmap``, ``torch.from_file``), so that row ``r`` is at
+    page ``r // rows_per_page``, slot ``r % rows_per_page``; a gather reads the rows from the
+    mapping on the host (one fancy index), copies them to the device in one copy and
+    dequantizes them there with the resident kernel."""
 
     def __init__(self, spec: dict[str, Any], xp: Any) -> None:
         from rowcache.embed.tables import Fp8TableScaleTable
 
         self.xp = xp
-        self.rpp, self.pps, self.rec = spec["rows_per_page"], spec["pages_per_shard"], spec["rec"]
-        self.maps, self.views = [], []
-        for f in spec["files"]:
+        self.rpp, self.rec = spec["rows_per_page"], spec["rec"]
+        sizes = [os.path.getsize(f) for f in spec["files"]]
+        if any(sz % PAGE for sz in sizes[:-1]) or any(
+            sz != spec["pages_per_shard"] * PAGE for sz in sizes[:-1]
+        ):
+            raise RuntimeError(f"shard files of {sizes} bytes: not whole shards of pages")
+        self.total = sum(sizes)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = (
+            [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3 + [ctypes.c_long]
+        )
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        self.libc = libc
+        size = -(-self.total // PAGE) * PAGE
+        base = libc.mmap(None, size, 0, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)  # reserved
+        if base in (None, MAP_FAILED):
+            raise OSError(ctypes.get_errno(), "mmap: reserving the table's address range")
+        self.base, self.size = base, size
+        off = 0
+        for f, sz in zip(spec["files"], sizes):
             fd = os.open(f, os.O_RDONLY)
             try:
-                size = os.fstat(fd).st_size
-                m = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+                got = libc.mmap(base + off, sz, mmap.PROT_READ, mmap.MAP_SHARED | MAP_FIXED, fd, 0)
             finally:
                 os.close(fd)
-            if spec["advice"] == "random":
-                m.madvise(mmap.MADV_RANDOM)
-            arr = np.frombuffer(m, dtype=np.uint8)
-            self.maps.append(m)
-            self.views.append(
-                np.lib.stride_tricks.as_strided(
-                    arr, (size // PAGE, self.rpp, self.rec), (PAGE, self.rec, 1), writeable=False
-                )
-            )
+            if got != base + off:
+                err = ctypes.get_errno()
+                self.close()
+                raise OSError(err, f"mmap of {f} at its place in the table's range")
+            off += sz
+        if spec["advice"] == "random":
+            libc.madvise(base, size, mmap.MADV_RANDOM)
+        raw = np.frombuffer((ctypes.c_uint8 * self.total).from_address(base), dtype=np.uint8)
+        self.view = np.lib.stride_tricks.as_strided(
+            raw, (self.total // PAGE, self.rpp, self.rec), (PAGE, self.rec, 1), writeable=False
+        )
         self.proto = Fp8TableScaleTable(xp.zeros((1, self.rec), dtype=np.uint8), SCALE)
         self._ids: dict[int, Any] = {}
 
     def codes(self, rows: np.ndarray) -> np.ndarray:
         page, slot = np.divmod(rows, self.rpp)
-        shard, pin = np.divmod(page, self.pps)
-        if len(self.views) == 1:
-            return self.views[0][pin, slot]
-        out = np.empty((rows.size, self.rec), dtype=np.uint8)
-        for k in np.unique(shard):
-            m = shard == k
-            out[m] = self.views[int(k)][pin[m], slot[m]]
-        return out
+        return self.view[page, slot]
 
     def gather(self, rows: np.ndarray) -> Any:
         codes = self.codes(rows)
@@ -467,11 +486,10 @@ class MappedTable:
 
     def close(self) -> None:
         """Unmap the files (their pages then leave the page cache on ``drop_cache``)."""
-        self.views.clear()
-        gc.collect()
-        for m in self.maps:
-            m.close()  # BufferError if a view of it is still alive: a bug here
-        self.maps.clear()
+        self.view = None
+        if self.base is not None:
+            self.libc.munmap(self.base, self.size)
+            self.base = None
 
 
 def _mmap_worker(conn: Any, spec: dict[str, Any]) -> None:
@@ -683,6 +701,98 @@ def floor_run(floor: Any, pages: list[np.ndarray], qd: int, log: Log) -> np.ndar
     return None
 
 
+def run_cached(
+    store: Any,
+    h: Any,
+    slots: int,
+    args: argparse.Namespace,
+    hist: list[np.ndarray],
+    modes: list[Mode],
+    steps_of: dict[str, list],
+    refs: dict[str, list[np.ndarray]],
+    model: Model,
+    layer: int,
+    floor: Any,
+    log: Log,
+) -> tuple[dict[str, Any], float, int]:
+    """The cached series of one budget: an arena of ``slots`` rows warmed by the history,
+    then each mode (its first steps checked bit for bit against ``refs``, then timed, the
+    pages its timed steps read re-read by the floor). ``(per mode, warm seconds, values
+    checked)``; the cache is closed at the end."""
+    from rowcache import NgramRowCache
+    from rowcache.embed.qwen4.memory import Qwen4NgramMemory
+    from rowcache.embed.tables import CachedTable
+
+    drop_cache(store_files(store))
+    cache = NgramRowCache(
+        store,
+        [TABLE],
+        slots=slots,
+        device=args.device,
+        queue_depth=args.queue_depth,
+        direct=True,
+    )
+    out: dict[str, Any] = {}
+    checked = 0
+    heads = h.config.heads
+    with cache:
+        t0 = time.perf_counter()
+        for rows in hist:
+            cache.prefetch(rows).wait()
+        warm_s = time.perf_counter() - t0
+        mem = Qwen4NgramMemory(h, CachedTable(cache))
+        for m in modes:
+            steps = steps_of[m.name]
+            for i, (p, c) in enumerate(steps[: args.check_steps]):
+                mem.prefetch(p, c)
+                got = _host16(mem.lookup(p, c))
+                mem.end_step()
+                if not np.array_equal(got, refs[m.name][i]):
+                    raise RuntimeError(f"cached != resident: {slots:,} slots, {m.name}, step {i}")
+                checked += got.size
+            missed: list[np.ndarray] = []
+            stats: list[Any] = []  # the cache's counters at the first timed step
+
+            def peek(p: Any, c: Any, nxt: Any, missed: list = missed, stats: list = stats) -> None:
+                """The rows the step's prefetches will read: its rows and (prefill) the next
+                chunk's not mapped now (mapped: resident or being read). Untimed."""
+                if not stats:
+                    stats.append(cache.stats())
+                ids = [h.hash(p, c).reshape(-1)]
+                if nxt is not None:
+                    ids.append(h.hash(*nxt).reshape(-1))
+                u = np.unique(np.concatenate(ids))
+                missed.append(u[~cache.inspect().is_resident(u)])
+
+            r = run_series(
+                mem.lookup,
+                m,
+                steps,
+                model,
+                layer,
+                args.layers,
+                prefetch=mem.prefetch,
+                end=mem.end_step,
+                peek=peek,
+            )
+            s0, s1 = stats[0], cache.stats()
+            timed = m.steps - m.start
+            toks = timed * m.B * m.T
+            faults = (s1.misses + s1.prefetched) - (s0.misses + s0.prefetched)
+            r.update(
+                hit_rate=1 - faults / (toks * heads),
+                faults_tok=faults / toks,
+                reads_step=(s1.read_ops - s0.read_ops) / timed,
+            )
+            if floor is not None:
+                layout = (np.array([0, cache.rows]), [0])
+                pages = [floor.pages(layout, x) for x in missed]
+                r["floor_s"] = floor_run(floor, pages, args.queue_depth, log)
+            out[m.name] = r
+        del mem
+    return out, warm_s, checked
+
+
 def run_series(
     lookup: Any,
     mode: Mode,
@@ -780,10 +890,9 @@ def main(argv: list[str] | None = None) -> None:
     args = _parse(argv)
     t_run = time.perf_counter()
     log = Log(args.json)
-    from rowcache import NgramRowCache
     from rowcache.embed.qwen4.hash import Qwen4NgramHash
     from rowcache.embed.qwen4.memory import Qwen4NgramMemory
-    from rowcache.embed.tables import CachedTable, Fp8TableScaleTable
+    from rowcache.embed.tables import Fp8TableScaleTable
     from rowcache.tools.demo import text_files, tokenize_text
     from rowcache.tools.resources import available_device_memory
     from rowcache.tools.tokens import tokenizer_json_path
@@ -990,77 +1099,11 @@ def main(argv: list[str] | None = None) -> None:
             )
             cached: dict[str, Any] = {}
             if "cached" in series:
-                drop_cache(files)
-                cache = NgramRowCache(
-                    store,
-                    [TABLE],
-                    slots=slots,
-                    device=args.device,
-                    queue_depth=args.queue_depth,
-                    direct=True,
+                cached, warm_s, n_checked = run_cached(
+                    store, h, slots, args, hist, modes, steps_of, refs, model, layer, floor, log
                 )
-                t0 = time.perf_counter()
-                for r_ in hist:
-                    cache.prefetch(r_).wait()
-                budget_info[b]["cached_warm_s"] = round(time.perf_counter() - t0, 2)
-                mem = Qwen4NgramMemory(h, CachedTable(cache))
-                for m in modes:
-                    steps = steps_of[m.name]
-                    for i, (p, c) in enumerate(steps[: args.check_steps]):
-                        mem.prefetch(p, c)
-                        got = _host16(mem.lookup(p, c))
-                        mem.end_step()
-                        if not np.array_equal(got, refs[m.name][i]):
-                            raise RuntimeError(
-                                f"cached != resident: budget {b}, {m.name}, step {i}"
-                            )
-                        checks["cached"] = checks.get("cached", 0) + got.size
-                    missed: list[np.ndarray] = []
-                    stats: list[Any] = []  # the cache's counters at the first timed step
-
-                    def peek(
-                        p: Any,
-                        c: Any,
-                        nxt: Any,
-                        cache: Any = cache,
-                        missed: list = missed,
-                        stats: list = stats,
-                    ) -> None:
-                        """The rows the step's prefetches will read: its rows and (prefill)
-                        the next chunk's not mapped now (mapped: resident or being read)."""
-                        if not stats:
-                            stats.append(cache.stats())
-                        ids = [h.hash(p, c).reshape(-1)]
-                        if nxt is not None:
-                            ids.append(h.hash(*nxt).reshape(-1))
-                        u = np.unique(np.concatenate(ids))
-                        missed.append(u[~cache.inspect().is_resident(u)])
-
-                    r = run_series(
-                        mem.lookup,
-                        m,
-                        steps,
-                        model,
-                        layer,
-                        args.layers,
-                        prefetch=mem.prefetch,
-                        end=mem.end_step,
-                        peek=peek,
-                    )
-                    s0, s1 = stats[0], cache.stats()
-                    timed = m.steps - m.start
-                    toks = timed * m.B * m.T
-                    faults = (s1.misses + s1.prefetched) - (s0.misses + s0.prefetched)
-                    r.update(
-                        hit_rate=1 - faults / (toks * cfg.heads),
-                        faults_tok=faults / toks,
-                        reads_step=(s1.read_ops - s0.read_ops) / timed,
-                    )
-                    if floor is not None:
-                        pages = [floor.pages((np.array([0, rows]), [0]), x) for x in missed]
-                        r["floor_s"] = floor_run(floor, pages, args.queue_depth, log)
-                    cached[m.name] = r
-                del mem, cache
+                budget_info[b]["cached_warm_s"] = round(warm_s, 2)
+                checks["cached"] = checks.get("cached", 0) + n_checked
                 if xp is not np:
                     xp.get_default_memory_pool().free_all_blocks()
             mapped: dict[str, Any] = {}

@@ -110,3 +110,38 @@ def test_rows_budgets_and_modes_parse():
     with pytest.raises(ConfigError):
         parse_mode("decode", 512)
     assert Cgroup(allowed=False).version is None
+
+
+def test_mapped_table_reads_the_stores_shards_as_one_table(tmp_path):
+    from bench._common import store_files
+    from bench.qwen4 import SCALE, MappedTable
+    from rowcache import build_store
+    from rowcache.embed.tables import Fp8TableScaleTable
+    from rowcache.store.sources import Fp8TableScaleSource, GeneratedRows
+
+    rows, dim = 1_000, 160
+    src = GeneratedRows(rows, dim, lambda a, b: codes_range(np, a, b, dim), dtype=np.uint8)
+    store = build_store(
+        tmp_path / "s",
+        {"t": Fp8TableScaleSource(src, SCALE)},
+        shard_bytes=8 * 4096,
+        progress=False,
+    )
+    info = store.tables[0]
+    files = store_files(store)
+    assert len(files) > 3  # 8 pages of 25 rows a shard
+    spec = {
+        "files": files,
+        "rows_per_page": info.rows_per_page,
+        "pages_per_shard": info.pages_per_shard,
+        "rec": info.record_bytes,
+        "advice": "random",
+    }
+    table = MappedTable(spec, np)
+    ids = np.random.default_rng(0).integers(0, rows, 300)
+    assert np.array_equal(table.codes(ids), codes_at(np, ids, dim))
+    resident = Fp8TableScaleTable(  # dequantized as the resident table gathers
+        codes_range(np, 0, rows, dim), SCALE
+    )
+    assert np.array_equal(table.gather(ids).view(np.uint16), resident.gather(ids).view(np.uint16))
+    table.close()

@@ -955,8 +955,9 @@ def main(argv: list[str] | None = None) -> None:
         res = Fp8TableScaleTable(resident_codes(xp, rows, dim), SCALE)
         pinned = None
         if "host" in series:
-            dev, mem_ = pinned_codes(rows, dim)
-            pinned = (Fp8TableScaleTable(dev, SCALE), mem_)
+            pinned = (lambda dev, pin: (Fp8TableScaleTable(dev, SCALE), pin))(
+                *pinned_codes(rows, dim)
+            )
         timing["tables_s"] = time.perf_counter() - t0
         log(
             f"tables: resident{' and pinned host' if pinned else ''} made in "

@@ -145,3 +145,17 @@ def test_mapped_table_reads_the_stores_shards_as_one_table(tmp_path):
     )
     assert np.array_equal(table.gather(ids).view(np.uint16), resident.gather(ids).view(np.uint16))
     table.close()
+
+
+@pytest.mark.gpu
+def test_qwen4_quick_on_the_gpu_checks_cached_and_mmap_against_resident():
+    proc = run_judge("qwen4", "--quick", "--device", "cuda", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    st = rep["settings"]
+    assert st["series"] == ["resident", "host", "mmap", "cached"]
+    assert st["checks"]["cached"] > 0 and st["checks"]["mmap"] == st["checks"]["cached"]
+    label = st["mmap_label"]
+    for r in rep["results"]:
+        for k in ("resident tok/s", "host tok/s", f"{label} tok/s", "cached tok/s"):
+            assert r[k] > 0, k

@@ -360,16 +360,17 @@ class Cgroup:
             raise OSError("/sys/fs/cgroup is not a cgroup v2 mount")
         own = os.path.join(root, self._own("").lstrip("/"))
         for parent in dict.fromkeys([os.path.normpath(own), root]):
-            ctl = os.path.join(parent, "cgroup.subtree_control")
+            # a parent that hands the memory controller to its children already (this bench
+            # never turns a controller on: that would change a cgroup it did not make)
             try:
-                with open(ctl) as f:
-                    if "memory" not in f.read().split():
-                        with open(ctl, "w") as g:
-                            g.write("+memory")
-                return parent
+                with open(os.path.join(parent, "cgroup.subtree_control")) as f:
+                    if "memory" in f.read().split():
+                        return parent
             except OSError:
                 continue
-        raise OSError("no cgroup v2 parent lets this process enable the memory controller")
+        raise OSError(
+            "neither this process's cgroup nor the root hands the memory controller to children"
+        )
 
     def _v1(self) -> str:
         root = "/sys/fs/cgroup/memory"

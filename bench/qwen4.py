@@ -1256,6 +1256,9 @@ def main(argv: list[str] | None = None) -> None:
             )
         else:
             print(f"# bench.qwen4 on {machine()}")
+            keys = ("rows", "store_bytes", "build_s", "layers", "table_layer", "layer_us")
+            keys += ("token_us", "history_tokens", "mmap_label", "mmap_advice", "queue_depth")
+            print("settings: " + ", ".join(f"{k}={settings[k]}" for k in keys))
             _table(results)
             print()
             said = {True: "yes", False: "NO", None: "n/a: mmap uncapped"}

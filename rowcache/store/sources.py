@@ -167,7 +167,8 @@ class Source:
 @dataclass(frozen=True)
 class GeneratedRows:
     """A table that exists nowhere whole: ``make(start, stop)`` returns its rows
-    ``[start, stop)`` as bfloat16 or float32 ``[stop - start, dim]``, a chunk at a time.
+    ``[start, stop)`` as bfloat16 or float32 ``[stop - start, dim]``, a chunk at a time
+    (``dtype=np.uint8``: E4M3 codes, the ``codes`` of an ``Fp8TableScaleSource`` only).
 
     For tables a program computes (``bench/engram.py`` generates tens of GiB of rows, which
     no array in memory and no file beside the store could hold); the builder streams it as
@@ -184,8 +185,10 @@ class GeneratedRows:
             v = getattr(self, field)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ConfigError(f"GeneratedRows.{field}={v!r}: give an int >= 1")
-        if np.dtype(self.dtype) not in (BF16, np.float32):
-            raise ConfigError(f"GeneratedRows.dtype={self.dtype!r}; allowed: bfloat16, float32")
+        if np.dtype(self.dtype) not in (BF16, np.float32, _U8):
+            raise ConfigError(
+                f"GeneratedRows.dtype={self.dtype!r}; allowed: bfloat16, float32, uint8 (codes)"
+            )
         if not callable(self.make):
             raise ConfigError(f"GeneratedRows.make={self.make!r}: give a function (start, stop)")
 
@@ -684,8 +687,8 @@ def _resolve(name: str, src: Any, codes: bool) -> Source:
             for p in parts:
                 p.close()
             raise
-    if isinstance(src, GeneratedRows) and not codes:
-        return _GeneratedSource(name, src)
+    if isinstance(src, GeneratedRows) and codes == (np.dtype(src.dtype) == _U8):
+        return _GeneratedSource(name, src)  # values, or (uint8) an Fp8TableScaleSource's codes
     if isinstance(src, str) and split_tensor_source(src) is not None:
         src = split_tensor_source(src)
     if isinstance(src, tuple) and len(src) == 2:

@@ -52,3 +52,27 @@ def test_generated_rows_refuse_bad_fields(kw, match):
     args = {"rows": 4, "dim": 2, "make": lambda a, b: np.zeros((b - a, 2), BF16)} | kw
     with pytest.raises(ConfigError, match=match):
         GeneratedRows(**args)
+
+
+def test_generated_codes_build_an_fp8_table_scale_store_and_are_refused_as_values(tmp_path, rng):
+    from rowcache.store.sources import Fp8TableScaleSource
+
+    codes = rng.integers(0, 0x7E, (1000, 32), dtype=np.uint8)
+    scale = ml_dtypes.bfloat16(0.5)
+    gen = GeneratedRows(1000, 32, lambda a, b: codes[a:b].copy(), dtype=np.uint8)
+    built = rowcache.build_store(
+        tmp_path / "g", {"t": Fp8TableScaleSource(gen, scale)}, progress=False
+    )
+    arr = rowcache.build_store(
+        tmp_path / "a", {"t": Fp8TableScaleSource(codes, scale)}, progress=False
+    )
+    ids = np.arange(1000)
+    assert built.tables[0].dtype == "fp8_table_scale"
+    assert np.array_equal(built.read_records("t", ids)[0], arr.read_records("t", ids)[0])
+    with pytest.raises(ConfigError, match="GeneratedRows is not supported"):
+        rowcache.build_store(tmp_path / "v", {"t": gen}, progress=False)  # codes as values
+    values = GeneratedRows(10, 4, lambda a, b: np.zeros((b - a, 4), BF16))
+    with pytest.raises(ConfigError, match="codes of type GeneratedRows is not supported"):
+        rowcache.build_store(
+            tmp_path / "w", {"t": Fp8TableScaleSource(values, scale)}, progress=False
+        )

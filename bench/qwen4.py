@@ -1,0 +1,1294 @@
+"""The judge of Qwen3.8-Flash-Next's n-gram table served from disk: a modelled server step,
+rowcache's cache against resident, pinned host, and the memory-mapped file under a capped
+page cache.
+
+The table: the release's 320,001,536 rows (16 heads of prime sizes, ``Qwen4NgramHash``) of
+160 E4M3 codes with one bf16 scale (``fp8_table_scale``, 160 B a row: 51.2 GB of rows, 52.4 GB
+of 4 KiB pages on disk); ``--rows N`` shrinks it (the heads' primes start at N / 16). Its codes
+are made by a counter-based generator (``codes_at``: each byte a function of its row and
+column, never the E4M3 NaN code) a chunk at a time (on the GPU with cupy), streamed into
+``build_store`` (a ``GeneratedRows`` of uint8 codes inside an ``Fp8TableScaleSource``: no
+table-size array anywhere), and into the resident and pinned tables. The build is timed.
+
+The modelled server (Qwen3.8-Flash-Next: 40 decoder layers, the table's rows enter at decoder
+layer 2, 1-based, so one layer of window between a step's start and its lookup): at a step's
+start the host hashes the step's tokens and, for the cached series, starts its reads
+(``Qwen4NgramMemory.prefetch``; in prefill the next chunk's too, a step ahead: a chunk's tokens
+are known before its step, a decode token is not); the GPU runs layer 0 (a kernel that spins
+for ``--layer-us`` plus ``--token-us`` a token of the step), the lookup, then the other 39
+layers; the step ends synchronized. Defaults, derived (not measured) for a 6B-active MoE in
+FP8 on an H100/H200: a decode step reads its ~6 GB of active weights at ~3 TB/s effective
+(H100 3.35 TB/s peak, H200 4.8): 2 ms a step, 50 µs a layer; a token costs 2 x 6e9 FLOPs, at
+~400 TFLOP/s effective FP8: 30 µs a token a step, 0.75 µs a token a layer. It ignores that a
+batch routes to more experts (more weight reads): steps shorter than a real server's, less
+time to hide reads, harder for every disk series.
+
+Tokens: the standard library's text tokenized with DeepSeek's tokenizer (a proxy: Qwen's is
+not offline; its ids fit Qwen's vocabulary), the config's EOS after each file. The text's
+first ``--history`` tokens are the server's history: each disk series starts with their rows
+read (the arena prefetched, the mapped file touched), untimed; then each mode runs on its own
+next slice of the text (decode xB: B streams of consecutive text, one token a step; prefill:
+``--chunk``-token chunks of one stream), the first ``--warm`` of its steps untimed. Modes run
+in order on one arena (one page cache) per budget, as one server's.
+
+Series, in one run on the same tokens:
+- ``resident``: the codes in GPU memory (``Fp8TableScaleTable``);
+- ``host``: the codes in pinned host memory mapped into the device, gathered by the GPU (the
+  engines' default; GPU runs only);
+- ``mmap``: the store's own shard files memory-mapped (the disk holds one copy of the table:
+  the same bytes), a row's (file, offset) from the store's layout; a lookup hashes, gathers the
+  rows from the mapping on the host (page faults read the file through the page cache),
+  copies them to the GPU in one copy and dequantizes them there with the resident kernel (what
+  vLLM's file-backed table and the MLX ports do: index the mapped tensor on the CPU, then
+  ``.to(device)``). ``--mmap-advice random`` (default: ``MADV_RANDOM``, no read-around: the
+  strongest mapped baseline for random rows) or ``normal`` (the kernel's read-around, what a
+  plain ``np.memmap``/``torch.from_file`` gets). It runs in a child process placed in its own
+  memory cgroup whose limit is the arena's bytes plus the child's own memory measured after
+  its start-up (Python, NumPy, the CUDA context, the mappings) plus ``--mmap-slack`` (64 MiB):
+  the page cache holds what the arena holds. cgroup v2 (``memory.max``) where
+  ``/sys/fs/cgroup`` lets this process make a child cgroup, else v1
+  (``memory.limit_in_bytes``); where neither is allowed the series runs uncapped (its page
+  cache dropped with ``posix_fadvise(DONTNEED)`` before it starts) and is labelled
+  ``uncapped`` in every line that shows it: an uncapped page cache is host RAM, not a budget;
+- ``cached``: the store behind an ``NgramRowCache`` of the budget's rows (O_DIRECT reads),
+  ``Qwen4NgramMemory`` over a ``CachedTable``: prefetch at the step's start, the lookup's
+  deferred reads, lookahead in prefill;
+- the disk's floor: the pages each timed cached step read (its rows not resident at its start,
+  an untimed peek) re-read by ``bench/floor.c`` (io_uring at ``--queue-depth``, O_DIRECT).
+  ``bound tok/s``: a decode step costing the resident step plus what its floor exceeds the
+  window by; a prefill step the larger of the resident step and its floor (its reads issued a
+  step ahead).
+
+Budgets (``--budgets``, default ``tune,1/32,1/8,1/2``): ``tune`` is rowcache's own sizing for a
+121 GB box: the history and the modes' text traced through the hash (``Qwen4TraceTables``,
+a file a request), profiled exactly, ``tune --memory 121GiB --reserve 88GiB`` (the reserve:
+~4.5-bit weights of the ~129B other parameters, 67.6 GiB, plus 20 GiB of KV cache,
+activations and OS; docs/qwen4.md); a fraction is that share of the table's rows. The cached
+arena and the mapped series' page cache get the same bytes.
+
+Before timing, the first ``--check-steps`` steps of every mode through the cached memory and
+the mapped gather are compared bit for bit with the resident table's (the generator's rows
+where no resident table is made); a difference stops the run.
+
+Printed: per budget and mode, tokens/s of every series, ratios, the cached hit rate, faults a
+token and reads a step, the mapped series' major faults a step, ``window_ms`` (the modelled
+layer before the lookup) and ``*_ready_ms`` (from a step's start to its lookup's return: the
+window each needs; on the CPU the spun window is in it), the floor and the bound; then the
+targets beside the figures: cached >= mmap at every budget, >= 2x mmap at 1/32 and 1/8 in
+decode x32 and prefill, cached >= 0.97 of the disk's bound.
+
+    python -m bench.qwen4 --device cuda [--rows N] [--budgets ...] [--modes ...] [--json]
+    python -m bench.qwen4 --quick          # a tiny CPU run (what the test runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import gc
+import json
+import mmap
+import multiprocessing as mp
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from bench._common import _GOLDEN, _MIX, drop_cache, fmt_cell, machine, store_files
+from bench.engram import GIB, Log, Model, Progress, _gib
+from rowcache.errors import ConfigError
+
+TABLE = "qwen4"
+SCALE = ml_dtypes.bfloat16(2.0**-7)  # the table's one bf16 scale
+CODES_KEY = 0x51E4  # the generator's key
+CHUNK_ROWS = 1 << 18  # rows generated a chunk (40 MiB of codes)
+PAGE = 4096
+DEVICE_RESERVE = 8 * GIB  # GPU memory kept beside an arena (its workspace, cupy's pool)
+DISK_MARGIN = 1 * GIB
+MAP_PRIVATE, MAP_FIXED, MAP_ANONYMOUS = 0x02, 0x10, 0x20  # Linux's mmap flags
+MAP_FAILED = 2**64 - 1  # (void *) -1 as ctypes returns it
+MODES = ("decode x1", "decode x32", "decode x64", "prefill")  # prefill: --chunk tokens
+BUDGETS = "tune,1/32,1/8,1/2"
+SERIES = ("resident", "host", "mmap", "cached")
+TWO_X = ("1/32", "1/8")  # budgets where both disk series fault: cached >= 2x mmap there
+TWO_X_MODES = ("decode x32", "prefill")
+
+
+# --- the table ------------------------------------------------------------------------------
+def codes_at(xp: Any, rows: Any, dim: int) -> Any:
+    """uint8 [n, dim]: the E4M3 codes of ``rows`` (numpy or cupy int64 [n]) of the generated
+    table. Counter-based: byte ``c`` of row ``r`` is a byte of a splitmix64 mix of word
+    ``r * dim / 8 + c / 8``, so any rows are made alone; the NaN codes 0x7F/0xFF become
+    0x7E/0xFE (448, -448)."""
+    if dim % 8:
+        raise ConfigError(f"row width {dim}: the generator makes rows of a multiple of 8 bytes")
+    w = dim // 8
+    words = xp.asarray(rows, dtype=np.int64).astype(np.uint64)[:, None] * np.uint64(w)
+    words = words + xp.arange(w, dtype=np.uint64)[None, :]
+    words += np.uint64(CODES_KEY * 0xD1B54A32D192ED03 % (1 << 64))
+    words *= _GOLDEN
+    words ^= words >> np.uint64(29)
+    words *= _MIX
+    words ^= words >> np.uint64(32)
+    b = xp.ascontiguousarray(words).view(np.uint8).reshape(-1, dim)
+    b ^= ((b & np.uint8(0x7F)) == np.uint8(0x7F)).astype(np.uint8)
+    return b
+
+
+def codes_range(xp: Any, start: int, stop: int, dim: int) -> Any:
+    return codes_at(xp, xp.arange(start, stop, dtype=np.int64), dim)
+
+
+def qwen4_config(rows: int | None) -> Any:
+    """The release's config, or (``rows``) its heads' primes started at ``rows / 16``."""
+    from rowcache.embed.qwen4.config import Qwen4NgramConfig
+
+    rel = Qwen4NgramConfig.release()
+    if rows is None:
+        return rel
+    if rows < 16 * 64:
+        raise ConfigError(f"--rows {rows}: give at least {16 * 64}")
+    return dataclasses.replace(rel, ngram_vocab_size_base=rows // rel.heads)
+
+
+def needed_bytes(rows: int, dim: int) -> int:
+    from rowcache import TableInfo
+    from rowcache.store.builder import needed_bytes as need
+
+    return int(need([TableInfo.make(TABLE, rows, dim, "fp8_table_scale", GIB)]))
+
+
+def build_table_store(path: str, rows: int, dim: int, xp: Any, log: Log) -> tuple[Any, dict]:
+    """The store of the generated codes, streamed a chunk at a time."""
+    from rowcache import build_store
+    from rowcache.store.sources import Fp8TableScaleSource, GeneratedRows
+
+    need = needed_bytes(rows, dim)
+    st = os.statvfs(os.path.dirname(path))
+    free = st.f_bavail * st.f_frsize
+    if need > free - DISK_MARGIN:
+        raise ConfigError(
+            f"the store needs {_gib(need)}; {os.path.dirname(path)} has {_gib(free)} free "
+            f"(less {_gib(DISK_MARGIN)} kept): give --workdir on a larger disk or fewer --rows"
+        )
+    bar = Progress("build", need)
+
+    def make(start: int, stop: int) -> np.ndarray:
+        c = codes_range(xp, start, stop, dim)
+        c = c.get() if xp is not np else c
+        bar.add((stop - start) * dim)
+        return c
+
+    t0 = time.perf_counter()
+    store = build_store(
+        path,
+        {TABLE: Fp8TableScaleSource(GeneratedRows(rows, dim, make, dtype=np.uint8), SCALE)},
+        dtype="fp8_table_scale",
+        overwrite=True,
+        progress=False,
+    )
+    seconds = time.perf_counter() - t0
+    written = sum(int(r.length) for recs in store.shards for r in recs)
+    log(
+        f"build: {_gib(written)} fp8_table_scale store ({rows:,} rows of {dim} codes) in "
+        f"{seconds:.1f} s: {written / seconds / 1e9:.2f} GB/s written"
+    )
+    return store, {"store_bytes": written, "build_s": round(seconds, 1)}
+
+
+def resident_codes(xp: Any, rows: int, dim: int) -> Any:
+    """The whole table's codes in ``xp``'s memory (the GPU's for cupy)."""
+    out = xp.empty((rows, dim), dtype=np.uint8)
+    for s in range(0, rows, CHUNK_ROWS):
+        e = min(rows, s + CHUNK_ROWS)
+        out[s:e] = codes_range(xp, s, e, dim)
+    return out
+
+
+def pinned_codes(rows: int, dim: int) -> tuple[Any, Any]:
+    """The whole table's codes in pinned host memory mapped into the device (read over PCIe):
+    (the device view, the pinned allocation)."""
+    import cupy as cp
+
+    nbytes = rows * dim
+    mem = cp.cuda.PinnedMemory(nbytes, cp.cuda.runtime.hostAllocMapped)
+    host = np.frombuffer(cp.cuda.PinnedMemoryPointer(mem, 0), np.uint8, nbytes).reshape(rows, dim)
+    for s in range(0, rows, CHUNK_ROWS):
+        e = min(rows, s + CHUNK_ROWS)
+        codes_range(cp, s, e, dim).get(out=host[s:e])
+    um = cp.cuda.UnownedMemory(mem.ptr, nbytes, mem)
+    return cp.ndarray((rows, dim), dtype=np.uint8, memptr=cp.cuda.MemoryPointer(um, 0)), mem
+
+
+# --- the text and the modes ------------------------------------------------------------------
+@dataclass
+class Mode:
+    name: str
+    B: int
+    T: int
+    steps: int
+    start: int  # the first timed step
+    toks: np.ndarray  # int64 [B, steps * T]
+
+    def pieces(self, h: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each step's (tokens [B, T], context [B, keep]) (EOS before the streams' start)."""
+        ctx = np.full((self.B, h.keep), h.config.eos_token_id, dtype=np.int64)
+        out = []
+        for s in range(self.steps):
+            p = np.ascontiguousarray(self.toks[:, s * self.T : (s + 1) * self.T])
+            out.append((p, ctx))
+            ctx = h.next_context(p, ctx)
+        return out
+
+    @property
+    def prefill(self) -> bool:
+        return self.T > 1
+
+
+def parse_mode(name: str, chunk: int) -> tuple[str, int, int]:
+    name = name.strip()
+    if name == "prefill":
+        name = f"prefill {chunk}"
+    kind, _, n = name.partition(" ")
+    try:
+        k = int(n.lstrip("x"))
+    except ValueError:
+        k = 0
+    if kind not in ("decode", "prefill") or k < 1:
+        raise ConfigError(f"--modes {name!r}: give 'decode xB' or 'prefill N' (or 'prefill')")
+    return name, (k if kind == "decode" else 1), (1 if kind == "decode" else k)
+
+
+def plan_modes(
+    names: list[str],
+    text: np.ndarray,
+    history: int,
+    tokens: int,
+    max_steps: int,
+    warm: float,
+    chunk: int,
+) -> list[Mode]:
+    """Each mode's steps on its own slice of the text after the history."""
+    at, out = history, []
+    for raw in names:
+        name, B, T = parse_mode(raw, chunk)
+        steps = max(4, min(max_steps, tokens // (B * T)))
+        n = steps * B * T
+        if at + n > text.size:
+            raise ConfigError(f"the text has {text.size:,} tokens; mode {name} needs {at + n:,}")
+        out.append(
+            Mode(
+                name,
+                B,
+                T,
+                steps,
+                max(1, int(warm * steps)),
+                text[at : at + n].reshape(B, steps * T),
+            )
+        )
+        at += n
+    return out
+
+
+def history_chunks(h: Any, history: np.ndarray, per: int = 4096) -> list[np.ndarray]:
+    """The history's rows in its order: per ``per`` tokens the sorted distinct rows."""
+    out = []
+    ctx = np.full((1, h.keep), h.config.eos_token_id, dtype=np.int64)
+    for a in range(0, history.size, per):
+        p = np.ascontiguousarray(history[a : a + per][None])
+        out.append(np.unique(h.hash(p, ctx)))
+        ctx = h.next_context(p, ctx)
+    return out
+
+
+# --- the page cache's cap ---------------------------------------------------------------------
+class Cgroup:
+    """A memory cgroup for the mapped series' process: v2 where allowed, else v1, else none
+    (``why`` says which and why)."""
+
+    def __init__(self, allowed: bool = True) -> None:
+        self.version: int | None = None
+        self.parent = ""
+        self.why = "not asked (--page-cache-cap none)"
+        tried: list[str] = []
+        if not allowed:
+            return
+        for version, find in ((2, self._v2), (1, self._v1)):
+            try:
+                self.parent = find()
+                probe = os.path.join(self.parent, f"rowcache-probe-{os.getpid()}")
+                os.mkdir(probe)
+                ok = os.path.exists(os.path.join(probe, self.files(version)[0]))
+                os.rmdir(probe)
+                if not ok:
+                    raise OSError("a child cgroup there has no memory controller")
+                self.version = version
+                self.why = f"cgroup v{version} under {self.parent}"
+                return
+            except OSError as e:
+                tried.append(f"v{version}: {e}")
+        self.why = "no memory cgroup could be made (" + "; ".join(tried) + ")"
+
+    @staticmethod
+    def files(version: int) -> tuple[str, str, str]:
+        """(limit, usage, limit-hit counter) files of a cgroup of ``version``."""
+        if version == 2:
+            return "memory.max", "memory.current", "memory.events"
+        return "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.failcnt"
+
+    @staticmethod
+    def _own(controller: str) -> str:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, ctrls, path = line.rstrip("\n").split(":", 2)
+                if (controller == "" and ctrls == "") or controller in ctrls.split(","):
+                    return path
+        raise OSError(f"/proc/self/cgroup names no {controller or 'v2'} hierarchy")
+
+    def _v2(self) -> str:
+        root = "/sys/fs/cgroup"
+        if not os.path.exists(os.path.join(root, "cgroup.controllers")):
+            raise OSError("/sys/fs/cgroup is not a cgroup v2 mount")
+        own = os.path.join(root, self._own("").lstrip("/"))
+        for parent in dict.fromkeys([os.path.normpath(own), root]):
+            # a parent that hands the memory controller to its children already (this bench
+            # never turns a controller on: that would change a cgroup it did not make)
+            try:
+                with open(os.path.join(parent, "cgroup.subtree_control")) as f:
+                    if "memory" in f.read().split():
+                        return parent
+            except OSError:
+                continue
+        raise OSError(
+            "neither this process's cgroup nor the root hands the memory controller to children"
+        )
+
+    def _v1(self) -> str:
+        root = "/sys/fs/cgroup/memory"
+        if not os.path.exists(os.path.join(root, "memory.limit_in_bytes")):
+            raise OSError("no cgroup v1 memory hierarchy at /sys/fs/cgroup/memory")
+        return os.path.join(root, self._own("memory").lstrip("/"))
+
+    def make(self, name: str) -> str | None:
+        if self.version is None:
+            return None
+        path = os.path.join(self.parent, name)
+        os.mkdir(path)
+        return path
+
+    @staticmethod
+    def remove(path: str | None) -> None:
+        if path:
+            for _ in range(50):  # a just-exited child may still be listed a moment
+                try:
+                    os.rmdir(path)
+                    return
+                except OSError:
+                    time.sleep(0.1)
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _limit_hits(path: str, version: int) -> int | None:
+    name = Cgroup.files(version)[2]
+    if version == 1:
+        return _read_int(os.path.join(path, name))
+    try:
+        with open(os.path.join(path, name)) as f:
+            for line in f:
+                k, v = line.split()
+                if k == "max":
+                    return int(v)
+    except OSError:
+        pass
+    return None
+
+
+# --- the mapped series (a child process) -------------------------------------------------------
+class MappedTable:
+    """The store's shard files memory-mapped end to end into one address range (as an engine
+    maps its one table file: ``np.memmap``, ``torch.from_file``), so that row ``r`` is at
+    page ``r // rows_per_page``, slot ``r % rows_per_page``; a gather reads the rows from the
+    mapping on the host (one fancy index), copies them to the device in one copy and
+    dequantizes them there with the resident kernel."""
+
+    def __init__(self, spec: dict[str, Any], xp: Any) -> None:
+        from rowcache.embed.tables import Fp8TableScaleTable
+
+        self.xp = xp
+        self.rpp, self.rec = spec["rows_per_page"], spec["rec"]
+        sizes = [os.path.getsize(f) for f in spec["files"]]
+        if any(sz % PAGE for sz in sizes[:-1]) or any(
+            sz != spec["pages_per_shard"] * PAGE for sz in sizes[:-1]
+        ):
+            raise RuntimeError(f"shard files of {sizes} bytes: not whole shards of pages")
+        self.total = sum(sizes)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = (
+            [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3 + [ctypes.c_long]
+        )
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        self.libc = libc
+        size = -(-self.total // PAGE) * PAGE
+        base = libc.mmap(None, size, 0, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)  # reserved
+        if base in (None, MAP_FAILED):
+            raise OSError(ctypes.get_errno(), "mmap: reserving the table's address range")
+        self.base, self.size = base, size
+        off = 0
+        for f, sz in zip(spec["files"], sizes):
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                got = libc.mmap(base + off, sz, mmap.PROT_READ, mmap.MAP_SHARED | MAP_FIXED, fd, 0)
+            finally:
+                os.close(fd)
+            if got != base + off:
+                err = ctypes.get_errno()
+                self.close()
+                raise OSError(err, f"mmap of {f} at its place in the table's range")
+            off += sz
+        if spec["advice"] == "random":
+            libc.madvise(base, size, mmap.MADV_RANDOM)
+        raw = np.frombuffer((ctypes.c_uint8 * self.total).from_address(base), dtype=np.uint8)
+        self.view = np.lib.stride_tricks.as_strided(
+            raw, (self.total // PAGE, self.rpp, self.rec), (PAGE, self.rec, 1), writeable=False
+        )
+        self.proto = Fp8TableScaleTable(xp.zeros((1, self.rec), dtype=np.uint8), SCALE)
+        self._ids: dict[int, Any] = {}
+
+    def codes(self, rows: np.ndarray) -> np.ndarray:
+        page, slot = np.divmod(rows, self.rpp)
+        return self.view[page, slot]
+
+    def gather(self, rows: np.ndarray) -> Any:
+        codes = self.codes(rows)
+        n = rows.size
+        ids = self._ids.get(n)
+        if ids is None:
+            ids = self._ids[n] = self.xp.arange(n, dtype=np.int64)
+        dev = self.xp.asarray(codes) if self.xp is not np else codes
+        return self.proto.codec.gather(ids, dev, None, self.proto.params, None)
+
+    def close(self) -> None:
+        """Unmap the files (their pages then leave the page cache on ``drop_cache``)."""
+        self.view = None
+        if self.base is not None:
+            self.libc.munmap(self.base, self.size)
+            self.base = None
+
+
+def _mmap_worker(conn: Any, spec: dict[str, Any]) -> None:
+    """The mapped series, in a child process (its own memory cgroup where one was made)."""
+    try:
+        if spec["cgroup"]:
+            with open(os.path.join(spec["cgroup"], "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        xp: Any = np
+        if spec["device"] == "cuda":
+            import cupy as cp
+
+            xp = cp
+        from rowcache.embed.qwen4.hash import Qwen4NgramHash
+
+        cfg = qwen4_config(spec["rows_arg"])
+        h = Qwen4NgramHash(cfg)
+        model = Model(spec["device"], spec["layer_us"], spec["token_us"], spec["layers"])
+        table = MappedTable(spec, xp)
+        model.run(1, 1)  # compile the spin kernel
+        layer, layers = spec["table_layer"], spec["layers"]
+        modes = [Mode(**m) for m in spec["modes"]]
+        steps_of = {m.name: m.pieces(h) for m in modes}
+        for m in modes:  # the checks; they also bring every step size's buffers in
+            outs = [
+                _host16(table.gather(h.hash(p, c).reshape(-1)))
+                for p, c in steps_of[m.name][: spec["check_steps"]]
+            ]
+            conn.send(("check", m.name, outs))
+        model.sync()
+        # a fresh mapping, its pages dropped: what the cgroup holds now is the process's own
+        table.close()
+        gc.collect()
+        drop_cache(spec["files"])
+        table = MappedTable(spec, xp)
+        info: dict[str, Any] = {"capped": False}
+        cg = spec["cgroup"]
+        if cg:
+            limit_f, usage_f, _ = Cgroup.files(spec["cgroup_version"])
+            base = _read_int(os.path.join(cg, usage_f)) or 0
+            limit = base + spec["budget_bytes"] + spec["slack"]
+            with open(os.path.join(cg, limit_f), "w") as f:
+                f.write(str(limit))
+            if spec["cgroup_version"] == 2 and os.path.exists(os.path.join(cg, "memory.swap.max")):
+                try:
+                    with open(os.path.join(cg, "memory.swap.max"), "w") as f:
+                        f.write("0")
+                except OSError:
+                    pass
+            info.update(capped=True, own_bytes=base, limit_bytes=limit)
+        conn.send(("limit", info))
+        t0 = time.perf_counter()
+        piece = max(m.B * m.T for m in modes) * cfg.heads  # no buffer above a step's
+        for rows in spec["history"]:
+            for a in range(0, rows.size, piece):
+                table.gather(rows[a : a + piece])
+        model.sync()
+        conn.send(("warmed", time.perf_counter() - t0))
+        for mode in modes:
+            steps = steps_of[mode.name]
+            n = mode.B * mode.T
+            total = ready = 0.0
+            flt0 = 0
+            for s, (piece, ctx) in enumerate(steps):
+                if s == mode.start:
+                    model.sync()
+                    total = ready = 0.0
+                    flt0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+                t0 = time.perf_counter()
+                model.run(layer, n)
+                table.gather(h.hash(piece, ctx).reshape(-1))
+                t1 = time.perf_counter()
+                model.run(layers - layer, n)
+                model.sync()
+                total += time.perf_counter() - t0
+                ready += t1 - t0
+            timed = mode.steps - mode.start
+            flt = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - flt0
+            conn.send(
+                (
+                    "mode",
+                    mode.name,
+                    {
+                        "tok_s": timed * n / total,
+                        "ready_ms": 1e3 * ready / timed,
+                        "majflt/step": flt / timed,
+                    },
+                )
+            )
+        if cg:
+            info["limit_hits"] = _limit_hits(cg, spec["cgroup_version"])
+        table.close()
+        conn.send(("done", info))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def _host16(x: Any) -> np.ndarray:
+    """A bf16 result as host uint16 bits."""
+    x = x.get() if hasattr(x, "get") else np.asarray(x)
+    return np.ascontiguousarray(x).view(np.uint16).reshape(-1)
+
+
+def run_mapped(spec: dict[str, Any], cg: Cgroup, tag: str, log: Log) -> dict[str, Any]:
+    """The mapped series of one budget in a child process: its messages, collected."""
+    from bench import qwen4 as me  # by its module name: the spawned child imports it so
+
+    path = cg.make(f"rowcache-mmap-{os.getpid()}-{tag}") if cg.version else None
+    spec = dict(spec, cgroup=path, cgroup_version=cg.version)
+    drop_cache(spec["files"])
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    p = ctx.Process(target=me._mmap_worker, args=(b, spec))
+    got: dict[str, Any] = {"modes": {}, "checks": {}}
+    try:
+        p.start()
+        b.close()
+        while True:
+            try:
+                kind, *rest = a.recv()
+            except EOFError:
+                break
+            if kind == "limit":
+                got["limit"] = rest[0]
+            elif kind == "warmed":
+                got["warm_s"] = rest[0]
+            elif kind == "check":
+                got["checks"][rest[0]] = rest[1]
+            elif kind == "mode":
+                got["modes"][rest[0]] = rest[1]
+            elif kind == "done":
+                got["done"] = rest[0]
+            elif kind == "error":
+                got["error"] = rest[0]
+        p.join()
+        if "done" not in got and "error" not in got:
+            got["error"] = f"the mapped series' process ended with exit code {p.exitcode}" + (
+                " (killed: the cgroup's limit?)" if p.exitcode and p.exitcode < 0 else ""
+            )
+    finally:
+        if p.is_alive():
+            p.kill()
+            p.join()
+        a.close()
+        Cgroup.remove(path)
+        drop_cache(spec["files"])
+    return got
+
+
+# --- the arena --------------------------------------------------------------------------------
+def tune_arena(
+    cfg: Any, text: np.ndarray, memory: int, reserve: int, disk: str | None, workdir: str
+) -> Any:
+    """``rowcache trace --qwen4`` / ``profile --method exact`` / ``tune --memory --reserve``
+    over the run's text (a file a request): a ``TuneReport``."""
+    from rowcache.tools.benchio import DeviceProfile
+    from rowcache.tools.profile import profile_trace
+    from rowcache.tools.trace_build import build_trace
+    from rowcache.tools.trace_tables import Qwen4TraceTables
+    from rowcache.tools.tune import tune
+
+    cuts = np.flatnonzero(text == cfg.eos_token_id) + 1
+    requests = [r for r in np.split(text, cuts) if r.size]
+    dims = Qwen4TraceTables(cfg, tokenizer="deepseek")
+    trace = build_trace(
+        requests, dims, os.path.join(workdir, "trace"), overwrite=True, progress=False
+    )
+    prof = profile_trace(trace, method="exact", dtype="fp8", progress=False)
+    prof_disk = DeviceProfile.load(disk) if disk else None
+    return tune(prof, memory_bytes=memory, reserve_bytes=reserve, dtype="fp8", device=prof_disk)
+
+
+def parse_budget(b: str, rows: int) -> float | None:
+    """A budget's share of the table (None: tune's)."""
+    b = b.strip()
+    if b == "tune":
+        return None
+    try:
+        if "/" in b:
+            num, den = b.split("/")
+            f = float(num) / float(den)
+        else:
+            f = float(b)
+    except (ValueError, ZeroDivisionError):
+        from rowcache.units import parse_bytes
+
+        try:
+            f = parse_bytes(b, "--budgets") / (rows * 160)
+        except ConfigError:
+            raise ConfigError(
+                f"--budgets {b!r}: give tune, a fraction (1/8, 0.25) or bytes"
+            ) from None
+    if not 0 < f <= 1:
+        raise ConfigError(f"--budgets {b!r}: a share of the table in (0, 1]")
+    return f
+
+
+# --- the run ----------------------------------------------------------------------------------
+def floor_run(floor: Any, pages: list[np.ndarray], qd: int, log: Log) -> np.ndarray | None:
+    """Seconds of each step's pages by the native reader: io_uring at ``qd``, else (io_uring
+    refused, e.g. by a container's seccomp) ``qd`` threads of pread; None if neither runs."""
+    for how in ("uring", "threads"):
+        try:
+            return np.asarray(floor.run(pages, how, qd))
+        except Exception as e:  # the reader's exit status, with its message
+            log(f"floor: {how} failed ({str(e).strip()[:200]})")
+    return None
+
+
+def run_cached(
+    store: Any,
+    h: Any,
+    slots: int,
+    args: argparse.Namespace,
+    hist: list[np.ndarray],
+    modes: list[Mode],
+    steps_of: dict[str, list],
+    refs: dict[str, list[np.ndarray]],
+    model: Model,
+    layer: int,
+    floor: Any,
+    log: Log,
+) -> tuple[dict[str, Any], float, int]:
+    """The cached series of one budget: an arena of ``slots`` rows warmed by the history,
+    then each mode (its first steps checked bit for bit against ``refs``, then timed, the
+    pages its timed steps read re-read by the floor). ``(per mode, warm seconds, values
+    checked)``; the cache is closed at the end."""
+    from rowcache import NgramRowCache
+    from rowcache.embed.qwen4.memory import Qwen4NgramMemory
+    from rowcache.embed.tables import CachedTable
+
+    drop_cache(store_files(store))
+    cache = NgramRowCache(
+        store,
+        [TABLE],
+        slots=slots,
+        device=args.device,
+        queue_depth=args.queue_depth,
+        direct=True,
+    )
+    out: dict[str, Any] = {}
+    checked = 0
+    heads = h.config.heads
+    with cache:
+        t0 = time.perf_counter()
+        for rows in hist:
+            cache.prefetch(rows).wait()
+        warm_s = time.perf_counter() - t0
+        mem = Qwen4NgramMemory(h, CachedTable(cache))
+        for m in modes:
+            steps = steps_of[m.name]
+            for i, (p, c) in enumerate(steps[: args.check_steps]):
+                mem.prefetch(p, c)
+                got = _host16(mem.lookup(p, c))
+                mem.end_step()
+                if not np.array_equal(got, refs[m.name][i]):
+                    raise RuntimeError(f"cached != resident: {slots:,} slots, {m.name}, step {i}")
+                checked += got.size
+            missed: list[np.ndarray] = []
+            stats: list[Any] = []  # the cache's counters at the first timed step
+
+            def peek(p: Any, c: Any, nxt: Any, missed: list = missed, stats: list = stats) -> None:
+                """The rows the step's prefetches will read: its rows and (prefill) the next
+                chunk's not mapped now (mapped: resident or being read). Untimed."""
+                if not stats:
+                    stats.append(cache.stats())
+                ids = [h.hash(p, c).reshape(-1)]
+                if nxt is not None:
+                    ids.append(h.hash(*nxt).reshape(-1))
+                u = np.unique(np.concatenate(ids))
+                missed.append(u[~cache.inspect().is_resident(u)])
+
+            r = run_series(
+                mem.lookup,
+                m,
+                steps,
+                model,
+                layer,
+                args.layers,
+                prefetch=mem.prefetch,
+                end=mem.end_step,
+                peek=peek,
+            )
+            s0, s1 = stats[0], cache.stats()
+            timed = m.steps - m.start
+            toks = timed * m.B * m.T
+            faults = (s1.misses + s1.prefetched) - (s0.misses + s0.prefetched)
+            r.update(
+                hit_rate=1 - faults / (toks * heads),
+                faults_tok=faults / toks,
+                reads_step=(s1.read_ops - s0.read_ops) / timed,
+            )
+            if floor is not None:
+                layout = (np.array([0, cache.rows]), [0])
+                pages = [floor.pages(layout, x) for x in missed]
+                r["floor_s"] = floor_run(floor, pages, args.queue_depth, log)
+            out[m.name] = r
+        del mem
+    return out, warm_s, checked
+
+
+def run_series(
+    lookup: Any,
+    mode: Mode,
+    steps: list,
+    model: Model,
+    layer: int,
+    layers: int,
+    *,
+    prefetch: Any = None,
+    end: Any = None,
+    peek: Any = None,
+) -> dict[str, float]:
+    """Time a mode's steps: tokens/s of the timed steps and ms to each lookup's return."""
+    n = mode.B * mode.T
+    total = ready = 0.0
+    for s, (piece, ctx) in enumerate(steps):
+        if s == mode.start:
+            model.sync()
+            total = ready = 0.0
+        ahead = steps[s + 1] if mode.prefill and s + 1 < len(steps) else None
+        if peek is not None and s >= mode.start:
+            peek(piece, ctx, ahead if prefetch is not None else None)  # untimed
+        t0 = time.perf_counter()
+        if prefetch is not None:
+            prefetch(piece, ctx)
+            if ahead is not None:
+                prefetch(*ahead)  # the next chunk, a step ahead
+        model.run(layer, n)
+        lookup(piece, ctx)
+        t1 = time.perf_counter()
+        model.run(layers - layer, n)
+        model.sync()
+        if end is not None:
+            end()
+        total += time.perf_counter() - t0
+        ready += t1 - t0
+    timed = mode.steps - mode.start
+    return {"tok_s": timed * n / total, "ready_ms": 1e3 * ready / timed}
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument(
+        "--rows", type=int, default=None, help="the table's rows (default: the release's)"
+    )
+    ap.add_argument("--budgets", default=BUDGETS, help="tune, fractions of the table, or bytes")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--chunk", type=int, default=512, help="a prefill chunk's tokens")
+    ap.add_argument("--series", default=",".join(SERIES))
+    ap.add_argument("--memory", default="121GiB", help="tune's --memory")
+    ap.add_argument("--reserve", default="88GiB", help="tune's --reserve (docs/qwen4.md)")
+    ap.add_argument("--disk-profile", default=None, help="tune's --disk (bench-io profile)")
+    ap.add_argument("--history", type=int, default=10_000, help="tokens of history")
+    ap.add_argument("--tokens", type=int, default=24_576, help="tokens of text a mode at most")
+    ap.add_argument("--max-steps", type=int, default=400, help="steps a mode at most")
+    ap.add_argument("--warm", type=float, default=0.3, help="untimed share of a mode's steps")
+    ap.add_argument("--check-steps", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=40)
+    ap.add_argument("--layer-us", type=float, default=50.0)
+    ap.add_argument("--token-us", type=float, default=0.75)
+    ap.add_argument(
+        "--queue-depth", type=int, default=32, help="the cache's and floor's reads in flight"
+    )
+    ap.add_argument("--mmap-advice", choices=("random", "normal"), default="random")
+    ap.add_argument(
+        "--mmap-slack",
+        type=int,
+        default=32 << 20,
+        help="bytes the mapped series' limit allows over the arena and the process's own",
+    )
+    ap.add_argument(
+        "--page-cache-cap",
+        choices=("auto", "none"),
+        default="auto",
+        help="auto: cap the mmap series' page cache with a memory cgroup where allowed; "
+        "none: run it uncapped",
+    )
+    ap.add_argument("--no-floor", action="store_true")
+    ap.add_argument("--workdir", default=None, help="on the disk under test (default: a temp dir)")
+    ap.add_argument("--quick", action="store_true", help="a tiny CPU run")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.rows = args.rows or 80_000
+        args.chunk, args.history, args.tokens, args.max_steps = 64, 2_000, 1_024, 24
+        args.layer_us, args.token_us, args.check_steps = 5.0, 0.1, 2
+        args.mmap_slack = 4 << 20
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
+    t_run = time.perf_counter()
+    log = Log(args.json)
+    from rowcache.embed.qwen4.hash import Qwen4NgramHash
+    from rowcache.embed.qwen4.memory import Qwen4NgramMemory
+    from rowcache.embed.tables import Fp8TableScaleTable
+    from rowcache.tools.demo import text_files, tokenize_text
+    from rowcache.tools.resources import available_device_memory
+    from rowcache.tools.tokens import tokenizer_json_path
+    from rowcache.units import parse_bytes
+
+    xp: Any = np
+    if args.device == "cuda":
+        import cupy as cp
+
+        xp = cp
+    series = [s.strip() for s in args.series.split(",") if s.strip()]
+    for s in series:
+        if s not in SERIES:
+            raise ConfigError(f"--series {s!r}: give some of {', '.join(SERIES)}")
+    if args.device == "cpu" and "host" in series:
+        series.remove("host")  # pinned host memory gathered by a GPU: a GPU series
+    cfg = qwen4_config(args.rows)
+    h = Qwen4NgramHash(cfg)
+    rows, dim = h.table_rows(), cfg.head_dim
+    budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
+    shares = {b: parse_budget(b, rows) for b in budgets}
+    own = args.workdir is None
+    workdir = tempfile.mkdtemp(prefix="rowcache-qwen4-") if own else args.workdir
+    os.makedirs(workdir, exist_ok=True)
+    timing: dict[str, float] = {}
+    try:
+        names = [m for m in args.modes.split(",") if m.strip()]
+        need = args.history + sum(
+            (lambda n, B, T: max(4, min(args.max_steps, args.tokens // (B * T))) * B * T)(
+                *parse_mode(m, args.chunk)
+            )
+            for m in names
+        )
+        t0 = time.perf_counter()
+        text, _ = tokenize_text(
+            text_files(None),
+            tokenizer_json_path("deepseek"),
+            need,
+            cfg.eos_token_id,
+            cfg.vocab_size,
+        )
+        modes = plan_modes(
+            names, text, args.history, args.tokens, args.max_steps, args.warm, args.chunk
+        )
+        hist = history_chunks(h, text[: args.history])
+        timing["text_s"] = time.perf_counter() - t0
+        log(
+            f"text: {text.size:,} tokens (history {args.history:,}, then "
+            + ", ".join(f"{m.name} {m.steps} steps" for m in modes)
+            + ")"
+        )
+
+        store, built = build_table_store(os.path.join(workdir, "store"), rows, dim, xp, log)
+        info = store.tables[0]
+        rec = int(info.record_bytes)
+        files = store_files(store)
+
+        # --- resident and pinned host: references for the checks, then their series ----------
+        t0 = time.perf_counter()
+        res = Fp8TableScaleTable(resident_codes(xp, rows, dim), SCALE)
+        pinned = None
+        if "host" in series:
+            pinned = (lambda dev, pin: (Fp8TableScaleTable(dev, SCALE), pin))(
+                *pinned_codes(rows, dim)
+            )
+        timing["tables_s"] = time.perf_counter() - t0
+        log(
+            f"tables: resident{' and pinned host' if pinned else ''} made in "
+            f"{timing['tables_s']:.1f} s"
+        )
+        model = Model(args.device, args.layer_us, args.token_us, args.layers)
+        layer = cfg.ple_layer_ids[0] - 1  # 0-based: the layers before the lookup
+        steps_of = {m.name: m.pieces(h) for m in modes}
+        mres = Qwen4NgramMemory(h, res)
+        refs = {
+            m.name: [_host16(mres.lookup(p, c)) for p, c in steps_of[m.name][: args.check_steps]]
+            for m in modes
+        }
+        # the resident table against the generator: the store's rows are the generator's too
+        for m in modes:
+            p, c = steps_of[m.name][0]
+            want = _host16(
+                Fp8TableScaleTable(codes_at(np, h.hash(p, c).reshape(-1), dim), SCALE).gather(
+                    np.arange(p.size * cfg.heads)
+                )
+            )
+            if not np.array_equal(want, refs[m.name][0]):
+                raise RuntimeError(f"resident != the generator's rows in {m.name}")
+        base: dict[str, dict[str, Any]] = {m.name: {} for m in modes}
+        whole = {"resident": res, "host": pinned[0] if pinned else None}
+        for name in ("resident", "host"):
+            if whole[name] is not None and name in series:
+                mem = Qwen4NgramMemory(h, whole[name])
+                for m in modes:
+                    base[m.name][name] = run_series(
+                        mem.lookup, m, steps_of[m.name], model, layer, args.layers
+                    )
+                del mem
+        for m in modes:  # the resident step (bounds): measured, else the model's
+            r = base[m.name].get("resident")
+            n = m.B * m.T
+            base[m.name]["step_s"] = (
+                (n / r["tok_s"])
+                if r
+                else (args.layers * (args.layer_us + args.token_us * n) * 1e-6)
+            )
+        del mres, res, pinned, whole  # the arenas get the GPU's memory
+        if xp is not np:
+            xp.get_default_memory_pool().free_all_blocks()
+
+        # --- the budgets ------------------------------------------------------------------------
+        arena: dict[str, Any] = {}
+        tuned = None
+        if any(s is None for s in shares.values()):
+            t0 = time.perf_counter()
+            rep = tune_arena(
+                cfg,
+                text,
+                parse_bytes(args.memory, "--memory"),
+                parse_bytes(args.reserve, "--reserve"),
+                args.disk_profile,
+                workdir,
+            )
+            tuned = sum(rep.rows.values())
+            timing["tune_s"] = time.perf_counter() - t0
+            arena.update(
+                tune_budget_bytes=rep.budget_bytes,
+                tune_used_bytes=rep.used_bytes,
+                tune_rows=tuned,
+                tune_fault_rate=rep.faults_per_access,
+                tune_faults_per_token=rep.faults_per_token,
+            )
+            log(
+                f"tune: --memory {args.memory} --reserve {args.reserve} over {rep.tokens:,} "
+                f"tokens: {_gib(rep.used_bytes)} of {_gib(rep.budget_bytes)} used, {tuned:,} "
+                f"rows; predicted {rep.faults_per_access:.4f} faults a row looked up, "
+                f"{rep.faults_per_token:.2f} a token"
+            )
+        least = 2 * max(m.B * m.T for m in modes) * cfg.heads
+        cg = Cgroup(args.page_cache_cap == "auto") if "mmap" in series else None
+        if cg is not None:
+            log(
+                f"page cache cap: {cg.why}"
+                + (
+                    ""
+                    if cg.version
+                    else "; the mmap series runs UNCAPPED (its page cache dropped before it starts)"
+                )
+            )
+        floor = None
+        if "cached" in series and not args.no_floor:
+            try:
+                from bench.serve.floor import Floor
+
+                floor = Floor(store, direct=True)
+            except Exception as e:  # no gcc, or its build failed
+                log(f"floor: not measured ({e})")
+        mmap_label = "mmap" if cg is not None and cg.version else "mmap uncapped"
+        results: list[dict[str, Any]] = []
+        checks: dict[str, int] = {}
+        budget_info: dict[str, Any] = {}
+        spec_base = {
+            "device": args.device,
+            "rows_arg": args.rows,
+            "files": files,
+            "rows_per_page": int(info.rows_per_page),
+            "pages_per_shard": int(info.pages_per_shard),
+            "rec": rec,
+            "advice": args.mmap_advice,
+            "slack": args.mmap_slack,
+            "layer_us": args.layer_us,
+            "token_us": args.token_us,
+            "layers": args.layers,
+            "table_layer": layer,
+            "check_steps": args.check_steps,
+            "history": hist,
+            "modes": [
+                dict(name=m.name, B=m.B, T=m.T, steps=m.steps, start=m.start, toks=m.toks)
+                for m in modes
+            ],
+        }
+        for b in budgets:
+            tb = time.perf_counter()
+            share = shares[b]
+            slots = tuned if share is None else int(share * rows)
+            notes = []
+            if args.device == "cuda":
+                free = available_device_memory(xp)
+                most = max(1, (free - DEVICE_RESERVE) // (rec + 32)) if free else slots
+                if slots > most:
+                    notes.append(
+                        f"capped from {slots:,} rows by the free GPU memory ({_gib(free)})"
+                    )
+                    slots = most
+            if slots > rows:
+                slots = rows
+            if slots < least:
+                notes.append(f"raised from {slots:,} to two steps' rows ({least:,})")
+                slots = least
+            nbytes = slots * rec
+            budget_info[b] = {"slots": slots, "bytes": nbytes, "notes": notes}
+            log(
+                f"budget {b}: {slots:,} rows, {_gib(nbytes)}"
+                + (f" ({'; '.join(notes)})" if notes else "")
+            )
+            cached: dict[str, Any] = {}
+            if "cached" in series:
+                cached, warm_s, n_checked = run_cached(
+                    store, h, slots, args, hist, modes, steps_of, refs, model, layer, floor, log
+                )
+                budget_info[b]["cached_warm_s"] = round(warm_s, 2)
+                checks["cached"] = checks.get("cached", 0) + n_checked
+                if xp is not np:
+                    xp.get_default_memory_pool().free_all_blocks()
+            mapped: dict[str, Any] = {}
+            if "mmap" in series:
+                assert cg is not None
+                got = run_mapped(dict(spec_base, budget_bytes=nbytes), cg, b.replace("/", "-"), log)
+                lim = got.get("limit", {})
+                budget_info[b]["mmap"] = {**lim, **got.get("done", {}), "warm_s": got.get("warm_s")}
+                if lim.get("capped"):
+                    log(
+                        f"mmap at budget {b}: memory limit {_gib(lim['limit_bytes'])} = the "
+                        f"arena's {_gib(nbytes)} + the process's own {_gib(lim['own_bytes'])} + "
+                        f"slack {_gib(args.mmap_slack)}; limit hit "
+                        f"{got.get('done', {}).get('limit_hits')} times"
+                    )
+                if "error" in got:
+                    log(f"mmap at budget {b}: failed: {got['error'].strip().splitlines()[-1]}")
+                    budget_info[b]["mmap_error"] = got["error"]
+                for m in modes:
+                    for i, out in enumerate(got["checks"].get(m.name, [])):
+                        if not np.array_equal(out, refs[m.name][i]):
+                            raise RuntimeError(f"mmap != resident: budget {b}, {m.name}, step {i}")
+                        checks["mmap"] = checks.get("mmap", 0) + out.size
+                mapped = got["modes"]
+            for m in modes:
+                n = m.B * m.T
+                window_ms = layer * (args.layer_us + args.token_us * n) / 1e3
+                row: dict[str, Any] = {"budget": b, "arena": _gib(nbytes), "mode": m.name}
+                for s in ("resident", "host"):
+                    if s in base[m.name]:
+                        row[f"{s} tok/s"] = base[m.name][s]["tok_s"]
+                mp_ = mapped.get(m.name)
+                if mp_:
+                    row[f"{mmap_label} tok/s"] = mp_["tok_s"]
+                c = cached.get(m.name)
+                if c:
+                    row["cached tok/s"] = c["tok_s"]
+                if c and mp_:
+                    row[f"cached/{mmap_label}"] = c["tok_s"] / mp_["tok_s"]
+                res_r = base[m.name].get("resident")
+                if res_r:
+                    for s, v in (("cached", c), (mmap_label, mp_)):
+                        if v:
+                            row[f"{s}/resident"] = v["tok_s"] / res_r["tok_s"]
+                    if "host" in base[m.name]:
+                        row["host/resident"] = base[m.name]["host"]["tok_s"] / res_r["tok_s"]
+                if c:
+                    row.update(
+                        {
+                            "hit_rate": c["hit_rate"],
+                            "faults/tok": c["faults_tok"],
+                            "reads/step": c["reads_step"],
+                        }
+                    )
+                if mp_:
+                    row["mmap majflt/step"] = mp_["majflt/step"]
+                row["window_ms"] = window_ms
+                if c:
+                    row["cached_ready_ms"] = c["ready_ms"]
+                if mp_:
+                    row["mmap_ready_ms"] = mp_["ready_ms"]
+                if c and c.get("floor_s") is not None:
+                    fl = np.asarray(c["floor_s"])
+                    step = base[m.name]["step_s"]
+                    if m.prefill:  # the next chunk's reads overlap the whole step
+                        bound = float(np.maximum(step, fl).mean())
+                    else:
+                        bound = step + float(np.maximum(0.0, fl - window_ms / 1e3).mean())
+                    row["floor_ms"] = 1e3 * float(fl.mean())
+                    row["bound tok/s"] = n / bound
+                    row["cached/bound"] = c["tok_s"] * bound / n
+                results.append(row)
+            timing[f"budget {b}_s"] = time.perf_counter() - tb
+        if floor is not None:
+            floor.close()
+
+        targets = []
+        for row in results:
+            two = row["budget"] in TWO_X and row["mode"].startswith(TWO_X_MODES)
+            ratio = row.get(f"cached/{mmap_label}")
+            if ratio is not None:
+                need_ = 2.0 if two else 1.0
+                targets.append(
+                    {
+                        "budget": row["budget"],
+                        "mode": row["mode"],
+                        "target": f"cached >= {need_:g}x {mmap_label}",
+                        "value": ratio,
+                        # against an uncapped page cache (host RAM) the target does not apply
+                        "met": (ratio >= need_) if mmap_label == "mmap" else None,
+                    }
+                )
+            if "cached/bound" in row:
+                targets.append(
+                    {
+                        "budget": row["budget"],
+                        "mode": row["mode"],
+                        "target": "cached >= 0.97 x the disk's bound",
+                        "value": row["cached/bound"],
+                        "met": row["cached/bound"] >= 0.97,
+                    }
+                )
+        for s, n in checks.items():
+            log(f"check: {s} == resident bit for bit, {n:,} values over the modes' first steps")
+        timing["total_s"] = time.perf_counter() - t_run
+        log(f"time: {json.dumps({k: round(v, 1) for k, v in timing.items()})}")
+        settings: dict[str, Any] = {
+            "device": args.device,
+            "rows": rows,
+            "row_bytes": rec,
+            "dim": dim,
+            "codec": "fp8_table_scale",
+            **built,
+            "layers": args.layers,
+            "table_layer": layer,
+            "layer_us": args.layer_us,
+            "token_us": args.token_us,
+            "text_tokens": int(text.size),
+            "history_tokens": args.history,
+            "modes": {
+                m.name: {"B": m.B, "T": m.T, "steps": m.steps, "timed": m.steps - m.start}
+                for m in modes
+            },
+            "series": series,
+            "mmap_label": mmap_label,
+            "page_cache_cap": (cg.why if cg else None),
+            "mmap_advice": args.mmap_advice,
+            "queue_depth": args.queue_depth,
+            **arena,
+            "budgets": budget_info,
+            "checks": checks,
+            "timing": timing,
+        }
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "bench": "bench.qwen4",
+                        "machine": machine(),
+                        "settings": settings,
+                        "results": results,
+                        "targets": targets,
+                        "log": log.lines,
+                    },
+                    indent=2,
+                    default=_jsonable,
+                )
+            )
+        else:
+            print(f"# bench.qwen4 on {machine()}")
+            keys = ("rows", "store_bytes", "build_s", "layers", "table_layer", "layer_us")
+            keys += ("token_us", "history_tokens", "mmap_label", "mmap_advice", "queue_depth")
+            print("settings: " + ", ".join(f"{k}={settings[k]}" for k in keys))
+            _table(results)
+            print()
+            said = {True: "yes", False: "NO", None: "n/a: mmap uncapped"}
+            _table([{**t, "met": said[t["met"]]} for t in targets])
+    finally:
+        if own:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return str(x)
+
+
+def _table(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    widths = [max(len(k), *(len(fmt_cell(r.get(k))) for r in rows)) for k in keys]
+    print("  ".join(k.rjust(w) for k, w in zip(keys, widths)))
+    for r in rows:
+        print("  ".join(fmt_cell(r.get(k)).rjust(w) for k, w in zip(keys, widths)))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ConfigError as e:
+        print(f"bench.qwen4: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -20,6 +20,16 @@ if has sanitizer; then
   timeout "$(lim 120)" compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -m gpu tests/kernels -p no:cacheprovider -q -x 2>&1 | tail -3
   echo "sanitizer rc=${PIPESTATUS[0]}"
 fi
+if has engramab && [ -n "$A" ]; then
+  echo "=== A/B bench.engram --quick, B A B A (t=$(( $(date +%s) - T0 ))s)"
+  for r in 1 2; do
+    for t in . "$A"; do
+      tag=$([ "$t" = . ] && echo b || echo a)$r
+      (cd "$t" && PYTHONPATH=/tmp/site:$PWD timeout "$(lim 60)" python3 -m bench.engram --device cuda --quick > "$OUT/engram-$tag.out" 2>&1)
+      echo "engram $tag rc=$?"; tail -3 "$OUT/engram-$tag.out" | cut -c1-110
+    done
+  done
+fi
 if has embed && [ -n "$A" ]; then
   echo "=== A/B bench.embed_step, B A B A B A (t=$(( $(date +%s) - T0 ))s)"
   for r in 1 2 3; do
@@ -47,18 +57,10 @@ for k, by in rows.items():
     print(k, " ".join(f"{t}: {v}" for t, v in sorted(by.items())))
 PY
 fi
-if has engramab && [ -n "$A" ]; then
-  echo "=== A/B bench.engram --quick, B A B A (t=$(( $(date +%s) - T0 ))s)"
-  for r in 1 2; do
-    for t in . "$A"; do
-      tag=$([ "$t" = . ] && echo b || echo a)$r
-      (cd "$t" && PYTHONPATH=/tmp/site:$PWD timeout "$(lim 60)" python3 -m bench.engram --device cuda --quick > "$OUT/engram-$tag.out" 2>&1)
-      echo "engram $tag rc=$?"; tail -3 "$OUT/engram-$tag.out" | cut -c1-110
-    done
-  done
-fi
 if has qwen4; then
   echo "=== bench.qwen4 ${QWEN4_ARGS:-} (t=$(( $(date +%s) - T0 ))s)"
-  timeout "$(lim 420)" python3 -m bench.qwen4 --device cuda ${QWEN4_ARGS:-} --json-out "$OUT/qwen4.json" 2>&1 | tee "$OUT/qwen4.log" | tail -40
+  df -h /tmp | tail -1; stat -fc %T /sys/fs/cgroup
+  timeout "$(lim 420)" python3 -m bench.qwen4 --device cuda ${QWEN4_ARGS:-} --json > "$OUT/qwen4.json" 2> "$OUT/qwen4.log"
+  echo "qwen4 rc=$?"; grep -vE "^\s*$" "$OUT/qwen4.log" | tail -45 | cut -c1-220
 fi
 echo "=== done (t=$(( $(date +%s) - T0 ))s)"

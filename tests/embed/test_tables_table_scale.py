@@ -79,11 +79,12 @@ def test_resident_table_refuses_bad_input(codes, scale, match):
     assert "\n" not in str(e.value)
 
 
-def _store(tmp_path, tables):
+def _store(tmp_path, tables, **kw):
     return rowcache.build_store(
         tmp_path / "s",
         {name: Fp8TableScaleSource(c, s) for name, (c, s) in tables.items()},
         progress=False,
+        **kw,
     )
 
 
@@ -164,8 +165,8 @@ def test_gpu_cache_and_resident_gather_the_same(rng, tmp_path, arena):
     import cupy as cp
 
     codes = codes_table(rng, 3000, 160)
-    codes[7, :2] = [0x7F, 0xFF]
-    store = _store(tmp_path, {"t": (codes, SCALES[1])})
+    codes[7, :2] = [0x7F, 0xFF]  # NaN codes stored as asked, gathered as NaN by both
+    store = _store(tmp_path, {"t": (codes, SCALES[1])}, allow_nonfinite=True)
     try:
         cached = CachedTable(NgramRowCache(store, "t", slots=400, device="cuda", arena=arena))
         resident = Fp8TableScaleTable(codes, SCALES[1]).to("cuda")

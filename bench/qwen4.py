@@ -753,13 +753,24 @@ def run_cached(
                 checked += got.size
             missed: list[np.ndarray] = []
             stats: list[Any] = []  # the cache's counters at the first timed step
+            own_missed: list[int] = []  # the step's own rows not mapped at its start
 
-            def peek(p: Any, c: Any, nxt: Any, missed: list = missed, stats: list = stats) -> None:
+            def peek(
+                p: Any,
+                c: Any,
+                nxt: Any,
+                missed: list = missed,
+                stats: list = stats,
+                own_missed: list = own_missed,
+            ) -> None:
                 """The rows the step's prefetches will read: its rows and (prefill) the next
-                chunk's not mapped now (mapped: resident or being read). Untimed."""
+                chunk's not mapped now (mapped: resident or being read); and how many of the
+                step's own rows are not mapped (its lookups' misses). Untimed."""
                 if not stats:
                     stats.append(cache.stats())
-                ids = [h.hash(p, c).reshape(-1)]
+                own = np.unique(h.hash(p, c).reshape(-1))
+                own_missed.append(int(np.count_nonzero(~cache.inspect().is_resident(own))))
+                ids = [own]
                 if nxt is not None:
                     ids.append(h.hash(*nxt).reshape(-1))
                 u = np.unique(np.concatenate(ids))
@@ -780,8 +791,10 @@ def run_cached(
             timed = m.steps - m.start
             toks = timed * m.B * m.T
             faults = (s1.misses + s1.prefetched) - (s0.misses + s0.prefetched)
+            # hit rate: of the timed steps' row lookups, those whose row was mapped (resident,
+            # or read ahead by a prefetch) at the step's start; faults/tok: rows read a token
             r.update(
-                hit_rate=1 - faults / (toks * heads),
+                hit_rate=1 - sum(own_missed[-timed:]) / (toks * heads),
                 faults_tok=faults / toks,
                 reads_step=(s1.read_ops - s0.read_ops) / timed,
             )

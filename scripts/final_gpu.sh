@@ -61,6 +61,16 @@ if has qwen4; then
   echo "=== bench.qwen4 ${QWEN4_ARGS:-} (t=$(( $(date +%s) - T0 ))s)"
   df -h /tmp | tail -1; stat -fc %T /sys/fs/cgroup
   timeout "$(lim 420)" python3 -m bench.qwen4 --device cuda ${QWEN4_ARGS:-} --json > "$OUT/qwen4.json" 2> "$OUT/qwen4.log"
-  echo "qwen4 rc=$?"; grep -vE "^\s*$" "$OUT/qwen4.log" | tail -45 | cut -c1-220
+  echo "qwen4 rc=$?"; grep -vE "^\s*$" "$OUT/qwen4.log" | grep -v "^build:" | tail -8 | cut -c1-220
+  # the figures in the reply itself (its files may not all come back)
+  python3 - "$OUT/qwen4.json" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+    sys.exit(f"no report: {e}")
+for r in d.get("results", []) + d.get("targets", []):
+    print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
+PY
 fi
 echo "=== done (t=$(( $(date +%s) - T0 ))s)"

@@ -15,11 +15,11 @@ import numpy as np
 
 from rowcache.embed.engram.config import EngramConfig, head_primes
 from rowcache.embed.engram.vocab import CompressedVocab
+from rowcache.embed.token_ids import checked_ids_out, token_ids_2d
 from rowcache.errors import ConfigError
 from rowcache.kernels import host
 
 _PRIME_SEED_STEP = 10007  # each layer's multiplier seed: seed + 10007 * layer
-_I64 = np.dtype(np.int64)
 _PATH_ENV = "ROWCACHE_ENGRAM_HASH"  # read by the native hasher: avx512, avx2 or scalar
 
 
@@ -174,17 +174,17 @@ class EngramHash:
         {layer_id: int64 [B, T, heads_per_layer]}, each column in its head's own range
         ``[0, primes[layer][order - 2, head])`` (add :meth:`head_offsets` for table rows).
         """
-        t = _as_2d("tokens", tokens)
+        t = token_ids_2d("tokens", tokens)
         c = None
         if context is not None:
-            c = _as_2d("context", context)
+            c = token_ids_2d("context", context)
             if c.shape[0] != t.shape[0]:
                 raise ConfigError(
                     f"context has {c.shape[0]} rows and tokens {t.shape[0]}: one per sequence"
                 )
         B, T = t.shape
         shape = (self._n_layers, B, T, self._heads)
-        out = np.empty(shape, dtype=np.int64) if out is None else _checked_out(out, shape)
+        out = np.empty(shape, dtype=np.int64) if out is None else checked_ids_out(out, shape)
         if B and T:
             native = self._native if host.native is not None else None
             if native is not None:
@@ -217,7 +217,7 @@ class EngramHash:
         for name, value in (("tokens", tokens), ("context", context)):
             if value is None:
                 continue
-            a = _as_2d(name, value)
+            a = token_ids_2d(name, value)
             skip = max(0, a.shape[1] - self.keep) if name == "context" else 0  # not read
             bad = np.argwhere((a[:, skip:] < 0) | (a[:, skip:] >= V))
             if bad.size:
@@ -231,12 +231,12 @@ class EngramHash:
         """int64 [B, keep + T]: ``tokens`` after ``keep`` columns of look-back (the last of
         ``context``, the pad id's token before it): what :func:`hash_reference` reads once
         compressed (``vocab.compress``). The native hash reads the look-back in place."""
-        t = _as_2d("tokens", tokens)
+        t = token_ids_2d("tokens", tokens)
         keep = self.keep
         x = np.full((t.shape[0], keep + t.shape[1]), self.config.pad_id, dtype=np.int64)
         x[:, keep:] = t
         if context is not None:
-            c = _as_2d("context", context)
+            c = token_ids_2d("context", context)
             if c.shape[0] != t.shape[0]:
                 raise ConfigError(
                     f"context has {c.shape[0]} rows and tokens {t.shape[0]}: one per sequence"
@@ -277,7 +277,7 @@ class EngramContext:
 
     def step(self, tokens: Any) -> dict[int, np.ndarray]:
         """Head ids of the next ``tokens`` [batch, T] of every sequence; keeps their tail."""
-        t = _as_2d("tokens", tokens)
+        t = token_ids_2d("tokens", tokens)
         if t.shape[0] != self.batch:
             raise ConfigError(f"tokens has {t.shape[0]} rows; this context holds {self.batch}")
         ids = self.hash.hash(t, self._kept)
@@ -288,43 +288,3 @@ class EngramContext:
             self._kept[:, : keep - T] = self._kept[:, T:]
             self._kept[:, keep - T :] = t
         return ids
-
-
-def _checked_out(out: Any, shape: tuple[int, int, int, int]) -> np.ndarray:
-    """``out`` checked to be a writable C-contiguous int64 array of ``shape``."""
-    if (
-        not isinstance(out, np.ndarray)
-        or out.dtype != _I64
-        or out.shape != shape
-        or not out.flags.c_contiguous
-        or not out.flags.writeable
-    ):
-        got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
-        raise ConfigError(
-            f"out: give a writable C-contiguous int64 array of shape {shape}, got {got}"
-        )
-    return out
-
-
-def _as_2d(name: str, value: Any) -> np.ndarray:
-    """``value`` as C-contiguous int64 [B, T] (1-D: one sequence); ConfigError naming ``name``
-    where it is not integer token ids."""
-    if (
-        type(value) is np.ndarray
-        and value.dtype == _I64
-        and value.ndim == 2
-        and value.flags.c_contiguous
-    ):  # a server's own array: taken as it is (a decode step's call costs microseconds)
-        return value
-    a = np.asarray(value)
-    if a.size == 0 and a.dtype.kind == "f":  # [] or [[]]: no tokens, not float ones
-        a = a.astype(np.int64)
-    if a.dtype.kind not in "iu":
-        raise ConfigError(f"{name}: give integer token ids, got {a.dtype}")
-    if a.ndim == 1:
-        a = a[None, :]
-    if a.ndim != 2:
-        raise ConfigError(f"{name}: give [batch, tokens] ids, got shape {a.shape}")
-    if a.dtype == np.uint64 and a.size and int(a.max()) > np.iinfo(np.int64).max:
-        raise ConfigError(f"{name}: {int(a.max())} is not a token id")
-    return np.ascontiguousarray(a, dtype=np.int64)

@@ -17,13 +17,13 @@ import numpy as np
 
 from rowcache.embed.engram.config import is_prime
 from rowcache.embed.qwen4.config import Qwen4NgramConfig
+from rowcache.embed.token_ids import checked_ids_out, token_ids_2d
 from rowcache.errors import ConfigError
 from rowcache.kernels import host
 
 _MASK64 = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15  # splitmix64's increment, also each order's seed step
 _TABLE_SEED_STEP = 10007  # each table's multiplier seed: seed + 10007 * L
-_I64 = np.dtype(np.int64)
 _PATH_ENV = "ROWCACHE_ENGRAM_HASH"  # read by the native hasher: avx512, avx2 or scalar
 
 
@@ -227,17 +227,17 @@ class Qwen4NgramHash:
                 return out
             except (TypeError, ValueError, BufferError):
                 pass
-        t = _as_2d("tokens", tokens)
+        t = token_ids_2d("tokens", tokens)
         c = None
         if context is not None:
-            c = _as_2d("context", context)
+            c = token_ids_2d("context", context)
             if c.shape[0] != t.shape[0]:
                 raise ConfigError(
                     f"context has {c.shape[0]} rows and tokens {t.shape[0]}: one per sequence"
                 )
         B, T = t.shape
         shape = (B, T, self._heads)
-        out = np.empty(shape, dtype=np.int64) if out is None else _checked_out(out, shape)
+        out = np.empty(shape, dtype=np.int64) if out is None else checked_ids_out(out, shape)
         if B and T:
             if native is not None:
                 try:
@@ -259,12 +259,12 @@ class Qwen4NgramHash:
         """int64 [B, keep + T]: ``tokens`` after ``keep`` columns of look-back (the last of
         ``context``, EOS before it): the history :func:`hash_reference` reads. The native
         hash reads the look-back in place."""
-        t = _as_2d("tokens", tokens)
+        t = token_ids_2d("tokens", tokens)
         keep = self.keep
         x = np.full((t.shape[0], keep + t.shape[1]), self.eos, dtype=np.int64)
         x[:, keep:] = t
         if context is not None:
-            c = _as_2d("context", context)
+            c = token_ids_2d("context", context)
             if c.shape[0] != t.shape[0]:
                 raise ConfigError(
                     f"context has {c.shape[0]} rows and tokens {t.shape[0]}: one per sequence"
@@ -286,7 +286,7 @@ class Qwen4NgramHash:
         for name, value in (("tokens", tokens), ("context", context)):
             if value is None:
                 continue
-            a = _as_2d(name, value)
+            a = token_ids_2d(name, value)
             skip = max(0, a.shape[1] - self.keep) if name == "context" else 0  # not read
             bad = np.argwhere((a[:, skip:] < 0) | (a[:, skip:] >= V))
             if bad.size:
@@ -295,43 +295,3 @@ class Qwen4NgramHash:
                     f"{name}[{b}, {c}] = {int(a[b, c])} is outside the token ids [0, {V})"
                 )
         return ConfigError(f"a token is outside the token ids [0, {V})")  # pragma: no cover
-
-
-def _checked_out(out: Any, shape: tuple[int, int, int]) -> np.ndarray:
-    """``out`` checked to be a writable C-contiguous int64 array of ``shape``."""
-    if (
-        not isinstance(out, np.ndarray)
-        or out.dtype != _I64
-        or out.shape != shape
-        or not out.flags.c_contiguous
-        or not out.flags.writeable
-    ):
-        got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
-        raise ConfigError(
-            f"out: give a writable C-contiguous int64 array of shape {shape}, got {got}"
-        )
-    return out
-
-
-def _as_2d(name: str, value: Any) -> np.ndarray:
-    """``value`` as C-contiguous int64 [B, T] (1-D: one sequence); ConfigError naming ``name``
-    where it is not integer token ids."""
-    if (
-        type(value) is np.ndarray
-        and value.dtype == _I64
-        and value.ndim == 2
-        and value.flags.c_contiguous
-    ):  # a server's own array: taken as it is (a decode step's call costs microseconds)
-        return value
-    a = np.asarray(value)
-    if a.size == 0 and a.dtype.kind == "f":  # [] or [[]]: no tokens, not float ones
-        a = a.astype(np.int64)
-    if a.dtype.kind not in "iu":
-        raise ConfigError(f"{name}: give integer token ids, got {a.dtype}")
-    if a.ndim == 1:
-        a = a[None, :]
-    if a.ndim != 2:
-        raise ConfigError(f"{name}: give [batch, tokens] ids, got shape {a.shape}")
-    if a.dtype == np.uint64 and a.size and int(a.max()) > np.iinfo(np.int64).max:
-        raise ConfigError(f"{name}: {int(a.max())} is not a token id")
-    return np.ascontiguousarray(a, dtype=np.int64)

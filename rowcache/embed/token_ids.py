@@ -1,0 +1,59 @@
+"""Token-id arrays as the hosts' n-gram hashes take them: the checks Engram's and
+Qwen3.8-Flash-Next's hashes share (``rowcache.embed.engram.hash``, ``rowcache.embed.qwen4.hash``).
+
+Owns :func:`token_ids_2d` (a call's tokens or context as C-contiguous int64 ``[B, T]``, a
+server's own array taken as it is) and :func:`checked_ids_out` (an ``out=`` array of row ids).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rowcache.errors import ConfigError
+
+_I64 = np.dtype(np.int64)
+
+
+def checked_ids_out(out: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """``out`` checked to be a writable C-contiguous int64 array of ``shape``."""
+    if (
+        not isinstance(out, np.ndarray)
+        or out.dtype != _I64
+        or out.shape != shape
+        or not out.flags.c_contiguous
+        or not out.flags.writeable
+    ):
+        got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise ConfigError(
+            f"out: give a writable C-contiguous int64 array of shape {shape}, got {got}"
+        )
+    return out
+
+
+def token_ids_2d(name: str, value: Any) -> np.ndarray:
+    """``value`` as C-contiguous int64 [B, T] (1-D: one sequence); ConfigError naming ``name``
+    where it is not integer token ids."""
+    if (
+        type(value) is np.ndarray
+        and value.dtype == _I64
+        and value.ndim == 2
+        and value.flags.c_contiguous
+    ):  # a server's own array: taken as it is (a decode step's call costs microseconds)
+        return value
+    a = np.asarray(value)
+    if a.size == 0 and a.dtype.kind == "f":  # [] or [[]]: no tokens, not float ones
+        a = a.astype(np.int64)
+    if a.dtype.kind not in "iu":
+        raise ConfigError(f"{name}: give integer token ids, got {a.dtype}")
+    if a.ndim == 1:
+        a = a[None, :]
+    if a.ndim != 2:
+        raise ConfigError(f"{name}: give [batch, tokens] ids, got shape {a.shape}")
+    if a.dtype == np.uint64 and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        raise ConfigError(f"{name}: {int(a.max())} is not a token id")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+__all__ = ["checked_ids_out", "token_ids_2d"]

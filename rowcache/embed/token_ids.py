@@ -2,7 +2,8 @@
 Qwen3.8-Flash-Next's hashes share (``rowcache.embed.engram.hash``, ``rowcache.embed.qwen4.hash``).
 
 Owns :func:`token_ids_2d` (a call's tokens or context as C-contiguous int64 ``[B, T]``, a
-server's own array taken as it is) and :func:`checked_ids_out` (an ``out=`` array of row ids).
+server's own array taken as it is), :func:`checked_ids_out` (an ``out=`` array of row ids) and
+:func:`padded_history` (tokens after their look-back, as the NumPy references read them).
 """
 
 from __future__ import annotations
@@ -56,4 +57,22 @@ def token_ids_2d(name: str, value: Any) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
-__all__ = ["checked_ids_out", "token_ids_2d"]
+def padded_history(tokens: Any, context: Any, keep: int, fill: int) -> np.ndarray:
+    """int64 [B, keep + T]: ``tokens`` after ``keep`` columns of look-back, the last of
+    ``context`` (int [B, C], or None) with ``fill`` before it: the history a hash's NumPy
+    reference reads."""
+    t = token_ids_2d("tokens", tokens)
+    x = np.full((t.shape[0], keep + t.shape[1]), fill, dtype=np.int64)
+    x[:, keep:] = t
+    if context is not None:
+        c = token_ids_2d("context", context)
+        if c.shape[0] != t.shape[0]:
+            raise ConfigError(
+                f"context has {c.shape[0]} rows and tokens {t.shape[0]}: one per sequence"
+            )
+        c = c[:, max(0, c.shape[1] - keep) :]
+        x[:, keep - c.shape[1] : keep] = c
+    return x
+
+
+__all__ = ["checked_ids_out", "padded_history", "token_ids_2d"]

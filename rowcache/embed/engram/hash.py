@@ -15,7 +15,7 @@ import numpy as np
 
 from rowcache.embed.engram.config import EngramConfig, head_primes
 from rowcache.embed.engram.vocab import CompressedVocab
-from rowcache.embed.token_ids import checked_ids_out, token_ids_2d
+from rowcache.embed.token_ids import checked_ids_out, padded_history, token_ids_2d
 from rowcache.errors import ConfigError
 from rowcache.kernels import host
 
@@ -231,19 +231,7 @@ class EngramHash:
         """int64 [B, keep + T]: ``tokens`` after ``keep`` columns of look-back (the last of
         ``context``, the pad id's token before it): what :func:`hash_reference` reads once
         compressed (``vocab.compress``). The native hash reads the look-back in place."""
-        t = token_ids_2d("tokens", tokens)
-        keep = self.keep
-        x = np.full((t.shape[0], keep + t.shape[1]), self.config.pad_id, dtype=np.int64)
-        x[:, keep:] = t
-        if context is not None:
-            c = token_ids_2d("context", context)
-            if c.shape[0] != t.shape[0]:
-                raise ConfigError(
-                    f"context has {c.shape[0]} rows and tokens {t.shape[0]}: one per sequence"
-                )
-            c = c[:, max(0, c.shape[1] - keep) :]
-            x[:, keep - c.shape[1] : keep] = c
-        return x
+        return padded_history(tokens, context, self.keep, self.config.pad_id)
 
 
 class EngramContext:

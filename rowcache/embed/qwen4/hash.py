@@ -17,7 +17,7 @@ import numpy as np
 
 from rowcache.embed.engram.config import is_prime
 from rowcache.embed.qwen4.config import Qwen4NgramConfig
-from rowcache.embed.token_ids import checked_ids_out, token_ids_2d
+from rowcache.embed.token_ids import checked_ids_out, padded_history, token_ids_2d
 from rowcache.errors import ConfigError
 from rowcache.kernels import host
 
@@ -259,19 +259,7 @@ class Qwen4NgramHash:
         """int64 [B, keep + T]: ``tokens`` after ``keep`` columns of look-back (the last of
         ``context``, EOS before it): the history :func:`hash_reference` reads. The native
         hash reads the look-back in place."""
-        t = token_ids_2d("tokens", tokens)
-        keep = self.keep
-        x = np.full((t.shape[0], keep + t.shape[1]), self.eos, dtype=np.int64)
-        x[:, keep:] = t
-        if context is not None:
-            c = token_ids_2d("context", context)
-            if c.shape[0] != t.shape[0]:
-                raise ConfigError(
-                    f"context has {c.shape[0]} rows and tokens {t.shape[0]}: one per sequence"
-                )
-            c = c[:, max(0, c.shape[1] - keep) :]
-            x[:, keep - c.shape[1] : keep] = c
-        return x
+        return padded_history(tokens, context, self.keep, self.eos)
 
     def next_context(self, tokens: Any, context: Any = None) -> np.ndarray:
         """int64 [B, keep]: the context of the call after ``hash(tokens, context)``, the last

@@ -216,7 +216,8 @@ class NgramRowCache:
     def _settle_books(self) -> None:
         """Before a call that reads or changes the books: refuse a deferred resolve not yet
         waited for (never committed implicitly), finish the deferred touches."""
-        refuse_pending(self.name, self._faulter.pending is not None)
+        if self._faulter.pending is not None:
+            refuse_pending(self.name, True)
         if self._lru.touching:
             self._lru.finish_touches()
 

@@ -464,8 +464,8 @@ def _build(
             # The store this call built, opened before the switch by its own directory:
             # the call returns it whatever other builds make of `path` afterwards.
             store = RowStore.open_dir(lock.fd, path)
-            if os.path.lexists(path):  # `path` may have changed during a long build
-                check_existing(path)
+            # (what `path` became during the build is checked by the switch, under its lock:
+            # a check here, unlocked, could see another build's switch half done)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -84,7 +84,7 @@ class EngramMemory:
         for layer, t in tables.items():
             if not isinstance(t, TABLES):
                 raise ConfigError(
-                    f"tables[{layer}]: give a {', '.join(k.__name__ for k in TABLES)}, "
+                    f"tables[{layer}]: give one of {', '.join(k.__name__ for k in TABLES)}; "
                     f"got {type(t).__name__}"
                 )
             want = engram_hash.table_rows(layer)

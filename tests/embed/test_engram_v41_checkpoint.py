@@ -173,6 +173,13 @@ def test_v41_config_names_read_as_the_hash_and_the_format():
     vocab = CompressedVocab(np.arange(99_092))
     h = EngramHash(v41, vocab)
     assert [h.table_rows(layer) for layer in (1, 14)] == [384_006_168, 384_016_682]
+    # the multipliers depend on the compressed size alone: layer 1's, as the spec lists them
+    assert h.multipliers[1].tolist() == [
+        76632096046245,
+        4839876093313,
+        35959672319349,
+        73987337458391,
+    ]
     off = EngramConfig.from_config({**real, "engram_num_embeddings": [384_006_168, 1]})
     with pytest.raises(ConfigError, match=r"num_embeddings .* \[384006168, 1\]") as e:
         EngramHash(off, vocab)
@@ -321,7 +328,6 @@ def _bad_cases(root, tables):
             f.truncate(os.path.getsize(p) - 1000)
 
     case("a truncated shard", ("model-00002-of-00003.safetensors", "truncated"), edit=truncate)
-    one = {"model-00001-of-00003.safetensors": {}}
 
     def single(**tensors):
         return {"model-00001-of-00003.safetensors": tensors}
@@ -403,7 +409,6 @@ def _bad_cases(root, tables):
         (WEIGHT.format(1), "BF16", "engram_dtype is 'fp8'"),
         shards=single(**both, **{WEIGHT.format(1): ("BF16", np.zeros(c1.shape, np.uint16))}),
     )
-    del one
     return cases
 
 
@@ -445,3 +450,31 @@ def test_bad_checkpoints_refused_in_one_line(refusals, case):
     error = "FormatError" if case == "a truncated shard" else "ConfigError"
     assert_refused(results[case], *phrases, error=error)
     assert not (d / "rowcache-engram-fp8_block_e8m0").exists()  # nothing built
+
+
+def test_mixed_formats_and_block_codes_asked_of_values_are_refused(tmp_path, cache_dir, rng):
+    """One arena holds one codec: a checkpoint whose layers differ must name a codec for
+    both; values cannot be stored as block-scaled codes (nothing re-quantizes to them)."""
+    tables = v41_tables(rng)
+    c1, s1 = tables[1]
+    values4 = dequantized(*tables[4]).view(np.uint16)
+    demo4 = "model.layers.4.engram.multi_head_embedding.embedding.weight"
+    shards = {
+        "model-00001-of-00001.safetensors": {
+            WEIGHT.format(1): ("F8_E4M3", c1),
+            SCALE.format(1): ("F8_E8M0", s1),
+            demo4: ("BF16", values4),
+        }
+    }
+    config = v41_config(engram_dtype=None, engram_block_size=None, engram_scale_fmt=None)
+    d = write_v41_checkpoint(tmp_path / "mixed", tables, config, shards)
+    with pytest.raises(ConfigError, match=r"in different formats .* pass dtype='bf16'") as e:
+        load_engram_memory(d, progress=False)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=rf"\['{demo4}'\] hold values"):
+        load_engram_memory(d, dtype="fp8_block_e8m0", progress=False)
+    h = EngramHash(
+        EngramConfig.from_config(config), CompressedVocab.from_tokenizer(d / "tokenizer.json")
+    )
+    mem = load_engram_memory(d, dtype="bf16", slots=300, progress=False)
+    serve_steps(mem, h, tables, rng, steps=6)  # both layers' rows, decoded and as given

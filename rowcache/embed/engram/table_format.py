@@ -2,10 +2,11 @@
 
 Owns :class:`EngramTableFormat`: the config's ``engram_dtype`` (``"bf16"``: one table of
 values a layer, the demo's; ``"fp8"``: E4M3 codes with block scales, DeepSeek-V4.1's),
-``engram_block_size`` and ``engram_scale_fmt`` (``"ue8m0"``), validated, and the store codec
-that keeps such rows verbatim. A field the config leaves out is taken from the tensors
-(``rowcache.embed.engram.checkpoint``); a value rowcache does not know is refused. The
-hash's fields are :class:`~rowcache.embed.engram.config.EngramConfig`'s.
+``engram_block_size`` and ``engram_scale_fmt`` (``"ue8m0"``), validated (a value rowcache
+does not know is refused, naming the key). A field the config leaves out is taken from the
+tensors, and the tensors are checked against the fields it gives, by
+``rowcache.embed.engram.checkpoint``. The hash's fields are
+:class:`~rowcache.embed.engram.config.EngramConfig`'s.
 """
 
 from __future__ import annotations

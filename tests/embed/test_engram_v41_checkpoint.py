@@ -478,3 +478,23 @@ def test_mixed_formats_and_block_codes_asked_of_values_are_refused(tmp_path, cac
     )
     mem = load_engram_memory(d, dtype="bf16", slots=300, progress=False)
     serve_steps(mem, h, tables, rng, steps=6)  # both layers' rows, decoded and as given
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arena", ["cached", "resident"])
+def test_gpu_served_equals_the_checkpoints_rows(checkpoint, rng, arena):
+    """On the GPU: the store's records in a device arena (gather_rows_fp8blk over its two
+    parts), and the two tensors resident in device memory, against the bytes' float64 rule."""
+    d, tables = checkpoint
+    h = EngramHash(
+        EngramConfig.from_config(v41_config()), CompressedVocab.from_tokenizer(d / "tokenizer.json")
+    )
+    if arena == "cached":
+        mem = load_engram_memory(d, slots=300, device="cuda", progress=False)
+        assert mem.tables[1].cache.table.shape == (300, 264)
+    else:
+        mem = load_engram_memory(d, cached=False, device="cuda")
+        assert all(t.device == "cuda" for t in mem.tables.values())
+    serve_steps(mem, h, tables, rng, steps=20)
+    if arena == "cached":
+        assert mem.tables[1].cache.stats().evictions > 0

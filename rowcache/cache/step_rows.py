@@ -163,7 +163,7 @@ class StepRows:
         calls. ``offset=False``: ``ids`` are global already (each member's row plus its
         :attr:`offsets` entry, e.g. added by the caller's hash as it wrote them), and are
         only split among the caches."""
-        if type(ids) is StepIds:
+        if isinstance(ids, StepIds):  # isinstance, which mypy narrows (no subclass exists)
             return ids
         if (  # a step's global ids of one cache as they are: a view, no copy
             self._whole

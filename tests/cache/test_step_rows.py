@@ -164,7 +164,7 @@ def test_ids_made_global_by_the_caller_split_the_same(two_caches, rng):
     members' offsets as it writes, as LongCat's does) splits into exactly the caches' ids
     ``global_ids(ids)`` makes, for members spread over caches and for one cache holding
     every member in order (whose ids are then taken as they are), 2-D and ragged."""
-    store, shared, single, rows, _ = two_caches
+    _, shared, single, rows, _ = two_caches
     assert rows.offsets.tolist() == [
         shared.row_offsets[0],
         single.row_offsets[0],

@@ -329,7 +329,8 @@ def build_store(
         table made of several sources in row order (e.g. tensors of several files).
     dtype : the row codec (``rowcache.format.codecs``): ``"bf16"`` (float sources round to
         nearest even), ``"fp8"`` (quantize on build: per row, scale = amax(|x|)/448 in
-        float32, 1.0 for an all-zero row; codes = satfinite E4M3 of ``x / scale``, from the
+        float32, 1.0 where that is 0 (all-zero rows, and rows below ~3e-43, which store
+        signed zeros); codes = satfinite E4M3 of ``x / scale``, from the
         source values) or ``"fp8_table_scale"`` (every table an ``Fp8TableScaleSource``,
         written verbatim). None (the default): ``"fp8_table_scale"`` where the tables are
         ``Fp8TableScaleSource``, else ``"bf16"``. One codec a store.

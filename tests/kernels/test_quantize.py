@@ -323,3 +323,24 @@ def test_quantize_native_pages_equal_the_reference_on_tiny_rows_property():
             assert not ((codes & 0x7F) == 0x7F).any(), "no NaN code from finite rows"
 
     check()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)])
+def test_quantize_fp8_gpu_rows_too_small_for_a_scale_are_finite(dtype):
+    # The kernel takes scale 1.0 where amax / 448 is 0, as the reference does. (Where the GPU
+    # flushes a subnormal quotient the scale is 1.0 too: signed zeros either way.)
+    import cupy
+
+    x = np.zeros((4, 64), dtype=np.float32)
+    x[0, 0] = 1e-45
+    x[1, :3] = [-1e-45, 2.8e-43, -0.0]
+    x[2, 9] = np.float32(448 * 2.0**-150)
+    x[3] = np.linspace(-1e-40, 1e-40, 64)
+    x = x.astype(dtype)
+    codes, scales = rowcache.kernels.quantize_fp8(cupy.asarray(x))
+    codes, scales = codes.get(), scales.get()
+    assert np.isfinite(scales).all() and (scales > 0).all()
+    assert not ((codes & 0x7F) == 0x7F).any()
+    served = rowcache.kernels.reference.dequantize_fp8_reference(codes, scales)
+    assert not served.astype(np.float32).any()

@@ -59,9 +59,9 @@ STATVFS: Callable[[str], Any] = os.statvfs
 
 
 def _tables_dict(tables: Any) -> dict[str, Any]:
+    keys: dict[str, Any] = {}  # each name's key as given
     if isinstance(tables, Mapping):
         items: dict[str, Any] = {}
-        keys: dict[str, Any] = {}
         for k, v in tables.items():
             name = str(k)
             if name in items:
@@ -78,6 +78,11 @@ def _tables_dict(tables: Any) -> dict[str, Any]:
         )
     if not items:
         raise ConfigError("tables is empty; give at least one table")
+    if "" in items:  # the index keeps no unnamed table: refused here, before anything is written
+        raise ConfigError(
+            f"tables has a table named '' (key {keys['']!r}); a table name must be a non-empty "
+            "string"
+        )
     return items
 
 
@@ -296,6 +301,26 @@ def _check_free_space(parent: str, path: str, infos: list[fmt.TableInfo]) -> Non
         )
 
 
+def build_failure(e: OSError, path: str) -> OSError:
+    """``e``, a system error while a build of ``path`` wrote its files (a disk filled, a
+    quota, an I/O error), as an error of the same errno (``OSError`` or its subclass) that
+    names the store: a write's error names no file, and a file's is the build directory's.
+    ``e`` itself where it names ``path`` already."""
+    text = str(e)
+    if path in text:
+        return e
+    where = f" ({e.filename})" if e.filename else ""
+    kept = "the store there is unchanged" if os.path.lexists(path) else "no store was made"
+    return OSError(
+        e.errno,
+        f"building {path}: {e.strerror or text}{where}; {kept} and the build's files were "
+        "removed" + (": free space or build elsewhere" if e.errno in _DISK_FULL else ""),
+    )
+
+
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
 def _size(n: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
@@ -467,6 +492,9 @@ def _build(
             store = RowStore.open_dir(lock.fd, path)
             if os.path.lexists(path):  # `path` may have changed during a long build
                 check_existing(path)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise build_failure(e, path) from e
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -25,6 +25,7 @@ from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
 from rowcache.errors import ConfigError, FormatError
 from rowcache.format.layout import record_bytes
+from rowcache.kernels.reference import BF16
 from rowcache.store.sources import (
     read_json_object,
     safetensors_header,
@@ -32,6 +33,8 @@ from rowcache.store.sources import (
     safetensors_tensor,
 )
 
+_F32 = np.dtype(np.float32)
+_F16 = np.dtype(np.float16)
 WORD_NAMES = ("model.embed_tokens.weight", "model.ngram_embeddings.word_embeddings.weight")
 TABLE_NAME = "model.ngram_embeddings.embedders.{i}.weight"
 PROJ_NAME = "model.ngram_embeddings.post_projs.{i}.weight"
@@ -197,6 +200,47 @@ def table_sources(
     return {str(i): ckpt.source(TABLE_NAME.format(i=i)) for i in chosen}
 
 
+_SCAN_BYTES = 32 << 20  # a non-finite scan's block: a few MB of rows at a time, never a copy
+
+
+def resident_table(
+    array: Any, dtype: str, name: str, *, allow_nonfinite: bool = False
+) -> Bf16Table | Fp8Table:
+    """A checkpoint tensor as a resident table, by the rule ``rowcache.build_store`` follows,
+    so that a table served resident and the same table served from a store (``cached``)
+    give the same rows bit for bit, and the same tensors are refused either way.
+
+    The rule: a BF16, F32 or F16 tensor (F16 is widened to float32 exactly); ``"bf16"``
+    keeps BF16 as it is (memory-mapped) and rounds the others to nearest even; ``"fp8"``
+    quantizes the source values themselves (BF16 or float32, never a BF16 rounding of
+    float32). A NaN or an Inf is a ``ConfigError`` naming ``name``, the row and the column,
+    unless ``allow_nonfinite`` (then stored and served as the store does). The scan reads
+    the tensor once, a block of rows at a time.
+
+    Parameters
+    ----------
+    array : bfloat16, float32 or float16 ``[rows, dim]``, numpy (a memory map is fine).
+    dtype : ``"bf16"`` or ``"fp8"``.
+    name : the tensor's name, for the errors.
+    """
+    from rowcache.store.pages import check_finite
+
+    if getattr(array, "dtype", None) not in (BF16, _F32, _F16) or getattr(array, "ndim", 0) != 2:
+        raise ConfigError(
+            f"checkpoint tensor {name} is {getattr(array, 'dtype', type(array).__name__)}"
+            f"{list(getattr(array, 'shape', []))}; an n-gram table must be BF16, F32 or F16 "
+            "[rows, dim]"
+        )
+    if not allow_nonfinite:
+        step = max(1, _SCAN_BYTES // max(1, array.shape[1] * array.itemsize))
+        for start in range(0, array.shape[0], step):
+            check_finite(np.asarray(array[start : start + step]), name, start)
+    values = array.astype(np.float32) if array.dtype == _F16 else array
+    if dtype == "fp8":
+        return Fp8Table.quantize(values)
+    return Bf16Table(values)
+
+
 def _check_shape(name: str, arr: Any, shape: tuple[int, ...]) -> None:
     if tuple(arr.shape) != shape:
         raise ConfigError(
@@ -212,6 +256,7 @@ def load_ngram_embedding(
     device: str = "cpu",
     caches: Mapping[int, Any] | None = None,
     defer_reads: bool = False,
+    allow_nonfinite: bool = False,
 ) -> NgramEmbedding:
     """An :class:`NgramEmbedding` from a LongCat-style checkpoint.
 
@@ -221,8 +266,8 @@ def load_ngram_embedding(
     dims : NgramDims, optional
         Default: from ``config.json`` beside the checkpoint.
     table_dtype : ``"bf16"`` (resident as stored; memory-mapped on the CPU) or
-        ``"fp8"`` (quantized on load with ``Fp8Table.quantize``; on the GPU for
-        ``device="cuda"``).
+        ``"fp8"`` (quantized on load with ``Fp8Table.quantize``, from the tensor's values),
+        by the builder's rule (:func:`resident_table`: BF16, F32 or F16 tensors).
     device : ``"cpu"`` or ``"cuda"``: where resident tables, the word table and the
         projections live.
     caches : ``{table index: NgramRowCache or CachedTable}``, optional
@@ -232,6 +277,9 @@ def load_ngram_embedding(
     defer_reads : bool
         ``NgramEmbedding(defer_reads=...)``: a GPU step whose cached rows must be read
         does not wait for them; :meth:`NgramEmbedding.settle` commits it.
+    allow_nonfinite : bool
+        Serve resident tables that hold a NaN or an Inf (default: a ``ConfigError`` naming
+        the tensor, row and column, as ``rowcache.build_store`` refuses them).
 
     Returns
     -------
@@ -263,8 +311,8 @@ def load_ngram_embedding(
         name = TABLE_NAME.format(i=i)
         arr = ckpt.tensor(name)
         _check_shape(name, arr, (dims.table_rows(i), d))
-        resident = Bf16Table(np.asarray(arr)).to(device)
-        tables.append(Fp8Table.quantize(resident.array) if table_dtype == "fp8" else resident)
+        table = resident_table(arr, table_dtype, name, allow_nonfinite=allow_nonfinite)
+        tables.append(table.to(device))
 
     projs = []
     for i in range(T):
@@ -326,14 +374,23 @@ def tune_slots(report: Any) -> dict[str, int]:
 
 
 def _open_or_build(
-    ckpt: Checkpoint, dims: NgramDims, store: str, tables: list[int], dtype: str, progress: bool
+    ckpt: Checkpoint,
+    dims: NgramDims,
+    store: str,
+    tables: list[int],
+    dtype: str,
+    progress: bool,
+    allow_nonfinite: bool,
 ) -> Any:
     """The store at ``store`` holding ``tables`` as ``dtype``: opened, or built first."""
     from rowcache.store.builder import build_store
     from rowcache.store.handle import RowStore
 
     if not os.path.exists(store):
-        return build_store(store, table_sources(ckpt, dims, tables), dtype=dtype, progress=progress)
+        sources = table_sources(ckpt, dims, tables)
+        return build_store(
+            store, sources, dtype=dtype, progress=progress, allow_nonfinite=allow_nonfinite
+        )
     st = RowStore.open(store)
     have = {t.name: t for t in st.tables}
     for i in tables:
@@ -361,6 +418,7 @@ def load_pretrained(
     dims: NgramDims | None = None,
     progress: bool = False,
     defer_reads: bool = False,
+    allow_nonfinite: bool = False,
 ) -> NgramEmbedding:
     """An :class:`NgramEmbedding` from a checkpoint, some tables behind row caches.
 
@@ -386,6 +444,11 @@ def load_pretrained(
     defer_reads : bool
         ``NgramEmbedding(defer_reads=...)`` (cached tables on the GPU): a step whose rows
         must be read returns before the read ends; ``settle()`` commits it.
+    allow_nonfinite : bool
+        Tables holding a NaN or an Inf: refused (``ConfigError`` naming the tensor, row and
+        column) by default, resident or cached alike; True serves them as they are, both
+        ways (the store is built with ``allow_nonfinite=True``). F16 tables are taken both
+        ways too (:func:`resident_table`), so a table gives the same rows either way.
 
     Returns
     -------
@@ -406,7 +469,9 @@ def load_pretrained(
     if not chosen:
         if arena_bytes is not None or store is not None:
             raise ConfigError("arena_bytes/store given but no table is cached: pass cached=...")
-        return load_ngram_embedding(ckpt, dims=dims, table_dtype=dtype, device=device)
+        return load_ngram_embedding(
+            ckpt, dims=dims, table_dtype=dtype, device=device, allow_nonfinite=allow_nonfinite
+        )
     if (arena_bytes is None) == (slots_of is None):
         raise ConfigError(
             "cached tables need an arena size: give arena_bytes=... or tune=<rowcache tune "
@@ -436,14 +501,20 @@ def load_pretrained(
             f"arena too small: tables {small} would get no slot; raise arena_bytes "
             f"(rows are {record_bytes(dims.table_dim, dtype)} B) or the tune report's rows"
         )
-    st = _open_or_build(ckpt, dims, store, chosen, dtype, progress)  # validated first
+    st = _open_or_build(ckpt, dims, store, chosen, dtype, progress, allow_nonfinite)
     if shared:
         one = NgramRowCache(st, [str(i) for i in chosen], slots=slots[-1], device=device)
         caches: dict[int, Any] = {i: CachedTable(one, part) for part, i in enumerate(chosen)}
     else:
         caches = {i: NgramRowCache(st, str(i), slots=slots[i], device=device) for i in chosen}
     return load_ngram_embedding(
-        ckpt, dims=dims, table_dtype=dtype, device=device, caches=caches, defer_reads=defer_reads
+        ckpt,
+        dims=dims,
+        table_dtype=dtype,
+        device=device,
+        caches=caches,
+        defer_reads=defer_reads,
+        allow_nonfinite=allow_nonfinite,
     )
 
 

@@ -16,25 +16,53 @@ import os
 import re
 from typing import Any
 
-from rowcache.embed.checkpoint import Checkpoint
+from rowcache.embed.checkpoint import Checkpoint, resident_table
 from rowcache.embed.engram.config import EngramConfig
 from rowcache.embed.engram.hash import EngramHash
 from rowcache.embed.engram.memory import EngramMemory
 from rowcache.embed.engram.vocab import CompressedVocab
-from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
+from rowcache.embed.tables import CachedTable
 from rowcache.errors import ConfigError
 
 TABLE_PATTERN = r"(?:.*\.)?layers\.(\d+)\.engram\.multi_head_embedding\.embedding\.weight"
 """A layer's table as the reference module names it (any prefix: ``model.`` ...)."""
 
 
+def table_regex(pattern: Any) -> re.Pattern[str]:
+    """``table_pattern`` compiled: a string, a regular expression with exactly one group
+    (the layer id), else a one-line ``ConfigError`` naming the argument and what is wrong."""
+    if not isinstance(pattern, str):
+        raise ConfigError(
+            f"table_pattern={pattern!r} is a {type(pattern).__name__}; give a regular "
+            "expression string with one group, the layer id"
+        )
+    try:
+        rx = re.compile(pattern)
+    except re.error as e:
+        raise ConfigError(
+            f"table_pattern={pattern!r} is not a regular expression ({e}); give one with one "
+            f"group, the layer id (the default is {TABLE_PATTERN!r})"
+        ) from None
+    if rx.groups != 1:
+        raise ConfigError(
+            f"table_pattern={pattern!r} has {rx.groups} groups; give exactly one, the layer id "
+            "(make the others non-capturing, (?:...))"
+        )
+    return rx
+
+
 def engram_tables(ckpt: Checkpoint, pattern: str = TABLE_PATTERN) -> dict[int, str]:
     """``{layer_id: tensor name}`` of the tensors matching ``pattern`` (one group: the layer)."""
-    rx = re.compile(pattern)
+    rx = table_regex(pattern)
     found: dict[int, str] = {}
     for name in ckpt.files:
         m = rx.fullmatch(name)
         if m:
+            if m.group(1) is None or not m.group(1).isdecimal():
+                raise ConfigError(
+                    f"table_pattern={pattern!r}: its group matched {m.group(1)!r} in tensor "
+                    f"{name!r}, not a layer number; make the group match digits, (\\d+)"
+                )
             layer = int(m.group(1))
             if layer in found:
                 raise ConfigError(
@@ -58,6 +86,7 @@ def load_engram_memory(
     table_pattern: str = TABLE_PATTERN,
     config: EngramConfig | None = None,
     progress: bool = True,
+    allow_nonfinite: bool = False,
 ) -> EngramMemory:
     """The Engram memory of a checkpoint.
 
@@ -74,6 +103,9 @@ def load_engram_memory(
     device : ``"cpu"`` or ``"cuda"``.
     table_pattern : a regex with one group, the layer id, over the checkpoint's tensor names.
     config : the hash's parameters; default ``EngramConfig.from_config`` of ``config.json``.
+    allow_nonfinite : tables holding a NaN or an Inf are refused (naming tensor, row and
+        column) resident or cached alike, unless True (then served as they are both ways);
+        resident tables follow the store's rule (``rowcache.embed.checkpoint.resident_table``).
     """
     from rowcache.cache.row_cache import NgramRowCache
     from rowcache.store.builder import build_store
@@ -83,6 +115,7 @@ def load_engram_memory(
         raise ConfigError(f"dtype={dtype!r} is not supported; allowed: bf16, fp8")
     if not 0 < arena_fraction <= 1:
         raise ConfigError(f"arena_fraction={arena_fraction!r} must be in (0, 1]")
+    table_regex(table_pattern)  # before the checkpoint is read
     ckpt = Checkpoint(path)
     if config is None:
         meta = ckpt.config()
@@ -114,7 +147,7 @@ def load_engram_memory(
         tables: dict[int, Any] = {}
         for layer in config.layer_ids:
             t = ckpt.tensor(names[layer])
-            table = Fp8Table.quantize(t) if dtype == "fp8" else Bf16Table(t)
+            table = resident_table(t, dtype, names[layer], allow_nonfinite=allow_nonfinite)
             tables[layer] = table.to(device)
         return EngramMemory(engram_hash, tables)
     where = (
@@ -139,7 +172,9 @@ def load_engram_memory(
         sources = {
             name: ckpt.source(names[layer]) for layer, name in zip(config.layer_ids, table_names)
         }
-        st = build_store(where, sources, dtype=dtype, progress=progress)
+        st = build_store(
+            where, sources, dtype=dtype, progress=progress, allow_nonfinite=allow_nonfinite
+        )
     total = sum(shapes[layer][0] for layer in config.layer_ids)
     n = slots if slots is not None else max(1, int(arena_fraction * total))
     cache = NgramRowCache(st, table_names, slots=n, device=device)

@@ -29,6 +29,7 @@ from rowcache.embed.torch.views import (
     TensorViews,
     TorchStreams,
     capturing,
+    check_plain_tensor,
     check_token_ids,
     raw_stream,
 )
@@ -194,6 +195,8 @@ class TorchNgramEmbedding(torch.nn.Module):
             out = self._forward_known(input_ids, ngram_context)
             if out is not None:
                 return out
+        if isinstance(input_ids, torch.Tensor):  # meta, nested: named before the device
+            check_plain_tensor("input_ids", input_ids)
         if not isinstance(input_ids, torch.Tensor) or input_ids.is_cuda != cuda:
             where = input_ids.device if isinstance(input_ids, torch.Tensor) else "not a tensor"
             raise ConfigError(
@@ -242,7 +245,7 @@ class TorchNgramEmbedding(torch.nn.Module):
                 if ctx is None
                 else known.get((ctx.data_ptr(), ctx.shape, ctx.stride(), ctx.dtype))
             )
-        except AttributeError:  # not tensors: forward names the argument
+        except (AttributeError, RuntimeError):  # not tensors, nested ones: forward names them
             return None
         if a is None or (ctx is not None and (b is None or b[1] != a[1] or b[2] != a[2])):
             return None

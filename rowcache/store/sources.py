@@ -434,9 +434,9 @@ def check_npy_header(fd: int, size: int, path: str) -> None:
             break
     if need > size - buf.tell():
         raise FormatError(
-            f"{path}: the .npy header's shape {_short(shape)} of {dtype} needs at least {need:,} bytes "
-            f"of data, the file holds {size - buf.tell():,} after its header: the file is "
-            "truncated or its header damaged"
+            f"{path}: the .npy header's shape {_short(shape)} of {dtype} needs at least "
+            f"{need:,} bytes of data, the file holds {size - buf.tell():,} after its header: "
+            "the file is truncated or its header damaged"
         )
 
 

@@ -346,6 +346,7 @@ class TorchNgramEmbedding(torch.nn.Module):
         if seq_slot is None:
             return None
         if isinstance(seq_slot, torch.Tensor):
+            check_plain_tensor("seq_slot", seq_slot)
             seq_slot = seq_slot.cpu().numpy()
         arr = np.asarray(seq_slot)
         if arr.ndim == 0:

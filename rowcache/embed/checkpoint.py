@@ -20,10 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from rowcache.embed.hub import resolve_checkpoint
 from rowcache.embed.layer import NgramEmbedding
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
-from rowcache.errors import ConfigError, FormatError
+from rowcache.embed.user_cache import check_store_writable, default_store
+from rowcache.errors import ConfigError, FormatError, RowCacheError
 from rowcache.format.layout import record_bytes
 from rowcache.kernels.reference import BF16
 from rowcache.store.sources import (
@@ -40,6 +42,21 @@ TABLE_NAME = "model.ngram_embeddings.embedders.{i}.weight"
 PROJ_NAME = "model.ngram_embeddings.post_projs.{i}.weight"
 INDEX_NAME = "model.safetensors.index.json"
 _TABLE_RE = re.compile(r"model\.ngram_embeddings\.embedders\.(\d+)\.weight")
+
+
+def ngram_tensor(name: str) -> bool:
+    """Whether the loaders read tensor ``name``: the base word table, the n-gram tables and
+    their projections (what a Hugging Face download of the checkpoint must hold)."""
+    return name in WORD_NAMES or name.startswith("model.ngram_embeddings.")
+
+
+def open_checkpoint(path: str | os.PathLike[str] | Checkpoint) -> Checkpoint:
+    """``path`` as a :class:`Checkpoint`: a local file or directory, or a Hugging Face repo id
+    resolved to its local snapshot (``rowcache.embed.hub``: only the shards holding the
+    n-gram tensors are downloaded; offline, the Hugging Face cache)."""
+    if isinstance(path, Checkpoint):
+        return path
+    return Checkpoint(resolve_checkpoint(path, ngram_tensor))
 
 
 class Checkpoint:
@@ -194,7 +211,7 @@ def table_sources(
     default all), so ``build_store(dir, table_sources(ckpt))`` stores them under the
     names ``"0" .. "T-1"`` that :func:`load_ngram_embedding` expects.
     """
-    ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+    ckpt = open_checkpoint(path)
     dims = ckpt.dims(dims)
     chosen = range(dims.num_tables) if tables is None else [int(i) for i in tables]
     return {str(i): ckpt.source(TABLE_NAME.format(i=i)) for i in chosen}
@@ -289,7 +306,7 @@ def load_ngram_embedding(
         raise ConfigError(f"table_dtype={table_dtype!r} is not supported; allowed: 'bf16', 'fp8'")
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"device={device!r} is not supported; allowed: 'cpu', 'cuda'")
-    ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+    ckpt = open_checkpoint(path)
     dims = ckpt.dims(dims)
     T, d, D = dims.num_tables, dims.table_dim, dims.hidden_size
     caches = dict(caches or {})
@@ -381,13 +398,16 @@ def _open_or_build(
     dtype: str,
     progress: bool,
     allow_nonfinite: bool,
+    default: bool,
 ) -> Any:
-    """The store at ``store`` holding ``tables`` as ``dtype``: opened, or built first."""
+    """The store at ``store`` holding ``tables`` as ``dtype``: opened, or built first
+    (where it can be written: else a ``ConfigError`` naming ``store=``)."""
     from rowcache.store.builder import build_store
     from rowcache.store.handle import RowStore
 
     if not os.path.exists(store):
         sources = table_sources(ckpt, dims, tables)
+        check_store_writable(store, default=default)
         return build_store(
             store, sources, dtype=dtype, progress=progress, allow_nonfinite=allow_nonfinite
         )
@@ -404,6 +424,59 @@ def _open_or_build(
                 "this one to rebuild it from the checkpoint"
             )
     return st
+
+
+def default_ngram_store(ckpt: Checkpoint, tables: list[int], dtype: str, num_tables: int) -> str:
+    """Where :func:`load_pretrained` keeps the store of ``tables`` when ``store=`` is not given.
+
+    Never inside the checkpoint, which may be read-only or shared (a model directory, another
+    user's Hugging Face cache): in the user's cache directory (``rowcache.embed.user_cache``:
+    ``$ROWCACHE_CACHE_DIR``, else ``$XDG_CACHE_HOME/rowcache``, else ``~/.cache/rowcache``),
+    in a folder keyed by the checkpoint (its real path, and the size and time of the files
+    holding its tables: a checkpoint rewritten in place gets a new folder, never stale rows).
+    There a store of every table is ``rowcache-<dtype>``, one of some ``rowcache-<dtype>-tables
+    -<i>-<j>...``; the smallest store already there holding every table asked for is used.
+    A store an earlier rowcache built beside the checkpoint (``<checkpoint>/rowcache-<dtype>``)
+    is still used where it holds them."""
+    want = set(tables)
+    beside = os.path.join(ckpt.directory, f"rowcache-{dtype}")
+    if os.path.isdir(beside) and want <= _store_tables(beside):
+        return beside
+    files = [ckpt.files.get(TABLE_NAME.format(i=i), ckpt.path) for i in range(num_tables)]
+    folder = os.path.dirname(default_store(ckpt.directory, files, "rowcache"))
+    have = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        held = _tables_of_name(name, dtype, num_tables)
+        if held is not None and want <= held and os.path.isdir(os.path.join(folder, name)):
+            have.append((len(held), name))
+    if have:
+        return os.path.join(folder, min(have)[1])
+    name = f"rowcache-{dtype}"
+    if want != set(range(num_tables)):
+        name += "-tables-" + "-".join(str(i) for i in sorted(want))
+    return os.path.join(folder, name)
+
+
+def _tables_of_name(name: str, dtype: str, num_tables: int) -> set[int] | None:
+    """The tables a default store's name says it holds (None: not such a name)."""
+    base = f"rowcache-{dtype}"
+    if name == base:
+        return set(range(num_tables))
+    rest = name.removeprefix(base + "-tables-")
+    if rest == name or not all(part.isdecimal() for part in rest.split("-")):
+        return None
+    return {int(part) for part in rest.split("-")}
+
+
+def _store_tables(path: str) -> set[int]:
+    """The n-gram tables (by index) the store at ``path`` holds; none where it does not open."""
+    from rowcache.store.handle import RowStore
+
+    try:
+        with RowStore.open(path) as st:
+            return {int(t.name) for t in st.tables if t.name.isdecimal()}
+    except (OSError, RowCacheError):
+        return set()
 
 
 def load_pretrained(
@@ -425,13 +498,17 @@ def load_pretrained(
     Parameters
     ----------
     path : checkpoint file or directory (``model.safetensors.index.json`` + shards,
-        ``config.json``).
+        ``config.json``), or a Hugging Face repo id (``"meituan-longcat/LongCat-Flash-Lite"``):
+        its snapshot in the Hugging Face cache, fetched where missing (only the shards
+        holding the n-gram tensors), the cache alone offline (``rowcache.embed.hub``).
     cached : None (every table resident), ``"all"``, or table indices
         The n-gram tables served by a row cache. Default with ``tune``: the report's tables.
     store : directory of the row store of the cached tables. Built from the checkpoint
         (streaming, :func:`rowcache.build_store`) when it does not exist, opened and
-        checked (rows, dim, dtype of each cached table) when it does. Default:
-        ``<checkpoint directory>/rowcache-<dtype>``.
+        checked (rows, dim, dtype of each cached table) when it does. Default: in the
+        user's cache directory, keyed by the checkpoint (:func:`default_ngram_store`), never
+        inside the checkpoint; a place a store cannot be built is a ``ConfigError`` naming
+        ``store=``.
     arena_bytes : int or str (``"20GiB"``)
         Arena budget for all cached tables, split in proportion to their rows.
     tune : ``rowcache tune --json`` output (path, dict or ``TuneReport``)
@@ -459,7 +536,7 @@ def load_pretrained(
 
     if dtype not in ("bf16", "fp8"):
         raise ConfigError(f"dtype={dtype!r} is not supported; allowed: 'bf16', 'fp8'")
-    ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+    ckpt = open_checkpoint(path)
     dims = ckpt.dims(dims)
     T = dims.num_tables
     slots_of = tune_slots(tune) if tune is not None else None
@@ -477,7 +554,8 @@ def load_pretrained(
             "cached tables need an arena size: give arena_bytes=... or tune=<rowcache tune "
             "--json report>, not both"
         )
-    store = os.path.join(ckpt.directory, f"rowcache-{dtype}") if store is None else os.fspath(store)
+    default = store is None
+    store = default_ngram_store(ckpt, chosen, dtype, T) if store is None else os.fspath(store)
     rows = {i: dims.table_rows(i) for i in chosen}
     shared = slots_of is not None and SHARED in slots_of
     if shared:
@@ -501,7 +579,7 @@ def load_pretrained(
             f"arena too small: tables {small} would get no slot; raise arena_bytes "
             f"(rows are {record_bytes(dims.table_dim, dtype)} B) or the tune report's rows"
         )
-    st = _open_or_build(ckpt, dims, store, chosen, dtype, progress, allow_nonfinite)
+    st = _open_or_build(ckpt, dims, store, chosen, dtype, progress, allow_nonfinite, default)
     if shared:
         one = NgramRowCache(st, [str(i) for i in chosen], slots=slots[-1], device=device)
         caches: dict[int, Any] = {i: CachedTable(one, part) for part, i in enumerate(chosen)}
@@ -524,8 +602,12 @@ __all__ = [
     "TABLE_NAME",
     "WORD_NAMES",
     "Checkpoint",
+    "default_ngram_store",
     "load_ngram_embedding",
     "load_pretrained",
+    "ngram_tensor",
+    "open_checkpoint",
+    "resident_table",
     "table_sources",
     "tune_slots",
 ]

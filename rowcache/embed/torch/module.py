@@ -107,17 +107,22 @@ class TorchNgramEmbedding(torch.nn.Module):
         progress: bool = False,
         overlay: Any = None,
         defer_reads: bool = False,
+        allow_nonfinite: bool = False,
     ) -> TorchNgramEmbedding:
-        """The module of a Hugging Face LongCat n-gram checkpoint directory.
+        """The module of a Hugging Face LongCat n-gram checkpoint.
 
-        Parameters are those of :func:`rowcache.embed.checkpoint.load_pretrained`: ``cached``
-        (``"all"`` or table indices served by row caches; default none, or the tables
-        of ``tune``), ``store`` (the cached tables' row store: built from the
-        checkpoint's safetensors on first use, reused after; default
-        ``<path>/rowcache-<dtype>``), ``arena_bytes`` (the arenas' budget, split by
-        rows) or ``tune`` (a ``rowcache tune --json`` report: slots per table),
-        ``dtype`` (``"bf16"`` or ``"fp8"``), ``device`` (``"cpu"`` or ``"cuda"``),
-        ``defer_reads`` (a step does not wait for its rows' reads: see :meth:`settle`).
+        Parameters are those of :func:`rowcache.embed.checkpoint.load_pretrained`: ``path``
+        (a checkpoint directory or file, or a Hugging Face repo id, resolved through
+        ``huggingface_hub`` as transformers does: the Hugging Face cache where there is no
+        network), ``cached`` (``"all"`` or table indices served by row caches; default
+        none, or the tables of ``tune``), ``store`` (the cached tables' row store: built
+        from the checkpoint's safetensors on first use, reused after; default in the user's
+        cache directory, keyed by the checkpoint, never inside it: ``ROWCACHE_CACHE_DIR``),
+        ``arena_bytes`` (the arenas' budget, split by rows) or ``tune`` (a ``rowcache tune
+        --json`` report: slots per table), ``dtype`` (``"bf16"`` or ``"fp8"``), ``device``
+        (``"cpu"`` or ``"cuda"``), ``defer_reads`` (a step does not wait for its rows'
+        reads: see :meth:`settle`), ``allow_nonfinite`` (serve tables holding NaN or Inf,
+        resident or cached; refused by default).
         """
         emb = load_pretrained(
             path,
@@ -129,6 +134,7 @@ class TorchNgramEmbedding(torch.nn.Module):
             device=device,
             progress=progress,
             defer_reads=defer_reads,
+            allow_nonfinite=allow_nonfinite,
         )
         return cls(emb, overlay=overlay)
 

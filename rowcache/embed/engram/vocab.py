@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from rowcache.embed.user_cache import cache_dir as user_cache_dir
 from rowcache.errors import ConfigError
 
 _MAGIC = b"RCEVOC1\0"  # the file's format; a change of the rule below changes _RULE
@@ -164,11 +165,7 @@ def _as_tokenizer(tokenizer: Any) -> Any:
 
 
 def _default_cache_dir() -> str:
-    env = os.environ.get("ROWCACHE_CACHE_DIR")
-    if env:
-        return env
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return os.path.join(xdg or os.path.join(os.path.expanduser("~"), ".cache"), "rowcache")
+    return user_cache_dir()  # the one rule of rowcache.embed.user_cache: ROWCACHE_CACHE_DIR, ...
 
 
 def _read_cached(path: Path, size: int) -> np.ndarray | None:

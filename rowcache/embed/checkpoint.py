@@ -13,6 +13,7 @@ Tensors are read with ``rowcache.store.sources`` (memory maps, never a whole fil
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -35,6 +36,7 @@ from rowcache.store.sources import (
     safetensors_tensor,
 )
 
+log = logging.getLogger(__name__)
 _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
 WORD_NAMES = ("model.embed_tokens.weight", "model.ngram_embeddings.word_embeddings.weight")
@@ -408,9 +410,11 @@ def _open_or_build(
     if not os.path.exists(store):
         sources = table_sources(ckpt, dims, tables)
         check_store_writable(store, default=default)
+        log.info("building the store of tables %s of %s at %s", tables, ckpt.path, store)
         return build_store(
             store, sources, dtype=dtype, progress=progress, allow_nonfinite=allow_nonfinite
         )
+    log.info("using the store at %s for tables %s of %s", store, tables, ckpt.path)
     st = RowStore.open(store)
     have = {t.name: t for t in st.tables}
     for i in tables:

@@ -12,6 +12,7 @@ they are missing, a one-line ``ConfigError`` says so. Reads the index, never a t
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import Any
 
 from rowcache.errors import ConfigError
 
+log = logging.getLogger(__name__)
 INDEX_NAME = "model.safetensors.index.json"
 # huggingface_hub's rule for a repo id: "name" or "namespace/name", letters, digits, - _ .
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(?:/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?")
@@ -60,7 +62,9 @@ def resolve_checkpoint(
         patterns = ["*.json", *files]
     else:
         patterns = ["*.json", "*.safetensors"]
-    return _download(p, patterns, revision)
+    local = _download(p, patterns, revision)
+    log.info("checkpoint %s: the Hugging Face snapshot %s (files %s)", p, local, patterns)
+    return local
 
 
 def _weight_map(index: str, repo: str) -> dict[str, str]:

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import errno
+import logging
 import mmap
 import os
 import resource
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +45,8 @@ from rowcache.store.handle import RowStore, lmdb_error
 from rowcache.store.marker import is_store, write_marker
 from rowcache.store.pages import Fp8Pages, check_finite, pack_pages, to_records
 from rowcache.store.sources import Source, resolve_source
+
+log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 32 << 20  # input bytes per streamed chunk
 # FP8 quantize engine: None picks "cuda" when a GPU is usable, else "cpu" (native C over
@@ -462,9 +466,24 @@ def _build(
             )
         replace.check_replaceable(p, is_store)
 
-    replace.remove_leftovers(path)  # also finishes a half-done switch of an earlier build
+    removed = replace.remove_leftovers(path)  # also finishes a half-done switch of a build
+    for lo in removed:
+        log.info(
+            "removed %s, a %s leftover of an earlier build (%d bytes)", lo.path, lo.kind, lo.bytes
+        )
     _check_free_space(os.path.dirname(path), path, infos)  # what the leftovers held is free
     tmp, lock = replace.new_sibling(path, "building")
+    began = time.monotonic()
+    log.info(
+        "building %s: %d table(s), %s, %d bytes of shards (in %s)",
+        path,
+        len(infos),
+        dtype,
+        sum(i.shard_bytes(s) for i in infos for s in range(i.shards)),
+        os.path.basename(tmp),
+    )
+    if dtype == "fp8":
+        log.debug("FP8 quantize engine: %s", fp8_engine())
     store = None
     try:
         try:
@@ -513,6 +532,7 @@ def _build(
         lock.close()
         if not os.path.lexists(path):
             replace.recover(path)
+    log.info("built %s in %.1f s", path, time.monotonic() - began)
     return store
 
 

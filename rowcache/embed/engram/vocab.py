@@ -111,7 +111,8 @@ def build_lookup(tokenizer: Any) -> np.ndarray:
     decode each id alone (special tokens kept), key it by its normalized text (or, where the
     text holds U+FFFD, by the token's own string), number the keys in order of first
     appearance."""
-    from tokenizers import Regex, normalizers
+    tokenizers = require_tokenizers()
+    Regex, normalizers = tokenizers.Regex, tokenizers.normalizers
 
     sentinel = "\ue000"
     norm = normalizers.Sequence(
@@ -139,8 +140,22 @@ def build_lookup(tokenizer: Any) -> np.ndarray:
     return lookup
 
 
+def require_tokenizers() -> Any:
+    """The ``tokenizers`` package; a one-line ``ConfigError`` naming the extra that installs
+    it where it is missing (a serving-only install)."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise ConfigError(
+            "Engram's compressed vocabulary is made from a tokenizer, which needs the "
+            "'tokenizers' package, not installed here (a serving-only install): pip install "
+            "'rowcache[tokenizers]'"
+        ) from None
+    return tokenizers
+
+
 def _as_tokenizer(tokenizer: Any) -> Any:
-    from tokenizers import Tokenizer
+    Tokenizer = require_tokenizers().Tokenizer
 
     if isinstance(tokenizer, Tokenizer):
         return tokenizer

@@ -12,6 +12,7 @@ the FP8 release's E4M3 codes with the table's one ``weight_scale``, both verbati
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from rowcache.embed.qwen4.hash import Qwen4NgramHash
 from rowcache.embed.qwen4.memory import Qwen4NgramMemory
 from rowcache.embed.user_cache import check_store_writable, default_store
 from rowcache.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 TABLE_NAME = "qwen4.ngram"
 """The store's name of the n-gram table."""
@@ -335,11 +338,15 @@ def load_qwen4_memory(
     h, layer = _hash(cfg, layer)
     where = default_qwen4_store(ckpt, cfg, layer) if store is None else os.fspath(store)
     if os.path.exists(where):
+        log.info("using the store at %s for layer %d's n-gram table", where, layer)
         st = open_qwen4_store(where, h)
     else:
         # only the (small) checks run before the build: the size is known from the config
         arena_slots(h.table_rows(), record_bytes(cfg.head_dim, "bf16"), slots, arena)
         check_store_writable(where, default=store is None)
+        log.info(
+            "building the store of layer %d's n-gram table of %s at %s", layer, ckpt.path, where
+        )
         st = build_qwen4_store(ckpt, where, config=cfg, layer=layer, progress=progress)
     info = next(t for t in st.tables if t.name == TABLE_NAME)
     n = arena_slots(info.rows, int(info.record_bytes), slots, arena)

@@ -19,9 +19,9 @@ import ast
 import logging
 import pathlib
 import re
-import tomllib
 
 import pytest
+import tomllib
 
 from rowcache.cli.app import main
 from tests.store.refusals import run_cases
@@ -132,8 +132,10 @@ def test_the_library_is_silent_and_rowcache_v_shows_its_records(tmp_path, capsys
     assert any(ln.startswith("rowcache: INFO: rowcache.store.builder: built ") for ln in err)
     assert not any("DEBUG" in ln for ln in err)
     assert main(["-vv", *argv[:-1], "--overwrite", "--dtype", "fp8", "-q"]) == 0
-    assert "rowcache: DEBUG: rowcache.store.builder: FP8 quantize engine:" in capsys.readouterr().err
-    assert main(argv[:-1] + ["--overwrite", "-q"]) == 0  # the handler is gone again
+    assert (
+        "rowcache: DEBUG: rowcache.store.builder: FP8 quantize engine:" in capsys.readouterr().err
+    )
+    assert main([*argv[:-1], "--overwrite", "-q"]) == 0  # the handler is gone again
     assert capsys.readouterr().err == ""
     rowcache.build_store(tmp_path / "s2", {"t": np.ones((4, 4), np.float32)}, progress=False)
     assert capsys.readouterr().err == ""  # the library alone prints nothing

@@ -277,14 +277,17 @@ def test_a_repo_id_resolves_from_the_hugging_face_cache_offline(tmp_path):
     save_qwen4(tmp_path / "qwen4", rng)
     hub = tmp_path / "hub"
     snap = hf_cache_entry(
-        hub, "tiny-org/LongCat-Tiny", tmp_path / "longcat", skip={"model-00002-of-00002.safetensors"}
+        hub,
+        "tiny-org/LongCat-Tiny",
+        tmp_path / "longcat",
+        skip={"model-00002-of-00002.safetensors"},
     )
     hf_cache_entry(hub, "tiny-org/Qwen4-Tiny", tmp_path / "qwen4")
     env = {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     got = run_child(REPO_ID, env, str(tmp_path / "longcat"), str(tmp_path / "qwen4"), timeout=600)
     assert got["longcat same"], "the repo id's snapshot serves the same rows as the local copy"
     assert "tiny-org--LongCat-Tiny-" in got["longcat store"], got["longcat store"]
-    assert not str(snap) in got["longcat store"]  # nothing written into the HF cache
+    assert str(snap) not in got["longcat store"]  # nothing written into the HF cache
     assert got["qwen4 shape"] == [1, 8, 36]
     for key in ("missing", "bad"):
         r = got[key]

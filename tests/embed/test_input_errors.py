@@ -213,7 +213,9 @@ def test_the_modules_still_take_plain_tensors(cases):
     assert got["engram plain"][:2] == [2, 5] and got["qwen4 plain"] == [2, 5, 36]
 
 
-@pytest.mark.parametrize("name", ["unbalanced", "no group", "two groups", "not a string", "bad escape"])
+@pytest.mark.parametrize(
+    "name", ["unbalanced", "no group", "two groups", "not a string", "bad escape"]
+)
 def test_a_bad_table_pattern_is_one_config_error_naming_it(cases, name):
     r = result_of(cases, "table_pattern")[name]
     assert r.get("error") == "ConfigError", r  # was re.error (or a refusal of the path)

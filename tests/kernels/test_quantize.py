@@ -233,7 +233,6 @@ def test_quantize_fp8_gpu_rejects_host_outputs_and_column_strides():
 # --- rows too small for a scale (issue 51, item 1) -------------------------------------------
 
 
-
 def test_quantize_reference_a_row_too_small_for_a_scale_is_signed_zeros():
     # [1e-45, 0, ...] had scale 0: the zeros became 0/0 = NaN codes, served as NaN.
     x = np.zeros((4, 6), dtype=np.float32)

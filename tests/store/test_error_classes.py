@@ -147,7 +147,10 @@ def cases(tmp_path_factory):
         d.mkdir()
         code[name] = [("python", f"{PRELUDE}\nwork = {str(d)!r}\n{body}")]
     code["empty name cli"] = [
-        ("python", f"import numpy as np\nnp.save({str(work / 'e.npy')!r}, np.ones((4, 4), np.float32))"),
+        (
+            "python",
+            f"import numpy as np\nnp.save({str(work / 'e.npy')!r}, np.ones((4, 4), np.float32))",
+        ),
         ("cli", ["build", str(work / "e-store"), "--table", f"={work / 'e.npy'}"]),
     ]
     return run_cases(code, work)

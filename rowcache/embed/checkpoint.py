@@ -170,8 +170,15 @@ class Checkpoint:
         return file, name
 
     def tensor(self, name: str) -> np.ndarray:
-        """Tensor ``name`` memory-mapped read-only (BF16, F32 or F16)."""
+        """Tensor ``name`` memory-mapped read-only (BF16, F32, F16; F8_E4M3, F8_E8M0, U8)."""
         return safetensors_tensor(*self.source(name))
+
+    def tensor_spec(self, name: str) -> tuple[str, tuple[int, ...]]:
+        """``(dtype, shape)`` of tensor ``name`` as its file's header states it (``"F8_E4M3"``,
+        ``(rows, dim)``): the header is read once a file and checked; no rows are read."""
+        file, _ = self.source(name)
+        spec = self._header(file)[name]
+        return str(spec["dtype"]), tuple(int(d) for d in spec["shape"])
 
     def config(self) -> dict[str, Any] | None:
         """``config.json`` beside the checkpoint, or None."""

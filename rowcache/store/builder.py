@@ -101,7 +101,7 @@ class ShardWrites:
     """What every shard file of one build is written with."""
 
     root: str  # the build directory
-    dtype: str  # the store's codec (rowcache.format.codecs): "bf16", "fp8", "fp8_table_scale"
+    dtype: str  # the store's codec (rowcache.format.codecs): "bf16", "fp8", "fp8_table_scale", ...
     allow_nonfinite: bool  # store NaN / Inf as they are (refused otherwise)
     pool: ThreadPoolExecutor  # two threads: a chunk's write beside the next chunk's CRCs
     bar: Any  # the progress bar (tqdm), or None
@@ -166,8 +166,12 @@ def _write_shard(
                 data, slot = fp8.encode(src, start, stop, build.allow_nonfinite)
             else:
                 block = src.read(start, stop)
-                if not build.allow_nonfinite:
+                if build.allow_nonfinite:
+                    pass
+                elif src.codec is None:
                     check_finite(block, src.name, start)
+                else:  # rows given encoded: the codec names what would decode to NaN
+                    info.codec.check_encoded(block, info.dim, info.params, src.name, start)
                 data = pack_pages(info, to_records(build.dtype, block))
             if pending is not None:
                 pending.result()
@@ -354,21 +358,25 @@ def build_store(
         ``(file.safetensors, tensor_name)`` pair / ``"file.safetensors:tensor_name"``,
         or a ``rowcache.store.sources.GeneratedRows`` (rows a function makes a chunk at a time).
         A table given encoded is an ``Fp8TableScaleSource(codes, scale)`` (E4M3 codes and
-        the table's one bf16 scale, written verbatim); a ``ConcatRows([part, ...])`` is one
-        table made of several sources in row order (e.g. tensors of several files).
+        the table's one bf16 scale) or an ``Fp8BlockScaleSource(codes, scales)`` (E4M3
+        codes and one UE8M0 byte a block of values, two tensors read row-aligned), written
+        verbatim; ``DecodedRows(encoded source)`` is its values, for a bf16 or fp8 store; a
+        ``ConcatRows([part, ...])`` is one table made of several sources in row order (e.g.
+        tensors of several files).
     dtype : the row codec (``rowcache.format.codecs``): ``"bf16"`` (float sources round to
         nearest even), ``"fp8"`` (quantize on build: per row, scale = amax(|x|)/448 in
         float32, 1.0 where that is 0 (all-zero rows, and rows below ~3e-43, which store
-        signed zeros); codes = satfinite E4M3 of ``x / scale``, from the
-        source values) or ``"fp8_table_scale"`` (every table an ``Fp8TableScaleSource``,
-        written verbatim). None (the default): ``"fp8_table_scale"`` where the tables are
-        ``Fp8TableScaleSource``, else ``"bf16"``. One codec a store.
+        signed zeros); codes = satfinite E4M3 of ``x / scale``, from the source values),
+        ``"fp8_table_scale"`` (every table an ``Fp8TableScaleSource``) or
+        ``"fp8_block_e8m0"`` (every table an ``Fp8BlockScaleSource``), written verbatim.
+        None (the default): the codec of encoded sources, else ``"bf16"``. One codec a store.
     overwrite : replace what is at ``path``, which must be a rowcache store (of any
         format version) or an empty directory; anything else is refused.
     progress : show a progress bar (tqdm, on stderr).
     shard_bytes : target shard file size (rounded down to whole pages, at least one).
     allow_nonfinite : store NaN/Inf values as they are (refused by default, naming
-        the table, row and column of the first one).
+        the table, row and column of the first one; for encoded rows, E4M3 NaN codes and
+        UE8M0 NaN scale bytes, 0xFF).
 
     Crash safety: the store is built in a sibling ``.NAME.building-*`` directory
     (flocked while this build runs) whose meta record is committed last, then
@@ -416,6 +424,13 @@ def build_store(
 _FP8_RULES = {
     "fp8": "scale=amax/448 (1 if 0); codes=satfinite_e4m3(x/scale)",
     "fp8_table_scale": "codes verbatim; row=bf16_rn(bf16(e4m3(code))*params.scale)",
+    "fp8_block_e8m0": "codes and ue8m0 bytes verbatim; "
+    "value j=bf16_rn(e4m3(code_j)*2**(e[j//params.block_size]-127)); e=255 NaN",
+}
+# the source an encoded codec's rows come from (named in a refusal)
+_ENCODED_SOURCES = {
+    "fp8_table_scale": "Fp8TableScaleSource(codes, scale)",
+    "fp8_block_e8m0": "Fp8BlockScaleSource(codes, scales)",
 }
 
 
@@ -432,7 +447,7 @@ def _store_codec(dtype: str | None, sources: list[Source]) -> str:
     given = encoded.pop()
     if given is None:
         if dtype is not None and not get_codec(dtype).from_values:
-            want = "Fp8TableScaleSource(codes, scale)" if dtype == "fp8_table_scale" else dtype
+            want = _ENCODED_SOURCES.get(dtype, dtype)
             raise ConfigError(
                 f"dtype={dtype!r} stores rows as given: every table must be a {want}, "
                 f"got value sources ({', '.join(s.origin for s in sources)})"
@@ -441,7 +456,8 @@ def _store_codec(dtype: str | None, sources: list[Source]) -> str:
     if dtype is not None and dtype != given:
         raise ConfigError(
             f"dtype={dtype!r}, but the tables are {given} sources (written verbatim, never "
-            f"re-encoded): pass dtype={given!r} or None"
+            f"re-encoded): pass dtype={given!r} or None, or wrap each source in "
+            "DecodedRows(...) to store its decoded values"
         )
     return given
 
@@ -509,8 +525,8 @@ def _build(
             # The store this call built, opened before the switch by its own directory:
             # the call returns it whatever other builds make of `path` afterwards.
             store = RowStore.open_dir(lock.fd, path)
-            if os.path.lexists(path):  # `path` may have changed during a long build
-                check_existing(path)
+            # (what `path` became during the build is checked by the switch, under its lock:
+            # a check here, unlocked, could see another build's switch half done)
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             raise build_failure(e, path) from e

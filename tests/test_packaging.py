@@ -30,6 +30,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_py_typed_ships_in_the_package_data():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     assert (ROOT / "rowcache" / "py.typed").is_file()
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
     data = cfg["tool"]["setuptools"]["package-data"]

@@ -21,7 +21,6 @@ import pathlib
 import re
 
 import pytest
-import tomllib
 
 from rowcache.cli.app import main
 from tests.store.refusals import run_cases

@@ -175,9 +175,9 @@ class Fp8Table:
     def quantize(cls, array: Any) -> Fp8Table:
         """Quantize a bfloat16 (or float32) table on load, per row absmax.
 
-        ``rowcache.kernels.quantize_fp8``: the store's FP8 rule (scale = amax / 448, 1 for an
-        all-zero row; codes = satfinite E4M3 of ``x / scale``), on the GPU for a cupy
-        array and bit-identical to the NumPy reference.
+        ``rowcache.kernels.quantize_fp8``: the store's FP8 rule (scale = amax / 448, 1 where
+        that is 0: an all-zero row or one below ~3e-43; codes = satfinite E4M3 of
+        ``x / scale``), on the GPU for a cupy array and bit-identical to the NumPy reference.
         """
         if not hasattr(array, "ndim") or array.ndim != 2 or array.dtype not in (BF16, _F32):
             raise ConfigError(

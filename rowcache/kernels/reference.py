@@ -38,14 +38,21 @@ def quantize_fp8_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     codes : uint8[n, d]
         ``satfinite_e4m3(x / scale)`` with the division in float32.
     scales : float32[n]
-        ``amax(|x|) / 448`` in float32, or 1.0 for an all-zero row.
+        ``amax(|x|) / 448`` in float32, or 1.0 where that quotient is zero: an all-zero
+        row, and a row so small that the division underflows (``0 < amax <= 448 * 2**-150``,
+        about 3.1e-43). Such a row's codes are then ``e4m3(x)``, signed zeros, and it
+        dequantizes to zeros: the nearest values the FP8 gathers can serve, since they flush
+        any product below 2**-126 (:func:`dequantize_fp8_reference`) whatever the scale.
+        (A scale of 0 made ``x / 0`` an Inf or, for a zero, a NaN code, served as NaN.)
     """
     x32 = np.asarray(x).astype(np.float32, copy=False)
     if x32.ndim != 2:
         raise ValueError(f"x must be 2-D [rows, dim], got shape {x32.shape}")
     amax = np.abs(x32).max(axis=1) if x32.shape[1] else np.zeros(x32.shape[0], np.float32)
-    scales = np.where(amax == 0, np.float32(1.0), amax / FP8_MAX).astype(np.float32)
-    q = np.clip(x32 / scales[:, None], -FP8_MAX, FP8_MAX)
+    scales = (amax / FP8_MAX).astype(np.float32)
+    scales[scales == 0] = np.float32(1.0)
+    with np.errstate(invalid="ignore"):  # only a row holding a NaN or an Inf: its NaN codes
+        q = np.clip(x32 / scales[:, None], -FP8_MAX, FP8_MAX)
     return q.astype(E4M3).view(np.uint8), scales
 
 

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import errno
+import logging
 import mmap
 import os
 import resource
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +46,8 @@ from rowcache.store.marker import is_store, write_marker
 from rowcache.store.pages import Fp8Pages, check_finite, pack_pages, to_records
 from rowcache.store.sources import Source, resolve_source
 
+log = logging.getLogger(__name__)
+
 CHUNK_BYTES = 32 << 20  # input bytes per streamed chunk
 # FP8 quantize engine: None picks "cuda" when a GPU is usable, else "cpu" (native C over
 # row blocks in threads; the reference where rowcache.kernels._quantize is not built); "reference"
@@ -59,9 +63,9 @@ STATVFS: Callable[[str], Any] = os.statvfs
 
 
 def _tables_dict(tables: Any) -> dict[str, Any]:
+    keys: dict[str, Any] = {}  # each name's key as given
     if isinstance(tables, Mapping):
         items: dict[str, Any] = {}
-        keys: dict[str, Any] = {}
         for k, v in tables.items():
             name = str(k)
             if name in items:
@@ -78,6 +82,11 @@ def _tables_dict(tables: Any) -> dict[str, Any]:
         )
     if not items:
         raise ConfigError("tables is empty; give at least one table")
+    if "" in items:  # the index keeps no unnamed table: refused here, before anything is written
+        raise ConfigError(
+            f"tables has a table named '' (key {keys['']!r}); a table name must be a non-empty "
+            "string"
+        )
     return items
 
 
@@ -300,6 +309,26 @@ def _check_free_space(parent: str, path: str, infos: list[fmt.TableInfo]) -> Non
         )
 
 
+def build_failure(e: OSError, path: str) -> OSError:
+    """``e``, a system error while a build of ``path`` wrote its files (a disk filled, a
+    quota, an I/O error), as an error of the same errno (``OSError`` or its subclass) that
+    names the store: a write's error names no file, and a file's is the build directory's.
+    ``e`` itself where it names ``path`` already."""
+    text = str(e)
+    if path in text:
+        return e
+    where = f" ({e.filename})" if e.filename else ""
+    kept = "the store there is unchanged" if os.path.lexists(path) else "no store was made"
+    return OSError(
+        e.errno,
+        f"building {path}: {e.strerror or text}{where}; {kept} and the build's files were "
+        "removed" + (": free space or build elsewhere" if e.errno in _DISK_FULL else ""),
+    )
+
+
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
 def _size(n: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
@@ -336,8 +365,9 @@ def build_store(
         tensors of several files).
     dtype : the row codec (``rowcache.format.codecs``): ``"bf16"`` (float sources round to
         nearest even), ``"fp8"`` (quantize on build: per row, scale = amax(|x|)/448 in
-        float32, 1.0 for an all-zero row; codes = satfinite E4M3 of ``x / scale``, from the
-        source values), ``"fp8_table_scale"`` (every table an ``Fp8TableScaleSource``) or
+        float32, 1.0 where that is 0 (all-zero rows, and rows below ~3e-43, which store
+        signed zeros); codes = satfinite E4M3 of ``x / scale``, from the source values),
+        ``"fp8_table_scale"`` (every table an ``Fp8TableScaleSource``) or
         ``"fp8_block_e8m0"`` (every table an ``Fp8BlockScaleSource``), written verbatim.
         None (the default): the codec of encoded sources, else ``"bf16"``. One codec a store.
     overwrite : replace what is at ``path``, which must be a rowcache store (of any
@@ -452,9 +482,24 @@ def _build(
             )
         replace.check_replaceable(p, is_store)
 
-    replace.remove_leftovers(path)  # also finishes a half-done switch of an earlier build
+    removed = replace.remove_leftovers(path)  # also finishes a half-done switch of a build
+    for lo in removed:
+        log.info(
+            "removed %s, a %s leftover of an earlier build (%d bytes)", lo.path, lo.kind, lo.bytes
+        )
     _check_free_space(os.path.dirname(path), path, infos)  # what the leftovers held is free
     tmp, lock = replace.new_sibling(path, "building")
+    began = time.monotonic()
+    log.info(
+        "building %s: %d table(s), %s, %d bytes of shards (in %s)",
+        path,
+        len(infos),
+        dtype,
+        sum(i.shard_bytes(s) for i in infos for s in range(i.shards)),
+        os.path.basename(tmp),
+    )
+    if dtype == "fp8":
+        log.debug("FP8 quantize engine: %s", fp8_engine())
     store = None
     try:
         try:
@@ -482,6 +527,9 @@ def _build(
             store = RowStore.open_dir(lock.fd, path)
             # (what `path` became during the build is checked by the switch, under its lock:
             # a check here, unlocked, could see another build's switch half done)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise build_failure(e, path) from e
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -500,6 +548,7 @@ def _build(
         lock.close()
         if not os.path.lexists(path):
             replace.recover(path)
+    log.info("built %s in %.1f s", path, time.monotonic() - began)
     return store
 
 

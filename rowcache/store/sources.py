@@ -18,6 +18,7 @@ a hang or a traceback). Does not convert or quantize; the builder does.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import stat
@@ -504,8 +505,8 @@ def _open_regular(path: str, what: str) -> Iterator[tuple[int, int]]:
     and checked with ``fstat`` before any read, so a FIFO or a device never hangs the caller."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise FormatError(f"{path}: cannot open the {what} ({e.strerror})") from e
+    except OSError as e:  # permissions, out of descriptors: about the process, not the file's bytes
+        raise OSError(e.errno, f"{path}: cannot open the {what}: {e.strerror}") from e
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -513,6 +514,44 @@ def _open_regular(path: str, what: str) -> Iterator[tuple[int, int]]:
         yield fd, st.st_size
     finally:
         os.close(fd)
+
+
+_NPY_MAX_HEADER = 1 << 20  # bytes; numpy's own default limit is 10,000
+
+
+def check_npy_header(fd: int, size: int, path: str) -> None:
+    """``FormatError`` naming ``path`` unless the ``.npy`` file of ``size`` bytes open at
+    ``fd`` has a header numpy reads whose shape is integers ``>= 0`` and whose data
+    (shape x item size) fits the bytes after the header. Checked before ``np.load`` maps it:
+    a negative or huge dimension there is an ``OverflowError`` or an opaque ``ValueError``."""
+    head = _pread_exact(fd, path, min(size, 10 + _NPY_MAX_HEADER), 0) if size else b""
+    buf = io.BytesIO(head)
+    try:
+        version = np.lib.format.read_magic(buf)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(buf, _NPY_MAX_HEADER)
+        elif version in ((2, 0), (3, 0)):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(buf, _NPY_MAX_HEADER)
+        else:
+            raise ValueError(f"version {version} of the format is not one numpy writes")
+    except (ValueError, EOFError, OverflowError, SyntaxError) as e:
+        raise FormatError(f"{path}: not a readable .npy file ({e or 'empty'})") from e
+    if not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise FormatError(
+            f"{path}: the .npy header's shape {_short(shape)} has a dimension that is not an "
+            "integer >= 0: the file is damaged or not written by numpy"
+        )
+    need = dtype.itemsize if 0 not in shape else 0
+    for d in shape if need else ():
+        need *= d
+        if need > size:  # past the file already: no product of a hostile size
+            break
+    if need > size - buf.tell():
+        raise FormatError(
+            f"{path}: the .npy header's shape {_short(shape)} of {dtype} needs at least "
+            f"{need:,} bytes of data, the file holds {size - buf.tell():,} after its header: "
+            "the file is truncated or its header damaged"
+        )
 
 
 def _pread_exact(fd: int, path: str, n: int, offset: int) -> bytes:
@@ -840,11 +879,11 @@ def _resolve(name: str, src: Any, kind: str) -> Source:
                 f"tables[{name!r}]: {path!r} is neither a .npy file nor "
                 "'file.safetensors:tensor' / (file.safetensors, tensor)"
             )
-        with _open_regular(path, ".npy file"):  # a FIFO would hang np.load
-            pass
+        with _open_regular(path, ".npy file") as (fd, size):  # a FIFO would hang np.load
+            check_npy_header(fd, size, path)
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
+        except (OSError, ValueError, EOFError, OverflowError) as e:
             raise FormatError(f"{path}: not a readable .npy file ({e or 'empty'})") from e
         return _file_source(name, arr, path, path, kind)
     allowed = (

@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from rowcache.embed.checkpoint import Checkpoint
+from rowcache.embed.checkpoint import Checkpoint, resident_table
 from rowcache.embed.engram.config import EngramConfig
 from rowcache.embed.engram.hash import EngramHash
 from rowcache.embed.engram.memory import EngramMemory
 from rowcache.embed.engram.table_format import EngramTableFormat
 from rowcache.embed.engram.vocab import CompressedVocab
-from rowcache.embed.tables import Bf16Table, CachedTable, Fp8BlockScaleTable, Fp8Table
+from rowcache.embed.tables import CachedTable, Fp8BlockScaleTable
 from rowcache.errors import ConfigError
 
 V41_PATTERN = r"(?:.*\.)?layers\.(\d+)\.engram\.embed\.weight"
@@ -81,32 +81,62 @@ class EngramLayerTable:
         )
         return blocks if dtype == "fp8_block_e8m0" else DecodedRows(blocks)
 
-    def resident(self, ckpt: Checkpoint, dtype: str) -> Any:
+    def resident(self, ckpt: Checkpoint, dtype: str, allow_nonfinite: bool = False) -> Any:
         """The table held in memory in codec ``dtype``: the two tensors memory-mapped
         (``Fp8BlockScaleTable``, as shipped), or the values (``Bf16Table``; ``fp8``:
-        ``Fp8Table.quantize``), decoded whole for codes."""
+        ``Fp8Table.quantize``), decoded whole for codes, by the store's rule
+        (``rowcache.embed.checkpoint.resident_table``: the same rows as a store of them, a
+        NaN or an Inf refused unless ``allow_nonfinite``)."""
         if self.scale is None:
             t = ckpt.tensor(self.weight)
-            return Fp8Table.quantize(t) if dtype == "fp8" else Bf16Table(t)
+            return resident_table(t, dtype, self.weight, allow_nonfinite=allow_nonfinite)
         table = Fp8BlockScaleTable(
             ckpt.tensor(self.weight), ckpt.tensor(self.scale), self.block_size
         )
         if dtype == "fp8_block_e8m0":
             return table
         values = table.gather(np.arange(self.rows, dtype=np.int64))
-        return Fp8Table.quantize(values) if dtype == "fp8" else Bf16Table(values)
+        return resident_table(values, dtype, self.weight, allow_nonfinite=allow_nonfinite)
+
+
+def table_regex(pattern: Any) -> re.Pattern[str]:
+    """``table_pattern`` compiled: a string, a regular expression with exactly one group
+    (the layer id), else a one-line ``ConfigError`` naming the argument and what is wrong."""
+    if not isinstance(pattern, str):
+        raise ConfigError(
+            f"table_pattern={pattern!r} is a {type(pattern).__name__}; give a regular "
+            "expression string with one group, the layer id"
+        )
+    try:
+        rx = re.compile(pattern)
+    except re.error as e:
+        raise ConfigError(
+            f"table_pattern={pattern!r} is not a regular expression ({e}); give one with one "
+            f"group, the layer id (the defaults are {list(PATTERNS)!r})"
+        ) from None
+    if rx.groups != 1:
+        raise ConfigError(
+            f"table_pattern={pattern!r} has {rx.groups} groups; give exactly one, the layer id "
+            "(make the others non-capturing, (?:...))"
+        )
+    return rx
 
 
 def engram_tables(ckpt: Checkpoint, pattern: str | None = None) -> dict[int, str]:
     """``{layer_id: tensor name}`` of the tensors matching ``pattern`` (one group: the layer;
     None: DeepSeek-V4.1's and the reference module's names, :data:`PATTERNS`)."""
-    rxs = [re.compile(p) for p in (PATTERNS if pattern is None else (pattern,))]
+    rxs = [re.compile(p) for p in PATTERNS] if pattern is None else [table_regex(pattern)]
     found: dict[int, str] = {}
     for name in ckpt.files:
         for rx in rxs:
             m = rx.fullmatch(name)
             if m is None:
                 continue
+            if m.group(1) is None or not m.group(1).isdecimal():
+                raise ConfigError(
+                    f"table_pattern={pattern!r}: its group matched {m.group(1)!r} in tensor "
+                    f"{name!r}, not a layer number; make the group match digits, (\\d+)"
+                )
             layer = int(m.group(1))
             if layer in found:
                 raise ConfigError(
@@ -253,7 +283,9 @@ def load_engram_memory(
         ``scale``); default V4.1's and the reference module's names.
     config : the hash's parameters; default ``EngramConfig.from_config`` of config.json.
     allow_nonfinite : build the store even where rows decode to NaN (NaN codes, scale bytes
-        0xFF); refused by default, naming the table, row and column.
+        0xFF); refused by default, naming the table, row and column. Resident tables of values
+        (or of codes decoded to values) follow the same rule and give the same rows as a
+        store of them (``rowcache.embed.checkpoint.resident_table``).
 
     Refused in one ``ConfigError`` line, naming the file or field, what it holds and what is
     allowed: a table whose shape is not the hash's (rows: the sum of the layer's primes), an
@@ -273,6 +305,8 @@ def load_engram_memory(
         )
     if not 0 < arena_fraction <= 1:
         raise ConfigError(f"arena_fraction={arena_fraction!r} must be in (0, 1]")
+    if table_pattern is not None:
+        table_regex(table_pattern)  # before the checkpoint is read
     ckpt = Checkpoint(path)
     meta = ckpt.config()
     cfg_file = os.path.join(ckpt.directory, "config.json")
@@ -304,7 +338,10 @@ def load_engram_memory(
     if not cached:
         return EngramMemory(
             engram_hash,
-            {layer: t.resident(ckpt, want).to(device) for layer, t in tables.items()},
+            {
+                layer: t.resident(ckpt, want, allow_nonfinite).to(device)
+                for layer, t in tables.items()
+            },
         )
     where = (
         os.fspath(store)

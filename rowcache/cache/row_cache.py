@@ -328,9 +328,11 @@ class NgramRowCache:
         touch, pin, count or commit). Raises as :meth:`resolve` does for ids outside the
         table, and ``PendingResolveError``."""
         with self._lock:
-            self._settle_books()
+            if self._faulter.pending is not None:
+                refuse_pending(self.name, True)
+            # (a deferred touch goes on: the scan reads the row map, which no touch writes)
             if self._native_ids(row_ids, prefetch_idle=not self._slots.reserved):
-                held = self._lru.all_resident(row_ids)  # (no touch changes a mapping)
+                held = self._lru.all_resident(row_ids)
                 if held is not None:  # (None: a bad id, raised below)
                     return held
             return self._slots.holds(check_row_ids(row_ids, self.rows))

@@ -240,9 +240,14 @@ class StepRows:
         """
         if self._pending:
             self.settle()
+        step = ids if type(ids) is StepIds else self.global_ids(ids)
+        if self._whole and not defer and type(step.ids) is np.ndarray:  # one cache, in order
+            cache = self._groups[0].cache
+            out = cache.resolve(step.per_group[0], host=host)
+            self._faults = cache.last_faults
+            return out.reshape(step.ids.shape)
         faults = 0
         got: list[Any] = []
-        step = ids if type(ids) is StepIds else self.global_ids(ids)
         for i, (g, gid) in enumerate(zip(self._groups, step.per_group)):
             if defer:
                 if self._maps[i] is None and g.cache.device == "cuda":
@@ -257,8 +262,6 @@ class StepRows:
         self._faults = faults
         if defer:
             return None
-        if self._whole and type(step.ids) is np.ndarray:
-            return got[0].reshape(step.ids.shape)
         return self._scatter(step.ids, got)
 
     def resolve_member(self, k: int, ids: np.ndarray, *, host: bool = False) -> Any:
@@ -319,13 +322,12 @@ class StepRows:
 
     def wait_ready(self, stream: Any = None, *, landed: bool = True) -> None:
         """Make ``stream`` (default: the current cupy stream) wait for :meth:`ready_events`."""
-        events = self.ready_events(landed=landed)
-        if not events:
-            return
-        if stream is None:
-            stream = self._cp.cuda.get_current_stream()
-        for e in events:
-            stream.wait_event(e)
+        for g in self._groups:  # (ready_events without its lists: a call every step)
+            e = g.cache.ready_event(landed=landed)
+            if e is not None:
+                if stream is None:
+                    stream = self._cp.cuda.get_current_stream()
+                stream.wait_event(e)
 
     # --- the step's end -------------------------------------------------------------------
     def end_step(self) -> None:

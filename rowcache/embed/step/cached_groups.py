@@ -62,6 +62,9 @@ class CachedGroups:
         if self._word:
             members.append((word.cache, word.part))
         self.rows = StepRows(members)
+        self._any = bool(self.rows)  # (asked twice a step)
+        # the cached n-gram tables' offsets in their caches, added by the host hash
+        self._offsets = np.ascontiguousarray(self.rows.offsets[: self.cached_rows.size])
 
     def __bool__(self) -> bool:
         """Whether any table is cached."""
@@ -82,12 +85,12 @@ class CachedGroups:
         c = self.cached_rows.size
         if host_ids is None:
             gids = (
-                batch.host_ids(self._hashed, rows.offsets[:c])
+                batch.host_ids(self._hashed, self._offsets)
                 if c
                 else np.empty((0, batch.n), dtype=np.int64)
             )
         else:
-            gids = host_ids + rows.offsets[:c, None]
+            gids = host_ids + self._offsets[:, None]
         if not self._word:
             return rows.global_ids(gids, offset=False)
         w = batch.word_ids  # host tokens: no copy back from the device
@@ -129,7 +132,7 @@ class CachedGroups:
         again after the faults. Either way the rows are hashed once. Without cached
         tables the device part just runs."""
         rows = self.rows
-        if not rows:
+        if not self._any:
             device_part()
             return
         ids = None
@@ -164,7 +167,7 @@ class CachedGroups:
     def end_step(self) -> None:
         """End the step in every cache once (``StepRows.end_step``: stream order, no host
         sync)."""
-        if self.rows:
+        if self._any:
             self.rows.end_step()
 
     def settle(self) -> None:

@@ -9,6 +9,7 @@ profile records whether it did. Does not read through a store's index.
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -27,6 +28,8 @@ from rowcache.store.safeopen import read_regular_text, write_regular_text
 PAGE = 4096
 # Below this, random reads may come from the disk's or the hypervisor's cache.
 FAIR_FILE_BYTES = 1 << 30
+MAX_QUEUE_DEPTH = 1024  # reads in flight: one thread each
+MAX_SECONDS = 3600  # a measured point
 
 
 @dataclass(frozen=True)
@@ -157,15 +160,20 @@ def _random_rate(
 ) -> tuple[float, np.ndarray]:
     """``(reads per second, latency of each read in ns)`` of ``qd`` threads reading at random.
 
+    Each thread checks the deadline and the stop flag after every read (not after a batch:
+    on a slow or busy disk a batch of reads outlasted ``seconds`` many times over), and
+    makes at least one read, so a thread that starts after the deadline still measures.
     The threads stop at the deadline, at the first error of any of them (raised here), or
-    when this thread is interrupted (``KeyboardInterrupt``: they are joined before it goes
-    on, so that nothing reads ``fd`` once the caller closes it).
+    when this thread is interrupted (``KeyboardInterrupt``: they stop after their read in
+    flight and are joined before it goes on, so that nothing reads ``fd`` once the caller
+    closes it). This thread waits in short joins, so a Ctrl-C is taken within 50 ms
+    whichever thread the kernel gave the signal to.
     """
-    slots = max(1, (size - read_bytes) // align)
+    slots = max(1, (size - read_bytes) // align + 1)
     lat: list[np.ndarray] = [np.zeros(0, np.int64)] * qd
     stop = threading.Event()
     errors: list[BaseException] = []
-    deadline = time.perf_counter() + seconds
+    deadline = time.perf_counter_ns() + int(seconds * 1e9)
 
     def worker(i: int) -> None:
         rng = np.random.default_rng(seed + i)
@@ -174,13 +182,18 @@ def _random_rate(
         clock = time.perf_counter_ns
         got: list[int] = []
         try:
-            while True:  # at least one batch: a thread that starts late still measures
+            while True:
                 for off in (rng.integers(0, slots, 256) * align).tolist():
                     t0 = clock()
-                    os.preadv(fd, [view], off)
-                    got.append(clock() - t0)
-                if stop.is_set() or time.perf_counter() >= deadline:
-                    break
+                    n = os.preadv(fd, [view], off)
+                    t1 = clock()
+                    if n != read_bytes:  # the file shrank while it was measured
+                        raise OSError(
+                            errno.EIO, f"short read: {n} of {read_bytes} bytes at offset {off}"
+                        )
+                    got.append(t1 - t0)
+                    if t1 >= deadline or stop.is_set():
+                        return
         except BaseException as e:  # the caller raises it; a thread must not print it
             errors.append(e)
             stop.set()
@@ -195,7 +208,8 @@ def _random_rate(
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            while t.is_alive():
+                t.join(0.05)
     except BaseException:
         stop.set()
         for t in threads:
@@ -216,7 +230,7 @@ def measure_io(
     queue_depths: Sequence[int] = (1, 4, 16, 32, 64),
     seconds: float = 1.0,
     direct: bool = True,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> DeviceProfile:
     """Measure random reads of ``record_bytes`` and of 4 KiB, and sequential reads.
 
@@ -225,20 +239,40 @@ def measure_io(
     path : a store directory (its largest shard file is read) or any file
     record_bytes : the store's row size (with ``O_DIRECT`` a row costs one aligned
         page read, which is what is measured)
-    queue_depths : threads issuing reads at once
-    seconds : time per measured point
+    queue_depths : threads issuing reads at once, each 1 .. ``MAX_QUEUE_DEPTH``
+    seconds : time per measured point, in (0, ``MAX_SECONDS``]: each thread stops after
+        the read in flight at the deadline
+    progress : a bar on stderr (None: only when stderr is a terminal)
     """
-    if record_bytes < 1:
-        raise ConfigError(f"record_bytes must be >= 1; got {record_bytes}")
-    if not queue_depths or min(queue_depths) < 1:
-        raise ConfigError(f"queue_depths must be ints >= 1; got {list(queue_depths)}")
-    if seconds <= 0:
-        raise ConfigError(f"seconds must be > 0; got {seconds}")
+    if isinstance(record_bytes, bool) or not isinstance(record_bytes, int) or record_bytes < 1:
+        raise ConfigError(f"record_bytes={record_bytes!r}: give an integer >= 1")
+    qds = list(queue_depths)
+    if not qds or not all(
+        isinstance(q, int) and not isinstance(q, bool) and 1 <= q <= MAX_QUEUE_DEPTH
+        for q in qds
+    ):
+        raise ConfigError(
+            f"queue_depths={qds!r}: give integers from 1 to {MAX_QUEUE_DEPTH:,} "
+            "(a thread each)"
+        )
+    if not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_SECONDS:
+        raise ConfigError(f"seconds={seconds!r}: give a number > 0 and at most {MAX_SECONDS:,}")
     f = _files_of(Path(path))[0]
     size = f.stat().st_size
     if size < 2 * PAGE:
         raise ConfigError(f"{f} has {size} bytes; need at least {2 * PAGE} to measure")
     fd, used_direct = _open(f, direct)
+    # Under O_DIRECT a row is read as whole pages: the largest read must fit in the file,
+    # else the reads come back short and the rates count bytes the file does not hold.
+    largest = -(-record_bytes // PAGE) * PAGE if used_direct else record_bytes
+    if largest > size:
+        os.close(fd)
+        most = size // PAGE * PAGE if used_direct else size
+        how = f" (read as {largest:,} under O_DIRECT)" if largest != record_bytes else ""
+        raise ConfigError(
+            f"record_bytes={record_bytes:,}: a row of {record_bytes:,} bytes{how} is larger "
+            f"than {f} ({size:,} bytes); give at most {most:,}, or measure a larger file"
+        )
     notes: list[str] = []
     if direct and not used_direct:
         notes.append("O_DIRECT unavailable here: buffered reads, page cache may inflate rates")
@@ -257,15 +291,21 @@ def measure_io(
         read_sizes = sorted({PAGE, record_bytes})
         jobs = [(rb, q) for rb in read_sizes for q in queue_depths]
         bar = None
-        if progress:
+        if progress is not False:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(jobs) + 1, desc="bench-io", unit="point")
+            # None: tqdm's own rule, a bar only when stderr is a terminal (as the CLI)
+            bar = tqdm(
+                total=len(jobs) + 1,
+                desc="bench-io",
+                unit="point",
+                disable=None if progress is None else False,
+            )
         for rb, q in jobs:
             # O_DIRECT needs page-aligned offsets and lengths: a row costs one page.
             eff = -(-rb // PAGE) * PAGE if used_direct else rb
             align = PAGE if used_direct else rb
-            rate, lat = _random_rate(fd, size, eff, align, int(q), seconds, seed=q)
+            rate, lat = _random_rate(fd, size, eff, align, int(q), float(seconds), seed=q)
             random.setdefault(str(rb), {})[str(q)] = rate
             per_read[str(rb)] = eff
             p50, p99 = np.percentile(lat, [50, 99]) / 1e3 if lat.size else (np.nan, np.nan)

@@ -179,7 +179,9 @@ def _inspect_dict(store: RowStore) -> dict[str, Any]:
                         "first_row": r.first_row,
                         "rows": r.rows,
                         "bytes": r.length,
-                        "crc32": f"{r.crc32:08x}",
+                        # what the index holds: the CRC32C of the shard's page-CRC record
+                        # (its pages' CRC32Cs as little-endian uint32), not of the file
+                        "page_crcs_crc32c": f"{r.page_crc32c:08x}",
                     }
                     for r in recs
                 ],

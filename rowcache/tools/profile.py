@@ -180,7 +180,7 @@ def profile_trace(
     policy_table: int = 0,
     policy_rate: float = 0.01,
     dtype: str = "bf16",
-    progress: bool = True,
+    progress: bool | None = None,
     workers: int = 1,
     dask_client: Any = None,
     heavy: int = 0,
@@ -211,10 +211,11 @@ def profile_trace(
     heavy : int
         Fixed-rate SHARDS: keep every access of each table's ``heavy`` most frequent
         rows exactly (lower error at small sizes; see ``miss_ratio_curve``).
-    progress : bool
-        A bar on stderr counted in accesses (the shared arena's curve holds as many as
-        all the tables), naming the curve under way, redrawn every second. The exact
-        method's memory is :func:`exact_peak_bytes`.
+    progress : bool or None
+        A bar on stderr (None, the default: only when stderr is a terminal) counted in
+        accesses (the shared arena's curve holds as many as all the tables), naming the
+        curve under way, redrawn every second. The exact method's memory is
+        :func:`exact_peak_bytes`.
     """
     if dtype not in ("bf16", "fp8"):
         raise ConfigError(f"dtype={dtype!r} is not supported; allowed: bf16, fp8")
@@ -231,11 +232,19 @@ def profile_trace(
     n = trace.positions
     t_count = trace.num_tables
     bar = None
-    if progress:
+    if progress is not False:
         from tqdm import tqdm
 
         total = n * t_count * (2 if shared else 1) + n * len(policies)
-        bar = tqdm(total=total, desc="profile", unit="access", unit_scale=True)
+        bar = tqdm(
+            total=total,
+            desc="profile",
+            unit="access",
+            unit_scale=True,
+            disable=None if progress is None else False,  # None: on a terminal only
+        )
+        if bar.disable:
+            bar = None  # no ticker thread for a bar nobody sees
 
     def started(what: str) -> None:
         if bar is not None:

@@ -57,7 +57,7 @@ def load_engram_memory(
     store: str | os.PathLike[str] | None = None,
     table_pattern: str = TABLE_PATTERN,
     config: EngramConfig | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> EngramMemory:
     """The Engram memory of a checkpoint.
 

@@ -39,7 +39,10 @@ def _check_source(flag: str, spec: str, src: str) -> None:
     split = split_tensor_source(src)
     path = split[0] if split else src
     if not os.path.lexists(path):
-        raise ConfigError(f"{flag} {spec}: file {path} does not exist")
+        raise ConfigError(
+            f"{flag} {spec}: file {path} does not exist; give NAME=PATH, PATH a FILE.npy, "
+            "FILE.safetensors:TENSOR or INDEX.json:TENSOR"
+        )
     if split and path.endswith(".json"):
         safetensors_index(path)
     elif path.endswith(".safetensors"):

@@ -35,7 +35,6 @@ from rowcache.errors import ConfigError
 from rowcache.tools.benchio import MAX_QUEUE_DEPTH, MAX_SECONDS
 
 
-
 def size_arg(n: int) -> str:
     """``n`` bytes as a size flag takes it, rounded up (``7.53KiB``: never less than ``n``)."""
     for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):

@@ -423,7 +423,7 @@ def _build(
     infos: list[fmt.TableInfo],
     dtype: str,
     overwrite: bool,
-    progress: bool,
+    progress: bool | None,
     shard_bytes: int,
     allow_nonfinite: bool,
 ) -> RowStore:

@@ -248,12 +248,10 @@ def measure_io(
         raise ConfigError(f"record_bytes={record_bytes!r}: give an integer >= 1")
     qds = list(queue_depths)
     if not qds or not all(
-        isinstance(q, int) and not isinstance(q, bool) and 1 <= q <= MAX_QUEUE_DEPTH
-        for q in qds
+        isinstance(q, int) and not isinstance(q, bool) and 1 <= q <= MAX_QUEUE_DEPTH for q in qds
     ):
         raise ConfigError(
-            f"queue_depths={qds!r}: give integers from 1 to {MAX_QUEUE_DEPTH:,} "
-            "(a thread each)"
+            f"queue_depths={qds!r}: give integers from 1 to {MAX_QUEUE_DEPTH:,} (a thread each)"
         )
     if not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_SECONDS:
         raise ConfigError(f"seconds={seconds!r}: give a number > 0 and at most {MAX_SECONDS:,}")

@@ -256,6 +256,7 @@ def test_demo_report_counts_in_words():
         faults_per_token_by_order={"2": 1.0},
         equal=True,
         device_bytes=None,
+        native={"rowcache.kernels._host": "built"},
     )
     text = render(DemoReport(**values))
     assert "1 file " in text and "1 files" not in text and "0.4% of their rows" in text

@@ -80,6 +80,11 @@ class ProfileReport:
 
 
 SPARSE_SAMPLE = 1000  # sampled accesses below which a SHARDS curve gets a note
+# Sampled accesses a table at which SHARDS' accuracy was measured (docs/sizing.md: 1 % of a
+# 1M-token trace, within 0.7 % of the exact faults in total; 0.3 % on the 8.2M-token stdlib
+# trace): the default method is SHARDS from there up, exact (cheap there) below.
+SHARDS_MIN_SAMPLED = 10_000
+DEFAULT_RATE = 0.01  # SHARDS' fixed rate where none is given
 # Peak memory of an exact curve per access it holds (``miss_ratio_curve``: keys, batch ids,
 # sorts and the inversion count's words); measured 105-125 B.
 EXACT_BYTES_PER_ACCESS = 125
@@ -104,6 +109,18 @@ class _Ticker:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+
+def default_method(trace: Trace, *, exact_fits: bool = True) -> str:
+    """The method of a profile that names none: ``"shards"`` (at :data:`DEFAULT_RATE`)
+    where its sample holds at least :data:`SHARDS_MIN_SAMPLED` accesses a table, the size at
+    which its stated accuracy was measured (a trace of 1M tokens and up: the exact method
+    took 3.6 min and 12.4 GB on the 8.2M-token stdlib trace, SHARDS seconds), or where the
+    exact method does not fit in memory (``exact_fits``); else ``"exact"``, which is cheap
+    on such a trace and where a 1 % sample would be rough."""
+    if not exact_fits or trace.positions * DEFAULT_RATE >= SHARDS_MIN_SAMPLED:
+        return "shards"
+    return "exact"
 
 
 def exact_peak_bytes(trace: Trace, *, shared: bool = True, workers: int = 1) -> int:
@@ -269,7 +286,7 @@ def profile_trace(
             started("sampling every table" + (" and the shared arena" if shared else ""))
             samples = sample_trace(
                 trace,
-                0.01 if sample_rate is None else sample_rate,
+                DEFAULT_RATE if sample_rate is None else sample_rate,
                 salts=salts,
                 shared=shared,
                 workers=workers,

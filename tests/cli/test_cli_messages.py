@@ -66,3 +66,38 @@ def test_demo_on_a_short_text_runs_or_names_the_flags_given(tmp_path):
     n = rep["tokens"]
     assert f"--text {one} gave only {n} tokens, not more than --decode-tokens 50" in err, err
     assert f"give --decode-tokens {n - 1} or less, or a longer text" in err, err
+
+
+def _trace(w, requests: int, length: int, name: str):
+    """A trace of ``requests`` x ``length`` tokens of the tiny LongCat-style config."""
+    import numpy as np
+
+    from rowcache.cli.app import main
+    from tests.cli.support import TINY_CONFIG
+
+    (w / "config.json").write_text(json.dumps(TINY_CONFIG))
+    rng = np.random.default_rng(5)
+    lines = (json.dumps(rng.integers(3, 300, length).tolist()) for _ in range(requests))
+    (w / f"{name}.jsonl").write_text("\n".join(lines))
+    argv = ["trace", str(w / f"{name}.jsonl"), "-o", str(w / name), "-q"]
+    assert main([*argv, "--config", str(w / "config.json")]) == 0
+    return w / name
+
+
+def test_profile_defaults_to_shards_from_a_million_tokens_exact_below(tmp_path):
+    """The exact method took 120 s and 12.4 GB on the README's trace where SHARDS is within
+    0.3 % in seconds: SHARDS is the default where its sample holds what its stated accuracy
+    was measured on (1 % of 1M tokens), exact below (cheap there); both stay available."""
+    big, small = _trace(tmp_path, 500, 2000, "big"), _trace(tmp_path, 40, 40, "small")
+    for tr, want in ((big, "shards"), (small, "exact")):
+        p = run_cli("profile", str(tr), "--sizes", "1K", "--json", timeout=300)
+        assert p.returncode == 0 and p.stderr == "", p.stderr[-3000:]
+        rep = json.loads(p.stdout)
+        assert {c["method"] for c in rep["tables"].values()} == {want}, (tr, want)
+        assert any(n.startswith(f"method {want}: the default") for n in rep["notes"]), rep["notes"]
+        other = "exact" if want == "shards" else "shards"
+        p = run_cli("profile", str(tr), "--sizes", "1K", "--json", "--method", other)
+        assert p.returncode == 0, p.stderr[-3000:]
+        rep = json.loads(p.stdout)
+        assert {c["method"] for c in rep["tables"].values()} == {other}
+        assert not any("the default" in n for n in rep["notes"])

@@ -240,9 +240,7 @@ def _cmd_bench_io(args: argparse.Namespace) -> int:
     if args.out:
         prof.save(args.out)
     if args.json:
-        from dataclasses import asdict
-
-        emit_json(asdict(prof))
+        emit_json(prof.to_dict())
         return 0
     print(f"{prof.path}: {human_bytes(prof.file_bytes)}, O_DIRECT {'on' if prof.direct else 'off'}")
     print(

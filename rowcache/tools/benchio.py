@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError
+from rowcache.format import reports
 from rowcache.store.safeopen import read_regular_text, write_regular_text
 
 PAGE = 4096
@@ -42,6 +43,8 @@ class DeviceProfile:
     [str(queue_depth)]`` = ``{"p50": ..., "p99": ...}`` microseconds per read;
     ``sequential_bytes_per_s``; ``direct``: whether ``O_DIRECT`` was used. Profiles
     saved before ``bytes_per_read`` and ``latency_us`` existed load with them empty.
+    ``format`` and ``version`` are the report's (``rowcache.format.reports``); a profile
+    saved before they existed loads as version 1, with a warning.
     """
 
     path: str
@@ -54,14 +57,24 @@ class DeviceProfile:
     notes: list[str] = field(default_factory=list)
     bytes_per_read: dict[str, int] = field(default_factory=dict)
     latency_us: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    format: str = reports.BENCH_IO
+    version: int = reports.VERSIONS[reports.BENCH_IO]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON of ``bench-io --json`` and ``-o``: format and version first."""
+        return {**reports.stamp(reports.BENCH_IO), **asdict(self)}
+
+    def read_size(self, read_bytes: int) -> int:
+        """The measured read size whose rate stands for reads of ``read_bytes``: the
+        closest (``reads_per_s``)."""
+        if not self.random:
+            raise ConfigError("the device profile has no random-read measurements")
+        return min((int(k) for k in self.random), key=lambda s: (abs(s - read_bytes), s))
 
     def reads_per_s(self, read_bytes: int, queue_depth: int | None = None) -> tuple[float, int]:
         """``(reads/s, queue depth)``: the best measured rate for the read size closest
         to ``read_bytes``, or the rate at ``queue_depth``."""
-        if not self.random:
-            raise ConfigError("the device profile has no random-read measurements")
-        sizes = sorted(int(k) for k in self.random)
-        size = min(sizes, key=lambda s: (abs(s - read_bytes), s))
+        size = self.read_size(read_bytes)
         row = {int(q): r for q, r in self.random[str(size)].items()}
         if queue_depth is not None:
             if queue_depth not in row:
@@ -71,7 +84,7 @@ class DeviceProfile:
         return row[q], q
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        write_regular_text(path, json.dumps(asdict(self), indent=1))
+        write_regular_text(path, json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> DeviceProfile:
@@ -87,6 +100,8 @@ class DeviceProfile:
                 f"{path}: not a disk profile (from `rowcache bench-io -o`): nested too deeply "
                 "to read"
             ) from None
+        # another report, or a newer version, is refused; an unversioned one warned below
+        versioned = isinstance(d, dict) and reports.check_report(d, reports.BENCH_IO, str(path))
         if isinstance(d, dict) and "tables" in d and "random" not in d:
             raise ConfigError(
                 f"{path} is a fault-rate profile (from `rowcache profile`), not a disk profile "
@@ -118,6 +133,8 @@ class DeviceProfile:
             raise ConfigError(
                 f"{path}: 'random' must map read sizes to {{queue depth: reads/s > 0}}"
             )
+        if not versioned:
+            reports.warn_unversioned(str(path), reports.BENCH_IO, "its rates taken as they are")
         return cls(**d)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError
+from rowcache.format import reports
 from rowcache.tools.mrc import MissRatioCurve, json_ready, miss_ratio_curve
 from rowcache.tools.trace import Trace
 
@@ -57,9 +58,21 @@ class ProfileReport:
         """Bytes of all arenas at each size (int64[k])."""
         return self.sizes * self.num_tables * self.record_bytes
 
+    def shape(self) -> dict[str, int]:
+        """The tables profiled: name -> rows (empty where the trace did not say)."""
+        if len(self.table_rows) != len(self.curves):
+            return {}
+        return {name: int(r) for name, r in zip(self.curves, self.table_rows)}
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (what ``rowcache profile --json`` prints and ``tune`` reads)."""
+        """A JSON-ready dict (what ``rowcache profile --json`` prints and ``tune`` reads):
+        its format and version first (``rowcache.format.reports``), the tables' shape, the
+        method, then the curves."""
+        first = next(iter(self.curves.values()), None)
         return {
+            **reports.stamp(reports.PROFILE),
+            "shape": self.shape(),
+            "method": None if first is None else first.method,
             "trace": self.trace,
             "tokens": self.tokens,
             "num_tables": self.num_tables,

@@ -70,8 +70,8 @@ def _tune_report(w, config_json, name: str) -> tuple[dict, dict]:
 
 @pytest.fixture(scope="module")
 def w(tmp_path_factory):
-    """A checkpoint of the tiny config, a disk profile, and tune reports made (trace, profile,
-    tune, each a child) for that model and for the same model with 10x the rows."""
+    """A disk profile, and tune reports made (trace, profile, tune, each a child) for the
+    tiny config's model and for the same model with 10x the rows."""
     w = tmp_path_factory.mktemp("reports")
     rng = np.random.default_rng(3)
     lines = [json.dumps(rng.integers(3, 300, 60).tolist()) for _ in range(60)]
@@ -80,11 +80,18 @@ def w(tmp_path_factory):
     p = run_cli("bench-io", str(w / "disk.bin"), "--queue-depths", "1", "--seconds", "0.02",
                 "-o", str(w / "disk.json"), "-q")  # fmt: skip
     assert p.returncode == 0, p.stderr
-    _checkpoint(w / "ckpt", TINY_CONFIG)
+    (w / "small.json").write_text(json.dumps(TINY_CONFIG))
     (w / "big.json").write_text(json.dumps({**TINY_CONFIG, "ngram_vocab_size_ratio": 30}))
-    _tune_report(w, w / "ckpt" / "config.json", "small")
+    _tune_report(w, w / "small.json", "small")
     _tune_report(w, w / "big.json", "big")
     return w
+
+
+@pytest.fixture(scope="module")
+def ckpt(w):
+    """A checkpoint of the tiny config (written with torch's safetensors) beside the reports."""
+    _checkpoint(w / "ckpt", TINY_CONFIG)
+    return w / "ckpt"
 
 
 def _json(path) -> dict:
@@ -110,7 +117,7 @@ def test_reports_carry_format_version_and_the_shape_they_were_made_for(w):
     assert _json(w / "tune-big.json")["shape"] == big
 
 
-def test_a_tune_report_of_another_shape_is_refused_naming_the_file_and_both_shapes(w):
+def test_a_tune_report_of_another_shape_is_refused_naming_the_file_and_both_shapes(w, ckpt):
     p = _load(w, w / "tune-small.json", "st")  # the right shape loads, its slots as chosen
     assert p.returncode == 0, p.stderr[-3000:]
     assert json.loads(p.stdout) == sorted(_json(w / "tune-small.json")["rows"].values())
@@ -120,6 +127,8 @@ def test_a_tune_report_of_another_shape_is_refused_naming_the_file_and_both_shap
     assert f"{w / 'tune-big.json'} was made for 4 tables 0..3 of 9,001 to 9,007 rows" in err, err
     assert "applied to 4 tables 0..3 of 901 to 907 rows" in err, err
     assert not (w / "st2").exists()  # refused before anything was built
+    p = _load(w, w / "profile-small.json", "st4")  # a profile given as a tune report
+    assert p.returncode == 2 and "is a fault-rate profile" in p.stderr, p.stderr[-3000:]
 
 
 def test_other_reports_and_newer_versions_are_refused_older_ones_warned(w):
@@ -136,8 +145,6 @@ def test_other_reports_and_newer_versions_are_refused_older_ones_warned(w):
     newer.write_text(json.dumps({**_json(prof), "version": 99}))
     err = one_error_line(run_cli("tune", str(newer), "--arena", "4KiB"), "tune")
     assert "of version 99, made by a newer rowcache; this one reads versions 1..1" in err, err
-    p = _load(w, newer, "st4")  # a profile given as a tune report
-    assert p.returncode == 2 and "is a fault-rate profile" in p.stderr, p.stderr[-3000:]
     # from before versions: read, with one warning line
     old = {k: v for k, v in _json(prof).items() if k not in ("format", "version", "shape")}
     (w / "old.json").write_text(json.dumps(old))
@@ -149,7 +156,7 @@ def test_other_reports_and_newer_versions_are_refused_older_ones_warned(w):
     assert rep["format"] == "rowcache.tune" and rep["shape"] == _json(prof)["shape"]
 
 
-def test_an_unversioned_tune_report_loads_with_a_warning_naming_what_it_cannot_check(w):
+def test_an_unversioned_tune_report_loads_with_a_warning_naming_what_it_cannot_check(w, ckpt):
     old = w / "old-tune.json"
     old.write_text(json.dumps({"rows": {"0": 2_000, "1": 50}, "dtype": "bf16"}))
     p = _load(w, old, "st3")

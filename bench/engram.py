@@ -134,7 +134,8 @@ class Model:
 
 
 class Log:
-    """What the run says as it goes: printed (unless the report is JSON) and kept for it."""
+    """What the run says as it goes: printed (to stderr when the report is JSON on stdout, so
+    a run cut short still shows how far it came) and kept for the report."""
 
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
@@ -142,8 +143,7 @@ class Log:
 
     def __call__(self, line: str) -> None:
         self.lines.append(line)
-        if not self.quiet:
-            print(line, flush=True)
+        print(line, file=sys.stderr if self.quiet else sys.stdout, flush=True)
 
 
 def _config(name: str, rows_per_layer: int | None) -> Any:

@@ -1191,6 +1191,7 @@ def main(argv: list[str] | None = None) -> None:
                     row["bound tok/s"] = n / bound
                     row["cached/bound"] = c["tok_s"] * bound / n
                 results.append(row)
+                log("row: " + "  ".join(f"{k}={fmt_cell(v)}" for k, v in row.items()))
             timing[f"budget {b}_s"] = time.perf_counter() - tb
         if floor is not None:
             floor.close()

@@ -3,7 +3,9 @@
  *
  * quantize_pages: per-row absmax E4M3 quantization of a block of rows (bf16 given as its
  *   uint16 bits, or float32), the rule of rowcache.kernels.reference.quantize_fp8_reference:
- *     scale = amax(|x|) / 448 (float32 division; 1.0 for an all-zero row)
+ *     scale = amax(|x|) / 448 (float32 division; 1.0 where it is 0: an all-zero row, or one
+ *             so small the division underflows, amax <= 448 * 2^-150, whose codes are then
+ *             signed zeros, never the NaN codes of x / 0)
  *     code  = satfinite_e4m3_rne(x / scale)        (float32 division, not x * (1/scale))
  *   Each record (dim codes, then the float32 scale, little-endian) goes to its place in the
  *   page layout of the store (rows_per_page records per page_bytes page), so the builder
@@ -36,8 +38,9 @@ static inline uint32_t mask(int c) { return (uint32_t)0 - (uint32_t)c; }
 
 /* satfinite E4M3 (fn) code of a float32, round to nearest even: normal codes round the
  * float's mantissa to 3 bits on its bits; subnormal codes (|q| < 2^-6) are rne(|q| * 512),
- * exact through an add of 2^23; magnitudes above 448 (Inf included) give 448, a NaN (only
- * from 0/0 in a row whose scale underflowed to 0) gives the NaN code, as the reference. */
+ * exact through an add of 2^23; magnitudes above 448 (Inf included) give 448, a NaN gives
+ * the NaN code, as the reference (never reached: rows holding a NaN are skipped, and no
+ * scale is 0, so x / scale is never 0/0). */
 static inline uint8_t e4m3(float q) {
     const uint32_t b = f2u(q);
     const uint32_t sign = (b >> 24) & 0x80u;
@@ -63,7 +66,8 @@ __attribute__((target_clones("avx2", "default"))) static int row_bf16(const uint
     }
     if (m >= 0x7F80u) return 1;
     const float amax = u2f(m << 16);
-    const float scale = amax == 0.0f ? 1.0f : amax / 448.0f;
+    const float q = amax / 448.0f;
+    const float scale = q == 0.0f ? 1.0f : q;
     for (Py_ssize_t j = 0; j < dim; j++) {
         rec[j] = e4m3(u2f((uint32_t)x[j] << 16) / scale);
     }
@@ -81,7 +85,8 @@ __attribute__((target_clones("avx2", "default"))) static int row_f32(const uint3
     }
     if (m >= 0x7F800000u) return 1;
     const float amax = u2f(m);
-    const float scale = amax == 0.0f ? 1.0f : amax / 448.0f;
+    const float q = amax / 448.0f;
+    const float scale = q == 0.0f ? 1.0f : q;
     for (Py_ssize_t j = 0; j < dim; j++) {
         rec[j] = e4m3(u2f(x[j]) / scale);
     }

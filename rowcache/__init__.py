@@ -8,6 +8,7 @@ Public API: ``build_store`` (with ``ConcatRows`` and ``Fp8TableScaleSource`` sou
 
 from __future__ import annotations
 
+import logging
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _dist_version
 
@@ -29,6 +30,11 @@ from rowcache.format.layout import TableInfo
 from rowcache.store.builder import build_store
 from rowcache.store.handle import RowStore, VerifyReport
 from rowcache.store.sources import ConcatRows, Fp8TableScaleSource
+
+# The library logs through ``logging.getLogger("rowcache")`` (and its children, one a module:
+# ``rowcache.store.builder``, ...) and prints nothing itself; without a handler of the
+# application's, nothing shows (``rowcache -v`` shows INFO on stderr, ``-vv`` DEBUG).
+logging.getLogger("rowcache").addHandler(logging.NullHandler())
 
 try:
     __version__ = _dist_version("rowcache")

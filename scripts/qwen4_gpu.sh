@@ -17,16 +17,16 @@ if has qwen4; then
   df -h /tmp | tail -1; free -g | head -2; stat -fc %T /sys/fs/cgroup; cat /proc/self/cgroup
   timeout "$(lim 560)" python3 -m bench.qwen4 --device cuda ${QWEN4_ARGS:-} --json \
     > "$OUT/qwen4.json" 2> "$OUT/qwen4.log"
-  echo "qwen4 rc=$?"; tail -5 "$OUT/qwen4.log"
+  echo "qwen4 rc=$?"
+  # the run's log as it went (a row a budget and mode; all there even where it was cut short)
+  grep -v "^\s*$" "$OUT/qwen4.log" | grep -v "it/s\]$" | cut -c1-400 | tail -70
   python3 - "$OUT/qwen4.json" <<'PY'
 import json, sys
 try:
     d = json.load(open(sys.argv[1]))
 except (OSError, ValueError) as e:
     sys.exit(f"no report: {e}")
-for line in d.get("log", []):
-    print(line)
-for r in d.get("results", []) + d.get("targets", []):
+for r in d.get("targets", []):
     print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
 PY
 fi

@@ -28,6 +28,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def user_cache_root(tmp_path_factory):
+    """One temporary directory for rowcache's user cache over the session."""
+    return tmp_path_factory.mktemp("user-cache")
+
+
+@pytest.fixture(autouse=True)
+def user_cache_dir(user_cache_root, monkeypatch):
+    """``ROWCACHE_CACHE_DIR`` for every test (and the children it starts): a temporary
+    directory, never the user's ``~/.cache/rowcache``, where the loaders put the stores of
+    checkpoints by default (``rowcache.embed.user_cache``). A test may set its own."""
+    monkeypatch.setenv("ROWCACHE_CACHE_DIR", str(user_cache_root))
+    return user_cache_root
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(20261130)

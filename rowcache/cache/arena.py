@@ -34,15 +34,26 @@ class Arena:
     ----------
     slots, dim, record_bytes : the arena's shape and a stored record's size.
     dtype : the store's codec (``rowcache.format.codecs``): the slots hold its
-        ``value_dtype`` (bf16 values, or E4M3 codes for ``fp8`` and ``fp8_table_scale``),
-        and ``scales`` a float32 a slot where its records carry one (``fp8``), else None
-        (the scale of an ``fp8_table_scale`` table is the table's, in its ``TableInfo``).
+        ``value_dtype`` (bf16 values, or E4M3 codes for ``fp8`` and ``fp8_table_scale``,
+        whole records of codes and scale bytes for ``fp8_block_e8m0``), ``arena_width`` of
+        them a slot, and ``scales`` a float32 a slot where its records carry one (``fp8``),
+        else None (the scale of an ``fp8_table_scale`` table is the table's, in its
+        ``TableInfo``).
     device : ``"cpu"`` or ``"cuda"``; xp : numpy or cupy.
     kind : with ``cuda``, ``"device"`` (HBM) or ``"host"`` (pinned, mapped).
+    params : the tables' codec parameters (one arena width for every table it serves).
     """
 
     def __init__(
-        self, slots: int, dim: int, record_bytes: int, dtype: str, device: str, kind: str, xp: Any
+        self,
+        slots: int,
+        dim: int,
+        record_bytes: int,
+        dtype: str,
+        device: str,
+        kind: str,
+        xp: Any,
+        params: dict[str, Any] | None = None,
     ) -> None:
         self.device = device
         self.kind = kind
@@ -57,7 +68,7 @@ class Arena:
         codec = get_codec(dtype)
         vdt = codec.value_dtype
         fp8 = codec.row_scales
-        dim = codec.arena_width(dim)
+        dim = codec.arena_width(dim, params)
         if device == "cpu":
             self.table: Any = np.zeros((slots, dim), dtype=vdt)
             self.scales: Any = np.ones(slots, dtype=np.float32) if fp8 else None

@@ -107,6 +107,12 @@ class CacheLayout:
                     f"table={table!r}: tables sharing an arena need one width; "
                     f"{first.name!r} has dim {first.dim}, {p.name!r} has {p.dim}"
                 )
+            if p.record_bytes != first.record_bytes:  # a block-scaled codec's other blocks
+                raise ConfigError(
+                    f"table={table!r}: tables sharing an arena need one record size; "
+                    f"{first.name!r} has {first.record_bytes} bytes a row ({first.params}), "
+                    f"{p.name!r} {p.record_bytes} ({p.params})"
+                )
         counts = np.array([p.rows for p in parts], dtype=np.int64)
         row_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         rows = int(row_offsets[-1])

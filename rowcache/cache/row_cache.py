@@ -64,8 +64,9 @@ class NgramRowCache:
 
     Attributes
     ----------
-    table : bfloat16[slots, dim] or uint8[slots, dim] (FP8 codes); numpy or cupy.
-    scales : float32[slots] for FP8 stores, else None.
+    table : bfloat16[slots, dim] or uint8[slots, dim] (FP8 codes), or uint8[slots, dim +
+        dim / block] (whole records of a block-scaled ``fp8_block_e8m0`` store); numpy or cupy.
+    scales : float32[slots] for ``fp8`` stores, else None.
 
     Thread safety: every method takes the cache's lock, so calls from several threads
     never corrupt the maps, pins or stats, and every slot returned to any caller holds its
@@ -185,7 +186,14 @@ class NgramRowCache:
             log_slack=tuning.log_slack,
         )
         self._arena = Arena(
-            self.num_slots, self.dim, self.record_bytes, self.dtype, device, self.arena_kind, xp
+            self.num_slots,
+            self.dim,
+            self.record_bytes,
+            self.dtype,
+            device,
+            self.arena_kind,
+            xp,
+            self.parts[0].params,
         )
         self._reads = reads
         self._prefetcher = Prefetcher(
@@ -219,7 +227,8 @@ class NgramRowCache:
     def _settle_books(self) -> None:
         """Before a call that reads or changes the books: refuse a deferred resolve not yet
         waited for (never committed implicitly), finish the deferred touches."""
-        refuse_pending(self.name, self._faulter.pending is not None)
+        if self._faulter.pending is not None:
+            refuse_pending(self.name, True)
         if self._lru.touching:
             self._lru.finish_touches()
 

@@ -123,6 +123,18 @@ class StepRows:
         self._maps: list[Any] = [None] * len(self._groups)  # GPU: device maps, once asked
         self._pending: list[DeferredResolve] = []
         self._faults = 0
+        #: each member's first global row in its cache (``row_offsets[part]``), int64
+        self.offsets = np.array([c.row_offsets[p] for c, p in self._members], dtype=np.int64)
+        self.offsets.setflags(write=False)
+        # one cache holding every member in order: a step's ids are that cache's ids as
+        # they are, and its slots are the result as they are (no gather or scatter)
+        whole = slice(0, len(self._members))
+        self._whole = (
+            len(self._groups) == 1
+            and isinstance(self._groups[0].rows, slice)
+            and self._groups[0].rows == whole
+        )
+        self._after: Any = None  # GPU: the event end_step records (made once, re-recorded)
 
     # --- what it holds --------------------------------------------------------------------
     def __len__(self) -> int:
@@ -146,40 +158,53 @@ class StepRows:
         return self._faults
 
     # --- ids ------------------------------------------------------------------------------
-    def global_ids(self, ids: Ids | StepIds) -> StepIds:
+    def global_ids(self, ids: Ids | StepIds, *, offset: bool = True) -> StepIds:
         """``ids`` (:data:`Ids`) as each cache's global ids, computed once for the step's
-        calls."""
-        if isinstance(ids, StepIds):
+        calls. ``offset=False``: ``ids`` are global already (each member's row plus its
+        :attr:`offsets` entry, e.g. added by the caller's hash as it wrote them), and are
+        only split among the caches."""
+        if isinstance(ids, StepIds):  # isinstance, which mypy narrows (no subclass exists)
             return ids
-        return StepIds(ids, [self._group_ids(g, ids) for g in self._groups])
+        if (  # a step's global ids of one cache as they are: a view, no copy
+            self._whole
+            and not offset
+            and type(ids) is np.ndarray
+            and ids.dtype == np.int64
+            and ids.ndim == 2
+            and ids.shape[0] == len(self._members)
+            and ids.flags.c_contiguous
+        ):
+            return StepIds(ids, [ids.ravel()])
+        return StepIds(ids, [self._group_ids(g, ids, offset) for g in self._groups])
 
-    def _group_ids(self, g: _Group, ids: Ids) -> np.ndarray:
+    def _group_ids(self, g: _Group, ids: Ids, offset: bool) -> np.ndarray:
         """The global ids (int64, contiguous) of group ``g``'s members' rows, member after
-        member."""
+        member (``offset``: add each member's offset)."""
         if isinstance(ids, np.ndarray):
             if ids.ndim != 2 or ids.shape[0] != len(self._members):
                 raise ConfigError(
                     f"ids: give int [{len(self._members)}, n] (a row a member), got shape "
                     f"{ids.shape}"
                 )
-            part = ids[g.rows]
-            return np.ascontiguousarray((part + g.offsets[:, None]).ravel(), dtype=np.int64)
+            part = ids if self._whole else ids[g.rows]
+            if offset:
+                part = part + g.offsets[:, None]
+            return np.ascontiguousarray(part, dtype=np.int64).ravel()
         if len(ids) != len(self._members):
             raise ConfigError(
                 f"ids: give one id vector a member ({len(self._members)}), got {len(ids)}"
             )
+        offs = g.offsets if offset else np.zeros(len(g.members), np.int64)
         return np.concatenate(
-            [
-                np.asarray(ids[k], dtype=np.int64).ravel() + off
-                for k, off in zip(g.members, g.offsets)
-            ]
+            [np.asarray(ids[k], dtype=np.int64).ravel() + off for k, off in zip(g.members, offs)]
         )
 
     # --- a step ---------------------------------------------------------------------------
     def prefetch(self, ids: Ids | StepIds) -> PrefetchHandle:
         """Start reading the rows of a coming step, one ``prefetch`` per cache; never blocks
         on I/O (rows beyond the free or unpinned slots are dropped: ``handle.dropped``)."""
-        self.settle()
+        if self._pending:
+            self.settle()
         return PrefetchHandle.merge(
             [g.cache.prefetch(gid) for g, gid in zip(self._groups, self.global_ids(ids).per_group)]
         )
@@ -187,9 +212,13 @@ class StepRows:
     def holds_all(self, ids: Ids | StepIds) -> bool:
         """Whether a :meth:`resolve` of ``ids`` would fault, wait or commit nothing (every
         row resident and shown in the device maps); changes nothing in the caches."""
-        self.settle()
-        gids = self.global_ids(ids).per_group
-        return all(g.cache.holds_all(gid) for g, gid in zip(self._groups, gids))
+        if self._pending:
+            self.settle()
+        step = ids if type(ids) is StepIds else self.global_ids(ids)
+        for g, gid in zip(self._groups, step.per_group):
+            if not g.cache.holds_all(gid):
+                return False
+        return True
 
     def resolve(self, ids: Ids | StepIds, *, host: bool = False, defer: bool = False) -> Any:
         """Arena slots of every member's rows, one ``resolve`` per cache (a shared cache
@@ -209,10 +238,11 @@ class StepRows:
         int32 ``[members, n]`` (2-D ``ids``) or a list of int32 vectors, a member each
         (numpy with ``host`` or on the CPU, else cupy); None with ``defer``.
         """
-        self.settle()
+        if self._pending:
+            self.settle()
         faults = 0
         got: list[Any] = []
-        step = self.global_ids(ids)
+        step = ids if type(ids) is StepIds else self.global_ids(ids)
         for i, (g, gid) in enumerate(zip(self._groups, step.per_group)):
             if defer:
                 if self._maps[i] is None and g.cache.device == "cuda":
@@ -227,6 +257,8 @@ class StepRows:
         self._faults = faults
         if defer:
             return None
+        if self._whole and type(step.ids) is np.ndarray:
+            return got[0].reshape(step.ids.shape)
         return self._scatter(step.ids, got)
 
     def resolve_member(self, k: int, ids: np.ndarray, *, host: bool = False) -> Any:
@@ -248,10 +280,8 @@ class StepRows:
         """Each group's slots back into the members' order."""
         if isinstance(ids, np.ndarray):
             n = ids.shape[1]
-            if len(self._groups) == 1 and isinstance(self._groups[0].rows, slice):
-                g = self._groups[0]
-                if g.rows == slice(0, len(self._members)):
-                    return got[0].reshape(len(self._members), n)
+            if self._whole:
+                return got[0].reshape(len(self._members), n)
             xp = _xp_of(got[0]) if got else np
             out = xp.empty((len(self._members), n), dtype=np.int32)
             for g, s in zip(self._groups, got):
@@ -308,12 +338,16 @@ class StepRows:
                 g.cache.end_step()
             return
         cur = self._cp.cuda.get_current_stream()
-        after = None
+        recorded = False
         for g in self._groups:
             s = g.cache.stream
             if s is not None and s.ptr != cur.ptr:
-                after = after or cur.record()
-                g.cache.end_step(after=after)
+                if not recorded:  # one event a step, re-recorded (each cache waits at once)
+                    if self._after is None:
+                        self._after = self._cp.cuda.Event(block=False, disable_timing=True)
+                    self._after.record(cur)
+                    recorded = True
+                g.cache.end_step(after=self._after)
             else:
                 g.cache.end_step()
 

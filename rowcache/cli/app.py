@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import math
 import os
 import platform
@@ -136,6 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the version, where rowcache was imported from, and its native extensions",
     )
     add_quiet(parser, top=True)
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log what the library does on stderr (logger 'rowcache'): -v INFO, -vv DEBUG; "
+        "before the command (rowcache -v build ...)",
+    )
     # not required here: main() says a missing command after an unknown flag, which argparse
     # would hide behind "the following arguments are required: COMMAND" (rowcache --bogus)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
@@ -235,6 +244,28 @@ def _interrupted(prog: str) -> int:
     return EXIT_INTERRUPTED
 
 
+_LOG_HANDLER: logging.Handler | None = None
+
+
+def log_to_stderr(verbose: int) -> None:
+    """``-v``: the ``rowcache`` logger's records at INFO (``-vv``: DEBUG) on stderr, one line
+    each (``rowcache: INFO: rowcache.store.builder: built ...``); none without it. One handler,
+    set again by every ``main`` call (tests call it many times in a process)."""
+    global _LOG_HANDLER
+    logger = logging.getLogger("rowcache")
+    if _LOG_HANDLER is not None:
+        logger.removeHandler(_LOG_HANDLER)
+        _LOG_HANDLER = None
+    if not verbose:
+        logger.setLevel(logging.NOTSET)
+        return
+    handler = logging.StreamHandler()  # sys.stderr as it is now (a test's capture included)
+    handler.setFormatter(logging.Formatter("rowcache: %(levelname)s: %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
+    _LOG_HANDLER = handler
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 1 check failed, 2 error, 130 Ctrl-C, 141
     closed pipe)."""
@@ -248,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as e:  # --help, --version
             return int(e.code or 0)
         prog = f"rowcache {args.command}"
+        log_to_stderr(args.verbose)
         # Bars only for a person watching a terminal; -q silences them and the info lines.
         if getattr(args, "quiet", False) or not _isatty(sys.stderr):
             if hasattr(args, "no_progress"):

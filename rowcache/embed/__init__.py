@@ -42,7 +42,13 @@ from rowcache.embed.qwen4.checkpoint import build_qwen4_store, load_qwen4_memory
 from rowcache.embed.qwen4.config import Qwen4NgramConfig
 from rowcache.embed.qwen4.hash import Qwen4NgramHash
 from rowcache.embed.qwen4.memory import Qwen4NgramMemory
-from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table, Fp8TableScaleTable
+from rowcache.embed.tables import (
+    Bf16Table,
+    CachedTable,
+    Fp8BlockScaleTable,
+    Fp8Table,
+    Fp8TableScaleTable,
+)
 
 __all__ = [
     "Bf16Table",
@@ -54,6 +60,7 @@ __all__ = [
     "EngramHash",
     "EngramMemory",
     "EngramPrefetch",
+    "Fp8BlockScaleTable",
     "Fp8Table",
     "Fp8TableScaleTable",
     "NgramBatch",

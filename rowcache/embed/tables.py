@@ -1,8 +1,9 @@
 """Table variants of the n-gram embedding: resident BF16, resident FP8 (a scale a row),
-resident FP8 with one scale a table, cached.
+resident FP8 with one scale a table, resident FP8 with one power-of-two scale a block of
+values, cached.
 
-Owns :class:`Bf16Table`, :class:`Fp8Table`, :class:`Fp8TableScaleTable` and
-:class:`CachedTable`. Each answers
+Owns :class:`Bf16Table`, :class:`Fp8Table`, :class:`Fp8TableScaleTable`,
+:class:`Fp8BlockScaleTable` and :class:`CachedTable`. Each answers
 ``gather(ids, out=None) -> bfloat16[n, d]`` with the kernels of ``kernels`` (NumPy
 references on the CPU, CUDA kernels for cupy arrays), so ``NgramEmbedding`` mixes
 them freely. Does not hash ids or project rows.
@@ -17,11 +18,18 @@ import numpy as np
 
 import rowcache.kernels
 from rowcache.errors import ConfigError
-from rowcache.format.codecs import Fp8TableScaleCodec, get_codec, table_scale_params
+from rowcache.format.codecs import (
+    Fp8TableScaleCodec,
+    block_scale_params,
+    get_codec,
+    table_scale_params,
+)
 from rowcache.kernels.loader import is_device_array, require_cupy
 from rowcache.kernels.reference import BF16
 
 _U8 = np.dtype(np.uint8)
+_E4M3 = np.dtype("float8_e4m3fn")
+_E8M0 = np.dtype("float8_e8m0fnu")
 _U16 = np.dtype(np.uint16)
 _V2 = np.dtype("V2")
 _F32 = np.dtype(np.float32)
@@ -167,9 +175,9 @@ class Fp8Table:
     def quantize(cls, array: Any) -> Fp8Table:
         """Quantize a bfloat16 (or float32) table on load, per row absmax.
 
-        ``rowcache.kernels.quantize_fp8``: the store's FP8 rule (scale = amax / 448, 1 for an
-        all-zero row; codes = satfinite E4M3 of ``x / scale``), on the GPU for a cupy
-        array and bit-identical to the NumPy reference.
+        ``rowcache.kernels.quantize_fp8``: the store's FP8 rule (scale = amax / 448, 1 where
+        that is 0: an all-zero row or one below ~3e-43; codes = satfinite E4M3 of
+        ``x / scale``), on the GPU for a cupy array and bit-identical to the NumPy reference.
         """
         if not hasattr(array, "ndim") or array.ndim != 2 or array.dtype not in (BF16, _F32):
             raise ConfigError(
@@ -300,6 +308,120 @@ class Fp8TableScaleTable:
         )
 
 
+class Fp8BlockScaleTable:
+    """A resident FP8 table of the ``fp8_block_e8m0`` codec: E4M3 codes and one UE8M0 scale
+    byte a block of values, as DeepSeek-V4.1's checkpoint ships its Engram tables.
+
+    The "resident" counterpart of a cache over an ``fp8_block_e8m0`` store (also what the
+    engines hold: the two tensors, in device or pinned host memory): value ``j`` of a row
+    gathers as ``bf16_rn(e4m3(code_j) * 2**(e_{j // B} - 127))`` through
+    ``rowcache.kernels.batched_embed_fp8_block``, the kernel a cache's arena is read with.
+
+    Parameters
+    ----------
+    codes : uint8[rows, d] (or float8_e4m3fn, viewed as its bytes), numpy or cupy
+        E4M3 bit patterns (a memory map of a checkpoint's tensor is read in place).
+    scales : uint8[rows, d / B] (or float8_e8m0fnu), on the device of ``codes``
+        UE8M0 bytes, one a block of ``B`` values; kept verbatim (0 is ``2**-127``, 255 NaN).
+    block_size : B; None takes ``d / scales.shape[1]``, given it is checked against it.
+    """
+
+    kind = "fp8_block_e8m0"
+    codec = get_codec("fp8_block_e8m0")
+
+    def __init__(self, codes: Any, scales: Any, block_size: int | None = None) -> None:
+        codes = _bytes_view(codes, _E4M3)
+        scales = _bytes_view(scales, _E8M0)
+        if not hasattr(codes, "ndim") or codes.ndim != 2 or codes.dtype != _U8:
+            raise ConfigError(
+                f"Fp8BlockScaleTable codes must be uint8[rows, dim] E4M3 codes, "
+                f"got {_describe(codes)}"
+            )
+        rows, dim = int(codes.shape[0]), int(codes.shape[1])
+        if (
+            not hasattr(scales, "ndim")
+            or scales.ndim != 2
+            or scales.dtype != _U8
+            or scales.shape[0] != rows
+            or scales.shape[1] < 1
+        ):
+            raise ConfigError(
+                f"Fp8BlockScaleTable scales must be uint8[{rows}, dim / block] UE8M0 bytes (one "
+                f"row a row of codes), got {_describe(scales)}"
+            )
+        if is_device_array(codes) != is_device_array(scales):
+            raise ConfigError(
+                f"Fp8BlockScaleTable codes and scales must live on one device, got "
+                f"{_describe(codes)} and {_describe(scales)}"
+            )
+        blocks = int(scales.shape[1])
+        if block_size is None and dim % blocks == 0:
+            block_size = dim // blocks
+        self.params = block_scale_params(block_size, dim, "Fp8BlockScaleTable block_size")
+        if dim // self.params["block_size"] != blocks:
+            raise ConfigError(
+                f"Fp8BlockScaleTable scales have {blocks} bytes a row; rows of {dim} codes in "
+                f"blocks of {self.params['block_size']} need {dim // self.params['block_size']}"
+            )
+        self.codes = codes
+        self.scales = scales
+
+    @property
+    def block_size(self) -> int:
+        """Values one scale byte covers."""
+        return int(self.params["block_size"])
+
+    @property
+    def rows(self) -> int:
+        return int(self.codes.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.codes.shape[1])
+
+    @property
+    def device(self) -> str:
+        return _device_of(self.codes)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.codes.nbytes + self.scales.nbytes)
+
+    def to(self, device: str) -> Fp8BlockScaleTable:
+        """This table on ``device``; self when already there."""
+        codes = _to_device(self.codes, device)
+        if codes is self.codes:
+            return self
+        return Fp8BlockScaleTable(codes, _to_device(self.scales, device), self.block_size)
+
+    @property
+    def arrays(self) -> tuple[Any, None]:
+        """``(codes, None)``: ``rowcache.kernels.ngram.stacked.StackedTables`` refuses it
+        (the fused step reads bf16 rows or per-row-scaled codes), with a ConfigError."""
+        return self.codes, None
+
+    def gather(self, ids: Any, out: Any = None) -> Any:
+        """Dequantized rows: ids int[n] -> bfloat16[n, d]."""
+        return rowcache.kernels.batched_embed_fp8_block(ids, self.codes, self.scales, out)
+
+    def end_step(self) -> None:
+        """Nothing to release for a resident table."""
+
+    def end_batch(self) -> None:
+        """Deprecated alias of :meth:`end_step`, kept for one release."""
+
+    def __repr__(self) -> str:
+        return (
+            f"Fp8BlockScaleTable(rows={self.rows}, dim={self.dim}, "
+            f"block_size={self.block_size}, device={self.device!r})"
+        )
+
+
+def _bytes_view(a: Any, fp8: np.dtype) -> Any:
+    """``a`` viewed as its bytes (uint8) where it is an array of the one-byte ``fp8`` dtype."""
+    return a.view(np.uint8) if getattr(a, "dtype", None) == fp8 else a
+
+
 class CachedTable:
     """A table served through a row cache (``rowcache.NgramRowCache``).
 
@@ -419,6 +541,13 @@ class CachedTable:
         )
 
 
-Table = Bf16Table | Fp8Table | Fp8TableScaleTable | CachedTable
+Table = Bf16Table | Fp8Table | Fp8TableScaleTable | Fp8BlockScaleTable | CachedTable
 
-__all__ = ["Bf16Table", "CachedTable", "Fp8Table", "Fp8TableScaleTable", "Table"]
+__all__ = [
+    "Bf16Table",
+    "CachedTable",
+    "Fp8BlockScaleTable",
+    "Fp8Table",
+    "Fp8TableScaleTable",
+    "Table",
+]

@@ -8,7 +8,9 @@ not do any I/O; the page checksums themselves are computed by ``rowcache.io.chec
 Layout. A row is one *record*, encoded by the store's codec (``rowcache.format.codecs``):
 BF16 rows are ``dim * 2`` bytes; FP8 rows are ``dim`` E4M3 codes followed by their float32
 scale (little endian), ``dim + 4`` bytes, so one read fetches both; ``fp8_table_scale`` rows
-are their ``dim`` E4M3 codes, the table's one bf16 scale in the meta record. Records are packed into 4 KiB pages without
+are their ``dim`` E4M3 codes, the table's one bf16 scale in the meta record; ``fp8_block_e8m0``
+rows their ``dim`` E4M3 codes then one UE8M0 byte a block (``dim + dim / block_size``,
+the block size in the meta record). Records are packed into 4 KiB pages without
 straddling a page (``rows_per_page = 4096 // record_bytes``; the page tail is
 padding); a record larger than a page starts a page of its own. A table is split
 into shard files of ``pages_per_shard`` pages each (the last may be shorter); every
@@ -52,7 +54,7 @@ INDEX_NAME = "index.lmdb"
 INDEX_FILE = "data.mdb"  # the LMDB data file inside INDEX_NAME
 MARKER_NAME = "rowcache-store.json"  # the marker a build writes last (``rowcache.store.marker``)
 
-Dtype = Literal["bf16", "fp8", "fp8_table_scale"]
+Dtype = Literal["bf16", "fp8", "fp8_table_scale", "fp8_block_e8m0"]
 
 
 def write_version(dtype: str) -> int:
@@ -62,10 +64,11 @@ def write_version(dtype: str) -> int:
     return 2 if dtype in DTYPES_V2 else FORMAT_VERSION
 
 
-def record_bytes(dim: int, dtype: str) -> int:
-    """Bytes of one stored row of codec ``dtype``: ``2*dim`` for bf16, ``dim + 4`` (codes + f32
-    scale) for fp8, ``dim`` for fp8_table_scale (``rowcache.format.codecs``)."""
-    return get_codec(dtype).record_bytes(dim)
+def record_bytes(dim: int, dtype: str, params: dict[str, Any] | None = None) -> int:
+    """Bytes of one stored row of codec ``dtype`` (of a table of ``params``): ``2*dim`` for
+    bf16, ``dim + 4`` (codes + f32 scale) for fp8, ``dim`` for fp8_table_scale, ``dim + dim /
+    block_size`` for fp8_block_e8m0 (``rowcache.format.codecs``)."""
+    return get_codec(dtype).record_bytes(dim, params)
 
 
 def page_packing(rec: int) -> tuple[int, int]:
@@ -127,7 +130,8 @@ class TableInfo:
     ``rows`` x ``dim`` values of ``dtype`` (the codec's name); ``record_bytes`` per stored
     row, packed ``rows_per_page`` to a page of ``page_bytes``; ``pages_per_shard`` pages per
     shard file, ``shards`` files in all; ``params`` the codec's table-level parameters
-    (``{}``, or ``{"scale": s}`` for ``fp8_table_scale``).
+    (``{}``, ``{"scale": s}`` for ``fp8_table_scale``, ``{"block_size": B}`` for
+    ``fp8_block_e8m0``).
     """
 
     name: str
@@ -192,7 +196,7 @@ class TableInfo:
         shard_bytes: int,
         params: dict[str, Any] | None = None,
     ) -> TableInfo:
-        rec = record_bytes(dim, dtype)
+        rec = record_bytes(dim, dtype, params)
         rpp, page_bytes = page_packing(rec)
         pps = max(1, shard_bytes // page_bytes)
         pages = -(-rows // rpp)
@@ -296,7 +300,7 @@ def _parse_table(t: Any, i: int, dtype: str, path: str, version: int) -> TableIn
     if type(t["name"]) is not str or not t["name"]:
         raise FormatError(f"{where}: field 'name' is {t['name']!r}; expected a non-empty string")
     ints = {k: _check_int(t, k, where, low) for k, low in _TABLE_INT_FIELDS.items()}
-    params = get_codec(dtype).check_params(t.get("params", {}), f"{where}")
+    params = get_codec(dtype).check_params(t.get("params", {}), f"{where}", ints["dim"])
     info = TableInfo(name=t["name"], dtype=t["dtype"], params=params, **ints)
     expect = TableInfo.make(
         info.name, info.rows, info.dim, dtype, info.pages_per_shard * info.page_bytes, params

@@ -97,8 +97,14 @@ class ShardFiles:
                     "shards are never links (refusing to follow it): run `rowcache verify`"
                 ) from None
             shown = os.path.join(self.store_path, name)  # OSError(EACCES, ...) is a PermissionError
+            hint = ""
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                hint = (
+                    " (the process is out of file descriptors; close other stores or "
+                    "caches, or raise the limit: `ulimit -n`)"
+                )
             raise OSError(
-                e.errno, f"cannot open {self._where(t, s)}: {e.strerror}", shown
+                e.errno, f"cannot open {self._where(t, s)}: {e.strerror}{hint}", shown
             ) from None
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):

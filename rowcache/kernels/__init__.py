@@ -9,6 +9,7 @@ from __future__ import annotations
 from rowcache.kernels.gather import (
     batched_embed,
     batched_embed_fp8,
+    batched_embed_fp8_block,
     batched_embed_fp8_table_scale,
 )
 from rowcache.kernels.gemm import gemm_bf16_f32, gemm_bf16_f32_parts, scale_sum
@@ -28,6 +29,7 @@ __all__ = [
     "StackedTables",
     "batched_embed",
     "batched_embed_fp8",
+    "batched_embed_fp8_block",
     "batched_embed_fp8_table_scale",
     "embed_overlay_routed",
     "embed_rowdiff",

@@ -1,10 +1,13 @@
 // Row gathers of the embedding tables, launched by kernels/gather.py and specified
 // by kernels/reference.py (batched_embed_reference, batched_embed_fp8_reference,
-// batched_embed_fp8_table_scale_reference):
+// batched_embed_fp8_table_scale_reference, batched_embed_fp8_block_reference):
 //   gather_rows_*:     out[r, :] = table[ids[r], :]                      (bf16 bytes)
 //   gather_rows_fp8_*: out[r, :] = bf16_rn(float(e4m3(codes[ids[r], :])) * scales[ids[r]])
 //   gather_rows_fp8ts_*: out[r, :] = bf16_rn(bf16(e4m3(codes[ids[r], :])) * scale), one bf16
 //                      scale for the table; a NaN result is written as 0x7FC0
+//   gather_rows_fp8blk_*: out[r, j] = bf16_rn(bf16(e4m3(codes[ids[r], j])) * 2**(e - 127)),
+//                      e = scales[ids[r], j / block] (one UE8M0 byte a block; 255 is NaN);
+//                      a NaN result is written as 0x7FC0
 // Ids are trusted to lie in [0, rows): the launcher documents it, the CPU path checks.
 //
 // Layout: a block is (TX, TY) threads; each of its TY rows of threads (a "team")
@@ -226,3 +229,90 @@ GATHER_ROWS_FP8TS(gather_rows_fp8ts_2_i32, 2, int)
 GATHER_ROWS_FP8TS(gather_rows_fp8ts_2_i64, 2, long long)
 GATHER_ROWS_FP8TS(gather_rows_fp8ts_1_i32, 1, int)
 GATHER_ROWS_FP8TS(gather_rows_fp8ts_1_i64, 1, long long)
+
+// ---------------------------------------------------------------------------------
+// E4M3 codes with one UE8M0 scale byte a block of `block` values (the fp8_block_e8m0
+// codec, DeepSeek-V4.1's Engram tables): out = bf16_rn(bf16(code) * 2**(e - 127)). The
+// scale is made as a bf16 value, exactly: 2**(e - 127) for e in 1..254 is the bf16 of
+// exponent field e and mantissa 0 (bits e << 7); e = 0 is 2**-127, the bf16 subnormal
+// 0x0040; e = 255 is the UE8M0 NaN (OCP MX), a NaN scale (0x7FC0) that makes its block
+// NaN. Then, as gather_rows_fp8ts: __hmul rounds the exact product of two bf16 values
+// once, nearest even, subnormal operands and results kept (mul.bf16 / fma.rn.bf16 have no
+// flush; a float32 multiply here would flush the subnormal 2**-127 on these GPUs), which
+// is the reference's exact float32 product rounded to bf16. A NaN is written as 0x7FC0.
+// Codes and scales are two arrays (strides in bytes): a cache's arena passes the two
+// parts of its records (codes at byte 0, scales at byte dim of each slot's row), a
+// resident table its two tensors. VEC divides block, so a word's codes share one scale.
+
+__device__ __forceinline__ __nv_bfloat16 e8m0_to_bf16(unsigned char e) {
+    const unsigned short bits = e == 0 ? (unsigned short)0x0040
+                                : e == 255 ? (unsigned short)0x7FC0
+                                : (unsigned short)((unsigned short)e << 7);
+    return __ushort_as_bfloat16(bits);
+}
+
+template <int VEC, typename I>
+__device__ __forceinline__ void gather_rows_fp8blk(const unsigned char* __restrict__ codes,
+                                                   const unsigned char* __restrict__ scales,
+                                                   const I* __restrict__ ids,
+                                                   __nv_bfloat16* __restrict__ out,
+                                                   long long n,
+                                                   long long dim,
+                                                   long long words_per_block,
+                                                   long long codes_stride,
+                                                   long long scales_stride,
+                                                   long long out_stride) {
+    typedef typename Fp8Words<VEC>::In In;
+    typedef typename Fp8Words<VEC>::Out Out;
+    const long long chunks = dim / VEC;
+    const long long step = (long long)gridDim.x * blockDim.y;
+    for (long long r = (long long)blockIdx.x * blockDim.y + threadIdx.y; r < n; r += step) {
+        const long long id = (long long)ids[r];
+        const In* src = reinterpret_cast<const In*>(codes + id * codes_stride);
+        const unsigned char* exps = scales + id * scales_stride;
+        Out* dst = reinterpret_cast<Out*>(out + r * out_stride);
+        for (long long c = threadIdx.x; c < chunks; c += blockDim.x) {
+            const __nv_bfloat16 s = e8m0_to_bf16(exps[c / words_per_block]);
+            union {
+                In word;
+                unsigned char b[VEC];
+            } in;
+            union {
+                Out word;
+                unsigned short h[VEC];
+            } res;
+            in.word = src[c];
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                const __nv_bfloat16 code = __float2bfloat16_rn(e4m3_to_float(in.b[k]));
+                const __nv_bfloat16 p = __hmul(code, s);
+                res.h[k] = __hisnan(p) ? (unsigned short)0x7FC0 : __bfloat16_as_ushort(p);
+            }
+            dst[c] = res.word;
+        }
+    }
+}
+
+#define GATHER_ROWS_FP8BLK(NAME, VEC, I)                                                \
+    extern "C" __global__ void NAME(const unsigned char* __restrict__ codes,            \
+                                    const unsigned char* __restrict__ scales,           \
+                                    const I* __restrict__ ids,                          \
+                                    __nv_bfloat16* __restrict__ out,                    \
+                                    long long n,                                        \
+                                    long long dim,                                      \
+                                    long long words_per_block,                          \
+                                    long long codes_stride,                             \
+                                    long long scales_stride,                            \
+                                    long long out_stride) {                             \
+        gather_rows_fp8blk<VEC, I>(codes, scales, ids, out, n, dim, words_per_block,    \
+                                   codes_stride, scales_stride, out_stride);            \
+    }
+
+GATHER_ROWS_FP8BLK(gather_rows_fp8blk_8_i32, 8, int)
+GATHER_ROWS_FP8BLK(gather_rows_fp8blk_8_i64, 8, long long)
+GATHER_ROWS_FP8BLK(gather_rows_fp8blk_4_i32, 4, int)
+GATHER_ROWS_FP8BLK(gather_rows_fp8blk_4_i64, 4, long long)
+GATHER_ROWS_FP8BLK(gather_rows_fp8blk_2_i32, 2, int)
+GATHER_ROWS_FP8BLK(gather_rows_fp8blk_2_i64, 2, long long)
+GATHER_ROWS_FP8BLK(gather_rows_fp8blk_1_i32, 1, int)
+GATHER_ROWS_FP8BLK(gather_rows_fp8blk_1_i64, 1, long long)

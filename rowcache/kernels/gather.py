@@ -1,5 +1,6 @@
 """Row gathers: ``batched_embed`` (bf16 rows), ``batched_embed_fp8`` (E4M3 rows x their
-row's scale) and ``batched_embed_fp8_table_scale`` (E4M3 rows x one bf16 scale a table).
+row's scale), ``batched_embed_fp8_table_scale`` (E4M3 rows x one bf16 scale a table) and
+``batched_embed_fp8_block`` (E4M3 rows x one UE8M0 power of two a block of values).
 
 Owns the launchers of ``gather.cu`` and the argument checks shared with the scatter
 launcher. NumPy arrays run the references of ``kernels/reference.py`` (the spec);
@@ -17,6 +18,7 @@ from rowcache.errors import ConfigError
 from rowcache.kernels.loader import get_kernel, is_device_array, require_cupy
 from rowcache.kernels.reference import (
     BF16,
+    batched_embed_fp8_block_reference,
     batched_embed_fp8_reference,
     batched_embed_fp8_table_scale_reference,
     batched_embed_reference,
@@ -364,6 +366,92 @@ def batched_embed_fp8_table_scale(ids: Any, codes: Any, scale: Any, out: Any = N
             np.int64(n),
             np.int64(d),
             np.int64(codes.strides[0]),
+            np.int64(out.strides[0] // 2),
+        ),
+    )
+    return out
+
+
+# --- FP8 gather, one UE8M0 scale byte a block ------------------------------------------------
+
+
+def batched_embed_fp8_block(ids: Any, codes: Any, scales: Any, out: Any = None) -> Any:
+    """Gather E4M3 rows with one UE8M0 scale byte a block of values:
+    ``out[i, j] = bf16_rn(e4m3(codes[ids[i], j]) * 2**(scales[ids[i], j // B] - 127))``,
+    ``B = d // scales.shape[1]``.
+
+    The rule of the ``fp8_block_e8m0`` codec (``rowcache.format.codecs``; DeepSeek-V4.1's
+    Engram tables): the exact product rounded once to bfloat16, nearest even, subnormals
+    kept; a scale byte 0 is ``2**-127``, 255 is NaN (OCP MX), and every NaN is written as
+    ``0x7FC0``. Bit for bit
+    :func:`rowcache.kernels.reference.batched_embed_fp8_block_reference` on the CPU and the
+    GPU (``gather.cu``: ``gather_rows_fp8blk_*``).
+
+    Parameters
+    ----------
+    ids : int32[n] or int64[n], numpy or cupy
+        Row ids; as in :func:`batched_embed`, not range-checked on the GPU.
+    codes : uint8[rows, d], numpy or cupy
+        E4M3 codes as raw bytes. Rows must be contiguous; the row stride may be anything (a
+        cache's arena of whole records passes ``arena[:, :d]``).
+    scales : uint8[rows, nb], same library as ``codes``
+        UE8M0 bytes, ``nb`` dividing ``d`` (``arena[:, d:]`` of an arena of records).
+    out : bfloat16[n, d], optional
+        Written in place and returned; allocated when None.
+
+    Returns
+    -------
+    bfloat16[n, d]
+    """
+    check_index("ids", ids)
+    u8 = (np.dtype(np.uint8),)
+    check_array("codes", codes, ndim=2, dtypes=u8)
+    check_array("scales", scales, ndim=2, dtypes=u8)
+    if is_device_array(scales) != is_device_array(codes):
+        raise ConfigError(
+            f"scales must live where codes do ({describe(codes)}), got {describe(scales)}"
+        )
+    n, d, nb = int(ids.shape[0]), int(codes.shape[1]), int(scales.shape[1])
+    if scales.shape[0] != codes.shape[0] or not 1 <= nb <= d or d % nb:
+        raise ConfigError(
+            f"scales must be [{codes.shape[0]}, d / block]: one UE8M0 byte a block of each row "
+            f"of codes ({describe(codes)}), a number of blocks dividing {d}; got {describe(scales)}"
+        )
+    _check_out(out, codes, n, d)
+    if not is_device_array(codes):
+        return batched_embed_fp8_block_reference(host_index(ids), codes, scales, out)
+
+    cupy, out, dev_ids = _device_prologue("batched_embed_fp8_block", "codes", codes, ids, out, n, d)
+    if dev_ids is None:
+        return out
+    check_rows_contiguous("scales", scales)
+    block = d // nb
+    # VEC codes per word, as batched_embed_fp8; VEC also divides the block, so the codes of
+    # one word share one scale byte
+    vec = vector_bytes(
+        d,
+        block,
+        codes.strides[0],
+        codes.data.ptr,
+        out.strides[0] // 2,
+        out.data.ptr // 2,
+        widths=(8, 4, 2, 1),
+    )
+    kernel = get_kernel(_SOURCE, f"gather_rows_fp8blk_{vec}_{_ID_SUFFIX[dev_ids.dtype]}")
+    grid, block_shape = row_launch(cupy, n, d // vec)
+    kernel(
+        grid,
+        block_shape,
+        (
+            codes,
+            scales,
+            dev_ids,
+            out,
+            np.int64(n),
+            np.int64(d),
+            np.int64(block // vec),
+            np.int64(codes.strides[0]),
+            np.int64(scales.strides[0]),
             np.int64(out.strides[0] // 2),
         ),
     )

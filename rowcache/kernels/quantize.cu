@@ -1,6 +1,7 @@
 // Per-row absmax E4M3 quantization, launched by kernels/quantize.py and specified by
 // quantize_fp8_reference (kernels/reference.py):
-//   scale[r]    = amax(|x[r, :]|) / 448.0f, or 1.0f for an all-zero row
+//   scale[r]    = amax(|x[r, :]|) / 448.0f, or 1.0f where that is 0 (an all-zero row, or
+//                 one so small the division underflows: its codes are then signed zeros)
 //   codes[r, j] = satfinite_e4m3_rn(x[r, j] / scale[r])
 // Bit-exact with the reference for non-NaN inputs because every step is exactly
 // rounded: |x| and max are exact, the two divisions are IEEE float32 divisions (NVRTC's
@@ -49,7 +50,8 @@ __device__ __forceinline__ void quantize_rows(const T* __restrict__ x,
         __syncthreads();
         const float amax = partial[0];
         __syncthreads();  // partial[] is rewritten by the next row
-        const float scale = amax == 0.0f ? 1.0f : amax / 448.0f;
+        const float q = amax / 448.0f;
+        const float scale = q == 0.0f ? 1.0f : q;
         if (threadIdx.x == 0) scales[r] = scale;
         unsigned char* out = codes + r * codes_stride;
         for (long long j = threadIdx.x; j < dim; j += blockDim.x) {

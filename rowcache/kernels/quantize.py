@@ -43,7 +43,8 @@ def _check_outputs(x: Any, codes: Any, scales: Any) -> None:
 def quantize_fp8(x: Any, *, codes: Any = None, scales: Any = None) -> tuple[Any, Any]:
     """Per-row absmax E4M3 quantization, the rule of ``quantize_fp8_reference``.
 
-    ``scale = amax(|row|) / 448`` (1.0 for an all-zero row) and
+    ``scale = amax(|row|) / 448`` (1.0 where that is 0: an all-zero row, or one so small
+    that the division underflows, ``amax <= 448 * 2**-150``, stored as signed zeros) and
     ``code = satfinite_e4m3(value / scale)``, both divisions in float32.
 
     Parameters

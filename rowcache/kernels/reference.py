@@ -16,10 +16,14 @@ import numpy as np
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)  # OCP MX's UE8M0 scale: 2**(e - 127), 0xFF NaN
 FP8_MAX = np.float32(448.0)
 BF16_NAN_BITS = 0x7FC0  # the NaN every table-scaled FP8 gather writes (float32's quiet NaN, cut)
 _E4M3_TO_F32 = np.arange(256, dtype=np.uint8).view(E4M3).astype(np.float32)
 _F32_TINY = np.finfo(np.float32).tiny
+# UE8M0 byte e -> 2**(e - 127) as float32, exact for every byte: 0 -> 2**-127 (a float32
+# subnormal), 254 -> 2**127; 255 -> NaN (OCP MX v1.0, section 5.4.1).
+_E8M0_TO_F32 = np.append(np.ldexp(np.float32(1.0), np.arange(-127, 128)), np.nan).astype(np.float32)
 
 
 def quantize_fp8_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -34,14 +38,21 @@ def quantize_fp8_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     codes : uint8[n, d]
         ``satfinite_e4m3(x / scale)`` with the division in float32.
     scales : float32[n]
-        ``amax(|x|) / 448`` in float32, or 1.0 for an all-zero row.
+        ``amax(|x|) / 448`` in float32, or 1.0 where that quotient is zero: an all-zero
+        row, and a row so small that the division underflows (``0 < amax <= 448 * 2**-150``,
+        about 3.1e-43). Such a row's codes are then ``e4m3(x)``, signed zeros, and it
+        dequantizes to zeros: the nearest values the FP8 gathers can serve, since they flush
+        any product below 2**-126 (:func:`dequantize_fp8_reference`) whatever the scale.
+        (A scale of 0 made ``x / 0`` an Inf or, for a zero, a NaN code, served as NaN.)
     """
     x32 = np.asarray(x).astype(np.float32, copy=False)
     if x32.ndim != 2:
         raise ValueError(f"x must be 2-D [rows, dim], got shape {x32.shape}")
     amax = np.abs(x32).max(axis=1) if x32.shape[1] else np.zeros(x32.shape[0], np.float32)
-    scales = np.where(amax == 0, np.float32(1.0), amax / FP8_MAX).astype(np.float32)
-    q = np.clip(x32 / scales[:, None], -FP8_MAX, FP8_MAX)
+    scales = (amax / FP8_MAX).astype(np.float32)
+    scales[scales == 0] = np.float32(1.0)
+    with np.errstate(invalid="ignore"):  # only a row holding a NaN or an Inf: its NaN codes
+        q = np.clip(x32 / scales[:, None], -FP8_MAX, FP8_MAX)
     return q.astype(E4M3).view(np.uint8), scales
 
 
@@ -96,6 +107,54 @@ def dequantize_fp8_table_scale_reference(codes: np.ndarray, scale: object) -> np
     return out
 
 
+def dequantize_fp8_block_reference(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """``bf16_rn(float32(e4m3(code)) * 2**(e - 127))``: E4M3 codes, one UE8M0 byte a block.
+
+    The rule of block-scaled FP8 checkpoints (DeepSeek-V4.1-Flash's Engram tables, OCP MX
+    style): row ``r``'s values ``[k * B, (k + 1) * B)`` share the scale byte ``scales[r, k]``,
+    ``B = d // nb`` (32 in V4.1).
+
+    Parameters
+    ----------
+    codes : uint8[n, d]
+        E4M3 (fn) bit patterns.
+    scales : uint8[n, nb]
+        UE8M0 bytes; ``nb`` divides ``d``.
+
+    Returns
+    -------
+    bfloat16[n, d]
+
+    The float32 product is exact for every code and every byte: an E4M3 value has at most 4
+    significant bits and magnitude in ``[2**-9, 448]``, so its product with ``2**(e - 127)``
+    lies in ``[2**-136, 1.75 * 2**135]`` and its last bit is at least ``2**-136``, above
+    float32's subnormal step ``2**-149``; it overflows only past ``2**128`` (``e >= 247`` with
+    codes of magnitude ``>= 2**(128 - (e - 127))``), to +-Inf, which bf16's rounding of the
+    exact value gives too. The one rounding is the conversion to bf16, nearest even, which
+    changes nothing where the product is a bf16 normal (it has at most 4 significant bits
+    against bf16's 8); below ``2**-126`` it rounds to bf16's subnormal step ``2**-133``, which
+    loses bits only for ``e <= 2`` (some products become +-0). Nothing is flushed.
+
+    Specials: ``e = 0`` is ``2**-127`` (the OCP value; engines that build the float32 scale as
+    ``e << 23`` read 0 there); ``e = 255`` is NaN (OCP MX: the UE8M0 NaN), so every value of its
+    block is NaN, zero codes included (engines that shift read +Inf); a NaN code (0x7F, 0xFF)
+    is NaN. Every NaN is written as the bf16 ``0x7FC0``, as the table-scaled gather writes it.
+    Signed zeros are kept.
+    """
+    c = np.asarray(codes, dtype=np.uint8)
+    e = np.asarray(scales, dtype=np.uint8)
+    n, d = c.shape
+    nb = e.shape[1]
+    vals = _E4M3_TO_F32[c].reshape(n, nb, d // nb if nb else 0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        prod = (vals * _E8M0_TO_F32[e][:, :, None]).reshape(n, d)
+    out = prod.astype(BF16)
+    nan = np.isnan(prod)
+    if nan.any():
+        out.view(np.uint16)[nan] = BF16_NAN_BITS
+    return out
+
+
 def _check_ids(ids: np.ndarray, rows: int) -> np.ndarray:
     ids = np.asarray(ids)
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
@@ -138,6 +197,20 @@ def batched_embed_fp8_table_scale_reference(
     (:func:`dequantize_fp8_table_scale_reference`); returns bf16 ``[n, d]``."""
     ids = _check_ids(ids, codes.shape[0])
     res = dequantize_fp8_table_scale_reference(codes[ids], scale)
+    if out is None:
+        return res
+    out[...] = res
+    return out
+
+
+def batched_embed_fp8_block_reference(
+    ids: np.ndarray, codes: np.ndarray, scales: np.ndarray, out: np.ndarray | None = None
+) -> np.ndarray:
+    """``out[i] = bf16_rn(e4m3(codes[ids[i]]) * 2**(scales[ids[i], block] - 127))``, one
+    UE8M0 byte a block of ``d // scales.shape[1]`` values
+    (:func:`dequantize_fp8_block_reference`); returns bf16 ``[n, d]``."""
+    ids = _check_ids(ids, codes.shape[0])
+    res = dequantize_fp8_block_reference(codes[ids], scales[ids])
     if out is None:
         return res
     out[...] = res

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import errno
+import logging
 import mmap
 import os
 import resource
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +46,8 @@ from rowcache.store.marker import is_store, write_marker
 from rowcache.store.pages import Fp8Pages, check_finite, pack_pages, to_records
 from rowcache.store.sources import Source, resolve_source
 
+log = logging.getLogger(__name__)
+
 CHUNK_BYTES = 32 << 20  # input bytes per streamed chunk
 # FP8 quantize engine: None picks "cuda" when a GPU is usable, else "cpu" (native C over
 # row blocks in threads; the reference where rowcache.kernels._quantize is not built); "reference"
@@ -59,9 +63,9 @@ STATVFS: Callable[[str], Any] = os.statvfs
 
 
 def _tables_dict(tables: Any) -> dict[str, Any]:
+    keys: dict[str, Any] = {}  # each name's key as given
     if isinstance(tables, Mapping):
         items: dict[str, Any] = {}
-        keys: dict[str, Any] = {}
         for k, v in tables.items():
             name = str(k)
             if name in items:
@@ -78,6 +82,11 @@ def _tables_dict(tables: Any) -> dict[str, Any]:
         )
     if not items:
         raise ConfigError("tables is empty; give at least one table")
+    if "" in items:  # the index keeps no unnamed table: refused here, before anything is written
+        raise ConfigError(
+            f"tables has a table named '' (key {keys['']!r}); a table name must be a non-empty "
+            "string"
+        )
     return items
 
 
@@ -92,7 +101,7 @@ class ShardWrites:
     """What every shard file of one build is written with."""
 
     root: str  # the build directory
-    dtype: str  # the store's codec (rowcache.format.codecs): "bf16", "fp8", "fp8_table_scale"
+    dtype: str  # the store's codec (rowcache.format.codecs): "bf16", "fp8", "fp8_table_scale", ...
     allow_nonfinite: bool  # store NaN / Inf as they are (refused otherwise)
     pool: ThreadPoolExecutor  # two threads: a chunk's write beside the next chunk's CRCs
     bar: Any  # the progress bar (tqdm), or None
@@ -157,8 +166,12 @@ def _write_shard(
                 data, slot = fp8.encode(src, start, stop, build.allow_nonfinite)
             else:
                 block = src.read(start, stop)
-                if not build.allow_nonfinite:
+                if build.allow_nonfinite:
+                    pass
+                elif src.codec is None:
                     check_finite(block, src.name, start)
+                else:  # rows given encoded: the codec names what would decode to NaN
+                    info.codec.check_encoded(block, info.dim, info.params, src.name, start)
                 data = pack_pages(info, to_records(build.dtype, block))
             if pending is not None:
                 pending.result()
@@ -296,6 +309,26 @@ def _check_free_space(parent: str, path: str, infos: list[fmt.TableInfo]) -> Non
         )
 
 
+def build_failure(e: OSError, path: str) -> OSError:
+    """``e``, a system error while a build of ``path`` wrote its files (a disk filled, a
+    quota, an I/O error), as an error of the same errno (``OSError`` or its subclass) that
+    names the store: a write's error names no file, and a file's is the build directory's.
+    ``e`` itself where it names ``path`` already."""
+    text = str(e)
+    if path in text:
+        return e
+    where = f" ({e.filename})" if e.filename else ""
+    kept = "the store there is unchanged" if os.path.lexists(path) else "no store was made"
+    return OSError(
+        e.errno,
+        f"building {path}: {e.strerror or text}{where}; {kept} and the build's files were "
+        "removed" + (": free space or build elsewhere" if e.errno in _DISK_FULL else ""),
+    )
+
+
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
 def _size(n: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
@@ -325,21 +358,26 @@ def build_store(
         ``(file.safetensors, tensor_name)`` pair / ``"file.safetensors:tensor_name"``,
         or a ``rowcache.store.sources.GeneratedRows`` (rows a function makes a chunk at a time).
         A table given encoded is an ``Fp8TableScaleSource(codes, scale)`` (E4M3 codes and
-        the table's one bf16 scale, written verbatim); a ``ConcatRows([part, ...])`` is one
-        table made of several sources in row order (e.g. tensors of several files).
+        the table's one bf16 scale) or an ``Fp8BlockScaleSource(codes, scales)`` (E4M3
+        codes and one UE8M0 byte a block of values, two tensors read row-aligned), written
+        verbatim; ``DecodedRows(encoded source)`` is its values, for a bf16 or fp8 store; a
+        ``ConcatRows([part, ...])`` is one table made of several sources in row order (e.g.
+        tensors of several files).
     dtype : the row codec (``rowcache.format.codecs``): ``"bf16"`` (float sources round to
         nearest even), ``"fp8"`` (quantize on build: per row, scale = amax(|x|)/448 in
-        float32, 1.0 for an all-zero row; codes = satfinite E4M3 of ``x / scale``, from the
-        source values) or ``"fp8_table_scale"`` (every table an ``Fp8TableScaleSource``,
-        written verbatim). None (the default): ``"fp8_table_scale"`` where the tables are
-        ``Fp8TableScaleSource``, else ``"bf16"``. One codec a store.
+        float32, 1.0 where that is 0 (all-zero rows, and rows below ~3e-43, which store
+        signed zeros); codes = satfinite E4M3 of ``x / scale``, from the source values),
+        ``"fp8_table_scale"`` (every table an ``Fp8TableScaleSource``) or
+        ``"fp8_block_e8m0"`` (every table an ``Fp8BlockScaleSource``), written verbatim.
+        None (the default): the codec of encoded sources, else ``"bf16"``. One codec a store.
     overwrite : replace what is at ``path``, which must be a rowcache store (of any
         format version) or an empty directory; anything else is refused.
     progress : a progress bar (tqdm, on stderr): True, False, or None (the default) for a bar
         only when stderr is a terminal, as the CLI shows them (no ``\r`` lines in logs).
     shard_bytes : target shard file size (rounded down to whole pages, at least one).
     allow_nonfinite : store NaN/Inf values as they are (refused by default, naming
-        the table, row and column of the first one).
+        the table, row and column of the first one; for encoded rows, E4M3 NaN codes and
+        UE8M0 NaN scale bytes, 0xFF).
 
     Crash safety: the store is built in a sibling ``.NAME.building-*`` directory
     (flocked while this build runs) whose meta record is committed last, then
@@ -387,6 +425,13 @@ def build_store(
 _FP8_RULES = {
     "fp8": "scale=amax/448 (1 if 0); codes=satfinite_e4m3(x/scale)",
     "fp8_table_scale": "codes verbatim; row=bf16_rn(bf16(e4m3(code))*params.scale)",
+    "fp8_block_e8m0": "codes and ue8m0 bytes verbatim; "
+    "value j=bf16_rn(e4m3(code_j)*2**(e[j//params.block_size]-127)); e=255 NaN",
+}
+# the source an encoded codec's rows come from (named in a refusal)
+_ENCODED_SOURCES = {
+    "fp8_table_scale": "Fp8TableScaleSource(codes, scale)",
+    "fp8_block_e8m0": "Fp8BlockScaleSource(codes, scales)",
 }
 
 
@@ -403,7 +448,7 @@ def _store_codec(dtype: str | None, sources: list[Source]) -> str:
     given = encoded.pop()
     if given is None:
         if dtype is not None and not get_codec(dtype).from_values:
-            want = "Fp8TableScaleSource(codes, scale)" if dtype == "fp8_table_scale" else dtype
+            want = _ENCODED_SOURCES.get(dtype, dtype)
             raise ConfigError(
                 f"dtype={dtype!r} stores rows as given: every table must be a {want}, "
                 f"got value sources ({', '.join(s.origin for s in sources)})"
@@ -412,7 +457,8 @@ def _store_codec(dtype: str | None, sources: list[Source]) -> str:
     if dtype is not None and dtype != given:
         raise ConfigError(
             f"dtype={dtype!r}, but the tables are {given} sources (written verbatim, never "
-            f"re-encoded): pass dtype={given!r} or None"
+            f"re-encoded): pass dtype={given!r} or None, or wrap each source in "
+            "DecodedRows(...) to store its decoded values"
         )
     return given
 
@@ -437,9 +483,24 @@ def _build(
             )
         replace.check_replaceable(p, is_store)
 
-    replace.remove_leftovers(path)  # also finishes a half-done switch of an earlier build
+    removed = replace.remove_leftovers(path)  # also finishes a half-done switch of a build
+    for lo in removed:
+        log.info(
+            "removed %s, a %s leftover of an earlier build (%d bytes)", lo.path, lo.kind, lo.bytes
+        )
     _check_free_space(os.path.dirname(path), path, infos)  # what the leftovers held is free
     tmp, lock = replace.new_sibling(path, "building")
+    began = time.monotonic()
+    log.info(
+        "building %s: %d table(s), %s, %d bytes of shards (in %s)",
+        path,
+        len(infos),
+        dtype,
+        sum(i.shard_bytes(s) for i in infos for s in range(i.shards)),
+        os.path.basename(tmp),
+    )
+    if dtype == "fp8":
+        log.debug("FP8 quantize engine: %s", fp8_engine())
     store = None
     try:
         try:
@@ -465,8 +526,11 @@ def _build(
             # The store this call built, opened before the switch by its own directory:
             # the call returns it whatever other builds make of `path` afterwards.
             store = RowStore.open_dir(lock.fd, path)
-            if os.path.lexists(path):  # `path` may have changed during a long build
-                check_existing(path)
+            # (what `path` became during the build is checked by the switch, under its lock:
+            # a check here, unlocked, could see another build's switch half done)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise build_failure(e, path) from e
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -485,6 +549,7 @@ def _build(
         lock.close()
         if not os.path.lexists(path):
             replace.recover(path)
+    log.info("built %s in %.1f s", path, time.monotonic() - began)
     return store
 
 

@@ -2,7 +2,7 @@
 
 Owns the conversion of a block of source rows into records (BF16 as is, FP8 quantized
 with the per-row absmax rule of ``rowcache.kernels.reference``, rows already encoded by a
-verbatim codec such as ``fp8_table_scale`` as they are), the refusal of non-finite values
+verbatim codec such as ``fp8_table_scale`` or ``fp8_block_e8m0`` as they are), the refusal of non-finite values
 (and NaN E4M3 codes) naming table, row and column, the packing of records into whole 4 KiB pages, and
 :class:`Fp8Pages`: FP8 chunks quantized straight into a ring of reused page buffers (on
 the GPU, or by native C threads over row blocks; the reference where neither runs, the
@@ -19,7 +19,7 @@ import numpy as np
 
 from rowcache.errors import ConfigError
 from rowcache.format import layout as fmt
-from rowcache.format.codecs import get_codec
+from rowcache.format.codecs import get_codec, refuse_nan_codes
 from rowcache.kernels import quantize as _quantize
 from rowcache.kernels.reference import BF16, quantize_fp8_reference
 from rowcache.store.sources import Source
@@ -29,16 +29,8 @@ def check_finite(block: np.ndarray, name: str, first_row: int) -> None:
     """ConfigError naming table, row and column of the first NaN/Inf of ``block`` (of the
     first NaN code, 0x7F or 0xFF, of a block of uint8 E4M3 codes)."""
     if block.dtype == np.uint8:  # E4M3FN: no Inf; NaN is S.1111.111
-        nan = (block & 0x7F) == 0x7F
-        if not nan.any():
-            return
-        r, c = divmod(int(np.flatnonzero(nan.reshape(-1))[0]), block.shape[1])
-        raise ConfigError(
-            f"tables[{name!r}]: row {first_row + r}, column {c} is the E4M3 NaN code "
-            f"0x{int(block[r, c]):02x} ({int(np.count_nonzero(nan))} NaN codes in rows "
-            f"{first_row}..{first_row + block.shape[0] - 1}); it would read as NaN; fix the "
-            "source, or pass allow_nonfinite=True to store it anyway"
-        )
+        refuse_nan_codes(block, name, first_row)
+        return
     if block.dtype == BF16:  # exponent all ones: Inf or NaN; |bits| >= 0x7F80 (one pass + max)
         bits = block.view(np.uint16) & 0x7FFF
         if block.size == 0 or int(bits.max()) < 0x7F80:
@@ -68,7 +60,7 @@ def to_records(dtype: str, block: np.ndarray) -> np.ndarray:
         return codec.encode(block)
     if dtype == "fp8":
         return codec.encode(quantize_fp8_reference(block))
-    return codec.encode(block)  # encoded rows (E4M3 codes of fp8_table_scale): verbatim
+    return codec.encode(block)  # encoded rows (codes, or records of codes and scales): verbatim
 
 
 def pack_pages(info: fmt.TableInfo, records: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import hashlib
 import os
 import platform
 import shutil
@@ -152,10 +153,39 @@ def try_lock(path: str) -> DirLock | None:
         return None
 
 
+NAME_MAX = 255  # bytes of one name in a directory (Linux's file systems; POSIX's minimum is 14)
+_TOKEN_CHARS = 12
+# the bytes a sibling's name adds to its stem: ".", ".", the longest kind, "-", the token
+_SIBLING_EXTRA = 3 + max(len(k) for k in (*KINDS, "tmp")) + _TOKEN_CHARS
+_DIGEST_CHARS = 16
+
+
+def sibling_stem(base: str) -> str:
+    """The ``NAME`` part of the hidden siblings (``.NAME.<kind>-<token>``) of a store or a
+    trace named ``base``: ``base`` itself where the sibling's name fits ``NAME_MAX`` bytes
+    (``base`` of up to 232 bytes), else ``base`` cut to fit, then ``~`` and 16 hex digits of
+    its SHA-256, so that a legal name of 233 to 255 bytes builds too (a longer sibling name
+    failed with ENAMETOOLONG) and two long names that share a beginning keep apart."""
+    raw = os.fsencode(base)
+    if len(raw) + _SIBLING_EXTRA <= NAME_MAX:
+        return base
+    digest = hashlib.sha256(raw).hexdigest()[:_DIGEST_CHARS]
+    room = NAME_MAX - _SIBLING_EXTRA - 1 - _DIGEST_CHARS
+    cut = raw[:room].decode(errors="ignore")  # whole characters only (a UTF-8 name stays one)
+    while len(os.fsencode(cut)) > room:  # surrogate-escaped bytes may encode longer
+        cut = cut[:-1]
+    return f"{cut}~{digest}"
+
+
+def sibling_prefix(path: str, kind: str) -> str:
+    """``.NAME.<kind>-``: how every ``kind`` sibling of ``path`` begins (:func:`sibling_stem`)."""
+    return f".{sibling_stem(os.path.basename(path))}.{kind}-"
+
+
 def sibling_name(path: str, kind: str) -> str:
-    """A fresh ``.NAME.<kind>-<random>`` path beside ``path``."""
-    parent, base = os.path.split(path)
-    return os.path.join(parent, f".{base}.{kind}-{uuid.uuid4().hex[:12]}")
+    """A fresh ``.NAME.<kind>-<random>`` path beside ``path``, at most ``NAME_MAX`` bytes."""
+    parent = os.path.dirname(path)
+    return os.path.join(parent, sibling_prefix(path, kind) + uuid.uuid4().hex[:_TOKEN_CHARS])
 
 
 def new_sibling(path: str, kind: str) -> tuple[str, DirLock]:
@@ -191,14 +221,14 @@ def _tree_bytes(path: str) -> int:
 def find_leftovers(path: str | os.PathLike[str]) -> list[Leftover]:
     """The ``.NAME.building-*`` / ``.NAME.old-*`` / ``.NAME.switch-*`` siblings of ``path``."""
     p = os.path.abspath(os.fspath(path))
-    parent, base = os.path.split(p)
+    parent = os.path.dirname(p)
     try:
         names = sorted(os.listdir(parent))
     except FileNotFoundError:
         return []
     out = []
     for n in names:
-        kind = next((k for k in KINDS if n.startswith(f".{base}.{k}-")), None)
+        kind = next((k for k in KINDS if n.startswith(sibling_prefix(p, k))), None)
         full = os.path.join(parent, n)
         if kind is None or os.path.islink(full) or not os.path.isdir(full):
             continue
@@ -257,8 +287,8 @@ def _token(sibling: str) -> str:
 def _build_of(switch_dir: str, path: str) -> str:
     """The build directory whose fallback switch moved the store at ``path`` to
     ``switch_dir``: both carry one token (see :func:`switch`)."""
-    parent, base = os.path.split(path)
-    return os.path.join(parent, f".{base}.building-{_token(switch_dir)}")
+    parent = os.path.dirname(path)
+    return os.path.join(parent, sibling_prefix(path, "building") + _token(switch_dir))
 
 
 @contextlib.contextmanager
@@ -366,7 +396,7 @@ def _move_in(tmp: str, path: str, parent: str) -> tuple[str | None, DirLock | No
             old_lock.close()
             raise
         return old, old_lock
-    moved = os.path.join(parent, f".{os.path.basename(path)}.switch-{_token(tmp)}")
+    moved = os.path.join(parent, sibling_prefix(path, "switch") + _token(tmp))
     old_lock = DirLock(path)
     try:
         os.rename(path, moved)  # path is missing from here ...

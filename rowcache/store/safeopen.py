@@ -42,18 +42,45 @@ def _refused(e: OSError, dirfd: int, name: str, shown: str, what: str) -> Format
     return None
 
 
+# What an open says about the file itself (a socket or a device in a store file's place):
+# the store is damaged. Every other errno is about the process or the system.
+_NOT_A_FILE = frozenset({errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP})
+_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
+
+
+def open_failure(e: OSError, shown: str, what: str) -> OSError:
+    """The ``OSError`` (of ``e``'s errno, so ``PermissionError`` and the like keep their
+    class) for a store file that exists but could not be opened for a reason outside the
+    store: out of descriptors, permissions, memory, I/O. It names the file and says what
+    happened; never a ``FormatError``, which says the store is damaged."""
+    hint = ""
+    if e.errno in _OUT_OF_DESCRIPTORS:
+        hint = (
+            ": the process is out of file descriptors (the store is not damaged); close "
+            "other stores or caches, or raise the limit (`ulimit -n`)"
+        )
+    return OSError(e.errno, f"{shown}: cannot open the {what}: {e.strerror}{hint}")
+
+
 def _open_at(dirfd: int, name: str, flags: int, shown: str, what: str) -> int:
     """``os.open(name, flags, dir_fd=dirfd)``; a missing name stays ``FileNotFoundError``,
-    any other refusal is a ``FormatError`` naming ``shown`` and ``what``."""
+    a link, a non-directory or a socket or device where ``what`` should be is a
+    ``FormatError``, and any other failure (out of descriptors, permissions) an ``OSError``
+    of its errno (:func:`open_failure`), each naming ``shown`` and ``what``."""
     try:
         return os.open(name, flags, dir_fd=dirfd)
     except FileNotFoundError:
         raise
     except OSError as e:
         err = _refused(e, dirfd, name, shown, what)
-        if err is None:
-            raise FormatError(f"{shown}: cannot open the {what} ({e.strerror})") from e
-        raise err from None
+        if err is not None:
+            raise err from None
+        if e.errno in _NOT_A_FILE:
+            raise FormatError(
+                f"{shown}: cannot open the {what} ({e.strerror}): not a regular file; "
+                "the store is damaged: rebuild it with `rowcache build`"
+            ) from e
+        raise open_failure(e, shown, what) from e
 
 
 def open_dir_at(dirfd: int, name: str, shown: str, what: str) -> int:

@@ -1,6 +1,9 @@
 """Table sources for the builder: in-memory arrays, ``.npy`` files, ``.safetensors`` tensors,
-generated rows (``GeneratedRows``), parts concatenated in row order (``ConcatRows``) and
-encoded rows written verbatim (``Fp8TableScaleSource``: E4M3 codes and one bf16 scale).
+generated rows (``GeneratedRows``), parts concatenated in row order (``ConcatRows``),
+encoded rows written verbatim (``Fp8TableScaleSource``: E4M3 codes and one bf16 scale;
+``Fp8BlockScaleSource``: E4M3 codes and one UE8M0 byte a block, two tensors read row-aligned
+into one record a row) and encoded rows decoded to values for a store of another codec
+(``DecodedRows``).
 
 Owns turning what a user hands ``build_store`` into a uniform streaming reader
 (``rows``, ``dim``, ``read(start, stop)``). ``.npy`` and ``.safetensors`` tables are read
@@ -15,6 +18,7 @@ a hang or a traceback). Does not convert or quantize; the builder does.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import stat
@@ -27,14 +31,15 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError, FormatError
-from rowcache.format.codecs import table_scale_params
-from rowcache.kernels.reference import BF16, E4M3
+from rowcache.format.codecs import block_scale_params, get_codec, table_scale_params
+from rowcache.kernels.reference import BF16, E4M3, E8M0
 
 _ST_DTYPES = {
     "BF16": BF16,
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
     "F8_E4M3": E4M3,
+    "F8_E8M0": E8M0,
     "U8": np.dtype(np.uint8),
 }
 _U8 = np.dtype(np.uint8)
@@ -262,6 +267,37 @@ class Fp8TableScaleSource:
     scale: Any
 
 
+@dataclass(frozen=True)
+class Fp8BlockScaleSource:
+    """A table given encoded, for the ``fp8_block_e8m0`` codec: its E4M3 ``codes`` and its
+    UE8M0 ``scales``, one byte a block of ``block_size`` values of a row, written verbatim
+    (no re-quantization), each row's scale bytes after its codes: one record a row.
+
+    ``codes``: uint8 (or ``float8_e4m3fn``) ``[rows, dim]``; ``scales``: uint8 (or
+    ``float8_e8m0fnu``) ``[rows, dim / block_size]``; each an array, a ``.npy`` path, a
+    ``.safetensors`` tensor (``F8_E4M3`` / ``F8_E8M0``, or ``U8``) as ``(file, tensor)`` or
+    ``"file:tensor"`` (in place of the file, an indexed checkpoint's index), or a
+    :class:`ConcatRows` of these: DeepSeek-V4.1's ``layers.{L}.engram.embed.weight`` and
+    ``.scale``. The two are streamed row-aligned, a chunk of each at a time. ``block_size``:
+    None takes ``dim / scales.shape[1]``; given, it is checked against the shapes. Rows then
+    read as ``bf16_rn(e4m3(code) * 2**(e - 127))``.
+    """
+
+    codes: Any
+    scales: Any
+    block_size: int | None = None
+
+
+@dataclass(frozen=True)
+class DecodedRows:
+    """The values of a table given encoded (an :class:`Fp8BlockScaleSource` or
+    :class:`Fp8TableScaleSource`), decoded a chunk at a time by its codec's gather rule to
+    bfloat16 ``[rows, dim]``: a value source, for a store of another codec
+    (``build_store(..., dtype="bf16")`` or ``"fp8"``: re-quantized by the store's rule)."""
+
+    source: Any
+
+
 class ConcatSource(Source):
     """A :class:`Source` over the resolved ``parts`` of a :class:`ConcatRows`, in row order:
     a read of rows ``[start, stop)`` reads the pieces of the parts it covers."""
@@ -300,13 +336,85 @@ class ConcatSource(Source):
             p.close()
 
 
-def _file_source(name: str, arr: np.ndarray, path: str, origin: str, codes: bool = False) -> Source:
+class BlockScaledSource(Source):
+    """A :class:`Source` over the two tensors of an :class:`Fp8BlockScaleSource`: ``rows`` x
+    ``dim`` values (``dim`` codes a row), whose :meth:`read` gives the rows' records, uint8
+    ``[n, dim + dim / block]``: each chunk's codes and scale bytes read from their own
+    sources (row-aligned) and joined once."""
+
+    def __init__(self, name: str, codes: Source, scales: Source, block_size: int | None) -> None:
+        if codes.rows != scales.rows:
+            raise ConfigError(
+                f"tables[{name!r}]: the codes ({codes.origin}) have {codes.rows:,} rows and the "
+                f"scales ({scales.origin}) {scales.rows:,}: one scale row a code row"
+            )
+        blocks = scales.dim
+        if block_size is None and codes.dim % blocks == 0:
+            block_size = codes.dim // blocks
+        params = block_scale_params(block_size, codes.dim, f"tables[{name!r}].block_size")
+        if codes.dim // params["block_size"] != blocks:
+            raise ConfigError(
+                f"tables[{name!r}]: the scales ({scales.origin}) have {blocks} bytes a row; rows "
+                f"of {codes.dim} codes in blocks of {params['block_size']} need "
+                f"{codes.dim // params['block_size']}"
+            )
+        shape = np.broadcast_to(np.zeros((), dtype=_U8), codes.shape)
+        super().__init__(name, f"blocks({codes.origin}, {scales.origin})", shape)
+        self.codes, self.scales = codes, scales
+        self.encoded_as("fp8_block_e8m0", params)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        out = np.empty((stop - start, self.dim + self.scales.dim), dtype=_U8)
+        out[:, : self.dim] = self.codes.read(start, stop)
+        out[:, self.dim :] = self.scales.read(start, stop)
+        return out
+
+    def view(self, start: int, stop: int) -> np.ndarray:
+        return self.read(start, stop)
+
+    def close(self) -> None:
+        self.codes.close()
+        self.scales.close()
+
+
+class DecodedSource(Source):
+    """A :class:`Source` of the values of an encoded source (:class:`DecodedRows`): each read
+    decodes the inner source's rows by its codec's gather (bfloat16; NaN where they decode
+    to NaN, which the builder refuses unless ``allow_nonfinite``)."""
+
+    def __init__(self, name: str, inner: Source) -> None:
+        if inner.codec is None:
+            inner.close()
+            raise ConfigError(
+                f"tables[{name!r}]: DecodedRows takes an encoded source (Fp8BlockScaleSource, "
+                f"Fp8TableScaleSource), got values ({inner.origin})"
+            )
+        shape = np.broadcast_to(np.zeros((), dtype=BF16), inner.shape)
+        super().__init__(name, f"decoded({inner.origin})", shape)
+        self.inner = inner
+        self._codec = get_codec(inner.codec)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        block = self.inner.read(start, stop)
+        ids = np.arange(stop - start, dtype=np.int64)
+        return np.asarray(self._codec.gather(ids, block, None, self.inner.params))
+
+    def view(self, start: int, stop: int) -> np.ndarray:
+        return self.read(start, stop)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _file_source(
+    name: str, arr: np.ndarray, path: str, origin: str, kind: str = "values"
+) -> Source:
     """A :class:`Source` reading ``path`` where the memory map ``arr`` shows its table (the
     map only tells dtype, shape and offset; it is never read): with ``pread``, row blocks
     where the rows lie in C order, column pieces for a .npy file saved in Fortran order.
     Never through the map: a file cut short would make a read of it a SIGBUS."""
     offset = int(arr.offset) if isinstance(arr, np.memmap) else -1
-    arr = _as_codes_array(arr, name, origin) if codes else _as_table_array(arr, name, origin)
+    arr = _as_array(arr, name, origin, kind)
     if offset < 0:  # not a map (an empty tensor): an array in memory
         return Source(name, origin, arr)
     if arr.flags.c_contiguous:
@@ -322,8 +430,9 @@ def _as_table_array(arr: np.ndarray, name: str, origin: str) -> np.ndarray:
     if arr.dtype not in (BF16, np.float32, np.float16):
         hint = (
             "; FP8 codes are written verbatim through "
-            "rowcache.store.sources.Fp8TableScaleSource(codes, scale)"
-            if arr.dtype in (E4M3, _U8)
+            "rowcache.store.sources.Fp8TableScaleSource(codes, scale) or "
+            "Fp8BlockScaleSource(codes, scales)"
+            if arr.dtype in (E4M3, E8M0, _U8)
             else ""
         )
         raise ConfigError(
@@ -333,14 +442,20 @@ def _as_table_array(arr: np.ndarray, name: str, origin: str) -> np.ndarray:
     return _check_2d(arr, name, origin)
 
 
-def _as_codes_array(arr: np.ndarray, name: str, origin: str) -> np.ndarray:
-    """``arr`` as uint8 E4M3 codes ``[rows, dim]`` (float8_e4m3fn is viewed as its bytes)."""
-    if arr.dtype == E4M3:
+def _as_array(arr: np.ndarray, name: str, origin: str, kind: str) -> np.ndarray:
+    """``arr`` as a table of ``kind``: ``"values"`` (:func:`_as_table_array`), ``"codes"``
+    (uint8 E4M3 codes ``[rows, dim]``, float8_e4m3fn viewed as its bytes) or ``"scales"``
+    (uint8 UE8M0 bytes, float8_e8m0fnu viewed as its bytes)."""
+    if kind == "values":
+        return _as_table_array(arr, name, origin)
+    own, st = (E4M3, "F8_E4M3") if kind == "codes" else (E8M0, "F8_E8M0")
+    if arr.dtype == own:
         arr = arr.view(np.uint8)
     if arr.dtype != _U8:
+        what = "E4M3 codes" if kind == "codes" else "UE8M0 scale bytes"
         raise ConfigError(
-            f"tables[{name!r}]: codes of dtype {arr.dtype} from {origin}; E4M3 codes must be "
-            "uint8 or float8_e4m3fn (a .safetensors tensor of dtype F8_E4M3 or U8)"
+            f"tables[{name!r}]: {kind} of dtype {arr.dtype} from {origin}; {what} must be "
+            f"uint8 or {own} (a .safetensors tensor of dtype {st} or U8)"
         )
     return _check_2d(arr, name, origin)
 
@@ -390,8 +505,8 @@ def _open_regular(path: str, what: str) -> Iterator[tuple[int, int]]:
     and checked with ``fstat`` before any read, so a FIFO or a device never hangs the caller."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise FormatError(f"{path}: cannot open the {what} ({e.strerror})") from e
+    except OSError as e:  # permissions, out of descriptors: about the process, not the file's bytes
+        raise OSError(e.errno, f"{path}: cannot open the {what}: {e.strerror}") from e
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -399,6 +514,44 @@ def _open_regular(path: str, what: str) -> Iterator[tuple[int, int]]:
         yield fd, st.st_size
     finally:
         os.close(fd)
+
+
+_NPY_MAX_HEADER = 1 << 20  # bytes; numpy's own default limit is 10,000
+
+
+def check_npy_header(fd: int, size: int, path: str) -> None:
+    """``FormatError`` naming ``path`` unless the ``.npy`` file of ``size`` bytes open at
+    ``fd`` has a header numpy reads whose shape is integers ``>= 0`` and whose data
+    (shape x item size) fits the bytes after the header. Checked before ``np.load`` maps it:
+    a negative or huge dimension there is an ``OverflowError`` or an opaque ``ValueError``."""
+    head = _pread_exact(fd, path, min(size, 10 + _NPY_MAX_HEADER), 0) if size else b""
+    buf = io.BytesIO(head)
+    try:
+        version = np.lib.format.read_magic(buf)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(buf, _NPY_MAX_HEADER)
+        elif version in ((2, 0), (3, 0)):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(buf, _NPY_MAX_HEADER)
+        else:
+            raise ValueError(f"version {version} of the format is not one numpy writes")
+    except (ValueError, EOFError, OverflowError, SyntaxError) as e:
+        raise FormatError(f"{path}: not a readable .npy file ({e or 'empty'})") from e
+    if not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise FormatError(
+            f"{path}: the .npy header's shape {_short(shape)} has a dimension that is not an "
+            "integer >= 0: the file is damaged or not written by numpy"
+        )
+    need = dtype.itemsize if 0 not in shape else 0
+    for d in shape if need else ():
+        need *= d
+        if need > size:  # past the file already: no product of a hostile size
+            break
+    if need > size - buf.tell():
+        raise FormatError(
+            f"{path}: the .npy header's shape {_short(shape)} of {dtype} needs at least "
+            f"{need:,} bytes of data, the file holds {size - buf.tell():,} after its header: "
+            "the file is truncated or its header damaged"
+        )
 
 
 def _pread_exact(fd: int, path: str, n: int, offset: int) -> bytes:
@@ -615,17 +768,37 @@ def split_tensor_source(text: str) -> tuple[str, str] | None:
 
 def resolve_source(name: str, src: Any) -> Source:
     """A :class:`Source` from an array, a ``.npy`` path, ``(file.safetensors, tensor)``,
-    :class:`GeneratedRows`, :class:`ConcatRows` or :class:`Fp8TableScaleSource`.
+    :class:`GeneratedRows`, :class:`ConcatRows`, :class:`Fp8TableScaleSource`,
+    :class:`Fp8BlockScaleSource` or :class:`DecodedRows`.
 
     A string ``"file.safetensors:tensor.name"`` is accepted as well. In place of the
     ``.safetensors`` file, a sharded checkpoint's ``model.safetensors.index.json`` names
     the tensor's shard through its ``weight_map``. An :class:`Fp8TableScaleSource` gives a
-    source of uint8 codes marked ``fp8_table_scale`` (``Source.codec``) with its scale.
+    source of uint8 codes marked ``fp8_table_scale`` (``Source.codec``) with its scale, an
+    :class:`Fp8BlockScaleSource` one of records marked ``fp8_block_e8m0`` with its block
+    size, a :class:`DecodedRows` one of bfloat16 values.
     """
     if isinstance(src, Fp8TableScaleSource):
         params = table_scale_params(_scale_value(name, src.scale), f"tables[{name!r}].scale")
-        return _resolve(name, src.codes, True).encoded_as("fp8_table_scale", params)
-    return _resolve(name, src, False)
+        return _resolve(name, src.codes, "codes").encoded_as("fp8_table_scale", params)
+    if isinstance(src, Fp8BlockScaleSource):
+        codes = _resolve(name, src.codes, "codes")
+        try:
+            scales = _resolve(name, src.scales, "scales")
+        except BaseException:
+            codes.close()
+            raise
+        try:
+            return BlockScaledSource(name, codes, scales, src.block_size)
+        except BaseException:
+            codes.close()
+            scales.close()
+            raise
+    if isinstance(src, DecodedRows):
+        if isinstance(src.source, DecodedRows):
+            raise ConfigError(f"tables[{name!r}]: DecodedRows of DecodedRows; give it once")
+        return DecodedSource(name, resolve_source(name, src.source))
+    return _resolve(name, src, "values")
 
 
 def _scale_value(name: str, scale: Any) -> Any:
@@ -667,34 +840,36 @@ def _tensor_file(name: str, path: str, tensor: str) -> tuple[str, str]:
     return path, tensor
 
 
-def _resolve(name: str, src: Any, codes: bool) -> Source:
-    """:func:`resolve_source` of a plain source: values, or (``codes``) E4M3 codes."""
+def _resolve(name: str, src: Any, kind: str) -> Source:
+    """:func:`resolve_source` of a plain source of ``kind`` (:func:`_as_array`): values, E4M3
+    codes or UE8M0 scale bytes."""
     if isinstance(src, np.ndarray):
-        arr = _as_codes_array(src, name, "array") if codes else _as_table_array(src, name, "array")
-        return Source(name, "array", arr)
+        return Source(name, "array", _as_array(src, name, "array", kind))
     if isinstance(src, ConcatRows):
         parts: list[Source] = []
         try:
             for i, p in enumerate(src.parts):
-                if isinstance(p, (ConcatRows, Fp8TableScaleSource)):
+                if isinstance(
+                    p, (ConcatRows, Fp8TableScaleSource, Fp8BlockScaleSource, DecodedRows)
+                ):
                     raise ConfigError(
                         f"tables[{name!r}]: ConcatRows part {i} is a {type(p).__name__}; "
                         "parts are plain sources (arrays, files, tensors)"
                     )
-                parts.append(_resolve(name, p, codes))
+                parts.append(_resolve(name, p, kind))
             return ConcatSource(name, parts)
         except BaseException:
             for p in parts:
                 p.close()
             raise
-    if isinstance(src, GeneratedRows) and codes == (np.dtype(src.dtype) == _U8):
-        return _GeneratedSource(name, src)  # values, or (uint8) an Fp8TableScaleSource's codes
+    if isinstance(src, GeneratedRows) and (kind != "values") == (np.dtype(src.dtype) == _U8):
+        return _GeneratedSource(name, src)  # values, or (uint8) an encoded source's bytes
     if isinstance(src, str) and split_tensor_source(src) is not None:
         src = split_tensor_source(src)
     if isinstance(src, tuple) and len(src) == 2:
         path, tensor = _tensor_file(name, os.fspath(src[0]), src[1])
         arr = safetensors_tensor(path, tensor)
-        return _file_source(name, arr, path, f"{path}:{tensor}", codes)
+        return _file_source(name, arr, path, f"{path}:{tensor}", kind)
     if isinstance(src, (str, os.PathLike)):
         path = os.fspath(src)
         if not os.path.exists(path):
@@ -704,20 +879,20 @@ def _resolve(name: str, src: Any, codes: bool) -> Source:
                 f"tables[{name!r}]: {path!r} is neither a .npy file nor "
                 "'file.safetensors:tensor' / (file.safetensors, tensor)"
             )
-        with _open_regular(path, ".npy file"):  # a FIFO would hang np.load
-            pass
+        with _open_regular(path, ".npy file") as (fd, size):  # a FIFO would hang np.load
+            check_npy_header(fd, size, path)
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
+        except (OSError, ValueError, EOFError, OverflowError) as e:
             raise FormatError(f"{path}: not a readable .npy file ({e or 'empty'})") from e
-        return _file_source(name, arr, path, path, codes)
+        return _file_source(name, arr, path, path, kind)
     allowed = (
         "uint8 [rows, dim] array, .npy path, (file.safetensors, tensor name), ConcatRows"
-        if codes
+        if kind != "values"
         else "2-D numpy array, .npy path, (file.safetensors, tensor name), GeneratedRows, "
-        "ConcatRows, Fp8TableScaleSource"
+        "ConcatRows, Fp8TableScaleSource, Fp8BlockScaleSource, DecodedRows"
     )
-    what = "codes" if codes else "a source"
+    what = kind if kind != "values" else "a source"
     raise ConfigError(
         f"tables[{name!r}]: {what} of type {type(src).__name__} is not supported; allowed: "
         f"{allowed}"

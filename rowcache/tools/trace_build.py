@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError
+from rowcache.store.replace import sibling_stem
 from rowcache.tools.trace import (
     MANIFEST,
     TRACE_FORMAT,
@@ -142,7 +143,8 @@ def build_trace(
     # interrupted run leaves neither a half trace nor an empty directory behind.
     created = _missing_ancestor(out.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    # mkdtemp adds 8 characters: sibling_stem keeps a long trace name's sibling within NAME_MAX
+    tmp = Path(tempfile.mkdtemp(prefix=f".{sibling_stem(out.name)}.tmp-", dir=out.parent))
     try:
         tmp.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would become the trace's mode
         _write_trace(requests, tables, tmp, model, int(chunk_positions), progress)

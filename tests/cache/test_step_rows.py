@@ -157,3 +157,41 @@ def test_bad_members_and_ids_are_one_line_errors(two_caches):
         rows.prefetch([np.arange(3), np.arange(3)])
     assert not StepRows([])
     assert StepRows([]).resolve([]) == []
+
+
+def test_ids_made_global_by_the_caller_split_the_same(two_caches, rng):
+    """``global_ids(ids + offsets[:, None], offset=False)`` (a caller whose hash adds the
+    members' offsets as it writes, as LongCat's does) splits into exactly the caches' ids
+    ``global_ids(ids)`` makes, for members spread over caches and for one cache holding
+    every member in order (whose ids are then taken as they are), 2-D and ragged."""
+    _, shared, single, rows, _ = two_caches
+    assert rows.offsets.tolist() == [
+        shared.row_offsets[0],
+        single.row_offsets[0],
+        shared.row_offsets[2],
+        shared.row_offsets[1],
+    ]
+    whole = StepRows([(shared, 0), (shared, 1), (shared, 2)])
+    for step_rows in (rows, whole):
+        m = len(step_rows)
+        ids = rng.integers(0, 300, (m, 9))
+        made = step_rows.global_ids(ids + step_rows.offsets[:, None], offset=False)
+        want = step_rows.global_ids(ids)
+        for a, b in zip(made.per_group, want.per_group):
+            assert a.dtype == np.int64 and a.flags.c_contiguous
+            np.testing.assert_array_equal(a, b)
+        ragged = [ids[k, : k + 2] for k in range(m)]
+        made = step_rows.global_ids(
+            [r + o for r, o in zip(ragged, step_rows.offsets)], offset=False
+        )
+        for a, b in zip(made.per_group, step_rows.global_ids(ragged).per_group):
+            np.testing.assert_array_equal(a, b)
+        with step_rows:  # and resolve the same slots either way
+            np.testing.assert_array_equal(
+                step_rows.resolve(
+                    step_rows.global_ids(ids + step_rows.offsets[:, None], offset=False)
+                ),
+                step_rows.resolve(ids),
+            )
+    with pytest.raises(ConfigError, match="ids"):
+        whole.global_ids(np.zeros((2, 4), np.int64), offset=False)

@@ -151,7 +151,7 @@ def test_lookup_into_out_and_refusals(tmp_path):
         EngramMemory(h, {1: t1, 5: resident.tables[5], 7: t1})
     with pytest.raises(ConfigError, match="layer 5's heads need"):
         EngramMemory(h, {1: t1, 5: t1})
-    with pytest.raises(ConfigError, match="Bf16Table, Fp8Table or CachedTable"):
+    with pytest.raises(ConfigError, match="Fp8BlockScaleTable, CachedTable; got ndarray"):
         EngramMemory(h, {1: t1, 5: np.zeros((3, 3))})
 
 

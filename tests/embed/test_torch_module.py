@@ -260,14 +260,16 @@ def _save_bf16(save_file, tensors, file):
 
 
 def test_from_pretrained_resident_cached_and_tuned(weights, rng, tmp_path, monkeypatch):
+    monkeypatch.setenv("ROWCACHE_CACHE_DIR", str(tmp_path / "cache"))
     path = _checkpoint(tmp_path, weights)
     ref = TorchNgramEmbedding(NgramEmbedding(DIMS, *weights))
     res = TorchNgramEmbedding.from_pretrained(path)
     assert not res.emb.cached_tables
     cac = TorchNgramEmbedding.from_pretrained(path, cached=[0, 3, 5], arena_bytes="4KiB")
     assert [t.info.name for t in cac.emb.tables if isinstance(t, CachedTable)] == ["0", "3", "5"]
-    store = path / "rowcache-bf16"
-    assert store.is_dir()
+    # the default store: in the user's cache directory, keyed by the checkpoint, not beside it
+    (store,) = (tmp_path / "cache" / "stores").glob("*/rowcache-bf16-tables-0-3-5")
+    assert store.is_dir() and not list(path.glob("rowcache-*"))
     ids, ctx = _ids(rng, (2, 10)), _ids(rng, (2, 3))
     want = _bits(ref(ids, ctx))
     np.testing.assert_array_equal(_bits(res(ids, ctx)), want)
@@ -289,19 +291,20 @@ def test_from_pretrained_resident_cached_and_tuned(weights, rng, tmp_path, monke
     shared = TorchNgramEmbedding.from_pretrained(path, cached=[0, 3], tune={"rows": {"shared": 64}})
     assert len(shared.emb.caches) == 1 and shared.emb.caches[0].num_slots == 64
     np.testing.assert_array_equal(_bits(shared(ids, ctx)), want)
-    # a table the store lacks: a clear error, nothing rebuilt or removed
+    # a table a given store lacks: a clear error, nothing rebuilt or removed
     with pytest.raises(ConfigError, match="does not hold table 4"):
-        load_pretrained(path, cached=[4], arena_bytes=4096)
+        load_pretrained(path, cached=[4], arena_bytes=4096, store=store)
     assert store.is_dir()
 
 
-def test_from_pretrained_fp8_store_and_bad_arguments(weights, rng, tmp_path):
+def test_from_pretrained_fp8_store_and_bad_arguments(weights, rng, tmp_path, monkeypatch):
+    monkeypatch.setenv("ROWCACHE_CACHE_DIR", str(tmp_path / "cache"))
     path = _checkpoint(tmp_path, weights)
     fp8 = TorchNgramEmbedding.from_pretrained(path, cached="all", dtype="fp8", arena_bytes="8KiB")
     direct = load_pretrained(path, dtype="fp8")  # resident FP8 tables: the same codes
     ids = _ids(rng, (1, 12))
     np.testing.assert_array_equal(_bits(fp8(ids)), _bits(TorchNgramEmbedding(direct)(ids)))
-    assert (path / "rowcache-fp8").is_dir()
+    assert len(list((tmp_path / "cache" / "stores").glob("*/rowcache-fp8"))) == 1
     with pytest.raises(ConfigError, match="arena size"):
         load_pretrained(path, cached="all")
     with pytest.raises(ConfigError, match="outside"):

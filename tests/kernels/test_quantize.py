@@ -228,3 +228,118 @@ def test_quantize_fp8_gpu_rejects_host_outputs_and_column_strides():
         rowcache.kernels.quantize_fp8(x, codes=np.zeros((2, 3), np.uint8))
     with pytest.raises(ConfigError, match="x"):
         rowcache.kernels.quantize_fp8(cp.zeros((3, 4), dtype=BF16).T)
+
+
+# --- rows too small for a scale (issue 51, item 1) -------------------------------------------
+
+
+def test_quantize_reference_a_row_too_small_for_a_scale_is_signed_zeros():
+    # [1e-45, 0, ...] had scale 0: the zeros became 0/0 = NaN codes, served as NaN.
+    x = np.zeros((4, 6), dtype=np.float32)
+    x[0, 0] = 1e-45
+    x[1, :] = [-1e-45, 1e-45, -0.0, 0.0, 2e-45, -2.8e-45]
+    x[2, 3] = np.float32(448 * 2.0**-150)  # the largest amax whose quotient is 0 (a tie to even)
+    x[3, 3] = np.nextafter(x[2, 3], np.float32(1))  # the next one has a scale, 2**-149
+    codes, scales = quantize_fp8_reference(x)
+    assert scales[:3].tolist() == [1.0, 1.0, 1.0]
+    assert scales[3] == np.float32(2.0**-149)
+    assert codes[0].tolist() == [0] * 6
+    assert codes[1].tolist() == [0x80, 0, 0x80, 0, 0, 0x80]  # signs kept
+    deq = rowcache.kernels.reference.dequantize_fp8_reference(codes, scales)
+    assert np.isfinite(deq.astype(np.float32)).all()
+    assert not deq.astype(np.float32).any()
+
+
+def tiny_rows_strategy():
+    """Rows [n, d] of float32 values whose magnitudes are subnormal or barely normal, with
+    zeros and signs mixed in: the range where the scale is subnormal or underflows."""
+    from hypothesis import strategies as st
+    from hypothesis.extra.numpy import arrays
+
+    # 2**e * m with e down to float32's smallest subnormal, m in [1, 2)
+    elem = st.one_of(
+        st.just(0.0),
+        st.just(-0.0),
+        st.builds(
+            lambda s, e, m: s * m * 2.0**e,
+            st.sampled_from([1.0, -1.0]),
+            st.integers(-149, -110),
+            st.floats(1.0, 2.0, exclude_max=True),
+        ),
+    )
+    shapes = st.tuples(st.integers(1, 5), st.integers(1, 40))
+    return shapes.flatmap(lambda sh: arrays(np.float32, sh, elements=elem.map(np.float32)))
+
+
+def served_error_bound(x: np.ndarray) -> np.ndarray:
+    """How far a served value may be from ``x`` under the FP8 rule: E4M3's 3 mantissa bits
+    (1/16 of the value, halved by rounding, plus bf16's cut), a subnormal code's step
+    (amax / 448 / 512), and the gathers' flush of products below 2**-126 (of the whole row
+    where the scale is subnormal, amax < 448 * 2**-126)."""
+    x32 = x.astype(np.float32).astype(np.float64)
+    amax = np.abs(x32).max(axis=1, keepdims=True)
+    flush = np.where(amax < 448 * 2.0**-126, amax, 2.0**-126)
+    return np.abs(x32) * 0.07 + amax / 448 / 512 + flush
+
+
+def test_quantize_tiny_rows_round_trip_finite_and_close_property():
+    from hypothesis import given, settings
+
+    @settings(max_examples=300, deadline=None)
+    @given(tiny_rows_strategy())
+    def check(x):
+        for rows in (x, x.astype(BF16)):
+            codes, scales = quantize_fp8_reference(rows)
+            assert np.isfinite(scales).all() and (scales > 0).all()
+            assert not ((codes & 0x7F) == 0x7F).any(), "no NaN code from finite rows"
+            served = rowcache.kernels.reference.dequantize_fp8_reference(codes, scales)
+            served64 = served.astype(np.float32).astype(np.float64)
+            assert np.isfinite(served64).all()
+            err = np.abs(served64 - rows.astype(np.float32).astype(np.float64))
+            assert (err <= served_error_bound(rows)).all()
+
+    check()
+
+
+def test_quantize_native_pages_equal_the_reference_on_tiny_rows_property():
+    pytest.importorskip("rowcache.kernels._quantize", reason="the native quantize is not built")
+    from hypothesis import given, settings
+
+    from rowcache.format import layout as fmt
+    from rowcache.kernels import quantize as kq
+
+    @settings(max_examples=200, deadline=None)
+    @given(tiny_rows_strategy())
+    def check(x):
+        for rows in (x, x.astype(BF16)):
+            rpp, page_bytes = fmt.page_packing(rows.shape[1] + 4)
+            pages = -(-rows.shape[0] // rpp) * page_bytes
+            want, got = np.zeros(pages, np.uint8), np.zeros(pages, np.uint8)
+            codes, scales = quantize_fp8_reference(rows)
+            kq.place_records(want, 0, codes, scales, rows_per_page=rpp, page_bytes=page_bytes)
+            assert kq.quantize_fp8_pages(rows, got, rows_per_page=rpp, page_bytes=page_bytes) == 0
+            np.testing.assert_array_equal(got, want)
+            assert not ((codes & 0x7F) == 0x7F).any(), "no NaN code from finite rows"
+
+    check()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)])
+def test_quantize_fp8_gpu_rows_too_small_for_a_scale_are_finite(dtype):
+    # The kernel takes scale 1.0 where amax / 448 is 0, as the reference does. (Where the GPU
+    # flushes a subnormal quotient the scale is 1.0 too: signed zeros either way.)
+    import cupy
+
+    x = np.zeros((4, 64), dtype=np.float32)
+    x[0, 0] = 1e-45
+    x[1, :3] = [-1e-45, 2.8e-43, -0.0]
+    x[2, 9] = np.float32(448 * 2.0**-150)
+    x[3] = np.linspace(-1e-40, 1e-40, 64)
+    x = x.astype(dtype)
+    codes, scales = rowcache.kernels.quantize_fp8(cupy.asarray(x))
+    codes, scales = codes.get(), scales.get()
+    assert np.isfinite(scales).all() and (scales > 0).all()
+    assert not ((codes & 0x7F) == 0x7F).any()
+    served = rowcache.kernels.reference.dequantize_fp8_reference(codes, scales)
+    assert not served.astype(np.float32).any()

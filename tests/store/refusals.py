@@ -5,7 +5,7 @@ hang or a signal; in a child each shows as what it is (an exit status, a ``Memor
 the child's address-space limit) instead of taking pytest down. One interpreter imports
 rowcache once and forks per case, so a dozen cases cost one start-up. Used by the tests of
 ``.safetensors`` files and of attacks on a store (``tests/store``) and of sharded checkpoints
-(``tests/embed``).
+and Engram checkpoints (``tests/embed``).
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ def call(kind, args):
         return embed.table_sources(args[0])
     if kind == "load_pretrained":
         embed.load_pretrained(args[0], **args[1])
+        return None
+    if kind == "load_engram_memory":
+        embed.load_engram_memory(args[0], **args[1])
         return None
     if kind == "cli":
         out, err = io.StringIO(), io.StringIO()
@@ -95,7 +98,8 @@ def run_cases(cases: dict[str, list[tuple[str, Any]]], workdir: Any) -> dict[str
 
     ``cases`` maps a name to calls ``(kind, args)``: kind ``build_store`` (args ``[path,
     tables]``, a tuple source as a list), ``checkpoint``, ``table_sources`` (``[path]``),
-    ``load_pretrained`` (``[path, kwargs]``), ``cli`` (argv of ``rowcache``) or ``python``
+    ``load_pretrained`` or ``load_engram_memory`` (``[path, kwargs]``), ``cli`` (argv of
+    ``rowcache``) or ``python``
     (args: Python source run in a fresh scope; its ``result`` variable, JSON-serializable, is
     the call's result: an attack that builds, damages and opens a store). An outcome is
     ``{"kind", "result"}`` or ``{"kind", "error", "message"}`` (with ``traceback`` for an

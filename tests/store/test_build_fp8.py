@@ -8,6 +8,7 @@ whole and partial pages and chunks, and NaN/Inf rows (refused, or stored by the 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import ml_dtypes
@@ -22,11 +23,6 @@ from rowcache.kernels.reference import quantize_fp8_reference
 from rowcache.store import builder
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-# The reference divides by scales that underflow to 0 for rows below ~1e-43: that is its rule.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning"),
-    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
-]
 
 
 def mixed_rows(rng, n, d, dtype):
@@ -204,3 +200,64 @@ def test_quantize_fp8_pages_device_counts_nonfinite(rng):
     x[3, 1] = np.nan
     pages = np.zeros(4096, np.uint8)
     assert kq.quantize_fp8_pages_device(x, pages, rows_per_page=341, page_bytes=4096) == 1
+
+
+# --- rows too small for a scale (issue 51, item 1), served in a child process -------------------
+
+TINY_ROWS_CASE = r"""
+import numpy as np
+import rowcache
+from rowcache.kernels import batched_embed_fp8
+from rowcache.store import builder
+
+x = np.zeros((6, 16), dtype=np.float32)
+x[0, 0] = 1e-45                                   # the issue's row: [1e-45, 0, ...]
+x[1, :4] = [-1e-45, 3e-45, -0.0, 2.8e-43]
+x[2, 5] = np.float32(448 * 2.0**-150)             # the largest amax whose scale underflows
+x[3, 7] = -6e-43                                  # the issue's bound: a subnormal scale
+x[4] = np.linspace(-1e-40, 1e-40, 16)
+x[5] = np.linspace(-3.0, 2.0, 16)                 # an ordinary row beside them
+result = {}
+for engine in ENGINES:
+    builder.FP8_ENGINE = engine
+    for dtype in ("float32", "bfloat16"):
+        rows = x if dtype == "float32" else x.astype(rowcache.kernels.reference.BF16)
+        path = f"{WORK}/s-{engine}-{dtype}"
+        store = rowcache.build_store(path, {"t": rows}, dtype="fp8", progress=False)
+        ids = np.arange(6)
+        codes, scales = store.read_rows("t", ids)
+        disk = batched_embed_fp8(ids, codes, scales).astype(np.float32)
+        with rowcache.NgramRowCache(store, "t", slots=6) as cache:
+            slots = cache.resolve(ids)
+            served = batched_embed_fp8(slots, cache.table, cache.scales).astype(np.float32)
+            cache.end_step()
+        store.close()
+        result[f"{engine}/{dtype}"] = {
+            "finite": bool(np.isfinite(disk).all() and np.isfinite(served).all()),
+            "scales": [float(s) for s in scales],
+            "tiny_rows_zero": bool(not disk[:5].any() and not served[:5].any()),
+            "same": bool(np.array_equal(disk.view(np.uint32), served.view(np.uint32))),
+            "ordinary_err": float(np.abs(served[5] - rows[5].astype(np.float32)).max()),
+        }
+"""
+
+
+def test_an_fp8_store_of_rows_too_small_for_a_scale_serves_zeros_not_nan(tmp_path):
+    # Built, read and served through a cache in a child: [1e-45, 0, ...] was stored with
+    # scale 0 and NaN codes and served as NaN (issue 51, item 1).
+    from tests.store.refusals import run_cases
+
+    native = importlib.util.find_spec("rowcache.kernels._quantize") is not None
+    engines = ["reference"] + (["cpu"] if native else [])
+    code = f"ENGINES = {engines!r}\nWORK = {str(tmp_path)!r}\n" + TINY_ROWS_CASE
+    out = run_cases({"tiny": [("python", code)]}, tmp_path)["tiny"]
+    assert out["status"] == 0, out
+    (call,) = out["calls"]
+    assert "error" not in call, call
+    got = call["result"]
+    assert len(got) == 2 * len(engines)
+    for name, r in got.items():
+        assert r["finite"] and r["tiny_rows_zero"] and r["same"], (name, r)
+        assert r["scales"][:3] == [1.0, 1.0, 1.0], (name, r["scales"])
+        assert all(s > 0 for s in r["scales"]), (name, r["scales"])
+        assert r["ordinary_err"] <= 3.0 / 16, (name, r)

@@ -44,6 +44,9 @@ class EngramConfig:
     seed : the multipliers' seed.
     compressed_vocab_size : where a checkpoint states it, the size the compressed vocabulary
         must have (checked by :class:`~rowcache.embed.engram.hash.EngramHash`); else None.
+    num_embeddings : where a checkpoint states them (V4.1's ``engram_num_embeddings``), each
+        layer's table rows in ``layer_ids`` order, which must be the sums of the layers'
+        head primes (checked by ``EngramHash``); else None.
     defaults_used : the fields :meth:`from_config` did not find (not compared).
     """
 
@@ -55,6 +58,7 @@ class EngramConfig:
     pad_id: int = 2
     seed: int = 0
     compressed_vocab_size: int | None = None
+    num_embeddings: tuple[int, ...] | None = None
     defaults_used: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -104,6 +108,14 @@ class EngramConfig:
         integer("seed", self.seed, 0)
         if self.compressed_vocab_size is not None:
             integer("compressed_vocab_size", self.compressed_vocab_size, 1)
+        if self.num_embeddings is not None:
+            rows = _int_tuple("num_embeddings", self.num_embeddings)
+            if len(rows) != len(layers) or any(r < 1 for r in rows):
+                raise ConfigError(
+                    f"num_embeddings={self.num_embeddings!r}: give one table size (rows >= 1) "
+                    f"for each of the {len(layers)} layers {list(layers)}"
+                )
+            object.__setattr__(self, "num_embeddings", rows)
         object.__setattr__(self, "vocab_per_ngram", vocab)
         object.__setattr__(self, "layer_ids", layers)
 
@@ -125,10 +137,11 @@ class EngramConfig:
 
     @classmethod
     def reported_v41(cls) -> EngramConfig:
-        """The shape reported for DeepSeek-V4.1-Flash (unconfirmed; docs/engram-spec.md
-        section 6): layers 1 and 14, orders 2..4 of 8 heads, 256 values a head, ~16M rows a
-        head (~384M a layer). Its hash's other parameters are the demo's; read a real
-        checkpoint's with :meth:`from_config`."""
+        """DeepSeek-V4.1-Flash's hash (docs/engram-spec.md, its last section): layers 1 and
+        14, orders 2..4 of 8 heads, 256 values a head, the prime search from 16,000,000 for
+        every order (tables of 384,006,168 and 384,016,682 rows, the checkpoint's
+        ``engram_num_embeddings``); pad 2 and seed 0, as the demo's. A checkpoint's own
+        ``config.json`` is read with :meth:`from_config`."""
         return cls(
             vocab_per_ngram=(16_000_000,) * 3,
             max_ngram=4,
@@ -141,13 +154,17 @@ class EngramConfig:
     def from_config(cls, config: Mapping[str, Any]) -> EngramConfig:
         """The hash of a checkpoint's ``config.json`` dict (or its ``engram_config`` part).
 
-        Reads the names ports use (``engram_layer_ids``, ``engram_vocab_size`` or
-        ``engram_num_embeddings``, ``engram_max_ngram_size``, ``engram_n_heads``,
-        ``engram_head_dim`` or ``engram_n_embed_per_ngram``, ``engram_pad_token_id``,
-        ``engram_seed``, ``engram_compressed_vocab_size``) and the demo's own names
-        (``layer_ids``, ``max_ngram_size``, ...). Fields not found keep the demo's values and
-        are listed in ``defaults_used``; a found value that is invalid is a ConfigError
-        naming the config's key.
+        Reads DeepSeek-V4.1's names (``engram_layer_ids``, ``engram_vocab_size``: the prime
+        search's start, one for every order or one an order; ``engram_max_ngram_size``,
+        ``engram_n_heads``, ``engram_head_dim`` or ``engram_n_embed_per_ngram``,
+        ``engram_pad_token_id`` or ``engram_pad_id``, ``engram_seed``,
+        ``engram_compressed_vocab_size``, ``engram_num_embeddings``: each layer's table rows,
+        checked against the hash) and the demo's own names (``layer_ids``,
+        ``max_ngram_size``, ...). Fields not found keep the demo's values and are listed in
+        ``defaults_used``; a found value that is invalid is a ConfigError naming the config's
+        key. (The table's format, ``engram_dtype``, ``engram_block_size`` and
+        ``engram_scale_fmt``, is no part of the hash:
+        ``rowcache.embed.engram.table_format.EngramTableFormat``.)
         """
         if not isinstance(config, Mapping):
             raise ConfigError(f"config must be a dict, got {type(config).__name__}")
@@ -178,27 +195,34 @@ class EngramConfig:
             width = head_dim * h if isinstance(head_dim, int) and isinstance(h, int) else head_dim
         if width is not None:
             found["n_embed_per_ngram"] = width
-        vocab = take(
-            "vocab_per_ngram", "engram_vocab_size", "engram_num_embeddings", "vocab_per_ngram"
-        )
+        vocab = take("vocab_per_ngram", "engram_vocab_size", "vocab_per_ngram")
         if vocab is not None:
             if isinstance(vocab, (int, np.integer)) and not isinstance(vocab, bool):
                 orders = int(found.get("max_ngram", cls.max_ngram)) - 1
                 vocab = (vocab,) * max(orders, 1)  # one size for every order
             found["vocab_per_ngram"] = vocab
+        pads = {k: config[k] for k in ("engram_pad_token_id", "engram_pad_id") if k in config}
+        if len(pads) == 2 and pads["engram_pad_token_id"] != pads["engram_pad_id"]:
+            raise ConfigError(
+                f"config['engram_pad_token_id']={pads['engram_pad_token_id']!r} and "
+                f"config['engram_pad_id']={pads['engram_pad_id']!r} disagree: one pad token, "
+                "give the same id (or one of them)"
+            )
         for name, aliases in (
             ("layer_ids", ("engram_layer_ids", "layer_ids")),
             ("pad_id", ("engram_pad_token_id", "engram_pad_id", "pad_id")),
             ("seed", ("engram_seed", "seed")),
             ("compressed_vocab_size", ("engram_compressed_vocab_size",)),
+            ("num_embeddings", ("engram_num_embeddings",)),
         ):
             v = take(name, *aliases)
             if v is not None:
                 found[name] = v
+        checked_only = ("defaults_used", "compressed_vocab_size", "num_embeddings")
         missing = tuple(
             f.name
             for f in dataclasses.fields(cls)
-            if f.name not in found and f.name not in ("defaults_used", "compressed_vocab_size")
+            if f.name not in found and f.name not in checked_only
         )
         try:
             return cls(**found, defaults_used=missing)

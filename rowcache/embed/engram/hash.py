@@ -110,6 +110,15 @@ class EngramHash:
         self.layer_ids = config.layer_ids
         self.multipliers = layer_multipliers(config, len(vocab))
         self.primes = head_primes(config)
+        if config.num_embeddings is not None:
+            rows = [int(self.primes[layer].sum()) for layer in config.layer_ids]
+            if list(config.num_embeddings) != rows:
+                raise ConfigError(
+                    f"the config's num_embeddings (engram_num_embeddings) is "
+                    f"{list(config.num_embeddings)}, but the hash's tables of layers "
+                    f"{list(config.layer_ids)} have {rows} rows (the sums of their heads' "
+                    "primes): the hash's other fields do not match the checkpoint's tables"
+                )
         self.pad = int(vocab.lookup[config.pad_id])
         self._n_layers, self._heads = len(config.layer_ids), config.heads_per_layer
         self._pad_id = config.pad_id  # a decode step's call reads these, not the properties

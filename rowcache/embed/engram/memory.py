@@ -1,7 +1,8 @@
 """Engram's memory lookup: each Engram layer's head rows from its table, resident or cached.
 
 Owns :class:`EngramMemory` (an :class:`~rowcache.embed.engram.hash.EngramHash` and one table
-per Engram layer: ``Bf16Table``, ``Fp8Table`` or ``CachedTable`` over an ``NgramRowCache``,
+per Engram layer: ``Bf16Table``, ``Fp8Table``, ``Fp8TableScaleTable``, ``Fp8BlockScaleTable``
+(DeepSeek-V4.1's format as shipped) or ``CachedTable`` over an ``NgramRowCache``,
 one arena shared by every layer's table or one per layer) and :class:`EngramPrefetch`, the
 handle of a step's reads started at its start. A layer's table is its heads' tables end to
 end (rows ``EngramHash.table_rows(layer)``, ``head_dim`` wide); a position's ``e`` is its
@@ -19,8 +20,17 @@ import numpy as np
 from rowcache.cache.prefetch import PrefetchHandle
 from rowcache.cache.step_rows import StepRows
 from rowcache.embed.engram.hash import EngramHash
-from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
+from rowcache.embed.tables import (
+    Bf16Table,
+    CachedTable,
+    Fp8BlockScaleTable,
+    Fp8Table,
+    Fp8TableScaleTable,
+)
 from rowcache.errors import ConfigError
+
+TABLES = (Bf16Table, Fp8Table, Fp8TableScaleTable, Fp8BlockScaleTable, CachedTable)
+"""The tables an Engram layer may have."""
 
 EngramPrefetch = PrefetchHandle
 """The reads a step's :meth:`EngramMemory.prefetch` started (one per row cache, merged):
@@ -34,8 +44,9 @@ class EngramMemory:
     Parameters
     ----------
     engram_hash : EngramHash
-    tables : {layer_id: table} for every layer of ``engram_hash.layer_ids``: ``Bf16Table``,
-        ``Fp8Table`` or ``CachedTable``, ``table_rows(layer)`` rows of ``head_dim`` values,
+    tables : {layer_id: table} for every layer of ``engram_hash.layer_ids``: one of
+        :data:`TABLES` (``CachedTable`` over a store of any codec), ``table_rows(layer)``
+        rows of ``head_dim`` values,
         all on one device. Cached tables may share one arena (parts of one
         ``NgramRowCache``) or have one each.
 
@@ -71,9 +82,9 @@ class EngramMemory:
             )
         devices = set()
         for layer, t in tables.items():
-            if not isinstance(t, (Bf16Table, Fp8Table, CachedTable)):
+            if not isinstance(t, TABLES):
                 raise ConfigError(
-                    f"tables[{layer}]: give a Bf16Table, Fp8Table or CachedTable, "
+                    f"tables[{layer}]: give one of {', '.join(k.__name__ for k in TABLES)}; "
                     f"got {type(t).__name__}"
                 )
             want = engram_hash.table_rows(layer)

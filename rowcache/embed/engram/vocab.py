@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from rowcache.embed.user_cache import cache_dir as user_cache_dir
 from rowcache.errors import ConfigError
 
 _MAGIC = b"RCEVOC1\0"  # the file's format; a change of the rule below changes _RULE
@@ -110,7 +111,8 @@ def build_lookup(tokenizer: Any) -> np.ndarray:
     decode each id alone (special tokens kept), key it by its normalized text (or, where the
     text holds U+FFFD, by the token's own string), number the keys in order of first
     appearance."""
-    from tokenizers import Regex, normalizers
+    tokenizers = require_tokenizers()
+    Regex, normalizers = tokenizers.Regex, tokenizers.normalizers
 
     sentinel = "\ue000"
     norm = normalizers.Sequence(
@@ -138,8 +140,22 @@ def build_lookup(tokenizer: Any) -> np.ndarray:
     return lookup
 
 
+def require_tokenizers() -> Any:
+    """The ``tokenizers`` package; a one-line ``ConfigError`` naming the extra that installs
+    it where it is missing (a serving-only install)."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise ConfigError(
+            "Engram's compressed vocabulary is made from a tokenizer, which needs the "
+            "'tokenizers' package, not installed here (a serving-only install): pip install "
+            "'rowcache[tokenizers]'"
+        ) from None
+    return tokenizers
+
+
 def _as_tokenizer(tokenizer: Any) -> Any:
-    from tokenizers import Tokenizer
+    Tokenizer = require_tokenizers().Tokenizer
 
     if isinstance(tokenizer, Tokenizer):
         return tokenizer
@@ -164,11 +180,7 @@ def _as_tokenizer(tokenizer: Any) -> Any:
 
 
 def _default_cache_dir() -> str:
-    env = os.environ.get("ROWCACHE_CACHE_DIR")
-    if env:
-        return env
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return os.path.join(xdg or os.path.join(os.path.expanduser("~"), ".cache"), "rowcache")
+    return user_cache_dir()  # the one rule of rowcache.embed.user_cache: ROWCACHE_CACHE_DIR, ...
 
 
 def _read_cached(path: Path, size: int) -> np.ndarray | None:

@@ -12,16 +12,21 @@ the FP8 release's E4M3 codes with the table's one ``weight_scale``, both verbati
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from rowcache.embed.checkpoint import Checkpoint
+from rowcache.embed.hub import resolve_checkpoint
 from rowcache.embed.qwen4.config import Qwen4NgramConfig
 from rowcache.embed.qwen4.hash import Qwen4NgramHash
 from rowcache.embed.qwen4.memory import Qwen4NgramMemory
+from rowcache.embed.user_cache import check_store_writable, default_store
 from rowcache.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 TABLE_NAME = "qwen4.ngram"
 """The store's name of the n-gram table."""
@@ -206,7 +211,7 @@ def build_qwen4_store(
     """
     from rowcache.store.builder import build_store
 
-    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
+    ckpt = open_qwen4_checkpoint(checkpoint)
     cfg = _load_config(ckpt, config)
     tensors = qwen4_table_tensors(ckpt, cfg, layer)
     return build_store(
@@ -268,6 +273,32 @@ def arena_slots(rows: int, record: int, slots: Any = None, arena: Any = None) ->
     return min(int(n), rows)
 
 
+def qwen4_tensor(name: str) -> bool:
+    """Whether the loader reads tensor ``name``: a part of an n-gram table or its scale (what
+    a Hugging Face download of the checkpoint must hold for the store)."""
+    return ".ngram_embedding." in name
+
+
+def open_qwen4_checkpoint(checkpoint: str | os.PathLike[str] | Checkpoint) -> Checkpoint:
+    """``checkpoint`` as a ``Checkpoint``: a local file or directory, or a Hugging Face repo id
+    resolved to its local snapshot (``rowcache.embed.hub``: only the shards holding the n-gram
+    table are downloaded; offline, the Hugging Face cache)."""
+    if isinstance(checkpoint, Checkpoint):
+        return checkpoint
+    return Checkpoint(resolve_checkpoint(checkpoint, qwen4_tensor))
+
+
+def default_qwen4_store(ckpt: Checkpoint, config: Qwen4NgramConfig, layer: int) -> str:
+    """Where :func:`load_qwen4_memory` keeps the store of ``layer``'s table when ``store=`` is
+    not given: the user's cache directory (``rowcache.embed.user_cache``), keyed by the
+    checkpoint (its real path, and the size and time of the files holding the table), as
+    ``.../rowcache-qwen4-layer<L>``; never inside the checkpoint, which may be read-only."""
+    tensors = qwen4_table_tensors(ckpt, config, layer)
+    names = [*tensors.parts, *([tensors.scale] if tensors.scale else [])]
+    files = [ckpt.source(n)[0] for n in names]
+    return default_store(ckpt.directory, files, f"rowcache-qwen4-layer{layer}")
+
+
 def load_qwen4_memory(
     checkpoint: str | os.PathLike[str] | Checkpoint,
     *,
@@ -283,10 +314,14 @@ def load_qwen4_memory(
 
     Parameters
     ----------
-    checkpoint : a ``.safetensors`` file, an index ``.json``, or their directory.
-    store : the store directory (default ``<checkpoint dir>/rowcache-qwen4``): built from the
+    checkpoint : a ``.safetensors`` file, an index ``.json``, or their directory; or a Hugging
+        Face repo id, resolved to its snapshot in the Hugging Face cache (fetched where
+        missing, only the shards of the n-gram table; offline, the cache alone).
+    store : the store directory (default: in the user's cache directory, keyed by the
+        checkpoint, :func:`default_qwen4_store`; never inside the checkpoint): built from the
         checkpoint when it does not exist (streamed, :func:`build_qwen4_store`), else opened
-        and checked against the config.
+        and checked against the config. A place a store cannot be built is a ``ConfigError``
+        naming ``store=``.
     slots, arena : the arena's rows, or its size (bytes, ``"4GiB"``, or a fraction of the
         table's rows); default a quarter of the rows (:func:`arena_slots`).
     device : ``"cpu"`` or ``"cuda"``, the arena's.
@@ -298,15 +333,20 @@ def load_qwen4_memory(
 
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"device={device!r} is not supported; allowed: 'cpu', 'cuda'")
-    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
+    ckpt = open_qwen4_checkpoint(checkpoint)
     cfg = _load_config(ckpt, config)
     h, layer = _hash(cfg, layer)
-    where = os.path.join(ckpt.directory, "rowcache-qwen4") if store is None else os.fspath(store)
+    where = default_qwen4_store(ckpt, cfg, layer) if store is None else os.fspath(store)
     if os.path.exists(where):
+        log.info("using the store at %s for layer %d's n-gram table", where, layer)
         st = open_qwen4_store(where, h)
     else:
         # only the (small) checks run before the build: the size is known from the config
         arena_slots(h.table_rows(), record_bytes(cfg.head_dim, "bf16"), slots, arena)
+        check_store_writable(where, default=store is None)
+        log.info(
+            "building the store of layer %d's n-gram table of %s at %s", layer, ckpt.path, where
+        )
         st = build_qwen4_store(ckpt, where, config=cfg, layer=layer, progress=progress)
     info = next(t for t in st.tables if t.name == TABLE_NAME)
     n = arena_slots(info.rows, int(info.record_bytes), slots, arena)
@@ -319,7 +359,9 @@ __all__ = [
     "Qwen4TableTensors",
     "arena_slots",
     "build_qwen4_store",
+    "default_qwen4_store",
     "load_qwen4_memory",
+    "open_qwen4_checkpoint",
     "open_qwen4_store",
     "qwen4_table_tensors",
 ]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rowcache.cache.prefetch import PrefetchHandle
-from rowcache.cache.step_rows import StepRows
+from rowcache.cache.step_rows import StepIds, StepRows
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.tables import CachedTable
 
@@ -73,21 +73,26 @@ class CachedGroups:
         return self.rows.caches
 
     # --- ids ----------------------------------------------------------------------------
-    def _ids(self, batch: NgramBatch, host_ids: np.ndarray | None) -> Any:
-        """The step's ids a member (``StepRows``' ``Ids``): the cached n-gram tables' host
-        ids (int64[len(cached_rows), n], hashed here when None), then the word ids when the
-        word table is cached."""
+    def _ids(self, batch: NgramBatch, host_ids: np.ndarray | None) -> StepIds:
+        """The step's global ids over its ``StepRows``: the cached n-gram tables' rows (from
+        their host ids ``host_ids`` int64[len(cached_rows), n], or hashed here straight
+        into global ids, one C pass, when None), then the word ids when the word table is
+        cached."""
+        rows = self.rows
+        c = self.cached_rows.size
         if host_ids is None:
-            host_ids = (
-                batch.host_ids(self._hashed)
-                if self.cached_rows.size
+            gids = (
+                batch.host_ids(self._hashed, rows.offsets[:c])
+                if c
                 else np.empty((0, batch.n), dtype=np.int64)
             )
+        else:
+            gids = host_ids + rows.offsets[:c, None]
         if not self._word:
-            return host_ids
+            return rows.global_ids(gids, offset=False)
         w = batch.word_ids  # host tokens: no copy back from the device
-        word = w.get() if batch.on_device else np.asarray(w)
-        return [*host_ids, word]
+        word = (w.get() if batch.on_device else np.asarray(w)).astype(np.int64) + rows.offsets[c]
+        return rows.global_ids([*gids, word], offset=False)
 
     # --- resolve first ----------------------------------------------------------------
     def resolve(self, batch: NgramBatch, ids: Any, host_ids: np.ndarray) -> Any:
@@ -129,7 +134,7 @@ class CachedGroups:
             return
         ids = None
         if batch.n <= CHECK_TOKENS:
-            ids = rows.global_ids(self._ids(batch, None))  # (once for both calls)
+            ids = self._ids(batch, None)  # (once for both calls)
             if not rows.holds_all(ids):
                 rows.resolve(ids, host=True, defer=self.defer_reads)
                 rows.wait_ready()
@@ -137,9 +142,9 @@ class CachedGroups:
                 return
         rows.wait_ready()
         device_part()
-        rows.resolve(
-            self._ids(batch, None) if ids is None else ids, host=True, defer=self.defer_reads
-        )
+        if ids is None:
+            ids = self._ids(batch, None)
+        rows.resolve(ids, host=True, defer=self.defer_reads)
         if rows.faults:  # a row was not resident: run again
             rows.wait_ready()
             device_part()

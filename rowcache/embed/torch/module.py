@@ -29,6 +29,7 @@ from rowcache.embed.torch.views import (
     TensorViews,
     TorchStreams,
     capturing,
+    check_plain_tensor,
     check_token_ids,
     raw_stream,
 )
@@ -106,17 +107,22 @@ class TorchNgramEmbedding(torch.nn.Module):
         progress: bool = False,
         overlay: Any = None,
         defer_reads: bool = False,
+        allow_nonfinite: bool = False,
     ) -> TorchNgramEmbedding:
-        """The module of a Hugging Face LongCat n-gram checkpoint directory.
+        """The module of a Hugging Face LongCat n-gram checkpoint.
 
-        Parameters are those of :func:`rowcache.embed.checkpoint.load_pretrained`: ``cached``
-        (``"all"`` or table indices served by row caches; default none, or the tables
-        of ``tune``), ``store`` (the cached tables' row store: built from the
-        checkpoint's safetensors on first use, reused after; default
-        ``<path>/rowcache-<dtype>``), ``arena_bytes`` (the arenas' budget, split by
-        rows) or ``tune`` (a ``rowcache tune --json`` report: slots per table),
-        ``dtype`` (``"bf16"`` or ``"fp8"``), ``device`` (``"cpu"`` or ``"cuda"``),
-        ``defer_reads`` (a step does not wait for its rows' reads: see :meth:`settle`).
+        Parameters are those of :func:`rowcache.embed.checkpoint.load_pretrained`: ``path``
+        (a checkpoint directory or file, or a Hugging Face repo id, resolved through
+        ``huggingface_hub`` as transformers does: the Hugging Face cache where there is no
+        network), ``cached`` (``"all"`` or table indices served by row caches; default
+        none, or the tables of ``tune``), ``store`` (the cached tables' row store: built
+        from the checkpoint's safetensors on first use, reused after; default in the user's
+        cache directory, keyed by the checkpoint, never inside it: ``ROWCACHE_CACHE_DIR``),
+        ``arena_bytes`` (the arenas' budget, split by rows) or ``tune`` (a ``rowcache tune
+        --json`` report: slots per table), ``dtype`` (``"bf16"`` or ``"fp8"``), ``device``
+        (``"cpu"`` or ``"cuda"``), ``defer_reads`` (a step does not wait for its rows'
+        reads: see :meth:`settle`), ``allow_nonfinite`` (serve tables holding NaN or Inf,
+        resident or cached; refused by default).
         """
         emb = load_pretrained(
             path,
@@ -128,6 +134,7 @@ class TorchNgramEmbedding(torch.nn.Module):
             device=device,
             progress=progress,
             defer_reads=defer_reads,
+            allow_nonfinite=allow_nonfinite,
         )
         return cls(emb, overlay=overlay)
 
@@ -194,6 +201,8 @@ class TorchNgramEmbedding(torch.nn.Module):
             out = self._forward_known(input_ids, ngram_context)
             if out is not None:
                 return out
+        if isinstance(input_ids, torch.Tensor):  # meta, nested: named before the device
+            check_plain_tensor("input_ids", input_ids)
         if not isinstance(input_ids, torch.Tensor) or input_ids.is_cuda != cuda:
             where = input_ids.device if isinstance(input_ids, torch.Tensor) else "not a tensor"
             raise ConfigError(
@@ -242,7 +251,7 @@ class TorchNgramEmbedding(torch.nn.Module):
                 if ctx is None
                 else known.get((ctx.data_ptr(), ctx.shape, ctx.stride(), ctx.dtype))
             )
-        except AttributeError:  # not tensors: forward names the argument
+        except (AttributeError, RuntimeError):  # not tensors, nested ones: forward names them
             return None
         if a is None or (ctx is not None and (b is None or b[1] != a[1] or b[2] != a[2])):
             return None
@@ -343,6 +352,7 @@ class TorchNgramEmbedding(torch.nn.Module):
         if seq_slot is None:
             return None
         if isinstance(seq_slot, torch.Tensor):
+            check_plain_tensor("seq_slot", seq_slot)
             seq_slot = seq_slot.cpu().numpy()
         arr = np.asarray(seq_slot)
         if arr.ndim == 0:

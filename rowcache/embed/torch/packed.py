@@ -17,7 +17,7 @@ import torch
 from rowcache.embed.layer import NgramEmbedding
 from rowcache.embed.ngram.batch import NgramBatch
 from rowcache.embed.ngram.dims import NgramDims
-from rowcache.embed.torch.views import check_token_ids
+from rowcache.embed.torch.views import check_plain_tensor, check_token_ids
 from rowcache.errors import ConfigError
 from rowcache.kernels.reference import BF16
 
@@ -76,6 +76,8 @@ def plan(
 
 def _valid(mask: torch.Tensor, B: int, L: int, c: int) -> torch.Tensor | None:
     """``[B, c + L]`` bool of the real tokens, or None when all are real."""
+    if isinstance(mask, torch.Tensor):
+        check_plain_tensor("attention_mask", mask)
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.shape[0] != B:
         shape = list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise ConfigError(f"attention_mask must be a [B={B}, W] tensor, got {shape}")

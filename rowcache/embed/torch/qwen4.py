@@ -104,10 +104,14 @@ class TorchQwen4NgramEmbedding(torch.nn.Module):
         Parameters
         ----------
         checkpoint : the checkpoint directory (``config.json``, ``model.safetensors.index.json``
-            and shards, or one ``model.safetensors``), or its index or file.
-        store : the store directory (default ``<checkpoint>/rowcache-qwen4``): built from the
-            checkpoint when it does not exist yet (streamed, with progress), else opened and
-            checked against the config.
+            and shards, or one ``model.safetensors``), or its index or file; or a Hugging Face
+            repo id, resolved through ``huggingface_hub`` as transformers does (the Hugging
+            Face cache where there is no network).
+        store : the store directory (default: in the user's cache directory, keyed by the
+            checkpoint, never inside it: ``ROWCACHE_CACHE_DIR``): built from the checkpoint
+            when it does not exist yet (streamed, with progress), else opened and checked
+            against the config. A place a store cannot be built is a ``ConfigError`` naming
+            ``store=``.
         slots, arena : the arena's rows, or its size (bytes, ``"4GiB"``, or a fraction of the
             table's rows); default a quarter of the rows.
         device : ``"cpu"`` or ``"cuda"``: the arena's.

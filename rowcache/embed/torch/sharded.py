@@ -15,6 +15,7 @@ from rowcache.embed.sharded import ShardedNgramEmbedding
 from rowcache.embed.torch.views import (
     TensorViews,
     TorchStreams,
+    check_plain_tensor,
     check_token_ids,
     cupy_view,
     raw_stream,
@@ -63,6 +64,8 @@ class TorchShardedNgramEmbedding(torch.nn.Module):
         E_i[id_i]) / (1 + T)`` within the tolerance of ``ShardedNgramEmbedding``.
         """
         dev = "cuda" if self._cuda else "cpu"
+        if isinstance(input_ids, torch.Tensor):  # meta, nested: named before the device
+            check_plain_tensor("input_ids", input_ids)
         if not isinstance(input_ids, torch.Tensor) or input_ids.is_cuda != self._cuda:
             where = input_ids.device if isinstance(input_ids, torch.Tensor) else "not a tensor"
             raise ConfigError(f"input_ids ({where}) must be a tensor on the embedding's {dev}")

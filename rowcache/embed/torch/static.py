@@ -15,7 +15,7 @@ import torch
 
 from rowcache.embed.layer import NgramEmbedding
 from rowcache.embed.ngram.batch import NgramBatch
-from rowcache.embed.torch.views import TorchStreams, capturing, raw_stream
+from rowcache.embed.torch.views import TorchStreams, capturing, check_plain_tensor, raw_stream
 from rowcache.errors import ConfigError
 
 _D2H = 2  # cudaMemcpyDeviceToHost
@@ -74,6 +74,9 @@ class TorchStaticStep:
         import cupy as cp
 
         B, L, c = self.shape
+        for name, t in (("input_ids", input_ids), ("ngram_context", ngram_context)):
+            if isinstance(t, torch.Tensor):  # meta, nested: named, not torch's internal error
+                check_plain_tensor(name, t)
         if tuple(input_ids.shape) != (B, L) or not input_ids.is_cuda:
             raise ConfigError(
                 f"this step takes CUDA input_ids [{B}, {L}], got {list(input_ids.shape)}"

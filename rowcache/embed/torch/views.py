@@ -98,11 +98,31 @@ class TensorViews:
         return v
 
 
+def check_plain_tensor(name: str, t: torch.Tensor) -> None:
+    """A one-line ``ConfigError`` naming ``name`` unless ``t`` is a plain tensor with values:
+    not on the meta device (shapes only, nothing to read), not nested (rows of several
+    lengths) and strided (not sparse), which torch's own calls would refuse deep inside."""
+    if t.is_meta:
+        raise ConfigError(
+            f"{name} is on the meta device (a shape without values, as a model made under "
+            "torch.device('meta') or init_empty_weights holds): give a tensor on the CPU or "
+            "a CUDA device"
+        )
+    if t.is_nested:
+        raise ConfigError(
+            f"{name} is a nested tensor; give a padded [B, L] tensor "
+            "(torch.nested.to_padded_tensor) and mark the padding with attention_mask"
+        )
+    if t.layout != torch.strided:
+        raise ConfigError(f"{name} has layout {t.layout}; give a dense tensor (.to_dense())")
+
+
 def check_token_ids(name: str, t: Any, device: torch.device | None, ndim: int) -> torch.Tensor:
-    """``t`` as int64 token ids, checked: a tensor of integers, ``ndim``-D, on ``device``
-    (None: not checked)."""
+    """``t`` as int64 token ids, checked: a plain tensor (:func:`check_plain_tensor`) of
+    integers, ``ndim``-D, on ``device`` (None: not checked)."""
     if not isinstance(t, torch.Tensor):
         raise ConfigError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_plain_tensor(name, t)
     dt = t.dtype
     if dt not in _INT_DTYPES:
         raise ConfigError(f"{name} must hold integer token ids (int64), got {dt}")

@@ -57,7 +57,8 @@ class StackedTables:
             if a.dtype == np.uint8 and s is None:
                 raise ConfigError(
                     f"StackedTables: table {i} is uint8 codes without per-row scales (a "
-                    "table-scaled FP8 codec such as fp8_table_scale); the fused n-gram step "
+                    "table- or block-scaled FP8 codec: fp8_table_scale, fp8_block_e8m0); the "
+                    "fused n-gram step "
                     "reads bfloat16 rows or FP8 codes with a float32 scale a row only: hold "
                     "such a table as bf16 (or fp8) for NgramEmbedding, or gather it "
                     "through its own gather() (EngramMemory does)"

@@ -14,29 +14,68 @@ are in csrc/, one file per concept, each with its own header where other files u
 - ``rowcache.kernels._quantize`` (csrc/quantize.c): the builder's FP8 quantize, straight
   into shard pages.
 
-They need only a C compiler and libc. Where one cannot be built the Python paths run
-instead (same results, slower), so a failed compile is a warning, not a failed install.
-The sdist ships csrc/ (MANIFEST.in).
+They need only a C compiler and libc. Without them the Python paths run instead (same
+results, 2-3x slower), and an install that silently fell back was hard to notice (pip hides
+a build's warnings), so a module that fails to build fails the install, saying why and how
+to proceed, unless ``ROWCACHE_ALLOW_NO_NATIVE=1`` asks for the pure-Python install: then
+each failure is a warning, and ``rowcache --version`` and the first use of each Python path
+say so (``rowcache.kernels.extensions``). The sdist ships csrc/ (MANIFEST.in).
 """
 
+import os
 import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import BaseError
+
+ALLOW_ENV = "ROWCACHE_ALLOW_NO_NATIVE"
+
+
+def allow_no_native() -> bool:
+    """Whether ROWCACHE_ALLOW_NO_NATIVE asks for an install without the native modules."""
+    return os.environ.get(ALLOW_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class NativeBuildError(BaseError):
+    """A native module did not build and ROWCACHE_ALLOW_NO_NATIVE is not set (setup()
+    prints it as one ``error:`` line and exits 1)."""
+
+
+def _failed(what: str, e: BaseException) -> None:
+    """Fail the build on ``what``'s error ``e``, or warn where the env var allows it."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+    if allow_no_native():
+        print(
+            f"warning: {what} not built ({first}); {ALLOW_ENV}=1: installing its Python path "
+            "(2-3x slower, same results; `rowcache --version` lists what is not built)",
+            file=sys.stderr,
+        )
+        return
+    raise NativeBuildError(
+        f"rowcache: {what} did not build ({first}). Install a C compiler (e.g. "
+        f"`apt install gcc` or build-essential) and retry, or set {ALLOW_ENV}=1 to install "
+        "the pure-Python paths (2-3x slower, same results)."
+    ) from e
 
 
 class OptionalBuildExt(build_ext):
+    """build_ext that fails loudly on a module that does not build, unless
+    ROWCACHE_ALLOW_NO_NATIVE=1 makes each failure a warning."""
+
     def run(self):
         try:
             super().run()
-        except Exception as e:  # no compiler: the package still installs
-            print(f"warning: native extensions not built ({e}); using the Python paths", file=sys.stderr)
+        except NativeBuildError:
+            raise
+        except Exception as e:  # no compiler at all
+            _failed("the native extensions", e)
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
         except Exception as e:
-            print(f"warning: {ext.name} not built ({e}); using its Python path", file=sys.stderr)
+            _failed(ext.name, e)
 
 
 HOST_SOURCES = [

@@ -28,8 +28,8 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # run from a checkout without installing it
+# rowcache is the installed package (pip install -e '.[torch]' in the checkout), as a user's
+# program imports it: never the checkout's files put ahead of it on sys.path
 
 
 def tiny_config(base: int, ple_dim: int, parts: int) -> dict:
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ckpt, store = os.path.join(work, "ckpt"), os.path.join(work, "store")
     if not os.path.exists(ckpt):  # in a child: Linux keeps a parent's ru_maxrss across exec
         make = (
-            f"import sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.dirname(__file__)!r}); "
+            f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
             f"from qwen4_load_memory import write_checkpoint; "
             f"write_checkpoint({ckpt!r}, {args.base}, {args.ple_dim}, {args.parts})"
         )

@@ -20,3 +20,15 @@ def run_judge(name: str, *args: str, timeout: float = 300) -> subprocess.Complet
         timeout=timeout,
         cwd=ROOT,
     )
+
+
+def package_copy(dest: pathlib.Path, *, native: bool) -> pathlib.Path:
+    """A copy of the ``rowcache`` package under ``dest`` (returned: put it first on a child's
+    ``PYTHONPATH``), as an install of it holds it: with its built native extensions, or
+    (``native=False``) without them, as ``pip install .`` leaves a machine without a C
+    compiler (``ROWCACHE_ALLOW_NO_NATIVE=1``)."""
+    import shutil
+
+    skip = ["__pycache__", "*.pyc"] + ([] if native else ["*.so", "*.pyd"])
+    shutil.copytree(ROOT / "rowcache", dest / "rowcache", ignore=shutil.ignore_patterns(*skip))
+    return dest

@@ -38,11 +38,11 @@ def test_py_typed_ships_in_the_package_data():
 
 
 def environment_variables_read() -> set[str]:
-    """Every name the package's Python reads from the environment (``os.environ.get("X")``,
-    ``os.environ["X"]``, ``os.getenv("X")``, or through a module constant naming it) and
-    every ``getenv("X")`` of its C sources."""
+    """Every name the package's Python (and its build's, ``setup.py``) reads from the
+    environment (``os.environ.get("X")``, ``os.environ["X"]``, ``os.getenv("X")``, or through
+    a module constant naming it) and every ``getenv("X")`` of its C sources."""
     names: set[str] = set()
-    for path in (ROOT / "rowcache").rglob("*.py"):
+    for path in [*(ROOT / "rowcache").rglob("*.py"), ROOT / "setup.py"]:
         tree = ast.parse(path.read_text())
         consts = {
             t.id: n.value.value

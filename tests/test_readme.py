@@ -112,3 +112,38 @@ def test_readme_quickstart_runs(tmp_path, monkeypatch):
     exec(compile(block, "README.md", "exec"), scope)
     assert tuple(scope["x"].shape) == (1, 2, scope["dims"].hidden_size)
     assert scope["cache"].stats().misses > 0
+
+
+# A child where `import torch` fails, as on an install without the torch extra.
+NO_TORCH = "import sys\nsys.modules['torch'] = None\n"
+
+
+def test_readme_quickstart_imports_torch_only_for_its_torch_lines(tmp_path):
+    """Issue 51, item 12: the quickstart says torch is for its last lines; it imported it on
+    line 2. In a child that cannot import torch, all but step 4 runs, and the whole block
+    stops at step 4's own `import torch`."""
+    import subprocess
+    import sys
+
+    (block,) = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    lines = block.splitlines()
+    step4 = next(i for i, ln in enumerate(lines) if ln.startswith("# 4. The torch module"))
+    assert not any("torch" in ln.split("#")[0] for ln in lines[:step4] if "import" in ln)
+    before = "\n".join(lines[:step4]) + "\nprint('misses', cache.stats().misses)\n"
+    for code, want_ok in ((before, True), (block, False)):
+        p = subprocess.run(
+            [sys.executable, "-c", NO_TORCH + code],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
+        if want_ok:
+            assert p.returncode == 0, p.stderr[-3000:]
+            assert int(p.stdout.split()[-1]) > 0
+        else:
+            assert p.returncode == 1 and "ModuleNotFoundError" in p.stderr, p.stderr[-3000:]
+            at = re.findall(r'File "<string>", line (\d+)', p.stderr)
+            assert at, p.stderr[-3000:]
+            line = lines[int(at[-1]) - 1 - NO_TORCH.count("\n")]
+            assert line == "import torch" and int(at[-1]) > step4, (line, p.stderr[-3000:])

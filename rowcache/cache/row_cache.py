@@ -33,6 +33,7 @@ from rowcache.cache.view import CacheView
 from rowcache.errors import ConfigError
 from rowcache.format.layout import TableInfo
 from rowcache.format.rows import check_row_ids
+from rowcache.kernels import extensions
 from rowcache.kernels.host import native as _native
 from rowcache.kernels.loader import require_cupy
 from rowcache.store.handle import RowStore
@@ -170,6 +171,8 @@ class NgramRowCache:
         self._lock = threading.RLock()
         self._counters = Counters(len(self.parts))
         native = _native if tuning.native else None
+        if tuning.native and _native is None:
+            extensions.fallback("rowcache.kernels._host")
         row_map = make_row_map(
             self.rows, self.num_slots, self.record_bytes, _native, tuning.row_map
         )

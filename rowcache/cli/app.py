@@ -2,10 +2,11 @@
 
 Each subcommand lives in its own module that defines ``register(subparsers)``; the
 module adds its parser and sets ``func`` (``args -> int`` exit code) as a default.
-This file owns what every command shares: ``--version``, ``-q``, help that shows
-defaults, progress bars only on a terminal, usage and rowcache errors as one line on
-stderr with exit code 2 (no traceback, never on a progress bar's line), and a quiet
-exit when stdout is a closed pipe (``rowcache profile trace | head -n 1``).
+This file owns what every command shares: ``--version`` (with the native extensions in
+use), ``-q``, help that shows defaults, progress bars only on a terminal, usage and rowcache
+errors as one line on stderr with exit code 2 (no traceback, never on a progress bar's
+line), warnings as one line each (``rowcache COMMAND: warning: ...``), and a quiet exit
+when stdout is a closed pipe (``rowcache profile trace | head -n 1``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import importlib
 import logging
 import math
 import os
+import platform
 import re
 import sys
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from rowcache import __version__
@@ -76,6 +80,40 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(self.prog, message)
 
 
+def version_text() -> str:
+    """What ``rowcache --version`` prints: the version, where the package was imported from
+    (an installed copy or a checkout), and each native extension, ``built`` or ``fallback``
+    (its Python path runs, slower; why, and how to build it)."""
+    import rowcache
+    from rowcache.kernels import extensions
+
+    where = os.path.dirname(os.path.abspath(rowcache.__file__))
+    lines = [
+        f"rowcache {__version__} from {where} (Python {platform.python_version()})",
+        "native extensions:",
+    ]
+    gone = extensions.missing()
+    width = max(map(len, extensions.EXTENSIONS))
+    for name, state in extensions.status().items():
+        why = f" (not built: {gone[name]}; its Python path runs)" if name in gone else ""
+        lines.append(f"  {name:<{width}}  {state}{why}")
+    if gone:
+        lines.append(f"the Python paths are 2-3x slower; {extensions.BUILD_HINT}")
+    return "\n".join(lines)
+
+
+class VersionAction(argparse.Action):
+    """``--version``: prints :func:`version_text` and exits 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("default", argparse.SUPPRESS)
+        super().__init__(option_strings, dest=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> NoReturn:
+        print(version_text())
+        parser.exit()
+
+
 def add_quiet(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
     """``-q/--quiet``: no progress bars and no informational lines on stderr."""
     parser.add_argument(
@@ -93,7 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Out-of-core embedding-row store, row cache, and fault-rate tools. "
         "`rowcache COMMAND --help` describes each command.",
     )
-    parser.add_argument("--version", action="version", version=f"rowcache {__version__}")
+    parser.add_argument(
+        "--version",
+        action=VersionAction,
+        help="print the version, where rowcache was imported from, and its native extensions",
+    )
     add_quiet(parser, top=True)
     parser.add_argument(
         "-v",
@@ -103,8 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="log what the library does on stderr (logger 'rowcache'): -v INFO, -vv DEBUG; "
         "before the command (rowcache -v build ...)",
     )
+    # not required here: main() says a missing command after an unknown flag, which argparse
+    # would hide behind "the following arguments are required: COMMAND" (rowcache --bogus)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     for p in sub.choices.values():
@@ -162,6 +205,39 @@ def _error(prog: str, message: str) -> int:
     return EXIT_ERROR
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``argv`` parsed; an unknown flag is refused naming it and the (sub)command it was
+    given to (``rowcache build: ... --bogus``), a missing command naming the commands."""
+    args, extra = parser.parse_known_args(argv)
+    command = getattr(args, "command", None)
+    if extra:
+        prog = f"rowcache {command}" if command else "rowcache"
+        what = "argument" if len(extra) == 1 else "arguments"
+        raise UsageError(prog, f"unrecognized {what}: {' '.join(extra)}")
+    if command is None:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        raise UsageError("rowcache", f"give a COMMAND: one of {', '.join(sub.choices)}")
+    return args
+
+
+@contextmanager
+def _warnings_as_lines(prog: str) -> Iterator[None]:
+    """Warnings raised while a command runs (a native extension missing) print as one line
+    on stderr, ``PROG: warning: MESSAGE``, not as Python's two-line form."""
+
+    def show(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+        line = f"{prog}: warning: " + " ".join(str(message).split())
+        tqdm_mod = sys.modules.get("tqdm")
+        if tqdm_mod is not None:  # above any progress bar, which goes on below it
+            tqdm_mod.tqdm.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
 def _interrupted(prog: str) -> int:
     _close_bars()
     print(f"{prog}: interrupted", file=sys.stderr)
@@ -197,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         try:
-            args = parser.parse_args(argv)
+            args = _parse(parser, argv)
         except UsageError as e:
             return _error(e.prog, f"{e} (see `{e.prog} --help`)")
         except SystemExit as e:  # --help, --version
@@ -209,7 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if hasattr(args, "no_progress"):
                 args.no_progress = True
         _take_deprecated(args, prog)
-        code = int(args.func(args))
+        with _warnings_as_lines(prog):
+            code = int(args.func(args))
         sys.stdout.flush()
         return code
     except KeyboardInterrupt:  # anywhere: the commands' workers stop before this is raised

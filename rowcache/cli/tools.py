@@ -9,6 +9,7 @@ Only parsing, checking flags (errors name the flag) and rendering; the work is i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -313,11 +314,29 @@ def _print_profile(rep: Any) -> None:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from rowcache.tools.profile import profile_trace
+    from rowcache.tools.profile import (
+        DEFAULT_RATE,
+        SHARDS_MIN_SAMPLED,
+        default_method,
+        profile_trace,
+    )
     from rowcache.tools.trace import Trace
 
     if args.method == "exact" and (args.rate is not None or args.sample_size is not None):
         raise ConfigError("--rate and --sample-size apply to --method shards only")
+    # a SHARDS setting given without --method: SHARDS it is
+    shards_flags = [
+        flag
+        for flag, given in (
+            ("--rate", args.rate is not None),
+            ("--sample-size", args.sample_size is not None),
+            ("--salts", args.salts != 1),
+            ("--heavy", args.heavy != 0),
+        )
+        if given
+    ]
+    if args.method is None and shards_flags:
+        args.method = "shards"
     if args.rate is not None and args.sample_size is not None:
         raise ConfigError("give --rate or --sample-size, not both")
     if args.heavy and args.sample_size is not None:
@@ -346,6 +365,21 @@ def _cmd_profile(args: argparse.Namespace) -> int:
             f"--policy-table {args.policy_table} is outside the trace's tables "
             f"[0, {trace.num_tables})"
         )
+    note = None
+    if args.method is None:  # the default: by the trace's size (and the memory)
+        fits = _exact_fits(args, trace)
+        args.method = default_method(trace, exact_fits=fits)
+        why = (
+            "--method exact needs more memory than is available"
+            if not fits
+            else f"SHARDS at rate {DEFAULT_RATE:g} samples >= {SHARDS_MIN_SAMPLED:,} accesses "
+            "a table, where it was measured within 0.7 % of the exact faults; --method exact "
+            "for exact curves"
+            if args.method == "shards"
+            else f"below {SHARDS_MIN_SAMPLED / DEFAULT_RATE:,.0f} tokens exact curves are cheap "
+            "and a 1 % sample would be rough; --method shards to sample"
+        )
+        note = f"method {args.method}: the default for this trace of {trace.positions:,} tokens ({why})"
     if args.method == "exact":
         _check_exact_memory(args, trace)
     rep = profile_trace(
@@ -365,6 +399,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         workers=args.workers,
         heavy=args.heavy,
     )
+    if note is not None:
+        rep = dataclasses.replace(rep, notes=(*rep.notes, note))
     if args.out:  # first: a failing plot must not lose the report
         _check_feasible(rep)  # tune would refuse a curve with no usable size
         write_json(args.out, rep.to_dict())
@@ -384,6 +420,15 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     if args.out:
         inform(args, f"saved: {args.out}")
     return 0
+
+
+def _exact_fits(args: argparse.Namespace, trace: Any) -> bool:
+    """Whether the exact method's peak memory is available (unknown: assumed so)."""
+    from rowcache.tools.profile import exact_peak_bytes
+
+    have = available_memory()
+    peak = exact_peak_bytes(trace, shared=not args.no_shared, workers=args.workers)
+    return have is None or peak <= have
 
 
 def _check_exact_memory(args: argparse.Namespace, trace: Any) -> None:
@@ -497,7 +542,8 @@ def register(subparsers: Any) -> None:
         "access of a curve in memory, ~125 B each, and the shared arena's curve has "
         "tokens x tables of them: on the sizing walk-through's stdlib trace (8.2M tokens, "
         "12 tables) it took 3.6 min and 12.4 GB peak on 2 cores; --method shards --rate "
-        "0.01 estimates the same curves in seconds. It is refused up front where the "
+        "0.01 estimates the same curves in seconds, and is the default from 1M tokens up "
+        "(exact below, where it is cheap). --method exact is refused up front where its "
         "memory is not available.",
     )
     p.add_argument("trace", help="trace directory from `rowcache trace`")
@@ -509,10 +555,13 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--method",
         choices=("exact", "shards"),
-        default="exact",
+        default=None,
         help="exact stack distances (~125 B of memory per access of the largest curve: "
         "minutes and GBs on a multi-million-token trace), or SHARDS spatial sampling "
-        "(an estimate, in seconds)",
+        "(an estimate, in seconds). Default: shards for a trace of 1M tokens or more "
+        "(where 1%% samples were measured within 0.7%% of the exact faults), or where "
+        "exact does not fit in memory, or when a SHARDS flag (--rate, --sample-size, "
+        "--salts, --heavy) is given; else exact (cheap on a smaller trace)",
     )
     p.add_argument(
         "--rate", type=fraction, default=None, help="SHARDS fixed rate in (0, 1] (default 0.01)"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,7 @@ from rowcache.cli.tools import (
     write_json,
 )
 from rowcache.errors import ConfigError
-
-MAX_QUEUE_DEPTH = 1024  # --queue-depth(s): reads in flight, one thread each in bench-io
+from rowcache.tools.benchio import MAX_QUEUE_DEPTH, MAX_SECONDS
 
 
 def size_arg(n: int) -> str:
@@ -189,6 +189,25 @@ def _print_tune(rep: Any) -> None:
 
 
 # --- bench-io -----------------------------------------------------------------
+# measure_io's arguments as the flags spell them, so that its errors name the flag
+_BENCH_FLAG = {
+    "record_bytes": "--record-bytes",
+    "queue_depths": "--queue-depths",
+    "seconds": "--seconds",
+}
+_BENCH_FLAGS = re.compile(r"\b(" + "|".join(_BENCH_FLAG) + r")=")
+
+
+def seconds_arg(text: str) -> float:
+    """An argparse type: seconds per measured point, > 0 and at most ``MAX_SECONDS``."""
+    v = positive_float(text)
+    if v > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a number of seconds > 0 and at most {MAX_SECONDS:,}"
+        )
+    return v
+
+
 def _cmd_bench_io(args: argparse.Namespace) -> int:
     from rowcache.tools.benchio import measure_io, profile_summary
 
@@ -207,20 +226,21 @@ def _cmd_bench_io(args: argparse.Namespace) -> int:
                 store.close()
         else:
             record = 512
-    prof = measure_io(
-        args.path,
-        record_bytes=record,
-        queue_depths=args.queue_depths,
-        seconds=args.seconds,
-        direct=not args.buffered,
-        progress=not args.no_progress,
-    )
+    try:
+        prof = measure_io(
+            args.path,
+            record_bytes=record,
+            queue_depths=args.queue_depths,
+            seconds=args.seconds,
+            direct=not args.buffered,
+            progress=not args.no_progress,
+        )
+    except ConfigError as e:  # name the flags, not measure_io's arguments
+        raise ConfigError(_BENCH_FLAGS.sub(lambda m: _BENCH_FLAG[m.group(1)] + " ", str(e))) from e
     if args.out:
         prof.save(args.out)
     if args.json:
-        from dataclasses import asdict
-
-        emit_json(asdict(prof))
+        emit_json(prof.to_dict())
         return 0
     print(f"{prof.path}: {human_bytes(prof.file_bytes)}, O_DIRECT {'on' if prof.direct else 'off'}")
     print(
@@ -332,7 +352,13 @@ def register(subparsers: Any) -> None:
         default="1,4,16,32,64",
         help="reads in flight to measure, comma separated",
     )
-    p.add_argument("--seconds", type=positive_float, default=1.0, help="seconds per measured point")
+    p.add_argument(
+        "--seconds",
+        type=seconds_arg,
+        default=1.0,
+        help=f"seconds per measured point, at most {MAX_SECONDS:,} (each reading thread stops "
+        "after its read in flight at the deadline)",
+    )
     p.add_argument("--buffered", action="store_true", help="do not use O_DIRECT")
     p.add_argument(
         "-o",

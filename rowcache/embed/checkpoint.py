@@ -12,7 +12,6 @@ Tensors are read with ``rowcache.store.sources`` (memory maps, never a whole fil
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -25,6 +24,7 @@ from rowcache.embed.hub import resolve_checkpoint
 from rowcache.embed.layer import NgramEmbedding
 from rowcache.embed.ngram.dims import NgramDims
 from rowcache.embed.tables import Bf16Table, CachedTable, Fp8Table
+from rowcache.embed.tune_report import SHARED, tune_slots
 from rowcache.embed.user_cache import check_store_writable, default_store
 from rowcache.errors import ConfigError, FormatError, RowCacheError
 from rowcache.format.layout import record_bytes
@@ -349,9 +349,6 @@ def load_ngram_embedding(
     return NgramEmbedding(dims, word_table, tables, projs, defer_reads=defer_reads)
 
 
-SHARED = "shared"  # the name `rowcache profile --shared` gives one arena over all tables
-
-
 def _cached_indices(cached: Any, T: int) -> list[int]:
     if cached is None:
         return []
@@ -369,34 +366,6 @@ def _cached_indices(cached: Any, T: int) -> list[int]:
     if bad:
         raise ConfigError(f"cached has table indices {bad} outside [0, {T}) (num_tables={T})")
     return out
-
-
-def tune_slots(report: Any) -> dict[str, int]:
-    """Arena rows per table from a ``rowcache tune`` report.
-
-    Parameters
-    ----------
-    report : ``TuneReport``, its ``to_dict()``, or the path of ``rowcache tune --json`` output.
-
-    Returns
-    -------
-    ``{table name: slots}``: the names ``"0" .. "T-1"`` (or ``"shared"`` for one arena
-    over every table) of the profile.
-    """
-    if isinstance(report, (str, os.PathLike)):
-        try:
-            with open(report, encoding="utf-8") as f:
-                report = json.load(f)
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"tune={os.fspath(report)!r}: not a readable JSON file ({e})") from e
-    d = report.to_dict() if hasattr(report, "to_dict") else report
-    rows = d.get("rows") if isinstance(d, Mapping) else None
-    if not isinstance(rows, Mapping) or not rows:
-        raise ConfigError("tune: not a report of `rowcache tune --json` (no 'rows' per table)")
-    try:
-        return {str(k): int(v) for k, v in rows.items()}
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"tune: 'rows' must map table names to ints ({e})") from e
 
 
 def _open_or_build(
@@ -524,7 +493,8 @@ def load_pretrained(
         Arena budget for all cached tables, split in proportion to their rows.
     tune : ``rowcache tune --json`` output (path, dict or ``TuneReport``)
         Slots per table instead of ``arena_bytes``; a ``"shared"`` entry makes one
-        arena (one LRU) over every cached table.
+        arena (one LRU) over every cached table. A report made for tables of another
+        shape than this checkpoint's is refused, naming both (``tune_report.tune_slots``).
     dtype : ``"bf16"`` or ``"fp8"``: the store's rows and the resident tables.
     device : ``"cpu"`` or ``"cuda"``: the arenas, the resident tables, the projections.
     dims : NgramDims, optional (default from ``config.json``).
@@ -550,7 +520,8 @@ def load_pretrained(
     ckpt = open_checkpoint(path)
     dims = ckpt.dims(dims)
     T = dims.num_tables
-    slots_of = tune_slots(tune) if tune is not None else None
+    shape = {str(i): dims.table_rows(i) for i in range(T)}  # what a tune report must fit
+    slots_of = tune_slots(tune, table_rows=shape) if tune is not None else None
     if cached is None and slots_of is not None:
         cached = "all" if SHARED in slots_of else [int(k) for k in slots_of if k.isdigit()]
     chosen = _cached_indices(cached, T)

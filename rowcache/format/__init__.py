@@ -3,7 +3,8 @@
 
 ``layout`` (records, page packing, shard files and keys, ``TableInfo``, ``ShardRecord``, the
 meta record and its checks), ``rows`` (``check_row_ids``: a call's row ids against a
-table's rows). No I/O here.
+table's rows), ``reports`` (the JSON reports' format names, versions and table shape, and
+the check each reader runs). No I/O here.
 """
 
 from __future__ import annotations

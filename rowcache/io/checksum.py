@@ -9,15 +9,16 @@ loop over all pages, the GIL released) where it is built, else by the ``crc32c``
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
+from rowcache.kernels import extensions
+
 PAGE = 4096
 
-try:
-    from rowcache.io import _rcio  # type: ignore[attr-defined]
-except ImportError:  # no compiler on this platform: the crc32c package, same values
-    _rcio = None
+# no compiler on this platform: the crc32c package, same values (the first use warns once)
+_rcio: Any = extensions.load("rowcache.io._rcio")
 
 
 def page_crcs(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
@@ -35,6 +36,7 @@ def page_crcs(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
         return out
     import crc32c
 
+    extensions.fallback("rowcache.io._rcio")
     for j in range(out.size):  # the package has no batch call: one call per page
         out[j] = crc32c.crc32c(mv[j * PAGE : (j + 1) * PAGE].tobytes())
     return out

@@ -24,11 +24,10 @@ from rowcache.io.engine import ReadStats
 from rowcache.io.files import ShardFiles
 from rowcache.io.plan import ReadPlanner
 from rowcache.io.pyengine import raise_page, raise_read
+from rowcache.kernels import extensions
 
-try:
-    from rowcache.io import _rcio  # type: ignore[attr-defined]
-except ImportError:  # built by setup.py; without a compiler the Python engine runs
-    _rcio = None
+# built by setup.py; without a compiler the Python engine runs (and warns once: the reader)
+_rcio: Any = extensions.load("rowcache.io._rcio")
 
 #: whether the C engine (``rowcache.io._rcio``) is built here
 NATIVE_BUILT = _rcio is not None

@@ -30,6 +30,7 @@ from rowcache.io.files import ShardFiles
 from rowcache.io.native import NATIVE_BUILT, NativeEngine
 from rowcache.io.plan import ALIGN, Plan, ReadPlanner
 from rowcache.io.pyengine import PythonEngine
+from rowcache.kernels import extensions
 
 DEFAULT_MERGE_GAP = 16 << 10
 ENGINES = ("auto", "uring", "threads", "python")
@@ -159,6 +160,8 @@ class RowReader:
         subclass that reads another way gives its own: ``KvikioRowReader``). Called once,
         with ``files`` and ``planner`` made."""
         if engine == "python" or not NATIVE_BUILT:
+            if engine != "python":  # asked for the native engine, which is not built here
+                extensions.fallback("rowcache.io._rcio")
             return PythonEngine(
                 self.files,
                 self.planner,

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError
+from rowcache.kernels import extensions
 
-try:  # built by `pip install -e .` (setup.py); optional so that a missing compiler still installs
-    from rowcache.kernels import _host as native  # type: ignore[attr-defined, unused-ignore]
-except ImportError:  # pragma: no cover - exercised where no compiler was available
-    native: Any = None  # type: ignore[no-redef]
+# built by `pip install -e .` (setup.py); without it (no compiler, ROWCACHE_ALLOW_NO_NATIVE=1)
+# the references run, and the first use of one warns (extensions.fallback)
+native: Any = extensions.load("rowcache.kernels._host")
 
 _I64 = np.dtype(np.int64)
 
@@ -172,6 +172,7 @@ def hash_packed(
         np.arange(n, dtype=_I64) - np.repeat(np.cumsum(seq_lens) - seq_lens, seq_lens)
     )
     first = np.repeat(begin, seq_lens)
+    extensions.fallback("rowcache.kernels._host")
     out = hash_positions_reference(tokens, positions, first, multipliers, rows, eos)
     if offsets is not None:
         out += offsets[:, None]

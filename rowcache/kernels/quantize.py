@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError
+from rowcache.kernels import extensions
 from rowcache.kernels.gather import check_array, check_rows_contiguous, describe
 from rowcache.kernels.loader import get_kernel, is_device_array, require_cupy
 from rowcache.kernels.reference import BF16, quantize_fp8_reference
@@ -111,10 +112,8 @@ def quantize_fp8(x: Any, *, codes: Any = None, scales: Any = None) -> tuple[Any,
 
 # --- the builder's FP8 path: records straight into shard pages --------------------------
 
-try:  # built by `pip install -e .` (setup.py); optional: without it the reference runs
-    from rowcache.kernels import _quantize as _native  # type: ignore[attr-defined, unused-ignore]
-except ImportError:  # pragma: no cover - exercised where no compiler was available
-    _native: Any = None  # type: ignore[no-redef]
+# built by `pip install -e .` (setup.py); without it the reference runs (and warns once)
+_native: Any = extensions.load("rowcache.kernels._quantize")
 
 # A row whose scale is at least 2**-115 quantizes the same whether or not the GPU flushes
 # subnormal float32 operands and results: the scale is normal, and a subnormal value x
@@ -199,6 +198,8 @@ def quantize_fp8_pages(
     _check_pages(x, pages, first, rows_per_page, page_bytes)
     n, dim = int(x.shape[0]), int(x.shape[1])
     if _native is None or not x.flags.c_contiguous:
+        if _native is None:
+            extensions.fallback("rowcache.kernels._quantize")
         codes, scales = quantize_fp8_reference(x)
         place_records(
             pages, first, codes, scales, rows_per_page=rows_per_page, page_bytes=page_bytes

@@ -342,7 +342,7 @@ def build_store(
     *,
     dtype: str | None = None,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: bool | None = None,
     shard_bytes: int = 1 << 30,
     allow_nonfinite: bool = False,
 ) -> RowStore:
@@ -372,7 +372,8 @@ def build_store(
         None (the default): the codec of encoded sources, else ``"bf16"``. One codec a store.
     overwrite : replace what is at ``path``, which must be a rowcache store (of any
         format version) or an empty directory; anything else is refused.
-    progress : show a progress bar (tqdm, on stderr).
+    progress : a progress bar (tqdm, on stderr): True, False, or None (the default) for a bar
+        only when stderr is a terminal, as the CLI shows them (no ``\r`` lines in logs).
     shard_bytes : target shard file size (rounded down to whole pages, at least one).
     allow_nonfinite : store NaN/Inf values as they are (refused by default, naming
         the table, row and column of the first one; for encoded rows, E4M3 NaN codes and
@@ -468,7 +469,7 @@ def _build(
     infos: list[fmt.TableInfo],
     dtype: str,
     overwrite: bool,
-    progress: bool,
+    progress: bool | None,
     shard_bytes: int,
     allow_nonfinite: bool,
 ) -> RowStore:
@@ -558,14 +559,21 @@ def _write_shards(
     infos: list[fmt.TableInfo],
     dtype: str,
     allow_nonfinite: bool,
-    progress: bool,
+    progress: bool | None,
 ) -> list[Any]:
     total = sum(s.rows * s.dim * s.dtype.itemsize for s in sources)
     bar = None
-    if progress:
+    if progress is not False:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"build {dtype}", leave=False)
+        bar = tqdm(
+            total=total,
+            unit="B",
+            unit_scale=True,
+            desc=f"build {dtype}",
+            leave=False,
+            disable=None if progress is None else False,  # None: on a terminal only
+        )
     try:
         with ThreadPoolExecutor(2) as pool:
             build = ShardWrites(tmp, dtype, allow_nonfinite, pool, bar)

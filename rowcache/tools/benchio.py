@@ -9,6 +9,7 @@ profile records whether it did. Does not read through a store's index.
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -22,11 +23,14 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError
+from rowcache.format import reports
 from rowcache.store.safeopen import read_regular_text, write_regular_text
 
 PAGE = 4096
 # Below this, random reads may come from the disk's or the hypervisor's cache.
 FAIR_FILE_BYTES = 1 << 30
+MAX_QUEUE_DEPTH = 1024  # reads in flight: one thread each
+MAX_SECONDS = 3600  # a measured point
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,8 @@ class DeviceProfile:
     [str(queue_depth)]`` = ``{"p50": ..., "p99": ...}`` microseconds per read;
     ``sequential_bytes_per_s``; ``direct``: whether ``O_DIRECT`` was used. Profiles
     saved before ``bytes_per_read`` and ``latency_us`` existed load with them empty.
+    ``format`` and ``version`` are the report's (``rowcache.format.reports``); a profile
+    saved before they existed loads as version 1, with a warning.
     """
 
     path: str
@@ -51,14 +57,24 @@ class DeviceProfile:
     notes: list[str] = field(default_factory=list)
     bytes_per_read: dict[str, int] = field(default_factory=dict)
     latency_us: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    format: str = reports.BENCH_IO
+    version: int = reports.VERSIONS[reports.BENCH_IO]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON of ``bench-io --json`` and ``-o``: format and version first."""
+        return {**reports.stamp(reports.BENCH_IO), **asdict(self)}
+
+    def read_size(self, read_bytes: int) -> int:
+        """The measured read size whose rate stands for reads of ``read_bytes``: the
+        closest (``reads_per_s``)."""
+        if not self.random:
+            raise ConfigError("the device profile has no random-read measurements")
+        return min((int(k) for k in self.random), key=lambda s: (abs(s - read_bytes), s))
 
     def reads_per_s(self, read_bytes: int, queue_depth: int | None = None) -> tuple[float, int]:
         """``(reads/s, queue depth)``: the best measured rate for the read size closest
         to ``read_bytes``, or the rate at ``queue_depth``."""
-        if not self.random:
-            raise ConfigError("the device profile has no random-read measurements")
-        sizes = sorted(int(k) for k in self.random)
-        size = min(sizes, key=lambda s: (abs(s - read_bytes), s))
+        size = self.read_size(read_bytes)
         row = {int(q): r for q, r in self.random[str(size)].items()}
         if queue_depth is not None:
             if queue_depth not in row:
@@ -68,7 +84,7 @@ class DeviceProfile:
         return row[q], q
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        write_regular_text(path, json.dumps(asdict(self), indent=1))
+        write_regular_text(path, json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> DeviceProfile:
@@ -84,6 +100,8 @@ class DeviceProfile:
                 f"{path}: not a disk profile (from `rowcache bench-io -o`): nested too deeply "
                 "to read"
             ) from None
+        # another report, or a newer version, is refused; an unversioned one warned below
+        versioned = isinstance(d, dict) and reports.check_report(d, reports.BENCH_IO, str(path))
         if isinstance(d, dict) and "tables" in d and "random" not in d:
             raise ConfigError(
                 f"{path} is a fault-rate profile (from `rowcache profile`), not a disk profile "
@@ -115,6 +133,8 @@ class DeviceProfile:
             raise ConfigError(
                 f"{path}: 'random' must map read sizes to {{queue depth: reads/s > 0}}"
             )
+        if not versioned:
+            reports.warn_unversioned(str(path), reports.BENCH_IO, "its rates taken as they are")
         return cls(**d)
 
 
@@ -157,15 +177,20 @@ def _random_rate(
 ) -> tuple[float, np.ndarray]:
     """``(reads per second, latency of each read in ns)`` of ``qd`` threads reading at random.
 
+    Each thread checks the deadline and the stop flag after every read (not after a batch:
+    on a slow or busy disk a batch of reads outlasted ``seconds`` many times over), and
+    makes at least one read, so a thread that starts after the deadline still measures.
     The threads stop at the deadline, at the first error of any of them (raised here), or
-    when this thread is interrupted (``KeyboardInterrupt``: they are joined before it goes
-    on, so that nothing reads ``fd`` once the caller closes it).
+    when this thread is interrupted (``KeyboardInterrupt``: they stop after their read in
+    flight and are joined before it goes on, so that nothing reads ``fd`` once the caller
+    closes it). This thread waits in short joins, so a Ctrl-C is taken within 50 ms
+    whichever thread the kernel gave the signal to.
     """
-    slots = max(1, (size - read_bytes) // align)
+    slots = max(1, (size - read_bytes) // align + 1)
     lat: list[np.ndarray] = [np.zeros(0, np.int64)] * qd
     stop = threading.Event()
     errors: list[BaseException] = []
-    deadline = time.perf_counter() + seconds
+    deadline = time.perf_counter_ns() + int(seconds * 1e9)
 
     def worker(i: int) -> None:
         rng = np.random.default_rng(seed + i)
@@ -174,13 +199,18 @@ def _random_rate(
         clock = time.perf_counter_ns
         got: list[int] = []
         try:
-            while True:  # at least one batch: a thread that starts late still measures
+            while True:
                 for off in (rng.integers(0, slots, 256) * align).tolist():
                     t0 = clock()
-                    os.preadv(fd, [view], off)
-                    got.append(clock() - t0)
-                if stop.is_set() or time.perf_counter() >= deadline:
-                    break
+                    n = os.preadv(fd, [view], off)
+                    t1 = clock()
+                    if n != read_bytes:  # the file shrank while it was measured
+                        raise OSError(
+                            errno.EIO, f"short read: {n} of {read_bytes} bytes at offset {off}"
+                        )
+                    got.append(t1 - t0)
+                    if t1 >= deadline or stop.is_set():
+                        return
         except BaseException as e:  # the caller raises it; a thread must not print it
             errors.append(e)
             stop.set()
@@ -195,7 +225,8 @@ def _random_rate(
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            while t.is_alive():
+                t.join(0.05)
     except BaseException:
         stop.set()
         for t in threads:
@@ -216,7 +247,7 @@ def measure_io(
     queue_depths: Sequence[int] = (1, 4, 16, 32, 64),
     seconds: float = 1.0,
     direct: bool = True,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> DeviceProfile:
     """Measure random reads of ``record_bytes`` and of 4 KiB, and sequential reads.
 
@@ -225,20 +256,38 @@ def measure_io(
     path : a store directory (its largest shard file is read) or any file
     record_bytes : the store's row size (with ``O_DIRECT`` a row costs one aligned
         page read, which is what is measured)
-    queue_depths : threads issuing reads at once
-    seconds : time per measured point
+    queue_depths : threads issuing reads at once, each 1 .. ``MAX_QUEUE_DEPTH``
+    seconds : time per measured point, in (0, ``MAX_SECONDS``]: each thread stops after
+        the read in flight at the deadline
+    progress : a bar on stderr (None: only when stderr is a terminal)
     """
-    if record_bytes < 1:
-        raise ConfigError(f"record_bytes must be >= 1; got {record_bytes}")
-    if not queue_depths or min(queue_depths) < 1:
-        raise ConfigError(f"queue_depths must be ints >= 1; got {list(queue_depths)}")
-    if seconds <= 0:
-        raise ConfigError(f"seconds must be > 0; got {seconds}")
+    if isinstance(record_bytes, bool) or not isinstance(record_bytes, int) or record_bytes < 1:
+        raise ConfigError(f"record_bytes={record_bytes!r}: give an integer >= 1")
+    qds = list(queue_depths)
+    if not qds or not all(
+        isinstance(q, int) and not isinstance(q, bool) and 1 <= q <= MAX_QUEUE_DEPTH for q in qds
+    ):
+        raise ConfigError(
+            f"queue_depths={qds!r}: give integers from 1 to {MAX_QUEUE_DEPTH:,} (a thread each)"
+        )
+    if not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_SECONDS:
+        raise ConfigError(f"seconds={seconds!r}: give a number > 0 and at most {MAX_SECONDS:,}")
     f = _files_of(Path(path))[0]
     size = f.stat().st_size
     if size < 2 * PAGE:
         raise ConfigError(f"{f} has {size} bytes; need at least {2 * PAGE} to measure")
     fd, used_direct = _open(f, direct)
+    # Under O_DIRECT a row is read as whole pages: the largest read must fit in the file,
+    # else the reads come back short and the rates count bytes the file does not hold.
+    largest = -(-record_bytes // PAGE) * PAGE if used_direct else record_bytes
+    if largest > size:
+        os.close(fd)
+        most = size // PAGE * PAGE if used_direct else size
+        how = f" (read as {largest:,} under O_DIRECT)" if largest != record_bytes else ""
+        raise ConfigError(
+            f"record_bytes={record_bytes:,}: a row of {record_bytes:,} bytes{how} is larger "
+            f"than {f} ({size:,} bytes); give at most {most:,}, or measure a larger file"
+        )
     notes: list[str] = []
     if direct and not used_direct:
         notes.append("O_DIRECT unavailable here: buffered reads, page cache may inflate rates")
@@ -257,15 +306,21 @@ def measure_io(
         read_sizes = sorted({PAGE, record_bytes})
         jobs = [(rb, q) for rb in read_sizes for q in queue_depths]
         bar = None
-        if progress:
+        if progress is not False:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(jobs) + 1, desc="bench-io", unit="point")
+            # None: tqdm's own rule, a bar only when stderr is a terminal (as the CLI)
+            bar = tqdm(
+                total=len(jobs) + 1,
+                desc="bench-io",
+                unit="point",
+                disable=None if progress is None else False,
+            )
         for rb, q in jobs:
             # O_DIRECT needs page-aligned offsets and lengths: a row costs one page.
             eff = -(-rb // PAGE) * PAGE if used_direct else rb
             align = PAGE if used_direct else rb
-            rate, lat = _random_rate(fd, size, eff, align, int(q), seconds, seed=q)
+            rate, lat = _random_rate(fd, size, eff, align, int(q), float(seconds), seed=q)
             random.setdefault(str(rb), {})[str(q)] = rate
             per_read[str(rb)] = eff
             p50, p99 = np.percentile(lat, [50, 99]) / 1e3 if lat.size else (np.nan, np.nan)

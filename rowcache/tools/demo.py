@@ -29,8 +29,16 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError
+from rowcache.kernels import extensions
 from rowcache.tools.resources import available_device_memory, available_memory
-from rowcache.tools.tokens import load_hf_tokenizer, python_files, stdlib_files, tokenizer_json_path
+from rowcache.tools.tokens import (
+    OFFLINE_TOKENIZERS,
+    load_hf_tokenizer,
+    make_tokenizer,
+    python_files,
+    stdlib_files,
+    tokenizer_json_path,
+)
 
 LONGCAT_VOCAB = 131072
 TABLES = 12  # LongCat-Flash-Lite's n-gram tables: orders 2..4, 4 splits each
@@ -44,9 +52,11 @@ class DemoConfig:
     ``int(ratio * 131072) + 2i + 1`` (LongCat-Flash-Lite: ratio 78). The text is
     ``max_tokens`` tokens of ``text`` (default: this interpreter's standard library
     source), one EOS after each file, tokenized by ``tokenizer`` (``"deepseek"``, the
-    default, or a tokenizer.json path); all but the last ``decode_tokens`` (default
-    ``min(1000, max_tokens // 10)``) go through prefill chunks of ``chunk`` tokens, the
-    rest one token per step.
+    default, a tokenizer.json path, or the offline stand-ins ``"words"`` and ``"bytes"``
+    of ``rowcache.tools.tokens``); all but the last ``decode_tokens`` (default
+    ``min(1000, n // 10)`` of the ``n`` tokens the text gave) go through prefill chunks
+    of ``chunk`` tokens, the rest one token per step. ``workdir``, where given, is a
+    directory (made if missing) that keeps the store.
     """
 
     hidden_size: int = 384
@@ -70,14 +80,14 @@ class DemoConfig:
 
         for name in ("hidden_size", "max_tokens", "chunk"):
             positive(name)
-        if self.decode_tokens is None:
-            object.__setattr__(self, "decode_tokens", min(1000, self.max_tokens // 10))
         if self.hidden_size % 12:
             raise ConfigError(
                 f"hidden_size={self.hidden_size} must be divisible by the 12 n-gram tables"
             )
         d = self.decode_tokens
-        if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < self.max_tokens:
+        if d is not None and (
+            isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < self.max_tokens
+        ):
             raise ConfigError(
                 f"decode_tokens={self.decode_tokens!r} must be in [0, max_tokens={self.max_tokens})"
             )
@@ -89,6 +99,12 @@ class DemoConfig:
             raise ConfigError(f"dtype={self.dtype!r} is not supported; allowed: bf16, fp8")
         if self.device not in ("cpu", "cuda"):
             raise ConfigError(f"device={self.device!r} is not supported; allowed: cpu, cuda")
+        if self.workdir is not None and os.path.exists(self.workdir):
+            if not os.path.isdir(self.workdir):
+                raise ConfigError(
+                    f"workdir={self.workdir} is not a directory; give a directory (made if "
+                    "missing) to keep the store in, or none for a temporary one"
+                )
         # One arena for the 12 tables: a prefill step may need a row of every table at
         # every token of its chunk, all pinned at once.
         slots, need = sum(self.arena_slots()), TABLES * self.chunk
@@ -103,6 +119,11 @@ class DemoConfig:
                 f"{need:,} rows); give arena_fraction={_round_up(least)} or more, or "
                 f"chunk={max(1, slots // TABLES)} or less"
             )
+
+    def decode_for(self, tokens: int) -> int:
+        """The trailing tokens run one per step, of a text of ``tokens`` tokens:
+        ``decode_tokens``, or by default ``min(1000, tokens // 10)``."""
+        return min(1000, tokens // 10) if self.decode_tokens is None else self.decode_tokens
 
     def table_rows(self) -> list[int]:
         """Rows of each of the 12 tables (LongCat's rule at ``ratio``)."""
@@ -228,6 +249,9 @@ class DemoReport:
     peak_rss_bytes: int
     device_bytes: int | None
     seconds: float
+    # each native extension, "built" or "fallback" (its Python path ran: slower, same
+    # results; rowcache.kernels.extensions), so that a report says what it measured
+    native: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -247,13 +271,29 @@ def text_files(root: str | None) -> list[str]:
 def tokenize_text(
     files: list[str], tokenizer_path: str, max_tokens: int, eos: int, vocab: int
 ) -> tuple[np.ndarray, int]:
-    """``(tokens int64[<= max_tokens], files used)``: files in order, an EOS after each."""
-    tok = load_hf_tokenizer(tokenizer_path)
-    if tok.get_vocab_size() > vocab:
-        raise ConfigError(
-            f"tokenizer {tokenizer_path} has {tok.get_vocab_size()} tokens, more than the "
-            f"model's vocabulary {vocab}"
-        )
+    """``(tokens int64[<= max_tokens], files used)``: files in order, an EOS after each.
+
+    ``tokenizer_path`` is a tokenizer.json, or the name of an offline stand-in
+    (``"words"``, ``"bytes"``: ``rowcache.tools.tokens.make_tokenizer``).
+    """
+    if tokenizer_path in OFFLINE_TOKENIZERS:
+        one = make_tokenizer(tokenizer_path, vocab)  # its ids are made below ``vocab``
+
+        def encode(texts: list[str]) -> list[np.ndarray]:
+            return [one(t) for t in texts]
+
+    else:
+        tok = load_hf_tokenizer(tokenizer_path)
+        if tok.get_vocab_size() > vocab:
+            raise ConfigError(
+                f"tokenizer {tokenizer_path} has {tok.get_vocab_size()} tokens, more than the "
+                f"model's vocabulary {vocab}"
+            )
+
+        def encode(texts: list[str]) -> list[np.ndarray]:
+            batch = tok.encode_batch(texts, add_special_tokens=False)
+            return [np.asarray(enc.ids, dtype=np.int64) for enc in batch]
+
     parts: list[np.ndarray] = []
     total, used = 0, 0
     while total < max_tokens and used < len(files):
@@ -266,10 +306,10 @@ def tokenize_text(
             chars += len(texts[-1])
             if chars >= want:
                 break
-        for enc in tok.encode_batch(texts, add_special_tokens=False):
-            parts.append(np.asarray(enc.ids, dtype=np.int64))
+        for ids in encode(texts):
+            parts.append(ids)
             parts.append(np.array([eos], dtype=np.int64))
-            total += len(enc.ids) + 1
+            total += len(ids) + 1
             used += 1
             if total >= max_tokens:
                 break
@@ -278,8 +318,9 @@ def tokenize_text(
 
 
 # --- the run ----------------------------------------------------------------------------
-def run_demo(cfg: DemoConfig, *, progress: bool = True) -> DemoReport:
-    """Run the demo described by ``cfg``; see the module docstring."""
+def run_demo(cfg: DemoConfig, *, progress: bool | None = None) -> DemoReport:
+    """Run the demo described by ``cfg``; see the module docstring. ``progress``: a bar on
+    stderr (None: only when stderr is a terminal)."""
     from tqdm import tqdm
 
     from rowcache.cache.row_cache import NgramRowCache
@@ -307,16 +348,20 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> DemoReport:
         xp = require_cupy("rowcache demo --device cuda")
     check_memory(cfg, xp if xp is not np else None)
 
-    tok_path = tokenizer_json_path(cfg.tokenizer or "deepseek")
+    tok_path = cfg.tokenizer or "deepseek"
+    if tok_path not in OFFLINE_TOKENIZERS:
+        tok_path = tokenizer_json_path(tok_path)
     files = text_files(cfg.text)
     tokens, used = tokenize_text(
         files, tok_path, cfg.max_tokens, dims.eos_token_id, dims.vocab_size
     )
-    assert cfg.decode_tokens is not None  # resolved by DemoConfig
-    if tokens.size <= cfg.decode_tokens:
+    decode_tokens = cfg.decode_for(int(tokens.size))
+    if tokens.size <= decode_tokens:  # only a decode_tokens given can be too many
+        where = f"text={cfg.text}" if cfg.text else "the standard library"
         raise ConfigError(
-            f"the text gave only {tokens.size} tokens; give decode_tokens={tokens.size - 1} "
-            f"or less (it is {cfg.decode_tokens})"
+            f"{where} gave only {tokens.size:,} tokens, not more than "
+            f"decode_tokens={decode_tokens:,}: give decode_tokens={tokens.size - 1} or less, "
+            "or a longer text"
         )
 
     rng = np.random.default_rng(cfg.seed)
@@ -369,7 +414,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> DemoReport:
                 xp.cuda.get_current_stream().synchronize()
 
         n = int(tokens.size)
-        prefill_n = n - cfg.decode_tokens
+        prefill_n = n - decode_tokens
         steps = [(a, min(a + cfg.chunk, prefill_n)) for a in range(0, prefill_n, cfg.chunk)]
         steps += [(k, k + 1) for k in range(prefill_n, n)]
         ctx_r, ctx_c = NgramContext(dims), NgramContext(dims)
@@ -378,7 +423,12 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> DemoReport:
         mismatched = 0
         keep = dims.max_ngram - 1
         bar = tqdm(
-            total=n, unit="tok", desc="demo", disable=not progress, file=sys.stderr, smoothing=0.1
+            total=n,
+            unit="tok",
+            desc="demo",
+            disable=None if progress is None else not progress,  # None: on a terminal only
+            file=sys.stderr,
+            smoothing=0.1,
         )
         for k, (a, b) in enumerate(steps):
             piece = tokens[a:b]  # host token ids, as a server holds them
@@ -421,7 +471,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> DemoReport:
             text_files=used,
             tokens=n,
             prefill_tokens=prefill_n,
-            decode_tokens=cfg.decode_tokens,
+            decode_tokens=decode_tokens,
             tables=T,
             table_rows=[dims.table_rows(i) for i in range(T)],
             arena_slots=slots,
@@ -441,7 +491,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> DemoReport:
                 prefill_n / t_cached["prefill"] if t_cached["prefill"] else 0.0
             ),
             cached_decode_tokens_per_s=(
-                cfg.decode_tokens / t_cached["decode"] if t_cached["decode"] else 0.0
+                decode_tokens / t_cached["decode"] if t_cached["decode"] else 0.0
             ),
             resident_table_bytes=sum(t.nbytes for t in resident_tables),
             arena_bytes=arena_bytes,
@@ -450,6 +500,7 @@ def run_demo(cfg: DemoConfig, *, progress: bool = True) -> DemoReport:
             peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             device_bytes=device_bytes,
             seconds=time.perf_counter() - t_start,
+            native=extensions.status(),
         )
     finally:
         if store is not None:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError
+from rowcache.format import reports
 from rowcache.tools.mrc import MissRatioCurve, json_ready, miss_ratio_curve
 from rowcache.tools.trace import Trace
 
@@ -57,9 +58,21 @@ class ProfileReport:
         """Bytes of all arenas at each size (int64[k])."""
         return self.sizes * self.num_tables * self.record_bytes
 
+    def shape(self) -> dict[str, int]:
+        """The tables profiled: name -> rows (empty where the trace did not say)."""
+        if len(self.table_rows) != len(self.curves):
+            return {}
+        return {name: int(r) for name, r in zip(self.curves, self.table_rows)}
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (what ``rowcache profile --json`` prints and ``tune`` reads)."""
+        """A JSON-ready dict (what ``rowcache profile --json`` prints and ``tune`` reads):
+        its format and version first (``rowcache.format.reports``), the tables' shape, the
+        method, then the curves."""
+        first = next(iter(self.curves.values()), None)
         return {
+            **reports.stamp(reports.PROFILE),
+            "shape": self.shape(),
+            "method": None if first is None else first.method,
             "trace": self.trace,
             "tokens": self.tokens,
             "num_tables": self.num_tables,
@@ -80,6 +93,11 @@ class ProfileReport:
 
 
 SPARSE_SAMPLE = 1000  # sampled accesses below which a SHARDS curve gets a note
+# Sampled accesses a table at which SHARDS' accuracy was measured (docs/sizing.md: 1 % of a
+# 1M-token trace, within 0.7 % of the exact faults in total; 0.3 % on the 8.2M-token stdlib
+# trace): the default method is SHARDS from there up, exact (cheap there) below.
+SHARDS_MIN_SAMPLED = 10_000
+DEFAULT_RATE = 0.01  # SHARDS' fixed rate where none is given
 # Peak memory of an exact curve per access it holds (``miss_ratio_curve``: keys, batch ids,
 # sorts and the inversion count's words); measured 105-125 B.
 EXACT_BYTES_PER_ACCESS = 125
@@ -104,6 +122,18 @@ class _Ticker:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+
+def default_method(trace: Trace, *, exact_fits: bool = True) -> str:
+    """The method of a profile that names none: ``"shards"`` (at :data:`DEFAULT_RATE`)
+    where its sample holds at least :data:`SHARDS_MIN_SAMPLED` accesses a table, the size at
+    which its stated accuracy was measured (a trace of 1M tokens and up: the exact method
+    took 3.6 min and 12.4 GB on the 8.2M-token stdlib trace, SHARDS seconds), or where the
+    exact method does not fit in memory (``exact_fits``); else ``"exact"``, which is cheap
+    on such a trace and where a 1 % sample would be rough."""
+    if not exact_fits or trace.positions * DEFAULT_RATE >= SHARDS_MIN_SAMPLED:
+        return "shards"
+    return "exact"
 
 
 def exact_peak_bytes(trace: Trace, *, shared: bool = True, workers: int = 1) -> int:
@@ -180,7 +210,7 @@ def profile_trace(
     policy_table: int = 0,
     policy_rate: float = 0.01,
     dtype: str = "bf16",
-    progress: bool = True,
+    progress: bool | None = None,
     workers: int = 1,
     dask_client: Any = None,
     heavy: int = 0,
@@ -211,10 +241,11 @@ def profile_trace(
     heavy : int
         Fixed-rate SHARDS: keep every access of each table's ``heavy`` most frequent
         rows exactly (lower error at small sizes; see ``miss_ratio_curve``).
-    progress : bool
-        A bar on stderr counted in accesses (the shared arena's curve holds as many as
-        all the tables), naming the curve under way, redrawn every second. The exact
-        method's memory is :func:`exact_peak_bytes`.
+    progress : bool or None
+        A bar on stderr (None, the default: only when stderr is a terminal) counted in
+        accesses (the shared arena's curve holds as many as all the tables), naming the
+        curve under way, redrawn every second. The exact method's memory is
+        :func:`exact_peak_bytes`.
     """
     if dtype not in ("bf16", "fp8"):
         raise ConfigError(f"dtype={dtype!r} is not supported; allowed: bf16, fp8")
@@ -231,11 +262,19 @@ def profile_trace(
     n = trace.positions
     t_count = trace.num_tables
     bar = None
-    if progress:
+    if progress is not False:
         from tqdm import tqdm
 
         total = n * t_count * (2 if shared else 1) + n * len(policies)
-        bar = tqdm(total=total, desc="profile", unit="access", unit_scale=True)
+        bar = tqdm(
+            total=total,
+            desc="profile",
+            unit="access",
+            unit_scale=True,
+            disable=None if progress is None else False,  # None: on a terminal only
+        )
+        if bar.disable:
+            bar = None  # no ticker thread for a bar nobody sees
 
     def started(what: str) -> None:
         if bar is not None:
@@ -260,7 +299,7 @@ def profile_trace(
             started("sampling every table" + (" and the shared arena" if shared else ""))
             samples = sample_trace(
                 trace,
-                0.01 if sample_rate is None else sample_rate,
+                DEFAULT_RATE if sample_rate is None else sample_rate,
                 salts=salts,
                 shared=shared,
                 workers=workers,

@@ -57,6 +57,11 @@ def tokenizer_json_path(name: str) -> str:
         if not os.path.isfile(path):
             raise ConfigError(f"{path} is missing from the {package!r} package")
         return path
+    if name in OFFLINE_TOKENIZERS:
+        raise ConfigError(
+            f"tokenizer {name!r} is an offline stand-in with no tokenizer.json; give "
+            f"{' or '.join(NAMED_TOKENIZERS)} or a tokenizer.json file here"
+        )
     if not os.path.isfile(name):
         allowed = ", ".join((*OFFLINE_TOKENIZERS, *NAMED_TOKENIZERS))
         what = "is a directory" if os.path.isdir(name) else "does not exist"

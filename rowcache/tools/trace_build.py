@@ -106,7 +106,7 @@ def build_trace(
     model: ServerModel | None = None,
     chunk_positions: int = 1 << 22,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> Trace:
     """Schedule ``requests`` on the modelled server and write their row-id trace.
 
@@ -121,6 +121,8 @@ def build_trace(
     model : ServerModel
     chunk_positions : int
         Token positions per chunk file.
+    progress : bool or None
+        A bar on stderr (None, the default: only when stderr is a terminal).
 
     Returns
     -------
@@ -203,14 +205,17 @@ def _write_trace(
     out: Path,
     model: ServerModel,
     chunk_positions: int,
-    progress: bool,
+    progress: bool | None,
 ) -> None:
     writer = TraceWriter(out, int(chunk_positions))
     bar = None
-    if progress:
+    if progress is not False:
         from tqdm import tqdm
 
-        bar = tqdm(unit="tok", unit_scale=True, desc="trace")
+        # None: tqdm's rule, a bar only when stderr is a terminal
+        bar = tqdm(
+            unit="tok", unit_scale=True, desc="trace", disable=None if progress is None else False
+        )
     # Slot heap: (step at which the slot is free, slot index).
     free: list[tuple[int, int]] = [(0, s) for s in range(model.batch)]
     pend_rows: list[np.ndarray] = []

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from rowcache.errors import ConfigError
+from rowcache.format import reports
 from rowcache.store.safeopen import read_regular_text
-from rowcache.tools.benchio import DeviceProfile
+from rowcache.tools.benchio import PAGE, DeviceProfile
 from rowcache.units import MAX_BYTES, parse_bytes  # noqa: F401  (tools.tune.parse_bytes, as documented)
 
 
@@ -44,7 +45,13 @@ class TableCurve:
 
 @dataclass(frozen=True)
 class TuneReport:
-    """The chosen split and its expected cost."""
+    """The chosen split and its expected cost.
+
+    ``shape``: the tables the profile was made for (name -> rows), which a reader of the
+    report checks against the tables it applies it to (``rowcache.embed.tune_report``);
+    None where the profile did not say. ``to_dict`` puts the report's format and version
+    (``rowcache.format.reports``) first.
+    """
 
     dtype: str
     record_bytes: int
@@ -70,13 +77,17 @@ class TuneReport:
     faults_per_access: float = 0.0
     floor_fault_rate: float | None = None
     target_reachable: bool | None = None
+    shape: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The JSON of ``tune --json`` and ``-o``: format and version first."""
+        return {**reports.stamp(reports.TUNE), **asdict(self)}
 
 
 def load_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The JSON dict of a ``rowcache profile -o`` (or ``--json``) file, checked."""
+    """The JSON dict of a ``rowcache profile -o`` (or ``--json``) file, checked: another
+    report or a newer version refused; one from before reports were versioned read as
+    version 1, with a warning."""
     try:
         d = json.loads(read_regular_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -86,6 +97,8 @@ def load_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path}: not a profile JSON (from `rowcache profile -o`): nested too deeply to read"
         ) from None
     curves_from_profile(d, source=str(path))
+    if not reports.check_report(d, reports.PROFILE, str(path)):
+        reports.warn_unversioned(str(path), reports.PROFILE, "its curves taken as they are")
     return d
 
 
@@ -103,6 +116,7 @@ def curves_from_profile(
     d = profile.to_dict() if hasattr(profile, "to_dict") else profile
     if not isinstance(d, dict):
         raise _fail(source, f"a JSON object is expected; got {type(d).__name__}")
+    reports.check_report(d, reports.PROFILE, source)  # another report, or a newer version
     for key in ("tokens", "record_bytes", "dtype", "tables"):
         if key not in d:
             raise _fail(source, f"missing {key!r}")
@@ -182,7 +196,12 @@ def curves_from_profile(
             if math.isfinite(uniq) and uniq >= 0:
                 unique = float(uniq)
         out.append(TableCurve(str(name), sizes, misses, acc, rows, unique))
-    return out, {"tokens": tokens, "record_bytes": rec, "dtype": dtype, "row_bytes": row_bytes}
+    # the tables' shape: the report's, else its table_rows (older profiles), else unknown
+    shape = reports.read_shape(d, source) or (
+        {c.name: c.rows for c in out} if len(rows_list) == len(out) else None
+    )
+    meta = {"tokens": tokens, "record_bytes": rec, "dtype": dtype, "row_bytes": row_bytes}
+    return out, {**meta, "shape": shape}
 
 
 def _hull(sizes: np.ndarray, misses: np.ndarray) -> list[tuple[int, float]]:
@@ -329,6 +348,14 @@ def tune(
     qd = None
     if device is not None:
         rate, qd = device.reads_per_s(rec, queue_depth)
+        measured = device.read_size(rec)
+        same = -(-measured // PAGE) == -(-rec // PAGE) if device.direct else measured == rec
+        if not same:  # the disk profile was made for another row size: say whose rate
+            notes.append(
+                f"the disk profile measured reads of {', '.join(sorted(device.random, key=int))} "
+                f"bytes, not these {rec}-byte rows: their fault time uses the {measured}-byte "
+                f"rate (bench-io --record-bytes {rec} measures theirs)"
+            )
 
     def seconds(m: float) -> float | None:
         return None if rate is None else (m / tokens) / rate
@@ -415,6 +442,7 @@ def tune(
         faults_per_access=misses / accesses,
         floor_fault_rate=None if floor is None else floor / accesses,
         target_reachable=None if not has_target else first is not None,
+        shape=meta["shape"],
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -31,7 +32,8 @@ def ready():
 
 real_preadv = os.preadv
 def preadv(*a):
-    ready()
+    if threading.current_thread() is not threading.main_thread():  # not the O_DIRECT probe
+        ready()
     return real_preadv(*a)
 os.preadv = preadv
 
@@ -61,8 +63,9 @@ def tr(tmp_path, rng):
 def test_ctrl_c_stops_workers_prints_one_line_exits_130(tmp_path, tr):
     big = tmp_path / "f.bin"
     big.write_bytes(b"\1" * (1 << 20))
+    # bench-io's points last 600 s: only a prompt stop, not a deadline, ends it within 60 s
     runs = {
-        "bench-io": ["bench-io", str(big), "--queue-depths", "8", "--seconds", "60"],
+        "bench-io": ["bench-io", str(big), "--queue-depths", "8", "--seconds", "600"],
         "profile": ["profile", str(tr), "--workers", "2", "--sizes", "64"],
         "profile-shards": ["profile", str(tr), "--workers", "2", "--method", "shards"],
         "trace": ["trace", "--stdlib", "--tokenizer", "bytes", "-o", str(tmp_path / "t2")],
@@ -78,15 +81,22 @@ def test_ctrl_c_stops_workers_prints_one_line_exits_130(tmp_path, tr):
     }
     try:
         for name, p in kids.items():
-            assert p.stdout is not None
-            assert p.stdout.readline() == b"ready\n", (name, p.stderr.read() if p.stderr else "")
+            assert _line(p, 120) == b"ready\n", (name, _stderr(p))
         time.sleep(0.3)
+        sent = time.monotonic()
         for p in kids.values():
             os.killpg(p.pid, signal.SIGINT)
         for name, p in kids.items():
-            _, err = p.communicate(timeout=60)
+            try:
+                _, err = p.communicate(timeout=max(1.0, sent + 60 - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                _, err = p.communicate()
+                raise AssertionError(
+                    f"{name}: still running 60 s after Ctrl-C; stderr {err.decode()[-2000:]!r}"
+                ) from None
             cmd = runs[name][0]
-            assert p.returncode == 130, (name, err.decode())
+            assert p.returncode == 130, (name, p.returncode, err.decode())
             assert err.decode() == f"rowcache {cmd}: interrupted\n", (name, err.decode())
             assert _group_gone(p.pid), f"{name}: a worker outlived the command"
     finally:
@@ -97,6 +107,22 @@ def test_ctrl_c_stops_workers_prints_one_line_exits_130(tmp_path, tr):
     assert not (tmp_path / "t2").exists()
     leftovers = [f for f in os.listdir(tmp_path) if f.startswith(".t2")]
     assert leftovers == []
+
+
+def _line(p: subprocess.Popen, seconds: float) -> bytes:
+    """The child's first line of stdout, or b"" when it says nothing for ``seconds`` (a
+    child that hangs before its work starts fails the test instead of hanging it)."""
+    assert p.stdout is not None
+    ready, _, _ = select.select([p.stdout], [], [], seconds)
+    return p.stdout.readline() if ready else b""
+
+
+def _stderr(p: subprocess.Popen) -> str:
+    """What a child that did not start its work printed (it is killed first)."""
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+    _, err = p.communicate()
+    return err.decode()[-2000:]
 
 
 def _group_gone(pgid: int, seconds: float = 10.0) -> bool:

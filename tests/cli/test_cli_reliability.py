@@ -256,6 +256,7 @@ def test_demo_report_counts_in_words():
         faults_per_token_by_order={"2": 1.0},
         equal=True,
         device_bytes=None,
+        native={"rowcache.kernels._host": "built"},
     )
     text = render(DemoReport(**values))
     assert "1 file " in text and "1 files" not in text and "0.4% of their rows" in text
@@ -304,9 +305,14 @@ def test_profile_help_says_what_exact_costs_and_the_run_shows_it(tr, capsys, mon
     assert "exact" in err and "peak" in err and "accesses" in err and "access/s" in err
 
     monkeypatch.setattr(cli_tools, "available_memory", lambda: 1000)
-    assert main(["profile", str(tr), "--sizes", "64"]) == 2
+    assert main(["profile", str(tr), "--sizes", "64", "--method", "exact"]) == 2
     err = err_line(capsys)
     assert "available" in err and "--method shards" in err
+    # no --method: the default samples instead, and says why
+    assert main(["profile", str(tr), "--sizes", "64", "--rate", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tables"]["0"]["method"] == "shards"
+    assert main(["profile", str(tr), "--sizes", "64"]) == 0
+    assert "method shards: the default" in capsys.readouterr().out
 
 
 def test_profile_progress_is_counted_in_accesses_and_names_each_curve(tr, capsys):

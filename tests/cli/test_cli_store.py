@@ -151,3 +151,27 @@ def test_cli_store_wording_singular(tmp_path, rng, capsys):
     assert main(["verify", store]) == 0
     out = capsys.readouterr().out
     assert ": 1 shard, " in out and "1 shards" not in out
+
+
+def test_inspect_json_names_the_shard_digest_for_what_it_is(tmp_path, rng):
+    """Issue 51, item 12, in a child: each shard's ``page_crcs_crc32c`` (once ``crc32``, a
+    name matching neither checksum a user would compute) is the CRC32C of the shard's
+    page-CRC record: the CRC32C of every 4 KiB page of the file, little-endian uint32s."""
+    import crc32c
+
+    from tests.cli.support import run_cli
+
+    p, _ = _npy(tmp_path, rng, rows=700)
+    built = run_cli("build", str(tmp_path / "s"), "--table", f"emb={p}", "--shard-mib", "0.004")
+    assert built.returncode == 0, built.stderr
+    got = run_cli("inspect", str(tmp_path / "s"), "--json")
+    assert got.returncode == 0 and got.stderr == "", got.stderr
+    shards = json.loads(got.stdout)["tables"][0]["shard_files"]
+    assert len(shards) > 1
+    for sh in shards:
+        assert "crc32" not in sh
+        data = (tmp_path / "s" / sh["file"]).read_bytes()
+        pages = [crc32c.crc32c(data[i : i + 4096]) for i in range(0, len(data), 4096)]
+        record = np.asarray(pages, dtype="<u4").tobytes()
+        assert sh["page_crcs_crc32c"] == f"{crc32c.crc32c(record):08x}", sh
+        assert sh["page_crcs_crc32c"] != f"{crc32c.crc32c(data):08x}"  # not the file's

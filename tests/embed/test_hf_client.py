@@ -78,3 +78,31 @@ def test_incremental_embeddings_equal_one_pass(ckpt, model):
 def test_example_main_runs(ckpt, capsys):
     assert client.main(["--steps", "4", "--dir", ckpt + "-main"]) == 0
     assert "identical tokens" in capsys.readouterr().out
+
+
+def test_example_imports_the_installed_rowcache_and_times_after_a_warm_up(tmp_path):
+    """Issue 51, items 8 and 12, in a child as a user runs it: the example imports the
+    rowcache on the path (here a copy standing for an install), not the checkout it sits
+    in, says which copy and whether its extensions are built, and times after a warm-up."""
+    import os
+    import subprocess
+
+    from tests.support import ROOT, package_copy
+
+    inst = package_copy(tmp_path / "site", native=True)
+    p = subprocess.run(
+        [sys.executable, str(EXAMPLES / "longcat_generate.py"), "--steps", "3"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(inst)},
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("rowcache ") and f"from {inst / 'rowcache'};" in lines[0], lines[0]
+    assert str(ROOT / "rowcache") not in p.stdout
+    assert "native extensions: all 3 built" in lines[0], lines[0]
+    timed = [ln for ln in lines if "tok/s" in ln]
+    assert len(timed) == 2 and all("after a 2-step warm-up" in ln for ln in timed), timed
+    assert lines[-1] == "identical tokens"

@@ -284,7 +284,8 @@ def test_from_pretrained_resident_cached_and_tuned(weights, rng, tmp_path, monke
     monkeypatch.setattr(rowcache.store.builder, "build_store", no_build)
     report = tmp_path / "tune.json"
     report.write_text(json.dumps({"rows": {"0": 30, "3": 25}, "dtype": "bf16"}))
-    tuned = TorchNgramEmbedding.from_pretrained(path, tune=report)
+    with pytest.warns(UserWarning, match="without a format version.*slots unchecked"):
+        tuned = TorchNgramEmbedding.from_pretrained(path, tune=report)  # an older report
     assert [c.num_slots for c in tuned.emb.caches] == [30, 25]
     np.testing.assert_array_equal(_bits(tuned(ids, ctx)), want)
     shared = TorchNgramEmbedding.from_pretrained(path, cached=[0, 3], tune={"rows": {"shared": 64}})

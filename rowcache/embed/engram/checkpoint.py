@@ -254,7 +254,7 @@ def load_engram_memory(
     store: str | os.PathLike[str] | None = None,
     table_pattern: str | None = None,
     config: EngramConfig | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
     allow_nonfinite: bool = False,
 ) -> EngramMemory:
     """The Engram memory of a checkpoint.

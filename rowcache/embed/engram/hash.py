@@ -17,7 +17,7 @@ from rowcache.embed.engram.config import EngramConfig, head_primes
 from rowcache.embed.engram.vocab import CompressedVocab
 from rowcache.embed.token_ids import checked_ids_out, padded_history, token_ids_2d
 from rowcache.errors import ConfigError
-from rowcache.kernels import host
+from rowcache.kernels import extensions, host
 
 _PRIME_SEED_STEP = 10007  # each layer's multiplier seed: seed + 10007 * layer
 _PATH_ENV = "ROWCACHE_ENGRAM_HASH"  # read by the native hasher: avx512, avx2 or scalar
@@ -126,7 +126,9 @@ class EngramHash:
         # takes AVX2 where the CPU runs it (its .path; AVX-512 only when asked), or the
         # path ROWCACHE_ENGRAM_HASH names
         self._native: Any = None
-        if host.native is not None:
+        if host.native is None:
+            extensions.fallback("rowcache.kernels._host")
+        else:
             try:
                 self._native = host.native.EngramHasher(
                     vocab.lookup,

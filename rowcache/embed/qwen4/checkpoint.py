@@ -192,7 +192,7 @@ def build_qwen4_store(
     config: Qwen4NgramConfig | None = None,
     layer: int | None = None,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> Any:
     """Build a store of the checkpoint's n-gram table (one table, ``TABLE_NAME``); returns
     the opened ``RowStore``.
@@ -308,7 +308,7 @@ def load_qwen4_memory(
     device: str = "cpu",
     config: Qwen4NgramConfig | None = None,
     layer: int | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> Qwen4NgramMemory:
     """The n-gram memory of a checkpoint, its table from a store behind a row cache.
 

@@ -19,7 +19,7 @@ from rowcache.embed.engram.config import is_prime
 from rowcache.embed.qwen4.config import Qwen4NgramConfig
 from rowcache.embed.token_ids import checked_ids_out, padded_history, token_ids_2d
 from rowcache.errors import ConfigError
-from rowcache.kernels import host
+from rowcache.kernels import extensions, host
 
 _MASK64 = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15  # splitmix64's increment, also each order's seed step
@@ -168,7 +168,9 @@ class Qwen4NgramHash:
         # the native hasher holds the multipliers, primes and offsets from here on; AVX2 where
         # the CPU runs it (its .path), or the path ROWCACHE_ENGRAM_HASH names
         self._native: Any = None
-        if host.native is not None:
+        if host.native is None:
+            extensions.fallback("rowcache.kernels._host")
+        else:
             try:
                 self._native = host.native.EngramHasher(
                     None,

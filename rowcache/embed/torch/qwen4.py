@@ -97,7 +97,7 @@ class TorchQwen4NgramEmbedding(torch.nn.Module):
         device: str = "cpu",
         layer: int | None = None,
         config: Any = None,
-        progress: bool = True,
+        progress: bool | None = None,
     ) -> TorchQwen4NgramEmbedding:
         """The module of a ``qwen4_exp`` checkpoint's n-gram table, served from a store.
 

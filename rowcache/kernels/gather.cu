@@ -169,6 +169,29 @@ GATHER_ROWS_FP8(gather_rows_fp8_1_i64, 1, long long)
 // the reference's canonical NaN, so NaN outputs are bit-exact too. The scale arrives
 // as its bf16 bits in an unsigned int.
 
+// VEC E4M3 codes times one bf16 scale ``s``, each bf16_rn(bf16(code) * s) (the rule of
+// both bf16-scaled codecs below), a NaN written as 0x7FC0.
+template <int VEC>
+__device__ __forceinline__ typename Fp8Words<VEC>::Out fp8_word_times_bf16(
+    typename Fp8Words<VEC>::In word, __nv_bfloat16 s) {
+    union {
+        typename Fp8Words<VEC>::In word;
+        unsigned char b[VEC];
+    } in;
+    union {
+        typename Fp8Words<VEC>::Out word;
+        unsigned short h[VEC];
+    } res;
+    in.word = word;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+        const __nv_bfloat16 code = __float2bfloat16_rn(e4m3_to_float(in.b[k]));
+        const __nv_bfloat16 p = __hmul(code, s);
+        res.h[k] = __hisnan(p) ? (unsigned short)0x7FC0 : __bfloat16_as_ushort(p);
+    }
+    return res.word;
+}
+
 template <int VEC, typename I>
 __device__ __forceinline__ void gather_rows_fp8ts(const unsigned char* __restrict__ codes,
                                                   unsigned int scale_bits,
@@ -188,22 +211,7 @@ __device__ __forceinline__ void gather_rows_fp8ts(const unsigned char* __restric
         const In* src = reinterpret_cast<const In*>(codes + id * codes_stride);
         Out* dst = reinterpret_cast<Out*>(out + r * out_stride);
         for (long long c = threadIdx.x; c < chunks; c += blockDim.x) {
-            union {
-                In word;
-                unsigned char b[VEC];
-            } in;
-            union {
-                Out word;
-                unsigned short h[VEC];
-            } res;
-            in.word = src[c];
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) {
-                const __nv_bfloat16 code = __float2bfloat16_rn(e4m3_to_float(in.b[k]));
-                const __nv_bfloat16 p = __hmul(code, s);
-                res.h[k] = __hisnan(p) ? (unsigned short)0x7FC0 : __bfloat16_as_ushort(p);
-            }
-            dst[c] = res.word;
+            dst[c] = fp8_word_times_bf16<VEC>(src[c], s);
         }
     }
 }
@@ -273,22 +281,7 @@ __device__ __forceinline__ void gather_rows_fp8blk(const unsigned char* __restri
         Out* dst = reinterpret_cast<Out*>(out + r * out_stride);
         for (long long c = threadIdx.x; c < chunks; c += blockDim.x) {
             const __nv_bfloat16 s = e8m0_to_bf16(exps[c / words_per_block]);
-            union {
-                In word;
-                unsigned char b[VEC];
-            } in;
-            union {
-                Out word;
-                unsigned short h[VEC];
-            } res;
-            in.word = src[c];
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) {
-                const __nv_bfloat16 code = __float2bfloat16_rn(e4m3_to_float(in.b[k]));
-                const __nv_bfloat16 p = __hmul(code, s);
-                res.h[k] = __hisnan(p) ? (unsigned short)0x7FC0 : __bfloat16_as_ushort(p);
-            }
-            dst[c] = res.word;
+            dst[c] = fp8_word_times_bf16<VEC>(src[c], s);
         }
     }
 }

@@ -210,6 +210,20 @@ def batched_embed(ids: Any, table: Any, out: Any = None) -> Any:
 # --- FP8 gather ----------------------------------------------------------------------
 
 
+def _code_word(codes: Any, out: Any, *sizes: int) -> int:
+    """VEC, the E4M3 codes an FP8 kernel reads as one word: a width of 8, 4, 2 or 1 that
+    divides ``sizes`` (the row's codes, a scale block's), the codes' row stride and
+    address, and the bf16 output's in elements (VEC bf16 are stored as one word)."""
+    return vector_bytes(
+        *sizes,
+        codes.strides[0],
+        codes.data.ptr,
+        out.strides[0] // 2,
+        out.data.ptr // 2,
+        widths=(8, 4, 2, 1),
+    )
+
+
 def batched_embed_fp8(ids: Any, codes: Any, scales: Any, out: Any = None) -> Any:
     """Gather and dequantize FP8 rows: ``out[i] = bf16(e4m3(codes[ids[i]]) * scales[ids[i]])``.
 
@@ -251,16 +265,7 @@ def batched_embed_fp8(ids: Any, codes: Any, scales: Any, out: Any = None) -> Any
     cupy, out, dev_ids = _device_prologue("batched_embed_fp8", "codes", codes, ids, out, n, d)
     if dev_ids is None:
         return out
-    # VEC codes per word: VEC must divide the code row and its alignment, and 2*VEC
-    # the output's (VEC bf16 are stored as one word).
-    vec = vector_bytes(
-        d,
-        codes.strides[0],
-        codes.data.ptr,
-        out.strides[0] // 2,
-        out.data.ptr // 2,
-        widths=(8, 4, 2, 1),
-    )
+    vec = _code_word(codes, out, d)
     kernel = get_kernel(_SOURCE, f"gather_rows_fp8_{vec}_{_ID_SUFFIX[dev_ids.dtype]}")
     grid, block = row_launch(cupy, n, d // vec)
     kernel(
@@ -345,14 +350,7 @@ def batched_embed_fp8_table_scale(ids: Any, codes: Any, scale: Any, out: Any = N
     )
     if dev_ids is None:
         return out
-    vec = vector_bytes(
-        d,
-        codes.strides[0],
-        codes.data.ptr,
-        out.strides[0] // 2,
-        out.data.ptr // 2,
-        widths=(8, 4, 2, 1),
-    )
+    vec = _code_word(codes, out, d)
     kernel = get_kernel(_SOURCE, f"gather_rows_fp8ts_{vec}_{_ID_SUFFIX[dev_ids.dtype]}")
     grid, block = row_launch(cupy, n, d // vec)
     kernel(
@@ -428,15 +426,7 @@ def batched_embed_fp8_block(ids: Any, codes: Any, scales: Any, out: Any = None) 
     block = d // nb
     # VEC codes per word, as batched_embed_fp8; VEC also divides the block, so the codes of
     # one word share one scale byte
-    vec = vector_bytes(
-        d,
-        block,
-        codes.strides[0],
-        codes.data.ptr,
-        out.strides[0] // 2,
-        out.data.ptr // 2,
-        widths=(8, 4, 2, 1),
-    )
+    vec = _code_word(codes, out, d, block)
     kernel = get_kernel(_SOURCE, f"gather_rows_fp8blk_{vec}_{_ID_SUFFIX[dev_ids.dtype]}")
     grid, block_shape = row_launch(cupy, n, d // vec)
     kernel(

@@ -53,6 +53,13 @@ cold arena (what ``tune`` predicts, printed beside it); ``reads/step`` the 4 KiB
 
     python -m bench.engram --device cuda --config v41 [--store-gib auto|G] [--json]
     python -m bench.engram --quick          # a tiny CPU run (what the test runs)
+
+``--format v41`` runs DeepSeek-V4.1's tables in their own format instead (the
+``fp8_block_e8m0`` store beside a checkpoint-layout copy, a server warmed by a long history,
+the arena tuned on the whole library's trace): ``bench/engram_v41.py``.
+
+    python -m bench.engram --format v41 --device cuda [--json]
+    python -m bench.engram --format v41 --quick
 """
 
 from __future__ import annotations
@@ -71,17 +78,23 @@ from typing import Any
 import numpy as np
 
 from bench._common import (
+    GIB,
+    Log,
+    Progress,
     drop_cache,
+    gib,
+    pinned_mapped,
     random_bf16_rows,
     random_bf16_rows_threaded,
     raw_direct_reads,
     report,
     store_files,
 )
+from bench.modes import Model
 from rowcache.errors import ConfigError
 
 MODES = {"decode x1": (1, 1), "decode x64": (64, 1), "prefill 512": (1, 512)}
-GIB = 1 << 30
+FORMATS = ("rowcache", "v41")  # --format: the tables as rowcache stores generated values, or V4.1's
 DISK_MARGIN = 0.15  # of the free space, or DISK_MARGIN_MIN, whichever is larger
 DISK_MARGIN_MIN = 4 * GIB
 DEVICE_RESERVE = 8 * GIB  # GPU memory kept for the arena's workspace, the steps, cupy's pool
@@ -89,61 +102,9 @@ HOST_RESERVE = 8 * GIB
 MIN_STORE = 64 << 20
 MAP_BYTES = 4  # the cache's row map: 4 bytes a row on the host, 4 more on the GPU
 CHUNK_BYTES = 32 << 20  # generated bf16 bytes a chunk
+V41_BLOCK = 32  # DeepSeek-V4.1's values a UE8M0 scale byte covers
 EOS = 1  # the token the text puts after each file (DeepSeek's end of sentence)
 DISK_PROFILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "h200-io.json")
-
-
-def _spin_kernel(cp: Any) -> Any:
-    return cp.RawKernel(
-        r"""
-extern "C" __global__ void spin(unsigned long long ns) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
-}""",
-        "spin",
-    )
-
-
-class Model:
-    """The layers around the lookups, as time on the device (or the host on the CPU)."""
-
-    def __init__(self, device: str, layer_us: float, token_us: float, layers: int) -> None:
-        self.device, self.layer_us, self.token_us, self.layers = device, layer_us, token_us, layers
-        self._cp: Any = None
-        if device == "cuda":
-            import cupy as cp
-
-            self._cp = cp
-            self._spin = _spin_kernel(cp)
-
-    def run(self, layers: int, tokens: int) -> None:
-        us = layers * (self.layer_us + self.token_us * tokens)
-        if us <= 0:
-            return
-        if self._cp is None:
-            end = time.perf_counter() + us * 1e-6
-            while time.perf_counter() < end:
-                pass
-        else:
-            self._spin((1,), (1,), (np.uint64(int(us * 1e3)),))
-
-    def sync(self) -> None:
-        if self._cp is not None:
-            self._cp.cuda.get_current_stream().synchronize()
-
-
-class Log:
-    """What the run says as it goes: printed (to stderr when the report is JSON on stdout, so
-    a run cut short still shows how far it came) and kept for the report."""
-
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-        self.lines: list[str] = []
-
-    def __call__(self, line: str) -> None:
-        self.lines.append(line)
-        print(line, file=sys.stderr if self.quiet else sys.stdout, flush=True)
 
 
 def _config(name: str, rows_per_layer: int | None) -> Any:
@@ -165,22 +126,28 @@ def _config(name: str, rows_per_layer: int | None) -> Any:
     )
 
 
-def _gib(n: float) -> str:
-    return f"{n / GIB:.1f} GiB" if abs(n) >= GIB else f"{n / (1 << 20):.1f} MiB"
-
-
 # --- the store's size ----------------------------------------------------------------------
+def codec_params(dtype: str) -> dict[str, Any]:
+    """The store's table params of codec ``dtype``: V4.1's blocks of 32 values for
+    ``fp8_block_e8m0``, none for the others."""
+    return {"block_size": V41_BLOCK} if dtype == "fp8_block_e8m0" else {}
+
+
 def store_bytes(rows: int, layers: int, dim: int, dtype: str) -> int:
     """Disk a build of ``layers`` tables of ``rows`` x ``dim`` needs (the builder's figure)."""
     from rowcache import TableInfo
     from rowcache.store.builder import needed_bytes
 
-    infos = [TableInfo.make(f"engram.{i}", rows, dim, dtype, GIB) for i in range(layers)]
+    params = codec_params(dtype)
+    infos = [TableInfo.make(f"engram.{i}", rows, dim, dtype, GIB, params) for i in range(layers)]
     return needed_bytes(infos)
 
 
 def resident_row_bytes(dim: int, dtype: str) -> int:
-    """Bytes a row of a resident table: FP8 codes and a float32 scale, or bf16 values."""
+    """Bytes a row of a resident table: FP8 codes and a float32 scale, FP8 codes and a
+    UE8M0 byte a block (``fp8_block_e8m0``, the checkpoint's two tensors), or bf16 values."""
+    if dtype == "fp8_block_e8m0":
+        return dim + dim // V41_BLOCK
     return dim + 4 if dtype == "fp8" else 2 * dim
 
 
@@ -190,7 +157,7 @@ class Sizing:
 
     rows_per_layer: int
     store_bytes: int
-    bound: str  # "disk" or "--store-gib"
+    bound: str  # "disk", "--store-gib" or "--rows"
     resident: bool
     host: bool
     lines: tuple[str, ...]
@@ -206,9 +173,16 @@ def size_store(
     device_free: int | None,
     host_free: int | None,
     workdir: str = "the work directory",
+    beside: tuple[str, Callable[[int], int]] | None = None,
+    rows_per_layer: int | None = None,
 ) -> Sizing:
     """The rows a layer of the largest store that ``free_disk`` holds (``store_gib="auto"``)
     or of ``store_gib`` GiB, and whether the resident and pinned-host series fit.
+
+    ``beside``: ``(what, bytes(rows a layer))``, a file the run writes on the same disk
+    beside the store (``bench/engram_v41.py``'s checkpoint-layout copy of the tables), which
+    the budget holds too. ``rows_per_layer`` (``--rows``): those rows, not a size (refused,
+    naming the flag, beyond what the disk holds).
 
     The disk keeps a margin of 15 % of its free space or 4 GiB, whichever is larger. The
     resident tables (and the cache's device row map) must fit ``device_free`` less 8 GiB
@@ -221,10 +195,22 @@ def size_store(
     margin = max(int(DISK_MARGIN * free_disk), DISK_MARGIN_MIN)
     room = free_disk - margin
     disk = (
-        f"{workdir}'s file system has {_gib(free_disk)} free, less a margin of {_gib(margin)} "
-        f"(15 % or {_gib(DISK_MARGIN_MIN)}, whichever is larger): {_gib(max(room, 0))}"
+        f"{workdir}'s file system has {gib(free_disk)} free, less a margin of {gib(margin)} "
+        f"(15 % or {gib(DISK_MARGIN_MIN)}, whichever is larger): {gib(max(room, 0))}"
     )
-    if store_gib == "auto":
+    other = beside[1] if beside else (lambda rows: 0)
+
+    def on_disk(rows: int) -> int:
+        return store_bytes(rows, layers, dim, dtype) + other(rows)
+
+    if rows_per_layer is not None:
+        budget, bound = room, "--rows"
+        if on_disk(rows_per_layer) > room:
+            raise ConfigError(
+                f"--rows {rows_per_layer:,}: {gib(on_disk(rows_per_layer))} on disk, but {disk}; "
+                "give fewer rows, or --workdir on a larger disk"
+            )
+    elif store_gib == "auto":
         budget, bound = room, "disk"
         if budget < MIN_STORE:
             raise ConfigError(
@@ -247,15 +233,18 @@ def size_store(
                 f"{max(room, 0) / GIB:.1f}, auto, or --workdir on a larger disk"
             )
     lo, hi = 1, max(2, budget // max(1, layers * dim))  # a row takes at least `dim` bytes
-    while lo < hi:  # the largest rows a layer whose store fits the budget
+    while lo < hi and rows_per_layer is None:  # the largest rows whose store (and beside) fit
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if store_bytes(mid, layers, dim, dtype) <= budget else (lo, mid - 1)
-    rows = lo
+        lo, hi = (mid, hi) if on_disk(mid) <= budget else (lo, mid - 1)
+    rows = lo if rows_per_layer is None else rows_per_layer
     need = store_bytes(rows, layers, dim, dtype)
-    why = disk if bound == "disk" else f"--store-gib {store_gib} ({disk})"
+    why = {"disk": disk, "--rows": f"--rows {rows:,} ({disk})"}.get(
+        bound, f"--store-gib {store_gib} ({disk})"
+    )
     lines = [
-        f"store: {layers} x {rows:,} rows of {dim} {dtype} values, {_gib(need)} on disk; "
-        f"bound: {why}"
+        f"store: {layers} x {rows:,} rows of {dim} {dtype} values, {gib(need)} on disk"
+        + (f", and {beside[0]} beside it, {gib(other(rows))}" if beside else "")
+        + f"; bound: {why}"
     ]
     table = layers * rows * resident_row_bytes(dim, dtype)
     maps = layers * rows * MAP_BYTES
@@ -265,8 +254,8 @@ def size_store(
             return True
         ok = need <= free - reserve
         lines.append(
-            f"{what}: {_gib(need)} (tables and the cache's row map) in {where} "
-            f"({_gib(free)} free, {_gib(reserve)} kept): "
+            f"{what}: {gib(need)} (tables and the cache's row map) in {where} "
+            f"({gib(free)} free, {gib(reserve)} kept): "
             + ("fits" if ok else "does not fit: series skipped (the store keeps the disk's size)")
         )
         return ok
@@ -281,28 +270,6 @@ def size_store(
 
 
 # --- the tables -----------------------------------------------------------------------------
-class Progress:
-    """A line on stderr every 5 % (at least every GiB) of a long build, with its rate."""
-
-    def __init__(self, what: str, total: int) -> None:
-        self.what, self.total, self.done = what, total, 0
-        self.step = max(GIB, total // 20)
-        self.next = self.step
-        self.t0 = time.perf_counter()
-
-    def add(self, n: int) -> None:
-        self.done += n
-        if self.done >= self.next and self.total >= 2 * GIB:
-            dt = time.perf_counter() - self.t0
-            print(
-                f"{self.what}: {_gib(self.done)} of {_gib(self.total)} "
-                f"({100 * self.done / self.total:.0f} %), {self.done / dt / 1e9:.2f} GB/s",
-                file=sys.stderr,
-                flush=True,
-            )
-            self.next += self.step
-
-
 def _chunk_rows(dim: int) -> int:
     return max(1, CHUNK_BYTES // (2 * dim))
 
@@ -355,7 +322,7 @@ def build_generated_store(
     written = sum(int(r.length) for recs in store.shards for r in recs)
     generated = sum(rows.values()) * dim * 2
     log(
-        f"build: {_gib(written)} {dtype} store ({', '.join(f'{n:,}' for n in rows.values())} "
+        f"build: {gib(written)} {dtype} store ({', '.join(f'{n:,}' for n in rows.values())} "
         f"rows) in {seconds:.1f} s: {written / seconds / 1e9:.2f} GB/s written, "
         f"{generated / seconds / 1e9:.2f} GB/s of bf16 rows generated"
         + (" and quantized" if dtype == "fp8" else "")
@@ -409,14 +376,9 @@ def pinned_table(dtype: str, key: int, rows: int, dim: int) -> Any:
 
     host, dev = [], []
     for shape, dt in _part_shapes(dtype, rows, dim):
-        nbytes = max(1, int(np.prod(shape)) * np.dtype(dt).itemsize)
-        mem = cp.cuda.PinnedMemory(nbytes, cp.cuda.runtime.hostAllocMapped)
-        view = np.frombuffer(
-            cp.cuda.PinnedMemoryPointer(mem, 0), dtype=dt, count=int(np.prod(shape))
-        )
-        host.append(view.reshape(shape))
-        um = cp.cuda.UnownedMemory(mem.ptr, nbytes, mem)
-        dev.append(cp.ndarray(shape, dtype=dt, memptr=cp.cuda.MemoryPointer(um, 0)))
+        h, d = pinned_mapped(shape, dt)
+        host.append(h)
+        dev.append(d)
     for s, e, chunk in _table_chunks(cp, dtype, key, rows, dim):
         for dst, src in zip(host, chunk):
             src.get(out=dst[s:e])
@@ -570,9 +532,16 @@ def cached_columns(
     return cols
 
 
-def _parse() -> argparse.Namespace:
+def _parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="rowcache",
+        help="rowcache: generated bf16 rows stored as --dtype; v41: DeepSeek-V4.1's own format "
+        "at steady state (bench/engram_v41.py; python -m bench.engram --format v41 --help)",
     )
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--config", choices=("demo", "v41"), default="demo")
@@ -606,7 +575,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--quick", action="store_true", help="a tiny CPU run")
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.quick:
         args.rows_per_layer, args.tokens, args.layers = 20_000, 800, 20
         args.layer_us, args.token_us, args.max_steps = 5.0, 0.1, 200
@@ -617,8 +586,18 @@ def _parse() -> argparse.Namespace:
     return args
 
 
-def main() -> None:
-    args = _parse()
+def main(argv: list[str] | None = None) -> None:
+    """The judge; ``--format v41`` hands the other arguments to ``bench.engram_v41.main``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--format", choices=FORMATS, default="rowcache")
+    known, rest = pre.parse_known_args(argv)
+    if known.format == "v41":
+        from bench.engram_v41 import main as v41
+
+        v41(rest)
+        return
+    args = _parse(argv)
     log = Log(args.json)
     from rowcache import NgramRowCache
     from rowcache.embed.engram.hash import EngramHash
@@ -702,7 +681,7 @@ def main() -> None:
             )
             log(
                 f"tune: --memory {args.memory} --reserve {args.reserve} over {rep.tokens:,} "
-                f"tokens of the text: {_gib(rep.used_bytes)} of {_gib(rep.budget_bytes)} used, "
+                f"tokens of the text: {gib(rep.used_bytes)} of {gib(rep.budget_bytes)} used, "
                 f"{slots:,} rows; predicted {rep.faults_per_access:.4f} faults a row looked "
                 f"up, {rep.faults_per_token:.2f} a token"
                 + (
@@ -718,7 +697,7 @@ def main() -> None:
         if free is not None:
             most = max(1, (free - DEVICE_RESERVE) // (record + 32))
             if slots > most:
-                log(f"arena: {slots:,} rows capped to {most:,} by the free memory ({_gib(free)})")
+                log(f"arena: {slots:,} rows capped to {most:,} by the free memory ({gib(free)})")
                 slots = most
         if slots > sum(rows):
             log(f"arena: {slots:,} rows capped to the tables' {sum(rows):,}")
@@ -727,7 +706,7 @@ def main() -> None:
             log(f"arena: {slots:,} rows raised to {least:,}: two steps' rows of every head")
             slots = least
         arena.update(arena_slots=slots, arena_bytes=slots * record)
-        log(f"arena: {slots:,} rows, {_gib(slots * record)}, shared by the layers")
+        log(f"arena: {slots:,} rows, {gib(slots * record)}, shared by the layers")
 
         said: list[str] = []
 
@@ -736,7 +715,7 @@ def main() -> None:
             cache = NgramRowCache(store, names, slots=slots, device=args.device)
             if not said:  # the host row map the cache chose (rowcache.cache.row_map)
                 said.append(cache.row_map_kind)
-                log(f"row map: {cache.row_map_kind}, {_gib(cache.inspect().overhead_bytes()['row_map'])}")
+                log(f"row map: {cache.row_map_kind}, {gib(cache.inspect().overhead_bytes()['row_map'])}")
             return EngramMemory(h, {layer: CachedTable(cache, i) for i, layer in enumerate(layers)})
 
         series: dict[str, Callable[[], Any]] = {}

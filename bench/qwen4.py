@@ -84,27 +84,35 @@ decode x32 and prefill, cached >= 0.97 of the disk's bound.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
-import gc
 import json
-import mmap
-import multiprocessing as mp
 import os
-import resource
 import shutil
 import sys
 import tempfile
 import time
-import traceback
-from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-from bench._common import _GOLDEN, _MIX, drop_cache, fmt_cell, machine, store_files
-from bench.engram import GIB, Log, Model, Progress, _gib
+from bench._common import (
+    GIB,
+    Log,
+    Progress,
+    drop_cache,
+    fmt_cell,
+    gib,
+    host16,
+    jsonable,
+    machine,
+    pinned_mapped,
+    print_table,
+    random_codes,
+    store_files,
+)
+from bench.mapped import Cgroup, FileMap, run_mapped
+from bench.modes import History, Mode, Model, parse_mode, plan_modes, run_series
 from rowcache.errors import ConfigError
 
 TABLE = "qwen4"
@@ -114,8 +122,6 @@ CHUNK_ROWS = 1 << 18  # rows generated a chunk (40 MiB of codes)
 PAGE = 4096
 DEVICE_RESERVE = 8 * GIB  # GPU memory kept beside an arena (its workspace, cupy's pool)
 DISK_MARGIN = 1 * GIB
-MAP_PRIVATE, MAP_FIXED, MAP_ANONYMOUS = 0x02, 0x10, 0x20  # Linux's mmap flags
-MAP_FAILED = 2**64 - 1  # (void *) -1 as ctypes returns it
 MODES = ("decode x1", "decode x32", "decode x64", "prefill")  # prefill: --chunk tokens
 BUDGETS = "tune,1/32,1/8,1/2"
 SERIES = ("resident", "host", "mmap", "cached")
@@ -126,22 +132,11 @@ TWO_X_MODES = ("decode x32", "prefill")
 # --- the table ------------------------------------------------------------------------------
 def codes_at(xp: Any, rows: Any, dim: int) -> Any:
     """uint8 [n, dim]: the E4M3 codes of ``rows`` (numpy or cupy int64 [n]) of the generated
-    table. Counter-based: byte ``c`` of row ``r`` is a byte of a splitmix64 mix of word
-    ``r * dim / 8 + c / 8``, so any rows are made alone; the NaN codes 0x7F/0xFF become
-    0x7E/0xFE (448, -448)."""
-    if dim % 8:
-        raise ConfigError(f"row width {dim}: the generator makes rows of a multiple of 8 bytes")
-    w = dim // 8
-    words = xp.asarray(rows, dtype=np.int64).astype(np.uint64)[:, None] * np.uint64(w)
-    words = words + xp.arange(w, dtype=np.uint64)[None, :]
-    words += np.uint64(CODES_KEY * 0xD1B54A32D192ED03 % (1 << 64))
-    words *= _GOLDEN
-    words ^= words >> np.uint64(29)
-    words *= _MIX
-    words ^= words >> np.uint64(32)
-    b = xp.ascontiguousarray(words).view(np.uint8).reshape(-1, dim)
-    b ^= ((b & np.uint8(0x7F)) == np.uint8(0x7F)).astype(np.uint8)
-    return b
+    table (``bench._common.random_codes`` under this table's key: never the NaN code)."""
+    try:
+        return random_codes(xp, CODES_KEY, rows, dim)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def codes_range(xp: Any, start: int, stop: int, dim: int) -> Any:
@@ -177,8 +172,8 @@ def build_table_store(path: str, rows: int, dim: int, xp: Any, log: Log) -> tupl
     free = st.f_bavail * st.f_frsize
     if need > free - DISK_MARGIN:
         raise ConfigError(
-            f"the store needs {_gib(need)}; {os.path.dirname(path)} has {_gib(free)} free "
-            f"(less {_gib(DISK_MARGIN)} kept): give --workdir on a larger disk or fewer --rows"
+            f"the store needs {gib(need)}; {os.path.dirname(path)} has {gib(free)} free "
+            f"(less {gib(DISK_MARGIN)} kept): give --workdir on a larger disk or fewer --rows"
         )
     bar = Progress("build", need)
 
@@ -199,7 +194,7 @@ def build_table_store(path: str, rows: int, dim: int, xp: Any, log: Log) -> tupl
     seconds = time.perf_counter() - t0
     written = sum(int(r.length) for recs in store.shards for r in recs)
     log(
-        f"build: {_gib(written)} fp8_table_scale store ({rows:,} rows of {dim} codes) in "
+        f"build: {gib(written)} fp8_table_scale store ({rows:,} rows of {dim} codes) in "
         f"{seconds:.1f} s: {written / seconds / 1e9:.2f} GB/s written"
     )
     return store, {"store_bytes": written, "build_s": round(seconds, 1)}
@@ -214,218 +209,31 @@ def resident_codes(xp: Any, rows: int, dim: int) -> Any:
     return out
 
 
-def pinned_codes(rows: int, dim: int) -> tuple[Any, Any]:
+def pinned_codes(rows: int, dim: int) -> Any:
     """The whole table's codes in pinned host memory mapped into the device (read over PCIe):
-    (the device view, the pinned allocation)."""
+    the device view (``bench._common.pinned_mapped``)."""
     import cupy as cp
 
-    nbytes = rows * dim
-    mem = cp.cuda.PinnedMemory(nbytes, cp.cuda.runtime.hostAllocMapped)
-    host = np.frombuffer(cp.cuda.PinnedMemoryPointer(mem, 0), np.uint8, nbytes).reshape(rows, dim)
+    host, dev = pinned_mapped((rows, dim), np.uint8)
     for s in range(0, rows, CHUNK_ROWS):
         e = min(rows, s + CHUNK_ROWS)
         codes_range(cp, s, e, dim).get(out=host[s:e])
-    um = cp.cuda.UnownedMemory(mem.ptr, nbytes, mem)
-    return cp.ndarray((rows, dim), dtype=np.uint8, memptr=cp.cuda.MemoryPointer(um, 0)), mem
+    return dev
 
 
-# --- the text and the modes ------------------------------------------------------------------
-@dataclass
-class Mode:
-    name: str
-    B: int
-    T: int
-    steps: int
-    start: int  # the first timed step
-    toks: np.ndarray  # int64 [B, steps * T]
-
-    def pieces(self, h: Any) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each step's (tokens [B, T], context [B, keep]) (EOS before the streams' start)."""
-        ctx = np.full((self.B, h.keep), h.config.eos_token_id, dtype=np.int64)
-        out = []
-        for s in range(self.steps):
-            p = np.ascontiguousarray(self.toks[:, s * self.T : (s + 1) * self.T])
-            out.append((p, ctx))
-            ctx = h.next_context(p, ctx)
-        return out
-
-    @property
-    def prefill(self) -> bool:
-        return self.T > 1
-
-
-def parse_mode(name: str, chunk: int) -> tuple[str, int, int]:
-    name = name.strip()
-    if name == "prefill":
-        name = f"prefill {chunk}"
-    kind, _, n = name.partition(" ")
-    try:
-        k = int(n.lstrip("x"))
-    except ValueError:
-        k = 0
-    if kind not in ("decode", "prefill") or k < 1:
-        raise ConfigError(f"--modes {name!r}: give 'decode xB' or 'prefill N' (or 'prefill')")
-    return name, (k if kind == "decode" else 1), (1 if kind == "decode" else k)
-
-
-def plan_modes(
-    names: list[str],
-    text: np.ndarray,
-    history: int,
-    tokens: int,
-    max_steps: int,
-    warm: float,
-    chunk: int,
-) -> list[Mode]:
-    """Each mode's steps on its own slice of the text after the history."""
-    at, out = history, []
-    for raw in names:
-        name, B, T = parse_mode(raw, chunk)
-        steps = max(4, min(max_steps, tokens // (B * T)))
-        n = steps * B * T
-        if at + n > text.size:
-            raise ConfigError(f"the text has {text.size:,} tokens; mode {name} needs {at + n:,}")
-        out.append(
-            Mode(
-                name,
-                B,
-                T,
-                steps,
-                max(1, int(warm * steps)),
-                text[at : at + n].reshape(B, steps * T),
-            )
-        )
-        at += n
-    return out
-
-
+# --- the history and the mapped series ---------------------------------------------------------
 def history_chunks(h: Any, history: np.ndarray, per: int = 4096) -> list[np.ndarray]:
     """The history's rows in its order: per ``per`` tokens the sorted distinct rows."""
-    out = []
-    ctx = np.full((1, h.keep), h.config.eos_token_id, dtype=np.int64)
-    for a in range(0, history.size, per):
-        p = np.ascontiguousarray(history[a : a + per][None])
-        out.append(np.unique(h.hash(p, ctx)))
-        ctx = h.next_context(p, ctx)
-    return out
+    return list(History(h, history, h.config.eos_token_id, lambda p, c: h.hash(p, c), per))
 
 
-# --- the page cache's cap ---------------------------------------------------------------------
-class Cgroup:
-    """A memory cgroup for the mapped series' process: v2 where allowed, else v1, else none
-    (``why`` says which and why)."""
-
-    def __init__(self, allowed: bool = True) -> None:
-        self.version: int | None = None
-        self.parent = ""
-        self.why = "not asked (--page-cache-cap none)"
-        tried: list[str] = []
-        if not allowed:
-            return
-        for version, find in ((2, self._v2), (1, self._v1)):
-            try:
-                self.parent = find()
-                probe = os.path.join(self.parent, f"rowcache-probe-{os.getpid()}")
-                os.mkdir(probe)
-                ok = os.path.exists(os.path.join(probe, self.files(version)[0]))
-                os.rmdir(probe)
-                if not ok:
-                    raise OSError("a child cgroup there has no memory controller")
-                self.version = version
-                self.why = f"cgroup v{version} under {self.parent}"
-                return
-            except OSError as e:
-                tried.append(f"v{version}: {e}")
-        self.why = "no memory cgroup could be made (" + "; ".join(tried) + ")"
-
-    @staticmethod
-    def files(version: int) -> tuple[str, str, str]:
-        """(limit, usage, limit-hit counter) files of a cgroup of ``version``."""
-        if version == 2:
-            return "memory.max", "memory.current", "memory.events"
-        return "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.failcnt"
-
-    @staticmethod
-    def _own(controller: str) -> str:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                _, ctrls, path = line.rstrip("\n").split(":", 2)
-                if (controller == "" and ctrls == "") or controller in ctrls.split(","):
-                    return path
-        raise OSError(f"/proc/self/cgroup names no {controller or 'v2'} hierarchy")
-
-    def _v2(self) -> str:
-        root = "/sys/fs/cgroup"
-        if not os.path.exists(os.path.join(root, "cgroup.controllers")):
-            raise OSError("/sys/fs/cgroup is not a cgroup v2 mount")
-        own = os.path.join(root, self._own("").lstrip("/"))
-        for parent in dict.fromkeys([os.path.normpath(own), root]):
-            # a parent that hands the memory controller to its children already (this bench
-            # never turns a controller on: that would change a cgroup it did not make)
-            try:
-                with open(os.path.join(parent, "cgroup.subtree_control")) as f:
-                    if "memory" in f.read().split():
-                        return parent
-            except OSError:
-                continue
-        raise OSError(
-            "neither this process's cgroup nor the root hands the memory controller to children"
-        )
-
-    def _v1(self) -> str:
-        root = "/sys/fs/cgroup/memory"
-        if not os.path.exists(os.path.join(root, "memory.limit_in_bytes")):
-            raise OSError("no cgroup v1 memory hierarchy at /sys/fs/cgroup/memory")
-        return os.path.join(root, self._own("memory").lstrip("/"))
-
-    def make(self, name: str) -> str | None:
-        if self.version is None:
-            return None
-        path = os.path.join(self.parent, name)
-        os.mkdir(path)
-        return path
-
-    @staticmethod
-    def remove(path: str | None) -> None:
-        if path:
-            for _ in range(50):  # a just-exited child may still be listed a moment
-                try:
-                    os.rmdir(path)
-                    return
-                except OSError:
-                    time.sleep(0.1)
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _limit_hits(path: str, version: int) -> int | None:
-    name = Cgroup.files(version)[2]
-    if version == 1:
-        return _read_int(os.path.join(path, name))
-    try:
-        with open(os.path.join(path, name)) as f:
-            for line in f:
-                k, v = line.split()
-                if k == "max":
-                    return int(v)
-    except OSError:
-        pass
-    return None
-
-
-# --- the mapped series (a child process) -------------------------------------------------------
 class MappedTable:
-    """The store's shard files memory-mapped end to end into one address range (as an engine
-    maps its one table file: ``np.memmap``, ``torch.from_file``), so that row ``r`` is at
-    page ``r // rows_per_page``, slot ``r % rows_per_page``; a gather reads the rows from the
-    mapping on the host (one fancy index), copies them to the device in one copy and
-    dequantizes them there with the resident kernel."""
+    """The store's shard files memory-mapped end to end into one address range
+    (``bench.mapped.FileMap``, as an engine maps its one table file: ``np.memmap``,
+    ``torch.from_file``), so that row ``r`` is at page ``r // rows_per_page``, slot
+    ``r % rows_per_page``; a gather reads the rows from the mapping on the host (one fancy
+    index), copies them to the device in one copy and dequantizes them there with the
+    resident kernel."""
 
     def __init__(self, spec: dict[str, Any], xp: Any) -> None:
         from rowcache.embed.tables import Fp8TableScaleTable
@@ -433,41 +241,13 @@ class MappedTable:
         self.xp = xp
         self.rpp, self.rec = spec["rows_per_page"], spec["rec"]
         sizes = [os.path.getsize(f) for f in spec["files"]]
-        if any(sz % PAGE for sz in sizes[:-1]) or any(
-            sz != spec["pages_per_shard"] * PAGE for sz in sizes[:-1]
-        ):
+        if any(sz != spec["pages_per_shard"] * PAGE for sz in sizes[:-1]):
             raise RuntimeError(f"shard files of {sizes} bytes: not whole shards of pages")
-        self.total = sum(sizes)
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = (
-            [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3 + [ctypes.c_long]
-        )
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        self.libc = libc
-        size = -(-self.total // PAGE) * PAGE
-        base = libc.mmap(None, size, 0, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)  # reserved
-        if base in (None, MAP_FAILED):
-            raise OSError(ctypes.get_errno(), "mmap: reserving the table's address range")
-        self.base, self.size = base, size
-        off = 0
-        for f, sz in zip(spec["files"], sizes):
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                got = libc.mmap(base + off, sz, mmap.PROT_READ, mmap.MAP_SHARED | MAP_FIXED, fd, 0)
-            finally:
-                os.close(fd)
-            if got != base + off:
-                err = ctypes.get_errno()
-                self.close()
-                raise OSError(err, f"mmap of {f} at its place in the table's range")
-            off += sz
-        if spec["advice"] == "random":
-            libc.madvise(base, size, mmap.MADV_RANDOM)
-        raw = np.frombuffer((ctypes.c_uint8 * self.total).from_address(base), dtype=np.uint8)
+        self.map = FileMap(spec["files"], spec["advice"])
+        raw = self.map.raw
+        assert raw is not None
         self.view = np.lib.stride_tricks.as_strided(
-            raw, (self.total // PAGE, self.rpp, self.rec), (PAGE, self.rec, 1), writeable=False
+            raw, (self.map.total // PAGE, self.rpp, self.rec), (PAGE, self.rec, 1), writeable=False
         )
         self.proto = Fp8TableScaleTable(xp.zeros((1, self.rec), dtype=np.uint8), SCALE)
         self._ids: dict[int, Any] = {}
@@ -488,158 +268,51 @@ class MappedTable:
     def close(self) -> None:
         """Unmap the files (their pages then leave the page cache on ``drop_cache``)."""
         self.view = None
-        if self.base is not None:
-            self.libc.munmap(self.base, self.size)
-            self.base = None
+        self.map.close()
 
 
-def _mmap_worker(conn: Any, spec: dict[str, Any]) -> None:
-    """The mapped series, in a child process (its own memory cgroup where one was made)."""
-    try:
-        if spec["cgroup"]:
-            with open(os.path.join(spec["cgroup"], "cgroup.procs"), "w") as f:
-                f.write(str(os.getpid()))
-        xp: Any = np
-        if spec["device"] == "cuda":
-            import cupy as cp
+class MappedServer:
+    """The mapped series' side in its child process (``bench.mapped.mapped_worker``): the
+    hash, the :class:`MappedTable`, the modes; a lookup hashes and gathers; the warm-up
+    gathers the history's rows in its order."""
 
-            xp = cp
+    def __init__(self, spec: dict[str, Any], xp: Any) -> None:
         from rowcache.embed.qwen4.hash import Qwen4NgramHash
 
-        cfg = qwen4_config(spec["rows_arg"])
-        h = Qwen4NgramHash(cfg)
-        model = Model(spec["device"], spec["layer_us"], spec["token_us"], spec["layers"])
-        table = MappedTable(spec, xp)
-        model.run(1, 1)  # compile the spin kernel
-        layer, layers = spec["table_layer"], spec["layers"]
-        modes = [Mode(**m) for m in spec["modes"]]
-        steps_of = {m.name: m.pieces(h) for m in modes}
-        for m in modes:  # the checks; they also bring every step size's buffers in
-            outs = [
-                _host16(table.gather(h.hash(p, c).reshape(-1)))
-                for p, c in steps_of[m.name][: spec["check_steps"]]
-            ]
-            conn.send(("check", m.name, outs))
-        model.sync()
-        # a fresh mapping, its pages dropped: what the cgroup holds now is the process's own
-        table.close()
-        gc.collect()
-        drop_cache(spec["files"])
-        table = MappedTable(spec, xp)
-        info: dict[str, Any] = {"capped": False}
-        cg = spec["cgroup"]
-        if cg:
-            limit_f, usage_f, _ = Cgroup.files(spec["cgroup_version"])
-            base = _read_int(os.path.join(cg, usage_f)) or 0
-            limit = base + spec["budget_bytes"] + spec["slack"]
-            with open(os.path.join(cg, limit_f), "w") as f:
-                f.write(str(limit))
-            if spec["cgroup_version"] == 2 and os.path.exists(os.path.join(cg, "memory.swap.max")):
-                try:
-                    with open(os.path.join(cg, "memory.swap.max"), "w") as f:
-                        f.write("0")
-                except OSError:
-                    pass
-            info.update(capped=True, own_bytes=base, limit_bytes=limit)
-        conn.send(("limit", info))
-        t0 = time.perf_counter()
-        piece = max(m.B * m.T for m in modes) * cfg.heads  # no buffer above a step's
-        for rows in spec["history"]:
+        self.spec, self.xp = spec, xp
+        self.h = Qwen4NgramHash(qwen4_config(spec["rows_arg"]))
+        self.modes = [Mode(**m) for m in spec["modes"]]
+        fill = self.h.config.eos_token_id
+        self.steps_of = {m.name: m.pieces(self.h, fill) for m in self.modes}
+        self.table: MappedTable | None = None
+
+    def open(self) -> None:
+        self.table = MappedTable(self.spec, self.xp)
+
+    def close(self) -> None:
+        if self.table is not None:
+            self.table.close()
+            self.table = None
+
+    def _lookup(self, piece: Any, ctx: Any) -> Any:
+        assert self.table is not None
+        return self.table.gather(self.h.hash(piece, ctx).reshape(-1))
+
+    def check(self, mode: Mode) -> list[np.ndarray]:
+        return [
+            host16(self._lookup(p, c))
+            for p, c in self.steps_of[mode.name][: self.spec["check_steps"]]
+        ]
+
+    def warm(self) -> None:
+        assert self.table is not None
+        piece = max(m.B * m.T for m in self.modes) * self.h.config.heads  # no buffer above a step's
+        for rows in self.spec["history"]:
             for a in range(0, rows.size, piece):
-                table.gather(rows[a : a + piece])
-        model.sync()
-        conn.send(("warmed", time.perf_counter() - t0))
-        for mode in modes:
-            steps = steps_of[mode.name]
-            n = mode.B * mode.T
-            total = ready = 0.0
-            flt0 = 0
-            for s, (piece, ctx) in enumerate(steps):
-                if s == mode.start:
-                    model.sync()
-                    total = ready = 0.0
-                    flt0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
-                t0 = time.perf_counter()
-                model.run(layer, n)
-                table.gather(h.hash(piece, ctx).reshape(-1))
-                t1 = time.perf_counter()
-                model.run(layers - layer, n)
-                model.sync()
-                total += time.perf_counter() - t0
-                ready += t1 - t0
-            timed = mode.steps - mode.start
-            flt = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - flt0
-            conn.send(
-                (
-                    "mode",
-                    mode.name,
-                    {
-                        "tok_s": timed * n / total,
-                        "ready_ms": 1e3 * ready / timed,
-                        "majflt/step": flt / timed,
-                    },
-                )
-            )
-        if cg:
-            info["limit_hits"] = _limit_hits(cg, spec["cgroup_version"])
-        table.close()
-        conn.send(("done", info))
-    except BaseException:
-        conn.send(("error", traceback.format_exc()))
-    finally:
-        conn.close()
+                self.table.gather(rows[a : a + piece])
 
-
-def _host16(x: Any) -> np.ndarray:
-    """A bf16 result as host uint16 bits."""
-    x = x.get() if hasattr(x, "get") else np.asarray(x)
-    return np.ascontiguousarray(x).view(np.uint16).reshape(-1)
-
-
-def run_mapped(spec: dict[str, Any], cg: Cgroup, tag: str, log: Log) -> dict[str, Any]:
-    """The mapped series of one budget in a child process: its messages, collected."""
-    from bench import qwen4 as me  # by its module name: the spawned child imports it so
-
-    path = cg.make(f"rowcache-mmap-{os.getpid()}-{tag}") if cg.version else None
-    spec = dict(spec, cgroup=path, cgroup_version=cg.version)
-    drop_cache(spec["files"])
-    ctx = mp.get_context("spawn")
-    a, b = ctx.Pipe()
-    p = ctx.Process(target=me._mmap_worker, args=(b, spec))
-    got: dict[str, Any] = {"modes": {}, "checks": {}}
-    try:
-        p.start()
-        b.close()
-        while True:
-            try:
-                kind, *rest = a.recv()
-            except EOFError:
-                break
-            if kind == "limit":
-                got["limit"] = rest[0]
-            elif kind == "warmed":
-                got["warm_s"] = rest[0]
-            elif kind == "check":
-                got["checks"][rest[0]] = rest[1]
-            elif kind == "mode":
-                got["modes"][rest[0]] = rest[1]
-            elif kind == "done":
-                got["done"] = rest[0]
-            elif kind == "error":
-                got["error"] = rest[0]
-        p.join()
-        if "done" not in got and "error" not in got:
-            got["error"] = f"the mapped series' process ended with exit code {p.exitcode}" + (
-                " (killed: the cgroup's limit?)" if p.exitcode and p.exitcode < 0 else ""
-            )
-    finally:
-        if p.is_alive():
-            p.kill()
-            p.join()
-        a.close()
-        Cgroup.remove(path)
-        drop_cache(spec["files"])
-    return got
+    def lookups(self) -> list[tuple[int, Any]]:
+        return [(self.spec["table_layer"], self._lookup)]
 
 
 # --- the arena --------------------------------------------------------------------------------
@@ -691,17 +364,6 @@ def parse_budget(b: str, rows: int) -> float | None:
 
 
 # --- the run ----------------------------------------------------------------------------------
-def floor_run(floor: Any, pages: list[np.ndarray], qd: int, log: Log) -> np.ndarray | None:
-    """Seconds of each step's pages by the native reader: io_uring at ``qd``, else (io_uring
-    refused, e.g. by a container's seccomp) ``qd`` threads of pread; None if neither runs."""
-    for how in ("uring", "threads"):
-        try:
-            return np.asarray(floor.run(pages, how, qd))
-        except Exception as e:  # the reader's exit status, with its message
-            log(f"floor: {how} failed ({str(e).strip()[:200]})")
-    return None
-
-
 def run_cached(
     store: Any,
     h: Any,
@@ -746,7 +408,7 @@ def run_cached(
             steps = steps_of[m.name]
             for i, (p, c) in enumerate(steps[: args.check_steps]):
                 mem.prefetch(p, c)
-                got = _host16(mem.lookup(p, c))
+                got = host16(mem.lookup(p, c))
                 mem.end_step()
                 if not np.array_equal(got, refs[m.name][i]):
                     raise RuntimeError(f"cached != resident: {slots:,} slots, {m.name}, step {i}")
@@ -777,11 +439,10 @@ def run_cached(
                 missed.append(u[~cache.inspect().is_resident(u)])
 
             r = run_series(
-                mem.lookup,
+                [(layer, mem.lookup)],
                 m,
                 steps,
                 model,
-                layer,
                 args.layers,
                 prefetch=mem.prefetch,
                 end=mem.end_step,
@@ -801,50 +462,10 @@ def run_cached(
             if floor is not None:
                 layout = (np.array([0, cache.rows]), [0])
                 pages = [floor.pages(layout, x) for x in missed]
-                r["floor_s"] = floor_run(floor, pages, args.queue_depth, log)
+                r["floor_s"] = floor.measure(pages, args.queue_depth, log)
             out[m.name] = r
         del mem
     return out, warm_s, checked
-
-
-def run_series(
-    lookup: Any,
-    mode: Mode,
-    steps: list,
-    model: Model,
-    layer: int,
-    layers: int,
-    *,
-    prefetch: Any = None,
-    end: Any = None,
-    peek: Any = None,
-) -> dict[str, float]:
-    """Time a mode's steps: tokens/s of the timed steps and ms to each lookup's return."""
-    n = mode.B * mode.T
-    total = ready = 0.0
-    for s, (piece, ctx) in enumerate(steps):
-        if s == mode.start:
-            model.sync()
-            total = ready = 0.0
-        ahead = steps[s + 1] if mode.prefill and s + 1 < len(steps) else None
-        if peek is not None and s >= mode.start:
-            peek(piece, ctx, ahead if prefetch is not None else None)  # untimed
-        t0 = time.perf_counter()
-        if prefetch is not None:
-            prefetch(piece, ctx)
-            if ahead is not None:
-                prefetch(*ahead)  # the next chunk, a step ahead
-        model.run(layer, n)
-        lookup(piece, ctx)
-        t1 = time.perf_counter()
-        model.run(layers - layer, n)
-        model.sync()
-        if end is not None:
-            end()
-        total += time.perf_counter() - t0
-        ready += t1 - t0
-    timed = mode.steps - mode.start
-    return {"tok_s": timed * n / total, "ready_ms": 1e3 * ready / timed}
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -969,9 +590,7 @@ def main(argv: list[str] | None = None) -> None:
         res = Fp8TableScaleTable(resident_codes(xp, rows, dim), SCALE)
         pinned = None
         if "host" in series:
-            pinned = (lambda dev, pin: (Fp8TableScaleTable(dev, SCALE), pin))(
-                *pinned_codes(rows, dim)
-            )
+            pinned = Fp8TableScaleTable(pinned_codes(rows, dim), SCALE)
         timing["tables_s"] = time.perf_counter() - t0
         log(
             f"tables: resident{' and pinned host' if pinned else ''} made in "
@@ -979,16 +598,16 @@ def main(argv: list[str] | None = None) -> None:
         )
         model = Model(args.device, args.layer_us, args.token_us, args.layers)
         layer = cfg.ple_layer_ids[0] - 1  # 0-based: the layers before the lookup
-        steps_of = {m.name: m.pieces(h) for m in modes}
+        steps_of = {m.name: m.pieces(h, cfg.eos_token_id) for m in modes}
         mres = Qwen4NgramMemory(h, res)
         refs = {
-            m.name: [_host16(mres.lookup(p, c)) for p, c in steps_of[m.name][: args.check_steps]]
+            m.name: [host16(mres.lookup(p, c)) for p, c in steps_of[m.name][: args.check_steps]]
             for m in modes
         }
         # the resident table against the generator: the store's rows are the generator's too
         for m in modes:
             p, c = steps_of[m.name][0]
-            want = _host16(
+            want = host16(
                 Fp8TableScaleTable(codes_at(np, h.hash(p, c).reshape(-1), dim), SCALE).gather(
                     np.arange(p.size * cfg.heads)
                 )
@@ -996,13 +615,13 @@ def main(argv: list[str] | None = None) -> None:
             if not np.array_equal(want, refs[m.name][0]):
                 raise RuntimeError(f"resident != the generator's rows in {m.name}")
         base: dict[str, dict[str, Any]] = {m.name: {} for m in modes}
-        whole = {"resident": res, "host": pinned[0] if pinned else None}
+        whole = {"resident": res, "host": pinned}
         for name in ("resident", "host"):
             if whole[name] is not None and name in series:
                 mem = Qwen4NgramMemory(h, whole[name])
                 for m in modes:
                     base[m.name][name] = run_series(
-                        mem.lookup, m, steps_of[m.name], model, layer, args.layers
+                        [(layer, mem.lookup)], m, steps_of[m.name], model, args.layers
                     )
                 del mem
         for m in modes:  # the resident step (bounds): measured, else the model's
@@ -1041,7 +660,7 @@ def main(argv: list[str] | None = None) -> None:
             )
             log(
                 f"tune: --memory {args.memory} --reserve {args.reserve} over {rep.tokens:,} "
-                f"tokens: {_gib(rep.used_bytes)} of {_gib(rep.budget_bytes)} used, {tuned:,} "
+                f"tokens: {gib(rep.used_bytes)} of {gib(rep.budget_bytes)} used, {tuned:,} "
                 f"rows; predicted {rep.faults_per_access:.4f} faults a row looked up, "
                 f"{rep.faults_per_token:.2f} a token"
             )
@@ -1069,6 +688,7 @@ def main(argv: list[str] | None = None) -> None:
         checks: dict[str, int] = {}
         budget_info: dict[str, Any] = {}
         spec_base = {
+            "server": "bench.qwen4:MappedServer",
             "device": args.device,
             "rows_arg": args.rows,
             "files": files,
@@ -1097,9 +717,7 @@ def main(argv: list[str] | None = None) -> None:
                 free = available_device_memory(xp)
                 most = max(1, (free - DEVICE_RESERVE) // (rec + 32)) if free else slots
                 if slots > most:
-                    notes.append(
-                        f"capped from {slots:,} rows by the free GPU memory ({_gib(free)})"
-                    )
+                    notes.append(f"capped from {slots:,} rows by the free GPU memory ({gib(free)})")
                     slots = most
             if slots > rows:
                 slots = rows
@@ -1109,7 +727,7 @@ def main(argv: list[str] | None = None) -> None:
             nbytes = slots * rec
             budget_info[b] = {"slots": slots, "bytes": nbytes, "notes": notes}
             log(
-                f"budget {b}: {slots:,} rows, {_gib(nbytes)}"
+                f"budget {b}: {slots:,} rows, {gib(nbytes)}"
                 + (f" ({'; '.join(notes)})" if notes else "")
             )
             cached: dict[str, Any] = {}
@@ -1124,14 +742,14 @@ def main(argv: list[str] | None = None) -> None:
             mapped: dict[str, Any] = {}
             if "mmap" in series:
                 assert cg is not None
-                got = run_mapped(dict(spec_base, budget_bytes=nbytes), cg, b.replace("/", "-"), log)
+                got = run_mapped(dict(spec_base, budget_bytes=nbytes), cg, b.replace("/", "-"))
                 lim = got.get("limit", {})
                 budget_info[b]["mmap"] = {**lim, **got.get("done", {}), "warm_s": got.get("warm_s")}
                 if lim.get("capped"):
                     log(
-                        f"mmap at budget {b}: memory limit {_gib(lim['limit_bytes'])} = the "
-                        f"arena's {_gib(nbytes)} + the process's own {_gib(lim['own_bytes'])} + "
-                        f"slack {_gib(args.mmap_slack)}; limit hit "
+                        f"mmap at budget {b}: memory limit {gib(lim['limit_bytes'])} = the "
+                        f"arena's {gib(nbytes)} + the process's own {gib(lim['own_bytes'])} + "
+                        f"slack {gib(args.mmap_slack)}; limit hit "
                         f"{got.get('done', {}).get('limit_hits')} times"
                     )
                 if "error" in got:
@@ -1146,7 +764,7 @@ def main(argv: list[str] | None = None) -> None:
             for m in modes:
                 n = m.B * m.T
                 window_ms = layer * (args.layer_us + args.token_us * n) / 1e3
-                row: dict[str, Any] = {"budget": b, "arena": _gib(nbytes), "mode": m.name}
+                row: dict[str, Any] = {"budget": b, "arena": gib(nbytes), "mode": m.name}
                 for s in ("resident", "host"):
                     if s in base[m.name]:
                         row[f"{s} tok/s"] = base[m.name][s]["tok_s"]
@@ -1265,7 +883,7 @@ def main(argv: list[str] | None = None) -> None:
                         "log": log.lines,
                     },
                     indent=2,
-                    default=_jsonable,
+                    default=jsonable,
                 )
             )
         else:
@@ -1273,31 +891,13 @@ def main(argv: list[str] | None = None) -> None:
             keys = ("rows", "store_bytes", "build_s", "layers", "table_layer", "layer_us")
             keys += ("token_us", "history_tokens", "mmap_label", "mmap_advice", "queue_depth")
             print("settings: " + ", ".join(f"{k}={settings[k]}" for k in keys))
-            _table(results)
+            print_table(results)
             print()
             said = {True: "yes", False: "NO", None: "n/a: mmap uncapped"}
-            _table([{**t, "met": said[t["met"]]} for t in targets])
+            print_table([{**t, "met": said[t["met"]]} for t in targets])
     finally:
         if own:
             shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    return str(x)
-
-
-def _table(rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    widths = [max(len(k), *(len(fmt_cell(r.get(k))) for r in rows)) for k in keys]
-    print("  ".join(k.rjust(w) for k, w in zip(keys, widths)))
-    for r in rows:
-        print("  ".join(fmt_cell(r.get(k)).rjust(w) for k, w in zip(keys, widths)))
 
 
 if __name__ == "__main__":

@@ -21,18 +21,23 @@ PAGE = 4096
 
 
 class Floor:
-    """The native reader over one store's shard files (compiled on construction)."""
+    """The native reader over one store's shard files (compiled on construction), or over
+    ``files`` (``store=None``: any files, read by :meth:`run` at the offsets given)."""
 
-    def __init__(self, store: Any, direct: bool) -> None:
+    def __init__(self, store: Any, direct: bool, files: list[str] | None = None) -> None:
         if shutil.which("gcc") is None:
             raise RuntimeError("bench.serve needs gcc to build its native floor reader")
         self.tmp = tempfile.mkdtemp(prefix="serve-floor-")
         self.exe = build_floor(self.tmp)
         self.store = store
         self.direct = direct
-        files = store.reader.shard_files
-        self.files = [os.path.join(store.path, f) for fs in files for f in fs]
-        self.first_file = np.cumsum([0] + [len(fs) for fs in files])
+        if store is None:
+            self.files = list(files or [])
+            self.first_file = np.zeros(1, np.int64)
+            return
+        shard_files = store.reader.shard_files
+        self.files = [os.path.join(store.path, f) for fs in shard_files for f in fs]
+        self.first_file = np.cumsum([0] + [len(fs) for fs in shard_files])
 
     def pages(self, layout: tuple[np.ndarray, list[int]], global_rows: np.ndarray) -> np.ndarray:
         """int64[k, 2] (file index, page offset) of the distinct pages of ``global_rows``
@@ -55,6 +60,17 @@ class Floor:
         idles during the rest of its step (untimed)."""
         plan = [(p[:, 0], p[:, 1], np.full(p.shape[0], PAGE, np.int64)) for p in steps]
         return floor_us(self.exe, mode, n, self.files, plan, self.direct, gap_us=int(gap_us)) / 1e6
+
+    def measure(self, steps: list[np.ndarray], qd: int, log: Any) -> np.ndarray | None:
+        """Seconds of each step's pages (:meth:`pages`' ``[k, 2]``): io_uring at ``qd``,
+        else (io_uring refused, e.g. by a container's seccomp) ``qd`` threads of ``pread``;
+        None where neither runs (``log`` says why)."""
+        for how in ("uring", "threads"):
+            try:
+                return np.asarray(self.run(steps, how, qd))
+            except Exception as e:  # the reader's exit status, with its message
+                log(f"floor: {how} failed ({str(e).strip()[:200]})")
+        return None
 
     def reread_check(self, steps: list[np.ndarray], qd: int, seed: int = 0) -> dict[str, float]:
         """Whether this disk serves re-reads faster than first reads (a VM whose virtual

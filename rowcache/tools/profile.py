@@ -18,8 +18,12 @@ import numpy as np
 
 from rowcache.errors import ConfigError
 from rowcache.format import reports
+from rowcache.format.layout import record_bytes
 from rowcache.tools.mrc import MissRatioCurve, json_ready, miss_ratio_curve
 from rowcache.tools.trace import Trace
+
+ROW_DTYPES = ("bf16", "fp8", "fp8_block_e8m0")  # the row formats profile and tune size arenas of
+BLOCK_SIZE = 32  # fp8_block_e8m0's values a scale byte covers: DeepSeek-V4.1's
 
 
 @dataclass(frozen=True)
@@ -148,7 +152,11 @@ def exact_peak_bytes(trace: Trace, *, shared: bool = True, workers: int = 1) -> 
 def trace_row_bytes(trace: Trace) -> dict[str, int]:
     """Stored bytes of one row of ``trace``'s tables per dtype: the manifest's ``row_bytes``
     where it states them (a Qwen4 trace: FP8 ``dim``, its one scale the table's), else
-    ``2 * dim`` BF16 and ``dim + 4`` FP8 (a row's scale), ``dim = hidden_size / tables``."""
+    ``2 * dim`` BF16 and ``dim + 4`` FP8 (a row's scale), ``dim = hidden_size / tables``;
+    and, where ``dim`` splits into blocks of 32, ``fp8_block_e8m0``'s record, ``dim + dim /
+    32`` (E4M3 codes and a UE8M0 byte a block: 264 for DeepSeek-V4.1's 256 values), which is
+    also what an arena slot of that codec holds (the store packs 15 such records in a 4 KiB
+    page, ``rowcache.format.layout``: disk, not arena bytes)."""
     dims = trace.dims
     dim = int(dims["hidden_size"]) // trace.num_tables
     out = {"bf16": 2 * dim, "fp8": dim + 4}
@@ -163,6 +171,8 @@ def trace_row_bytes(trace: Trace) -> dict[str, int]:
                 '{"bf16": bytes, "fp8": bytes} with positive integers'
             )
         out = {k: int(given[k]) for k in out}
+    if dim % BLOCK_SIZE == 0:
+        out["fp8_block_e8m0"] = record_bytes(dim, "fp8_block_e8m0", {"block_size": BLOCK_SIZE})
     return out
 
 
@@ -231,9 +241,10 @@ def profile_trace(
     policies : sequence of "sieve", "opt", "lru"
         Per-access simulations on a SHARDS sample (``policy_rate``) of table
         ``policy_table``; shown beside that table's per-access LRU on the same sample.
-    dtype : "bf16" or "fp8"
+    dtype : "bf16", "fp8" or "fp8_block_e8m0"
         Row size: ``2 * dim`` or ``dim + 4`` bytes (LongCat's and Engram's FP8 rows carry
-        a scale), or the manifest's ``row_bytes`` where it states them (Qwen4: ``dim``).
+        a scale), or the manifest's ``row_bytes`` where it states them (Qwen4: ``dim``);
+        ``dim + dim / 32`` for ``fp8_block_e8m0`` (:func:`trace_row_bytes`).
     workers, dask_client
         Fixed-rate SHARDS samples every table in one pass over the chunk files,
         in ``workers`` processes or on a Dask cluster (``parallel.sample_trace``);
@@ -247,9 +258,15 @@ def profile_trace(
         curve under way, redrawn every second. The exact method's memory is
         :func:`exact_peak_bytes`.
     """
-    if dtype not in ("bf16", "fp8"):
-        raise ConfigError(f"dtype={dtype!r} is not supported; allowed: bf16, fp8")
+    if dtype not in ROW_DTYPES:
+        raise ConfigError(f"dtype={dtype!r} is not supported; allowed: {', '.join(ROW_DTYPES)}")
     row_bytes = trace_row_bytes(trace)
+    if dtype not in row_bytes:
+        dim = int(trace.dims["hidden_size"]) // trace.num_tables
+        raise ConfigError(
+            f"dtype={dtype!r}: these tables' rows of {dim} values do not split into blocks of "
+            f"{BLOCK_SIZE}; allowed: {', '.join(row_bytes)}"
+        )
     record = row_bytes[dtype]
     if policies and not 0 <= policy_table < trace.num_tables:
         raise ConfigError(f"policy_table={policy_table} is outside [0, {trace.num_tables})")

@@ -24,6 +24,7 @@ from rowcache.errors import ConfigError
 from rowcache.format import reports
 from rowcache.store.safeopen import read_regular_text
 from rowcache.tools.benchio import PAGE, DeviceProfile
+from rowcache.tools.profile import BLOCK_SIZE, ROW_DTYPES
 from rowcache.units import MAX_BYTES, parse_bytes  # noqa: F401  (tools.tune.parse_bytes, as documented)
 
 
@@ -123,18 +124,20 @@ def curves_from_profile(
     tokens, rec, dtype = d["tokens"], d["record_bytes"], d["dtype"]
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise _fail(source, f"'tokens' must be an integer >= 1; got {tokens!r}")
-    if dtype not in ("bf16", "fp8"):
-        raise _fail(source, f"'dtype' must be 'bf16' or 'fp8'; got {dtype!r}")
-    least = 2 if dtype == "bf16" else 5
+    if dtype not in ROW_DTYPES:
+        raise _fail(source, f"'dtype' must be one of {', '.join(ROW_DTYPES)}; got {dtype!r}")
+    least = {"bf16": 2, "fp8": 5, "fp8_block_e8m0": BLOCK_SIZE + 1}[dtype]
     if (
         isinstance(rec, bool)
         or not isinstance(rec, int)
         or rec < least
         or (dtype == "bf16" and rec % 2)
+        or (dtype == "fp8_block_e8m0" and rec % (BLOCK_SIZE + 1))
     ):
         raise _fail(
             source,
-            f"'record_bytes' {rec!r} is not a {dtype} row size (bf16: 2 x dim, fp8: dim + 4)",
+            f"'record_bytes' {rec!r} is not a {dtype} row size (bf16: 2 x dim, fp8: dim + 4, "
+            f"fp8_block_e8m0: dim + dim / {BLOCK_SIZE})",
         )
     row_bytes = d.get("row_bytes") or {}  # absent in older profiles: LongCat's rule
     if row_bytes:
@@ -148,12 +151,19 @@ def curves_from_profile(
                 source,
                 f"'row_bytes' {row_bytes!r} must map bf16 and fp8 to positive integers",
             )
-        if row_bytes[dtype] != rec:
+        block = row_bytes.get("fp8_block_e8m0")  # in profiles since the codec came
+        if block is not None and (
+            isinstance(block, bool) or not isinstance(block, int) or block < 1
+        ):
+            raise _fail(
+                source, f"'row_bytes' {row_bytes!r}: fp8_block_e8m0 must be a positive integer"
+            )
+        if row_bytes.get(dtype, rec) != rec:
             raise _fail(
                 source,
                 f"'record_bytes' {rec!r} is not its 'row_bytes' for {dtype} ({row_bytes[dtype]})",
             )
-        row_bytes = {k: int(row_bytes[k]) for k in ("bf16", "fp8")}
+        row_bytes = {k: int(row_bytes[k]) for k in ROW_DTYPES if k in row_bytes}
     tables = d["tables"]
     if not isinstance(tables, dict) or not tables:
         raise _fail(source, "'tables' must map table names to curves")
@@ -282,7 +292,7 @@ def tune(
     arena_bytes : budget for all arenas; or ``memory_bytes - reserve_bytes`` (both
         needed: ``reserve_bytes=0`` budgets the whole memory). With neither but a
         target, the budget is the smallest arena that meets the target.
-    dtype : "bf16" or "fp8" rows (default: the profile's)
+    dtype : "bf16", "fp8" or "fp8_block_e8m0" rows (default: the profile's)
     device : DeviceProfile, optional; gives fault seconds per token
     target_fault_rate : faults per access (all tables) to reach, in (0, 1]
     target_fault_seconds : fault I/O seconds per token to reach, > 0 (needs ``device``)
@@ -292,12 +302,22 @@ def tune(
     curves, meta = curves_from_profile(profile)
     dtype = dtype or meta["dtype"]
     rec0 = meta["record_bytes"]
-    dim = rec0 // 2 if meta["dtype"] == "bf16" else rec0 - 4
+    dim = {
+        "bf16": rec0 // 2,
+        "fp8": rec0 - 4,
+        "fp8_block_e8m0": rec0 * BLOCK_SIZE // (BLOCK_SIZE + 1),
+    }[meta["dtype"]]
     # each dtype's row: the profile's row_bytes (a Qwen4 trace: FP8 rows of dim bytes, one
-    # scale for the table), else LongCat's 2 x dim and dim + 4 (a row's scale)
-    sizes_of = meta["row_bytes"] or {"bf16": 2 * dim, "fp8": dim + 4}
-    if dtype not in ("bf16", "fp8"):
-        raise ConfigError(f"dtype={dtype!r} is not supported; allowed: bf16, fp8")
+    # scale for the table), else LongCat's 2 x dim and dim + 4 (a row's scale); the
+    # block-scaled codec's dim + dim / 32 where its dim splits into blocks
+    sizes_of = dict(meta["row_bytes"] or {"bf16": 2 * dim, "fp8": dim + 4})
+    if meta["row_bytes"]:
+        dim = sizes_of["bf16"] // 2
+    if "fp8_block_e8m0" not in sizes_of and dim % BLOCK_SIZE == 0:
+        sizes_of["fp8_block_e8m0"] = dim + dim // BLOCK_SIZE
+    if dtype not in sizes_of:
+        allowed = ", ".join(sizes_of)
+        raise ConfigError(f"dtype={dtype!r} is not supported for these rows; allowed: {allowed}")
     rec = sizes_of[dtype]
     for name, v, hi in (
         ("target_fault_rate", target_fault_rate, 1.0),

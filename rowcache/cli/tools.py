@@ -597,7 +597,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--dtype",
-        choices=("bf16", "fp8"),
+        choices=("bf16", "fp8", "fp8_block_e8m0"),
         default="bf16",
         help="row format the arena bytes are computed for",
     )

@@ -296,7 +296,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--dtype",
-        choices=("bf16", "fp8"),
+        choices=("bf16", "fp8", "fp8_block_e8m0"),
         default=None,
         help="row format of the arenas (default: the profile's)",
     )

@@ -44,6 +44,73 @@ def test_engram_quick_compares_cached_with_resident_and_sizes_the_arena_by_tune(
     assert la["lookahead tok/s"] > 0 and "lookahead tok/s" not in modes["decode x1"]
 
 
+def test_engram_v41_quick_runs_v41s_format_warmed_and_checks_every_series_bit_for_bit():
+    """``--format v41 --quick``: the fp8_block_e8m0 store and its checkpoint-layout copy,
+    tune on the whole (quick) text with the codec's 264-byte rows, the arena warmed by the
+    history, and every series checked against the generator's rows before its timing."""
+    proc = run_judge("engram", "--format", "v41", "--quick", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    st, log = rep["settings"], rep["log"]
+    assert rep["bench"] == "bench.engram" and st["format"] == "v41"
+    assert (st["codec"], st["record_bytes"], st["rows_per_page"]) == ("fp8_block_e8m0", 264, 15)
+    assert st["engram_layers"] == [1, 14] and st["rows_bound"] == "--rows"
+    rows = sum(st["rows_per_layer"])
+    assert st["store_bytes"] >= rows * 4096 // 15 and st["checkpoint_bytes"] >= rows * 264
+    # tune: the codec's rows, the budget scaled by the tables' share of V4.1's
+    assert st["tune_record_bytes"] == 264 and st["v41_rows"] == 768_022_850
+    share = rows / st["v41_rows"]
+    assert st["tune_budget_scale"] == pytest.approx(share)
+    raised = any(n.startswith("tune's budget raised") for n in st["arena_notes"])
+    assert raised or st["tune_budget_bytes"] == int((121 - 70) * GIB * share)
+    assert 0 < st["tune_used_bytes"] <= st["tune_budget_bytes"]
+    assert st["arena_bytes"] == st["arena_slots"] * 264 and st["arena_slots"] < rows
+    # the history: the text before the modes, its end state loaded into the arena
+    assert (
+        st["history_tokens"] + sum(m["steps"] * m["B"] * m["T"] for m in st["modes"].values())
+        == st["text_tokens"]
+    )
+    assert st["warmed"]["rows"] == st["warmed"]["resident"] == st["arena_slots"]
+    # the series: resident, the checkpoint layout (mapped), cached; pinned host is a GPU one
+    assert st["series"] == ["resident", "ckpt", "cached"]
+    label = st["ckpt_label"]
+    assert label in ("ckpt", "ckpt uncapped")
+    checks = st["checks"]
+    assert checks["resident"] == checks["cached"] == checks["ckpt"] > 0
+    for s in ("resident", "cached", label):
+        assert any(line.startswith(f"check: {s} == the generator's rows") for line in log)
+    if label == "ckpt":
+        m = st["ckpt_mapped"]
+        assert m["capped"] and m["limit_bytes"] >= st["arena_bytes"] + m["own_bytes"]
+        assert m["warm_pages"] == st["arena_bytes"] // 4096
+    modes = {r["mode"]: r for r in rep["results"]}
+    assert set(modes) == {"decode x1", "decode x64", "prefill 128"}
+    for r in modes.values():
+        for s in ("resident", "cached", label):
+            assert r[f"{s} tok/s"] > 0 and r[f"{s}_ready_ms"] > 0
+            assert r[f"{s}_ready2_ms"] >= r[f"{s}_ready_ms"]
+        assert r["cached/resident"] == pytest.approx(r["cached tok/s"] / r["resident tok/s"])
+        assert r[f"cached/{label}"] == pytest.approx(r["cached tok/s"] / r[f"{label} tok/s"])
+        assert 0 <= r["hit_rate"] <= 1 and r["cached reads/tok"] >= 0
+        assert r[f"{label} reads/tok"] >= 0  # major faults a token: two pages a row missed
+        assert 0 < r["window_ms"] < r["window2_ms"]  # layer 1, then layer 14
+        if "floor_ms" in r:  # gcc built the native reader
+            assert r["floor_ms"] > 0 and r[f"{label}_floor_ms"] > 0
+
+
+@pytest.mark.gpu
+def test_engram_v41_quick_on_the_gpu_checks_every_series_with_pinned_host():
+    proc = run_judge("engram", "--format", "v41", "--quick", "--device", "cuda", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    st = rep["settings"]
+    assert st["series"] == ["resident", "host", "ckpt", "cached"]
+    assert st["checks"]["host"] == st["checks"]["resident"] == st["checks"]["cached"] > 0
+    for r in rep["results"]:
+        for s in ("resident", "host", "cached", st["ckpt_label"]):
+            assert r[f"{s} tok/s"] > 0
+
+
 @pytest.mark.gpu
 def test_engram_quick_on_the_gpu_checks_cached_against_resident_and_pinned_host():
     proc = run_judge("engram", "--quick", "--device", "cuda", "--json")

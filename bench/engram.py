@@ -715,7 +715,9 @@ def main(argv: list[str] | None = None) -> None:
             cache = NgramRowCache(store, names, slots=slots, device=args.device)
             if not said:  # the host row map the cache chose (rowcache.cache.row_map)
                 said.append(cache.row_map_kind)
-                log(f"row map: {cache.row_map_kind}, {gib(cache.inspect().overhead_bytes()['row_map'])}")
+                log(
+                    f"row map: {cache.row_map_kind}, {gib(cache.inspect().overhead_bytes()['row_map'])}"
+                )
             return EngramMemory(h, {layer: CachedTable(cache, i) for i, layer in enumerate(layers)})
 
         series: dict[str, Callable[[], Any]] = {}

@@ -68,6 +68,10 @@ faults a token, 4 KiB each, two a row not in the page cache) and the cached hit 
 layer, beside ``*_ready_ms`` and ``*_ready2_ms``, the time from a step's start to each
 lookup's return (the window each series needs); ``floor_ms`` and ``ckpt_floor_ms``.
 
+The tables, their generators and the three places they are written are
+``bench/v41_tables.py``'s; the modelled server's steps and history ``bench/modes.py``'s; the
+capped mapped series ``bench/mapped.py``'s; this module runs the series and reports.
+
     python -m bench.engram --format v41 --device cuda [--json]
     python -m bench.engram --format v41 --quick      # a tiny CPU run (what the test runs)
 """
@@ -75,13 +79,11 @@ lookup's return (the window each series needs); ``floor_ms`` and ``ckpt_floor_ms
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import itertools
 import json
 import os
 import shutil
-import struct
 import sys
 import tempfile
 import time
@@ -93,235 +95,40 @@ import numpy as np
 from bench._common import (
     GIB,
     Log,
-    Progress,
     drop_cache,
     fmt_cell,
     gib,
     host16,
     jsonable,
     machine,
-    pinned_mapped,
     print_table,
-    random_codes,
-    random_ue8m0,
     store_files,
 )
-from bench.engram import DISK_PROFILE, EOS, size_store, store_bytes
+from bench.engram import DISK_PROFILE, EOS, size_store
 from bench.mapped import Cgroup, FileMap, run_mapped
 from bench.modes import History, Mode, Model, mode_tokens, plan_modes, run_series
+from bench.v41_tables import (
+    BLOCKS,
+    CODEC,
+    DIM,
+    HEADS,
+    PAGE,
+    REC,
+    CheckpointLayout,
+    build_v41_store,
+    checkpoint_bytes,
+    reference_rows,
+    v41_config,
+    v41_rows,
+    whole_tables,
+    write_checkpoint,
+)
 from rowcache.errors import ConfigError
 
-DIM, BLOCK = 256, 32
-BLOCKS = DIM // BLOCK
-REC = DIM + BLOCKS  # a row's codes and scale bytes: 264
-CODEC = "fp8_block_e8m0"
-HEADS = 24  # heads a layer: orders 2..4 of 8
-PAGE = 4096
-CHUNK_ROWS = 1 << 17  # rows generated a chunk (33 MiB of codes and scales)
 MODES = "decode x1,decode x64,prefill 512"
 SERIES = ("resident", "host", "ckpt", "cached")
-CODES_KEY, SCALES_KEY = 0x4C0DE, 0x5CA1E  # the generators' keys (plus the layer id)
 DEVICE_RESERVE = 8 * GIB  # GPU memory kept beside an arena (its workspace, cupy's pool)
 CORPUS_ALL = 1 << 27  # --corpus-tokens 0: the whole library (8.2M tokens)
-
-
-# --- the tables -------------------------------------------------------------------------------
-def v41_config(rows: int) -> Any:
-    """V4.1's hash with each head's prime search from ``rows / 24``: about ``rows`` a layer."""
-    from rowcache.embed.engram.config import EngramConfig
-
-    return dataclasses.replace(
-        EngramConfig.reported_v41(), vocab_per_ngram=(max(2, rows // HEADS),) * 3
-    )
-
-
-def v41_rows() -> int:
-    """Rows of V4.1's two tables (768,022,850): the sums of its heads' primes."""
-    from rowcache.embed.engram.config import EngramConfig, head_primes
-
-    return int(sum(p.sum() for p in head_primes(EngramConfig.reported_v41()).values()))
-
-
-def codes_of(xp: Any, layer: int, start: int, stop: int) -> Any:
-    """uint8 ``[n, 256]``: E4M3 codes of rows ``[start, stop)`` of layer ``layer``'s table."""
-    return random_codes(xp, CODES_KEY + layer, xp.arange(start, stop, dtype=np.int64), DIM)
-
-
-def scales_of(xp: Any, layer: int, start: int, stop: int) -> Any:
-    """uint8 ``[n, 8]``: its UE8M0 scale bytes, one a block of 32 values."""
-    return random_ue8m0(xp, SCALES_KEY + layer, xp.arange(start, stop, dtype=np.int64), BLOCKS)
-
-
-def reference_rows(layer: int, rows: np.ndarray) -> np.ndarray:
-    """bf16 ``[n, 256]`` of ``rows`` of layer ``layer``: the generator's bytes dequantized by
-    the NumPy reference (what every series must give bit for bit)."""
-    from rowcache.kernels import batched_embed_fp8_block
-
-    codes = random_codes(np, CODES_KEY + layer, rows, DIM)
-    scales = random_ue8m0(np, SCALES_KEY + layer, rows, BLOCKS)
-    return np.asarray(batched_embed_fp8_block(np.arange(rows.size), codes, scales))
-
-
-def _host(x: Any) -> np.ndarray:
-    return x.get() if hasattr(x, "get") else x
-
-
-def build_v41_store(path: str, h: Any, xp: Any, log: Log) -> tuple[Any, dict[str, Any]]:
-    """The ``fp8_block_e8m0`` store of both layers, codes and scales generated a chunk at a
-    time and streamed into ``build_store`` (an ``Fp8BlockScaleSource`` of two
-    ``GeneratedRows``)."""
-    from rowcache import build_store
-    from rowcache.store.sources import Fp8BlockScaleSource, GeneratedRows
-
-    rows = {L: h.table_rows(L) for L in h.layer_ids}
-    need = store_bytes(max(rows.values()), len(rows), DIM, CODEC)
-    bar = Progress("build", need)
-    per_row = need / (len(rows) * max(rows.values()))
-
-    def source(layer: int) -> Any:
-        def codes(start: int, stop: int) -> np.ndarray:
-            bar.add(int((stop - start) * per_row))
-            return _host(codes_of(xp, layer, start, stop))
-
-        def scales(start: int, stop: int) -> np.ndarray:
-            return _host(scales_of(xp, layer, start, stop))
-
-        return Fp8BlockScaleSource(
-            GeneratedRows(rows[layer], DIM, codes, dtype=np.uint8),
-            GeneratedRows(rows[layer], BLOCKS, scales, dtype=np.uint8),
-            block_size=BLOCK,
-        )
-
-    t0 = time.perf_counter()
-    store = build_store(
-        path,
-        {f"engram.{L}": source(L) for L in h.layer_ids},
-        dtype=CODEC,
-        overwrite=True,
-        progress=False,
-    )
-    seconds = time.perf_counter() - t0
-    written = sum(int(r.length) for recs in store.shards for r in recs)
-    info = store.tables[0]
-    log(
-        f"build: {gib(written)} {CODEC} store ({', '.join(f'{n:,}' for n in rows.values())} rows, "
-        f"records of {info.record_bytes} B, {info.rows_per_page} a page) in {seconds:.1f} s: "
-        f"{written / seconds / 1e9:.2f} GB/s written"
-    )
-    return store, {"store_bytes": written, "build_s": round(seconds, 1)}
-
-
-# --- the checkpoint layout -------------------------------------------------------------------
-def checkpoint_bytes(rows: int) -> int:
-    """Disk of one layer's checkpoint-layout file of ``rows`` rows: its header page and
-    the two tensors (the last page partly)."""
-    return PAGE + -(-rows * REC // PAGE) * PAGE
-
-
-def _header(layer: int, rows: int) -> bytes:
-    """A safetensors header for the layer's two tensors, padded with spaces so that the
-    data starts on a page (8-byte length + JSON = 4096 bytes)."""
-    w, s = f"layers.{layer}.engram.embed.weight", f"layers.{layer}.engram.embed.scale"
-    head = {
-        w: {"dtype": "F8_E4M3", "shape": [rows, DIM], "data_offsets": [0, rows * DIM]},
-        s: {"dtype": "F8_E8M0", "shape": [rows, BLOCKS], "data_offsets": [rows * DIM, rows * REC]},
-    }
-    text = json.dumps(head, separators=(",", ":")).encode()
-    if len(text) > PAGE - 8:
-        raise RuntimeError("the checkpoint's header does not fit its page")
-    return struct.pack("<Q", PAGE - 8) + text + b" " * (PAGE - 8 - len(text))
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointLayout:
-    """The checkpoint-layout files: layer ``k`` (of ``layers``) in ``files[k]``, its codes at
-    byte ``PAGE`` for ``rows[k] * 256`` bytes, then its scales, ``rows[k] * 8``; ``starts``
-    the shared arena's first global row of each layer."""
-
-    files: tuple[str, ...]
-    layers: tuple[int, ...]
-    rows: tuple[int, ...]
-
-    @property
-    def starts(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum(self.rows)]).astype(np.int64)
-
-    def pages(self, global_rows: np.ndarray) -> np.ndarray:
-        """int64 ``[k, 2]`` (file, page offset): the distinct pages that hold ``global_rows``'
-        codes and scales (two a row, fewer where rows share them)."""
-        starts = self.starts
-        part = np.searchsorted(starts, global_rows, side="right") - 1
-        out = []
-        for k in np.unique(part):
-            local = global_rows[part == k] - starts[k]
-            codes = PAGE + local * DIM
-            scales = PAGE + self.rows[k] * DIM + local * BLOCKS
-            offs = np.concatenate([codes, scales])
-            out.append(np.stack([np.full(offs.size, k), offs - offs % PAGE], axis=1))
-        if not out:
-            return np.zeros((0, 2), np.int64)
-        return np.unique(np.concatenate(out), axis=0).astype(np.int64)
-
-
-def write_checkpoint(workdir: str, h: Any, xp: Any, log: Log) -> tuple[CheckpointLayout, dict]:
-    """One ``.safetensors`` file a layer in V4.1's layout, the generator's codes then its
-    scales, written a chunk at a time; then flushed and dropped from the page cache."""
-    files, rows = [], []
-    total = sum(checkpoint_bytes(h.table_rows(L)) for L in h.layer_ids)
-    bar = Progress("checkpoint", total)
-    t0 = time.perf_counter()
-    for L in h.layer_ids:
-        n = h.table_rows(L)
-        path = os.path.join(workdir, f"layer{L}.safetensors")
-        with open(path, "wb") as f:
-            f.write(_header(L, n))
-            for make, width in ((codes_of, DIM), (scales_of, BLOCKS)):
-                for a in range(0, n, CHUNK_ROWS):
-                    b = min(n, a + CHUNK_ROWS)
-                    f.write(np.ascontiguousarray(_host(make(xp, L, a, b))).data)
-                    bar.add((b - a) * width)
-            f.flush()
-            os.fsync(f.fileno())
-        files.append(path)
-        rows.append(n)
-    seconds = time.perf_counter() - t0
-    drop_cache(files)
-    written = sum(os.path.getsize(f) for f in files)
-    log(
-        f"checkpoint layout: {gib(written)} in {len(files)} .safetensors files (a layer's "
-        f"weight [rows, 256] F8_E4M3 then scale [rows, 8] F8_E8M0) in {seconds:.1f} s: "
-        f"{written / seconds / 1e9:.2f} GB/s"
-    )
-    layout = CheckpointLayout(tuple(files), tuple(h.layer_ids), tuple(rows))
-    return layout, {"checkpoint_bytes": written, "checkpoint_s": round(seconds, 1)}
-
-
-def whole_tables(h: Any, xp: Any, pinned: bool) -> dict[int, Any]:
-    """Each layer's ``Fp8BlockScaleTable`` made whole from the generator: in ``xp``'s memory,
-    or (``pinned``) in pinned host memory mapped into the device."""
-    from rowcache.embed.tables import Fp8BlockScaleTable
-
-    out = {}
-    for L in h.layer_ids:
-        n = h.table_rows(L)
-        if pinned:
-            (hc, dc), (hs, ds) = (
-                pinned_mapped((n, DIM), np.uint8),
-                pinned_mapped((n, BLOCKS), np.uint8),
-            )
-        else:
-            hc = dc = xp.empty((n, DIM), dtype=np.uint8)
-            hs = ds = xp.empty((n, BLOCKS), dtype=np.uint8)
-        for a in range(0, n, CHUNK_ROWS):
-            b = min(n, a + CHUNK_ROWS)
-            for dst, make in ((hc, codes_of), (hs, scales_of)):
-                got = make(xp, L, a, b)
-                if pinned:
-                    got.get(out=dst[a:b])
-                else:
-                    dst[a:b] = got
-        out[L] = Fp8BlockScaleTable(dc, ds, BLOCK)
-    return out
 
 
 # --- the arena ---------------------------------------------------------------------------------
@@ -359,6 +166,76 @@ def tune_v41(
         budget = least
     device = DeviceProfile.load(disk) if disk else None
     return tune(prof, arena_bytes=budget, dtype=CODEC, device=device), notes
+
+
+def size_arena(
+    args: argparse.Namespace,
+    h: Any,
+    rows: Rows,
+    text: np.ndarray,
+    modes: list[Mode],
+    xp: Any,
+    workdir: str,
+    log: Log,
+) -> tuple[int, dict[str, Any]]:
+    """The arena's rows: ``tune`` on the whole text (:func:`tune_v41`), its budget
+    ``--memory`` less ``--reserve`` scaled by these tables' share of V4.1's
+    (``--budget-scale rows``), capped by the free GPU memory, at least two steps' rows.
+    ``(slots, what the report says of it)``."""
+    from rowcache.tools.resources import available_device_memory
+    from rowcache.tools.trace import ServerModel
+    from rowcache.units import parse_bytes
+
+    layers = len(rows.layers)
+    full = v41_rows()
+    budget = parse_bytes(args.memory, "--memory") - parse_bytes(args.reserve, "--reserve")
+    scale = min(1.0, rows.total / full) if args.budget_scale == "rows" else 1.0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    trace_model = ServerModel(batch=args.trace_batch, chunk=args.chunk)
+    rep, notes = tune_v41(
+        h,
+        text,
+        max(1, int(budget * scale)),
+        trace_model,
+        args.disk_profile,
+        workdir,
+        min(cores, HEADS * layers),
+    )
+    slots = min(sum(rep.rows.values()), rows.total)
+    least = 2 * max(m.B * m.T for m in modes) * HEADS * layers
+    if xp is not np:
+        free = available_device_memory(xp)
+        most = max(1, (free - DEVICE_RESERVE) // (REC + 32)) if free else slots
+        if slots > most:
+            notes.append(f"capped from {slots:,} rows by the free GPU memory ({gib(free)})")
+            slots = most
+    if slots < least:
+        notes.append(f"raised from {slots:,} to two steps' rows ({least:,})")
+        slots = least
+    floor_rate = rep.floor_fault_rate if rep.floor_fault_rate is not None else float("nan")
+    log(
+        f"tune: {text.size:,} tokens traced through the hash (a file a request, a server of "
+        f"{trace_model.batch} slots, prefill chunks of {trace_model.chunk}), exact curves of "
+        f"{HEADS * layers} head tables, {rep.record_bytes} B rows ({CODEC}); budget "
+        f"{args.memory} - {args.reserve} = {gib(budget)} x {scale:.4f} (--budget-scale "
+        f"{args.budget_scale}: these tables' share of V4.1's) = {gib(rep.budget_bytes)}: "
+        f"{gib(rep.used_bytes)} used, {sum(rep.rows.values()):,} rows; predicted "
+        f"{rep.faults_per_access:.4f} faults a row looked up ({rep.faults_per_token:.2f} a "
+        f"token), of which first uses {floor_rate:.4f}"
+    )
+    log(f"arena: {slots:,} rows, {gib(slots * REC)}" + (f" ({'; '.join(notes)})" if notes else ""))
+    return slots, {
+        "tune_budget_bytes": rep.budget_bytes,
+        "tune_budget_scale": scale,
+        "tune_record_bytes": rep.record_bytes,
+        "tune_used_bytes": rep.used_bytes,
+        "tune_fault_rate": rep.faults_per_access,
+        "tune_faults_per_token": rep.faults_per_token,
+        "tune_floor_fault_rate": rep.floor_fault_rate,
+        "arena_slots": slots,
+        "arena_bytes": slots * REC,
+        "arena_notes": notes,
+    }
 
 
 # --- the server's steps ----------------------------------------------------------------------
@@ -730,6 +607,110 @@ def warm_pages(end: list[np.ndarray], layout: CheckpointLayout, budget: int) -> 
     return got[np.lexsort((got[:, 1], got[:, 0]))]
 
 
+def run_ckpt(
+    args: argparse.Namespace,
+    layout: CheckpointLayout,
+    end: list[np.ndarray],
+    slots: int,
+    rows_arg: int,
+    tokenizer: str,
+    modes: list[Mode],
+    refs: dict,
+    log: Log,
+) -> tuple[dict[str, Any], str, dict[str, Any], int]:
+    """The checkpoint layout's mapped series in its capped child process
+    (``bench.mapped.run_mapped`` of a :class:`CheckpointServer`), its page cache capped at
+    the arena's bytes and warmed with the history's most recent pages. ``(per mode, its
+    label, the cap and warm-up, values checked)``."""
+    cg = Cgroup(args.page_cache_cap == "auto")
+    label = "ckpt" if cg.version else "ckpt uncapped"
+    log(
+        f"page cache cap: {cg.why}"
+        + ("" if cg.version else "; the ckpt series runs UNCAPPED (its page cache dropped first)")
+    )
+    budget = slots * REC
+    pages = warm_pages(end, layout, budget)
+    spec = {
+        "server": "bench.engram_v41:CheckpointServer",
+        "device": args.device,
+        "rows_arg": rows_arg,
+        "tokenizer": tokenizer,
+        "layout": [list(layout.files), list(layout.layers), list(layout.rows)],
+        "files": list(layout.files),
+        "advice": args.mmap_advice,
+        "threads": args.mmap_threads,
+        "slack": args.mmap_slack,
+        "budget_bytes": budget,
+        "layer_us": args.layer_us,
+        "token_us": args.token_us,
+        "layers": args.layers,
+        "check_steps": args.check_steps,
+        "warm_pages": pages,
+        "modes": [
+            dict(name=m.name, B=m.B, T=m.T, steps=m.steps, start=m.start, toks=m.toks)
+            for m in modes
+        ],
+    }
+
+    def said(name: str, r: dict[str, Any]) -> None:
+        log(
+            f"{label} {name}: {r['tok_s']:,.0f} tok/s, ready {r['ready_ms']:.3f} ms, "
+            f"{r['majflt/tok']:.2f} major faults a token"
+        )
+
+    got = run_mapped(spec, cg, "v41", on_mode=said)
+    lim = got.get("limit", {})
+    done = got.get("done", {})
+    info = {**lim, **done, "warm_s": got.get("warm_s"), "warm_pages": int(pages.shape[0])}
+    if lim.get("capped"):
+        log(
+            f"{label}: memory limit {gib(lim['limit_bytes'])} = the arena's {gib(budget)} + the "
+            f"process's own {gib(lim['own_bytes'])} + slack {gib(args.mmap_slack)}; warmed with "
+            f"{pages.shape[0]:,} pages in {got.get('warm_s') or 0:.1f} s; limit hit "
+            f"{done.get('limit_hits')} times"
+        )
+    if "error" in got:
+        raise RuntimeError(f"the {label} series failed:\n{got['error']}")
+    checked = sum(
+        check_series(label, got["checks"].get(m.name, []), refs[m.name], m.name) for m in modes
+    )
+    return got["modes"], label, info, checked
+
+
+def report_row(
+    m: Mode, got: dict[str, Any], label: str, layers: list[int], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Mode ``m``'s row of the report from each series' result (``got``, by series)."""
+    n = m.B * m.T
+    show = {"ckpt": label}
+    row: dict[str, Any] = {"mode": m.name}
+    for s, r in got.items():
+        row[f"{show.get(s, s)} tok/s"] = r["tok_s"]
+    if "resident" in got:
+        for s in ("host", "cached", "ckpt"):
+            if s in got:
+                row[f"{show.get(s, s)}/resident"] = got[s]["tok_s"] / got["resident"]["tok_s"]
+    c, k = got.get("cached"), got.get("ckpt")
+    if c and k:
+        row[f"cached/{label}"] = c["tok_s"] / k["tok_s"]
+    if c:
+        row["hit_rate"] = c["hit_rate"]
+        row["cached reads/tok"] = c["reads_tok"]
+    if k:
+        row[f"{label} reads/tok"] = k["majflt/tok"]
+    row["window_ms"] = layers[0] * (args.layer_us + args.token_us * n) / 1e3
+    row["window2_ms"] = layers[1] * (args.layer_us + args.token_us * n) / 1e3
+    for s, r in got.items():
+        row[f"{show.get(s, s)}_ready_ms"] = r["ready_ms_each"][0]
+        row[f"{show.get(s, s)}_ready2_ms"] = r["ready_ms_each"][1]
+    if c and c.get("floor_s") is not None:
+        row["floor_ms"] = 1e3 * float(np.mean(c["floor_s"]))
+    if c and c.get("ckpt_floor_s") is not None:
+        row[f"{label}_floor_ms"] = 1e3 * float(np.mean(c["ckpt_floor_s"]))
+        row[f"{label}_floor_pages/tok"] = c["ckpt_floor_pages_tok"]
+    return row
+
+
 # --- the run ------------------------------------------------------------------------------------
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
@@ -816,8 +797,6 @@ def run(args: argparse.Namespace) -> None:
     from rowcache.tools.demo import text_files, tokenize_text
     from rowcache.tools.resources import available_device_memory, available_memory
     from rowcache.tools.tokens import tokenizer_json_path
-    from rowcache.tools.trace import ServerModel
-    from rowcache.units import parse_bytes
 
     xp: Any = np
     if args.device == "cuda":
@@ -834,6 +813,7 @@ def run(args: argparse.Namespace) -> None:
     workdir = tempfile.mkdtemp(prefix="rowcache-engram-v41-") if own else args.workdir
     os.makedirs(workdir, exist_ok=True)
     timing: dict[str, float] = {}
+    store = None
     try:
         # --- the sizes ---------------------------------------------------------------------------
         st = os.statvfs(workdir)
@@ -890,59 +870,10 @@ def run(args: argparse.Namespace) -> None:
             f"{history:,}, then " + ", ".join(f"{m.name} {m.steps} steps" for m in modes)
         )
 
-        # --- the arena: tune on the whole text ------------------------------------------------------
+        # --- the arena: tune on the whole text ---------------------------------------------------
         t0 = time.perf_counter()
-        budget = parse_bytes(args.memory, "--memory") - parse_bytes(args.reserve, "--reserve")
-        scale = min(1.0, rows.total / full) if args.budget_scale == "rows" else 1.0
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-        trace_model = ServerModel(batch=args.trace_batch, chunk=args.chunk)
-        rep, notes = tune_v41(
-            h,
-            text,
-            max(1, int(budget * scale)),
-            trace_model,
-            args.disk_profile,
-            workdir,
-            min(cores, HEADS * layers),
-        )
+        slots, arena = size_arena(args, h, rows, text, modes, xp, workdir, log)
         timing["tune_s"] = time.perf_counter() - t0
-        slots = min(sum(rep.rows.values()), rows.total)
-        least = 2 * max(m.B * m.T for m in modes) * HEADS * layers
-        if args.device == "cuda":
-            free = available_device_memory(xp)
-            most = max(1, (free - DEVICE_RESERVE) // (REC + 32)) if free else slots
-            if slots > most:
-                notes.append(f"capped from {slots:,} rows by the free GPU memory ({gib(free)})")
-                slots = most
-        if slots < least:
-            notes.append(f"raised from {slots:,} to two steps' rows ({least:,})")
-            slots = least
-        arena = {
-            "tune_budget_bytes": rep.budget_bytes,
-            "tune_budget_scale": scale,
-            "tune_record_bytes": rep.record_bytes,
-            "tune_used_bytes": rep.used_bytes,
-            "tune_fault_rate": rep.faults_per_access,
-            "tune_faults_per_token": rep.faults_per_token,
-            "tune_floor_fault_rate": rep.floor_fault_rate,
-            "arena_slots": slots,
-            "arena_bytes": slots * REC,
-            "arena_notes": notes,
-        }
-        log(
-            f"tune: {text.size:,} tokens traced through the hash (a file a request, a server of "
-            f"{trace_model.batch} slots, prefill chunks of {trace_model.chunk}), exact curves of "
-            f"{HEADS * layers} head tables, {rep.record_bytes} B rows ({CODEC}); budget {args.memory} - "
-            f"{args.reserve} = {gib(budget)} x {scale:.4f} (--budget-scale {args.budget_scale}: "
-            f"these tables' share of V4.1's) = {gib(rep.budget_bytes)}: {gib(rep.used_bytes)} "
-            f"used, {sum(rep.rows.values()):,} rows; predicted {rep.faults_per_access:.4f} faults "
-            f"a row looked up ({rep.faults_per_token:.2f} a token), of which first uses "
-            f"{rep.floor_fault_rate if rep.floor_fault_rate is not None else float('nan'):.4f}"
-        )
-        log(
-            f"arena: {slots:,} rows, {gib(slots * REC)}"
-            + (f" ({'; '.join(notes)})" if notes else "")
-        )
 
         # --- the history's end: what serving it left in an arena of these slots ------------------
         t0 = time.perf_counter()
@@ -1035,107 +966,18 @@ def run(args: argparse.Namespace) -> None:
         if ckpt:
             assert layout is not None
             t0 = time.perf_counter()
-            cg = Cgroup(args.page_cache_cap == "auto")
-            label = "ckpt" if cg.version else "ckpt uncapped"
-            log(
-                f"page cache cap: {cg.why}"
-                + (
-                    ""
-                    if cg.version
-                    else "; the ckpt series runs UNCAPPED (its page cache dropped first)"
-                )
+            results["ckpt"], label, mapped_info, checks["ckpt"] = run_ckpt(
+                args, layout, end, slots, sizing.rows_per_layer, tok_path, modes, refs, log
             )
-            pages = warm_pages(end, layout, slots * REC)
-            spec = {
-                "server": "bench.engram_v41:CheckpointServer",
-                "device": args.device,
-                "rows_arg": sizing.rows_per_layer,
-                "tokenizer": tok_path,
-                "layout": [list(layout.files), list(layout.layers), list(layout.rows)],
-                "files": list(layout.files),
-                "advice": args.mmap_advice,
-                "threads": args.mmap_threads,
-                "slack": args.mmap_slack,
-                "budget_bytes": slots * REC,
-                "layer_us": args.layer_us,
-                "token_us": args.token_us,
-                "layers": args.layers,
-                "check_steps": args.check_steps,
-                "warm_pages": pages,
-                "modes": [
-                    dict(name=m.name, B=m.B, T=m.T, steps=m.steps, start=m.start, toks=m.toks)
-                    for m in modes
-                ],
-            }
-
-            def said(name: str, r: dict[str, Any]) -> None:
-                log(
-                    f"{label} {name}: {r['tok_s']:,.0f} tok/s, ready {r['ready_ms']:.3f} ms, "
-                    f"{r['majflt/tok']:.2f} major faults a token"
-                )
-
-            got = run_mapped(spec, cg, "v41", on_mode=said)
-            lim = got.get("limit", {})
-            mapped_info = {
-                **lim,
-                **got.get("done", {}),
-                "warm_s": got.get("warm_s"),
-                "warm_pages": int(pages.shape[0]),
-            }
-            if lim.get("capped"):
-                log(
-                    f"{label}: memory limit {gib(lim['limit_bytes'])} = the arena's "
-                    f"{gib(slots * REC)} + the process's own {gib(lim['own_bytes'])} + slack "
-                    f"{gib(args.mmap_slack)}; warmed with {pages.shape[0]:,} pages in "
-                    f"{got.get('warm_s') or 0:.1f} s; limit hit {got.get('done', {}).get('limit_hits')} times"
-                )
-            if "error" in got:
-                raise RuntimeError(f"the {label} series failed:\n{got['error']}")
-            checks["ckpt"] = sum(
-                check_series(label, got["checks"].get(m.name, []), refs[m.name], m.name)
-                for m in modes
-            )
-            results["ckpt"] = got["modes"]
             timing["ckpt_s"] = time.perf_counter() - t0
 
         # --- the report ------------------------------------------------------------------------------
         rows_out = []
-        first, second = rows.layers
+        show = {"ckpt": label}  # the series' names in the report
         for m in modes:
-            n = m.B * m.T
-            row: dict[str, Any] = {"mode": m.name}
-            got = {
-                s: results[s][m.name]
-                for s in ("resident", "host", "cached", "ckpt")
-                if s in results
-            }
-            show = {"ckpt": label}
-            for s, r in got.items():
-                row[f"{show.get(s, s)} tok/s"] = r["tok_s"]
-            if "resident" in got:
-                for s in ("host", "cached", "ckpt"):
-                    if s in got:
-                        row[f"{show.get(s, s)}/resident"] = (
-                            got[s]["tok_s"] / got["resident"]["tok_s"]
-                        )
-            if "cached" in got and "ckpt" in got:
-                row[f"cached/{label}"] = got["cached"]["tok_s"] / got["ckpt"]["tok_s"]
-            c, k = got.get("cached"), got.get("ckpt")
-            if c:
-                row["hit_rate"] = c["hit_rate"]
-                row["cached reads/tok"] = c["reads_tok"]
-            if k:
-                row[f"{label} reads/tok"] = k["majflt/tok"]
-            row["window_ms"] = first * (args.layer_us + args.token_us * n) / 1e3
-            row["window2_ms"] = second * (args.layer_us + args.token_us * n) / 1e3
-            for s, r in got.items():
-                row[f"{show.get(s, s)}_ready_ms"] = r["ready_ms_each"][0]
-                row[f"{show.get(s, s)}_ready2_ms"] = r["ready_ms_each"][1]
-            if c and c.get("floor_s") is not None:
-                row["floor_ms"] = 1e3 * float(np.mean(c["floor_s"]))
-            if c and c.get("ckpt_floor_s") is not None:
-                row[f"{label}_floor_ms"] = 1e3 * float(np.mean(c["ckpt_floor_s"]))
-                row[f"{label}_floor_pages/tok"] = c["ckpt_floor_pages_tok"]
+            row = report_row(
+                m, {s: r[m.name] for s, r in results.items()}, label, rows.layers, args
+            )
             rows_out.append(row)
             log("row: " + "  ".join(f"{k}={fmt_cell(v)}" for k, v in row.items()))
         for s, n in checks.items():
@@ -1197,6 +1039,8 @@ def run(args: argparse.Namespace) -> None:
             print("settings: " + ", ".join(f"{k}={settings[k]}" for k in keys))
             print_table(rows_out)
     finally:
+        if store is not None:
+            store.close()
         if own:
             shutil.rmtree(workdir, ignore_errors=True)
 

@@ -1,7 +1,8 @@
-"""The pieces of V4.1's judge (``bench/engram_v41.py``) its quick run cannot show alone: the
-warm-up that loads the history's end state (checked against serving the history chunk by
-chunk), the checkpoint-layout files (a real safetensors checkpoint of V4.1's tensor names,
-two pages a row) and the generated rows (the store's records are the generator's bytes)."""
+"""The pieces of V4.1's judge (``bench/engram_v41.py``, ``bench/v41_tables.py``) its quick
+run cannot show alone: the warm-up that loads the history's end state (checked against
+serving the history chunk by chunk), the checkpoint-layout files (a real safetensors
+checkpoint of V4.1's tensor names, two pages a row) and the generated rows (the store's
+records are the generator's bytes)."""
 
 from __future__ import annotations
 
@@ -10,22 +11,20 @@ import numpy as np
 import pytest
 
 from bench._common import UE8M0_RANGE, Log, random_ue8m0
-from bench.engram_v41 import (
+from bench.engram_v41 import Rows, warm_cache, warm_pages
+from bench.modes import History
+from bench.v41_tables import (
     BLOCKS,
     DIM,
     PAGE,
     REC,
-    Rows,
     build_v41_store,
     codes_of,
     reference_rows,
     scales_of,
     v41_config,
-    warm_cache,
-    warm_pages,
     write_checkpoint,
 )
-from bench.modes import History
 
 
 @pytest.fixture(scope="module")

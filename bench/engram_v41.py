@@ -506,13 +506,14 @@ class CheckpointServer:
 
     def _take(self, a: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """``a[rows]``, split over the threads (``np.take`` releases the GIL, so the page
-        faults of its pieces are served in parallel)."""
+        faults of its pieces are served in parallel; ``mode="clip"``: the rows are the hash's,
+        in range, and ``"raise"`` would copy through a buffer)."""
         if self.pool is None or rows.size < 4 * self.threads:
-            return np.take(a, rows, axis=0)
+            return np.take(a, rows, axis=0, mode="clip")
         out = np.empty((rows.size, a.shape[1]), dtype=a.dtype)
         cuts = np.linspace(0, rows.size, self.threads + 1).astype(np.int64)
         jobs = [
-            self.pool.submit(np.take, a, rows[s:e], 0, out[s:e])
+            self.pool.submit(np.take, a, rows[s:e], 0, out[s:e], "clip")
             for s, e in itertools.pairwise(cuts)
             if e > s
         ]

@@ -2,9 +2,12 @@
 # One device call for Engram (issue 40): the GPU tests of the cache, the embeddings and the
 # judges, the host hash's speed (bench.engram_hash, one thread, the CPU's path and the
 # scalar fallback), then the judge bench.engram at the largest store the disk holds, arena by
-# tune. Stages (STAGES, default all) run under `timeout`, bounded by DEADLINE_S; reports and
-# logs under $OUT. Usage (repo root, .whl carried):
+# tune; or (stage v41, not in the default) the judge at DeepSeek-V4.1's own format, warmed,
+# beside pinned host memory and the checkpoint layout (bench/engram_v41.py). Stages (STAGES,
+# default "tests hash engram") run under `timeout`, bounded by DEADLINE_S; reports and logs
+# under $OUT. Usage (repo root, .whl carried):
 #   STAGES="tests hash engram" ENGRAM_ARGS="--config v41" bash scripts/engram_gpu.sh
+#   STAGES="v41" V41_ARGS="" bash scripts/engram_gpu.sh
 set -u
 STAGES=${STAGES:-"tests hash engram"}
 source "$(dirname "$0")/stages.sh"
@@ -34,5 +37,14 @@ for line in d.get("settings", {}).get("log", []):
 for r in d.get("results", []):
     print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
 PY
+fi
+if has v41; then
+  echo "=== bench.engram --format v41 ${V41_ARGS:-} (t=$(( $(date +%s) - T0 ))s)"
+  df -h /tmp | tail -1; free -g | head -2; nproc
+  timeout "$(lim 560)" python3 -m bench.engram --format v41 --device cuda ${V41_ARGS:-} --json \
+    > "$OUT/v41.json" 2> "$OUT/v41.log"
+  echo "v41 rc=$?"
+  # the run's log as it went: sizes, each phase's time, each series' figures, a row a mode
+  grep -v "^\s*$" "$OUT/v41.log" | grep -v "%), [0-9.]* GB/s$" | cut -c1-700 | tail -60
 fi
 echo "=== done (t=$(( $(date +%s) - T0 ))s)"

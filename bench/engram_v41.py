@@ -485,6 +485,7 @@ class CheckpointServer:
         self.maps: list[FileMap] = []
         self.views: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._last: tuple[Any, Any, dict] | None = None
+        self.runs = page_runs(spec["warm_pages"])
 
     def open(self) -> None:
         """Map each layer's file (``bench.mapped.FileMap``) and view its two tensors."""
@@ -548,32 +549,29 @@ class CheckpointServer:
 
     def warm(self) -> None:
         """Read the warm pages (``spec["warm_pages"]``: (file, offset), the history's most
-        recent rows' that the cap holds) into the page cache: runs of adjacent pages, each
-        one ``preadv``, in the threads (readahead off: only these pages)."""
-        pages = self.spec["warm_pages"]
-        if pages.size == 0:
+        recent rows' that the cap holds) into the page cache: runs of adjacent pages (at
+        most 64), each one ``preadv``, the runs dealt out to the threads (readahead off: only
+        these pages). The runs were found before the cap was set (:meth:`__init__`), so the
+        warm-up allocates nothing a run but its buffer."""
+        files, offs, lens = self.runs
+        if files.size == 0:
             return
         fds = [os.open(f, os.O_RDONLY) for f in self.layout.files]
         try:
             for fd in fds:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-            key = pages[:, 0] * (1 << 40) + pages[:, 1] // PAGE
-            breaks = np.flatnonzero(np.diff(key) != 1) + 1
-            runs = [(int(r[0, 0]), int(r[0, 1]), r.shape[0]) for r in np.split(pages, breaks)]
-            longest = min(64, max(n for _, _, n in runs))
 
-            def read(part: list) -> None:
-                buf = bytearray(longest * PAGE)
-                for f, off, n in part:
-                    for a in range(0, n, longest):
-                        k = min(longest, n - a)
-                        os.preadv(fds[f], [memoryview(buf)[: k * PAGE]], off + a * PAGE)
+            def read(k: int) -> None:
+                buf = memoryview(bytearray(WARM_RUN * PAGE))
+                for a in range(k, files.size, self.threads * 4096):  # its share, in batches
+                    sl = slice(a, min(files.size, a + 4096))
+                    for f, off, n in zip(files[sl].tolist(), offs[sl].tolist(), lens[sl].tolist()):
+                        os.preadv(fds[f], [buf[: n * PAGE]], off)
 
-            parts = [runs[i :: self.threads] for i in range(self.threads)]
             if self.pool is None:
-                read(runs)
+                read(0)
             else:
-                for j in [self.pool.submit(read, p) for p in parts]:
+                for j in [self.pool.submit(read, k * 4096) for k in range(self.threads)]:
                     j.result()
         finally:
             for fd in fds:
@@ -581,6 +579,24 @@ class CheckpointServer:
 
     def lookups(self) -> list[tuple[int, Any]]:
         return [(L, functools.partial(_lookup_at, self, L)) for L in self.h.layer_ids]
+
+
+WARM_RUN = 64  # pages a warm-up read at most
+
+
+def page_runs(pages: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(file, offset, pages)`` of each run of adjacent ``pages`` (int64 ``[k, 2]`` (file,
+    offset), sorted), runs cut at :data:`WARM_RUN` pages."""
+    if pages.size == 0:
+        return (np.zeros(0, np.int64),) * 3
+    key = pages[:, 0] * (1 << 40) + pages[:, 1] // PAGE
+    new = np.r_[True, np.diff(key) != 1]
+    run = np.cumsum(new) - 1
+    pos = np.arange(key.size) - np.flatnonzero(new)[run]  # place in its run
+    first = new | (pos % WARM_RUN == 0)
+    starts = np.flatnonzero(first)
+    lens = np.diff(np.r_[starts, key.size])
+    return pages[starts, 0].copy(), pages[starts, 1].copy(), lens.astype(np.int64)
 
 
 def warm_pages(end: list[np.ndarray], layout: CheckpointLayout, budget: int) -> np.ndarray:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bench._common import UE8M0_RANGE, Log, random_ue8m0
-from bench.engram_v41 import Rows, warm_cache, warm_pages
+from bench.engram_v41 import Rows, page_runs, warm_cache, warm_pages
 from bench.modes import History
 from bench.v41_tables import (
     BLOCKS,
@@ -159,3 +159,17 @@ def test_reference_rows_dequantize_the_generators_bytes_by_the_rule():
     e = np.repeat(scales_of(np, 1, 0, 100)[rows].astype(np.float64), 32, axis=1)
     want = (values * 2.0 ** (e - 127)).astype(ml_dtypes.bfloat16).astype(np.float64)
     assert np.array_equal(got, want)
+
+
+def test_page_runs_join_adjacent_pages_of_a_file_in_reads_of_at_most_64():
+    p = np.array([[0, 0], [0, 4096], [0, 8192], [0, 40960], [1, 0], [1, 4096]], dtype=np.int64)
+    files, offs, lens = page_runs(p)
+    assert list(zip(files.tolist(), offs.tolist(), lens.tolist())) == [
+        (0, 0, 3),
+        (0, 40960, 1),
+        (1, 0, 2),
+    ]
+    long = np.stack([np.zeros(130, np.int64), np.arange(130) * PAGE], axis=1)
+    files, offs, lens = page_runs(long)
+    assert lens.tolist() == [64, 64, 2] and offs.tolist() == [0, 64 * PAGE, 128 * PAGE]
+    assert all(x.size == 0 for x in page_runs(np.zeros((0, 2), np.int64)))

@@ -798,6 +798,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The judge (``python -m bench.engram --format v41 ARGS`` hands it ``ARGS``); a
+    ``ConfigError`` is one line on stderr and exit status 2."""
     args = _parse(argv)
     try:
         run(args)
@@ -807,6 +809,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    """The run, phase by phase: the sizes, the text, the arena, the history's end, the two
+    copies, then the series (resident, host, cached with its floors, ckpt) and the report."""
     t_run = time.perf_counter()
     log = Log(args.json)
     from rowcache.embed.engram.hash import EngramHash

@@ -226,6 +226,7 @@ def run_series(
     end: Any = None,
     peek: Any = None,
     at_start: Any = None,
+    prefetch_own: bool = True,
 ) -> dict[str, Any]:
     """Time a mode's steps: tokens/s of the timed steps and ms from a step's start to each
     lookup's return (``ready_ms`` the first's: the window a series needs before its first
@@ -235,7 +236,10 @@ def run_series(
     the model's first ``layer`` layers, the step ends after ``layers``. ``prefetch(tokens,
     context)`` at the step's start (and, in prefill, for the next chunk too, a step ahead),
     ``end()`` after the step, ``peek(tokens, context, next)`` before it (untimed),
-    ``at_start()`` when the timed steps begin (after a sync)."""
+    ``at_start()`` when the timed steps begin (after a sync). ``prefetch_own=False``: only
+    the next chunk is prefetched (prefill), never the step's own rows at its start (what
+    a lookup one layer after the step's start wants: a prefetch costs more than that window
+    hides, docs/qwen4.md)."""
     n = mode.B * mode.T
     total = 0.0
     ready = np.zeros(len(lookups))
@@ -250,7 +254,8 @@ def run_series(
             peek(piece, ctx, ahead if prefetch is not None else None)  # untimed
         t0 = time.perf_counter()
         if prefetch is not None:
-            prefetch(piece, ctx)
+            if prefetch_own:
+                prefetch(piece, ctx)
             if ahead is not None:
                 prefetch(*ahead)  # the next chunk, a step ahead
         done = 0

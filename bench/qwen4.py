@@ -12,9 +12,12 @@ table-size array anywhere), and into the resident and pinned tables. The build i
 
 The modelled server (Qwen3.8-Flash-Next: 40 decoder layers, the table's rows enter at decoder
 layer 2, 1-based, so one layer of window between a step's start and its lookup): at a step's
-start the host hashes the step's tokens and, for the cached series, starts its reads
-(``Qwen4NgramMemory.prefetch``; in prefill the next chunk's too, a step ahead: a chunk's tokens
-are known before its step, a decode token is not); the GPU runs layer 0 (a kernel that spins
+start the host hashes the step's tokens and, for the cached series in prefill, starts the next
+chunk's reads a step ahead (``Qwen4NgramMemory.prefetch``: a chunk's tokens are known before its
+step, a decode token is not; ``--prefetch start`` also starts each step's own reads at its
+start, which one layer of window does not repay: on the dev VM, 2M rows at 1/32, decode x1's
+lookup was ready 0.79 ms after the step's start with it and 0.37 ms without, decode x32's
+4.72 and 3.13 ms); the GPU runs layer 0 (a kernel that spins
 for ``--layer-us`` plus ``--token-us`` a token of the step), the lookup, then the other 39
 layers; the step ends synchronized. Defaults, derived (not measured) for a 6B-active MoE in
 FP8 on an H100/H200: a decode step reads its ~6 GB of active weights at ~3 TB/s effective
@@ -51,8 +54,8 @@ Series, in one run on the same tokens:
   cache dropped with ``posix_fadvise(DONTNEED)`` before it starts) and is labelled
   ``uncapped`` in every line that shows it: an uncapped page cache is host RAM, not a budget;
 - ``cached``: the store behind an ``NgramRowCache`` of the budget's rows (O_DIRECT reads),
-  ``Qwen4NgramMemory`` over a ``CachedTable``: prefetch at the step's start, the lookup's
-  deferred reads, lookahead in prefill;
+  ``Qwen4NgramMemory`` over a ``CachedTable``: the lookup's reads (a resolve), and in
+  prefill the next chunk's prefetched a step ahead (``--prefetch``);
 - the disk's floor: the pages each timed cached step read (its rows not resident at its start,
   an untimed peek) re-read by ``bench/floor.c`` (io_uring at ``--queue-depth``, O_DIRECT).
   ``bound tok/s``: a decode step costing the resident step plus what its floor exceeds the
@@ -447,6 +450,7 @@ def run_cached(
                 prefetch=mem.prefetch,
                 end=mem.end_step,
                 peek=peek,
+                prefetch_own=args.prefetch == "start",
             )
             s0, s1 = stats[0], cache.stats()
             timed = m.steps - m.start
@@ -507,6 +511,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         default="auto",
         help="auto: cap the mmap series' page cache with a memory cgroup where allowed; "
         "none: run it uncapped",
+    )
+    ap.add_argument(
+        "--prefetch",
+        choices=("ahead", "start"),
+        default="ahead",
+        help="cached series: prefetch only the next prefill chunk, a step ahead (ahead), or "
+        "also each step's own rows at its start (start; slower with a one-layer window: "
+        "docs/qwen4.md)",
     )
     ap.add_argument("--no-floor", action="store_true")
     ap.add_argument("--workdir", default=None, help="on the disk under test (default: a temp dir)")

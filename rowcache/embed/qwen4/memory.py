@@ -97,9 +97,12 @@ class Qwen4NgramMemory:
         return rows
 
     def prefetch(self, tokens: Any, context: Any = None) -> PrefetchHandle:
-        """Start reading the step's rows (a cached table); returns at once. Call it at the
-        step's start: the reads run while the layers before the table's compute. A resident
-        table needs nothing (an empty handle)."""
+        """Start reading the rows of a coming step (a cached table); returns at once: the
+        reads run while the model computes. Worth it a step ahead (the next prefill chunk,
+        whose tokens are known): at a step's own start the one layer before Qwen's table
+        hides less than a prefetch costs, and the lookup's own reads are faster
+        (docs/qwen4.md, "A prefetch at the step's start"). A resident table needs nothing
+        (an empty handle)."""
         if not self._rows:
             return PrefetchHandle([], 0, 0)
         return self._rows.prefetch([self.rows(tokens, context).reshape(-1)])

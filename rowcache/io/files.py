@@ -5,7 +5,8 @@ Owns the store's shard files as the reader's engines see them: every file number
 open), which the native engine reads in place; files are opened on first need (``O_DIRECT``
 where asked), under a lock, never through a link and never waiting on a FIFO (``O_NOFOLLOW``,
 ``O_NONBLOCK``, then a regular file or refused), and named as the user knows them in every
-error (the store's path, not ``/proc/self/fd/N``). It does not read.
+error (the store's path, not ``/proc/self/fd/N``); a ``ShardFiles`` dropped without
+:meth:`ShardFiles.close` closes its descriptors when it is collected. It does not read.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import errno
 import os
 import stat
 import threading
+import weakref
 
 import numpy as np
 
@@ -53,6 +55,9 @@ class ShardFiles:
         self._open: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
         self._opened_all = False  # every shard file open (native batches read apart)
+        # a reader dropped without close() releases its descriptors (the finalizer holds
+        # the descriptor dict, not self)
+        weakref.finalize(self, _close_all, self._open)
 
     def _where(self, t: int, s: int) -> str:
         return f"shard file {self.shard_files[t][s]} (table {self.tables[t].name!r}, shard {s})"
@@ -162,8 +167,13 @@ class ShardFiles:
     def close(self) -> None:
         """Close every open file (a later read opens them again)."""
         with self._lock:
-            for fd in self._open.values():
-                os.close(fd)
-            self._open.clear()
+            _close_all(self._open)
             self.fds[:] = -1
             self._opened_all = False
+
+
+def _close_all(open_fds: dict[tuple[int, int], int]) -> None:
+    """Close the descriptors of ``open_fds`` and empty it (close() and the finalizer)."""
+    for fd in open_fds.values():
+        os.close(fd)
+    open_fds.clear()

@@ -73,7 +73,10 @@ def stores(tmp_path_factory):
 
 def expected_records(store, parts):
     ref = make_reader(store, checked=False, engine="python")
-    recs = [ref.read_records(t, r)[0] for t, r in parts]
+    try:
+        recs = [ref.read_records(t, r)[0] for t, r in parts]
+    finally:
+        ref.close()
     return np.concatenate(recs) if recs else np.empty((0, store.tables[0].record_bytes), np.uint8)
 
 

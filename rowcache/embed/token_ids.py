@@ -75,4 +75,24 @@ def padded_history(tokens: Any, context: Any, keep: int, fill: int) -> np.ndarra
     return x
 
 
-__all__ = ["checked_ids_out", "padded_history", "token_ids_2d"]
+def first_bad_token(
+    tokens: Any, context: Any, keep: int, vocab: int, ids_name: str
+) -> ConfigError | None:
+    """The error naming the first token a hash reads outside ``[0, vocab)``: in ``tokens``,
+    or in the last ``keep`` columns of ``context`` (the look-back it reads), as
+    ``"{name}[b, c] = v is outside {ids_name} [0, vocab)"``; None where every one is in range."""
+    for name, value in (("tokens", tokens), ("context", context)):
+        if value is None:
+            continue
+        a = token_ids_2d(name, value)
+        skip = max(0, a.shape[1] - keep) if name == "context" else 0  # not read
+        bad = np.argwhere((a[:, skip:] < 0) | (a[:, skip:] >= vocab))
+        if bad.size:
+            b, c = int(bad[0][0]), int(bad[0][1]) + skip
+            return ConfigError(
+                f"{name}[{b}, {c}] = {int(a[b, c])} is outside {ids_name} [0, {vocab})"
+            )
+    return None
+
+
+__all__ = ["checked_ids_out", "first_bad_token", "padded_history", "token_ids_2d"]

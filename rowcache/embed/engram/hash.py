@@ -15,7 +15,12 @@ import numpy as np
 
 from rowcache.embed.engram.config import EngramConfig, head_primes
 from rowcache.embed.engram.vocab import CompressedVocab
-from rowcache.embed.token_ids import checked_ids_out, padded_history, token_ids_2d
+from rowcache.embed.token_ids import (
+    checked_ids_out,
+    first_bad_token,
+    padded_history,
+    token_ids_2d,
+)
 from rowcache.errors import ConfigError
 from rowcache.kernels import extensions, host
 
@@ -225,17 +230,9 @@ class EngramHash:
     def _name_bad_token(self, tokens: Any, context: Any) -> ConfigError:
         """The first token outside the tokenizer's ids, named where the caller gave it."""
         V = self.vocab.tokenizer_size
-        for name, value in (("tokens", tokens), ("context", context)):
-            if value is None:
-                continue
-            a = token_ids_2d(name, value)
-            skip = max(0, a.shape[1] - self.keep) if name == "context" else 0  # not read
-            bad = np.argwhere((a[:, skip:] < 0) | (a[:, skip:] >= V))
-            if bad.size:
-                b, c = int(bad[0][0]), int(bad[0][1]) + skip
-                return ConfigError(
-                    f"{name}[{b}, {c}] = {int(a[b, c])} is outside the tokenizer's ids [0, {V})"
-                )
+        found = first_bad_token(tokens, context, self.keep, V, "the tokenizer's ids")
+        if found is not None:
+            return found
         return ConfigError(f"pad_id={self.config.pad_id} is outside the tokenizer's ids [0, {V})")
 
     def padded(self, tokens: Any, context: Any = None) -> np.ndarray:

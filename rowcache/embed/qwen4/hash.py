@@ -17,7 +17,12 @@ import numpy as np
 
 from rowcache.embed.engram.config import is_prime
 from rowcache.embed.qwen4.config import Qwen4NgramConfig
-from rowcache.embed.token_ids import checked_ids_out, padded_history, token_ids_2d
+from rowcache.embed.token_ids import (
+    checked_ids_out,
+    first_bad_token,
+    padded_history,
+    token_ids_2d,
+)
 from rowcache.errors import ConfigError
 from rowcache.kernels import extensions, host
 
@@ -273,15 +278,7 @@ class Qwen4NgramHash:
         """The first token read that is outside ``[0, vocab_size)``, named where the caller
         gave it."""
         V = self._vocab
-        for name, value in (("tokens", tokens), ("context", context)):
-            if value is None:
-                continue
-            a = token_ids_2d(name, value)
-            skip = max(0, a.shape[1] - self.keep) if name == "context" else 0  # not read
-            bad = np.argwhere((a[:, skip:] < 0) | (a[:, skip:] >= V))
-            if bad.size:
-                b, c = int(bad[0][0]), int(bad[0][1]) + skip
-                return ConfigError(
-                    f"{name}[{b}, {c}] = {int(a[b, c])} is outside the token ids [0, {V})"
-                )
+        found = first_bad_token(tokens, context, self.keep, V, "the token ids")
+        if found is not None:
+            return found
         return ConfigError(f"a token is outside the token ids [0, {V})")  # pragma: no cover

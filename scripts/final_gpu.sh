@@ -13,7 +13,7 @@ A=${A_DIR:-}
 [ -n "$A" ] && (cd "$A" && python3 setup.py -q build_ext --inplace >/dev/null 2>&1)
 if has tests; then
   echo "=== GPU suite (t=$(( $(date +%s) - T0 ))s)"
-  timeout "$(lim 240)" python3 -m pytest -m gpu tests -p no:cacheprovider -q 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "passed|failed|FAILED|Error" | tail -25
+  timeout "$(lim 240)" python3 -m pytest -m gpu tests -p no:cacheprovider -rfE 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "passed|failed|FAILED|Error" | tail -25
 fi
 if has sanitizer; then
   echo "=== compute-sanitizer memcheck, kernels' GPU tests (t=$(( $(date +%s) - T0 ))s)"

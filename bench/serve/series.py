@@ -72,7 +72,12 @@ class Series:
         # on the GPU the rest of the model (a queued kernel) goes before the prefetch calls'
         # host work; on the CPU the rest blocks the host thread, so the prefetches go first.
         self.queued_work = getattr(work, "queued", False)
+        # prefetch through the embedding that ran the step (its deferred reads are its own
+        # to settle first: a cache refuses another's prefetch while they are pending)
         self.prefetch = prefetcher(emb, cache) if lookahead else None
+        self.prefetch_graphs = (
+            prefetcher(graphs, cache) if lookahead and graphs is not None else None
+        )
         self.handles: collections.deque = collections.deque()  # (step, handle), oldest first
         self.ahead = 1  # the next step whose chunks are not prefetched yet
         self.out: list[tuple] = []
@@ -119,10 +124,11 @@ class Series:
         if timed and self.queued_work:  # the GPU's rest of the model is queued before the
             self.work(self.rest.seconds(st.tokens, st.prefill_tokens))  # prefetch calls
         t_pf = time.perf_counter()
-        if self.prefetch is not None:
+        prefetch = self.prefetch if emb is self.emb else self.prefetch_graphs
+        if prefetch is not None:
             for j in range(max(self.ahead, k + 1), min(k + self.lookahead, len(steps) - 1) + 1):
                 if steps[j].prefill is not None:
-                    handles.append((j, self.prefetch(steps[j].prefill)))  # read during the rest
+                    handles.append((j, prefetch(steps[j].prefill)))  # read during the rest
                     if timed:
                         self.issued.append((k, j, handles[-1][1]))
             self.ahead = max(self.ahead, k + self.lookahead + 1)

@@ -7,7 +7,10 @@ the counters and the device map, the failed pieces' rows and their error (raised
 and what a resolve does with rows still in flight: takes over rows of pieces not started
 (:meth:`Prefetcher.settle`), reads rows of pieces being read itself, or claims both for
 its own demand read (:meth:`Prefetcher.claim`). Every method runs under the cache's lock
-but the thread's own (:meth:`Prefetcher.pause` holds the thread).
+but the thread's own and :meth:`Prefetcher.pause` / :meth:`Prefetcher.resume` (a flag: while
+it is set no piece starts on the thread, whose tasks return at once, so that nothing ever
+blocks on the pause: neither the cache's own calls, which read the pieces they wait for
+themselves, nor the interpreter's exit).
 """
 
 from __future__ import annotations
@@ -94,6 +97,8 @@ class Prefetcher:
         self.shown = 0  # rows shown in the device map since start_call (last_faults)
         self._queue: collections.deque[PrefetchJob] = collections.deque()  # not started
         self._qlock = threading.Lock()  # a piece starts under it
+        self._paused = False  # (under _qlock) no piece starts on the thread
+        self._parked = 0  # (under _qlock) the thread's tasks that returned while paused
         self._pool: ThreadPoolExecutor | None = None
         self._buffers: PrefetchBuffers | None = None
         self._own_buffers: PrefetchBuffers | None = None  # a resolve's, for rows it reads
@@ -171,6 +176,9 @@ class Prefetcher:
         """The prefetch thread: read the queue's first piece (none left when resolves
         took every row of the pieces still queued)."""
         with self._qlock:
+            if self._paused:  # its piece stays queued; resume() submits the task again
+                self._parked += 1
+                return
             if not self._queue:
                 return
             job = self._queue.popleft()
@@ -185,13 +193,16 @@ class Prefetcher:
             self._batch_done = self.arena.stream_event()
 
     def close(self) -> None:
-        """Wait for the pieces in flight, stop the prefetch thread and close the readers
-        made for prefetching (their descriptors); a later prefetch starts them again."""
+        """Wait for the pieces in flight (read here where paused), stop the prefetch thread
+        and close the readers made for prefetching (their descriptors); a later prefetch
+        starts them again, not paused."""
         if self.jobs:
             self.wait_all()
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+        with self._qlock:
+            self._paused, self._parked = False, 0
         for bufs in (self._buffers, self._own_buffers):
             if bufs is not None and bufs.reader is not self.parts.reader:
                 bufs.reader.close()
@@ -199,16 +210,46 @@ class Prefetcher:
         self._batch_done = None
 
     def pause(self) -> None:
-        """No piece starts until :meth:`resume`; returns once the pieces being read
-        have finished."""
-        self._qlock.acquire()
+        """No piece starts on the prefetch thread until :meth:`resume`; returns once the
+        pieces being read have finished. A wait of the cache's own for pieces not started
+        (:meth:`wait`) reads them on its calling thread meanwhile."""
+        with self._qlock:
+            self._paused = True
         for job in list(self.jobs):
             if job.started:
                 job.event.wait()
 
     def resume(self) -> None:
-        """Undo :meth:`pause`."""
-        self._qlock.release()
+        """Undo :meth:`pause` (nothing where not paused): the queued pieces start."""
+        with self._qlock:
+            if not self._paused:
+                return
+            self._paused = False
+            parked, self._parked = self._parked, 0
+        for _ in range(parked):
+            assert self._pool is not None
+            self._pool.submit(self._run_next_piece)
+
+    @property
+    def paused(self) -> bool:
+        """Between :meth:`pause` and :meth:`resume`."""
+        return self._paused
+
+    def _read_paused(self, jobs: list[PrefetchJob]) -> None:
+        """While paused: the queue's pieces up to the last of ``jobs`` not started, read
+        on the calling thread in queue order, once the thread's last piece has finished
+        (the thread's buffers are then this caller's)."""
+        for job in list(self.jobs):
+            if job.started:
+                job.event.wait()
+        while self._paused and any(not j.started for j in jobs):
+            with self._qlock:
+                if not self._queue:
+                    return
+                job = self._queue.popleft()
+                job.start()
+            assert self._buffers is not None
+            job.run(self.arena, self.parts, self._buffers)
 
     # -- reaping -------------------------------------------------------------
     def reap(self) -> None:
@@ -243,8 +284,11 @@ class Prefetcher:
             self.arena.sync_device_map(rows[:0], rows, np.concatenate([j.slots for j in landed]))
 
     def wait(self, jobs: list[PrefetchJob]) -> None:
-        """Wait for ``jobs`` (counted as prefetch wait time), then reap."""
+        """Wait for ``jobs`` (counted as prefetch wait time; paused: read here), then
+        reap."""
         t0 = time.perf_counter()
+        if self._paused:
+            self._read_paused(jobs)
         for job in list(jobs):
             job.event.wait()
         self.counters.count_wait(time.perf_counter() - t0)

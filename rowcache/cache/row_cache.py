@@ -408,8 +408,12 @@ class NgramRowCache:
             return self._prefetcher.prefetch(sorted_unique(ids))
 
     def pause_prefetch(self) -> None:
-        """No prefetch piece starts reading until :meth:`resume_prefetch`; returns once
-        the pieces being read have finished (e.g. a server's turn of another model)."""
+        """No prefetch piece starts reading on the prefetch thread until
+        :meth:`resume_prefetch`; returns once the pieces being read have finished (e.g. a
+        server's turn of another model). Nothing blocks on the pause: a call of this cache
+        that must wait for pieces not started (a resolve needing their slots, a prefetch,
+        :meth:`close`) reads them on its own thread; a handle's ``wait()`` waits for the
+        resume (give it a ``timeout`` where nothing else resumes); the process exits."""
         self._prefetcher.pause()
 
     def resume_prefetch(self) -> None:

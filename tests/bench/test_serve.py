@@ -182,12 +182,18 @@ def test_serve_warm_plan_one_sorted_pass_where_the_arena_holds_every_row():
 @pytest.mark.parametrize("graphs", [False, True])
 def test_serve_quick_on_the_gpu(graphs):
     """Cached == resident on the sampled steps, eager and with the decode steps replayed
-    from CUDA graphs (``--decode-graphs``)."""
-    rep, _ = serve("--device", "cuda", *["--decode-graphs"] * graphs)
+    from CUDA graphs (``--decode-graphs``); with graphs, also the deferred-reads series
+    prefetching ahead: a decode step's deferred reads belong to the graphs' embedding, which
+    settles them before its prefetch (the cache refuses another embedding's prefetch while
+    they are pending)."""
+    more = ["--decode-graphs", "--deferred", "--lookahead-steps", "4"] if graphs else []
+    rep, _ = serve("--device", "cuda", "--servers", "x64", *more)
     assert rep["settings"]["device"] == "cuda" and rep["settings"]["outputs_mismatched"] == 0
     assert rep["settings"]["decode_graphs"] is graphs and rep["settings"]["outputs_checked"] > 0
     for p in rep["phases"]:
         assert p["ratio"] == pytest.approx(p["cached_tok_s"] / p["resident_tok_s"], rel=1e-9)
+        if graphs:
+            assert p["deferred_ratio"] > 0
 
 
 # --- the options, checked by the parser ---------------------------------------------------

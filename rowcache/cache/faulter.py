@@ -32,11 +32,13 @@ DEFERRED = np.empty(0, dtype=np.int32)
 """What a resolve whose read was deferred returns (its slots are known at the commit)."""
 DEFERRED.flags.writeable = False
 
-FAULT_ROUNDS = 6
+FAULT_ROUNDS = 7
 """Plans a fault makes at most. A plan that must wait for, claim or settle prefetches in
 flight plans again (as may one whose claimed read failed), and each such round leaves
 fewer pieces to act on: a wait for them all leaves none, so a row in flight is settled
-once, and at most one wait and one failed claimed read precede the plan that commits."""
+once, and at most one wait for the pieces the call mostly needs
+(``Prefetcher.wait_mostly_needed``), one wait for them all and one failed claimed read
+precede the plan that commits."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,7 @@ class Faulter:
         contiguous int64 vector in range (the caller's check)."""
         pf = self.prefetcher
         settled = False  # the call's rows in flight were claimed or settled once
+        waited = False  # the pieces being read that the call mostly needs were waited for
         claim: InFlightClaim | None = None
         for _ in range(FAULT_ROUNDS):
             self.last_faults = 0
@@ -176,6 +179,12 @@ class Faulter:
             if status == LruStatus.IN_FLIGHT:  # read with the misses (a claim), or settled
                 if settled:
                     raise AssertionError("a row of the call is still in flight after settling")
+                # pieces mostly the call's are waited for, not read twice (a deferred call
+                # never blocks on I/O: it claims them)
+                if not waited and not defer:
+                    waited = True
+                    if pf.wait_mostly_needed(ids):
+                        continue
                 claim = pf.claim(ids)
                 if claim is None:
                     pf.settle(ids)

@@ -10,9 +10,10 @@ own slots' arena rows and its own buffers, so it never needs that lock.
 Semantics (also in ``NgramRowCache.prefetch``): at the call, the rows are logged
 most recently used and unpinned, their victims evicted and their slots reserved;
 the read runs meanwhile, in pieces (``rowcache.cache.prefetcher.PIECE_ROWS``); a
-``resolve`` that needs a row of a piece not started, or of a piece being read, reads
-that row itself (into the slot the piece reserved, in the same read as its own
-faults), and one that would pass over a
+``resolve`` that needs at least half of a piece's rows waits for the piece
+(``rowcache.cache.prefetcher.WAIT_SHARE``); one that needs a few rows of a piece not
+started, or of a piece being read, reads those rows itself (into the slots the piece
+reserved, in the same read as its own faults), and one that would pass over a
 reserved slot while choosing victims, or finds too few free slots without them, waits
 for the pieces in flight, so LRU order, exhaustion and fault counts are exactly as
 if the prefetch had completed at its call. A failed read maps nothing; the

@@ -392,7 +392,8 @@ class NgramRowCache:
         (never one the current step holds), and rows beyond the free or unpinned slots
         are dropped (``handle.dropped``): a prefetch never raises
         ``ArenaExhaustedError``. The prefetch thread reads them meanwhile in pieces, in
-        call order; a resolve that needs rows in flight reads them itself, and waits for
+        call order; a resolve waits for the pieces it needs at least half of
+        (``WAIT_SHARE``), reads its other rows in flight itself, and waits for other
         pieces only when it needs their slots as victims or to avoid exhaustion (or its
         own read of their rows failed), so the LRU order, the exhaustion rule and every
         fault count are those of a prefetch that completed at its call. A failed read

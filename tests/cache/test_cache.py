@@ -84,20 +84,10 @@ def test_cache_arena_exhausted_leaves_state_unchanged(tiny_store):
     store, _ = tiny_store
     cache = NgramRowCache(store, "t", slots=50)
     cache.resolve(np.arange(30))
-    before = (
-        cache.inspect().slot_map(),
-        cache.inspect().pin_counts(),
-        cache.stats(),
-        cache.table.copy(),
-    )
+    before = (cache.inspect().slot_map(), cache.inspect().pin_counts(), cache.stats(), cache.table.copy())
     with pytest.raises(ArenaExhaustedError, match="needs 25 more slots but only 20"):
         cache.resolve(np.arange(100, 125))
-    after = (
-        cache.inspect().slot_map(),
-        cache.inspect().pin_counts(),
-        cache.stats(),
-        cache.table.copy(),
-    )
+    after = (cache.inspect().slot_map(), cache.inspect().pin_counts(), cache.stats(), cache.table.copy())
     for a, b in zip(before[0], after[0]):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(before[1], after[1])

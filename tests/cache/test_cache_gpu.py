@@ -93,9 +93,7 @@ def test_gpu_shared_cache_over_several_tables(tmp_path, rng, arena):
         cache.end_step()
 
 
-@pytest.mark.parametrize(
-    "arena,row_map", [("device", "dense"), ("host", "dense"), ("device", "hash")]
-)
+@pytest.mark.parametrize("arena,row_map", [("device", "dense"), ("host", "dense"), ("device", "hash")])
 def test_gpu_device_map_mirrors_host_map(rng, arena, row_map, tiny_store):
     """(the device map is dense whatever the host map's kind: made from a hash too)"""
     import cupy as cp
@@ -144,6 +142,8 @@ def test_gpu_prefetch_pieces_do_not_queue_behind_the_cache_streams_work(rng, tin
     does not hold a prefetch's pieces back: they go on a stream of their own, and the rows
     are right when the cache's stream gathers them."""
     import cupy as cp
+
+
 
     store, _ = tiny_store
     cache = NgramRowCache.assemble(

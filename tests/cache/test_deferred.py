@@ -35,9 +35,7 @@ def same_state(a: NgramRowCache, b: NgramRowCache) -> None:
     sta, stb = a.stats(), b.stats()
     assert [getattr(sta, f) for f in COUNTED] == [getattr(stb, f) for f in COUNTED]
     # the LRU order: the victims a large call would take are the same
-    assert a.inspect().lru.choose_victims(min(20, a.num_slots - a.inspect().pinned))[
-        0
-    ].tolist() == (
+    assert a.inspect().lru.choose_victims(min(20, a.num_slots - a.inspect().pinned))[0].tolist() == (
         b.inspect().lru.choose_victims(min(20, b.num_slots - b.inspect().pinned))[0].tolist()
     )
     check_pieces(a)

@@ -126,10 +126,7 @@ def test_miss_native_equals_python_path(store, seed, slots, row_map):
     rng = np.random.default_rng(seed)
     total = sum(PARTS.values())
     other = "hash" if row_map == "dense" else "dense"
-    nat, ref = (
-        _cache(store, slots, True, row_map=row_map),
-        _cache(store, slots, False, row_map=other),
-    )
+    nat, ref = _cache(store, slots, True, row_map=row_map), _cache(store, slots, False, row_map=other)
     _assert_same(_state(nat), _state(ref), "creation")
     for i, op in enumerate(_ops(rng, total, slots, 80)):
         if op is None:

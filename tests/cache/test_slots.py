@@ -59,9 +59,7 @@ def _cache(tiny_store):
 def test_slot_table_check_names_what_is_broken(tiny_store, breakage, says):
     cache = _cache(tiny_store)
     breakage(cache.inspect().slot_table)
-    assert any(says in b for b in cache.inspect().slot_table.check()), (
-        cache.inspect().slot_table.check()
-    )
+    assert any(says in b for b in cache.inspect().slot_table.check()), cache.inspect().slot_table.check()
 
 
 @pytest.mark.parametrize(

@@ -159,13 +159,7 @@ def report(title: str, rows: list[dict[str, Any]], as_json: bool, settings: dict
         return
     print(f"# {title} on {machine()}")
     print("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
-    if not rows:
-        return
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    widths = [max(len(k), *(len(fmt_cell(r.get(k))) for r in rows)) for k in keys]
-    print("  ".join(k.rjust(w) for k, w in zip(keys, widths)))
-    for r in rows:
-        print("  ".join(fmt_cell(r.get(k)).rjust(w) for k, w in zip(keys, widths)))
+    print_table(rows)
 
 
 def pinned_mapped(shape: tuple[int, ...], dtype: Any) -> tuple[np.ndarray, Any]:

@@ -57,7 +57,11 @@ Series, in one run on the same tokens:
   ``Qwen4NgramMemory`` over a ``CachedTable``: the lookup's reads (a resolve), and in
   prefill the next chunk's prefetched a step ahead (``--prefetch``);
 - the disk's floor: the pages each timed cached step read (its rows not resident at its start,
-  an untimed peek) re-read by ``bench/floor.c`` (io_uring at ``--queue-depth``, O_DIRECT).
+  an untimed peek) re-read by ``bench/floor.c`` (O_DIRECT, ``--queue-depth`` reads in flight)
+  with io_uring and with threads of ``pread``: the engine faster over the mode is the floor
+  (on the H100 VM threads read a decode x32 step's ~230 pages 1.2-1.4x faster). Beside it, in
+  decode, the same reads each after the disk idled for the rest of a step, and a re-read
+  check (do re-reads cost what first reads do, or does the disk cache beneath the VM?).
   ``bound tok/s``: a decode step costing the resident step plus what its floor exceeds the
   window by; a prefill step the larger of the resident step and its floor (its reads issued a
   step ahead).
@@ -68,6 +72,10 @@ a file a request), profiled exactly, ``tune --memory 121GiB --reserve 88GiB`` (t
 ~4.5-bit weights of the ~129B other parameters, 67.6 GiB, plus 20 GiB of KV cache,
 activations and OS; docs/qwen4.md); a fraction is that share of the table's rows. The cached
 arena and the mapped series' page cache get the same bytes.
+
+``--engine`` is the cached series' read engine (``RowStore.open(engine=...)``); the cached
+rows print its fault phases a step (``fault_ms``, ``read_ms`` against the floor, the rest);
+``--profile MODE`` cProfiles that mode's lookups.
 
 Before timing, the first ``--check-steps`` steps of every mode through the cached memory and
 the mapped gather are compared bit for bit with the resident table's (the generator's rows
@@ -403,9 +411,6 @@ def run_cached(
     from rowcache.embed.tables import CachedTable
 
     drop_cache(store_files(store))
-    if args.engine != store.reader.engine and args.engine != "auto":
-        store.reader.close()  # the cache's demand and prefetch readers: that engine
-        store.reader = store.new_reader(**store.reader.options(engine=args.engine))
     cache = NgramRowCache(
         store,
         [TABLE],
@@ -664,6 +669,12 @@ def main(argv: list[str] | None = None) -> None:
         )
 
         store, built = build_table_store(os.path.join(workdir, "store"), rows, dim, xp, log)
+        if args.engine != "auto":  # the cached series' demand and prefetch readers' engine
+            from rowcache import RowStore
+
+            path = store.path
+            store.close()
+            store = RowStore.open(path, engine=args.engine)
         info = store.tables[0]
         rec = int(info.record_bytes)
         files = store_files(store)
@@ -982,6 +993,7 @@ def main(argv: list[str] | None = None) -> None:
             "page_cache_cap": (cg.why if cg else None),
             "mmap_advice": args.mmap_advice,
             "queue_depth": args.queue_depth,
+            "engine": store.reader.engine,
             **arena,
             "budgets": budget_info,
             "reread_check": rereads,
@@ -1007,6 +1019,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"# bench.qwen4 on {machine()}")
             keys = ("rows", "store_bytes", "build_s", "layers", "table_layer", "layer_us")
             keys += ("token_us", "history_tokens", "mmap_label", "mmap_advice", "queue_depth")
+            keys += ("engine",)
             print("settings: " + ", ".join(f"{k}={settings[k]}" for k in keys))
             print_table(results)
             print()

@@ -174,12 +174,16 @@ class RowStore:
         queue_depth: int = 32,
         direct: bool = False,
         merge_gap: int = DEFAULT_MERGE_GAP,
+        engine: str = "auto",
         check_shards: bool = True,
     ) -> RowStore:
         """Open the store at ``path``; FormatError naming the field if anything is off.
 
-        ``queue_depth``, ``direct`` and ``merge_gap`` configure the row reader
-        (see ``rowcache.io.reader.RowReader``). ``check_shards``: a missing shard file or
+        ``queue_depth``, ``direct``, ``merge_gap`` and ``engine`` configure the row reader
+        (see ``rowcache.io.reader.RowReader``), which the caches over the store copy.
+        ``engine="threads"`` (pread threads) rather than io_uring from one thread read
+        batches longer than the queue depth 1.2-1.4x faster on the H100 VM's virtio disk
+        (docs/qwen4.md, "The read engine"); check a disk with ``bench.qwen4 --engine``. ``check_shards``: a missing shard file or
         one of the wrong size is a ``CorruptDataError`` (pass False to open a damaged
         store anyway, to ``verify`` it). A half-done switch of an interrupted build is
         finished first (see ``rowcache.store.replace.recover``). A store that another
@@ -207,6 +211,7 @@ class RowStore:
                     queue_depth=queue_depth,
                     direct=direct,
                     merge_gap=merge_gap,
+                    engine=engine,
                     check_shards=check_shards,
                 )
             except (FormatError, CorruptDataError) as e:
@@ -229,6 +234,7 @@ class RowStore:
         queue_depth: int = 32,
         direct: bool = False,
         merge_gap: int = DEFAULT_MERGE_GAP,
+        engine: str = "auto",
         check_shards: bool = True,
     ) -> RowStore:
         """Open the store in the directory ``dirfd`` (which stays the caller's: the handle
@@ -247,6 +253,7 @@ class RowStore:
             queue_depth=queue_depth,
             direct=direct,
             merge_gap=merge_gap,
+            engine=engine,
             page_crcs=crcs,
             store_path=path,
         )

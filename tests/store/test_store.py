@@ -14,6 +14,7 @@ import pytest
 import rowcache
 from rowcache.errors import ConfigError, CorruptDataError, FormatError, RowRangeError
 from rowcache.format import layout as fmt
+from rowcache.io.native import NATIVE_BUILT
 from rowcache.store.handle import RowStore
 from rowcache.store.marker import write_marker
 
@@ -387,3 +388,26 @@ def test_reader_bad_settings(small):
         RowStore.open(store.path, merge_gap=-1)
     with pytest.raises(ConfigError, match="out must be uint8"):
         store.read_records("a", np.array([1]), out=np.empty((1, 3), np.uint8))
+
+
+def test_open_engine_reaches_the_reader_and_a_bad_engine_is_named(tmp_path):
+    """RowStore.open(engine=...) is the store reader's engine (the caches copy it); an
+    engine that does not exist is a ConfigError naming what is allowed."""
+    path = str(tmp_path / "s")
+    rowcache.build_store(path, {"t": np.arange(64 * 8, dtype=np.float32).reshape(64, 8)})
+    with RowStore.open(path, engine="python") as store:
+        assert store.reader.engine == "python"
+        want = store.read_rows("t", np.array([3, 60]))
+    if NATIVE_BUILT:
+        with RowStore.open(path, engine="threads") as store:
+            assert store.reader.engine == "threads"
+            assert np.array_equal(store.read_rows("t", np.array([3, 60])), want)
+            # a cache's sibling reader (other queue depth) and its prefetch reader copy it
+            from rowcache.cache.parts import PartReader
+
+            demand, _ = PartReader.demand_reader(store, "cpu", "posix", 4, None)
+            assert demand.engine == "threads" and demand.queue_depth == 4
+            parts = PartReader(store, [0], np.array([0, 64]), demand)
+            assert parts.prefetch_reader().engine == "threads"
+    with pytest.raises(ConfigError, match=r"engine='disk'.*allowed: auto, uring, threads"):
+        RowStore.open(path, engine="disk")

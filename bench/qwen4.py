@@ -586,7 +586,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--engine",
-        choices=("auto", "uring", "threads"),
+        choices=("auto", "uring", "threads", "uring+threads"),
         default="auto",
         help="the cached series' read engine (auto: io_uring where the kernel allows it)",
     )

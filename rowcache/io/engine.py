@@ -31,7 +31,8 @@ class ReadEngine(Protocol):
     (uint8 ``[n, record_bytes]``, C-contiguous). Every engine reads the same records with
     the same read plan and raises the same named errors."""
 
-    #: ``"uring"``, ``"threads"``, ``"python"`` or ``"kvikio"``: what ``RowReader.engine`` says
+    #: ``"uring"``, ``"threads"``, ``"uring+threads"``, ``"python"`` or ``"kvikio"``: what
+    #: ``RowReader.engine`` says
     name: str
 
     def run(

@@ -59,8 +59,8 @@ OK, NOT_OPEN, FAILED = ReadStatus.OK, ReadStatus.NOT_OPEN, ReadStatus.FAILED
 
 
 class NativeEngine:
-    """The ``"uring"`` or ``"threads"`` engine (``kind``: one of them, or ``"auto"``:
-    io_uring where the kernel allows it) of one reader (a
+    """The ``"uring"``, ``"threads"`` or ``"uring+threads"`` engine (``kind``: one of
+    them, or ``"auto"``: io_uring where the kernel allows it) of one reader (a
     :class:`rowcache.io.engine.ReadEngine`). ``ConfigError`` where io_uring is asked and
     unavailable. Its ``name`` is the kind the native reader chose."""
 

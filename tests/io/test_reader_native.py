@@ -22,7 +22,8 @@ from rowcache.io.reader import RowReader
 from rowcache.kernels.reference import BF16
 
 _rcio = pytest.importorskip("rowcache.io._rcio", reason="the native extension is not built here")
-ENGINES = ["uring", "threads", "python"]
+ENGINES = ["uring", "threads", "python", "uring+threads"]
+NATIVE = ["uring", "threads", "uring+threads"]
 
 
 def store_crcs(store):
@@ -114,7 +115,7 @@ def read_case(draw):
         si,
         draw(st.randoms(use_true_random=False)),
         {
-            "engine": draw(st.sampled_from(ENGINES[:2])),
+            "engine": draw(st.sampled_from(NATIVE)),
             "queue_depth": draw(st.integers(1, 64)),
             "merge_gap": draw(st.sampled_from([0, 4096, 16 << 10, 1 << 20])),
             "max_extent": draw(st.sampled_from([PAGE, 3 * PAGE, 1 << 20])),
@@ -470,7 +471,7 @@ def test_options_carry_spin_us_and_prefetch_reader_sleeps(stores):
     assert not demand.background and prefetch.background
 
 
-@pytest.mark.parametrize("engine", ["uring", "threads"])
+@pytest.mark.parametrize("engine", NATIVE)
 def test_background_reader_yields_while_a_demand_batch_reads(stores, engine):
     """A background reader submits nothing while a foreground batch reads (held here
     through the test hook): its batch finishes only once the count drops; a foreground
@@ -609,3 +610,39 @@ def test_a_batch_started_apart_reads_what_read_batch_reads_and_writes_its_flag(t
     assert r.read_batch_start(rows[:1], np.array([0, 1, 1, 1]), tables, bases, out[:1], None, 0)
     assert r.read_batch_join()[0] == 1  # no flag: fine too
     r.close()
+
+
+SPLIT_CHILD = r"""
+import os, sys, numpy as np
+from rowcache import RowStore
+store = RowStore.open(sys.argv[1], engine="uring+threads", queue_depth=8)
+assert store.reader.engine == "uring+threads", store.reader.engine
+tasks = lambda: len(os.listdir("/proc/self/task"))
+before = tasks()
+rows = np.arange(0, 8 * 64 * 40, 64 * 40)  # 8 rows, one a page apart: 8 reads (one wave)
+store.read_rows("t", rows)
+one_wave = tasks()
+store.read_rows("t", np.arange(0, 64 * 2000, 64 * 40))  # 50 reads: more than a queue depth
+print(before, one_wave, tasks())
+"""
+
+
+def test_uring_plus_threads_reads_one_wave_by_the_ring_and_longer_batches_by_threads(tmp_path):
+    """engine='uring+threads': a batch of at most queue_depth reads starts no pread thread
+    (the ring reads it); a longer one starts the pool's queue_depth - 1 helpers. Run in a
+    child process (its own threads to count, and a hang shows as a timeout)."""
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "s")
+    # 64 rows of 64 bf16 a page (128 B records): rows 40 pages apart are in distinct pages
+    rowcache.build_store(path, {"t": np.zeros((64 * 2000, 64), dtype=BF16)})
+    p = subprocess.run(
+        [sys.executable, "-c", SPLIT_CHILD, path], capture_output=True, text=True, timeout=120
+    )
+    if p.returncode and "io_uring" in p.stderr:
+        pytest.skip(f"io_uring unavailable here: {p.stderr.strip()[-200:]}")
+    assert p.returncode == 0, p.stderr
+    before, one_wave, after = map(int, p.stdout.split())
+    assert one_wave == before, "a one-wave batch started pread threads"
+    assert after == before + 7, (before, one_wave, after)

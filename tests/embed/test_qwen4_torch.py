@@ -174,6 +174,31 @@ def test_qwen4_generate_same_tokens_from_an_eighth_of_the_rows(ckpt, tmp_path):
     assert emb.memory.table.cache.stats().misses > 0
 
 
+def test_qwen4_engine_reaches_the_cache_on_build_and_on_open_and_a_bad_one_builds_nothing(
+    ckpt, tmp_path
+):
+    """engine= is the cache's reader's, whether the store was just built or opened; the
+    module still gives the reference's bits; an unknown engine is refused before a build."""
+    ref = Qwen4ExpForCausalLM.from_pretrained(ckpt).get_submodule(
+        "model.layers.1.ple.ple_embedding"
+    )
+    ids = _ids(2, 9, 4)
+    for _ in ("built", "opened"):
+        emb = TorchQwen4NgramEmbedding.from_pretrained(
+            ckpt, store=tmp_path / "st", arena=0.125, progress=False, engine="threads"
+        )
+        cache = emb.memory.table.cache
+        assert cache.store.reader.engine == "threads"
+        with torch.no_grad():
+            assert torch.equal(emb(ids, None), ref(ids, None))
+        cache.close()
+    with pytest.raises(ConfigError, match=r"engine='disk' is not supported; allowed: auto"):
+        TorchQwen4NgramEmbedding.from_pretrained(
+            ckpt, store=tmp_path / "other", progress=False, engine="disk"
+        )
+    assert not (tmp_path / "other").exists()
+
+
 def test_qwen4_load_without_the_table_patch_mapping(ckpt, tmp_path):
     """transformers builds the model with the module in place of its own (monkey_patching's
     apply_patches): the table's tensors are never loaded, the tokens are the same."""

@@ -98,6 +98,7 @@ class TorchQwen4NgramEmbedding(torch.nn.Module):
         layer: int | None = None,
         config: Any = None,
         progress: bool | None = None,
+        engine: str = "auto",
     ) -> TorchQwen4NgramEmbedding:
         """The module of a ``qwen4_exp`` checkpoint's n-gram table, served from a store.
 
@@ -117,6 +118,8 @@ class TorchQwen4NgramEmbedding(torch.nn.Module):
         device : ``"cpu"`` or ``"cuda"``: the arena's.
         layer : the 1-based decoder layer of the table (default ``ple_layer_ids[0]``).
         config : a ``Qwen4NgramConfig`` (default: from ``config.json``).
+        engine : the store reader's engine (``load_qwen4_memory``): ``"uring+threads"`` on a
+            multi-queue virtio disk like the H100 VM's (docs/qwen4.md, "The read engine").
         """
         from rowcache.embed.qwen4.checkpoint import load_qwen4_memory
 
@@ -129,6 +132,7 @@ class TorchQwen4NgramEmbedding(torch.nn.Module):
             config=config,
             layer=layer,
             progress=progress,
+            engine=engine,
         )
         return cls(memory)
 

@@ -52,8 +52,8 @@ Series, in one run, on the same steps:
   the arena's bytes (``bench.mapped``; ``uncapped`` in every label where no cgroup could be
   made), warmed first with the pages of the history's most recent rows that the cap holds;
 - the disk's floor: the pages each timed cached step read (its rows not resident at its
-  start, an untimed peek) re-read by ``bench/floor.c`` (io_uring at ``--queue-depth``,
-  O_DIRECT), and the same rows' two pages each in the checkpoint layout (``ckpt_floor_ms``).
+  start, an untimed peek) re-read by ``bench/floor.c`` (O_DIRECT, ``--queue-depth`` reads in
+  flight; io_uring and threads of ``pread``, the faster over the mode), and the same rows' two pages each in the checkpoint layout (``ckpt_floor_ms``).
 
 Before timing, the first ``--check-steps`` steps of every mode through every series are
 compared bit for bit with the generator's rows dequantized by the NumPy reference

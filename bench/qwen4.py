@@ -401,8 +401,8 @@ def run_cached(
 ) -> tuple[dict[str, Any], float, int]:
     """The cached series of one budget: an arena of ``slots`` rows warmed by the history,
     then each mode (its first steps checked bit for bit against ``refs``, then timed, the
-    pages its timed steps read re-read by the floor, back to back and, in decode, each step's
-    after the disk idled for the rest of a step). ``rereads``: per decode mode not in it yet,
+    pages its timed steps read re-read by the floor's engines, back to back, and in decode by
+    the faster one each step after the disk idled for the rest of a step). ``rereads``: per decode mode not in it yet,
     the floor's re-read check of the last 64 steps' pages (does the disk serve re-reads
     faster than first reads?). ``(per mode, warm seconds, values checked)``; the cache is
     closed at the end."""
@@ -506,17 +506,16 @@ def run_cached(
             if floor is not None:
                 layout = (np.array([0, cache.rows]), [0])
                 pages = [floor.pages(layout, x) for x in missed]
-                # the disk's floor: the faster native engine a step (io_uring from one thread,
-                # or threads of pread: on the H100 VM threads read a 228-page step 1.4x faster)
-                for how in ("uring", "threads"):
-                    try:
-                        r[f"floor_{how}_s"] = floor.run(pages, how, args.queue_depth)
-                    except Exception as e:  # io_uring refused (seccomp): the other stands
-                        log(f"floor {how}: not measured ({str(e).strip()[:200]})")
-                got = [r[k] for k in ("floor_uring_s", "floor_threads_s") if k in r]
-                # the engine faster over the mode (a per-step minimum of two noisy runs would
-                # read lower than either engine does)
-                r["floor_s"] = min(got, key=lambda f: float(np.mean(f))) if got else None
+                # the disk's floor: the native engine faster over the mode (io_uring from one
+                # thread, or threads of pread: on the H100 VM threads read a decode x32
+                # step's ~230 pages 1.2-1.4x faster)
+                from bench.serve.floor import faster
+
+                by_engine = floor.engines(pages, args.queue_depth, log)
+                for how, f in by_engine.items():
+                    r[f"floor_{how}_s"] = f
+                r["floor_s"] = faster(by_engine)
+                best = next((e for e, f in by_engine.items() if f is r["floor_s"]), "uring")
                 if not m.prefill and r["floor_s"] is not None:
                     # the same reads after the disk idled for the rest of a decode step (the
                     # model's layers after the lookup), as the cached series' reads follow it
@@ -524,8 +523,8 @@ def run_cached(
                     # bound, not in it)
                     idle_us = (args.layers - layer) * (args.layer_us + args.token_us * m.B * m.T)
                     try:
-                        r["floor_idle_s"] = floor.run(pages, "uring", args.queue_depth, idle_us)
-                    except Exception as e:  # io_uring refused: the threads floor stands alone
+                        r["floor_idle_s"] = floor.run(pages, best, args.queue_depth, idle_us)
+                    except Exception as e:  # (an engine that ran just now: not expected)
                         log(f"floor after idle: not measured ({str(e).strip()[:200]})")
                     if rereads is not None and m.name not in rereads:
                         rereads[m.name] = floor.reread_check(

@@ -402,10 +402,10 @@ def run_cached(
     """The cached series of one budget: an arena of ``slots`` rows warmed by the history,
     then each mode (its first steps checked bit for bit against ``refs``, then timed, the
     pages its timed steps read re-read by the floor's engines, back to back, and in decode by
-    the faster one each step after the disk idled for the rest of a step). ``rereads``: per decode mode not in it yet,
-    the floor's re-read check of the last 64 steps' pages (does the disk serve re-reads
-    faster than first reads?). ``(per mode, warm seconds, values checked)``; the cache is
-    closed at the end."""
+    the faster one each step after the disk idled for the rest of a step). ``rereads``: per
+    decode mode not in it yet, the floor's re-read check of the last 64 steps' pages (does
+    the disk serve re-reads faster than first reads?). ``(per mode, warm seconds, values
+    checked)``; the cache is closed at the end."""
     from rowcache import NgramRowCache
     from rowcache.embed.qwen4.memory import Qwen4NgramMemory
     from rowcache.embed.tables import CachedTable

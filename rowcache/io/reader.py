@@ -67,9 +67,10 @@ class RowReader:
         ``queue_depth`` reads, the pread threads for a longer one: on the H100 VM's virtio
         disk threads read a 230-page batch 1.2-1.4x faster than io_uring from one thread,
         and io_uring a few pages ~1.7x faster; docs/qwen4.md, "The read engine") (these
-        three need the extension) or ``"python"`` (Python threads of ``os.preadv``). Every engine gives the same records and the same errors.
-        The choice is this parameter's alone: a test that injects faults by replacing
-        ``os.preadv`` asks for ``engine="python"`` (the native engines never call it).
+        three need the extension) or ``"python"`` (Python threads of ``os.preadv``). Every
+        engine gives the same records and the same errors. The choice is this parameter's
+        alone: a test that injects faults by replacing ``os.preadv`` asks for
+        ``engine="python"`` (the native engines never call it).
     page_crcs : ``page_crcs[t][s]`` is ``uint32[pages]``, the crc32c of each 4096-byte page
         of shard ``s`` of table ``t`` (``rowcache.io.checksum``). Given, every page read is
         checked and a mismatch raises ``CorruptDataError`` naming shard, offset, table and row.

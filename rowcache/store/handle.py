@@ -181,12 +181,12 @@ class RowStore:
 
         ``queue_depth``, ``direct``, ``merge_gap`` and ``engine`` configure the row reader
         (see ``rowcache.io.reader.RowReader``), which the caches over the store copy.
-        ``engine="threads"`` (pread threads) rather than io_uring from one thread read
-        batches longer than the queue depth 1.2-1.4x faster on the H100 VM's virtio disk
-        (docs/qwen4.md, "The read engine"); check a disk with ``bench.qwen4 --engine``. ``check_shards``: a missing shard file or
-        one of the wrong size is a ``CorruptDataError`` (pass False to open a damaged
-        store anyway, to ``verify`` it). A half-done switch of an interrupted build is
-        finished first (see ``rowcache.store.replace.recover``). A store that another
+        ``engine="uring+threads"`` reads a batch longer than the queue depth by pread
+        threads, which read it 1.2-1.4x faster than io_uring from one thread on the H100
+        VM's virtio disk (docs/qwen4.md, "The read engine"; check a disk with
+        ``bench.qwen4 --engine``). ``check_shards``: a missing shard file or one of the wrong
+        size is a ``CorruptDataError`` (pass False to open a damaged store anyway, to
+        ``verify`` it). A half-done switch of an interrupted build is finished first (see ``rowcache.store.replace.recover``). A store that another
         build replaces while it is being opened is opened again (the new one); after
         ``OPEN_ATTEMPTS`` such replacements, ``StoreChangedError``.
         """

@@ -192,10 +192,22 @@ class Prefetcher:
             if self._paused:  # its piece stays queued; resume() submits the task again
                 self._parked += 1
                 return
-            if not self._queue:
-                return
-            job = self._queue.popleft()
-            job.start()
+            job = self._start_queued()
+        if job is not None:
+            self._run(job)
+
+    def _start_queued(self) -> PrefetchJob | None:
+        """The queue's first piece, taken off it and marked started (the caller holds the
+        queue's lock); None where the queue is empty."""
+        if not self._queue:
+            return None
+        job = self._queue.popleft()
+        job.start()
+        return job
+
+    def _run(self, job: PrefetchJob) -> None:
+        """Read a started piece with the prefetch buffers (one reader of them at a time:
+        the prefetch thread, or a caller while paused)."""
         assert self._buffers is not None
         job.run(self.arena, self.parts, self._buffers)
 
@@ -257,12 +269,10 @@ class Prefetcher:
                 job.event.wait()
         while self._paused and any(not j.started for j in jobs):
             with self._qlock:
-                if not self._queue:
-                    return
-                job = self._queue.popleft()
-                job.start()
-            assert self._buffers is not None
-            job.run(self.arena, self.parts, self._buffers)
+                nxt = self._start_queued()
+            if nxt is None:
+                return
+            self._run(nxt)
 
     # -- reaping -------------------------------------------------------------
     def reap(self) -> None:
